@@ -1,0 +1,166 @@
+//! The configuration file (`config/nightmail.toml`): what the daemon listens on, where it keeps
+//! data, its users and its model addresses.
+//!
+//! Parsing happens once, here, into checked types: an address is an [`Address`], a user has
+//! exactly one kind of [`Password`], and every mistake is reported with the file, line and key,
+//! and what to do about it.
+
+mod edit;
+mod raw;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use edit::upsert_user;
+pub use nightmail_types::Address;
+
+/// The whole, checked configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Used in the SMTP greeting and in the Message-IDs we write.
+    pub hostname: String,
+    pub data_dir: PathBuf,
+    pub smtp: SmtpConfig,
+    pub imap: ImapConfig,
+    pub tls: Option<TlsConfig>,
+    pub auth: AuthConfig,
+    pub users: Vec<User>,
+    pub models: Vec<Model>,
+    /// The file this came from, if any (built-in defaults otherwise).
+    pub source: Option<PathBuf>,
+    /// Things worth a warning at start-up (plain-text passwords, no users).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SmtpConfig {
+    pub listen: SocketAddr,
+    /// RFC 1870 SIZE: larger messages are refused while DATA is read.
+    pub max_message_bytes: usize,
+    /// RFC 5321 §4.5.3.1.8 asks servers to accept at least 100.
+    pub max_recipients: usize,
+    pub max_connections: usize,
+    /// RFC 5321 §4.5.3.1.6 limits a text line to 1000 octets; we refuse lines longer than this.
+    pub max_line_bytes: usize,
+    /// Header fields (physical lines) allowed before the body.
+    pub max_header_lines: usize,
+    /// RFC 5321 §4.5.3.2: how long to wait for the client's next command or data.
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct ImapConfig {
+    pub listen: SocketAddr,
+}
+
+/// Where the TLS certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsConfig {
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+    },
+    /// Generated once (rcgen) and kept in `data_dir/tls/`.
+    SelfSigned,
+}
+
+/// Failed-login handling, shared by SMTP and IMAP.
+#[derive(Clone, Debug)]
+pub struct AuthConfig {
+    /// Every failed attempt is answered only after this delay.
+    pub failure_delay: Duration,
+    /// After this many failures from one IP within `failure_window`, that IP is refused until
+    /// the window passes.
+    pub max_failures: u32,
+    pub failure_window: Duration,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub enum Password {
+    /// Plain text in the config file (a warning is logged).
+    Plain(String),
+    /// A PHC string, `$argon2id$...`, as `nightmail user add` writes.
+    Argon2(String),
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Password::Plain(_) => f.write_str("Plain(..)"),
+            Password::Argon2(_) => f.write_str("Argon2(..)"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct User {
+    pub name: String,
+    pub address: Address,
+    pub password: Password,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    OpenAi,
+    Local,
+}
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub address: Address,
+    pub backend: BackendKind,
+}
+
+/// A configuration mistake, with where it is and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid { path: String, line: usize, column: usize, message: String },
+    #[error("{path}: {message}")]
+    Semantic { path: String, message: String },
+}
+
+/// Where a config with no file says it came from.
+pub const DEFAULTS_NAME: &str = "<built-in defaults>";
+
+impl Config {
+    /// Built-in defaults: loopback listeners, `data/`, no users or models.
+    pub fn defaults() -> Config {
+        Config::parse("", None).expect("the empty configuration is valid")
+    }
+
+    /// Reads and checks the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), message: e.to_string() })?;
+        Config::parse(&text, Some(path))
+    }
+
+    /// Parses and checks `text`, naming `source` in errors.
+    pub fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
+        raw::parse(text, source)
+    }
+
+    /// The user whose name or address is `login` (case-insensitive), as mail clients may send
+    /// either.
+    pub fn user(&self, login: &str) -> Option<&User> {
+        let login = login.trim();
+        self.users.iter().find(|u| u.name.eq_ignore_ascii_case(login) || u.address.as_str().eq_ignore_ascii_case(login))
+    }
+
+    pub fn user_by_address(&self, address: &Address) -> Option<&User> {
+        self.users.iter().find(|u| &u.address == address)
+    }
+
+    pub fn model(&self, address: &Address) -> Option<&Model> {
+        self.models.iter().find(|m| &m.address == address)
+    }
+
+    /// The name used in messages about the source of this configuration.
+    pub fn source_name(&self) -> String {
+        self.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| DEFAULTS_NAME.into())
+    }
+}

@@ -1,0 +1,364 @@
+//! The file as serde reads it, and the checks that turn it into [`Config`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{
+    Address, AuthConfig, BackendKind, Config, ConfigError, DEFAULTS_NAME, ImapConfig, Model, Password, SmtpConfig,
+    TlsConfig, User,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default = "default_hostname")]
+    hostname: Spanned<String>,
+    #[serde(default = "default_data_dir")]
+    data_dir: PathBuf,
+    #[serde(default)]
+    smtp: RawSmtp,
+    #[serde(default)]
+    imap: RawImap,
+    tls: Option<Spanned<RawTls>>,
+    #[serde(default)]
+    auth: RawAuth,
+    #[serde(default)]
+    user: Vec<Spanned<RawUser>>,
+    #[serde(default)]
+    model: Vec<Spanned<RawModel>>,
+}
+
+fn default_hostname() -> Spanned<String> {
+    Spanned::new(0..0, "nightmail.local".into())
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("data")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawSmtp {
+    listen: SocketAddr,
+    max_message_bytes: Spanned<usize>,
+    max_recipients: Spanned<usize>,
+    max_connections: Spanned<usize>,
+    max_line_bytes: Spanned<usize>,
+    max_header_lines: Spanned<usize>,
+    timeout_secs: Spanned<u64>,
+}
+
+impl Default for RawSmtp {
+    fn default() -> Self {
+        let s = |v| Spanned::new(0..0, v);
+        RawSmtp {
+            listen: "127.0.0.1:2525".parse().unwrap(),
+            max_message_bytes: s(25 * 1024 * 1024),
+            max_recipients: s(100),
+            max_connections: s(64),
+            max_line_bytes: s(8192),
+            max_header_lines: s(1000),
+            timeout_secs: Spanned::new(0..0, 300),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawImap {
+    listen: SocketAddr,
+}
+
+impl Default for RawImap {
+    fn default() -> Self {
+        RawImap { listen: "127.0.0.1:1143".parse().unwrap() }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    #[serde(default)]
+    self_signed: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawAuth {
+    failure_delay_ms: u64,
+    max_failures: u32,
+    failure_window_secs: u64,
+}
+
+impl Default for RawAuth {
+    fn default() -> Self {
+        RawAuth { failure_delay_ms: 2000, max_failures: 10, failure_window_secs: 900 }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUser {
+    name: Spanned<String>,
+    address: Spanned<String>,
+    password: Option<String>,
+    password_hash: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    address: Spanned<String>,
+    backend: Spanned<String>,
+}
+
+/// Turns byte offsets into `line:column` for messages.
+struct Locator<'a> {
+    text: &'a str,
+    path: String,
+}
+
+impl Locator<'_> {
+    fn at(&self, offset: usize, message: String) -> ConfigError {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+        ConfigError::Invalid { path: self.path.clone(), line, column, message }
+    }
+
+    fn spanned<T>(&self, value: &Spanned<T>, message: String) -> ConfigError {
+        if value.span().is_empty() && value.span().start == 0 {
+            ConfigError::Semantic { path: self.path.clone(), message }
+        } else {
+            self.at(value.span().start, message)
+        }
+    }
+}
+
+pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
+    let path = source.map(|p| p.display().to_string()).unwrap_or_else(|| DEFAULTS_NAME.to_string());
+    let loc = Locator { text, path };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        loc.at(
+            offset,
+            format!("{} (see config/nightmail.toml in the nightmail repository for every key)", e.message().trim()),
+        )
+    })?;
+    let mut warnings = Vec::new();
+
+    let hostname = raw.hostname.get_ref().trim().to_string();
+    if hostname.is_empty() || hostname.contains(|c: char| c.is_whitespace() || c == '@') {
+        return Err(
+            loc.spanned(&raw.hostname, format!("hostname `{hostname}` must be a domain name like nightmail.local"))
+        );
+    }
+
+    let smtp = check_smtp(&raw.smtp, &loc)?;
+    let tls = raw.tls.map(|t| check_tls(&t, &loc)).transpose()?;
+    let auth = AuthConfig {
+        failure_delay: Duration::from_millis(raw.auth.failure_delay_ms),
+        max_failures: raw.auth.max_failures.max(1),
+        failure_window: Duration::from_secs(raw.auth.failure_window_secs),
+    };
+
+    let mut users: Vec<User> = Vec::new();
+    for spanned in &raw.user {
+        let user = check_user(spanned, &loc)?;
+        if matches!(user.password, Password::Plain(_)) {
+            warnings.push(format!(
+                "user `{}` has a plain-text password in {}: run `nightmail user add {} --address {}` to store an argon2 hash instead",
+                user.name, loc.path, user.name, user.address
+            ));
+        }
+        if users.iter().any(|u| u.name.eq_ignore_ascii_case(&user.name)) {
+            return Err(loc.spanned(&spanned.get_ref().name, format!("user name `{}` appears twice", user.name)));
+        }
+        if users.iter().any(|u| u.address == user.address) {
+            return Err(
+                loc.spanned(&spanned.get_ref().address, format!("address {} belongs to two users", user.address))
+            );
+        }
+        users.push(user);
+    }
+
+    let mut models: Vec<Model> = Vec::new();
+    for spanned in &raw.model {
+        let m = spanned.get_ref();
+        let address = address(&m.address, &loc, "model.address")?;
+        let backend = match m.backend.get_ref().as_str() {
+            "openai" => BackendKind::OpenAi,
+            "local" => BackendKind::Local,
+            other => {
+                return Err(loc.spanned(
+                    &m.backend,
+                    format!("model.backend `{other}` is not known: use \"openai\" or \"local\""),
+                ));
+            }
+        };
+        if users.iter().any(|u| u.address == address) || models.iter().any(|o| o.address == address) {
+            return Err(
+                loc.spanned(&m.address, format!("address {address} is used twice (by a user or another model)"))
+            );
+        }
+        models.push(Model { address, backend });
+    }
+    if users.is_empty() {
+        warnings.push(format!(
+            "{} has no [[user]]: nobody can log in; add one with `nightmail user add NAME --address A`",
+            loc.path
+        ));
+    }
+
+    Ok(Config {
+        hostname,
+        data_dir: raw.data_dir,
+        smtp,
+        imap: ImapConfig { listen: raw.imap.listen },
+        tls,
+        auth,
+        users,
+        models,
+        source: source.map(Path::to_path_buf),
+        warnings,
+    })
+}
+
+fn address(value: &Spanned<String>, loc: &Locator<'_>, key: &str) -> Result<Address, ConfigError> {
+    Address::parse(value.get_ref()).map_err(|e| loc.spanned(value, format!("{key}: {e}")))
+}
+
+fn check_smtp(raw: &RawSmtp, loc: &Locator<'_>) -> Result<SmtpConfig, ConfigError> {
+    let positive = |v: &Spanned<usize>, key: &str| {
+        if *v.get_ref() == 0 {
+            Err(loc.spanned(v, format!("smtp.{key} must be greater than 0")))
+        } else {
+            Ok(*v.get_ref())
+        }
+    };
+    let max_line_bytes = positive(&raw.max_line_bytes, "max_line_bytes")?;
+    if max_line_bytes < 1000 {
+        return Err(
+            loc.spanned(&raw.max_line_bytes, "smtp.max_line_bytes must be at least 1000 (RFC 5321 §4.5.3.1.6)".into())
+        );
+    }
+    if *raw.timeout_secs.get_ref() == 0 {
+        return Err(loc.spanned(&raw.timeout_secs, "smtp.timeout_secs must be greater than 0".into()));
+    }
+    Ok(SmtpConfig {
+        listen: raw.listen,
+        max_message_bytes: positive(&raw.max_message_bytes, "max_message_bytes")?,
+        max_recipients: positive(&raw.max_recipients, "max_recipients")?,
+        max_connections: positive(&raw.max_connections, "max_connections")?,
+        max_line_bytes,
+        max_header_lines: positive(&raw.max_header_lines, "max_header_lines")?,
+        timeout: Duration::from_secs(*raw.timeout_secs.get_ref()),
+    })
+}
+
+fn check_tls(raw: &Spanned<RawTls>, loc: &Locator<'_>) -> Result<TlsConfig, ConfigError> {
+    let t = raw.get_ref();
+    match (&t.cert, &t.key, t.self_signed) {
+        (Some(cert), Some(key), false) => Ok(TlsConfig::Files { cert: cert.clone(), key: key.clone() }),
+        (None, None, true) => Ok(TlsConfig::SelfSigned),
+        _ => Err(loc.spanned(
+            raw,
+            "[tls] needs either `cert` and `key` (PEM file paths) or `self_signed = true`, not both".into(),
+        )),
+    }
+}
+
+fn check_user(spanned: &Spanned<RawUser>, loc: &Locator<'_>) -> Result<User, ConfigError> {
+    let u = spanned.get_ref();
+    let name = u.name.get_ref().trim().to_string();
+    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(loc.spanned(&u.name, format!("user.name `{name}` must be one word")));
+    }
+    let address = address(&u.address, loc, "user.address")?;
+    let password = match (&u.password, &u.password_hash) {
+        (Some(p), None) => Password::Plain(p.clone()),
+        (None, Some(h)) => {
+            if !h.get_ref().starts_with("$argon2") {
+                return Err(loc.spanned(
+                    h,
+                    "user.password_hash must be an argon2 PHC string ($argon2id$...), as `nightmail user add` writes"
+                        .into(),
+                ));
+            }
+            Password::Argon2(h.get_ref().clone())
+        }
+        _ => {
+            return Err(
+                loc.spanned(spanned, format!("user `{name}` needs exactly one of `password` or `password_hash`"))
+            );
+        }
+    };
+    Ok(User { name, address, password })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(text, Some(Path::new("nm.toml"))).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_are_loopback() {
+        let c = Config::defaults();
+        assert!(c.smtp.listen.ip().is_loopback() && c.imap.listen.ip().is_loopback());
+        assert_eq!(c.smtp.max_message_bytes, 26214400);
+        assert_eq!(c.hostname, "nightmail.local");
+    }
+
+    #[test]
+    fn the_shipped_config_is_valid() {
+        let text = include_str!("../../../config/nightmail.toml");
+        let c = parse(text, None).unwrap();
+        assert!(!c.users.is_empty() && !c.models.is_empty());
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn an_unknown_key_names_its_line() {
+        let e = err("hostname = \"a.b\"\n[smtp]\nlisten = \"127.0.0.1:1\"\nmax_mesage_bytes = 5\n");
+        assert!(e.starts_with("nm.toml:4:"), "{e}");
+        assert!(e.contains("max_mesage_bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_address_names_its_line_and_key() {
+        let e = err("[[user]]\nname = \"me\"\naddress = \"not an address\"\npassword = \"x\"\n");
+        assert!(e.starts_with("nm.toml:3:"), "{e}");
+        assert!(e.contains("user.address"), "{e}");
+        let e = err("[[model]]\naddress = \"kimi\"\nbackend = \"openai\"\n");
+        assert!(e.starts_with("nm.toml:2:") && e.contains("model.address"), "{e}");
+    }
+
+    #[test]
+    fn semantic_mistakes_are_named() {
+        assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"gpt\"\n").contains("use \"openai\" or \"local\""));
+        assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\n").contains("exactly one of"));
+        assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\npassword_hash = \"md5\"\n").contains("argon2"));
+        let twice = "[[user]]\nname = \"a\"\naddress = \"me@x\"\npassword = \"p\"\n[[model]]\naddress = \"ME@x\"\nbackend = \"local\"\n";
+        assert!(err(twice).contains("used twice"));
+        assert!(err("[smtp]\nlisten = \"nowhere\"\n").contains("nm.toml:2:"));
+        assert!(err("[tls]\nself_signed = true\ncert = \"c.pem\"\n").contains("[tls]"));
+    }
+
+    #[test]
+    fn users_are_found_by_name_or_address() {
+        let c = parse("[[user]]\nname = \"me\"\naddress = \"Me@X.org\"\npassword = \"p\"\n", None).unwrap();
+        assert_eq!(c.user("ME").unwrap().name, "me");
+        assert_eq!(c.user("me@x.org").unwrap().name, "me");
+        assert!(c.user("you").is_none());
+        assert_eq!(c.warnings.len(), 1, "plain-text password warns");
+    }
+}

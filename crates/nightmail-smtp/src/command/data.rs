@@ -1,0 +1,67 @@
+//! DATA (RFC 5321 §4.1.1.4): the message is read by smtp-proto's receiver (dot-unstuffing, the
+//! end marker), checked, given its trace and missing headers, and stored.
+
+use smtp_proto::request::receiver::DataReceiver;
+
+use crate::message::{self, Checked};
+use crate::reply::{self, Reply};
+use crate::session::{Input, Session};
+
+pub(crate) fn start(session: &mut Session) {
+    match &session.transaction {
+        None => session.reply(reply::BAD_SEQUENCE_MAIL),
+        Some(t) if t.recipients.is_empty() => session.reply(reply::NO_RECIPIENTS),
+        Some(_) => {
+            session.reply(reply::START_DATA);
+            session.input = Input::Data(DataReceiver::new(), Vec::with_capacity(64 * 1024));
+        }
+    }
+}
+
+pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
+    let Some(transaction) = session.transaction.take() else {
+        return session.reply(reply::BAD_SEQUENCE_MAIL);
+    };
+    let limits = &session.shared.config.smtp;
+    if let Err(reply) = message::check(&raw, limits.max_line_bytes, limits.max_header_lines) {
+        return session.reply(reply);
+    }
+    let store = &session.shared.store;
+    let key = match store.new_message_key() {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!("cannot allocate a message key: {e}");
+            return session.reply(reply::STORE_FAILED);
+        }
+    };
+    let trace = message::Trace {
+        helo: session.helo.as_deref().unwrap_or("unknown"),
+        peer: session.peer,
+        hostname: &session.shared.config.hostname,
+        protocol: if session.tls_active { "ESMTPSA" } else { "ESMTPA" },
+        user: session.user.as_ref().map(|u| u.name.as_str()).unwrap_or(""),
+        key,
+    };
+    let Checked { raw, summary, dedupe_id } = message::prepare(raw, &trace);
+    let incoming = nightmail_store::Incoming {
+        key,
+        raw,
+        sender: transaction.sender,
+        recipients: transaction.recipients,
+        summary,
+        dedupe_id,
+    };
+    match store.deliver(&incoming).await {
+        Ok(receipt) if receipt.message.is_none() => {
+            session.reply(Reply::new(250, [2, 0, 0], "Already queued: this message was accepted before"));
+        }
+        Ok(receipt) => {
+            tracing::info!(peer = %session.peer, id = %key, jobs = receipt.jobs.len(), mail = receipt.mail.len(), "message accepted");
+            session.reply(Reply::owned(250, [2, 0, 0], format!("queued as {key}")));
+        }
+        Err(e) => {
+            tracing::error!("cannot store a message: {e}");
+            session.reply(reply::STORE_FAILED);
+        }
+    }
+}

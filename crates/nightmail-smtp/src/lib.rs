@@ -1,0 +1,66 @@
+//! The SMTP submission server: RFC 5321 as profiled for submission by RFC 6409. Commands and DATA
+//! are parsed by `smtp-proto` (Stalwart's codec); this crate holds the policy (who may send what,
+//! to whom, how much) and hands accepted messages to the store.
+//!
+//! A message is answered `250` only after [`nightmail_store::Store::deliver`] has flushed it and
+//! its jobs to disk.
+
+mod command;
+mod message;
+mod reply;
+mod session;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nightmail_auth::Authenticator;
+use nightmail_config::Config;
+use nightmail_store::Store;
+use nightmail_tls::TlsAcceptor;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+pub use reply::Reply;
+
+/// Everything a session needs, shared by all sessions.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub auth: Authenticator,
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// Serves SMTP on `listener` until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(shared.config.smtp.max_connections));
+    let local = listener.local_addr().ok();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // EMFILE and friends: keep serving the connections we have.
+                    tracing::warn!("smtp accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let shared = shared.clone();
+        let permit = slots.clone().try_acquire_owned();
+        let local = local.unwrap_or(peer);
+        tokio::spawn(async move {
+            match permit {
+                Ok(_permit) => session::run(stream, peer, local, shared).await,
+                Err(_) => session::refuse_busy(stream).await,
+            }
+        });
+    }
+}
+
+/// Whether a listener address is loopback: there, AUTH is allowed without TLS (nothing crosses
+/// a network); elsewhere RFC 4954 §4 wants TLS first.
+pub(crate) fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}

@@ -1,0 +1,85 @@
+//! The durable store of nightmail: raw messages (immutable bytes), per-user mailboxes, and the
+//! job queue for model addresses.
+//!
+//! sled is the engine today, but no sled type crosses this crate's API: the servers and the worker
+//! speak only of [`Store`], [`Job`], [`Uid`] and friends, so the engine can be swapped (redb,
+//! fjall) without touching them.
+//!
+//! Durability: sled writes to disk only every 500 ms on its own. Every method that changes state
+//! here ends with `flush_async().await`, so when it returns, the change survives `kill -9` and
+//! power loss (RFC 5321 §6.1: once 250 is sent, the message must not be lost).
+
+mod delivery;
+mod error;
+mod ids;
+mod mailbox;
+mod queue;
+mod schema;
+
+#[path = "../../../migrations/mod.rs"]
+mod migrations;
+
+use std::path::{Path, PathBuf};
+
+pub use delivery::{Incoming, Receipt, Recipient, Summary};
+pub use error::StoreError;
+pub use ids::{JobId, MailboxId, MessageKey, Uid};
+pub use mailbox::{MailEntry, MailboxInfo};
+pub use queue::{Job, JobState, LeasedJob, Retry, RetryPolicy};
+pub use schema::SCHEMA_VERSION;
+
+/// The open store. Cheap to clone: clones share one database.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    trees: schema::Trees,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, applying pending migrations.
+    ///
+    /// Only one process may hold the store; a second gets [`StoreError::Locked`].
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        Self::open_to(dir, SCHEMA_VERSION)
+    }
+
+    /// Opens the store and migrates it up to `version` only. Tests use it to write a store as an
+    /// older nightmail would have.
+    #[doc(hidden)]
+    pub fn open_to(dir: &Path, version: u32) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
+        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
+            sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+                StoreError::Locked { path: dir.to_path_buf() }
+            }
+            other => StoreError::from(other),
+        })?;
+        migrations::migrate(&db, version)?;
+        let trees = schema::Trees::open(&db)?;
+        Ok(Store { db, trees, path: dir.to_path_buf() })
+    }
+
+    /// The schema version recorded in the store.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        schema::stored_version(&self.db)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Raw RFC 5322 bytes of a stored message.
+    pub fn message(&self, key: MessageKey) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.trees.messages.get(key.to_be_bytes())?.map(|v| v.to_vec()))
+    }
+
+    /// Waits until everything written so far is on disk.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,297 @@
+//! The job queue. A job is leased, never popped: `queued -> running(lease) -> done | failed`, and
+//! a lease that is not renewed expires and puts the job back. So a crash at any point loses no job
+//! (it is still on disk, queued or running) and duplicates none (the lease token guards completion:
+//! a worker whose lease was lost cannot complete the job a second time).
+
+use std::time::Duration;
+
+use nightmail_types::{Address, Timestamp};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionalTree};
+
+use crate::schema::{JOBS, decode, encode};
+use crate::{JobId, MessageKey, Store, StoreError};
+
+/// One message for one model address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    /// The model address the message was sent to.
+    pub model: Address,
+    pub message: MessageKey,
+    /// The envelope sender (`MAIL FROM`), `None` for the null reverse-path `<>`.
+    pub sender: Option<Address>,
+    /// `From:` header, as written.
+    pub from: String,
+    pub subject: String,
+    pub message_id: String,
+    pub created_at: Timestamp,
+    /// How many times the job has been leased.
+    pub attempts: u32,
+    pub state: JobState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum JobState {
+    Queued { not_before: Timestamp },
+    Running { lease_token: u64, lease_expires: Timestamp, heartbeat_at: Timestamp },
+    Done { at: Timestamp },
+    Failed { at: Timestamp, reason: String },
+    Cancelled { at: Timestamp },
+}
+
+impl JobState {
+    /// The name `nightmail status` shows.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Queued { .. } => "queued",
+            JobState::Running { .. } => "running",
+            JobState::Done { .. } => "done",
+            JobState::Failed { .. } => "failed",
+            JobState::Cancelled { .. } => "cancelled",
+        }
+    }
+}
+
+/// A job this process holds a lease on. Only [`Store::lease_next`] makes one, and only the holder
+/// of the lease can renew, complete or fail the job.
+#[derive(Debug)]
+pub struct LeasedJob {
+    job: Job,
+    token: u64,
+}
+
+impl LeasedJob {
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+}
+
+/// How a failed attempt ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Try again after a backoff, unless attempts are used up.
+    Transient,
+    /// Retrying cannot help (a malformed message, say): fail now.
+    Permanent,
+}
+
+/// Exponential backoff with jitter, as Postfix and mox do: `base * 2^(attempt-1)`, capped at
+/// `max`, times a random factor in [0.75, 1.25]; after `max_attempts` leases the job fails.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    pub base: Duration,
+    pub max: Duration,
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { base: Duration::from_secs(60), max: Duration::from_secs(3600), max_attempts: 8 }
+    }
+}
+
+impl RetryPolicy {
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(20);
+        let delay = self.base.saturating_mul(1u32 << exp).min(self.max);
+        delay.mul_f64(rand::thread_rng().gen_range(0.75..=1.25))
+    }
+}
+
+/// Key of the `queue` index: due time first, so the first key is the next job due.
+pub(crate) fn queue_key(not_before: Timestamp, id: JobId) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&not_before.0.to_be_bytes());
+    key[8..].copy_from_slice(&id.to_be_bytes());
+    key
+}
+
+type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+fn abort(e: StoreError) -> ConflictableTransactionError<StoreError> {
+    ConflictableTransactionError::Abort(e)
+}
+
+pub(crate) fn read_job(jobs: &TransactionalTree, id: JobId) -> TxResult<Job> {
+    let bytes = jobs.get(id.to_be_bytes())?.ok_or_else(|| abort(StoreError::NoSuchJob(id)))?;
+    decode(JOBS, &bytes).map_err(abort)
+}
+
+pub(crate) fn write_job(
+    jobs: &TransactionalTree,
+    queue: &TransactionalTree,
+    old: Option<&JobState>,
+    job: &Job,
+) -> TxResult<()> {
+    if let Some(JobState::Queued { not_before }) = old {
+        queue.remove(&queue_key(*not_before, job.id)[..])?;
+    }
+    if let JobState::Queued { not_before } = job.state {
+        queue.insert(&queue_key(not_before, job.id)[..], &[][..])?;
+    }
+    jobs.insert(&job.id.to_be_bytes()[..], encode(job))?;
+    Ok(())
+}
+
+impl Store {
+    /// Every job, oldest first.
+    pub fn jobs(&self) -> Result<Vec<Job>, StoreError> {
+        self.trees.jobs.iter().values().map(|v| decode(JOBS, &v?)).collect()
+    }
+
+    pub fn job(&self, id: JobId) -> Result<Option<Job>, StoreError> {
+        self.trees.jobs.get(id.to_be_bytes())?.map(|v| decode(JOBS, &v)).transpose()
+    }
+
+    /// Leases the job that is due first, if any is due now, for `lease_for`.
+    pub async fn lease_next(&self, lease_for: Duration) -> Result<Option<LeasedJob>, StoreError> {
+        let now = Timestamp::now();
+        loop {
+            let Some(first) = self.trees.queue.iter().keys().next().transpose()? else {
+                return Ok(None);
+            };
+            let due = u64::from_be_bytes(first[..8].try_into().expect("queue keys are 16 bytes"));
+            if due > now.0 {
+                return Ok(None);
+            }
+            let id = JobId::from_be_slice(&first[8..]).expect("queue keys are 16 bytes");
+            let token: u64 = rand::random();
+            let leased = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+                let mut job = read_job(jobs, id)?;
+                if !matches!(job.state, JobState::Queued { .. }) {
+                    // Taken or cancelled since we looked; the index entry is stale.
+                    queue.remove(&first[..])?;
+                    return Ok(None);
+                }
+                let old = job.state.clone();
+                job.attempts += 1;
+                job.state =
+                    JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
+                write_job(jobs, queue, Some(&old), &job)?;
+                Ok(Some(job))
+            })?;
+            if let Some(job) = leased {
+                self.flush().await?;
+                return Ok(Some(LeasedJob { job, token }));
+            }
+        }
+    }
+
+    /// Applies `change` to a leased job if the lease still holds.
+    async fn with_lease(&self, leased: &LeasedJob, change: impl Fn(&mut Job)) -> Result<Job, StoreError> {
+        let id = leased.job.id;
+        let job = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+            let mut job = read_job(jobs, id)?;
+            match job.state {
+                JobState::Running { lease_token, .. } if lease_token == leased.token => {}
+                _ => return Err(abort(StoreError::LeaseLost(id))),
+            }
+            let old = job.state.clone();
+            change(&mut job);
+            write_job(jobs, queue, Some(&old), &job)?;
+            Ok(job)
+        })?;
+        self.flush().await?;
+        Ok(job)
+    }
+
+    /// Heartbeat: extends the lease. Fails with [`StoreError::LeaseLost`] if the job was cancelled
+    /// or re-leased meanwhile; the worker must then stop.
+    pub async fn renew(&self, leased: &mut LeasedJob, lease_for: Duration) -> Result<(), StoreError> {
+        let now = Timestamp::now();
+        leased.job = self
+            .with_lease(leased, |job| {
+                if let JobState::Running { lease_expires, heartbeat_at, .. } = &mut job.state {
+                    *lease_expires = now.plus(lease_for);
+                    *heartbeat_at = now;
+                }
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a leased job done.
+    pub async fn complete(&self, leased: LeasedJob) -> Result<Job, StoreError> {
+        let at = Timestamp::now();
+        self.with_lease(&leased, |job| job.state = JobState::Done { at }).await
+    }
+
+    /// Ends an attempt that failed: back to the queue after a backoff, or failed for good.
+    pub async fn fail(
+        &self,
+        leased: LeasedJob,
+        reason: &str,
+        retry: Retry,
+        policy: &RetryPolicy,
+    ) -> Result<Job, StoreError> {
+        let now = Timestamp::now();
+        let backoff = policy.backoff(leased.job.attempts);
+        self.with_lease(&leased, |job| {
+            job.state = if retry == Retry::Transient && job.attempts < policy.max_attempts {
+                JobState::Queued { not_before: now.plus(backoff) }
+            } else {
+                JobState::Failed { at: now, reason: reason.to_string() }
+            };
+        })
+        .await
+    }
+
+    /// Cancels a job that has not finished. Returns the job as it now is.
+    pub async fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
+        let at = Timestamp::now();
+        let job = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+            let mut job = read_job(jobs, id)?;
+            if matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
+                let old = job.state.clone();
+                job.state = JobState::Cancelled { at };
+                write_job(jobs, queue, Some(&old), &job)?;
+            }
+            Ok(job)
+        })?;
+        self.flush().await?;
+        Ok(job)
+    }
+
+    /// Puts back in the queue every running job whose lease has expired, or, with `all`, every
+    /// running job (at start-up: the process that held those leases is gone, since sled admits
+    /// one process). A job leased `policy.max_attempts` times fails instead: a message that
+    /// crashes the daemon each time must not crash it forever. Returns how many jobs changed.
+    pub async fn recover_leases(&self, all: bool, policy: &RetryPolicy) -> Result<usize, StoreError> {
+        let now = Timestamp::now();
+        let mut recovered = 0;
+        for job in self.jobs()? {
+            let JobState::Running { lease_expires, .. } = job.state else { continue };
+            if !all && lease_expires > now {
+                continue;
+            }
+            let id = job.id;
+            let changed = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+                let mut job = read_job(jobs, id)?;
+                let JobState::Running { lease_expires, .. } = job.state else { return Ok(false) };
+                if !all && lease_expires > now {
+                    return Ok(false);
+                }
+                let old = job.state.clone();
+                job.state = if job.attempts >= policy.max_attempts {
+                    JobState::Failed {
+                        at: now,
+                        reason: format!("interrupted {} times without finishing", job.attempts),
+                    }
+                } else {
+                    JobState::Queued { not_before: now }
+                };
+                write_job(jobs, queue, Some(&old), &job)?;
+                Ok(true)
+            })?;
+            recovered += usize::from(changed);
+        }
+        if recovered > 0 {
+            self.flush().await?;
+        }
+        Ok(recovered)
+    }
+}

@@ -1,0 +1,78 @@
+//! The trees of the store and the schema version kept in `meta`.
+//!
+//! | tree            | key                              | value                        |
+//! |-----------------|----------------------------------|------------------------------|
+//! | `meta`          | `schema_version`, `uidvalidity`  | u32 big-endian               |
+//! | `messages`      | MessageKey                       | raw RFC 5322 bytes           |
+//! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
+//! | `mailbox_names` | owner `\0` name                  | MailboxId                    |
+//! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
+//! | `jobs`          | JobId                            | JSON `Job`                   |
+//! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
+//! | `dedupe`        | recipient `\0` message id        | what the delivery made       |
+
+use crate::StoreError;
+
+/// The schema this build writes. Each step up has a migration in `migrations/`.
+pub const SCHEMA_VERSION: u32 = 2;
+
+pub(crate) const META: &str = "meta";
+pub(crate) const MESSAGES: &str = "messages";
+pub(crate) const MAILBOXES: &str = "mailboxes";
+pub(crate) const MAILBOX_NAMES: &str = "mailbox_names";
+pub(crate) const MAIL: &str = "mail";
+pub(crate) const JOBS: &str = "jobs";
+pub(crate) const QUEUE: &str = "queue";
+pub(crate) const DEDUPE: &str = "dedupe";
+
+pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
+pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
+
+#[derive(Clone)]
+pub(crate) struct Trees {
+    pub meta: sled::Tree,
+    pub messages: sled::Tree,
+    pub mailboxes: sled::Tree,
+    pub mailbox_names: sled::Tree,
+    pub mail: sled::Tree,
+    pub jobs: sled::Tree,
+    pub queue: sled::Tree,
+    pub dedupe: sled::Tree,
+}
+
+impl Trees {
+    pub fn open(db: &sled::Db) -> Result<Trees, StoreError> {
+        Ok(Trees {
+            meta: db.open_tree(META)?,
+            messages: db.open_tree(MESSAGES)?,
+            mailboxes: db.open_tree(MAILBOXES)?,
+            mailbox_names: db.open_tree(MAILBOX_NAMES)?,
+            mail: db.open_tree(MAIL)?,
+            jobs: db.open_tree(JOBS)?,
+            queue: db.open_tree(QUEUE)?,
+            dedupe: db.open_tree(DEDUPE)?,
+        })
+    }
+}
+
+pub(crate) fn stored_version(db: &sled::Db) -> Result<u32, StoreError> {
+    let meta = db.open_tree(META)?;
+    Ok(match meta.get(KEY_SCHEMA_VERSION)? {
+        Some(v) => {
+            u32_of(&v).ok_or(StoreError::Corrupt { tree: META, message: "schema_version is not a u32".into() })?
+        }
+        None => 0,
+    })
+}
+
+pub(crate) fn u32_of(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(bytes.try_into().ok()?))
+}
+
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("store records always serialise")
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt { tree, message: e.to_string() })
+}

@@ -1,0 +1,224 @@
+use std::time::Duration;
+
+use nightmail_types::{Address, Timestamp};
+
+use super::*;
+use crate::queue::queue_key;
+use crate::schema::encode;
+
+fn addr(s: &str) -> Address {
+    Address::parse(s).unwrap()
+}
+
+fn incoming(store: &Store, message_id: &str, recipients: Vec<Recipient>) -> Incoming {
+    Incoming {
+        key: store.new_message_key().unwrap(),
+        raw: format!("Message-ID: {message_id}\r\nSubject: hi\r\n\r\nbody\r\n").into_bytes(),
+        sender: Some(addr("me@nightmail.local")),
+        recipients,
+        summary: Summary { from: "me@nightmail.local".into(), subject: "hi".into(), message_id: message_id.into() },
+        dedupe_id: message_id.into(),
+    }
+}
+
+fn to_model() -> Recipient {
+    Recipient::Model { address: addr("kimi@nightmail.local") }
+}
+
+fn to_me() -> Recipient {
+    Recipient::User { user: "me".into(), address: addr("me@nightmail.local") }
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy { base: Duration::from_millis(1), max: Duration::from_millis(1), max_attempts: 3 }
+}
+
+#[tokio::test]
+async fn delivery_makes_a_job_and_a_mailbox_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let receipt = store.deliver(&incoming(&store, "<a@x>", vec![to_model(), to_me()])).await.unwrap();
+    assert_eq!(receipt.jobs.len(), 1);
+    assert_eq!(receipt.mail, vec![("me".to_string(), Uid(1))]);
+    let key = receipt.message.unwrap();
+    assert!(store.message(key).unwrap().unwrap().starts_with(b"Message-ID: <a@x>"));
+
+    let jobs = store.jobs().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].state.name(), "queued");
+    assert_eq!(jobs[0].message, key);
+
+    let inbox = store.mailbox("me", "inbox").unwrap().unwrap();
+    assert_eq!(inbox.name, "INBOX");
+    assert_eq!(inbox.uid_next, Uid(2));
+    let mail = store.mail(inbox.id).unwrap();
+    assert_eq!(mail.len(), 1);
+    assert_eq!((mail[0].uid, mail[0].message), (Uid(1), key));
+}
+
+#[tokio::test]
+async fn a_resent_message_is_stored_once_per_recipient() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+    // The resend also goes to a new recipient: only that one is new.
+    let again = store.deliver(&incoming(&store, "<a@x>", vec![to_model(), to_me()])).await.unwrap();
+    assert_eq!(again.duplicates, vec![addr("kimi@nightmail.local")]);
+    assert_eq!(again.mail.len(), 1);
+    let third = store.deliver(&incoming(&store, "<a@x>", vec![to_model(), to_me()])).await.unwrap();
+    assert_eq!(third.message, None);
+    assert_eq!(third.duplicates.len(), 2);
+    assert_eq!(store.jobs().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn state_and_uidvalidity_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let validity = {
+        let store = Store::open(dir.path()).unwrap();
+        store.deliver(&incoming(&store, "<a@x>", vec![to_me(), to_model()])).await.unwrap();
+        store.mailbox("me", "INBOX").unwrap().unwrap().uid_validity
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap();
+    assert_eq!(inbox.uid_validity, validity);
+    store.deliver(&incoming(&store, "<b@x>", vec![to_me()])).await.unwrap();
+    let uids: Vec<Uid> = store.mail(inbox.id).unwrap().iter().map(|m| m.uid).collect();
+    assert_eq!(uids, vec![Uid(1), Uid(2)]);
+    assert_eq!(store.jobs().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn lease_complete_and_lost_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+
+    let mut leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    assert_eq!(leased.job().attempts, 1);
+    assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none(), "a leased job is not handed out twice");
+    store.renew(&mut leased, Duration::from_secs(60)).await.unwrap();
+    let done = store.complete(leased).await.unwrap();
+    assert_eq!(done.state.name(), "done");
+
+    // A lease that expires is recovered, and the old holder can no longer complete the job.
+    store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
+    let stale = store.lease_next(Duration::from_millis(0)).await.unwrap().unwrap();
+    assert_eq!(store.recover_leases(false, &quick()).await.unwrap(), 1);
+    let fresh = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    assert_eq!(fresh.job().id, stale.job().id);
+    assert!(matches!(store.complete(stale).await, Err(StoreError::LeaseLost(_))));
+    store.complete(fresh).await.unwrap();
+}
+
+#[tokio::test]
+async fn failures_back_off_then_fail_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+    let policy = RetryPolicy { base: Duration::from_secs(3600), max: Duration::from_secs(3600), max_attempts: 2 };
+
+    let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let job = store.fail(leased, "backend down", Retry::Transient, &policy).await.unwrap();
+    let JobState::Queued { not_before } = job.state else { panic!("{:?}", job.state) };
+    assert!(not_before.since(Timestamp::now()) > Duration::from_secs(2000), "backoff applied");
+    assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none(), "not due yet");
+
+    // Due now (as if the backoff had passed): the second failure is the last allowed.
+    let mut job = store.job(job.id).unwrap().unwrap();
+    store.trees.queue.remove(queue_key(not_before, job.id)).unwrap();
+    job.state = JobState::Queued { not_before: Timestamp(0) };
+    store.trees.queue.insert(queue_key(Timestamp(0), job.id), &[]).unwrap();
+    store.trees.jobs.insert(job.id.to_be_bytes(), encode(&job)).unwrap();
+    let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let job = store.fail(leased, "backend down", Retry::Transient, &policy).await.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Failed {
+            at: match job.state {
+                JobState::Failed { at, .. } => at,
+                _ => unreachable!(),
+            },
+            reason: "backend down".into()
+        }
+    );
+
+    store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
+    let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let job = store.fail(leased, "malformed", Retry::Permanent, &policy).await.unwrap();
+    assert_eq!(job.state.name(), "failed");
+}
+
+#[tokio::test]
+async fn cancel_and_start_up_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let a = store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap().jobs[0];
+    assert_eq!(store.cancel(a).await.unwrap().state.name(), "cancelled");
+    assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none());
+
+    store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
+    let held = store.lease_next(Duration::from_secs(3600)).await.unwrap().unwrap();
+    // At start-up every running job belongs to a dead process, expired or not.
+    assert_eq!(store.recover_leases(false, &quick()).await.unwrap(), 0);
+    assert_eq!(store.recover_leases(true, &quick()).await.unwrap(), 1);
+    assert!(matches!(store.complete(held).await, Err(StoreError::LeaseLost(_))));
+
+    // A job that keeps getting interrupted fails instead of looping forever.
+    for _ in 0..2 {
+        store.lease_next(Duration::from_secs(3600)).await.unwrap().unwrap();
+        store.recover_leases(true, &quick()).await.unwrap();
+    }
+    let jobs = store.jobs().unwrap();
+    assert_eq!(jobs[1].attempts, 3);
+    assert_eq!(jobs[1].state.name(), "failed");
+}
+
+#[tokio::test]
+async fn a_schema_1_store_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (queued, done) = {
+        // Write jobs as schema 1 did: into `jobs` only, with no queue index.
+        let store = Store::open_to(dir.path(), 1).unwrap();
+        assert_eq!(store.schema_version().unwrap(), 1);
+        let mk = |id: u64, state: JobState| Job {
+            id: JobId(id),
+            model: addr("kimi@nightmail.local"),
+            message: MessageKey(id),
+            sender: None,
+            from: "a".into(),
+            subject: "s".into(),
+            message_id: format!("<{id}@x>"),
+            created_at: Timestamp(1),
+            attempts: 0,
+            state,
+        };
+        let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
+        let done = mk(11, JobState::Done { at: Timestamp(6) });
+        for job in [&queued, &done] {
+            store.trees.jobs.insert(job.id.to_be_bytes(), encode(job)).unwrap();
+        }
+        store.db.drop_tree(schema::QUEUE).unwrap();
+        store.db.flush().unwrap();
+        (queued, done)
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 2);
+    let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    assert_eq!(leased.job().id, queued.id);
+    assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none());
+    assert_eq!(store.job(done.id).unwrap().unwrap().state, done.state);
+}
+
+#[tokio::test]
+async fn a_store_from_a_newer_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.trees.meta.insert(schema::KEY_SCHEMA_VERSION, &99u32.to_be_bytes()).unwrap();
+        store.db.flush().unwrap();
+    }
+    let Err(err) = Store::open(dir.path()) else { panic!("opened") };
+    assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+}

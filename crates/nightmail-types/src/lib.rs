@@ -1,0 +1,8 @@
+//! Domain types every nightmail crate shares. Values are checked when they are made, so the
+//! rest of the code holds typed values and never re-validates strings.
+
+mod address;
+mod timestamp;
+
+pub use address::{Address, AddressError};
+pub use timestamp::Timestamp;

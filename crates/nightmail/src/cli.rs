@@ -1,0 +1,117 @@
+//! The command line.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use nightmail_config::{Address, Config};
+
+#[derive(Parser)]
+#[command(name = "nightmail", version, about = "Mail a question to a giant language model; the reply arrives by mail.")]
+pub struct Cli {
+    /// Configuration file. Default: config/nightmail.toml if it exists, else built-in defaults.
+    #[arg(long, global = true, env = "NIGHTMAIL_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: SMTP submission, the store and the queue.
+    Serve,
+    /// Check the configuration file and say what is wrong with it.
+    CheckConfig,
+    /// Show the queue: each job's id, state, sender, subject, Message-ID and age.
+    Status {
+        /// One JSON object with a `jobs` array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage users.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Add a user, or change their address and password. The password is read from standard
+    /// input (one line) and stored as an argon2 hash in the configuration file.
+    Add {
+        name: String,
+        #[arg(long)]
+        address: String,
+    },
+}
+
+const DEFAULT_CONFIG: &str = "config/nightmail.toml";
+
+/// The file to use: the flag or NIGHTMAIL_CONFIG, else `config/nightmail.toml` if present.
+fn config_path(flag: Option<PathBuf>) -> Option<PathBuf> {
+    flag.or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()))
+}
+
+fn load(path: Option<&Path>) -> anyhow::Result<Config> {
+    Ok(match path {
+        Some(p) => Config::load(p)?,
+        None => Config::defaults(),
+    })
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let path = config_path(cli.config.clone());
+    match cli.command {
+        Command::Serve => {
+            let config = load(path.as_deref())?;
+            crate::serve::run(config)?;
+        }
+        Command::CheckConfig => {
+            let config = load(path.as_deref())?;
+            for warning in &config.warnings {
+                eprintln!("warning: {warning}");
+            }
+            println!(
+                "{}: ok ({} users, {} models, smtp on {}, data in {})",
+                config.source_name(),
+                config.users.len(),
+                config.models.len(),
+                config.smtp.listen,
+                config.data_dir.display()
+            );
+        }
+        Command::Status { json } => {
+            let config = load(path.as_deref())?;
+            crate::status::print(&config, json)?;
+        }
+        Command::User { command: UserCommand::Add { name, address } } => {
+            let address = Address::parse(&address).context("--address")?;
+            let target = cli.config.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+            let password = read_password()?;
+            let hash = nightmail_auth::hash_password(&password);
+            let created = nightmail_config::upsert_user(&target, &name, &address, &hash)?;
+            println!(
+                "{} user {name} <{address}> in {} (restart `nightmail serve` to apply)",
+                if created { "added" } else { "updated" },
+                target.display()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_password() -> anyhow::Result<String> {
+    eprintln!("password (one line on standard input):");
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).context("reading the password from standard input")?;
+    let password = line.trim_end_matches(['\r', '\n']).to_string();
+    if password.is_empty() {
+        bail!(
+            "no password given: pipe one line to standard input, e.g. `echo 'secret' | nightmail user add me --address me@nightmail.local`"
+        );
+    }
+    Ok(password)
+}

@@ -1,0 +1,98 @@
+//! The control socket, `data_dir/control.sock`: how `nightmail status` asks a running daemon,
+//! since sled lets only one process open the store. One JSON request line, one JSON answer line.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use nightmail_store::Store;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+use crate::status::Report;
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "lowercase")]
+pub enum Request {
+    Status,
+}
+
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("control.sock")
+}
+
+pub fn bind(data_dir: &Path) -> anyhow::Result<UnixListener> {
+    let path = socket_path(data_dir);
+    // The store lock is already ours, so a socket file left here is from a daemon that died.
+    let _ = std::fs::remove_file(&path);
+    UnixListener::bind(&path).with_context(|| format!("binding the control socket {}", path.display()))
+}
+
+pub fn unlink(data_dir: &Path) {
+    let _ = std::fs::remove_file(socket_path(data_dir));
+}
+
+pub async fn serve(listener: UnixListener, store: Store, mut stop: watch::Receiver<bool>) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("control socket accept failed: {e}");
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let store = store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, &store).await {
+                tracing::debug!("control request failed: {e}");
+            }
+        });
+    }
+}
+
+async fn answer(stream: UnixStream, store: &Store) -> anyhow::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read).take_line(&mut line).await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::Status) => serde_json::to_value(Report::from_store(store, "daemon")?)?,
+        Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
+    };
+    let mut text = serde_json::to_vec(&response)?;
+    text.push(b'\n');
+    write.write_all(&text).await?;
+    Ok(())
+}
+
+trait TakeLine {
+    async fn take_line(&mut self, line: &mut String) -> std::io::Result<usize>;
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> TakeLine for BufReader<R> {
+    /// A request line of at most 64 KiB.
+    async fn take_line(&mut self, line: &mut String) -> std::io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        let mut limited = self.take(64 * 1024);
+        limited.read_line(line).await
+    }
+}
+
+/// Asks the daemon whose data is in `data_dir`. `Ok(None)` when no daemon answers.
+pub fn ask(data_dir: &Path, request: &Request) -> anyhow::Result<Option<serde_json::Value>> {
+    use std::io::{BufRead, Write};
+    let path = socket_path(data_dir);
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&path) else {
+        return Ok(None);
+    };
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut answer = String::new();
+    std::io::BufReader::new(stream).read_line(&mut answer)?;
+    Ok(Some(serde_json::from_str(&answer).context("the daemon's answer on the control socket")?))
+}

@@ -1,0 +1,102 @@
+//! `nightmail serve`: opens the store, binds the listeners, and runs until SIGTERM or SIGINT.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use nightmail_auth::Authenticator;
+use nightmail_config::Config;
+use nightmail_store::{RetryPolicy, Store};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+/// How often leases that nobody renewed are put back in the queue.
+const LEASE_SWEEP: Duration = Duration::from_secs(30);
+
+pub fn run(config: Config) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let store = open_store(&config)?;
+    let policy = RetryPolicy::default();
+    let recovered = store.recover_leases(true, &policy).await?;
+    if recovered > 0 {
+        tracing::info!(recovered, "requeued jobs that were running when nightmail last stopped");
+    }
+
+    let tls = match &config.tls {
+        Some(tls) => Some(nightmail_tls::acceptor(tls, &config.data_dir, &config.hostname)?),
+        None => None,
+    };
+    let smtp = bind(config.smtp.listen, "smtp.listen", &config).await?;
+    let smtp_addr = smtp.local_addr()?;
+    let control = crate::control::bind(&config.data_dir)?;
+
+    let config = Arc::new(config);
+    let auth = Authenticator::new(config.users.clone(), config.auth.clone());
+    let shared = Arc::new(nightmail_smtp::Shared { config: config.clone(), store: store.clone(), auth, tls });
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone()));
+    let control_task = tokio::spawn(crate::control::serve(control, store.clone(), stop_rx.clone()));
+    let sweeper = {
+        let store = store.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(LEASE_SWEEP) => {}
+                    _ = stop.changed() => break,
+                }
+                if let Err(e) = store.recover_leases(false, &policy).await {
+                    tracing::error!("lease sweep failed: {e}");
+                }
+            }
+        })
+    };
+
+    // Tests and scripts read the bound port from this line (port 0 picks a free one).
+    println!("nightmail: smtp listening on {smtp_addr}");
+    std::io::stdout().flush().ok();
+    tracing::info!(source = %config.source_name(), data = %config.data_dir.display(), "nightmail serving");
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    stop_tx.send(true).ok();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = smtp_task.await;
+        let _ = control_task.await;
+        let _ = sweeper.await;
+    })
+    .await;
+    store.flush().await?;
+    crate::control::unlink(&config.data_dir);
+    Ok(())
+}
+
+fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let dir = config.data_dir.join("store");
+    Store::open(&dir)
+        .with_context(|| format!("opening the store in {} (data_dir in {})", dir.display(), config.source_name()))
+}
+
+async fn bind(addr: std::net::SocketAddr, key: &str, config: &Config) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => "is in use by another program",
+            std::io::ErrorKind::PermissionDenied => "needs privileges to bind (ports below 1024 need root)",
+            _ => "cannot be bound",
+        };
+        anyhow::anyhow!("{key} = \"{addr}\" {hint} ({e}): set {key} in {} to a free address", config.source_name())
+    })
+}

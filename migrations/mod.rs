@@ -1,0 +1,39 @@
+//! Numbered schema migrations, applied in order when the store opens; the version reached is
+//! recorded in the `meta` tree in the same flush. A migration must be safe to re-run if the process
+//! dies half-way (it runs again on the next start, since the version was not yet recorded).
+//!
+//! This folder is compiled into `nightmail-store` (see its `lib.rs`). To change the schema: add
+//! `NNNN_name.rs` with `pub fn apply(db: &sled::Db) -> Result<(), StoreError>`, list it below, bump
+//! `SCHEMA_VERSION`, and add a test that opens a store written at the previous version.
+
+use crate::StoreError;
+use crate::schema::{KEY_SCHEMA_VERSION, SCHEMA_VERSION, stored_version};
+
+#[path = "0001_initial.rs"]
+mod m0001_initial;
+#[path = "0002_queue_index.rs"]
+mod m0002_queue_index;
+
+type Apply = fn(&sled::Db) -> Result<(), StoreError>;
+
+/// (version reached, name, step)
+const MIGRATIONS: &[(u32, &str, Apply)] =
+    &[(1, "initial", m0001_initial::apply), (2, "queue_index", m0002_queue_index::apply)];
+
+/// Brings the store from its recorded version up to `target`.
+pub(crate) fn migrate(db: &sled::Db, target: u32) -> Result<(), StoreError> {
+    let found = stored_version(db)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::TooNew { found, known: SCHEMA_VERSION });
+    }
+    for &(version, name, apply) in MIGRATIONS {
+        if version <= found || version > target {
+            continue;
+        }
+        tracing::info!(version, name, "applying store migration");
+        apply(db)?;
+        db.open_tree(crate::schema::META)?.insert(KEY_SCHEMA_VERSION, &version.to_be_bytes())?;
+        db.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Starts the real `nightmail` binary on loopback, port 0, in a temporary directory, and offers
+//! the small helpers the end-to-end tests share.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const PASSWORD: &str = "correct horse";
+pub const BIN: &str = env!("CARGO_BIN_EXE_nightmail");
+
+/// A configuration for tests: loopback, port 0, a user `me` and a model `kimi`, quick failure delay.
+pub fn config(dir: &Path, extra: &str) -> String {
+    format!(
+        r#"hostname = "nightmail.test"
+data_dir = "{data}"
+{extra}
+[smtp]
+listen = "127.0.0.1:0"
+max_message_bytes = 100000
+timeout_secs = 30
+
+[auth]
+failure_delay_ms = 100
+
+[[user]]
+name = "me"
+address = "me@nightmail.test"
+password = "{PASSWORD}"
+
+[[user]]
+name = "ann"
+address = "ann@nightmail.test"
+password = "{PASSWORD}"
+
+[[model]]
+address = "kimi@nightmail.test"
+backend = "openai"
+"#,
+        data = dir.join("data").display()
+    )
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub smtp: SocketAddr,
+    child: Child,
+}
+
+impl Daemon {
+    /// A daemon with the test configuration; `extra` replaces sections or adds top-level keys.
+    pub fn start() -> Daemon {
+        Daemon::start_with(|dir| config(dir, ""))
+    }
+
+    pub fn start_with(make_config: impl FnOnce(&Path) -> String) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("nightmail.toml");
+        std::fs::write(&config, make_config(dir.path())).unwrap();
+        let (child, smtp) = spawn(&config);
+        Daemon { dir, config, smtp, child }
+    }
+
+    /// Starts the daemon again on the same data (after a kill or stop).
+    pub fn restart(&mut self) {
+        let (child, smtp) = spawn(&self.config);
+        self.child = child;
+        self.smtp = smtp;
+    }
+
+    /// SIGKILL: no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and wait for a clean exit.
+    pub fn stop(&mut self) {
+        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "nightmail exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "nightmail did not stop within 20 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Runs `nightmail ARGS --config <this daemon's config>`.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN).args(args).arg("--config").arg(&self.config).output().unwrap()
+    }
+
+    /// `nightmail status --json`, parsed.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.cli(&["status", "--json"]);
+        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn jobs(&self) -> Vec<serde_json::Value> {
+        self.status()["jobs"].as_array().unwrap().clone()
+    }
+
+    /// A raw SMTP connection, for the conversations no well-behaved client would have.
+    pub fn connect(&self) -> Raw {
+        Raw::connect(self.smtp)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(config: &Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .arg("serve")
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(addr) = line.strip_prefix("nightmail: smtp listening on ") {
+                    return (child, addr.parse().unwrap());
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                panic!("nightmail did not report its SMTP port within 30 s (exit: {status})");
+            }
+        }
+    }
+}
+
+/// A line-oriented SMTP client over a plain socket.
+pub struct Raw {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Raw { stream, reader }
+    }
+
+    /// Reads one reply (all its lines); returns the last line, e.g. `250 2.0.0 OK`.
+    pub fn reply(&mut self) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.reader.read_line(&mut line).unwrap();
+            assert!(n > 0, "connection closed while waiting for a reply");
+            if line.as_bytes().get(3) != Some(&b'-') {
+                return line.trim_end().to_string();
+            }
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Sends one command line and returns the reply.
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.send(format!("{line}\r\n").as_bytes());
+        self.reply()
+    }
+
+    /// Greeting, EHLO and AUTH PLAIN as `me`.
+    pub fn login(addr: SocketAddr) -> Raw {
+        let mut raw = Raw::connect(addr);
+        assert!(raw.reply().starts_with("220 "));
+        assert!(raw.cmd("EHLO test").starts_with("250 "));
+        let token = base64_plain("me", PASSWORD);
+        assert_eq!(raw.cmd(&format!("AUTH PLAIN {token}")), "235 2.7.0 Authentication successful");
+        raw
+    }
+
+    /// True once the server has closed the connection (reads EOF), within the read timeout.
+    pub fn closed(&mut self) -> bool {
+        let mut rest = Vec::new();
+        self.reader.read_to_end(&mut rest).is_ok()
+    }
+}
+
+pub fn base64_plain(user: &str, password: &str) -> String {
+    base64_encode(format!("\0{user}\0{password}").as_bytes())
+}
+
+pub fn base64_encode(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Waits for `check` to hold, polling, up to `limit`.
+pub fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs an external client; fails the test with an install hint if it is missing.
+pub fn external(program: &str, debian_package: &str) -> Command {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {program}")).output().unwrap();
+    assert!(
+        found.status.success(),
+        "{program} is needed by this test: apt-get install {debian_package} (.ci/run installs it)"
+    );
+    Command::new(program)
+}
