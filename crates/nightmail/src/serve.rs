@@ -61,13 +61,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         })
     };
 
+    // Handlers first: once the line below is out, a SIGTERM must mean a clean stop.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     // Tests and scripts read the bound port from this line (port 0 picks a free one).
     println!("nightmail: smtp listening on {smtp_addr}");
     std::io::stdout().flush().ok();
     tracing::info!(source = %config.source_name(), data = %config.data_dir.display(), "nightmail serving");
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
