@@ -13,12 +13,17 @@ use crate::schema::{KEY_SCHEMA_VERSION, SCHEMA_VERSION, stored_version};
 mod m0001_initial;
 #[path = "0002_queue_index.rs"]
 mod m0002_queue_index;
+#[path = "0003_threads_and_outbound.rs"]
+mod m0003_threads_and_outbound;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
 /// (version reached, name, step)
-const MIGRATIONS: &[(u32, &str, Apply)] =
-    &[(1, "initial", m0001_initial::apply), (2, "queue_index", m0002_queue_index::apply)];
+const MIGRATIONS: &[(u32, &str, Apply)] = &[
+    (1, "initial", m0001_initial::apply),
+    (2, "queue_index", m0002_queue_index::apply),
+    (3, "threads_and_outbound", m0003_threads_and_outbound::apply),
+];
 
 /// Brings the store from its recorded version up to `target`.
 pub(crate) fn migrate(db: &sled::Db, target: u32) -> Result<(), StoreError> {

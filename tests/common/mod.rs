@@ -13,8 +13,15 @@ use std::time::{Duration, Instant};
 pub const PASSWORD: &str = "correct horse";
 pub const BIN: &str = env!("CARGO_BIN_EXE_nightmail");
 
-/// A configuration for tests: loopback, port 0, a user `me` and a model `kimi`, quick failure delay.
+/// A configuration for tests: loopback, port 0, users `me` and `ann`, a model `kimi`, quick failure
+/// delay, and no worker (mail to the model is queued, not answered).
 pub fn config(dir: &Path, extra: &str) -> String {
+    config_answering(dir, extra, "http://127.0.0.1:9/v1", 0)
+}
+
+/// The test configuration with `concurrency` workers answering through the OpenAI-compatible
+/// server at `backend`.
+pub fn config_answering(dir: &Path, extra: &str, backend: &str, concurrency: usize) -> String {
     format!(
         r#"hostname = "nightmail.test"
 data_dir = "{data}"
@@ -40,6 +47,10 @@ password = "{PASSWORD}"
 [[model]]
 address = "kimi@nightmail.test"
 backend = "openai"
+url = "{backend}"
+
+[worker]
+concurrency = {concurrency}
 "#,
         data = dir.join("data").display()
     )

@@ -27,6 +27,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub users: Vec<User>,
     pub models: Vec<Model>,
+    pub worker: WorkerConfig,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -100,16 +101,82 @@ pub struct User {
     pub password: Password,
 }
 
+/// Where a model's answers come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendConfig {
+    /// An OpenAI-compatible chat completions server (llama.cpp's server, vLLM, a cloud API).
+    OpenAi {
+        /// Base URL, e.g. `http://127.0.0.1:8080/v1`; `/chat/completions` is appended.
+        url: String,
+        /// The `model` field sent to the server.
+        model: String,
+        /// Name of the environment variable holding the API key, if the server needs one.
+        api_key_env: Option<String>,
+        /// How long to wait for the server to start answering, and between streamed chunks.
+        timeout: Duration,
+        /// Retries of a failed request (connection refused, 5xx, 429) within one attempt.
+        retries: u32,
+    },
+    /// nightmail's own engine on this machine.
+    Local {
+        /// A GGUF file or a Hugging Face model directory.
+        path: PathBuf,
+        top_p: Option<f32>,
+        top_k: Option<usize>,
+        seed: Option<u64>,
+    },
+}
+
+impl BackendConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendConfig::OpenAi { .. } => "openai",
+            BackendConfig::Local { .. } => "local",
+        }
+    }
+}
+
+/// What to do with a model's reasoning (`<think>` text or reasoning deltas).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    OpenAi,
-    Local,
+pub enum ReasoningOutput {
+    /// Left out of the reply (counted in the footer).
+    Omit,
+    /// Attached to the reply as `reasoning.txt`.
+    Attach,
 }
 
 #[derive(Clone, Debug)]
 pub struct Model {
     pub address: Address,
-    pub backend: BackendKind,
+    /// Display name in the reply's `From:`, e.g. "Kimi".
+    pub name: Option<String>,
+    pub backend: BackendConfig,
+    pub system_prompt: Option<String>,
+    /// Default maximum length of an answer, in tokens (a mail can lower or raise it).
+    pub max_tokens: u32,
+    /// Default for reasoning on/off (a mail can change it).
+    pub reasoning: bool,
+    pub reasoning_output: ReasoningOutput,
+    /// Sampling temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Send an immediate acknowledgement (queue position, estimate) when a question arrives.
+    pub ack: bool,
+}
+
+/// The worker that answers jobs.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Jobs answered at once; 0 accepts and queues mail without answering it.
+    pub concurrency: usize,
+    /// How long a job's lease lasts without a heartbeat; a crashed worker's job is retaken after it.
+    pub lease: Duration,
+    /// Replies to one sender per hour at most: a loop that slips past the header rules stops here.
+    pub max_replies_per_sender_per_hour: u32,
+    /// Backoff for failed attempts: doubles from `retry_base`, at most `retry_max`.
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// Attempts before a job fails with a notice to the sender.
+    pub max_attempts: u32,
 }
 
 /// A configuration mistake, with where it is and what to do.

@@ -8,8 +8,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Address, AuthConfig, BackendKind, Config, ConfigError, DEFAULTS_NAME, ImapConfig, Model, Password, SmtpConfig,
-    TlsConfig, User,
+    Address, AuthConfig, BackendConfig, Config, ConfigError, DEFAULTS_NAME, ImapConfig, Model, Password,
+    ReasoningOutput, SmtpConfig, TlsConfig, User, WorkerConfig,
 };
 
 #[derive(Deserialize)]
@@ -30,6 +30,32 @@ struct RawConfig {
     user: Vec<Spanned<RawUser>>,
     #[serde(default)]
     model: Vec<Spanned<RawModel>>,
+    #[serde(default)]
+    worker: RawWorker,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawWorker {
+    concurrency: usize,
+    lease_secs: u64,
+    max_replies_per_sender_per_hour: u32,
+    retry_base_secs: u64,
+    retry_max_secs: u64,
+    max_attempts: u32,
+}
+
+impl Default for RawWorker {
+    fn default() -> Self {
+        RawWorker {
+            concurrency: 1,
+            lease_secs: 300,
+            max_replies_per_sender_per_hour: 30,
+            retry_base_secs: 60,
+            retry_max_secs: 3600,
+            max_attempts: 8,
+        }
+    }
 }
 
 fn default_hostname() -> Spanned<String> {
@@ -116,6 +142,46 @@ struct RawUser {
 struct RawModel {
     address: Spanned<String>,
     backend: Spanned<String>,
+    name: Option<String>,
+    system_prompt: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    max_tokens: u32,
+    #[serde(default)]
+    reasoning: bool,
+    reasoning_output: Option<Spanned<String>>,
+    #[serde(default = "default_temperature")]
+    temperature: f32,
+    #[serde(default)]
+    ack: bool,
+    // backend = "openai"
+    url: Option<Spanned<String>>,
+    model: Option<String>,
+    api_key_env: Option<String>,
+    #[serde(default = "default_timeout_secs")]
+    timeout_secs: u64,
+    #[serde(default = "default_retries")]
+    retries: u32,
+    // backend = "local"
+    path: Option<PathBuf>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+}
+
+fn default_max_tokens() -> u32 {
+    1024
+}
+
+fn default_temperature() -> f32 {
+    0.7
+}
+
+fn default_timeout_secs() -> u64 {
+    600
+}
+
+fn default_retries() -> u32 {
+    2
 }
 
 /// Turns byte offsets into `line:column` for messages.
@@ -190,24 +256,14 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
 
     let mut models: Vec<Model> = Vec::new();
     for spanned in &raw.model {
-        let m = spanned.get_ref();
-        let address = address(&m.address, &loc, "model.address")?;
-        let backend = match m.backend.get_ref().as_str() {
-            "openai" => BackendKind::OpenAi,
-            "local" => BackendKind::Local,
-            other => {
-                return Err(loc.spanned(
-                    &m.backend,
-                    format!("model.backend `{other}` is not known: use \"openai\" or \"local\""),
-                ));
-            }
-        };
-        if users.iter().any(|u| u.address == address) || models.iter().any(|o| o.address == address) {
-            return Err(
-                loc.spanned(&m.address, format!("address {address} is used twice (by a user or another model)"))
-            );
+        let model = check_model(spanned, &loc)?;
+        if users.iter().any(|u| u.address == model.address) || models.iter().any(|o| o.address == model.address) {
+            return Err(loc.spanned(
+                &spanned.get_ref().address,
+                format!("address {} is used twice (by a user or another model)", model.address),
+            ));
         }
-        models.push(Model { address, backend });
+        models.push(model);
     }
     if users.is_empty() {
         warnings.push(format!(
@@ -225,6 +281,14 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
         auth,
         users,
         models,
+        worker: WorkerConfig {
+            concurrency: raw.worker.concurrency,
+            lease: Duration::from_secs(raw.worker.lease_secs.max(10)),
+            max_replies_per_sender_per_hour: raw.worker.max_replies_per_sender_per_hour,
+            retry_base: Duration::from_secs(raw.worker.retry_base_secs),
+            retry_max: Duration::from_secs(raw.worker.retry_max_secs.max(raw.worker.retry_base_secs)),
+            max_attempts: raw.worker.max_attempts.max(1),
+        },
         source: source.map(Path::to_path_buf),
         warnings,
     })
@@ -272,6 +336,60 @@ fn check_tls(raw: &Spanned<RawTls>, loc: &Locator<'_>) -> Result<TlsConfig, Conf
             "[tls] needs either `cert` and `key` (PEM file paths) or `self_signed = true`, not both".into(),
         )),
     }
+}
+
+fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, ConfigError> {
+    let m = spanned.get_ref();
+    let address = address(&m.address, loc, "model.address")?;
+    let backend = match m.backend.get_ref().as_str() {
+        "openai" => {
+            let Some(url) = &m.url else {
+                return Err(loc.spanned(spanned, format!("model {address}: backend \"openai\" needs `url` (e.g. \"http://127.0.0.1:8080/v1\")")));
+            };
+            let text = url.get_ref().trim_end_matches('/').to_string();
+            if !(text.starts_with("http://") || text.starts_with("https://")) {
+                return Err(loc.spanned(url, format!("model.url `{text}` must start with http:// or https://")));
+            }
+            BackendConfig::OpenAi {
+                url: text,
+                model: m.model.clone().unwrap_or_else(|| "default".into()),
+                api_key_env: m.api_key_env.clone(),
+                timeout: Duration::from_secs(m.timeout_secs.max(1)),
+                retries: m.retries,
+            }
+        }
+        "local" => {
+            let Some(path) = &m.path else {
+                return Err(loc.spanned(spanned, format!("model {address}: backend \"local\" needs `path` (a GGUF file or a model directory)")));
+            };
+            BackendConfig::Local { path: path.clone(), top_p: m.top_p, top_k: m.top_k, seed: m.seed }
+        }
+        other => {
+            return Err(loc.spanned(&m.backend, format!("model.backend `{other}` is not known: use \"openai\" or \"local\"")));
+        }
+    };
+    let reasoning_output = match m.reasoning_output.as_ref().map(|r| r.get_ref().as_str()) {
+        None | Some("omit") => ReasoningOutput::Omit,
+        Some("attach") => ReasoningOutput::Attach,
+        Some(other) => {
+            let span = m.reasoning_output.as_ref().expect("matched Some");
+            return Err(loc.spanned(span, format!("model.reasoning_output `{other}`: use \"omit\" or \"attach\"")));
+        }
+    };
+    if !(0.0..=2.0).contains(&m.temperature) {
+        return Err(loc.spanned(spanned, format!("model {address}: temperature must be between 0 and 2")));
+    }
+    Ok(Model {
+        address,
+        name: m.name.clone(),
+        backend,
+        system_prompt: m.system_prompt.clone(),
+        max_tokens: m.max_tokens.max(1),
+        reasoning: m.reasoning,
+        reasoning_output,
+        temperature: m.temperature,
+        ack: m.ack,
+    })
 }
 
 fn check_user(spanned: &Spanned<RawUser>, loc: &Locator<'_>) -> Result<User, ConfigError> {
@@ -338,16 +456,19 @@ mod tests {
         let e = err("[[user]]\nname = \"me\"\naddress = \"not an address\"\npassword = \"x\"\n");
         assert!(e.starts_with("nm.toml:3:"), "{e}");
         assert!(e.contains("user.address"), "{e}");
-        let e = err("[[model]]\naddress = \"kimi\"\nbackend = \"openai\"\n");
+        let e = err("[[model]]\naddress = \"kimi\"\nbackend = \"openai\"\nurl = \"http://x\"\n");
         assert!(e.starts_with("nm.toml:2:") && e.contains("model.address"), "{e}");
     }
 
     #[test]
     fn semantic_mistakes_are_named() {
         assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"gpt\"\n").contains("use \"openai\" or \"local\""));
+        assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\n").contains("needs `url`"));
+        assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"local\"\n").contains("needs `path`"));
+        assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = \"ftp://x\"\n").contains("nm.toml:4:"));
         assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\n").contains("exactly one of"));
         assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\npassword_hash = \"md5\"\n").contains("argon2"));
-        let twice = "[[user]]\nname = \"a\"\naddress = \"me@x\"\npassword = \"p\"\n[[model]]\naddress = \"ME@x\"\nbackend = \"local\"\n";
+        let twice = "[[user]]\nname = \"a\"\naddress = \"me@x\"\npassword = \"p\"\n[[model]]\naddress = \"ME@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
         assert!(err(twice).contains("used twice"));
         assert!(err("[smtp]\nlisten = \"nowhere\"\n").contains("nm.toml:2:"));
         assert!(err("[tls]\nself_signed = true\ncert = \"c.pem\"\n").contains("[tls]"));

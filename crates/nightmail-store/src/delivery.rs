@@ -1,14 +1,14 @@
 //! Accepting one message for its recipients, atomically: the raw bytes, a mailbox copy for each
-//! local user, a job for each model address, and the dedupe marks, in one transaction, flushed
-//! before the caller may say 250.
+//! local user, a job for each model address, an outbound entry for each remote address, the
+//! Message-ID index and the dedupe marks, in one transaction, flushed before the caller may say 250.
 
 use nightmail_types::{Address, Timestamp};
 use serde::{Deserialize, Serialize};
-use sled::Transactional;
+use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::queue::{Job, JobState, write_job};
-use crate::schema::encode;
+use crate::schema::{MESSAGE_IDS, Tx, decode, encode};
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
 
 /// Where one accepted recipient's copy goes.
@@ -18,12 +18,14 @@ pub enum Recipient {
     User { user: String, address: Address },
     /// A model address: the message becomes a job.
     Model { address: Address },
+    /// Anyone else: the message waits in the outbound queue for the relay.
+    Remote { address: Address },
 }
 
 impl Recipient {
     pub fn address(&self) -> &Address {
         match self {
-            Recipient::User { address, .. } | Recipient::Model { address } => address,
+            Recipient::User { address, .. } | Recipient::Model { address } | Recipient::Remote { address } => address,
         }
     }
 }
@@ -36,7 +38,7 @@ pub struct Summary {
     pub message_id: String,
 }
 
-/// A message accepted by SMTP, ready to store.
+/// A message to store: accepted by SMTP, or written by the worker.
 #[derive(Clone, Debug)]
 pub struct Incoming {
     /// From [`Store::new_message_key`], so the caller can name it (in `Received:`, in the reply)
@@ -58,14 +60,41 @@ pub struct Receipt {
     pub message: Option<MessageKey>,
     pub jobs: Vec<JobId>,
     pub mail: Vec<(String, Uid)>,
+    pub outbound: Vec<OutboundId>,
     /// Recipients that already had this message (a client resending after a lost connection).
     pub duplicates: Vec<Address>,
+}
+
+crate::ids::id_u64!(
+    /// A message waiting for the relay, for one remote recipient.
+    OutboundId
+);
+
+/// Mail for a remote recipient. The relay (a later issue) takes these; until then they wait,
+/// never dropped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outbound {
+    pub id: OutboundId,
+    pub message: MessageKey,
+    pub sender: Option<Address>,
+    pub recipient: Address,
+    pub created_at: Timestamp,
+}
+
+/// One stored message carrying a given Message-ID, and the addresses that took part in it (its
+/// envelope sender and recipients): the worker builds a thread only from messages the asker took
+/// part in, so a crafted `References:` cannot pull someone else's mail into a prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageRef {
+    pub key: MessageKey,
+    pub participants: Vec<Address>,
 }
 
 #[derive(Serialize, Deserialize)]
 enum Made {
     Job(JobId),
     Mail(MailboxId, Uid),
+    Outbound(OutboundId),
 }
 
 fn dedupe_key(recipient: &Address, dedupe_id: &str) -> Vec<u8> {
@@ -75,72 +104,128 @@ fn dedupe_key(recipient: &Address, dedupe_id: &str) -> Vec<u8> {
     key
 }
 
+type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+/// Adds `reference` to the copies of `message_id` in the index.
+pub(crate) fn index_message_id(tx: &Tx<'_>, message_id: &str, reference: MessageRef) -> TxResult<()> {
+    if message_id.is_empty() {
+        return Ok(());
+    }
+    let mut refs: Vec<MessageRef> = match tx.message_ids.get(message_id.as_bytes())? {
+        Some(v) => decode(MESSAGE_IDS, &v).map_err(ConflictableTransactionError::Abort)?,
+        None => Vec::new(),
+    };
+    if !refs.iter().any(|r| r.key == reference.key) {
+        refs.push(reference);
+        tx.message_ids.insert(message_id.as_bytes(), encode(&refs))?;
+    }
+    Ok(())
+}
+
+/// The body of [`Store::deliver`], for use inside a larger transaction. `ids` holds one fresh id
+/// per recipient.
+pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Timestamp) -> TxResult<Receipt> {
+    let message_key = incoming.key;
+    let mut receipt = Receipt::default();
+    for (recipient, &id) in incoming.recipients.iter().zip(ids) {
+        let key = dedupe_key(recipient.address(), &incoming.dedupe_id);
+        if tx.dedupe.get(&key)?.is_some() {
+            receipt.duplicates.push(recipient.address().clone());
+            continue;
+        }
+        let made = match recipient {
+            Recipient::User { user, .. } => {
+                let inbox = ensure_mailbox(tx.meta, tx.mailboxes, tx.mailbox_names, user, "INBOX", MailboxId(id), now)?;
+                let mailbox_id = inbox.id;
+                let entry = MailEntry {
+                    uid: Uid(0),
+                    message: message_key,
+                    flags: vec!["\\Recent".into()],
+                    internal_date: now,
+                    size: incoming.raw.len() as u64,
+                };
+                let uid = append(tx.mailboxes, tx.mail, inbox, &entry)?;
+                receipt.mail.push((user.clone(), uid));
+                Made::Mail(mailbox_id, uid)
+            }
+            Recipient::Model { address } => {
+                let job = Job {
+                    id: JobId(id),
+                    model: address.clone(),
+                    message: message_key,
+                    sender: incoming.sender.clone(),
+                    from: incoming.summary.from.clone(),
+                    subject: incoming.summary.subject.clone(),
+                    message_id: incoming.summary.message_id.clone(),
+                    created_at: now,
+                    attempts: 0,
+                    state: JobState::Queued { not_before: now },
+                    progress: None,
+                    reply: None,
+                };
+                write_job(tx.jobs, tx.queue, None, &job)?;
+                receipt.jobs.push(job.id);
+                Made::Job(job.id)
+            }
+            Recipient::Remote { address } => {
+                let outbound = Outbound {
+                    id: OutboundId(id),
+                    message: message_key,
+                    sender: incoming.sender.clone(),
+                    recipient: address.clone(),
+                    created_at: now,
+                };
+                tx.outbound.insert(&outbound.id.to_be_bytes(), encode(&outbound))?;
+                receipt.outbound.push(outbound.id);
+                Made::Outbound(outbound.id)
+            }
+        };
+        tx.dedupe.insert(key, encode(&made))?;
+        receipt.message = Some(message_key);
+    }
+    if receipt.message.is_some() {
+        tx.messages.insert(&message_key.to_be_bytes(), incoming.raw.as_slice())?;
+        let mut participants: Vec<Address> = incoming.sender.iter().cloned().collect();
+        participants.extend(incoming.recipients.iter().map(|r| r.address().clone()));
+        participants.dedup();
+        index_message_id(tx, &incoming.summary.message_id, MessageRef { key: message_key, participants })?;
+    }
+    Ok(receipt)
+}
+
 impl Store {
     /// A fresh key for a message about to be delivered.
     pub fn new_message_key(&self) -> Result<MessageKey, StoreError> {
         Ok(MessageKey(self.db.generate_id()?))
     }
 
+    /// Fresh ids, one per recipient of `incoming`. Taken outside transactions: a transaction may
+    /// run more than once on conflict and must do the same thing each time; unused ids are skipped.
+    pub(crate) fn recipient_ids(&self, incoming: &Incoming) -> Result<Vec<u64>, StoreError> {
+        Ok(incoming.recipients.iter().map(|_| self.db.generate_id()).collect::<Result<Vec<u64>, _>>()?)
+    }
+
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
-    /// mailbox copies and its jobs are on disk.
+    /// mailbox copies, its jobs and its outbound entries are on disk.
     pub async fn deliver(&self, incoming: &Incoming) -> Result<Receipt, StoreError> {
         let now = Timestamp::now();
-        // Ids are taken outside the transaction: a transaction may run more than once on conflict,
-        // and must do the same thing each time. Unused ids are simply skipped.
-        let message_key = incoming.key;
-        let ids = incoming.recipients.iter().map(|_| self.db.generate_id()).collect::<Result<Vec<u64>, _>>()?;
-        let t = &self.trees;
-        let receipt = (&t.meta, &t.messages, &t.mailboxes, &t.mailbox_names, &t.mail, &t.jobs, &t.queue, &t.dedupe)
-            .transaction(|(meta, messages, mailboxes, names, mail, jobs, queue, dedupe)| {
-                let mut receipt = Receipt::default();
-                for (recipient, &id) in incoming.recipients.iter().zip(&ids) {
-                    let key = dedupe_key(recipient.address(), &incoming.dedupe_id);
-                    if dedupe.get(&key)?.is_some() {
-                        receipt.duplicates.push(recipient.address().clone());
-                        continue;
-                    }
-                    let made = match recipient {
-                        Recipient::User { user, .. } => {
-                            let inbox = ensure_mailbox(meta, mailboxes, names, user, "INBOX", MailboxId(id), now)?;
-                            let mailbox_id = inbox.id;
-                            let entry = MailEntry {
-                                uid: Uid(0),
-                                message: message_key,
-                                flags: vec!["\\Recent".into()],
-                                internal_date: now,
-                                size: incoming.raw.len() as u64,
-                            };
-                            let uid = append(mailboxes, mail, inbox, &entry)?;
-                            receipt.mail.push((user.clone(), uid));
-                            Made::Mail(mailbox_id, uid)
-                        }
-                        Recipient::Model { address } => {
-                            let job = Job {
-                                id: JobId(id),
-                                model: address.clone(),
-                                message: message_key,
-                                sender: incoming.sender.clone(),
-                                from: incoming.summary.from.clone(),
-                                subject: incoming.summary.subject.clone(),
-                                message_id: incoming.summary.message_id.clone(),
-                                created_at: now,
-                                attempts: 0,
-                                state: JobState::Queued { not_before: now },
-                            };
-                            write_job(jobs, queue, None, &job)?;
-                            receipt.jobs.push(job.id);
-                            Made::Job(job.id)
-                        }
-                    };
-                    dedupe.insert(key, encode(&made))?;
-                    receipt.message = Some(message_key);
-                }
-                if receipt.message.is_some() {
-                    messages.insert(&message_key.to_be_bytes(), incoming.raw.as_slice())?;
-                }
-                Ok(receipt)
-            })?;
+        let ids = self.recipient_ids(incoming)?;
+        let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;
+        self.announce(&receipt);
         Ok(receipt)
+    }
+
+    /// The stored message with this Message-ID that `participant` took part in, if any: how the
+    /// worker follows `In-Reply-To` and `References` through a thread.
+    pub fn find_by_message_id(&self, message_id: &str, participant: &Address) -> Result<Option<MessageKey>, StoreError> {
+        let Some(v) = self.trees.message_ids.get(message_id.as_bytes())? else { return Ok(None) };
+        let refs: Vec<MessageRef> = decode(MESSAGE_IDS, &v)?;
+        Ok(refs.into_iter().find(|r| r.participants.contains(participant)).map(|r| r.key))
+    }
+
+    /// Mail waiting for the relay, oldest first.
+    pub fn outbound(&self) -> Result<Vec<Outbound>, StoreError> {
+        self.trees.outbound.iter().values().map(|v| decode(crate::schema::OUTBOUND, &v?)).collect()
     }
 }

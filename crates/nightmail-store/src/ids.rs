@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 macro_rules! id_u64 {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
         #[serde(transparent)]
         pub struct $name(pub u64);
 
@@ -23,13 +23,14 @@ macro_rules! id_u64 {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 write!(f, "{}", self.0)
             }
         }
     };
 }
+pub(crate) use id_u64;
 
 id_u64!(
     /// A stored message's key. Messages are immutable; mailboxes and jobs refer to them by key.

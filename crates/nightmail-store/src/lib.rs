@@ -9,10 +9,13 @@
 //! here ends with `flush_async().await`, so when it returns, the change survives `kill -9` and
 //! power loss (RFC 5321 §6.1: once 250 is sent, the message must not be lost).
 
+mod changes;
 mod delivery;
 mod error;
 mod ids;
+mod mail_ops;
 mod mailbox;
+mod mailbox_ops;
 mod queue;
 mod schema;
 
@@ -21,11 +24,13 @@ mod migrations;
 
 use std::path::{Path, PathBuf};
 
-pub use delivery::{Incoming, Receipt, Recipient, Summary};
+pub use delivery::{Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary};
 pub use error::StoreError;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
+pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
-pub use queue::{Job, JobState, LeasedJob, Retry, RetryPolicy};
+pub use mailbox_ops::{MailboxOpError, SpecialUse};
+pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 
 /// The open store. Cheap to clone: clones share one database.
@@ -34,6 +39,8 @@ pub struct Store {
     db: sled::Db,
     trees: schema::Trees,
     path: PathBuf,
+    /// Announces every change to a mailbox's contents, so IMAP sessions (IDLE) learn of it at once.
+    changes: changes::Changes,
 }
 
 impl Store {
@@ -57,7 +64,7 @@ impl Store {
         })?;
         migrations::migrate(&db, version)?;
         let trees = schema::Trees::open(&db)?;
-        Ok(Store { db, trees, path: dir.to_path_buf() })
+        Ok(Store { db, trees, path: dir.to_path_buf(), changes: changes::Changes::default() })
     }
 
     /// The schema version recorded in the store.

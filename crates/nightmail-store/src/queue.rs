@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
+use crate::delivery::deliver_in;
 use crate::schema::{JOBS, decode, encode};
-use crate::{JobId, MessageKey, Store, StoreError};
+use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError};
 
 /// One message for one model address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +32,35 @@ pub struct Job {
     /// How many times the job has been leased.
     pub attempts: u32,
     pub state: JobState,
+    /// What the current or last attempt has produced so far (schema 3; absent before).
+    #[serde(default)]
+    pub progress: Option<Progress>,
+    /// The reply delivered when the job finished (schema 3; absent before).
+    #[serde(default)]
+    pub reply: Option<MessageKey>,
+}
+
+/// How far generation has got, saved as it streams so `status` can show it and a crash loses
+/// little.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub prompt_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    /// The answer so far.
+    pub partial_text: String,
+    pub updated_at: Timestamp,
+}
+
+/// How a leased job ends.
+#[derive(Debug)]
+pub enum Finish {
+    /// Answered: `reply` is delivered in the same transaction that marks the job done, so a crash
+    /// either leaves the job to run again with no reply sent, or done with its reply sent once.
+    Done { reply: Incoming },
+    /// The attempt failed. If this makes the job fail for good, `notice` (a failure notice to
+    /// the sender) is delivered with that change; if the job is retried, it is not.
+    Failed { reason: String, retry: Retry, notice: Option<Incoming> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,13 +244,20 @@ impl Store {
         Ok(())
     }
 
-    /// Marks a leased job done.
+    /// Saves generation progress while the lease holds.
+    pub async fn record_progress(&self, leased: &mut LeasedJob, progress: Progress) -> Result<(), StoreError> {
+        leased.job = self.with_lease(leased, |job| job.progress = Some(progress.clone())).await?;
+        Ok(())
+    }
+
+    /// Marks a leased job done, with no reply.
     pub async fn complete(&self, leased: LeasedJob) -> Result<Job, StoreError> {
         let at = Timestamp::now();
         self.with_lease(&leased, |job| job.state = JobState::Done { at }).await
     }
 
-    /// Ends an attempt that failed: back to the queue after a backoff, or failed for good.
+    /// Ends an attempt that failed, with no notice: back to the queue after a backoff, or failed
+    /// for good.
     pub async fn fail(
         &self,
         leased: LeasedJob,
@@ -228,16 +265,60 @@ impl Store {
         retry: Retry,
         policy: &RetryPolicy,
     ) -> Result<Job, StoreError> {
+        let finish = Finish::Failed { reason: reason.to_string(), retry, notice: None };
+        Ok(self.finish(leased, finish, policy).await?.0)
+    }
+
+    /// Ends a leased job (see [`Finish`]), delivering its reply or notice atomically with the
+    /// state change. Returns the job as it now is and what was delivered.
+    pub async fn finish(
+        &self,
+        leased: LeasedJob,
+        finish: Finish,
+        policy: &RetryPolicy,
+    ) -> Result<(Job, Option<Receipt>), StoreError> {
         let now = Timestamp::now();
+        let id = leased.job.id;
         let backoff = policy.backoff(leased.job.attempts);
-        self.with_lease(&leased, |job| {
-            job.state = if retry == Retry::Transient && job.attempts < policy.max_attempts {
-                JobState::Queued { not_before: now.plus(backoff) }
-            } else {
-                JobState::Failed { at: now, reason: reason.to_string() }
-            };
-        })
-        .await
+        let mail = match &finish {
+            Finish::Done { reply } => Some(reply),
+            Finish::Failed { notice, .. } => notice.as_ref(),
+        };
+        let ids = match mail {
+            Some(m) => self.recipient_ids(m)?,
+            None => Vec::new(),
+        };
+        let result = self.trees.transaction(|tx| {
+            let mut job = read_job(tx.jobs, id)?;
+            match job.state {
+                JobState::Running { lease_token, .. } if lease_token == leased.token => {}
+                _ => return Err(abort(StoreError::LeaseLost(id))),
+            }
+            let old = job.state.clone();
+            let mut receipt = None;
+            match &finish {
+                Finish::Done { reply } => {
+                    receipt = Some(deliver_in(tx, reply, &ids, now)?);
+                    job.reply = Some(reply.key);
+                    job.state = JobState::Done { at: now };
+                }
+                Finish::Failed { reason, retry, notice } => {
+                    if *retry == Retry::Transient && job.attempts < policy.max_attempts {
+                        job.state = JobState::Queued { not_before: now.plus(backoff) };
+                    } else {
+                        if let Some(notice) = notice {
+                            receipt = Some(deliver_in(tx, notice, &ids, now)?);
+                            job.reply = Some(notice.key);
+                        }
+                        job.state = JobState::Failed { at: now, reason: reason.clone() };
+                    }
+                }
+            }
+            write_job(tx.jobs, tx.queue, Some(&old), &job)?;
+            Ok((job, receipt))
+        })?;
+        self.flush().await?;
+        Ok(result)
     }
 
     /// Cancels a job that has not finished. Returns the job as it now is.

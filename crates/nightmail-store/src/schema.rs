@@ -10,11 +10,15 @@
 //! | `jobs`          | JobId                            | JSON `Job`                   |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | recipient `\0` message id        | what the delivery made       |
+//! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
+//! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for remote recipients awaiting the relay (schema 3) |
+
+use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -24,6 +28,8 @@ pub(crate) const MAIL: &str = "mail";
 pub(crate) const JOBS: &str = "jobs";
 pub(crate) const QUEUE: &str = "queue";
 pub(crate) const DEDUPE: &str = "dedupe";
+pub(crate) const MESSAGE_IDS: &str = "message_ids";
+pub(crate) const OUTBOUND: &str = "outbound";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -38,6 +44,8 @@ pub(crate) struct Trees {
     pub jobs: sled::Tree,
     pub queue: sled::Tree,
     pub dedupe: sled::Tree,
+    pub message_ids: sled::Tree,
+    pub outbound: sled::Tree,
 }
 
 impl Trees {
@@ -51,7 +59,66 @@ impl Trees {
             jobs: db.open_tree(JOBS)?,
             queue: db.open_tree(QUEUE)?,
             dedupe: db.open_tree(DEDUPE)?,
+            message_ids: db.open_tree(MESSAGE_IDS)?,
+            outbound: db.open_tree(OUTBOUND)?,
         })
+    }
+
+    /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
+    pub fn all(&self) -> [&sled::Tree; 10] {
+        [
+            &self.meta,
+            &self.messages,
+            &self.mailboxes,
+            &self.mailbox_names,
+            &self.mail,
+            &self.jobs,
+            &self.queue,
+            &self.dedupe,
+            &self.message_ids,
+            &self.outbound,
+        ]
+    }
+
+    /// Runs `f` in one transaction over every tree.
+    pub fn transaction<A>(
+        &self,
+        f: impl Fn(&Tx<'_>) -> Result<A, ConflictableTransactionError<StoreError>>,
+    ) -> Result<A, StoreError> {
+        use sled::Transactional;
+        let all = self.all();
+        Ok(all[..].transaction(|view| f(&Tx::new(view)))?)
+    }
+}
+
+/// The trees of one transaction, by name.
+pub(crate) struct Tx<'a> {
+    pub meta: &'a TransactionalTree,
+    pub messages: &'a TransactionalTree,
+    pub mailboxes: &'a TransactionalTree,
+    pub mailbox_names: &'a TransactionalTree,
+    pub mail: &'a TransactionalTree,
+    pub jobs: &'a TransactionalTree,
+    pub queue: &'a TransactionalTree,
+    pub dedupe: &'a TransactionalTree,
+    pub message_ids: &'a TransactionalTree,
+    pub outbound: &'a TransactionalTree,
+}
+
+impl<'a> Tx<'a> {
+    fn new(view: &'a [TransactionalTree]) -> Tx<'a> {
+        Tx {
+            meta: &view[0],
+            messages: &view[1],
+            mailboxes: &view[2],
+            mailbox_names: &view[3],
+            mail: &view[4],
+            jobs: &view[5],
+            queue: &view[6],
+            dedupe: &view[7],
+            message_ids: &view[8],
+            outbound: &view[9],
+        }
     }
 }
 

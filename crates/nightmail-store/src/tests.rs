@@ -193,6 +193,8 @@ async fn a_schema_1_store_is_migrated() {
             created_at: Timestamp(1),
             attempts: 0,
             state,
+            progress: None,
+            reply: None,
         };
         let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
         let done = mk(11, JobState::Done { at: Timestamp(6) });
@@ -204,7 +206,9 @@ async fn a_schema_1_store_is_migrated() {
         (queued, done)
     };
     let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // Schema 3 indexed the jobs' Message-IDs for their sender (none here) and model.
+    assert_eq!(store.find_by_message_id("<10@x>", &addr("kimi@nightmail.local")).unwrap(), Some(MessageKey(10)));
     let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
     assert_eq!(leased.job().id, queued.id);
     assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none());
@@ -221,4 +225,79 @@ async fn a_store_from_a_newer_build_is_refused() {
     }
     let Err(err) = Store::open(dir.path()) else { panic!("opened") };
     assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+}
+
+fn reply_to(store: &Store, job: &Job, to: Vec<Recipient>) -> Incoming {
+    Incoming {
+        key: store.new_message_key().unwrap(),
+        raw: b"Subject: Re: hi\r\n\r\nanswer\r\n".to_vec(),
+        sender: Some(job.model.clone()),
+        recipients: to,
+        summary: Summary { from: job.model.to_string(), subject: "Re: hi".into(), message_id: format!("<reply-{}@x>", job.id) },
+        dedupe_id: format!("<reply-{}@x>", job.id),
+    }
+}
+
+#[tokio::test]
+async fn finishing_delivers_the_reply_with_the_state_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+    let mut leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let progress = Progress { output_tokens: 3, partial_text: "ans".into(), ..Default::default() };
+    store.record_progress(&mut leased, progress.clone()).await.unwrap();
+    assert_eq!(store.job(leased.job().id).unwrap().unwrap().progress, Some(progress));
+
+    let job = leased.job().clone();
+    let remote = Recipient::Remote { address: addr("bob@elsewhere.org") };
+    let reply = reply_to(&store, &job, vec![to_me(), remote]);
+    let (done, receipt) = store.finish(leased, Finish::Done { reply: reply.clone() }, &quick()).await.unwrap();
+    assert_eq!(done.state.name(), "done");
+    assert_eq!(done.reply, Some(reply.key));
+    let receipt = receipt.unwrap();
+    assert_eq!(receipt.mail, vec![("me".to_string(), Uid(1))]);
+    let outbound = store.outbound().unwrap();
+    assert_eq!(outbound.len(), 1);
+    assert_eq!((outbound[0].message, &outbound[0].recipient), (reply.key, &addr("bob@elsewhere.org")));
+
+    // The thread index knows the question and the reply, for the people who took part only.
+    let me = addr("me@nightmail.local");
+    assert_eq!(store.find_by_message_id("<q@x>", &me).unwrap(), Some(job.message));
+    assert_eq!(store.find_by_message_id(&reply.summary.message_id, &me).unwrap(), Some(reply.key));
+    assert_eq!(store.find_by_message_id("<q@x>", &addr("eve@nightmail.local")).unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_lost_lease_delivers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+    let stale = store.lease_next(Duration::from_millis(0)).await.unwrap().unwrap();
+    store.recover_leases(false, &quick()).await.unwrap();
+    let job = stale.job().clone();
+    let reply = reply_to(&store, &job, vec![to_me()]);
+    assert!(matches!(store.finish(stale, Finish::Done { reply }, &quick()).await, Err(StoreError::LeaseLost(_))));
+    assert!(store.mailbox("me", "INBOX").unwrap().is_none(), "no reply was delivered");
+}
+
+#[tokio::test]
+async fn a_failure_notice_goes_out_only_when_the_job_fails_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+    let policy = RetryPolicy { base: Duration::from_millis(0), max: Duration::from_millis(0), max_attempts: 2 };
+    for attempt in 1..=2 {
+        let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+        let job = leased.job().clone();
+        let notice = reply_to(&store, &job, vec![to_me()]);
+        let finish = Finish::Failed { reason: "backend down".into(), retry: Retry::Transient, notice: Some(notice) };
+        let (job, receipt) = store.finish(leased, finish, &policy).await.unwrap();
+        if attempt == 1 {
+            assert_eq!(job.state.name(), "queued");
+            assert!(receipt.is_none());
+        } else {
+            assert_eq!(job.state.name(), "failed");
+            assert_eq!(receipt.unwrap().mail.len(), 1);
+        }
+    }
 }

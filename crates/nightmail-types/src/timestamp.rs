@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Milliseconds since the Unix epoch. Stored in jobs and mailboxes, so it must survive restarts
 /// (an `Instant` would not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 

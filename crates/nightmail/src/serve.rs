@@ -24,7 +24,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     let store = open_store(&config)?;
-    let policy = RetryPolicy::default();
+    let w = &config.worker;
+    let policy = RetryPolicy { base: w.retry_base, max: w.retry_max, max_attempts: w.max_attempts };
     let recovered = store.recover_leases(true, &policy).await?;
     if recovered > 0 {
         tracing::info!(recovered, "requeued jobs that were running when nightmail last stopped");
@@ -45,6 +46,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone()));
     let control_task = tokio::spawn(crate::control::serve(control, store.clone(), stop_rx.clone()));
+    let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
+    let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
     let sweeper = {
         let store = store.clone();
         let mut stop = stop_rx.clone();
@@ -76,6 +79,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     stop_tx.send(true).ok();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = smtp_task.await;
+        let _ = worker_task.await;
         let _ = control_task.await;
         let _ = sweeper.await;
     })

@@ -1,0 +1,270 @@
+//! Changes to the messages of a mailbox, for IMAP: flags (RFC 3501 §6.4.6 STORE), EXPUNGE
+//! (§6.4.3, RFC 4315 §2.1 UID EXPUNGE), COPY (§6.4.7) and MOVE (RFC 6851) with the UIDs they
+//! assigned (RFC 4315 COPYUID), APPEND (§6.3.11, APPENDUID), and the session-claimed `\Recent`.
+//!
+//! Each operation is one sled transaction, flushed, then announced (see `changes`). UIDs only
+//! grow: expunged UIDs are never handed out again because `uid_next` never goes back.
+//!
+//! Garbage collection: message bytes stay in `messages` after the last mailbox copy is expunged.
+//! Jobs refer to the same keys, and delivery does not keep a reference count yet, so deleting
+//! here could remove bytes a job still needs. A reference count maintained by delivery, COPY and
+//! EXPUNGE (schema migration) is the fix.
+
+use nightmail_types::Timestamp;
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionalTree};
+
+use crate::ids::mail_key;
+use crate::mailbox::MailEntry;
+use crate::mailbox_ops::MailboxOpError;
+use crate::schema::{MAIL, MAILBOXES, decode, encode};
+use crate::{MailboxId, MailboxInfo, Store, Uid};
+
+/// The flag IMAP sets on mail new to the first session that selects its mailbox (RFC 3501 §2.3.2).
+const RECENT: &str = "\\Recent";
+const DELETED: &str = "\\Deleted";
+
+/// How STORE combines the given flags with a message's flags (RFC 3501 §6.4.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagUpdate {
+    Add,
+    Remove,
+    Replace,
+}
+
+/// A message's flags after a STORE.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlagChange {
+    pub uid: Uid,
+    pub flags: Vec<String>,
+}
+
+/// What COPY or MOVE made (RFC 4315 §3 COPYUID): source and destination UIDs, pairwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Copied {
+    pub uid_validity: u32,
+    pub pairs: Vec<(Uid, Uid)>,
+}
+
+/// What APPEND made (RFC 4315 §3 APPENDUID).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub uid_validity: u32,
+    pub uid: Uid,
+}
+
+type Abort = ConflictableTransactionError<MailboxOpError>;
+
+fn read_mailbox(mailboxes: &TransactionalTree, id: MailboxId) -> Result<MailboxInfo, Abort> {
+    let record =
+        mailboxes.get(id.to_be_bytes())?.ok_or_else(|| Abort::Abort(MailboxOpError::NoSuchMailbox(id.to_string())))?;
+    decode(MAILBOXES, &record).map_err(|e| Abort::Abort(e.into()))
+}
+
+fn read_entry(mail: &TransactionalTree, mailbox: MailboxId, uid: Uid) -> Result<Option<MailEntry>, Abort> {
+    match mail.get(mail_key(mailbox, uid))? {
+        None => Ok(None),
+        Some(v) => {
+            let mut entry: MailEntry = decode(MAIL, &v).map_err(|e| Abort::Abort(e.into()))?;
+            entry.uid = uid;
+            Ok(Some(entry))
+        }
+    }
+}
+
+fn has(flags: &[String], flag: &str) -> bool {
+    flags.iter().any(|f| f.eq_ignore_ascii_case(flag))
+}
+
+/// Puts `entries` into mailbox `to`, each under the next UID, marked `\Recent`.
+fn put_copies(mailboxes: &TransactionalTree, mail: &TransactionalTree, to: MailboxId, entries: &[MailEntry]) -> Result<Copied, Abort> {
+    let mut dest = read_mailbox(mailboxes, to)?;
+    let mut copied = Copied { uid_validity: dest.uid_validity, pairs: Vec::with_capacity(entries.len()) };
+    for entry in entries {
+        let uid = dest.uid_next;
+        dest.uid_next = Uid(uid.0 + 1);
+        let mut copy = entry.clone();
+        if !has(&copy.flags, RECENT) {
+            copy.flags.push(RECENT.into());
+        }
+        mail.insert(&mail_key(to, uid)[..], encode(&copy))?;
+        copied.pairs.push((entry.uid, uid));
+    }
+    mailboxes.insert(&to.to_be_bytes(), encode(&dest))?;
+    Ok(copied)
+}
+
+impl Store {
+    /// One message of a mailbox.
+    pub fn mail_entry(&self, mailbox: MailboxId, uid: Uid) -> Result<Option<MailEntry>, crate::StoreError> {
+        match self.trees.mail.get(mail_key(mailbox, uid))? {
+            None => Ok(None),
+            Some(v) => {
+                let mut entry: MailEntry = decode(MAIL, &v)?;
+                entry.uid = uid;
+                Ok(Some(entry))
+            }
+        }
+    }
+
+    /// STORE: changes the flags of the messages `uids` that still exist; returns their new flags.
+    /// `\Recent` is the server's to manage and is neither added nor removed here.
+    pub async fn update_flags(
+        &self,
+        mailbox: MailboxId,
+        uids: &[Uid],
+        update: FlagUpdate,
+        flags: &[String],
+    ) -> Result<Vec<FlagChange>, MailboxOpError> {
+        let flags: Vec<&String> = flags.iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
+        let changes = self.trees.mail.transaction(|mail| {
+            let mut changes = Vec::with_capacity(uids.len());
+            for &uid in uids {
+                let Some(mut entry) = read_entry(mail, mailbox, uid)? else { continue };
+                let before = entry.flags.clone();
+                match update {
+                    FlagUpdate::Add => {
+                        for f in &flags {
+                            if !has(&entry.flags, f) {
+                                entry.flags.push((*f).clone());
+                            }
+                        }
+                    }
+                    FlagUpdate::Remove => entry.flags.retain(|have| !flags.iter().any(|f| f.eq_ignore_ascii_case(have))),
+                    FlagUpdate::Replace => {
+                        let recent = has(&entry.flags, RECENT);
+                        entry.flags = flags.iter().map(|f| (*f).clone()).collect();
+                        if recent {
+                            entry.flags.push(RECENT.into());
+                        }
+                    }
+                }
+                if entry.flags != before {
+                    mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+                }
+                changes.push(FlagChange { uid, flags: entry.flags });
+            }
+            Ok(changes)
+        })?;
+        self.flush().await?;
+        self.notify(mailbox);
+        Ok(changes)
+    }
+
+    /// EXPUNGE: removes the messages flagged `\Deleted` (only those among `only`, for UID
+    /// EXPUNGE); returns the UIDs removed, ascending.
+    pub async fn expunge(&self, mailbox: MailboxId, only: Option<&[Uid]>) -> Result<Vec<Uid>, MailboxOpError> {
+        let candidates: Vec<Uid> = self
+            .mail(mailbox)?
+            .into_iter()
+            .filter(|m| has(&m.flags, DELETED))
+            .filter(|m| only.is_none_or(|only| only.binary_search(&m.uid).is_ok()))
+            .map(|m| m.uid)
+            .collect();
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let removed = self.trees.mail.transaction(|mail| {
+            let mut removed = Vec::with_capacity(candidates.len());
+            for &uid in &candidates {
+                // Re-read: another session may have cleared \Deleted since the scan.
+                if read_entry(mail, mailbox, uid)?.is_some_and(|e| has(&e.flags, DELETED)) {
+                    mail.remove(&mail_key(mailbox, uid)[..])?;
+                    removed.push(uid);
+                }
+            }
+            Ok(removed)
+        })?;
+        self.flush().await?;
+        self.notify(mailbox);
+        Ok(removed)
+    }
+
+    /// COPY: copies the messages `uids` (those that still exist) into `to`, sharing their bytes.
+    pub async fn copy_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
+        let t = &self.trees;
+        let copied = (&t.mailboxes, &t.mail).transaction(|(mailboxes, mail)| {
+            read_mailbox(mailboxes, from)?;
+            let mut entries = Vec::with_capacity(uids.len());
+            for &uid in uids {
+                entries.extend(read_entry(mail, from, uid)?);
+            }
+            put_copies(mailboxes, mail, to, &entries)
+        })?;
+        self.flush().await?;
+        self.notify(to);
+        Ok(copied)
+    }
+
+    /// MOVE (RFC 6851 §3.1): COPY then EXPUNGE of the originals, as one atomic step, so no other
+    /// session ever sees the message in both mailboxes or in neither.
+    pub async fn move_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
+        let t = &self.trees;
+        let copied = (&t.mailboxes, &t.mail).transaction(|(mailboxes, mail)| {
+            read_mailbox(mailboxes, from)?;
+            let mut entries = Vec::with_capacity(uids.len());
+            for &uid in uids {
+                if let Some(entry) = read_entry(mail, from, uid)? {
+                    mail.remove(&mail_key(from, uid)[..])?;
+                    entries.push(entry);
+                }
+            }
+            put_copies(mailboxes, mail, to, &entries)
+        })?;
+        self.flush().await?;
+        self.notify(from);
+        self.notify(to);
+        Ok(copied)
+    }
+
+    /// APPEND: stores `raw` as a new message in `mailbox` with `flags` and `internal_date`.
+    pub async fn append_mail(
+        &self,
+        mailbox: MailboxId,
+        raw: &[u8],
+        flags: Vec<String>,
+        internal_date: Timestamp,
+    ) -> Result<Appended, MailboxOpError> {
+        let key = self.new_message_key()?;
+        let mut flags: Vec<String> = flags.into_iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
+        flags.push(RECENT.into());
+        let entry = MailEntry { uid: Uid(0), message: key, flags, internal_date, size: raw.len() as u64 };
+        let t = &self.trees;
+        let appended = (&t.messages, &t.mailboxes, &t.mail).transaction(|(messages, mailboxes, mail)| {
+            let mut info = read_mailbox(mailboxes, mailbox)?;
+            let uid = info.uid_next;
+            info.uid_next = Uid(uid.0 + 1);
+            messages.insert(&key.to_be_bytes(), raw)?;
+            mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+            mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
+            Ok(Appended { uid_validity: info.uid_validity, uid })
+        })?;
+        self.flush().await?;
+        self.notify(mailbox);
+        Ok(appended)
+    }
+
+    /// SELECT claims `\Recent` (RFC 3501 §2.3.2): the messages that carry it are recent to this
+    /// session only, and lose the flag in the store so no later session sees them as recent.
+    pub async fn claim_recent(&self, mailbox: MailboxId) -> Result<Vec<Uid>, MailboxOpError> {
+        let recent: Vec<Uid> =
+            self.mail(mailbox)?.into_iter().filter(|m| has(&m.flags, RECENT)).map(|m| m.uid).collect();
+        if recent.is_empty() {
+            return Ok(recent);
+        }
+        let claimed = self.trees.mail.transaction(|mail| {
+            let mut claimed = Vec::with_capacity(recent.len());
+            for &uid in &recent {
+                let Some(mut entry) = read_entry(mail, mailbox, uid)? else { continue };
+                if has(&entry.flags, RECENT) {
+                    entry.flags.retain(|f| !f.eq_ignore_ascii_case(RECENT));
+                    mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+                    claimed.push(uid);
+                }
+            }
+            Ok(claimed)
+        })?;
+        self.flush().await?;
+        Ok(claimed)
+    }
+}

@@ -1,0 +1,192 @@
+//! Mailbox management for IMAP: the default set of mailboxes, CREATE, DELETE, RENAME and
+//! SUBSCRIBE (RFC 3501 §6.3.3–6.3.7), and special-use roles (RFC 6154).
+//!
+//! sled transactions cannot scan, so DELETE and RENAME list the affected keys first and then
+//! change them in one transaction. A message delivered to a mailbox between the two steps of its
+//! DELETE is left under the dead mailbox id, unreachable (ids are never reused); the messages
+//! tree keeps message bytes until garbage collection exists (see `mail_ops`).
+
+use sled::Transactional;
+use sled::transaction::ConflictableTransactionError;
+
+use crate::mailbox::{canonical_name, name_key};
+use crate::schema::{MAILBOXES, decode, encode};
+use crate::{MailboxId, MailboxInfo, Store, StoreError};
+
+/// The role a mailbox plays (RFC 6154 §2), advertised in LIST so clients file sent mail, drafts
+/// and deleted mail where the user expects. The role follows the well-known name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecialUse {
+    Sent,
+    Drafts,
+    Trash,
+    Archive,
+}
+
+impl SpecialUse {
+    pub const ALL: [SpecialUse; 4] = [SpecialUse::Sent, SpecialUse::Drafts, SpecialUse::Trash, SpecialUse::Archive];
+
+    /// The mailbox name made for each user.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecialUse::Sent => "Sent",
+            SpecialUse::Drafts => "Drafts",
+            SpecialUse::Trash => "Trash",
+            SpecialUse::Archive => "Archive",
+        }
+    }
+
+    /// The role of the mailbox called `name`, if any.
+    pub fn of_name(name: &str) -> Option<SpecialUse> {
+        SpecialUse::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// Why a mailbox operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MailboxOpError {
+    #[error("no mailbox named {0:?}")]
+    NoSuchMailbox(String),
+    #[error("a mailbox named {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("INBOX cannot be deleted")]
+    InboxIsPermanent,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+type Abort = ConflictableTransactionError<MailboxOpError>;
+
+impl From<sled::transaction::TransactionError<MailboxOpError>> for MailboxOpError {
+    fn from(e: sled::transaction::TransactionError<MailboxOpError>) -> Self {
+        match e {
+            sled::transaction::TransactionError::Abort(e) => e,
+            sled::transaction::TransactionError::Storage(e) => MailboxOpError::Store(e.into()),
+        }
+    }
+}
+
+impl Store {
+    /// A mailbox by id, if it still exists.
+    pub fn mailbox_by_id(&self, id: MailboxId) -> Result<Option<MailboxInfo>, StoreError> {
+        self.trees.mailboxes.get(id.to_be_bytes())?.map(|v| decode(MAILBOXES, &v)).transpose()
+    }
+
+    /// Makes INBOX and the special-use mailboxes (Sent, Drafts, Trash, Archive) for `owner` if
+    /// they are missing. Cheap when they exist: the IMAP server calls it at every login.
+    pub async fn ensure_default_mailboxes(&self, owner: &str) -> Result<(), StoreError> {
+        let names = std::iter::once("INBOX").chain(SpecialUse::ALL.iter().map(|s| s.name()));
+        for name in names {
+            if self.mailbox(owner, name)?.is_none() {
+                self.create_mailbox(owner, name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RFC 3501 §6.3.3: creates a new mailbox; an existing name is an error.
+    pub async fn create_new_mailbox(&self, owner: &str, name: &str) -> Result<MailboxInfo, MailboxOpError> {
+        if self.mailbox(owner, name)?.is_some() {
+            return Err(MailboxOpError::AlreadyExists(name.to_string()));
+        }
+        let info = self.create_mailbox(owner, name).await?;
+        Ok(info)
+    }
+
+    /// RFC 3501 §6.3.4: deletes a mailbox and its messages. INBOX cannot be deleted. Its UIDVALIDITY
+    /// is never reused: a mailbox created later under the same name gets a new one.
+    pub async fn delete_mailbox(&self, owner: &str, name: &str) -> Result<(), MailboxOpError> {
+        if canonical_name(name) == "INBOX" {
+            return Err(MailboxOpError::InboxIsPermanent);
+        }
+        let info = self.mailbox(owner, name)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(name.to_string()))?;
+        let mail_keys: Vec<sled::IVec> =
+            self.trees.mail.scan_prefix(info.id.to_be_bytes()).keys().collect::<Result<_, _>>().map_err(StoreError::from)?;
+        let t = &self.trees;
+        let key = name_key(owner, name);
+        (&t.mailboxes, &t.mailbox_names, &t.mail).transaction(|(mailboxes, names, mail)| {
+            if names.get(&key)?.as_deref() != Some(&info.id.to_be_bytes()[..]) {
+                return Err(Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())));
+            }
+            names.remove(key.as_slice())?;
+            mailboxes.remove(&info.id.to_be_bytes())?;
+            for k in &mail_keys {
+                mail.remove(k)?;
+            }
+            Ok(())
+        })?;
+        self.flush().await?;
+        self.notify(info.id);
+        Ok(())
+    }
+
+    /// RFC 3501 §6.3.5: renames a mailbox and every mailbox below it in the hierarchy (`/`).
+    /// A mailbox keeps its id, UIDs and UIDVALIDITY. Renaming INBOX moves its messages to a new
+    /// mailbox and leaves INBOX empty.
+    pub async fn rename_mailbox(&self, owner: &str, from: &str, to: &str) -> Result<MailboxInfo, MailboxOpError> {
+        let info = self.mailbox(owner, from)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(from.to_string()))?;
+        if self.mailbox(owner, to)?.is_some() {
+            return Err(MailboxOpError::AlreadyExists(to.to_string()));
+        }
+        if info.name == "INBOX" {
+            return self.rename_inbox(owner, info, to).await;
+        }
+        let prefix = format!("{}/", info.name);
+        let mut moving: Vec<MailboxInfo> = self.mailboxes(owner)?.into_iter().filter(|m| m.name.starts_with(&prefix)).collect();
+        moving.push(info.clone());
+        let renamed = |m: &MailboxInfo| -> String {
+            if m.id == info.id { to.to_string() } else { format!("{to}/{}", &m.name[prefix.len()..]) }
+        };
+        for m in &moving {
+            if self.mailbox(owner, &renamed(m))?.is_some() {
+                return Err(MailboxOpError::AlreadyExists(renamed(m)));
+            }
+        }
+        let t = &self.trees;
+        (&t.mailboxes, &t.mailbox_names).transaction(|(mailboxes, names)| {
+            for m in &moving {
+                let new_name = renamed(m);
+                if names.get(name_key(owner, &new_name))?.is_some() {
+                    return Err(Abort::Abort(MailboxOpError::AlreadyExists(new_name)));
+                }
+                names.remove(name_key(owner, &m.name))?;
+                names.insert(name_key(owner, &new_name), &m.id.to_be_bytes())?;
+                let record = mailboxes
+                    .get(m.id.to_be_bytes())?
+                    .ok_or_else(|| Abort::Abort(MailboxOpError::NoSuchMailbox(m.name.clone())))?;
+                let mut current: MailboxInfo =
+                    decode(MAILBOXES, &record).map_err(|e| Abort::Abort(MailboxOpError::Store(e)))?;
+                current.name = new_name;
+                mailboxes.insert(&m.id.to_be_bytes(), encode(&current))?;
+            }
+            Ok(())
+        })?;
+        self.flush().await?;
+        Ok(self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))?)
+    }
+
+    async fn rename_inbox(&self, owner: &str, inbox: MailboxInfo, to: &str) -> Result<MailboxInfo, MailboxOpError> {
+        let created = self.create_new_mailbox(owner, to).await?;
+        let uids: Vec<crate::Uid> = self.mail(inbox.id)?.iter().map(|m| m.uid).collect();
+        self.move_mail(inbox.id, &uids, created.id).await?;
+        Ok(self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))?)
+    }
+
+    /// RFC 3501 §6.3.6–6.3.7: marks a mailbox subscribed or not (LSUB lists the subscribed ones).
+    pub async fn set_subscribed(&self, owner: &str, name: &str, subscribed: bool) -> Result<(), MailboxOpError> {
+        let info = self.mailbox(owner, name)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(name.to_string()))?;
+        let id: MailboxId = info.id;
+        self.trees.mailboxes.transaction(|mailboxes| {
+            let record = mailboxes
+                .get(id.to_be_bytes())?
+                .ok_or_else(|| Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())))?;
+            let mut current: MailboxInfo =
+                decode(MAILBOXES, &record).map_err(|e| Abort::Abort(MailboxOpError::Store(e)))?;
+            current.subscribed = subscribed;
+            mailboxes.insert(&id.to_be_bytes(), encode(&current))?;
+            Ok(())
+        })?;
+        self.flush().await?;
+        Ok(())
+    }
+}

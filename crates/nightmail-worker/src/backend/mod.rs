@@ -1,0 +1,79 @@
+//! Where answers come from. A [`Backend`] streams a reply to a conversation: answer text and
+//! reasoning arrive as separate [`Event`]s so the worker can save progress as it goes, and a stop
+//! signal ends generation between tokens.
+
+pub mod openai;
+mod think;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use think::ThinkSplitter;
+use tokio::sync::{mpsc, watch};
+
+use crate::conversation::Turn;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub turns: Vec<Turn>,
+    pub max_tokens: u32,
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Whether the model should think before answering, where it can be told.
+    pub reasoning: Option<bool>,
+    /// Another model of the same server, if the mail asked for one.
+    pub model: Option<String>,
+}
+
+/// A piece of the reply as it streams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Content(String),
+    Reasoning(String),
+}
+
+/// A finished generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub content: String,
+    pub reasoning: String,
+    pub prompt_tokens: u64,
+    /// Answer tokens, reasoning not included.
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    /// `stop`, `length`, ...
+    pub finish_reason: String,
+    /// The model that answered, as the backend names it.
+    pub model: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BackendError {
+    /// Worth trying again later (the server is down, overloaded, timed out).
+    #[error("{0}")]
+    Transient(String),
+    /// Trying again will not help (the request was refused as invalid).
+    #[error("{0}")]
+    Permanent(String),
+    /// The stop signal was raised.
+    #[error("stopped")]
+    Stopped,
+}
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+pub trait Backend: Send + Sync {
+    /// How the reply's footer names this backend, e.g. `openai smollm2 at http://127.0.0.1:8080/v1`.
+    fn describe(&self) -> String;
+
+    /// Generates a reply, sending each piece to `events` as it comes, until done or until `stop`
+    /// turns true. A restarted job calls this again from the start: a backend that can resume
+    /// from a checkpoint (the local engine) does so on its own.
+    fn generate<'a>(
+        &'a self,
+        request: &'a Request,
+        events: mpsc::UnboundedSender<Event>,
+        stop: watch::Receiver<bool>,
+    ) -> BoxFuture<'a, Result<Outcome, BackendError>>;
+}

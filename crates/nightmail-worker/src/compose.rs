@@ -1,0 +1,251 @@
+//! The reply, built with mail-builder: threaded (RFC 5322 §3.6.4), marked automatic (RFC 3834
+//! §5), with what the answer cost in a footer after the signature separator and in
+//! `X-Nightmail-*` headers.
+
+use std::time::Duration;
+
+use mail_builder::MessageBuilder;
+use mail_builder::headers::address::Address as MbAddress;
+use mail_builder::headers::text::Text;
+use nightmail_types::Address;
+
+use crate::backend::Outcome;
+use crate::mail::{Mail, Person};
+
+/// Who a reply goes to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Audience {
+    pub to: Vec<Person>,
+    pub cc: Vec<Person>,
+}
+
+impl Audience {
+    /// Reply-all: to the author (or their Reply-To), copying everyone else who received the
+    /// question, minus the models (models do not write to models) and minus duplicates.
+    pub fn reply_all(question: &Mail, envelope_sender: Option<&Address>, is_model: impl Fn(&Address) -> bool) -> Audience {
+        let mut to: Vec<Person> = if !question.reply_to.is_empty() { question.reply_to.clone() } else { question.from.clone() };
+        if to.is_empty()
+            && let Some(sender) = envelope_sender
+        {
+            to.push(Person { address: sender.clone(), name: None });
+        }
+        to.retain(|p| !is_model(&p.address));
+        let mut cc: Vec<Person> = Vec::new();
+        for p in question.to.iter().chain(&question.cc) {
+            let taken = to.iter().chain(&cc).any(|q| q.address == p.address);
+            if !taken && !is_model(&p.address) {
+                cc.push(p.clone());
+            }
+        }
+        Audience { to, cc }
+    }
+
+    pub fn everyone(&self) -> impl Iterator<Item = &Person> {
+        self.to.iter().chain(&self.cc)
+    }
+}
+
+/// `Re: ` once, however deep the thread (no `Re: Re: Re:`).
+pub fn reply_subject(subject: &str) -> String {
+    let mut rest = subject.trim();
+    loop {
+        let lower = rest.to_ascii_lowercase();
+        if let Some(stripped) = ["re:", "aw:", "sv:"].iter().find_map(|p| lower.starts_with(p).then(|| &rest[p.len()..])) {
+            rest = stripped.trim_start();
+        } else {
+            break;
+        }
+    }
+    if rest.is_empty() { "Re: your message".into() } else { format!("Re: {rest}") }
+}
+
+/// RFC 5322 §3.6.4: the parent's References (or its In-Reply-To if it has none), then the
+/// parent's Message-ID. Ids without angle brackets, as mail-builder wants them.
+pub fn references(parent: &Mail) -> Vec<String> {
+    let mut ids: Vec<String> = if !parent.references.is_empty() {
+        parent.references.clone()
+    } else {
+        parent.in_reply_to.iter().take(1).cloned().collect()
+    };
+    ids.extend(parent.message_id.iter().cloned());
+    ids.dedup();
+    ids.iter().map(|id| bare_id(id).to_string()).collect()
+}
+
+pub fn bare_id(id: &str) -> &str {
+    id.trim().trim_start_matches('<').trim_end_matches('>')
+}
+
+/// A fresh Message-ID on our host name.
+pub fn new_message_id(kind: &str, job: u64, hostname: &str) -> String {
+    format!("<{kind}.{job}.{:016x}@{hostname}>", rand::random::<u64>())
+}
+
+/// Everything a reply says about how it was made.
+pub struct Stats<'a> {
+    pub model_address: &'a Address,
+    pub backend: String,
+    pub outcome: &'a Outcome,
+    pub wall: Duration,
+    pub job: u64,
+}
+
+impl Stats<'_> {
+    fn seconds_per_token(&self) -> f64 {
+        let tokens = (self.outcome.output_tokens + self.outcome.reasoning_tokens).max(1);
+        self.wall.as_secs_f64() / tokens as f64
+    }
+
+    fn footer(&self) -> String {
+        let o = self.outcome;
+        let reasoning = if o.reasoning_tokens > 0 { format!(" (+{} reasoning)", o.reasoning_tokens) } else { String::new() };
+        format!(
+            "-- \nnightmail: {} via {}\n{} prompt tokens, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
+            self.model_address,
+            self.backend,
+            o.prompt_tokens,
+            o.output_tokens,
+            self.wall.as_secs_f64(),
+            self.seconds_per_token()
+        )
+    }
+}
+
+/// The parts of a message we write.
+pub struct Draft<'a> {
+    pub from: (&'a str, &'a Address),
+    pub audience: &'a Audience,
+    pub subject: String,
+    pub message_id: String,
+    pub parent: &'a Mail,
+    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub attachment: Option<(&'static str, String)>,
+}
+
+pub fn write(draft: Draft<'_>) -> Vec<u8> {
+    let person = |p: &Person| -> MbAddress<'static> {
+        match &p.name {
+            Some(name) => (name.clone(), p.address.to_string()).into(),
+            None => p.address.to_string().into(),
+        }
+    };
+    let mut builder = MessageBuilder::new()
+        .from((draft.from.0.to_string(), draft.from.1.to_string()))
+        .to(draft.audience.to.iter().map(person).collect::<Vec<_>>())
+        .subject(draft.subject)
+        .message_id(bare_id(&draft.message_id).to_string())
+        // RFC 3834 §5.2: this message is an automatic reply; well-behaved responders won't answer it.
+        .header("Auto-Submitted", Text::new("auto-replied"));
+    if !draft.audience.cc.is_empty() {
+        builder = builder.cc(draft.audience.cc.iter().map(person).collect::<Vec<_>>());
+    }
+    if let Some(parent_id) = &draft.parent.message_id {
+        builder = builder.in_reply_to(bare_id(parent_id).to_string()).references(references(draft.parent));
+    }
+    for (name, value) in draft.headers {
+        builder = builder.header(name, Text::new(value));
+    }
+    builder = builder.text_body(draft.body);
+    if let Some((name, text)) = draft.attachment {
+        builder = builder.attachment("text/plain; charset=utf-8", name, text.into_bytes());
+    }
+    builder.write_to_vec().expect("writing a message to a Vec cannot fail")
+}
+
+/// The body and headers of an answer.
+pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (String, Vec<(&'static str, String)>) {
+    let mut body = stats.outcome.content.trim().to_string();
+    if body.is_empty() {
+        body = "(The model gave no answer text; its reasoning is attached if reasoning output is on.)".into();
+    }
+    body.push_str("\n\n");
+    for note in notes {
+        body.push_str(&format!("[{note}]\n"));
+    }
+    if !notes.is_empty() {
+        body.push('\n');
+    }
+    body.push_str(&stats.footer());
+    let o = stats.outcome;
+    let headers = vec![
+        ("X-Nightmail-Job", stats.job.to_string()),
+        ("X-Nightmail-Backend", stats.backend.clone()),
+        ("X-Nightmail-Prompt-Tokens", o.prompt_tokens.to_string()),
+        ("X-Nightmail-Output-Tokens", o.output_tokens.to_string()),
+        ("X-Nightmail-Reasoning-Tokens", o.reasoning_tokens.to_string()),
+        ("X-Nightmail-Wall-Seconds", format!("{:.3}", stats.wall.as_secs_f64())),
+        ("X-Nightmail-Seconds-Per-Token", format!("{:.4}", stats.seconds_per_token())),
+    ];
+    (body, headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mail::parse;
+
+    fn kimi(a: &Address) -> bool {
+        a.as_str() == "kimi@n.local"
+    }
+
+    #[test]
+    fn subjects_do_not_stack() {
+        assert_eq!(reply_subject("Plans"), "Re: Plans");
+        assert_eq!(reply_subject("Re: Plans"), "Re: Plans");
+        assert_eq!(reply_subject("RE: re: Aw: Plans"), "Re: Plans");
+        assert_eq!(reply_subject(""), "Re: your message");
+    }
+
+    #[test]
+    fn reply_all_leaves_out_the_model() {
+        let q = parse(b"From: Ann <ann@x.org>\r\nTo: bob@x.org, kimi@n.local\r\nCc: Carol <carol@x.org>, ann@x.org\r\n\r\nhi\r\n").unwrap();
+        let a = Audience::reply_all(&q, None, kimi);
+        let to: Vec<&str> = a.to.iter().map(|p| p.address.as_str()).collect();
+        let cc: Vec<&str> = a.cc.iter().map(|p| p.address.as_str()).collect();
+        assert_eq!(to, ["ann@x.org"]);
+        assert_eq!(cc, ["bob@x.org", "carol@x.org"]);
+        let r = parse(b"From: ann@x.org\r\nReply-To: list@x.org\r\nTo: kimi@n.local\r\n\r\nhi\r\n").unwrap();
+        assert_eq!(Audience::reply_all(&r, None, kimi).to[0].address.as_str(), "list@x.org");
+    }
+
+    #[test]
+    fn references_extend_the_parent_chain() {
+        let p = parse(b"Message-ID: <3@x>\r\nReferences: <1@x> <2@x>\r\nIn-Reply-To: <2@x>\r\n\r\n.").unwrap();
+        assert_eq!(references(&p), ["1@x", "2@x", "3@x"]);
+        let p = parse(b"Message-ID: <3@x>\r\nIn-Reply-To: <2@x>\r\n\r\n.").unwrap();
+        assert_eq!(references(&p), ["2@x", "3@x"]);
+    }
+
+    #[test]
+    fn a_written_reply_parses_back_threaded() {
+        let parent = parse(b"From: Ann <ann@x.org>\r\nTo: kimi@n.local\r\nSubject: Plans\r\nMessage-ID: <1@x>\r\n\r\nhi\r\n").unwrap();
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let outcome = Outcome { content: "Hello Ann.".into(), prompt_tokens: 10, output_tokens: 4, reasoning_tokens: 2, ..Default::default() };
+        let stats = Stats { model_address: &kimi_address, backend: "openai m at http://h".into(), outcome: &outcome, wall: Duration::from_secs(3), job: 7 };
+        let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
+        let audience = Audience::reply_all(&parent, None, kimi);
+        let raw = write(Draft {
+            from: ("Kimi", &kimi_address),
+            audience: &audience,
+            subject: reply_subject(&parent.subject),
+            message_id: "<r1@n.local>".into(),
+            parent: &parent,
+            body,
+            headers,
+            attachment: Some(("reasoning.txt", "thinking...".into())),
+        });
+        let reply = parse(&raw).unwrap();
+        assert_eq!(reply.subject, "Re: Plans");
+        assert_eq!(reply.message_id.as_deref(), Some("<r1@n.local>"));
+        assert_eq!(reply.in_reply_to, ["<1@x>"]);
+        assert_eq!(reply.references, ["<1@x>"]);
+        assert_eq!(reply.auto_submitted.as_deref(), Some("auto-replied"));
+        assert_eq!(reply.to[0].address.as_str(), "ann@x.org");
+        assert!(reply.body.starts_with("Hello Ann.\n\n[I did not understand: @colour blue]\n\n-- \nnightmail: kimi@n.local via openai m at http://h\n10 prompt tokens, 4 output tokens (+2 reasoning); 3.0 s, 0.50 s/token"), "{:?}", reply.body);
+        assert_eq!(reply.text_attachments, [("reasoning.txt".to_string(), "thinking...".to_string())]);
+        let text = String::from_utf8(raw).unwrap();
+        assert!(text.contains("X-Nightmail-Output-Tokens: 4\r\n"), "{text}");
+        assert!(text.contains("X-Nightmail-Seconds-Per-Token: 0.5000\r\n"), "{text}");
+    }
+}
