@@ -1,0 +1,68 @@
+//! The engine's one error type. Every message says what to do next.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading a model or generating with it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot read model {path}: {source}: check the path (a .gguf file or a Hugging Face model directory)")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "{path} is neither a GGUF file nor a directory with config.json: point at a .gguf file or a Hugging Face model directory"
+    )]
+    UnknownFormat { path: PathBuf },
+    #[error("{path} is not a readable GGUF file ({reason}): re-download or re-convert it")]
+    BadGguf { path: PathBuf, reason: String },
+    #[error("{path} is not a readable safetensors file ({reason}): re-download it")]
+    BadSafetensors { path: PathBuf, reason: String },
+    #[error("{path}: {reason}: fix the file or re-download the model")]
+    BadConfig { path: PathBuf, reason: String },
+    #[error(
+        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe and qwen3_moe (GGUF: llama, qwen2moe, qwen3moe)"
+    )]
+    UnsupportedArchitecture(String),
+    #[error(
+        "the model's metadata lacks `{key}`: convert the model with a current llama.cpp convert_hf_to_gguf.py or transformers"
+    )]
+    MissingMetadata { key: String },
+    #[error("{what} is not supported yet: {hint}")]
+    Unsupported { what: String, hint: String },
+    #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]
+    MissingTensor { name: String },
+    #[error(
+        "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"
+    )]
+    UnsupportedDType { name: String, dtype: String },
+    #[error(
+        "tensor `{name}` has shape {found:?} where the metadata implies {expected:?}: the file is corrupt or mislabelled"
+    )]
+    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
+    #[error(
+        "tensor `{name}` ends at byte {end}, past the end of {path} ({len} bytes): the file is truncated, re-download it"
+    )]
+    Truncated { name: String, path: PathBuf, end: usize, len: usize },
+    #[error(
+        "the model has no tokenizer: pass token ids (--prompt-tokens), or use a GGUF with tokenizer metadata or a directory with tokenizer.json"
+    )]
+    NoTokenizer,
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error(
+        "the model has no chat template: drop --chat, or use a model that ships one (GGUF tokenizer.chat_template, tokenizer_config.json)"
+    )]
+    NoChatTemplate,
+    #[error("chat template: {0}: the model's template uses a feature nightmail's Jinja does not have")]
+    ChatTemplate(String),
+    #[error("token id {id} is outside the vocabulary of {vocab}: check the prompt tokens")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("the prompt has {len} tokens but the model's context holds {max}: shorten the prompt")]
+    PromptTooLong { len: usize, max: usize },
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("sampling: {0}")]
+    Sampling(String),
+    #[error("tensor computation failed: {0}")]
+    Compute(#[from] candle_core::Error),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

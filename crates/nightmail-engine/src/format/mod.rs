@@ -1,0 +1,122 @@
+//! Model files, read in place: a memory map per file and typed views into it. Tensor names are
+//! llama.cpp's GGUF names (`blk.3.attn_q.weight`); a Hugging Face directory translates them.
+
+mod gguf;
+mod hf;
+mod view;
+
+use std::path::{Path, PathBuf};
+
+pub(crate) use gguf::GgufFile;
+pub(crate) use hf::HfDir;
+pub use view::TensorView;
+
+use crate::error::{EngineError, Result};
+use crate::model::ExpertId;
+
+/// One of the three matrices of a SwiGLU expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertMatrix {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertMatrix {
+    pub const ALL: [ExpertMatrix; 3] = [ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down];
+
+    fn gguf_part(self) -> &'static str {
+        match self {
+            ExpertMatrix::Gate => "gate",
+            ExpertMatrix::Up => "up",
+            ExpertMatrix::Down => "down",
+        }
+    }
+}
+
+/// The file format a model came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Gguf,
+    Safetensors,
+}
+
+/// A model's weights and metadata, memory-mapped.
+pub(crate) enum Checkpoint {
+    Gguf(GgufFile),
+    Hf(HfDir),
+}
+
+impl Checkpoint {
+    /// A `.gguf` file, or a directory holding `config.json` (or a single `.gguf`).
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |source| EngineError::Io { path: path.to_path_buf(), source };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            if path.join("config.json").is_file() {
+                return Ok(Checkpoint::Hf(HfDir::open(path)?));
+            }
+            let ggufs: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(io)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            if let [one] = ggufs.as_slice() {
+                return Ok(Checkpoint::Gguf(GgufFile::open(one)?));
+            }
+            return Err(EngineError::UnknownFormat { path: path.to_path_buf() });
+        }
+        Ok(Checkpoint::Gguf(GgufFile::open(path)?))
+    }
+
+    pub fn format(&self) -> Format {
+        match self {
+            Checkpoint::Gguf(_) => Format::Gguf,
+            Checkpoint::Hf(_) => Format::Safetensors,
+        }
+    }
+
+    /// A tensor by its GGUF name, if the model has it.
+    pub fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
+        match self {
+            Checkpoint::Gguf(g) => g.tensor(name),
+            Checkpoint::Hf(h) => h.tensor(name),
+        }
+    }
+
+    pub fn require(&self, name: &str) -> Result<TensorView<'_>> {
+        self.tensor(name)?.ok_or_else(|| EngineError::MissingTensor { name: name.to_string() })
+    }
+
+    /// One matrix of one routed expert: a slice of the stacked GGUF tensor, or the Hugging Face
+    /// per-expert tensor.
+    pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
+        match self {
+            Checkpoint::Gguf(g) => {
+                let name = format!("blk.{}.ffn_{}_exps.weight", id.layer, which.gguf_part());
+                let stacked = g.tensor(&name)?.ok_or(EngineError::MissingTensor { name })?;
+                stacked.expert_slice(id.expert)
+            }
+            Checkpoint::Hf(h) => h.expert_matrix(id, which),
+        }
+    }
+
+    /// Every tensor, for accounting (`model inspect`).
+    pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
+        match self {
+            Checkpoint::Gguf(g) => g.all_tensors(),
+            Checkpoint::Hf(h) => h.all_tensors(),
+        }
+    }
+}
+
+/// Whether a tensor holds routed-expert weights (GGUF `*_exps`, HF `.experts.N.`).
+pub(crate) fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.") || (name.contains(".experts.") && !name.contains("shared_expert"))
+}
+
+/// A JSON file that may be absent or unreadable (optional extras such as generation_config.json).
+pub(crate) fn read_json_opt(path: &Path) -> Option<serde_json::Value> {
+    hf::read_json(path).ok()
+}

@@ -1,0 +1,110 @@
+//! nightmail's inference engine: loads GGUF files and Hugging Face directories in place (memory
+//! maps), runs llama, Mixtral, Qwen2-MoE and Qwen3-MoE on the CPU through candle, and streams
+//! tokens. It knows nothing of mail.
+//!
+//! A worker loads a [`Model`] once (share it in an `Arc`), then per job builds a
+//! [`GenerateRequest`] and calls [`Model::generate`] with a per-token callback, or pulls a
+//! [`TokenStream`], from a blocking thread (`tokio::task::spawn_blocking`).
+//!
+//! The `metal` feature switches on candle's Metal backend on macOS; this crate's CPU path is the
+//! default and the only one built and tested on Linux.
+
+pub mod chat;
+mod error;
+pub mod format;
+mod generate;
+mod inspect;
+pub mod model;
+mod reasoning;
+mod sampling;
+mod spec;
+mod tokenizer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::{EngineError, Result};
+pub use format::Format;
+pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
+pub use inspect::{DtypeUse, ModelInfo, inspect};
+pub use model::{ExpertId, ExpertStore, KvCache};
+pub use reasoning::{Reply, split_reasoning};
+pub use sampling::Sampling;
+pub use spec::{Architecture, AttentionSpec, ModelSpec, MoeSpec, RopeStyle, Routing};
+pub use tokenizer::TextTokenizer;
+
+use format::Checkpoint;
+use model::{ResidentExperts, Transformer};
+
+/// A loaded model: the network, its tokenizer and chat template. Immutable and `Send + Sync`:
+/// one instance serves any number of concurrent generations, each with its own [`KvCache`].
+pub struct Model {
+    path: PathBuf,
+    format: Format,
+    spec: ModelSpec,
+    net: Transformer,
+    tokenizer: Option<TextTokenizer>,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl Model {
+    /// Load a `.gguf` file or a Hugging Face model directory.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let ck = Checkpoint::open(path)?;
+        let spec = ModelSpec::read(&ck)?;
+        let experts: Arc<dyn ExpertStore> = Arc::new(ResidentExperts::load(&ck, &spec)?);
+        let net = Transformer::load(&ck, &spec, experts)?;
+        let (tokenizer, chat_template) = match &ck {
+            Checkpoint::Gguf(g) => (tokenizer::TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
+            Checkpoint::Hf(h) => (tokenizer::TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
+        };
+        Ok(Model { path: path.to_path_buf(), format: ck.format(), spec, net, tokenizer, chat_template })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// An empty key/value cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        self.net.new_cache()
+    }
+
+    /// Run `tokens` after what `cache` holds and return the next-token logits of the last one.
+    pub fn logits(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        Ok(self.net.forward(tokens, cache)?.to_vec1::<f32>()?)
+    }
+}
+
+#[cfg(all(feature = "metal", target_os = "macos"))]
+/// The Metal device, when this build has the `metal` feature on macOS.
+pub fn metal_available() -> bool {
+    candle_core::Device::new_metal(0).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn model_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::Model>();
+    }
+}

@@ -1,0 +1,19 @@
+//! The network, as small parts with one job each. An architecture is a choice of parts; the
+//! weights come from a [`Checkpoint`](crate::format::Checkpoint) and, for routed experts, through
+//! an [`ExpertStore`] keyed by [`ExpertId`].
+
+mod attention;
+mod expert;
+mod layers;
+mod moe;
+mod rope;
+mod router;
+mod transformer;
+
+pub use attention::Attention;
+pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
+pub use layers::{Linear, RmsNorm};
+pub use moe::{MoeBlock, SharedExpert};
+pub use rope::Rope;
+pub use router::{Route, Router};
+pub use transformer::{DecoderLayer, FeedForward, KvCache, Transformer};

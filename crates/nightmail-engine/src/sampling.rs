@@ -1,0 +1,145 @@
+//! Choosing the next token from a row of logits.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::error::{EngineError, Result};
+
+/// How to pick tokens. `temperature` 0 means greedy (argmax); otherwise the logits are divided by
+/// it, cut to the `top_k` best and to the smallest set whose probability reaches `top_p` (nucleus
+/// sampling, Holtzman et al., arXiv 1904.09751), and drawn with a generator seeded by `seed`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub seed: u64,
+}
+
+impl Sampling {
+    pub fn greedy() -> Self {
+        Sampling { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling::greedy()
+    }
+}
+
+pub(crate) struct Sampler {
+    params: Sampling,
+    rng: StdRng,
+}
+
+impl Sampler {
+    pub fn new(params: Sampling) -> Result<Self> {
+        if !params.temperature.is_finite() || params.temperature < 0.0 {
+            return Err(EngineError::Sampling(format!(
+                "temperature {} must be 0 (greedy) or positive",
+                params.temperature
+            )));
+        }
+        if let Some(p) = params.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(EngineError::Sampling(format!("top_p {p} must be in (0, 1]")));
+        }
+        if params.top_k == Some(0) {
+            return Err(EngineError::Sampling("top_k must be at least 1".into()));
+        }
+        Ok(Sampler { params, rng: StdRng::seed_from_u64(params.seed) })
+    }
+
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let t = self.params.temperature;
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, l)| (i as u32, l / t)).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if let Some(k) = self.params.top_k {
+            cand.truncate(k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        if let Some(top_p) = self.params.top_p {
+            let mut acc = 0.0;
+            let keep = probs.iter().position(|p| {
+                acc += p;
+                acc >= top_p
+            });
+            let keep = keep.map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+            let sum: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= sum);
+        }
+        let r: f32 = rand::Rng::r#gen(&mut self.rng);
+        let mut acc = 0.0;
+        for (i, p) in probs.iter().enumerate() {
+            acc += p;
+            if r < acc {
+                return cand[i].0;
+            }
+        }
+        cand[probs.len() - 1].0
+    }
+}
+
+/// Index of the largest logit; the first one on ties, as `torch.argmax`.
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate() {
+        if *l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_first_largest_logit() {
+        let mut s = Sampler::new(Sampling::greedy()).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_at_any_temperature() {
+        let mut s = Sampler::new(Sampling { temperature: 5.0, top_k: Some(1), top_p: None, seed: 7 }).unwrap();
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.0, 1.0, 0.5]), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_only_the_nucleus() {
+        // Probabilities ≈ [0.87, 0.12, 0.01]: top_p 0.8 keeps only the first.
+        let mut s = Sampler::new(Sampling { temperature: 1.0, top_k: None, top_p: Some(0.8), seed: 1 }).unwrap();
+        for _ in 0..50 {
+            assert_eq!(s.sample(&[4.0, 2.0, 0.0]), 0);
+        }
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_tokens() {
+        let params = Sampling { temperature: 1.0, top_k: None, top_p: None, seed: 42 };
+        let logits = [0.0f32, 0.1, 0.2, 0.3, 0.4, 0.5];
+        let draw = || {
+            let mut s = Sampler::new(params).unwrap();
+            (0..32).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        let a = draw();
+        assert_eq!(a, draw());
+        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 1);
+    }
+
+    #[test]
+    fn negative_temperature_is_rejected() {
+        assert!(Sampler::new(Sampling { temperature: -1.0, ..Sampling::greedy() }).is_err());
+    }
+}
