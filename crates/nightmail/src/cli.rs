@@ -35,6 +35,11 @@ enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Inspect a model file, or generate with it (no daemon needed).
+    Model {
+        #[command(subcommand)]
+        command: crate::model::ModelCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -65,6 +70,7 @@ fn load(path: Option<&Path>) -> anyhow::Result<Config> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let path = config_path(cli.config.clone());
     match cli.command {
+        Command::Model { command } => crate::model::run(command)?,
         Command::Serve => {
             let config = load(path.as_deref())?;
             crate::serve::run(config)?;

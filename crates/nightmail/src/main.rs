@@ -3,6 +3,7 @@
 
 mod cli;
 mod control;
+mod model;
 mod serve;
 mod status;
 
