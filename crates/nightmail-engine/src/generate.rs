@@ -122,8 +122,9 @@ impl Model {
         }
         let sampler = Sampler::new(request.sampling)?;
         let mut cache = self.new_cache();
-        let logits = self.logits(&prompt_tokens, &mut cache)?;
+        // Nothing to generate (e.g. only tokenizing): skip the prefill.
         let stop = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
+        let logits = if stop.is_none() { Some(self.logits(&prompt_tokens, &mut cache)?) } else { None };
         Ok(TokenStream {
             model: self,
             cache,
@@ -133,7 +134,7 @@ impl Model {
             tokens: Vec::new(),
             text: String::new(),
             emitted: 0,
-            next_logits: Some(logits),
+            next_logits: logits,
             stop,
             prefill: started.elapsed(),
             started,

@@ -82,3 +82,11 @@ fn text_prompts_need_a_tokenizer() {
     let err = llama().generate(r, |_| ControlFlow::Continue(())).unwrap_err();
     assert!(matches!(err, nightmail_engine::EngineError::NoTokenizer), "{err}");
 }
+
+#[test]
+fn zero_new_tokens_returns_the_prompt_and_nothing_else() {
+    let c = llama().generate(request(0), |_| ControlFlow::Break(())).unwrap();
+    assert_eq!(c.prompt_tokens, vec![1, 2, 3, 4]);
+    assert!(c.tokens.is_empty());
+    assert_eq!(c.stop, StopReason::MaxTokens);
+}
