@@ -8,8 +8,13 @@ use crate::format::TensorView;
 
 /// `y = x · Wᵀ (+ b)`, with W in f32 or in ggml quantized blocks.
 pub struct Linear {
-    weight: QMatMul,
+    weight: Weight,
     bias: Option<Tensor>,
+}
+
+enum Weight {
+    Candle(QMatMul),
+    Q4_1(Box<super::q4_1::Q4_1Matrix>),
 }
 
 impl Linear {
@@ -19,18 +24,28 @@ impl Linear {
         if weight.shape.len() == 1 {
             weight.shape.insert(0, 1);
         }
-        Ok(Linear { weight: weight.to_matmul()?, bias: bias.map(|b| b.to_f32()).transpose()? })
+        let bias = bias.map(|b| b.to_f32()).transpose()?;
+        let w = match (weight.dtype, &weight.shape[..]) {
+            (candle_core::quantized::GgmlDType::Q4_1, &[rows, cols]) if cols % 32 == 0 => {
+                Weight::Q4_1(Box::new(super::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
+            }
+            _ => Weight::Candle(weight.to_matmul()?),
+        };
+        Ok(Linear { weight: w, bias })
     }
 
     /// A float weight `[out, in]` already in memory.
     #[cfg(test)]
     pub(crate) fn from_tensor(weight: Tensor) -> Self {
-        Linear { weight: QMatMul::Tensor(weight), bias: None }
+        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias: None }
     }
 
     /// `x`: `[tokens, in]` → `[tokens, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = match &self.weight {
+            Weight::Candle(w) => w.forward(x)?,
+            Weight::Q4_1(w) => w.forward(x)?,
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
