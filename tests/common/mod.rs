@@ -31,6 +31,9 @@ listen = "127.0.0.1:0"
 max_message_bytes = 100000
 timeout_secs = 30
 
+[imap]
+listen = "127.0.0.1:0"
+
 [auth]
 failure_delay_ms = 100
 
@@ -60,6 +63,7 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     pub smtp: SocketAddr,
+    pub imap: SocketAddr,
     child: Child,
 }
 
@@ -73,15 +77,16 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
-        let (child, smtp) = spawn(&config);
-        Daemon { dir, config, smtp, child }
+        let (child, smtp, imap) = spawn(&config);
+        Daemon { dir, config, smtp, imap, child }
     }
 
     /// Starts the daemon again on the same data (after a kill or stop).
     pub fn restart(&mut self) {
-        let (child, smtp) = spawn(&self.config);
+        let (child, smtp, imap) = spawn(&self.config);
         self.child = child;
         self.smtp = smtp;
+        self.imap = imap;
     }
 
     /// SIGKILL: no chance to flush or clean up.
@@ -138,7 +143,7 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(config: &Path) -> (Child, SocketAddr) {
+fn spawn(config: &Path) -> (Child, SocketAddr, SocketAddr) {
     let mut child = Command::new(BIN)
         .arg("--config")
         .arg(config)
@@ -159,18 +164,23 @@ fn spawn(config: &Path) -> (Child, SocketAddr) {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut smtp = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(addr) = line.strip_prefix("nightmail: smtp listening on ") {
-                    return (child, addr.parse().unwrap());
+                    smtp = Some(addr.parse().unwrap());
+                }
+                // The IMAP line follows the SMTP line.
+                if let (Some(smtp), Some(addr)) = (smtp, line.strip_prefix("nightmail: imap listening on ")) {
+                    return (child, smtp, addr.parse().unwrap());
                 }
             }
             Err(_) => {
                 let _ = child.kill();
                 let status = child.wait().unwrap();
-                panic!("nightmail did not report its SMTP port within 30 s (exit: {status})");
+                panic!("nightmail did not report its SMTP and IMAP ports within 30 s (exit: {status})");
             }
         }
     }

@@ -24,6 +24,7 @@ mod migrations;
 
 use std::path::{Path, PathBuf};
 
+pub use changes::MailboxChange;
 pub use delivery::{Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary};
 pub use error::StoreError;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};

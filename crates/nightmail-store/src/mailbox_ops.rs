@@ -162,14 +162,14 @@ impl Store {
             Ok(())
         })?;
         self.flush().await?;
-        Ok(self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))?)
+        self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
     }
 
     async fn rename_inbox(&self, owner: &str, inbox: MailboxInfo, to: &str) -> Result<MailboxInfo, MailboxOpError> {
         let created = self.create_new_mailbox(owner, to).await?;
         let uids: Vec<crate::Uid> = self.mail(inbox.id)?.iter().map(|m| m.uid).collect();
         self.move_mail(inbox.id, &uids, created.id).await?;
-        Ok(self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))?)
+        self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
     }
 
     /// RFC 3501 §6.3.6–6.3.7: marks a mailbox subscribed or not (LSUB lists the subscribed ones).

@@ -37,14 +37,23 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let smtp = bind(config.smtp.listen, "smtp.listen", &config).await?;
     let smtp_addr = smtp.local_addr()?;
+    let imap = bind(config.imap.listen, "imap.listen", &config).await?;
+    let imap_addr = imap.local_addr()?;
     let control = crate::control::bind(&config.data_dir)?;
 
     let config = Arc::new(config);
     let auth = Authenticator::new(config.users.clone(), config.auth.clone());
+    let imap_shared = Arc::new(nightmail_imap::Shared {
+        config: config.clone(),
+        store: store.clone(),
+        auth: auth.clone(),
+        tls: tls.clone(),
+    });
     let shared = Arc::new(nightmail_smtp::Shared { config: config.clone(), store: store.clone(), auth, tls });
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone()));
+    let imap_task = tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone()));
     let control_task = tokio::spawn(crate::control::serve(control, store.clone(), stop_rx.clone()));
     let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
@@ -69,6 +78,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     // Tests and scripts read the bound port from this line (port 0 picks a free one).
     println!("nightmail: smtp listening on {smtp_addr}");
+    println!("nightmail: imap listening on {imap_addr}");
     std::io::stdout().flush().ok();
     tracing::info!(source = %config.source_name(), data = %config.data_dir.display(), "nightmail serving");
 
@@ -79,6 +89,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     stop_tx.send(true).ok();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = smtp_task.await;
+        let _ = imap_task.await;
         let _ = worker_task.await;
         let _ = control_task.await;
         let _ = sweeper.await;

@@ -1,0 +1,47 @@
+//! CAPABILITY (RFC 3501 §6.1.1, §7.2.1): what this server speaks. STARTTLS only while the
+//! connection is plain and TLS is configured (RFC 3501 §6.2.1); LOGINDISABLED until login is
+//! allowed (§6.2.3: off loopback, only after STARTTLS).
+
+use imap_next::imap_types::auth::AuthMechanism;
+use imap_next::imap_types::core::{Atom, Vec1};
+use imap_next::imap_types::response::{Capability, Data};
+
+use super::Done;
+use crate::ImapError;
+use crate::session::Session;
+
+fn other(atom: &'static str) -> Capability<'static> {
+    Capability::from(Atom::unvalidated(atom))
+}
+
+pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
+    let mut caps = vec![Capability::Imap4Rev1];
+    if s.shared.tls.is_some() && !s.tls_active {
+        caps.push(Capability::StartTls);
+    }
+    if s.login_allowed() {
+        caps.push(Capability::Auth(AuthMechanism::Plain));
+        caps.push(Capability::SaslIr);
+    } else {
+        caps.push(Capability::LoginDisabled);
+    }
+    caps.extend([
+        Capability::Idle,
+        Capability::Enable,
+        Capability::Id,
+        Capability::Namespace,
+        Capability::UidPlus,
+        Capability::Move,
+        Capability::Unselect,
+        other("SPECIAL-USE"),
+        other("CHILDREN"),
+    ]);
+    Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
+}
+
+/// RFC 3501 §6.1.1.
+pub(crate) fn run(s: &mut Session) -> Result<Done, ImapError> {
+    let caps = list(s);
+    s.data(Data::Capability(caps));
+    Ok(Done::ok("CAPABILITY completed"))
+}

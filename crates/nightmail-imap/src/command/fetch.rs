@@ -1,0 +1,183 @@
+//! FETCH and UID FETCH (RFC 3501 §6.4.5, §6.4.8; response items §7.4.2). A non-PEEK BODY[],
+//! RFC822 or RFC822.TEXT sets `\Seen` (unless the mailbox is read-only), and the new FLAGS are
+//! returned with the data. Message structure comes from `mime` (mail-parser, panic-safe); the
+//! header-only items mutt fetches for its index skip the MIME parse altogether.
+
+use std::borrow::Cow;
+use std::num::NonZeroU32;
+
+use imap_next::imap_types::IntoStatic;
+use imap_next::imap_types::core::{IString, Literal, NString, Vec1};
+use imap_next::imap_types::datetime::DateTime;
+use imap_next::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItem, MessageDataItemName, Section};
+use imap_next::imap_types::flag::{Flag, FlagFetch};
+use imap_next::imap_types::response::Data;
+use imap_next::imap_types::sequence::SequenceSet;
+use nightmail_store::{FlagUpdate, MailEntry};
+use nightmail_types::Timestamp;
+
+use super::Done;
+use crate::ImapError;
+use crate::mime::{self, Part};
+use crate::session::Session;
+use crate::view::Numbers;
+
+/// `FLAGS (...)` of a message, `\Recent` included when it is recent to this session.
+pub(crate) fn flags_item(entry: &MailEntry, recent: bool) -> MessageDataItem<'static> {
+    let mut flags: Vec<FlagFetch<'static>> = entry
+        .flags
+        .iter()
+        .filter_map(|f| Flag::try_from(f.as_str()).ok().map(IntoStatic::into_static))
+        .map(FlagFetch::Flag)
+        .collect();
+    if recent {
+        flags.push(FlagFetch::Recent);
+    }
+    MessageDataItem::Flags(flags)
+}
+
+pub(crate) fn internal_date(t: Timestamp) -> DateTime {
+    let utc = chrono::DateTime::from_timestamp_millis(t.0 as i64).unwrap_or_default();
+    let fixed = utc.fixed_offset();
+    DateTime::try_from(fixed).unwrap_or_else(|_| DateTime::unvalidated(chrono::DateTime::UNIX_EPOCH.fixed_offset()))
+}
+
+/// Message bytes for the wire: always a literal, so any octet survives.
+fn literal(bytes: Cow<'_, [u8]>) -> NString<'static> {
+    NString(Some(IString::Literal(Literal::unvalidated(bytes.into_owned()))))
+}
+
+fn sets_seen(name: &MessageDataItemName<'_>) -> bool {
+    matches!(
+        name,
+        MessageDataItemName::BodyExt { peek: false, .. }
+            | MessageDataItemName::Rfc822
+            | MessageDataItemName::Rfc822Text
+    )
+}
+
+fn needs_bytes(name: &MessageDataItemName<'_>) -> bool {
+    !matches!(
+        name,
+        MessageDataItemName::Uid
+            | MessageDataItemName::Flags
+            | MessageDataItemName::InternalDate
+            | MessageDataItemName::Rfc822Size
+    )
+}
+
+/// Whether the item needs the MIME tree, rather than just the header/body split.
+fn needs_structure(name: &MessageDataItemName<'_>) -> bool {
+    match name {
+        MessageDataItemName::Body | MessageDataItemName::BodyStructure | MessageDataItemName::Envelope => true,
+        MessageDataItemName::BodyExt { section, .. } => match section {
+            None | Some(Section::Header(None) | Section::Text(None)) => false,
+            Some(Section::HeaderFields(part, _) | Section::HeaderFieldsNot(part, _)) => part.is_some(),
+            _ => true,
+        },
+        _ => false,
+    }
+}
+
+pub(crate) async fn run(
+    s: &mut Session,
+    set: SequenceSet,
+    items: MacroOrMessageDataItemNames<'static>,
+    uid: bool,
+) -> Result<Done, ImapError> {
+    let store = s.shared.store.clone();
+    let selected = s.selected()?;
+    let mut names = match items {
+        MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(|n| n.into_static()).collect(),
+        MacroOrMessageDataItemNames::MessageDataItemNames(names) => names,
+    };
+    if names.iter().any(|n| matches!(n, MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. })) {
+        return Err(ImapError::bad("BINARY is not supported"));
+    }
+    // §6.4.8: UID FETCH always returns the UID.
+    if uid && !names.contains(&MessageDataItemName::Uid) {
+        names.insert(0, MessageDataItemName::Uid);
+    }
+    let indices = selected.resolve(&set, Numbers::of(uid))?;
+    let mut newly_seen = std::collections::HashSet::new();
+    if !selected.read_only && names.iter().any(sets_seen) {
+        let unseen: Vec<_> = indices
+            .iter()
+            .map(|&i| &selected.messages[i])
+            .filter(|m| !m.flags.iter().any(|f| f == "\\Seen"))
+            .map(|m| m.uid)
+            .collect();
+        if !unseen.is_empty() {
+            for change in
+                store.update_flags(selected.info.id, &unseen, FlagUpdate::Add, &["\\Seen".to_string()]).await?
+            {
+                if let Some(i) = selected.index_of_uid(change.uid) {
+                    selected.messages[i].flags = change.flags.into_iter().filter(|f| f != "\\Recent").collect();
+                    newly_seen.insert(change.uid);
+                }
+            }
+        }
+    }
+    let bytes = names.iter().any(needs_bytes);
+    let structure = names.iter().any(needs_structure);
+    let mut out = Vec::with_capacity(indices.len());
+    for i in indices {
+        let entry = &selected.messages[i];
+        let raw = if bytes { store.message(entry.message)?.unwrap_or_default() } else { Vec::new() };
+        let parsed = structure.then(|| mime::parse(&raw));
+        let split = mime::header_end(&raw);
+        let flat = mime::opaque(0..split, split..raw.len());
+        let root: &Part = parsed.as_ref().map_or(&flat, |p| &p.root);
+        let mut items = Vec::with_capacity(names.len() + 1);
+        for name in &names {
+            items.push(match name {
+                MessageDataItemName::Uid => {
+                    MessageDataItem::Uid(NonZeroU32::new(entry.uid.0).unwrap_or(NonZeroU32::MIN))
+                }
+                MessageDataItemName::Flags => flags_item(entry, selected.recent.contains(&entry.uid)),
+                MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
+                MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
+                MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(&raw))),
+                MessageDataItemName::Rfc822Header => {
+                    MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split])))
+                }
+                MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
+                MessageDataItemName::Envelope => MessageDataItem::Envelope(
+                    parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
+                ),
+                MessageDataItemName::Body => MessageDataItem::Body(mime::body_structure(&raw, root, false)),
+                MessageDataItemName::BodyStructure => {
+                    MessageDataItem::BodyStructure(mime::body_structure(&raw, root, true))
+                }
+                MessageDataItemName::BodyExt { section, partial, .. } => {
+                    let data = mime::section(&raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
+                    let data = match partial {
+                        // §6.4.5 <origin.octets>: a slice, empty past the end.
+                        Some((origin, count)) => {
+                            let start = (*origin as usize).min(data.len());
+                            let end = start.saturating_add(count.get() as usize).min(data.len());
+                            Cow::Owned(data[start..end].to_vec())
+                        }
+                        None => data,
+                    };
+                    MessageDataItem::BodyExt {
+                        section: section.clone(),
+                        origin: partial.map(|(origin, _)| origin),
+                        data: literal(data),
+                    }
+                }
+                MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. } => continue,
+            });
+        }
+        if newly_seen.contains(&entry.uid) && !names.contains(&MessageDataItemName::Flags) {
+            items.push(flags_item(entry, selected.recent.contains(&entry.uid)));
+        }
+        if let Ok(items) = Vec1::try_from(items) {
+            out.push(Data::Fetch { seq: selected.seq_of(i).0, items });
+        }
+    }
+    for data in out {
+        s.data(data);
+    }
+    Ok(Done::ok(if uid { "UID FETCH completed" } else { "FETCH completed" }))
+}

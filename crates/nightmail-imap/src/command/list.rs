@@ -1,0 +1,130 @@
+//! LIST and LSUB (RFC 3501 §6.3.8–6.3.9) with SPECIAL-USE attributes (RFC 6154 §2) and
+//! \HasChildren / \HasNoChildren (RFC 3348). `*` matches anything, `%` anything but the
+//! hierarchy delimiter `/`. Only the logged-in user's mailboxes are ever listed.
+
+use imap_next::imap_types::core::{Atom, QuotedChar};
+use imap_next::imap_types::flag::FlagNameAttribute;
+use imap_next::imap_types::mailbox::{ListMailbox, Mailbox};
+use imap_next::imap_types::response::Data;
+use nightmail_store::SpecialUse;
+
+use super::Done;
+use crate::ImapError;
+use crate::session::Session;
+
+const DELIMITER: char = '/';
+
+fn attribute(name: &'static str) -> FlagNameAttribute<'static> {
+    FlagNameAttribute::from(Atom::unvalidated(name))
+}
+
+/// RFC 3501 §6.3.8 wildcard matching, iterative so a hostile pattern costs at most
+/// pattern × name steps.
+pub(crate) fn matches(pattern: &[u8], name: &[u8]) -> bool {
+    // table[j]: pattern[..i] matches name[..j]
+    let mut table = vec![false; name.len() + 1];
+    table[0] = true;
+    for &p in pattern {
+        let mut next = vec![false; name.len() + 1];
+        match p {
+            b'*' | b'%' => {
+                for j in 0..=name.len() {
+                    next[j] = table[j] || (j > 0 && next[j - 1] && (p == b'*' || name[j - 1] != DELIMITER as u8));
+                }
+            }
+            c => {
+                for j in 1..=name.len() {
+                    next[j] = table[j - 1] && name[j - 1] == c;
+                }
+            }
+        }
+        table = next;
+    }
+    table[name.len()]
+}
+
+fn pattern_text(m: &ListMailbox<'_>) -> Vec<u8> {
+    match m {
+        ListMailbox::Token(t) => t.as_ref().to_vec(),
+        ListMailbox::String(s) => s.as_ref().to_vec(),
+    }
+}
+
+pub(crate) fn run(
+    s: &mut Session,
+    reference: Mailbox<'static>,
+    pattern: ListMailbox<'static>,
+    lsub: bool,
+) -> Result<Done, ImapError> {
+    let user = s.user()?.clone();
+    let reference = match &reference {
+        Mailbox::Inbox => b"INBOX".to_vec(),
+        Mailbox::Other(o) => o.inner().as_ref().to_vec(),
+    };
+    let pattern = pattern_text(&pattern);
+    let make = |items, mailbox| {
+        if lsub {
+            Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
+        } else {
+            Data::List { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
+        }
+    };
+    if pattern.is_empty() {
+        // §6.3.8: an empty pattern asks for the delimiter and the root of the reference.
+        let root = Mailbox::try_from(String::new()).unwrap_or(Mailbox::Inbox);
+        s.data(make(vec![FlagNameAttribute::Noselect], root));
+        return Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }));
+    }
+    let mut full = reference;
+    full.extend_from_slice(&pattern);
+    let mailboxes = s.shared.store.mailboxes(&user.name)?;
+    let names: Vec<&str> = mailboxes.iter().map(|m| m.name.as_str()).collect();
+    let mut out = Vec::new();
+    for mailbox in &mailboxes {
+        if lsub && !mailbox.subscribed {
+            continue;
+        }
+        let candidate = mailbox.name.as_bytes();
+        let hit = if mailbox.name == "INBOX" {
+            matches(&full.to_ascii_uppercase(), candidate) || matches(&full, candidate)
+        } else {
+            matches(&full, candidate)
+        };
+        if !hit {
+            continue;
+        }
+        let prefix = format!("{}{DELIMITER}", mailbox.name);
+        let mut items = vec![if names.iter().any(|n| n.starts_with(&prefix)) {
+            attribute("HasChildren")
+        } else {
+            attribute("HasNoChildren")
+        }];
+        if let Some(role) = SpecialUse::of_name(&mailbox.name) {
+            items.push(attribute(role.name()));
+        }
+        if let Ok(name) = Mailbox::try_from(mailbox.name.clone()) {
+            out.push(make(items, name));
+        }
+    }
+    for data in out {
+        s.data(data);
+    }
+    Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches;
+
+    #[test]
+    fn wildcards() {
+        assert!(matches(b"*", b"a/b/c"));
+        assert!(matches(b"%", b"INBOX"));
+        assert!(!matches(b"%", b"a/b"));
+        assert!(matches(b"a/%", b"a/b"));
+        assert!(matches(b"S*t", b"Sent"));
+        assert!(!matches(b"Sent", b"Drafts"));
+        let hostile = vec![b'*'; 200];
+        assert!(matches(&hostile, &[b'a'; 500]));
+    }
+}

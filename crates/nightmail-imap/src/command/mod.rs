@@ -1,0 +1,149 @@
+//! One module per command, each citing the section it implements. `dispatch` checks nothing but
+//! sends each parsed command to its module, then reports mailbox changes and the tagged result.
+
+pub(crate) mod append;
+pub(crate) mod authenticate;
+pub(crate) mod capability;
+pub(crate) mod check;
+pub(crate) mod close;
+pub(crate) mod copy;
+pub(crate) mod create;
+pub(crate) mod delete;
+pub(crate) mod enable;
+pub(crate) mod expunge;
+pub(crate) mod fetch;
+pub(crate) mod id;
+pub(crate) mod idle;
+pub(crate) mod list;
+pub(crate) mod login;
+pub(crate) mod logout;
+pub(crate) mod r#move;
+pub(crate) mod namespace;
+pub(crate) mod noop;
+pub(crate) mod rename;
+pub(crate) mod search;
+pub(crate) mod select;
+pub(crate) mod starttls;
+pub(crate) mod status;
+pub(crate) mod store;
+pub(crate) mod subscribe;
+pub(crate) mod unselect;
+
+use std::borrow::Cow;
+
+use imap_next::imap_types::command::{Command, CommandBody};
+use imap_next::imap_types::core::Text;
+use imap_next::imap_types::flag::Flag;
+use imap_next::imap_types::mailbox::Mailbox;
+use imap_next::imap_types::response::{Code, StatusKind};
+
+use crate::ImapError;
+use crate::session::{Flow, Session};
+
+/// A command that succeeded: the tagged OK's code and text, and what the connection does next.
+pub(crate) struct Done {
+    pub code: Option<Code<'static>>,
+    pub text: Cow<'static, str>,
+    pub flow: Flow,
+}
+
+impl Done {
+    pub fn ok(text: impl Into<Cow<'static, str>>) -> Done {
+        Done { code: None, text: text.into(), flow: Flow::Continue }
+    }
+
+    pub fn with_code(code: Code<'static>, text: impl Into<Cow<'static, str>>) -> Done {
+        Done { code: Some(code), text: text.into(), flow: Flow::Continue }
+    }
+}
+
+/// Response text: imap-types refuses empty text and line breaks, so fall back to a plain word.
+pub(crate) fn text(message: &str) -> Text<'static> {
+    Text::try_from(message.to_string()).unwrap_or_else(|_| Text::unvalidated("done"))
+}
+
+/// A mailbox name as the store keeps it: the wire form (modified UTF-7, RFC 3501 §5.1.3), with
+/// INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3).
+pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
+    match mailbox {
+        Mailbox::Inbox => Ok("INBOX".into()),
+        Mailbox::Other(other) => {
+            let name = std::str::from_utf8(other.inner().as_ref())
+                .map_err(|_| ImapError::bad("mailbox names are modified UTF-7 (RFC 3501 §5.1.3)"))?;
+            let name = name.trim_end_matches('/');
+            if name.is_empty() || name.contains("//") || name.starts_with('/') {
+                return Err(ImapError::no("invalid mailbox name"));
+            }
+            if name.eq_ignore_ascii_case("INBOX") { Ok("INBOX".into()) } else { Ok(name.to_string()) }
+        }
+    }
+}
+
+/// Flags as the store keeps them: system flags with their backslash, keywords as given.
+pub(crate) fn flag_names(flags: &[Flag<'_>]) -> Vec<String> {
+    flags.iter().map(|f| f.to_string()).filter(|f| !f.eq_ignore_ascii_case("\\Recent")).collect()
+}
+
+pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow {
+    let tag = command.tag;
+    // RFC 3501 §7.4.1: no EXPUNGE while FETCH, STORE or SEARCH by sequence number runs, since
+    // the client could not tell which message a number meant.
+    let expunges_allowed = !matches!(
+        command.body,
+        CommandBody::Fetch { uid: false, .. }
+            | CommandBody::Store { uid: false, .. }
+            | CommandBody::Search { uid: false, .. }
+            | CommandBody::Copy { uid: false, .. }
+    );
+    let result = match command.body {
+        CommandBody::Capability => capability::run(s),
+        CommandBody::Noop => noop::run(s),
+        CommandBody::Logout => logout::run(s),
+        CommandBody::StartTLS => starttls::run(s),
+        CommandBody::Login { username, password } => login::run(s, username, password).await,
+        CommandBody::Select { mailbox } => select::run(s, mailbox, false).await,
+        CommandBody::Examine { mailbox } => select::run(s, mailbox, true).await,
+        CommandBody::Unselect => unselect::run(s),
+        CommandBody::Create { mailbox } => create::run(s, mailbox).await,
+        CommandBody::Delete { mailbox } => delete::run(s, mailbox).await,
+        CommandBody::Rename { from, to } => rename::run(s, from, to).await,
+        CommandBody::Subscribe { mailbox } => subscribe::run(s, mailbox, true).await,
+        CommandBody::Unsubscribe { mailbox } => subscribe::run(s, mailbox, false).await,
+        CommandBody::List { reference, mailbox_wildcard } => list::run(s, reference, mailbox_wildcard, false),
+        CommandBody::Lsub { reference, mailbox_wildcard } => list::run(s, reference, mailbox_wildcard, true),
+        CommandBody::Status { mailbox, item_names } => status::run(s, mailbox, &item_names),
+        CommandBody::Append { mailbox, flags, date, message } => append::run(s, mailbox, flags, date, message).await,
+        CommandBody::Check => check::run(s),
+        CommandBody::Close => close::run(s).await,
+        CommandBody::Expunge => expunge::run(s, None).await,
+        CommandBody::ExpungeUid { sequence_set } => expunge::run(s, Some(sequence_set)).await,
+        CommandBody::Search { charset, criteria, uid } => search::run(s, charset, criteria, uid),
+        CommandBody::Fetch { sequence_set, macro_or_item_names, uid } => {
+            fetch::run(s, sequence_set, macro_or_item_names, uid).await
+        }
+        CommandBody::Store { sequence_set, kind, response, flags, uid } => {
+            store::run(s, sequence_set, kind, response, flags, uid).await
+        }
+        CommandBody::Copy { sequence_set, mailbox, uid } => copy::run(s, sequence_set, mailbox, uid).await,
+        CommandBody::Move { sequence_set, mailbox, uid } => r#move::run(s, sequence_set, mailbox, uid).await,
+        CommandBody::Enable { capabilities } => enable::run(s, capabilities),
+        CommandBody::Id { parameters } => id::run(s, parameters),
+        CommandBody::Namespace => namespace::run(s),
+        // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
+        _ => Err(ImapError::bad("command not supported")),
+    };
+    if let Err(e) = s.sync(expunges_allowed) {
+        tracing::warn!("imap: mailbox update failed: {e}");
+    }
+    match result {
+        Ok(done) => {
+            s.tagged(tag, StatusKind::Ok, done.code, &done.text);
+            done.flow
+        }
+        Err(e) => {
+            let (kind, code, message) = e.reply();
+            s.tagged(tag, kind, code, &message);
+            if s.close_after_reply { Flow::Close } else { Flow::Continue }
+        }
+    }
+}

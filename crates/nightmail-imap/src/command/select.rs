@@ -1,0 +1,58 @@
+//! SELECT and EXAMINE (RFC 3501 §6.3.1–6.3.2): FLAGS, EXISTS, RECENT, then OK [UNSEEN],
+//! [PERMANENTFLAGS], [UIDVALIDITY], [UIDNEXT], and the tagged OK [READ-WRITE] or [READ-ONLY].
+//! SELECT claims the messages' `\Recent` for this session (§2.3.2); EXAMINE changes nothing.
+
+use std::collections::HashSet;
+use std::num::NonZeroU32;
+
+use imap_next::imap_types::flag::{Flag, FlagPerm};
+use imap_next::imap_types::mailbox::Mailbox;
+use imap_next::imap_types::response::{Code, Data, StatusKind};
+use nightmail_store::Uid;
+
+use super::{Done, mailbox_name};
+use crate::ImapError;
+use crate::session::{Session, State};
+use crate::view::Selected;
+
+pub(crate) const SYSTEM_FLAGS: [Flag<'static>; 5] =
+    [Flag::Answered, Flag::Flagged, Flag::Deleted, Flag::Seen, Flag::Draft];
+
+pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: bool) -> Result<Done, ImapError> {
+    let user = s.user()?.clone();
+    // §6.3.1: SELECT first deselects; a failed SELECT leaves no mailbox selected.
+    s.deselect();
+    let name = mailbox_name(&mailbox)?;
+    let store = s.shared.store.clone();
+    let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
+    let recent: HashSet<Uid> = if read_only {
+        store.mail(info.id)?.into_iter().filter(|m| m.flags.iter().any(|f| f == "\\Recent")).map(|m| m.uid).collect()
+    } else {
+        store.claim_recent(info.id).await?.into_iter().collect()
+    };
+    let selected = Selected::load(&store, info, read_only, recent)?;
+    s.data(Data::Flags(SYSTEM_FLAGS.to_vec()));
+    s.data(Data::Exists(selected.exists()));
+    s.data(Data::Recent(selected.recent.len() as u32));
+    if let Some(first) = selected.messages.iter().position(|m| !m.flags.iter().any(|f| f == "\\Seen")) {
+        s.untagged(StatusKind::Ok, Some(Code::Unseen(NonZeroU32::new(first as u32 + 1).expect("+1"))), "first unseen");
+    }
+    let permanent = if read_only {
+        vec![]
+    } else {
+        SYSTEM_FLAGS.iter().cloned().map(FlagPerm::Flag).chain([FlagPerm::Asterisk]).collect()
+    };
+    s.untagged(StatusKind::Ok, Some(Code::PermanentFlags(permanent)), "flags kept");
+    if let Some(v) = NonZeroU32::new(selected.info.uid_validity) {
+        s.untagged(StatusKind::Ok, Some(Code::UidValidity(v)), "UIDs valid");
+    }
+    if let Some(v) = NonZeroU32::new(selected.info.uid_next.0) {
+        s.untagged(StatusKind::Ok, Some(Code::UidNext(v)), "predicted next UID");
+    }
+    s.state = State::Selected(user, Box::new(selected));
+    Ok(if read_only {
+        Done::with_code(Code::ReadOnly, "EXAMINE completed")
+    } else {
+        Done::with_code(Code::ReadWrite, "SELECT completed")
+    })
+}

@@ -1,0 +1,73 @@
+//! The IMAP server: RFC 3501 (IMAP4rev1) with the extensions mail clients rely on, several of
+//! which RFC 9051 (IMAP4rev2) folds in: IDLE (RFC 2177), UIDPLUS (RFC 4315), MOVE (RFC 6851),
+//! UNSELECT (RFC 3691), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE (RFC 2342), SPECIAL-USE
+//! (RFC 6154), SASL-IR (RFC 4959).
+//!
+//! The grammar, literals, AUTHENTICATE and IDLE framing are imap-codec's and imap-next's (its
+//! sans-I/O server flow); this crate holds the session state, one module per command in
+//! `command/`, and the mapping from the store to IMAP's views (sequence numbers, sections).
+
+mod command;
+mod error;
+mod mime;
+mod session;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nightmail_auth::Authenticator;
+use nightmail_config::Config;
+use nightmail_store::Store;
+use nightmail_tls::TlsAcceptor;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+pub use error::ImapError;
+
+/// Everything a session needs, shared by all sessions.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub auth: Authenticator,
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// Connections served at once; more are greeted with BYE (RFC 3501 §7.1.5).
+const MAX_CONNECTIONS: usize = 256;
+
+/// Serves IMAP on `listener` until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let local = listener.local_addr().ok();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // EMFILE and friends: keep serving the connections we have.
+                    tracing::warn!("imap accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let shared = shared.clone();
+        let permit = slots.clone().try_acquire_owned();
+        let local = local.unwrap_or(peer);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            match permit {
+                Ok(_permit) => session::run(stream, peer, local, shared, stop).await,
+                Err(_) => session::refuse_busy(stream).await,
+            }
+        });
+    }
+}
+
+/// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere
+/// RFC 3501 §6.2.3 and RFC 8314 want TLS first (LOGINDISABLED until STARTTLS).
+pub(crate) fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}

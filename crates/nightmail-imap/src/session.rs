@@ -1,0 +1,358 @@
+//! One IMAP connection: drives imap-next's sans-I/O server flow over the socket (plain or TLS),
+//! dispatches its events to the command modules, and wakes an IDLE session when its mailbox
+//! changes. Responses are buffered and written when the flow needs more input, so a FETCH of
+//! many messages leaves in large writes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use imap_next::imap_types::core::Tag;
+use imap_next::imap_types::response::{Code, Data, Greeting, Status, StatusKind};
+use imap_next::server::{Error as FlowError, Event, Options, Server};
+use imap_next::{Interrupt, Io, State as _};
+use nightmail_auth::AuthUser;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::command::{self, capability, text};
+use crate::view::Selected;
+use crate::{ImapError, Shared, is_loopback};
+
+/// A byte stream after STARTTLS.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<dyn Stream>),
+    /// Only while STARTTLS swaps one for the other.
+    Gone,
+}
+
+impl Transport {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Transport::Plain(s) => s.read(buf).await,
+            Transport::Tls(s) => s.read(buf).await,
+            Transport::Gone => Ok(0),
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Transport::Plain(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
+            Transport::Tls(s) => {
+                s.write_all(bytes).await?;
+                s.flush().await
+            }
+            Transport::Gone => Ok(()),
+        }
+    }
+}
+
+/// RFC 3501 §3: the connection's state. A selected mailbox cannot exist without a user.
+pub(crate) enum State {
+    NotAuthenticated,
+    Authenticated(AuthUser),
+    Selected(AuthUser, Box<Selected>),
+}
+
+/// What the connection does after an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    StartTls,
+    Close,
+}
+
+pub(crate) struct Session {
+    pub shared: Arc<Shared>,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub tls_active: bool,
+    pub state: State,
+    pub server: Server,
+    /// The tag of the IDLE in progress.
+    pub idle: Option<Tag<'static>>,
+    /// The tag of the AUTHENTICATE in progress.
+    pub authenticating: Option<Tag<'static>>,
+    /// Failed LOGIN/AUTHENTICATE attempts on this connection.
+    pub failed_logins: u32,
+    /// Hang up once the current reply is out (too many failed logins).
+    pub close_after_reply: bool,
+    errors: u32,
+}
+
+/// RFC 3501 §5.4: an idle client is logged out after at least 30 minutes.
+const AUTOLOGOUT: Duration = Duration::from_secs(31 * 60);
+/// Unparseable commands tolerated before the connection is closed.
+const MAX_ERRORS: u32 = 20;
+/// Failed logins tolerated on one connection (the per-IP limiter counts across connections).
+pub(crate) const MAX_FAILED_LOGINS: u32 = 3;
+
+pub(crate) async fn refuse_busy(mut stream: TcpStream) {
+    let _ = stream.write_all(b"* BYE [UNAVAILABLE] too many connections, try again later\r\n").await;
+}
+
+fn options(shared: &Shared) -> Options {
+    let mut options = Options::default();
+    // Literals over the message size limit are refused with BAD before any of their bytes is
+    // read (RFC 7888 §4: the server refuses a synchronising literal it will not accept).
+    let max = shared.config.smtp.max_message_bytes.min(u32::MAX as usize - 128 * 1024) as u32;
+    options.max_literal_size = max;
+    options.max_command_size = max + 64 * 1024;
+    let _ = options.set_literal_accept_text("ready for the literal".into());
+    let _ = options.set_literal_reject_text("literal too large".into());
+    options
+}
+
+pub(crate) async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut session = Session {
+        server: Server::new(options(&shared), Greeting::ok(None, "x").expect("static greeting")),
+        shared,
+        peer,
+        local,
+        tls_active: false,
+        state: State::NotAuthenticated,
+        idle: None,
+        authenticating: None,
+        failed_logins: 0,
+        close_after_reply: false,
+        errors: 0,
+    };
+    // The greeting carries the capabilities (RFC 3501 §7.1, CAPABILITY response code), so it is
+    // built once the session exists.
+    let greeting = Greeting::ok(Some(Code::Capability(capability::list(&session))), "nightmail IMAP ready")
+        .expect("static greeting");
+    session.server = Server::new(options(&session.shared), greeting);
+    let mut transport = Transport::Plain(stream);
+    if let Err(e) = session.serve(&mut transport, stop).await {
+        tracing::debug!(%peer, "imap session ended: {e}");
+    }
+}
+
+/// A flow for a connection that has just completed STARTTLS: no second greeting (RFC 3501 §6.2.1).
+fn flow_without_greeting(shared: &Shared) -> Server {
+    let mut server = Server::new(options(shared), Greeting::ok(None, "x").expect("static greeting"));
+    while let Err(Interrupt::Io(Io::Output(_))) = server.next() {}
+    server
+}
+
+impl Session {
+    pub fn login_allowed(&self) -> bool {
+        self.tls_active || is_loopback(&self.local)
+    }
+
+    pub fn data(&mut self, data: Data<'static>) {
+        self.server.enqueue_data(data);
+    }
+
+    pub fn untagged(&mut self, kind: StatusKind, code: Option<Code<'static>>, message: &str) {
+        let Ok(status) = Status::new(None, kind, code, text(message));
+        self.server.enqueue_status(status);
+    }
+
+    pub fn tagged(&mut self, tag: Tag<'static>, kind: StatusKind, code: Option<Code<'static>>, message: &str) {
+        let Ok(status) = Status::new(Some(tag), kind, code, text(message));
+        self.server.enqueue_status(status);
+    }
+
+    pub fn user(&self) -> Result<&AuthUser, ImapError> {
+        match &self.state {
+            State::NotAuthenticated => Err(ImapError::bad("log in first")),
+            State::Authenticated(user) | State::Selected(user, _) => Ok(user),
+        }
+    }
+
+    pub fn selected(&mut self) -> Result<&mut Selected, ImapError> {
+        match &mut self.state {
+            State::Selected(_, selected) => Ok(selected),
+            _ => Err(ImapError::bad("no mailbox selected")),
+        }
+    }
+
+    /// Leaves the selected state (CLOSE, UNSELECT, a failed SELECT).
+    pub fn deselect(&mut self) {
+        if matches!(self.state, State::Selected(..))
+            && let State::Selected(user, _) = std::mem::replace(&mut self.state, State::NotAuthenticated)
+        {
+            self.state = State::Authenticated(user);
+        }
+    }
+
+    /// Tells the client what changed in its selected mailbox (see [`Selected::sync`]).
+    pub fn sync(&mut self, expunges_allowed: bool) -> Result<(), ImapError> {
+        let store = self.shared.store.clone();
+        let updates = match &mut self.state {
+            State::Selected(_, selected) => selected.sync(&store, expunges_allowed)?,
+            _ => return Ok(()),
+        };
+        for data in updates {
+            self.data(data);
+        }
+        Ok(())
+    }
+
+    async fn serve(&mut self, transport: &mut Transport, mut stop: watch::Receiver<bool>) -> std::io::Result<()> {
+        let mut out = Vec::with_capacity(64 * 1024);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match self.server.next() {
+                Ok(event) => match self.handle(event).await {
+                    Flow::Continue => continue,
+                    Flow::Close => {
+                        self.drain_output(&mut out);
+                        return transport.write_all(&out).await;
+                    }
+                    Flow::StartTls => {
+                        self.drain_output(&mut out);
+                        transport.write_all(&out).await?;
+                        out.clear();
+                        self.start_tls(transport).await?;
+                        continue;
+                    }
+                },
+                Err(Interrupt::Io(Io::Output(bytes))) => {
+                    out.extend_from_slice(&bytes);
+                    continue;
+                }
+                Err(Interrupt::Io(Io::NeedMoreInput)) => {}
+                Err(Interrupt::Error(e)) => {
+                    if self.protocol_error(e) == Flow::Close {
+                        self.drain_output(&mut out);
+                        return transport.write_all(&out).await;
+                    }
+                    continue;
+                }
+            }
+            if !out.is_empty() {
+                transport.write_all(&out).await?;
+                out.clear();
+            }
+            let idling = self.idle.is_some();
+            let store = self.shared.store.clone();
+            let read = tokio::select! {
+                read = tokio::time::timeout(AUTOLOGOUT, transport.read(&mut buf)) => read,
+                () = idle_wait(&mut self.state, &store), if idling => {
+                    if let Err(e) = self.sync(true) {
+                        tracing::warn!("imap: idle update failed: {e}");
+                    }
+                    continue;
+                }
+                _ = stop.changed() => {
+                    self.untagged_bye("server shutting down");
+                    self.drain_output(&mut out);
+                    return transport.write_all(&out).await;
+                }
+            };
+            let n = match read {
+                Err(_) => {
+                    self.untagged_bye("autologout: idle for too long");
+                    self.drain_output(&mut out);
+                    return transport.write_all(&out).await;
+                }
+                Ok(n) => n?,
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            self.server.enqueue_input(&buf[..n]);
+        }
+    }
+
+    fn untagged_bye(&mut self, message: &str) {
+        let Ok(status) = Status::bye(None, text(message));
+        self.server.enqueue_status(status);
+    }
+
+    /// Collects every response still queued, without reading further input.
+    fn drain_output(&mut self, out: &mut Vec<u8>) {
+        loop {
+            match self.server.next() {
+                Err(Interrupt::Io(Io::Output(bytes))) => out.extend_from_slice(&bytes),
+                Ok(Event::GreetingSent { .. } | Event::ResponseSent { .. }) => continue,
+                _ => break,
+            }
+        }
+    }
+
+    /// RFC 3501 §6.2.1: after the tagged OK, the TLS handshake; anything the client pipelined
+    /// after STARTTLS in plain text is dropped with the old flow (RFC 2595 §3.1).
+    async fn start_tls(&mut self, transport: &mut Transport) -> std::io::Result<()> {
+        let Some(acceptor) = self.shared.tls.clone() else { return Ok(()) };
+        let Transport::Plain(tcp) = std::mem::replace(transport, Transport::Gone) else {
+            return Err(std::io::Error::other("STARTTLS on a TLS connection"));
+        };
+        let tls = acceptor.accept(tcp).await?;
+        *transport = Transport::Tls(Box::new(tls));
+        self.tls_active = true;
+        self.server = flow_without_greeting(&self.shared);
+        Ok(())
+    }
+
+    async fn handle(&mut self, event: Event) -> Flow {
+        match event {
+            Event::GreetingSent { .. } | Event::ResponseSent { .. } => Flow::Continue,
+            Event::CommandReceived { command } => command::dispatch(self, command).await,
+            Event::CommandAuthenticateReceived { command_authenticate } => {
+                command::authenticate::start(self, command_authenticate).await
+            }
+            Event::AuthenticateDataReceived { authenticate_data } => {
+                command::authenticate::data(self, authenticate_data).await
+            }
+            Event::IdleCommandReceived { tag } => command::idle::start(self, tag),
+            Event::IdleDoneReceived => command::idle::done(self),
+        }
+    }
+
+    /// A command imap-codec could not parse: BAD (tagged when a tag can be read), and after too
+    /// many, BYE (RFC 3501 §7.1.5).
+    fn protocol_error(&mut self, error: FlowError) -> Flow {
+        self.errors += 1;
+        let (bytes, message) = match &error {
+            // imap-next has already answered BAD and discarded the command.
+            FlowError::LiteralTooLong { .. } => (None, ""),
+            FlowError::MalformedMessage { discarded_bytes } => (Some(discarded_bytes), "syntax error in the command"),
+            FlowError::ExpectedCrlfGotLf { discarded_bytes } => (Some(discarded_bytes), "lines must end in CRLF"),
+            FlowError::CommandTooLong { discarded_bytes } => (Some(discarded_bytes), "command too long"),
+        };
+        if let Some(bytes) = bytes {
+            match tag_of(bytes.declassify()) {
+                Some(tag) => self.tagged(tag, StatusKind::Bad, None, message),
+                None => self.untagged(StatusKind::Bad, None, message),
+            }
+        }
+        if self.errors >= MAX_ERRORS {
+            self.untagged_bye("too many errors");
+            return Flow::Close;
+        }
+        Flow::Continue
+    }
+}
+
+/// The tag of an unparseable command, if its first word is a valid tag (imap-types checks).
+fn tag_of(bytes: &[u8]) -> Option<Tag<'static>> {
+    let first = bytes.split(|&b| b == b' ' || b == b'\r' || b == b'\n').next()?;
+    let first = std::str::from_utf8(first).ok()?;
+    Tag::try_from(first.to_string()).ok()
+}
+
+/// Resolves when the selected mailbox changes; never, when none is selected.
+async fn idle_wait(state: &mut State, store: &nightmail_store::Store) {
+    match state {
+        State::Selected(_, selected) => selected.changed(store).await,
+        _ => std::future::pending().await,
+    }
+}
