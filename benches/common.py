@@ -52,6 +52,14 @@ def load_llama(model, threads):
     return llama_cpp.Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
 
 
+def last_logits(llm):
+    """The logits row of the last evaluated token (llama-cpp-python fills `scores` only with
+    logits_all, so read the context's buffer directly)."""
+    import numpy as np
+
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
 def llama_greedy(llm, tokens, n):
     """n greedy tokens after `tokens`, argmax of llama.cpp's raw logits (no sampler chain)."""
     import numpy as np
@@ -60,7 +68,7 @@ def llama_greedy(llm, tokens, n):
     llm.eval(tokens)
     out = []
     for _ in range(n):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits(llm)))
         out.append(tok)
         llm.eval([tok])
     return out

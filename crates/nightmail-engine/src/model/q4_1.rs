@@ -76,21 +76,21 @@ fn has_avx2() -> bool {
     }
 }
 
-/// ggml `quantize_row_q8_1_ref` (as candle's `BlockQ8_1::from_float`).
+/// ggml's x86 `quantize_row_q8_1` (the SIMD path llama.cpp runs on AVX2 machines, which differs
+/// from the C reference in rounding): id = 127 / max|x|, round half to even, s = f16(d · Σq).
 fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
     x.chunks_exact(QK)
         .map(|x| {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut qs = [0i8; QK];
             let mut sum = 0i32;
             for (q, v) in qs.iter_mut().zip(x) {
-                *q = (v * id).round() as i8;
+                *q = (v * id).round_ties_even() as i8;
                 sum += *q as i32;
             }
-            let d16 = f16::from_f32(d);
-            Q8Block { d: d16.to_f32(), s: (f16::from_f32(sum as f32) * d16).to_f32(), qs }
+            Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
         })
         .collect()
 }
@@ -156,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn q4_1_matmul_matches_candles_kernel_and_the_scalar_path() {
+    fn q4_1_matmul_equals_the_scalar_path_and_candles_kernel_up_to_activation_rounding() {
         let (rows, cols, tokens) = (48, 256, 3);
         let w = Tensor::from_vec(random(rows * cols, 1), (rows, cols), &Device::Cpu).unwrap();
         let x = Tensor::from_vec(random(tokens * cols, 2), (tokens, cols), &Device::Cpu).unwrap();
@@ -170,8 +170,10 @@ mod tests {
                 let nb = cols / QK;
                 let range = r * nb..(r + 1) * nb;
                 let scalar = dot_scalar(&ours.d[range.clone()], &ours.m[range.clone()], &ours.qs[range], &q8[t]);
+                // candle quantizes activations with ggml's C reference (1/d, half away from zero),
+                // we with ggml's x86 code (127/max, half to even): results differ by that rounding.
                 assert!(
-                    (got[t][r] - want[t][r]).abs() < 1e-4,
+                    (got[t][r] - want[t][r]).abs() < 1e-2,
                     "token {t} row {r}: {} vs candle {}",
                     got[t][r],
                     want[t][r]
