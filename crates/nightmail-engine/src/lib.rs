@@ -90,7 +90,10 @@ impl Model {
 
     /// Run `tokens` after what `cache` holds and return the next-token logits of the last one.
     pub fn logits(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-        Ok(self.net.forward(tokens, cache)?.to_vec1::<f32>()?)
+        // Run the step on a rayon worker, so that the kernels' parallel loops start from inside
+        // the pool (the caller joins the work) instead of handing off and sleeping at each one.
+        let logits = rayon::scope(|_| self.net.forward(tokens, cache))?;
+        Ok(logits.to_vec1::<f32>()?)
     }
 }
 
