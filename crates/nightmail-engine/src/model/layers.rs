@@ -15,6 +15,7 @@ pub struct Linear {
 enum Weight {
     Candle(QMatMul),
     Q4_1(Box<super::q4_1::Q4_1Matrix>),
+    Q8_0(Box<super::q8_0::Q8_0Matrix>),
 }
 
 impl Linear {
@@ -28,6 +29,9 @@ impl Linear {
         let w = match (weight.dtype, &weight.shape[..]) {
             (candle_core::quantized::GgmlDType::Q4_1, &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(super::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
+            }
+            (candle_core::quantized::GgmlDType::Q8_0, &[rows, cols]) if cols % 32 == 0 => {
+                Weight::Q8_0(Box::new(super::q8_0::Q8_0Matrix::from_ggml(weight.bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };
@@ -45,6 +49,7 @@ impl Linear {
         let y = match &self.weight {
             Weight::Candle(w) => w.forward(x)?,
             Weight::Q4_1(w) => w.forward(x)?,
+            Weight::Q8_0(w) => w.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

@@ -23,10 +23,10 @@ pub struct Q4_1Matrix {
 }
 
 /// One 32-block of activations in ggml `block_q8_1`, scales widened to f32.
-struct Q8Block {
-    d: f32,
+pub(super) struct Q8Block {
+    pub(super) d: f32,
     s: f32,
-    qs: [i8; QK],
+    pub(super) qs: [i8; QK],
 }
 
 impl Q4_1Matrix {
@@ -76,7 +76,7 @@ impl Q4_1Matrix {
     }
 }
 
-fn has_avx2() -> bool {
+pub(super) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
@@ -89,7 +89,7 @@ fn has_avx2() -> bool {
 
 /// ggml's x86 `quantize_row_q8_1` (the SIMD path llama.cpp runs on AVX2 machines, which differs
 /// from the C reference in rounding): id = 127 / max|x|, round half to even, s = f16(d · Σq).
-fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
+pub(super) fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
     x.chunks_exact(QK)
         .map(|x| {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));

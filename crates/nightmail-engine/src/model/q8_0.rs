@@ -1,0 +1,131 @@
+//! A Q8_0 mat-vec with AVX2, for the output head of models that keep it in Q8_0 (SmolLM2's tied
+//! embeddings): ggml's `ggml_vec_dot_q8_0_q8_0` on activations quantized as ggml's x86
+//! `quantize_row_q8_0` does (the same per-block rounding as Q8_1, without the sum).
+
+use candle_core::{Device, Tensor};
+use half::f16;
+use rayon::prelude::*;
+
+use super::q4_1::{Q8Block, has_avx2, quantize_q8_1};
+use crate::error::Result;
+
+const QK: usize = 32;
+/// ggml `block_q8_0`: f16 d, then 32 signed bytes.
+const BLOCK_BYTES: usize = 34;
+
+pub struct Q8_0Matrix {
+    rows: usize,
+    cols: usize,
+    d: Vec<f32>,
+    qs: Vec<[i8; QK]>,
+}
+
+impl Q8_0Matrix {
+    pub fn from_ggml(bytes: &[u8], rows: usize, cols: usize) -> Self {
+        let n = rows * cols / QK;
+        let (mut d, mut qs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for b in bytes.chunks_exact(BLOCK_BYTES).take(n) {
+            d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
+            qs.push(std::array::from_fn(|i| b[2 + i] as i8));
+        }
+        Q8_0Matrix { rows, cols, d, qs }
+    }
+
+    /// `x`: `[tokens, cols]` → `[tokens, rows]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let tokens = x.dim(0)?;
+        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        let nb = self.cols / QK;
+        let avx2 = has_avx2();
+        let row_dots = |r: usize, out: &mut [f32]| {
+            let range = r * nb..(r + 1) * nb;
+            for (t, y) in out.iter_mut().enumerate() {
+                *y = if avx2 {
+                    // SAFETY: AVX2 and FMA were detected at run time.
+                    unsafe { dot_avx2(&self.d[range.clone()], &self.qs[range.clone()], &q8[t]) }
+                } else {
+                    dot_scalar(&self.d[range.clone()], &self.qs[range.clone()], &q8[t])
+                };
+            }
+        };
+        let mut out_t = vec![0f32; self.rows * tokens];
+        let threads = rayon::current_num_threads();
+        if threads == 1 || self.rows * self.cols * tokens < 1 << 16 {
+            out_t.chunks_mut(tokens).enumerate().for_each(|(r, out)| row_dots(r, out));
+        } else {
+            let per_thread = self.rows.div_ceil(threads);
+            out_t.par_chunks_mut(per_thread * tokens).enumerate().for_each(|(c, chunk)| {
+                chunk.chunks_mut(tokens).enumerate().for_each(|(i, out)| row_dots(c * per_thread + i, out));
+            });
+        }
+        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+    }
+}
+
+fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for b in 0..d.len() {
+        let acc: i32 = qs[b].iter().zip(&x[b].qs).map(|(w, a)| *w as i32 * *a as i32).sum();
+        sum += d[b] * x[b].d * acc as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm256_setzero_ps();
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..d.len() {
+        // SAFETY: 32-byte unaligned loads within the blocks.
+        let w = unsafe { _mm256_loadu_si256(qs[b].as_ptr().cast()) };
+        let a = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
+        // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
+        let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
+    }
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    _mm_cvtss_f32(s1)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
+    dot_scalar(d, qs, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Module;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+
+    #[test]
+    fn q8_0_matmul_equals_the_scalar_path_and_candles_kernel_up_to_activation_rounding() {
+        let (rows, cols, tokens) = (40, 128, 2);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let ours = Q8_0Matrix::from_ggml(&q.data().unwrap(), rows, cols);
+        let got = ours.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let want = QMatMul::QTensor(std::sync::Arc::new(q)).forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let q8: Vec<Vec<Q8Block>> = x.to_vec2::<f32>().unwrap().iter().map(|r| quantize_q8_1(r)).collect();
+        let nb = cols / QK;
+        for t in 0..tokens {
+            for r in 0..rows {
+                let range = r * nb..(r + 1) * nb;
+                let scalar = dot_scalar(&ours.d[range.clone()], &ours.qs[range], &q8[t]);
+                assert!((got[t][r] - scalar).abs() < 1e-4, "token {t} row {r}: {} vs scalar {scalar}", got[t][r]);
+                assert!(
+                    (got[t][r] - want[t][r]).abs() < 5e-2,
+                    "token {t} row {r}: {} vs candle {}",
+                    got[t][r],
+                    want[t][r]
+                );
+            }
+        }
+    }
+}
