@@ -6,7 +6,7 @@
 //! fjall) without touching them.
 //!
 //! Durability: sled writes to disk only every 500 ms on its own. Every method that changes state
-//! here ends with `flush_async().await`, so when it returns, the change survives `kill -9` and
+//! here ends with [`Store::flush`], so when it returns, the change survives `kill -9` and
 //! power loss (RFC 5321 §6.1: once 250 is sent, the message must not be lost).
 
 mod changes;
@@ -83,8 +83,16 @@ impl Store {
     }
 
     /// Waits until everything written so far is on disk.
+    ///
+    /// A blocking `flush` on tokio's blocking pool, not `flush_async`: in sled 0.34 concurrent
+    /// `flush_async` calls occupy every thread of sled's own pool, which is also the pool that
+    /// writes the buffers they wait for, and the whole store deadlocks (sled issue #1308, fixed
+    /// only on its unreleased main). Eight IMAP clients appending at once hit it here.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))??;
         Ok(())
     }
 }

@@ -77,7 +77,12 @@ fn has(flags: &[String], flag: &str) -> bool {
 }
 
 /// Puts `entries` into mailbox `to`, each under the next UID, marked `\Recent`.
-fn put_copies(mailboxes: &TransactionalTree, mail: &TransactionalTree, to: MailboxId, entries: &[MailEntry]) -> Result<Copied, Abort> {
+fn put_copies(
+    mailboxes: &TransactionalTree,
+    mail: &TransactionalTree,
+    to: MailboxId,
+    entries: &[MailEntry],
+) -> Result<Copied, Abort> {
     let mut dest = read_mailbox(mailboxes, to)?;
     let mut copied = Copied { uid_validity: dest.uid_validity, pairs: Vec::with_capacity(entries.len()) };
     for entry in entries {
@@ -130,7 +135,9 @@ impl Store {
                             }
                         }
                     }
-                    FlagUpdate::Remove => entry.flags.retain(|have| !flags.iter().any(|f| f.eq_ignore_ascii_case(have))),
+                    FlagUpdate::Remove => {
+                        entry.flags.retain(|have| !flags.iter().any(|f| f.eq_ignore_ascii_case(have)))
+                    }
                     FlagUpdate::Replace => {
                         let recent = has(&entry.flags, RECENT);
                         entry.flags = flags.iter().map(|f| (*f).clone()).collect();
@@ -266,5 +273,55 @@ impl Store {
         })?;
         self.flush().await?;
         Ok(claimed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nightmail_types::Timestamp;
+
+    use crate::{FlagUpdate, Store, Uid};
+
+    /// Many sessions writing at once (as eight IMAP clients appending do) must all finish: sled
+    /// 0.34's `flush_async` deadlocks under this load, which `Store::flush` avoids. The writers run
+    /// on their own runtime and thread, so a deadlock fails this test instead of hanging it.
+    #[test]
+    fn concurrent_appends_and_flag_changes_all_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        let writer_store = store.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let inbox = writer_store.create_mailbox("me", "INBOX").await.unwrap().id;
+                let writers: Vec<_> = (0..16)
+                    .map(|w| {
+                        let store = writer_store.clone();
+                        tokio::spawn(async move {
+                            for i in 0..40 {
+                                let raw = format!("Subject: {w}-{i}\r\n\r\nbody\r\n");
+                                let made =
+                                    store.append_mail(inbox, raw.as_bytes(), vec![], Timestamp::now()).await.unwrap();
+                                store
+                                    .update_flags(inbox, &[made.uid], FlagUpdate::Add, &["\\Seen".into()])
+                                    .await
+                                    .unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                for writer in writers {
+                    writer.await.unwrap();
+                }
+                done.send(inbox).unwrap();
+            });
+        });
+        let inbox = finished.recv_timeout(Duration::from_secs(120)).expect("the store deadlocked");
+        let mail = store.mail(inbox).unwrap();
+        assert_eq!(mail.len(), 640);
+        assert_eq!(mail.last().unwrap().uid, Uid(640), "UIDs are dense and unique under concurrency");
     }
 }

@@ -100,8 +100,13 @@ impl Store {
             return Err(MailboxOpError::InboxIsPermanent);
         }
         let info = self.mailbox(owner, name)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(name.to_string()))?;
-        let mail_keys: Vec<sled::IVec> =
-            self.trees.mail.scan_prefix(info.id.to_be_bytes()).keys().collect::<Result<_, _>>().map_err(StoreError::from)?;
+        let mail_keys: Vec<sled::IVec> = self
+            .trees
+            .mail
+            .scan_prefix(info.id.to_be_bytes())
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::from)?;
         let t = &self.trees;
         let key = name_key(owner, name);
         (&t.mailboxes, &t.mailbox_names, &t.mail).transaction(|(mailboxes, names, mail)| {
@@ -132,7 +137,8 @@ impl Store {
             return self.rename_inbox(owner, info, to).await;
         }
         let prefix = format!("{}/", info.name);
-        let mut moving: Vec<MailboxInfo> = self.mailboxes(owner)?.into_iter().filter(|m| m.name.starts_with(&prefix)).collect();
+        let mut moving: Vec<MailboxInfo> =
+            self.mailboxes(owner)?.into_iter().filter(|m| m.name.starts_with(&prefix)).collect();
         moving.push(info.clone());
         let renamed = |m: &MailboxInfo| -> String {
             if m.id == info.id { to.to_string() } else { format!("{to}/{}", &m.name[prefix.len()..]) }
