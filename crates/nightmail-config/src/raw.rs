@@ -344,7 +344,10 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
     let backend = match m.backend.get_ref().as_str() {
         "openai" => {
             let Some(url) = &m.url else {
-                return Err(loc.spanned(spanned, format!("model {address}: backend \"openai\" needs `url` (e.g. \"http://127.0.0.1:8080/v1\")")));
+                return Err(loc.spanned(
+                    spanned,
+                    format!("model {address}: backend \"openai\" needs `url` (e.g. \"http://127.0.0.1:8080/v1\")"),
+                ));
             };
             let text = url.get_ref().trim_end_matches('/').to_string();
             if !(text.starts_with("http://") || text.starts_with("https://")) {
@@ -360,12 +363,17 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
         }
         "local" => {
             let Some(path) = &m.path else {
-                return Err(loc.spanned(spanned, format!("model {address}: backend \"local\" needs `path` (a GGUF file or a model directory)")));
+                return Err(loc.spanned(
+                    spanned,
+                    format!("model {address}: backend \"local\" needs `path` (a GGUF file or a model directory)"),
+                ));
             };
             BackendConfig::Local { path: path.clone(), top_p: m.top_p, top_k: m.top_k, seed: m.seed }
         }
         other => {
-            return Err(loc.spanned(&m.backend, format!("model.backend `{other}` is not known: use \"openai\" or \"local\"")));
+            return Err(
+                loc.spanned(&m.backend, format!("model.backend `{other}` is not known: use \"openai\" or \"local\""))
+            );
         }
     };
     let reasoning_output = match m.reasoning_output.as_ref().map(|r| r.get_ref().as_str()) {

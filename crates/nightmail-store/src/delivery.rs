@@ -162,6 +162,9 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     state: JobState::Queued { not_before: now },
                     progress: None,
                     reply: None,
+                    started_at: None,
+                    triaged: false,
+                    ack: None,
                 };
                 write_job(tx.jobs, tx.queue, None, &job)?;
                 receipt.jobs.push(job.id);
@@ -218,7 +221,11 @@ impl Store {
 
     /// The stored message with this Message-ID that `participant` took part in, if any: how the
     /// worker follows `In-Reply-To` and `References` through a thread.
-    pub fn find_by_message_id(&self, message_id: &str, participant: &Address) -> Result<Option<MessageKey>, StoreError> {
+    pub fn find_by_message_id(
+        &self,
+        message_id: &str,
+        participant: &Address,
+    ) -> Result<Option<MessageKey>, StoreError> {
         let Some(v) = self.trees.message_ids.get(message_id.as_bytes())? else { return Ok(None) };
         let refs: Vec<MessageRef> = decode(MESSAGE_IDS, &v)?;
         Ok(refs.into_iter().find(|r| r.participants.contains(participant)).map(|r| r.key))

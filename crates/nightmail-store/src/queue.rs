@@ -38,6 +38,15 @@ pub struct Job {
     /// The reply delivered when the job finished (schema 3; absent before).
     #[serde(default)]
     pub reply: Option<MessageKey>,
+    /// When the current or last attempt started.
+    #[serde(default)]
+    pub started_at: Option<Timestamp>,
+    /// Looked at by the worker's concierge (acknowledged, or found to be a command).
+    #[serde(default)]
+    pub triaged: bool,
+    /// The Message-ID of the acknowledgement sent for this job, if any.
+    #[serde(default)]
+    pub ack: Option<String>,
 }
 
 /// How far generation has got, saved as it streams so `status` can show it and a crash loses
@@ -189,24 +198,12 @@ impl Store {
                 return Ok(None);
             }
             let id = JobId::from_be_slice(&first[8..]).expect("queue keys are 16 bytes");
-            let token: u64 = rand::random();
-            let leased = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
-                let mut job = read_job(jobs, id)?;
-                if !matches!(job.state, JobState::Queued { .. }) {
-                    // Taken or cancelled since we looked; the index entry is stale.
-                    queue.remove(&first[..])?;
-                    return Ok(None);
+            match self.lease(id, lease_for).await? {
+                Some(leased) => return Ok(Some(leased)),
+                // Taken or cancelled since we looked: the index entry is stale.
+                None => {
+                    self.trees.queue.remove(&first)?;
                 }
-                let old = job.state.clone();
-                job.attempts += 1;
-                job.state =
-                    JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
-                write_job(jobs, queue, Some(&old), &job)?;
-                Ok(Some(job))
-            })?;
-            if let Some(job) = leased {
-                self.flush().await?;
-                return Ok(Some(LeasedJob { job, token }));
             }
         }
     }
@@ -319,6 +316,53 @@ impl Store {
         })?;
         self.flush().await?;
         Ok(result)
+    }
+
+    /// Marks a job triaged, delivering its acknowledgement (if any) in the same transaction.
+    /// A job already finished is left as it is. Returns the job as it now is.
+    pub async fn triage(&self, id: JobId, ack: Option<Incoming>) -> Result<Job, StoreError> {
+        let now = Timestamp::now();
+        let ids = match &ack {
+            Some(m) => self.recipient_ids(m)?,
+            None => Vec::new(),
+        };
+        let job = self.trees.transaction(|tx| {
+            let mut job = read_job(tx.jobs, id)?;
+            if job.triaged || !matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
+                return Ok(job);
+            }
+            job.triaged = true;
+            if let Some(ack) = &ack {
+                deliver_in(tx, ack, &ids, now)?;
+                job.ack = Some(ack.summary.message_id.clone());
+            }
+            let state = job.state.clone();
+            write_job(tx.jobs, tx.queue, Some(&state), &job)?;
+            Ok(job)
+        })?;
+        self.flush().await?;
+        Ok(job)
+    }
+
+    /// Leases one particular queued job, if it is still queued (due or not: the concierge uses
+    /// this to answer commands at once).
+    pub async fn lease(&self, id: JobId, lease_for: Duration) -> Result<Option<LeasedJob>, StoreError> {
+        let now = Timestamp::now();
+        let token: u64 = rand::random();
+        let leased = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+            let mut job = read_job(jobs, id)?;
+            if !matches!(job.state, JobState::Queued { .. }) {
+                return Ok(None);
+            }
+            let old = job.state.clone();
+            job.attempts += 1;
+            job.started_at = Some(now);
+            job.state = JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
+            write_job(jobs, queue, Some(&old), &job)?;
+            Ok(Some(job))
+        })?;
+        self.flush().await?;
+        Ok(leased.map(|job| LeasedJob { job, token }))
     }
 
     /// Cancels a job that has not finished. Returns the job as it now is.

@@ -195,6 +195,9 @@ async fn a_schema_1_store_is_migrated() {
             state,
             progress: None,
             reply: None,
+            started_at: None,
+            triaged: false,
+            ack: None,
         };
         let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
         let done = mk(11, JobState::Done { at: Timestamp(6) });
@@ -233,7 +236,11 @@ fn reply_to(store: &Store, job: &Job, to: Vec<Recipient>) -> Incoming {
         raw: b"Subject: Re: hi\r\n\r\nanswer\r\n".to_vec(),
         sender: Some(job.model.clone()),
         recipients: to,
-        summary: Summary { from: job.model.to_string(), subject: "Re: hi".into(), message_id: format!("<reply-{}@x>", job.id) },
+        summary: Summary {
+            from: job.model.to_string(),
+            subject: "Re: hi".into(),
+            message_id: format!("<reply-{}@x>", job.id),
+        },
         dedupe_id: format!("<reply-{}@x>", job.id),
     }
 }

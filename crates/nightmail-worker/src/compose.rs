@@ -22,8 +22,13 @@ pub struct Audience {
 impl Audience {
     /// Reply-all: to the author (or their Reply-To), copying everyone else who received the
     /// question, minus the models (models do not write to models) and minus duplicates.
-    pub fn reply_all(question: &Mail, envelope_sender: Option<&Address>, is_model: impl Fn(&Address) -> bool) -> Audience {
-        let mut to: Vec<Person> = if !question.reply_to.is_empty() { question.reply_to.clone() } else { question.from.clone() };
+    pub fn reply_all(
+        question: &Mail,
+        envelope_sender: Option<&Address>,
+        is_model: impl Fn(&Address) -> bool,
+    ) -> Audience {
+        let mut to: Vec<Person> =
+            if !question.reply_to.is_empty() { question.reply_to.clone() } else { question.from.clone() };
         if to.is_empty()
             && let Some(sender) = envelope_sender
         {
@@ -50,7 +55,9 @@ pub fn reply_subject(subject: &str) -> String {
     let mut rest = subject.trim();
     loop {
         let lower = rest.to_ascii_lowercase();
-        if let Some(stripped) = ["re:", "aw:", "sv:"].iter().find_map(|p| lower.starts_with(p).then(|| &rest[p.len()..])) {
+        if let Some(stripped) =
+            ["re:", "aw:", "sv:"].iter().find_map(|p| lower.starts_with(p).then(|| &rest[p.len()..]))
+        {
             rest = stripped.trim_start();
         } else {
             break;
@@ -98,12 +105,16 @@ impl Stats<'_> {
 
     fn footer(&self) -> String {
         let o = self.outcome;
-        let reasoning = if o.reasoning_tokens > 0 { format!(" (+{} reasoning)", o.reasoning_tokens) } else { String::new() };
+        let reasoning =
+            if o.reasoning_tokens > 0 { format!(" (+{} reasoning)", o.reasoning_tokens) } else { String::new() };
+        let prompt = match o.prompt_tokens {
+            Some(n) => format!("{n} prompt tokens"),
+            None => "prompt tokens not reported".to_string(),
+        };
         format!(
-            "-- \nnightmail: {} via {}\n{} prompt tokens, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
+            "-- \nnightmail: {} via {}\n{prompt}, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
             self.model_address,
             self.backend,
-            o.prompt_tokens,
             o.output_tokens,
             self.wall.as_secs_f64(),
             self.seconds_per_token()
@@ -168,15 +179,17 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (String, Vec<(&'static str
     }
     body.push_str(&stats.footer());
     let o = stats.outcome;
-    let headers = vec![
+    let mut headers = vec![
         ("X-Nightmail-Job", stats.job.to_string()),
         ("X-Nightmail-Backend", stats.backend.clone()),
-        ("X-Nightmail-Prompt-Tokens", o.prompt_tokens.to_string()),
         ("X-Nightmail-Output-Tokens", o.output_tokens.to_string()),
         ("X-Nightmail-Reasoning-Tokens", o.reasoning_tokens.to_string()),
         ("X-Nightmail-Wall-Seconds", format!("{:.3}", stats.wall.as_secs_f64())),
         ("X-Nightmail-Seconds-Per-Token", format!("{:.4}", stats.seconds_per_token())),
     ];
+    if let Some(n) = o.prompt_tokens {
+        headers.push(("X-Nightmail-Prompt-Tokens", n.to_string()));
+    }
     (body, headers)
 }
 
@@ -199,7 +212,10 @@ mod tests {
 
     #[test]
     fn reply_all_leaves_out_the_model() {
-        let q = parse(b"From: Ann <ann@x.org>\r\nTo: bob@x.org, kimi@n.local\r\nCc: Carol <carol@x.org>, ann@x.org\r\n\r\nhi\r\n").unwrap();
+        let q = parse(
+            b"From: Ann <ann@x.org>\r\nTo: bob@x.org, kimi@n.local\r\nCc: Carol <carol@x.org>, ann@x.org\r\n\r\nhi\r\n",
+        )
+        .unwrap();
         let a = Audience::reply_all(&q, None, kimi);
         let to: Vec<&str> = a.to.iter().map(|p| p.address.as_str()).collect();
         let cc: Vec<&str> = a.cc.iter().map(|p| p.address.as_str()).collect();
@@ -219,10 +235,24 @@ mod tests {
 
     #[test]
     fn a_written_reply_parses_back_threaded() {
-        let parent = parse(b"From: Ann <ann@x.org>\r\nTo: kimi@n.local\r\nSubject: Plans\r\nMessage-ID: <1@x>\r\n\r\nhi\r\n").unwrap();
+        let parent =
+            parse(b"From: Ann <ann@x.org>\r\nTo: kimi@n.local\r\nSubject: Plans\r\nMessage-ID: <1@x>\r\n\r\nhi\r\n")
+                .unwrap();
         let kimi_address = Address::parse("kimi@n.local").unwrap();
-        let outcome = Outcome { content: "Hello Ann.".into(), prompt_tokens: 10, output_tokens: 4, reasoning_tokens: 2, ..Default::default() };
-        let stats = Stats { model_address: &kimi_address, backend: "openai m at http://h".into(), outcome: &outcome, wall: Duration::from_secs(3), job: 7 };
+        let outcome = Outcome {
+            content: "Hello Ann.".into(),
+            prompt_tokens: Some(10),
+            output_tokens: 4,
+            reasoning_tokens: 2,
+            ..Default::default()
+        };
+        let stats = Stats {
+            model_address: &kimi_address,
+            backend: "openai m at http://h".into(),
+            outcome: &outcome,
+            wall: Duration::from_secs(3),
+            job: 7,
+        };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
         let audience = Audience::reply_all(&parent, None, kimi);
         let raw = write(Draft {

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod compose;
+pub mod control;
 pub mod conversation;
 pub mod loop_guard;
 pub mod mail;
@@ -16,7 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightmail_config::{Config, Model, ReasoningOutput};
-use nightmail_store::{Finish, Incoming, Job, JobState, LeasedJob, Progress, Recipient, Retry, RetryPolicy, Store, StoreError, Summary};
+use nightmail_store::{
+    Finish, Incoming, Job, JobState, LeasedJob, Progress, Recipient, Retry, RetryPolicy, Store, StoreError, Summary,
+};
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::{mpsc, watch};
 
@@ -43,32 +46,13 @@ pub fn backends(config: &Config) -> Backends {
                 let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
                 Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
             }
-            nightmail_config::BackendConfig::Local { .. } => {
-                tracing::warn!(model = %model.address, "backend \"local\" is not built into this nightmail yet: its jobs will fail with a notice");
-                Arc::new(Unavailable("the local engine is not available in this build".into()))
+            nightmail_config::BackendConfig::Local { path, top_p, top_k, seed } => {
+                Arc::new(backend::local::Local::new(path.clone(), *top_p, *top_k, *seed))
             }
         };
         map.insert(model.address.clone(), backend);
     }
     map
-}
-
-/// A backend that cannot run: every job fails for good with its reason.
-struct Unavailable(String);
-
-impl Backend for Unavailable {
-    fn describe(&self) -> String {
-        "unavailable".into()
-    }
-
-    fn generate<'a>(
-        &'a self,
-        _: &'a Request,
-        _: mpsc::UnboundedSender<Event>,
-        _: watch::Receiver<bool>,
-    ) -> backend::BoxFuture<'a, Result<Outcome, BackendError>> {
-        Box::pin(async move { Err(BackendError::Permanent(self.0.clone())) })
-    }
 }
 
 #[derive(Clone)]
@@ -93,7 +77,10 @@ impl Worker {
     /// Answers jobs until `stop` turns true, `concurrency` at a time.
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let slots = self.config.worker.concurrency;
-        let tasks: Vec<_> = (0..slots).map(|_| tokio::spawn(self.clone().run_one(stop.clone()))).collect();
+        let mut tasks: Vec<_> = (0..slots).map(|_| tokio::spawn(self.clone().run_one(stop.clone()))).collect();
+        if slots > 0 {
+            tasks.push(tokio::spawn(self.clone().concierge(stop.clone())));
+        }
         for task in tasks {
             let _ = task.await;
         }
@@ -147,9 +134,17 @@ impl Worker {
             tracing::info!(job = %job.id, "not answering: {reason}");
             return self.give_up(leased, &format!("not answered: {reason}"), None).await;
         }
+        if let Some(command) = control::classify(&question) {
+            return self.command(leased, &model, &question, command).await;
+        }
+        if !job.triaged {
+            let ack = self.acknowledgement(&job, &model, &question)?;
+            self.store.triage(job.id, ack).await?;
+        }
 
         let thread = self.thread(&question, job.sender.as_ref())?;
-        let conversation = conversation::build(model.system_prompt.as_deref(), &thread, &question, |a| self.is_model(a));
+        let conversation =
+            conversation::build(model.system_prompt.as_deref(), &thread, &question, |a| self.is_model(a));
         let options = &conversation.options;
         let request = Request {
             turns: conversation.turns.clone(),
@@ -183,9 +178,19 @@ impl Worker {
                     job: job.id.0,
                 };
                 let (body, headers) = compose::answer(&stats, &notes);
-                let attachment = (model.reasoning_output == ReasoningOutput::Attach && !outcome.reasoning.trim().is_empty())
-                    .then(|| ("reasoning.txt", outcome.reasoning.clone()));
-                let reply = self.reply(&job, &model, &question, body, headers, attachment)?;
+                let attachment = (model.reasoning_output == ReasoningOutput::Attach
+                    && !outcome.reasoning.trim().is_empty())
+                .then(|| ("reasoning.txt", outcome.reasoning.clone()));
+                let reply = self.message(&job, &model, &question, body, headers, attachment, None)?;
+                let mut leased = leased;
+                let totals = Progress {
+                    prompt_tokens: outcome.prompt_tokens.unwrap_or(0),
+                    output_tokens: outcome.output_tokens,
+                    reasoning_tokens: outcome.reasoning_tokens,
+                    partial_text: String::new(),
+                    updated_at: Timestamp::now(),
+                };
+                self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
                 tracing::info!(job = %done.id, tokens = outcome.output_tokens, delivered = ?receipt.map(|r| r.mail.len()), "answered");
                 Ok(())
@@ -199,12 +204,163 @@ impl Worker {
                 let tries = leased.job().attempts;
                 let why = format!("{e} (attempt {tries} of {})", self.policy.max_attempts);
                 let notice = self.notice(&job, &model, Some(&question), &why)?;
-                let (job, _) =
-                    self.store.finish(leased, Finish::Failed { reason: e.to_string(), retry, notice }, &self.policy).await?;
+                let (job, _) = self
+                    .store
+                    .finish(leased, Finish::Failed { reason: e.to_string(), retry, notice }, &self.policy)
+                    .await?;
                 tracing::warn!(job = %job.id, state = job.state.name(), "attempt failed: {e}");
                 Ok(())
             }
         }
+    }
+
+    /// Looks at newly queued jobs while the answering tasks are busy: answers commands (`status`,
+    /// `cancel`) at once and acknowledges questions, so neither waits behind a days-long answer.
+    async fn concierge(self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            if let Err(e) = self.triage_queue().await {
+                tracing::error!("concierge: {e}");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL * 2) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    async fn triage_queue(&self) -> Result<(), StoreError> {
+        for job in self.store.jobs()? {
+            if job.triaged || !matches!(job.state, JobState::Queued { .. }) {
+                continue;
+            }
+            let (Some(model), Some(raw)) = (self.config.model(&job.model).cloned(), self.store.message(job.message)?)
+            else {
+                self.store.triage(job.id, None).await?;
+                continue;
+            };
+            let Ok(question) = mail::parse(&raw) else {
+                self.store.triage(job.id, None).await?;
+                continue;
+            };
+            if self.refusal(&job, &question)?.is_some() {
+                self.store.triage(job.id, None).await?;
+                continue;
+            }
+            if let Some(command) = control::classify(&question) {
+                if let Some(leased) = self.store.lease(job.id, self.config.worker.lease).await? {
+                    self.command(leased, &model, &question, command).await?;
+                }
+                continue;
+            }
+            let ack = self.acknowledgement(&job, &model, &question)?;
+            self.store.triage(job.id, ack).await?;
+        }
+        Ok(())
+    }
+
+    /// The acknowledgement of a new question, if the model sends them.
+    fn acknowledgement(&self, job: &Job, model: &Model, question: &Mail) -> Result<Option<Incoming>, StoreError> {
+        if !model.ack || job.sender.is_none() {
+            return Ok(None);
+        }
+        let jobs = self.store.jobs()?;
+        let ahead = jobs
+            .iter()
+            .filter(|j| j.model == job.model && j.id != job.id && j.created_at <= job.created_at)
+            .filter(|j| matches!(j.state, JobState::Queued { .. } | JobState::Running { .. }))
+            .count();
+        let typical = typical_answer_time(&jobs, &job.model);
+        let when = match (ahead, typical) {
+            (0, Some(t)) => format!("It is next; answers have taken about {} lately.", human_duration(t)),
+            (0, None) => "It is next in the queue.".to_string(),
+            (n, Some(t)) => format!(
+                "{n} question(s) are ahead of it: it should start in about {} and take about {} (from recent answers).",
+                human_duration(t * n as u32),
+                human_duration(t)
+            ),
+            (n, None) => format!("{n} question(s) are ahead of it; there is no timing yet to estimate from."),
+        };
+        let body = format!(
+            "Your question \"{}\" is queued for {} as job {}.\n{when}\n\nReply to this message with \"cancel\" to cancel it, or send a message with the subject \"status\" to see the queue.\n\n-- \nnightmail\n",
+            question.subject, model.address, job.id
+        );
+        let message_id = control::ack_message_id(job.id, &self.config.hostname);
+        self.message(job, model, question, body, vec![("X-Nightmail-Job", job.id.to_string())], None, Some(message_id))
+            .map(Some)
+    }
+
+    /// Answers a command mail and ends its job.
+    async fn command(
+        &self,
+        leased: LeasedJob,
+        model: &Model,
+        question: &Mail,
+        command: control::Command,
+    ) -> Result<(), StoreError> {
+        let job = leased.job().clone();
+        let text = match command {
+            control::Command::Status => self.status_text(&job)?,
+            control::Command::Cancel { target, ack_id } => match self.store.job(target)? {
+                Some(t) if t.ack.as_deref() == Some(ack_id.as_str()) && t.sender == job.sender => {
+                    let after = self.store.cancel(target).await?;
+                    match after.state {
+                        JobState::Cancelled { .. } => {
+                            format!("Cancelled job {target} (\"{}\"). No answer will be sent.", t.subject)
+                        }
+                        other => format!(
+                            "Job {target} (\"{}\") had already ended ({}); nothing to cancel.",
+                            t.subject,
+                            other.name()
+                        ),
+                    }
+                }
+                _ => format!("There is no question of yours to cancel behind {ack_id}."),
+            },
+        };
+        let body = format!("{text}\n\n-- \nnightmail\n");
+        let reply =
+            self.message(&job, model, question, body, vec![("X-Nightmail-Job", job.id.to_string())], None, None)?;
+        self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
+        Ok(())
+    }
+
+    fn status_text(&self, job: &Job) -> Result<String, StoreError> {
+        let jobs = self.store.jobs()?;
+        let now = Timestamp::now();
+        let mut mine = Vec::new();
+        let mut others = 0;
+        for j in jobs
+            .iter()
+            .filter(|j| j.id != job.id && matches!(j.state, JobState::Queued { .. } | JobState::Running { .. }))
+        {
+            if j.sender == job.sender {
+                let progress =
+                    j.progress.as_ref().map(|p| format!(", {} tokens so far", p.output_tokens)).unwrap_or_default();
+                mine.push(format!(
+                    "  job {}  {}  \"{}\" to {}, {} old{progress}",
+                    j.id,
+                    j.state.name(),
+                    j.subject,
+                    j.model,
+                    human_duration(now.since(j.created_at))
+                ));
+            } else {
+                others += 1;
+            }
+        }
+        let mut text = String::from("The queue now:\n\n");
+        if mine.is_empty() {
+            text.push_str("You have no questions waiting or being answered.\n");
+        } else {
+            text.push_str("Your questions:\n");
+            text.push_str(&mine.join("\n"));
+            text.push('\n');
+        }
+        text.push_str(&format!("Other people's questions waiting or being answered: {others}\n"));
+        if let Some(t) = typical_answer_time(&jobs, &job.model) {
+            text.push_str(&format!("Answers from {} have taken about {} lately.\n", job.model, human_duration(t)));
+        }
+        Ok(text)
     }
 
     /// Streams the backend's answer, saving progress and renewing the lease as it comes. Returns
@@ -245,7 +401,7 @@ impl Worker {
                         last_save = Instant::now();
                     }
                 }
-                _ = tokio::time::sleep(lease / 3), if last_renew.elapsed() >= lease / 3 => {}
+                _ = tokio::time::sleep_until((last_renew + lease / 3).into()) => {}
                 _ = stop.changed() => { let _ = halt_tx.send(true); }
             }
             if last_renew.elapsed() >= lease / 3 {
@@ -308,8 +464,9 @@ impl Worker {
         Ok(thread)
     }
 
-    /// A message from the model to the question's audience.
-    fn reply(
+    /// A message from the model to the question's audience (reply-all), threaded under it.
+    #[allow(clippy::too_many_arguments)]
+    fn message(
         &self,
         job: &Job,
         model: &Model,
@@ -317,27 +474,27 @@ impl Worker {
         body: String,
         headers: Vec<(&'static str, String)>,
         attachment: Option<(&'static str, String)>,
+        message_id: Option<String>,
     ) -> Result<Incoming, StoreError> {
         let audience = Audience::reply_all(question, job.sender.as_ref(), |a| self.is_model(a));
-        let message_id = compose::new_message_id("reply", job.id.0, &self.config.hostname);
-        let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
-        let subject = compose::reply_subject(&question.subject);
-        let raw = compose::write(Draft {
-            from: (&name, &model.address),
-            audience: &audience,
-            subject: subject.clone(),
-            message_id: message_id.clone(),
-            parent: question,
-            body,
-            headers,
-            attachment,
-        });
-        Ok(self.outgoing(job, model, &name, raw, &audience, subject, message_id)?)
+        let message_id =
+            message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.config.hostname));
+        self.outgoing(model, &audience, question, body, headers, attachment, message_id)
     }
 
     /// A failure notice to the asker, threaded under the question when it could be read.
-    fn notice(&self, job: &Job, model: &Model, question: Option<&Mail>, why: &str) -> Result<Option<Incoming>, StoreError> {
-        let fallback = Mail { subject: job.subject.clone(), message_id: Some(job.message_id.clone()).filter(|s| !s.is_empty()), ..Mail::default() };
+    fn notice(
+        &self,
+        job: &Job,
+        model: &Model,
+        question: Option<&Mail>,
+        why: &str,
+    ) -> Result<Option<Incoming>, StoreError> {
+        let fallback = Mail {
+            subject: job.subject.clone(),
+            message_id: Some(job.message_id.clone()).filter(|s| !s.is_empty()),
+            ..Mail::default()
+        };
         let question = question.unwrap_or(&fallback);
         let audience = match &job.sender {
             Some(sender) => Audience { to: vec![mail::Person { address: sender.clone(), name: None }], cc: Vec::new() },
@@ -347,38 +504,38 @@ impl Worker {
             return Ok(None);
         }
         let message_id = compose::new_message_id("failure", job.id.0, &self.config.hostname);
-        let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
-        let subject = compose::reply_subject(&question.subject);
         let body = format!(
-            "Your question could not be answered.\n\nReason: {why}\n\nJob {} for {}, received {}. Send the question again to retry.\n\n-- \nnightmail\n",
-            job.id,
-            model.address,
-            job.created_at.0 / 1000,
+            "Your question could not be answered.\n\nReason: {why}\n\nJob {} for {}. Send the question again to retry.\n\n-- \nnightmail\n",
+            job.id, model.address,
         );
-        let raw = compose::write(Draft {
-            from: (&name, &model.address),
-            audience: &audience,
-            subject: subject.clone(),
-            message_id: message_id.clone(),
-            parent: question,
-            body,
-            headers: vec![("X-Nightmail-Job", job.id.to_string()), ("X-Nightmail-Failure", why.to_string())],
-            attachment: None,
-        });
-        Ok(Some(self.outgoing(job, model, &name, raw, &audience, subject, message_id)?))
+        let headers = vec![("X-Nightmail-Job", job.id.to_string()), ("X-Nightmail-Failure", why.to_string())];
+        Ok(Some(self.outgoing(model, &audience, question, body, headers, None, message_id)?))
     }
 
+    /// Writes a message from `model` to `audience`, threaded under `parent`, ready to deliver.
     #[allow(clippy::too_many_arguments)]
     fn outgoing(
         &self,
-        _job: &Job,
         model: &Model,
-        name: &str,
-        raw: Vec<u8>,
         audience: &Audience,
-        subject: String,
+        parent: &Mail,
+        body: String,
+        headers: Vec<(&'static str, String)>,
+        attachment: Option<(&'static str, String)>,
         message_id: String,
     ) -> Result<Incoming, StoreError> {
+        let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
+        let subject = compose::reply_subject(&parent.subject);
+        let raw = compose::write(Draft {
+            from: (&name, &model.address),
+            audience,
+            subject: subject.clone(),
+            message_id: message_id.clone(),
+            parent,
+            body,
+            headers,
+            attachment,
+        });
         let recipients = audience
             .everyone()
             .filter(|p| !self.is_model(&p.address))
@@ -414,5 +571,29 @@ fn lost<T>(e: StoreError) -> Result<Option<T>, StoreError> {
             Ok(None)
         }
         other => Err(other),
+    }
+}
+
+/// The mean time of the last five answers from `model` (from start to done).
+fn typical_answer_time(jobs: &[Job], model: &Address) -> Option<Duration> {
+    let mut times: Vec<(Timestamp, Duration)> = jobs
+        .iter()
+        .filter(|j| &j.model == model && j.reply.is_some())
+        .filter_map(|j| match (j.state.clone(), j.started_at) {
+            (JobState::Done { at }, Some(start)) => Some((at, at.since(start))),
+            _ => None,
+        })
+        .collect();
+    times.sort_by_key(|(at, _)| *at);
+    let recent: Vec<Duration> = times.iter().rev().take(5).map(|(_, d)| *d).collect();
+    (!recent.is_empty()).then(|| recent.iter().sum::<Duration>() / recent.len() as u32)
+}
+
+fn human_duration(d: Duration) -> String {
+    match d.as_secs() {
+        s if s < 90 => format!("{s} s"),
+        s if s < 5400 => format!("{} min", (s + 30) / 60),
+        s if s < 172_800 => format!("{:.1} h", s as f64 / 3600.0),
+        s => format!("{:.1} days", s as f64 / 86_400.0),
     }
 }

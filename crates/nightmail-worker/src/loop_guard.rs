@@ -32,7 +32,10 @@ pub fn refuse(signs: &Signs<'_>, is_model: impl Fn(&Address) -> bool) -> Option<
     for address in senders {
         let local = address.local_part();
         let robotic = ["mailer-daemon", "postmaster", "noreply", "no-reply", "no_reply", "donotreply", "do-not-reply"];
-        if robotic.iter().any(|r| local == *r || local.starts_with(&format!("{r}+")) || local.starts_with(&format!("{r}-"))) {
+        if robotic
+            .iter()
+            .any(|r| local == *r || local.starts_with(&format!("{r}+")) || local.starts_with(&format!("{r}-")))
+        {
             return Some(format!("{address} is an automatic sender"));
         }
     }
@@ -77,7 +80,12 @@ mod tests {
     #[test]
     fn a_person_is_answered() {
         let me = a("me@nightmail.local");
-        let signs = Signs { envelope_sender: Some(&me), from: vec![me.clone()], auto_submitted: Some("no"), ..Default::default() };
+        let signs = Signs {
+            envelope_sender: Some(&me),
+            from: vec![me.clone()],
+            auto_submitted: Some("no"),
+            ..Default::default()
+        };
         assert_eq!(check(signs), None);
     }
 
@@ -89,7 +97,8 @@ mod tests {
         let model = a("kimi@nightmail.local");
         assert!(check(Signs { envelope_sender: Some(&model), ..base() }).unwrap().contains("models do not answer"));
         assert!(check(Signs { from: vec![model.clone()], ..base() }).unwrap().contains("models do not answer"));
-        for robot in ["MAILER-DAEMON@x.org", "noreply@x.org", "no-reply@x.org", "donotreply@x.org", "postmaster@x.org"] {
+        for robot in ["MAILER-DAEMON@x.org", "noreply@x.org", "no-reply@x.org", "donotreply@x.org", "postmaster@x.org"]
+        {
             assert!(check(Signs { from: vec![a(robot)], ..base() }).unwrap().contains("automatic sender"), "{robot}");
         }
         assert!(check(Signs { auto_submitted: Some("auto-replied"), ..base() }).unwrap().contains("Auto-Submitted"));

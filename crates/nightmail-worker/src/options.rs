@@ -31,21 +31,38 @@ pub fn parse(body: &str) -> (MailOptions, String) {
         let (name, value) = option.split_once(char::is_whitespace).unwrap_or((option, ""));
         let value = value.trim();
         let name = name.to_ascii_lowercase().replace('_', "-");
-        let understood = match name.as_str() {
-            "reasoning" | "think" | "thinking" => match value.to_ascii_lowercase().as_str() {
-                "" | "on" | "yes" | "true" => Some(options.reasoning = Some(true)),
-                "off" | "no" | "false" => Some(options.reasoning = Some(false)),
-                _ => None,
-            },
-            "no-reasoning" | "no-think" => Some(options.reasoning = Some(false)),
-            "max-tokens" | "max" | "length" => {
-                value.parse::<u32>().ok().filter(|&n| n > 0).map(|n| options.max_tokens = Some(n.min(MAX_TOKENS_LIMIT)))
-            }
-            "temperature" => value.parse::<f32>().ok().filter(|t| (0.0..=2.0).contains(t)).map(|t| options.temperature = Some(t)),
-            "model" if !value.is_empty() => Some(options.model = Some(value.to_string())),
+        let on_off = match value.to_ascii_lowercase().as_str() {
+            "" | "on" | "yes" | "true" => Some(true),
+            "off" | "no" | "false" => Some(false),
             _ => None,
         };
-        if understood.is_none() {
+        let understood = match name.as_str() {
+            "reasoning" | "think" | "thinking" => on_off.map(|on| options.reasoning = Some(on)).is_some(),
+            "no-reasoning" | "no-think" => {
+                options.reasoning = Some(false);
+                true
+            }
+            "max-tokens" | "max" | "length" => match value.parse::<u32>() {
+                Ok(n) if n > 0 => {
+                    options.max_tokens = Some(n.min(MAX_TOKENS_LIMIT));
+                    true
+                }
+                _ => false,
+            },
+            "temperature" => match value.parse::<f32>() {
+                Ok(t) if (0.0..=2.0).contains(&t) => {
+                    options.temperature = Some(t);
+                    true
+                }
+                _ => false,
+            },
+            "model" if !value.is_empty() => {
+                options.model = Some(value.to_string());
+                true
+            }
+            _ => false,
+        };
+        if !understood {
             options.unknown.push(bare.to_string());
         }
         rest_start += line.len();
@@ -59,7 +76,8 @@ mod tests {
 
     #[test]
     fn leading_option_lines_are_read_and_removed() {
-        let (o, rest) = parse("\n@reasoning off\n@max-tokens 200\n@temperature 0\n@model qwen3\nWhat is 2+2?\n@not an option here");
+        let (o, rest) =
+            parse("\n@reasoning off\n@max-tokens 200\n@temperature 0\n@model qwen3\nWhat is 2+2?\n@not an option here");
         assert_eq!(o.reasoning, Some(false));
         assert_eq!(o.max_tokens, Some(200));
         assert_eq!(o.temperature, Some(0.0));

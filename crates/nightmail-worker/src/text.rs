@@ -41,7 +41,8 @@ pub fn drop_repeated_quotes(text: &str, earlier: &[String]) -> String {
         }
         let quoted: String = lines[start..i].iter().map(|l| unquote(l)).collect::<Vec<_>>().join("\n");
         let quoted = normalize(&quoted);
-        let repeats = !quoted.is_empty() && earlier.iter().any(|e| e.contains(&quoted) || quoted.contains(e.as_str()) && !e.is_empty());
+        let repeats = !quoted.is_empty()
+            && earlier.iter().any(|e| e.contains(&quoted) || quoted.contains(e.as_str()) && !e.is_empty());
         if repeats {
             // Also drop the attribution line ("On Mon, Ann wrote:") and blank lines before it.
             while out.last().is_some_and(|l| l.trim().is_empty()) {

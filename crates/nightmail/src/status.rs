@@ -26,8 +26,13 @@ pub struct JobView {
     pub created_at_ms: u64,
     pub age_secs: u64,
     pub attempts: u32,
+    /// Answer tokens generated so far (or in the end).
+    pub tokens_generated: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The Message-ID of the acknowledgement sent for this job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack: Option<String>,
 }
 
 impl JobView {
@@ -42,6 +47,8 @@ impl JobView {
             created_at_ms: job.created_at.0,
             age_secs: now.since(job.created_at).as_secs(),
             attempts: job.attempts,
+            tokens_generated: job.progress.as_ref().map_or(0, |p| p.output_tokens),
+            ack: job.ack.clone(),
             reason: match &job.state {
                 JobState::Failed { reason, .. } => Some(reason.clone()),
                 _ => None,

@@ -2,6 +2,7 @@
 //! reasoning arrive as separate [`Event`]s so the worker can save progress as it goes, and a stop
 //! signal ends generation between tokens.
 
+pub mod local;
 pub mod openai;
 mod think;
 
@@ -38,7 +39,8 @@ pub enum Event {
 pub struct Outcome {
     pub content: String,
     pub reasoning: String,
-    pub prompt_tokens: u64,
+    /// `None` when the server did not report usage (llama-cpp-python's stream does not).
+    pub prompt_tokens: Option<u64>,
     /// Answer tokens, reasoning not included.
     pub output_tokens: u64,
     pub reasoning_tokens: u64,

@@ -28,7 +28,14 @@ impl OpenAi {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .expect("an HTTP client with default TLS settings builds");
-        OpenAi { client, url: url.trim_end_matches('/').to_string(), model: model.to_string(), api_key, timeout, retries }
+        OpenAi {
+            client,
+            url: url.trim_end_matches('/').to_string(),
+            model: model.to_string(),
+            api_key,
+            timeout,
+            retries,
+        }
     }
 
     fn body(&self, request: &Request) -> Value {
@@ -99,7 +106,8 @@ impl OpenAi {
         let body = self.body(request);
         let response = self.send(&body, &mut stop).await?;
         let mut stream = response.bytes_stream().eventsource();
-        let mut outcome = Outcome { model: request.model.clone().unwrap_or_else(|| self.model.clone()), ..Outcome::default() };
+        let mut outcome =
+            Outcome { model: request.model.clone().unwrap_or_else(|| self.model.clone()), ..Outcome::default() };
         let mut think = ThinkSplitter::default();
         let (mut content_chunks, mut reasoning_chunks) = (0u64, 0u64);
         let mut usage_seen = false;
@@ -131,10 +139,9 @@ impl OpenAi {
             }
             if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
                 usage_seen = true;
-                outcome.prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0);
+                outcome.prompt_tokens = usage["prompt_tokens"].as_u64();
                 let completion = usage["completion_tokens"].as_u64().unwrap_or(0);
-                outcome.reasoning_tokens =
-                    usage["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0);
+                outcome.reasoning_tokens = usage["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0);
                 outcome.output_tokens = completion.saturating_sub(outcome.reasoning_tokens);
             }
             let Some(choice) = chunk["choices"].get(0) else { continue };
@@ -191,5 +198,142 @@ impl Backend for OpenAi {
         stop: watch::Receiver<bool>,
     ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
         Box::pin(self.run(request, events, stop))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against an in-process stand-in for an OpenAI-compatible server, speaking plain HTTP/1.1:
+    //! the real-server test (llama.cpp's server) is in the workspace's tests/worker.rs.
+    use super::*;
+    use crate::conversation::{Role, Turn};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves each canned response to one connection, in order; returns the base URL and the
+    /// request bodies received.
+    async fn stub(responses: Vec<String>) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut bodies = Vec::new();
+            for response in responses {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Read the head, then Content-Length bytes of body.
+                let body = loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length: usize = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break String::from_utf8_lossy(&request[end + 4..end + 4 + length]).to_string();
+                        }
+                    }
+                };
+                bodies.push(body);
+                socket.write_all(response.as_bytes()).await.unwrap();
+                socket.shutdown().await.unwrap();
+            }
+            bodies
+        });
+        (url, task)
+    }
+
+    fn sse(chunks: &[&str]) -> String {
+        let body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect::<String>() + "data: [DONE]\n\n";
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn status(code: u16, text: &str) -> String {
+        format!(
+            "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+            text.len()
+        )
+    }
+
+    fn request() -> Request {
+        Request {
+            turns: vec![
+                Turn { role: Role::System, content: "sys".into() },
+                Turn { role: Role::User, content: "2+2?".into() },
+            ],
+            max_tokens: 64,
+            temperature: 0.0,
+            reasoning: Some(true),
+            model: None,
+        }
+    }
+
+    async fn run(backend: &OpenAi) -> (Result<Outcome, BackendError>, Vec<Event>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (_stop_tx, stop) = watch::channel(false);
+        let result = backend.generate(&request(), tx, stop).await;
+        let mut events = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        (result, events)
+    }
+
+    #[tokio::test]
+    async fn streams_content_and_keeps_reasoning_apart() {
+        let (url, server) = stub(vec![sse(&[
+            r#"{"choices":[{"delta":{"reasoning_content":"add them"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"<think>hmm</think>The answer"}}]}"#,
+            r#"{"choices":[{"delta":{"content":" is 4."},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":3}}}"#,
+        ])])
+        .await;
+        let backend = OpenAi::new(&url, "m", Some("k".into()), Duration::from_secs(10), 0);
+        let (result, events) = run(&backend).await;
+        let outcome = result.unwrap();
+        assert_eq!(outcome.content, "The answer is 4.");
+        assert_eq!(outcome.reasoning, "add themhmm");
+        assert_eq!((outcome.prompt_tokens, outcome.output_tokens, outcome.reasoning_tokens), (Some(12), 6, 3));
+        assert_eq!(outcome.finish_reason, "stop");
+        assert_eq!(events.first(), Some(&Event::Reasoning("add them".into())));
+        let body: Value = serde_json::from_str(&server.await.unwrap()[0]).unwrap();
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["messages"][1], json!({"role": "user", "content": "2+2?"}));
+        assert_eq!(body["chat_template_kwargs"]["enable_thinking"], true);
+    }
+
+    #[tokio::test]
+    async fn server_errors_are_retried_and_client_errors_are_not() {
+        let (url, server) =
+            stub(vec![status(503, "busy"), sse(&[r#"{"choices":[{"delta":{"content":"ok"}}]}"#])]).await;
+        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 1);
+        let (result, _) = run(&backend).await;
+        assert_eq!(result.unwrap().content, "ok");
+        assert_eq!(server.await.unwrap().len(), 2);
+
+        let (url, _server) = stub(vec![status(400, r#"{"error":"bad model"}"#)]).await;
+        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 3);
+        let (result, _) = run(&backend).await;
+        assert!(
+            matches!(result, Err(BackendError::Permanent(ref m)) if m.contains("400") && m.contains("bad model")),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_transient() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let backend = OpenAi::new(&format!("http://127.0.0.1:{port}/v1"), "m", None, Duration::from_secs(5), 0);
+        let (result, _) = run(&backend).await;
+        assert!(matches!(result, Err(BackendError::Transient(_))), "{result:?}");
     }
 }
