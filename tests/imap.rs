@@ -7,7 +7,6 @@ mod common;
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use async_imap::types::Fetch;
@@ -617,54 +616,6 @@ fn curl_lists_fetches_and_searches() {
     assert!(search.contains("* SEARCH 1"), "{search}");
 }
 
-/// A tmux session running mutt, read with capture-pane.
-struct Tmux {
-    name: String,
-}
-
-impl Tmux {
-    fn start(name: &str, command: &str, dir: &std::path::Path) -> Tmux {
-        let status = external("tmux", "tmux")
-            .args(["new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c"])
-            .arg(dir)
-            .arg(command)
-            .env("HOME", dir)
-            .env("TERM", "xterm")
-            .status()
-            .unwrap();
-        assert!(status.success());
-        Tmux { name: name.to_string() }
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = Command::new("tmux").args(["send-keys", "-t", &self.name]).args(keys).status().unwrap();
-        assert!(status.success());
-    }
-
-    fn wait_for(&self, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let screen = self.screen();
-            if screen.contains(what) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "mutt never showed {what:?}; screen:\n{screen}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).status();
-    }
-}
-
 #[test]
 fn mutt_opens_inbox_shows_reads_and_saves_a_sent_copy() {
     let daemon = Daemon::start();
@@ -685,7 +636,7 @@ set confirmappend=no\nset abort_unmodified=no\nset editor=true\nset edit_headers
     .unwrap();
     external("mutt", "mutt");
     let name = format!("mutt{}", std::process::id());
-    let tmux = Tmux::start(&name, &format!("mutt -n -F {}", rc.display()), dir);
+    let tmux = common::Tmux::start(&name, &format!("mutt -n -F {}", rc.display()), dir);
     tmux.wait_for("Question for mutt");
     tmux.keys(&["Enter"]);
     tmux.wait_for("the body mutt opens");

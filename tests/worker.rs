@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, eventually};
+use common::{Daemon, eventually, external};
 use nightmail_store::Store;
 
 /// Sends `message` (headers and body, CRLF) from me@ to the model with smtplib-like raw SMTP.
@@ -319,4 +319,114 @@ fn a_missing_model_file_fails_the_job_with_a_notice() {
     let mail = inbox(&daemon, "me");
     assert_eq!(mail.len(), 1);
     assert!(mail[0].contains("no-such-model.gguf"), "the notice names the file: {}", mail[0]);
+}
+
+/// The whole loop with real clients: Python's smtplib asks (copying the asker, so the question is in
+/// the INBOX too), Python's imaplib and async-imap find the reply threaded under it, and mutt's
+/// thread view shows it beneath the question.
+#[test]
+fn the_reply_is_threaded_for_imaplib_async_imap_and_mutt() {
+    let model = common::demo_model();
+    let daemon = Daemon::start_with(|dir| local_config(dir, &model));
+    let script = r#"
+import imaplib, os, smtplib, sys, time
+from email.message import EmailMessage
+q = EmailMessage()
+q["From"] = "Me <me@nightmail.test>"
+q["To"] = "kimi@nightmail.test"
+q["Cc"] = "me@nightmail.test"
+q["Subject"] = "Loop question"
+q["Message-ID"] = "<loop-q@client.test>"
+q.set_content("What is the capital of France?")
+with smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]), timeout=30) as s:
+    s.login("me", os.environ["PASSWORD"])
+    s.send_message(q)
+m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
+m.login("me", os.environ["PASSWORD"])
+deadline = time.time() + 300
+while True:
+    typ, data = m.select("INBOX", readonly=True)
+    if int(data[0]) >= 2:
+        break
+    if time.time() > deadline:
+        sys.exit("no reply within 300 s")
+    time.sleep(0.2)
+typ, data = m.search(None, "HEADER", "In-Reply-To", "loop-q@client.test")
+(num,) = data[0].split()
+typ, data = m.fetch(num, "(BODY.PEEK[HEADER.FIELDS (SUBJECT IN-REPLY-TO REFERENCES AUTO-SUBMITTED FROM)])")
+print(data[0][1].decode().replace("\r\n", "\n").strip())
+m.logout()
+"#;
+    let out = external_python(&daemon, script);
+    assert!(out.contains("Subject: Re: Loop question"), "{out}");
+    assert!(out.contains("In-Reply-To: <loop-q@client.test>"), "{out}");
+    assert!(out.contains("References: <loop-q@client.test>"), "{out}");
+    assert!(out.contains("Auto-Submitted: auto-replied"), "{out}");
+    assert!(out.contains("<kimi@nightmail.test>"), "{out}");
+
+    // async-imap sees the same threading in the ENVELOPE.
+    let imap = daemon.imap;
+    let envelope = tokio::runtime::Runtime::new().unwrap().block_on(async move {
+        use futures::TryStreamExt;
+        let tcp = tokio::net::TcpStream::connect(imap).await.unwrap();
+        let mut client = async_imap::Client::new(tcp);
+        client.read_response().await.unwrap().unwrap();
+        let mut session = client.login("me", common::PASSWORD).await.map_err(|(e, _)| e).unwrap();
+        session.examine("INBOX").await.unwrap();
+        let fetches: Vec<_> = session.fetch("1:*", "ENVELOPE").await.unwrap().try_collect().await.unwrap();
+        let found = fetches.iter().find_map(|f| {
+            let env = f.envelope()?;
+            let parent = env.in_reply_to.as_ref()?;
+            let subject = env.subject.as_ref().map(|s| String::from_utf8_lossy(s).into_owned());
+            Some((String::from_utf8_lossy(parent).into_owned(), subject))
+        });
+        session.logout().await.unwrap();
+        found
+    });
+    assert_eq!(envelope, Some(("<loop-q@client.test>".to_string(), Some("Re: Loop question".to_string()))));
+
+    // mutt, sorting by thread, draws the reply beneath the question.
+    let dir = daemon.dir.path();
+    let rc = dir.join("muttrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{}\"\nset ssl_starttls=no\nset ssl_force_tls=no\n\
+set sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\n",
+            daemon.imap.port(),
+            common::PASSWORD
+        ),
+    )
+    .unwrap();
+    external("mutt", "mutt");
+    let tmux =
+        common::Tmux::start(&format!("loop{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    tmux.wait_for("Loop question");
+    let screen = tmux.screen();
+    let lines: Vec<&str> = screen.lines().collect();
+    let question = lines.iter().position(|l| l.contains(" Loop question")).unwrap_or_else(|| panic!("{screen}"));
+    let reply = lines
+        .iter()
+        .position(|l| l.contains("->") || l.contains("─>"))
+        .unwrap_or_else(|| panic!("no thread arrow: {screen}"));
+    assert_eq!(reply, question + 1, "the reply is drawn right under the question:\n{screen}");
+    tmux.keys(&["q"]);
+}
+
+fn external_python(daemon: &Daemon, script: &str) -> String {
+    let out = external("python3", "python3")
+        .arg("-c")
+        .arg(script)
+        .env("SMTP", daemon.smtp.port().to_string())
+        .env("IMAP", daemon.imap.port().to_string())
+        .env("PASSWORD", common::PASSWORD)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }

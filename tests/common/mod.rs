@@ -402,3 +402,51 @@ impl RecordingProxy {
             .collect()
     }
 }
+
+/// A tmux session running mutt, read with capture-pane.
+pub struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    pub fn start(name: &str, command: &str, dir: &std::path::Path) -> Tmux {
+        let status = external("tmux", "tmux")
+            .args(["new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c"])
+            .arg(dir)
+            .arg(command)
+            .env("HOME", dir)
+            .env("TERM", "xterm")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Tmux { name: name.to_string() }
+    }
+
+    pub fn screen(&self) -> String {
+        let out = Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn keys(&self, keys: &[&str]) {
+        let status = Command::new("tmux").args(["send-keys", "-t", &self.name]).args(keys).status().unwrap();
+        assert!(status.success());
+    }
+
+    pub fn wait_for(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let screen = self.screen();
+            if screen.contains(what) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "mutt never showed {what:?}; screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).status();
+    }
+}

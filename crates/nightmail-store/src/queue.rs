@@ -315,6 +315,10 @@ impl Store {
             Ok((job, receipt))
         })?;
         self.flush().await?;
+        // IMAP sessions in IDLE learn of the reply (or notice) now.
+        if let Some(receipt) = &result.1 {
+            self.announce(receipt);
+        }
         Ok(result)
     }
 
@@ -326,21 +330,25 @@ impl Store {
             Some(m) => self.recipient_ids(m)?,
             None => Vec::new(),
         };
-        let job = self.trees.transaction(|tx| {
+        let (job, receipt) = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             if job.triaged || !matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
-                return Ok(job);
+                return Ok((job, None));
             }
             job.triaged = true;
+            let mut receipt = None;
             if let Some(ack) = &ack {
-                deliver_in(tx, ack, &ids, now)?;
+                receipt = Some(deliver_in(tx, ack, &ids, now)?);
                 job.ack = Some(ack.summary.message_id.clone());
             }
             let state = job.state.clone();
             write_job(tx.jobs, tx.queue, Some(&state), &job)?;
-            Ok(job)
+            Ok((job, receipt))
         })?;
         self.flush().await?;
+        if let Some(receipt) = &receipt {
+            self.announce(receipt);
+        }
         Ok(job)
     }
 
