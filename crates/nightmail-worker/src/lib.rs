@@ -34,6 +34,11 @@ const SAVE_PROGRESS: Duration = Duration::from_secs(2);
 /// Earlier thread messages given to the model, at most.
 const MAX_THREAD: usize = 20;
 
+/// The retry policy the configuration's `[worker]` section describes.
+pub fn retry_policy(worker: &nightmail_config::WorkerConfig) -> RetryPolicy {
+    RetryPolicy { base: worker.retry_base, max: worker.retry_max, max_attempts: worker.max_attempts }
+}
+
 /// The backend for each model address.
 pub type Backends = HashMap<Address, Arc<dyn Backend>>;
 
@@ -65,13 +70,8 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(store: Store, config: Arc<Config>, backends: Backends) -> Worker {
-        let w = &config.worker;
-        let policy = RetryPolicy { base: w.retry_base, max: w.retry_max, max_attempts: w.max_attempts };
+        let policy = retry_policy(&config.worker);
         Worker { store, config, backends: Arc::new(backends), policy }
-    }
-
-    pub fn retry_policy(&self) -> &RetryPolicy {
-        &self.policy
     }
 
     /// Answers jobs until `stop` turns true, `concurrency` at a time.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use nightmail_auth::Authenticator;
 use nightmail_config::Config;
-use nightmail_store::{RetryPolicy, Store};
+use nightmail_store::Store;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -24,8 +24,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     let store = open_store(&config)?;
-    let w = &config.worker;
-    let policy = RetryPolicy { base: w.retry_base, max: w.retry_max, max_attempts: w.max_attempts };
+    let policy = nightmail_worker::retry_policy(&config.worker);
     let recovered = store.recover_leases(true, &policy).await?;
     if recovered > 0 {
         tracing::info!(recovered, "requeued jobs that were running when nightmail last stopped");
