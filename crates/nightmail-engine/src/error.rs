@@ -61,6 +61,10 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("sampling: {0}")]
     Sampling(String),
+    #[error(
+        "cannot read expert {expert} of layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
+    )]
+    ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

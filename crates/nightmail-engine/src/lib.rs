@@ -9,29 +9,37 @@
 //! The `metal` feature switches on candle's Metal backend on macOS; this crate's CPU path is the
 //! default and the only one built and tested on Linux.
 
+mod bench;
 pub mod chat;
 mod error;
 pub mod format;
 mod generate;
 mod inspect;
 pub mod model;
+mod pack;
 mod reasoning;
 mod sampling;
 mod spec;
+pub mod stream;
+pub mod synth;
 mod tokenizer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use bench::{BenchOptions, BenchReport, Rss, bench, rss};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
 pub use inspect::{DtypeUse, ModelInfo, inspect};
-pub use model::{ExpertId, ExpertStore, KvCache};
+pub use model::{ExpertId, ExpertStore, KvCache, LayerRecall};
+pub use pack::pack;
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
 pub use spec::{Architecture, AttentionSpec, ModelSpec, MoeSpec, RopeStyle, Routing};
+pub use stream::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};
+pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
 pub use tokenizer::TextTokenizer;
 
 use format::Checkpoint;
@@ -46,21 +54,60 @@ pub struct Model {
     net: Transformer,
     tokenizer: Option<TextTokenizer>,
     chat_template: Option<ChatTemplate>,
+    streaming: Option<Arc<StreamingExperts>>,
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Stream routed experts from disk through a cache instead of loading them all.
+    pub stream: Option<StreamConfig>,
 }
 
 impl Model {
     /// Load a `.gguf` file or a Hugging Face model directory.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// Load with options: with `stream`, dense weights are loaded and routed experts stay on
+    /// disk, read on demand into a cache of `stream.cache_bytes`.
+    pub fn load_with(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Self> {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
         let spec = ModelSpec::read(&ck)?;
-        let experts: Arc<dyn ExpertStore> = Arc::new(ResidentExperts::load(&ck, &spec)?);
-        let net = Transformer::load(&ck, &spec, experts)?;
+        let (experts, streaming, prefetch_depth): (Arc<dyn ExpertStore>, _, _) = match &options.stream {
+            Some(config) if spec.moe.is_some() => {
+                let index = stream::ExpertIndex::build(&ck, &spec)?;
+                let store = Arc::new(StreamingExperts::new(index, config.clone())?);
+                (store.clone(), Some(store), config.prefetch_depth)
+            }
+            _ => (Arc::new(ResidentExperts::load(&ck, &spec)?), None, 0),
+        };
+        let net = Transformer::load(&ck, &spec, experts, prefetch_depth)?;
         let (tokenizer, chat_template) = match &ck {
             Checkpoint::Gguf(g) => (tokenizer::TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
             Checkpoint::Hf(h) => (tokenizer::TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
         };
-        Ok(Model { path: path.to_path_buf(), format: ck.format(), spec, net, tokenizer, chat_template })
+        Ok(Model { path: path.to_path_buf(), format: ck.format(), spec, net, tokenizer, chat_template, streaming })
+    }
+
+    /// The streaming store, when experts are streamed.
+    pub fn streaming(&self) -> Option<&StreamingExperts> {
+        self.streaming.as_deref()
+    }
+
+    /// Per MoE layer, how well prefetch guesses matched the chosen experts (decode steps).
+    pub fn prefetch_recall(&self) -> Vec<LayerRecall> {
+        self.net.prefetch_recall()
+    }
+
+    /// Zero the streaming and prefetch counters (e.g. after the prefill of a benchmark).
+    pub fn reset_stats(&self) {
+        if let Some(s) = &self.streaming {
+            s.reset_stats();
+        }
+        self.net.reset_prefetch_recall();
     }
 
     pub fn path(&self) -> &Path {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use nightmail_engine::{ChatMessage, GenerateRequest, Model, Prompt, Sampling};
+use nightmail_engine::{ChatMessage, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StreamConfig};
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
@@ -56,7 +56,83 @@ pub enum ModelCommand {
         /// Print one JSON object: prompt_tokens, tokens, text (and logits).
         #[arg(long)]
         json: bool,
+        /// Stream routed experts from disk through a cache of this many MiB instead of loading
+        /// them all.
+        #[arg(long)]
+        cache_mb: Option<usize>,
     },
+    /// Write a random-weight mixture-of-experts GGUF of any size (llama.cpp loads it too), for
+    /// benchmarks.
+    Synth {
+        #[arg(long, default_value = "qwen3_moe")]
+        arch: nightmail_engine::SynthArch,
+        #[arg(long)]
+        layers: usize,
+        #[arg(long)]
+        experts: usize,
+        #[arg(long)]
+        top_k: usize,
+        #[arg(long)]
+        hidden: usize,
+        #[arg(long)]
+        expert_ffn: usize,
+        /// Routed experts' type: q4_0, q8_0 (mxfp4 once the engine has it).
+        #[arg(long, default_value = "q4_0")]
+        dtype: nightmail_engine::SynthDtype,
+        /// Attention heads (default: hidden / 128, a quarter as many key/value heads).
+        #[arg(long)]
+        heads: Option<usize>,
+        #[arg(long)]
+        kv_heads: Option<usize>,
+        #[arg(long)]
+        head_dim: Option<usize>,
+        /// Copy the tokenizer (and chat template) of this GGUF, e.g. the demo model.
+        #[arg(long)]
+        tokenizer_from: Option<PathBuf>,
+        /// Vocabulary size when no tokenizer is copied.
+        #[arg(long, default_value_t = 32000)]
+        vocab: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Decode with experts streamed from disk and compare the time per token with the I/O floor
+    /// (bytes read per token over the disk's bandwidth, measured in the same run).
+    Bench {
+        #[arg(long)]
+        model: PathBuf,
+        /// The expert cache's budget.
+        #[arg(long)]
+        cache_mb: usize,
+        /// Decode steps to time.
+        #[arg(long, default_value_t = 16)]
+        tokens: usize,
+        /// Eviction policy: lru or lfu.
+        #[arg(long, default_value = "lru")]
+        policy: nightmail_engine::CachePolicy,
+        /// Next-layer experts prefetched per step (0: none).
+        #[arg(long, default_value_t = 8)]
+        prefetch: usize,
+        /// Prefetch reads in flight at most.
+        #[arg(long, default_value_t = 2)]
+        prefetch_in_flight: usize,
+        /// Expert reads in flight at once.
+        #[arg(long, default_value_t = 8)]
+        io_threads: usize,
+        /// Prompt token ids to prefill before timing.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+        prompt_tokens: Vec<u32>,
+        /// MiB read sequentially to measure the disk, before and after.
+        #[arg(long, default_value_t = 1024)]
+        probe_mb: u64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rewrite a GGUF expert-major: each expert's three matrices contiguous and 4 KiB aligned
+    /// (one read per expert), dense tensors together.
+    Pack { src: PathBuf, dst: PathBuf },
 }
 
 pub fn run(command: ModelCommand) -> anyhow::Result<()> {
@@ -76,6 +152,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             stop,
             logits,
             json,
+            cache_mb,
         } => {
             let prompt = match (prompt, prompt_tokens, chat) {
                 (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)]),
@@ -92,9 +169,122 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.sampling = Sampling { temperature, top_k, top_p, seed };
             request.stop = stop;
             request.record_logits = logits;
-            generate(model, request, json)
+            generate(model, request, json, cache_mb)
+        }
+        ModelCommand::Synth {
+            arch,
+            layers,
+            experts,
+            top_k,
+            hidden,
+            expert_ffn,
+            dtype,
+            heads,
+            kv_heads,
+            head_dim,
+            tokenizer_from,
+            vocab,
+            seed,
+            out,
+        } => {
+            let (h, kv, d) = nightmail_engine::SynthSpec::default_heads(hidden);
+            let heads = heads.unwrap_or(h);
+            let spec = nightmail_engine::SynthSpec {
+                arch,
+                layers,
+                experts,
+                top_k,
+                hidden,
+                expert_ffn,
+                dtype,
+                heads,
+                kv_heads: kv_heads.unwrap_or(if heads == h { kv } else { (heads / 4).max(1) }),
+                head_dim: head_dim.unwrap_or(d),
+                vocab,
+                tokenizer_from,
+                context_length: 4096,
+                seed,
+            };
+            let r = nightmail_engine::synth(&spec, &out).with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "{}: {} ({} dense, {} experts, {} of experts per token)",
+                r.path.display(),
+                bytes(r.bytes),
+                bytes(r.dense_bytes),
+                bytes(r.expert_bytes),
+                bytes(r.expert_bytes_per_token)
+            );
+            Ok(())
+        }
+        ModelCommand::Bench {
+            model,
+            cache_mb,
+            tokens,
+            policy,
+            prefetch,
+            prefetch_in_flight,
+            io_threads,
+            prompt_tokens,
+            probe_mb,
+            json,
+        } => {
+            let mut stream = StreamConfig::with_cache_mb(cache_mb);
+            stream.policy = policy;
+            stream.prefetch_depth = prefetch;
+            stream.max_prefetch_in_flight = prefetch_in_flight;
+            stream.io_threads = io_threads;
+            let opts =
+                nightmail_engine::BenchOptions { model, stream, tokens, prompt_tokens, probe_bytes: probe_mb << 20 };
+            let r = nightmail_engine::bench(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_bench(&r);
+            }
+            Ok(())
+        }
+        ModelCommand::Pack { src, dst } => {
+            let n = nightmail_engine::pack(&src, &dst).with_context(|| format!("packing {}", src.display()))?;
+            println!("{}: {} (expert-major)", dst.display(), bytes(n));
+            Ok(())
         }
     }
+}
+
+fn print_bench(r: &nightmail_engine::BenchReport) {
+    println!("tokens          {} (after a {:.2} s prefill)", r.tokens, r.prefill_s);
+    println!("s/token         {:.3}", r.s_per_token);
+    println!(
+        "disk            {:.2} GB/s sequential direct reads (before {:.2}, after {:.2}){}",
+        r.disk_gbps,
+        r.disk_gbps_before,
+        r.disk_gbps_after,
+        if r.direct_io { "" } else { ", expert reads buffered (no O_DIRECT here)" }
+    );
+    println!(
+        "disk/token      {} (experts needed {})",
+        bytes(r.disk_bytes_per_token as u64),
+        bytes(r.expert_bytes_per_token as u64)
+    );
+    println!("I/O floor       {:.3} s/token; measured / floor = {:.2}", r.floor_s_per_token, r.ratio_to_floor);
+    println!(
+        "cache           hit rate {:.1}%, prefetch hits {:.1}%, budget {}",
+        100.0 * r.hit_rate,
+        100.0 * r.prefetch_hit_rate,
+        bytes(r.cache_budget_bytes)
+    );
+    println!("prefetch recall {:.1}%", 100.0 * r.prefetch_recall);
+    println!("read amplif.    {:.3}", r.read_amplification);
+    println!(
+        "memory          RSS {} (peak {}; anonymous {}, file {}), dense weights {}",
+        bytes(r.rss.rss_bytes),
+        bytes(r.rss.rss_peak_bytes),
+        bytes(r.rss.rss_anon_bytes),
+        bytes(r.rss.rss_file_bytes),
+        bytes(r.dense_bytes)
+    );
+    let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
+    println!("distinct experts per layer over the timed tokens: {}", distinct.join(" "));
 }
 
 fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
@@ -135,8 +325,9 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn generate(path: PathBuf, request: GenerateRequest, json: bool) -> anyhow::Result<()> {
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+fn generate(path: PathBuf, request: GenerateRequest, json: bool, cache_mb: Option<usize>) -> anyhow::Result<()> {
+    let options = LoadOptions { stream: cache_mb.map(StreamConfig::with_cache_mb) };
+    let model = Model::load_with(&path, &options).with_context(|| format!("loading {}", path.display()))?;
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();
     let completion = model.generate(request, |event| {

@@ -11,6 +11,7 @@ use memmap2::Mmap;
 
 use super::view::TensorView;
 use crate::error::{EngineError, Result};
+use crate::model::ExpertId;
 
 pub(crate) struct GgufFile {
     path: PathBuf,
@@ -78,6 +79,50 @@ impl GgufFile {
         Ok(Some(TensorView { name: name.to_string(), dtype: info.ggml_dtype, shape, bytes: &self.map[start..end] }))
     }
 
+    /// Expert `id.expert`'s slice of the stacked `[experts, rows, cols]` tensor `name`. Only
+    /// the slice must lie inside the file, and a truncated one is reported by its expert.
+    pub fn expert_slice(&self, name: &str, id: ExpertId) -> Result<Option<TensorView<'_>>> {
+        let Some(info) = self.content.tensor_infos.get(name) else { return Ok(None) };
+        let shape = info.shape.dims().to_vec();
+        let [experts, rows, cols] = shape[..] else {
+            return Err(EngineError::Shape { name: name.to_string(), found: shape, expected: vec![0, 0, 0] });
+        };
+        if id.expert >= experts {
+            return Err(EngineError::MissingTensor { name: format!("{name}[expert {}]", id.expert) });
+        }
+        let per = TensorView::byte_len(info.ggml_dtype, rows * cols);
+        let start = self.content.tensor_data_offset as usize + info.offset as usize + id.expert * per;
+        let end = start + per;
+        if end > self.map.len() {
+            return Err(EngineError::ExpertRead {
+                path: self.path.clone(),
+                layer: id.layer,
+                expert: id.expert,
+                reason: format!("{name} ends at byte {end} but the file has {} bytes (truncated?)", self.map.len()),
+            });
+        }
+        Ok(Some(TensorView {
+            name: format!("{name}[{}]", id.expert),
+            dtype: info.ggml_dtype,
+            shape: vec![rows, cols],
+            bytes: &self.map[start..end],
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The byte offset in the file of bytes borrowed from this map.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
+        offset_in(&self.map, bytes)
+    }
+
+    /// Let the kernel drop the map's pages from this process (they were copied out).
+    pub fn release_pages(&self) {
+        release(&self.map)
+    }
+
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
         let mut names: Vec<&String> = self.content.tensor_infos.keys().collect();
         names.sort();
@@ -98,4 +143,17 @@ pub(crate) fn value_as_u64(v: &Value) -> Option<u64> {
         Value::Bool(b) => Some(*b as u64),
         _ => None,
     }
+}
+
+/// Where `bytes` starts inside `map`, if it lies inside it.
+pub(crate) fn offset_in(map: &Mmap, bytes: &[u8]) -> Option<u64> {
+    let (base, p) = (map.as_ptr() as usize, bytes.as_ptr() as usize);
+    (p >= base && p + bytes.len() <= base + map.len()).then(|| (p - base) as u64)
+}
+
+/// `MADV_DONTNEED` over a read-only file map: the process's pages go (counted in its RSS), the
+/// file is untouched, and a later access faults the page back in.
+pub(crate) fn release(map: &Mmap) {
+    // SAFETY: the map is a read-only view of a file; dropping its pages loses nothing.
+    let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
 }

@@ -16,6 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::model::ExpertId;
 
 struct Shard {
+    path: PathBuf,
     map: Mmap,
 }
 
@@ -46,7 +47,7 @@ impl HfDir {
             // SAFETY: read-only map of a file we do not modify.
             let map = unsafe { Mmap::map(&file) }.map_err(io)?;
             parse_header(&path, &map, shards.len(), &mut tensors)?;
-            shards.push(Shard { map });
+            shards.push(Shard { path, map });
         }
         Ok(HfDir { dir: dir.to_path_buf(), config, shards, tensors })
     }
@@ -100,6 +101,15 @@ impl HfDir {
             }
         }
         Err(EngineError::MissingTensor { name: names[0].clone() })
+    }
+
+    /// The shard file and byte offset of bytes borrowed from one of the maps.
+    pub fn locate(&self, bytes: &[u8]) -> Option<(PathBuf, u64)> {
+        self.shards.iter().find_map(|s| super::gguf::offset_in(&s.map, bytes).map(|o| (s.path.clone(), o)))
+    }
+
+    pub fn release_pages(&self) {
+        self.shards.iter().for_each(|s| super::gguf::release(&s.map))
     }
 
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {

@@ -2,6 +2,7 @@
 //! llama.cpp's GGUF names (`blk.3.attn_q.weight`); a Hugging Face directory translates them.
 
 mod gguf;
+pub mod gguf_write;
 mod hf;
 mod view;
 
@@ -95,10 +96,32 @@ impl Checkpoint {
         match self {
             Checkpoint::Gguf(g) => {
                 let name = format!("blk.{}.ffn_{}_exps.weight", id.layer, which.gguf_part());
-                let stacked = g.tensor(&name)?.ok_or(EngineError::MissingTensor { name })?;
-                stacked.expert_slice(id.expert)
+                if let Some(slice) = g.expert_slice(&name, id)? {
+                    return Ok(slice);
+                }
+                // An expert-major file from `model pack`.
+                let packed = packed_expert_name(id, which);
+                g.tensor(&packed)?.ok_or(EngineError::MissingTensor { name })
             }
             Checkpoint::Hf(h) => h.expert_matrix(id, which),
+        }
+    }
+
+    /// The file a view's bytes come from, and their offset in it.
+    pub fn locate(&self, view: &TensorView<'_>) -> Option<(PathBuf, u64)> {
+        match self {
+            Checkpoint::Gguf(g) => g.offset_of(view.bytes).map(|o| (g.path().to_path_buf(), o)),
+            Checkpoint::Hf(h) => h.locate(view.bytes),
+        }
+    }
+
+    /// Drop the mapped pages from this process once their contents were copied out, so that
+    /// loading does not count the file twice in RSS (the file's pages stay in the page cache
+    /// only as long as the kernel likes).
+    pub fn release_pages(&self) {
+        match self {
+            Checkpoint::Gguf(g) => g.release_pages(),
+            Checkpoint::Hf(h) => h.release_pages(),
         }
     }
 
@@ -109,6 +132,11 @@ impl Checkpoint {
             Checkpoint::Hf(h) => h.all_tensors(),
         }
     }
+}
+
+/// A routed expert's matrix in a file written by `model pack`: `blk.L.ffn_gate_exps.E.weight`.
+pub(crate) fn packed_expert_name(id: ExpertId, which: ExpertMatrix) -> String {
+    format!("blk.{}.ffn_{}_exps.{}.weight", id.layer, which.gguf_part(), id.expert)
 }
 
 /// Whether a tensor holds routed-expert weights (GGUF `*_exps`, HF `.experts.N.`).

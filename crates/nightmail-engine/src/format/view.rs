@@ -27,27 +27,6 @@ impl<'a> TensorView<'a> {
         elems / dtype.block_size() * dtype.type_size()
     }
 
-    /// The slice of expert `e` in a stacked `[experts, rows, cols]` tensor.
-    pub fn expert_slice(&self, e: usize) -> Result<TensorView<'a>> {
-        let [experts, rows, cols] = self.shape[..] else {
-            return Err(EngineError::Shape {
-                name: self.name.clone(),
-                found: self.shape.clone(),
-                expected: vec![0, 0, 0],
-            });
-        };
-        if e >= experts {
-            return Err(EngineError::MissingTensor { name: format!("{}[expert {e}]", self.name) });
-        }
-        let len = self.bytes.len() / experts;
-        Ok(TensorView {
-            name: format!("{}[{e}]", self.name),
-            dtype: self.dtype,
-            shape: vec![rows, cols],
-            bytes: &self.bytes[e * len..(e + 1) * len],
-        })
-    }
-
     pub fn expect_shape(&self, expected: &[usize]) -> Result<()> {
         if self.shape != expected {
             return Err(EngineError::Shape {

@@ -1,6 +1,5 @@
-//! Experts and where their weights come from. The MoE block asks an [`ExpertStore`] for an expert
-//! by [`ExpertId`]; this store holds every expert from the mapped file, and a streaming
-//! store (SSD + cache) can replace it without touching the math.
+//! Experts and where their weights come from. The MoE block asks an [`ExpertStore`] for experts
+//! by [`ExpertId`]; whether they are resident or streamed from disk does not touch the math.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,8 +8,9 @@ use candle_core::Tensor;
 
 use super::layers::Linear;
 use crate::error::Result;
-use crate::format::{Checkpoint, ExpertMatrix};
+use crate::format::Checkpoint;
 use crate::spec::ModelSpec;
+use crate::stream::expert_views;
 
 /// One routed expert of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -39,10 +39,18 @@ impl Expert {
     }
 }
 
-/// Where the MoE block gets expert weights. Implementations must be cheap to call per token
-/// (the block calls it for every chosen expert of every token).
+/// Where the MoE block gets expert weights: every expert in RAM ([`ResidentExperts`]), or
+/// streamed from disk through a cache ([`StreamingExperts`](crate::stream::StreamingExperts)).
 pub trait ExpertStore: Send + Sync {
-    fn expert(&self, id: ExpertId) -> Result<Arc<Expert>>;
+    /// Call `use_expert(i, expert)` once for each `ids[i]`, in whatever order the experts become
+    /// available (resident ones first). Stops at the first error.
+    fn with_experts(&self, ids: &[ExpertId], use_expert: &mut dyn FnMut(usize, &Expert) -> Result<()>) -> Result<()>;
+
+    /// A hint: these experts will probably be asked for soon (best first).
+    fn prefetch(&self, _ids: &[ExpertId]) {}
+
+    /// `layer`'s experts for this step were chosen: guesses for it that are not among them can go.
+    fn routed(&self, _layer: usize, _chosen: &[ExpertId]) {}
 }
 
 /// Every expert resident, built once from the mapped file at load.
@@ -57,11 +65,7 @@ impl ResidentExperts {
         for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
-                let [gate, up, down] = ExpertMatrix::ALL.map(|m| ck.expert_matrix(id, m));
-                let (gate, up, down) = (gate?, up?, down?);
-                gate.expect_shape(&[moe.expert_ffn, spec.hidden_size])?;
-                up.expect_shape(&[moe.expert_ffn, spec.hidden_size])?;
-                down.expect_shape(&[spec.hidden_size, moe.expert_ffn])?;
+                let [gate, up, down] = expert_views(ck, spec, id)?;
                 let e = Expert::new(Linear::new(&gate, None)?, Linear::new(&up, None)?, Linear::new(&down, None)?);
                 experts.insert(id, Arc::new(e));
             }
@@ -71,9 +75,13 @@ impl ResidentExperts {
 }
 
 impl ExpertStore for ResidentExperts {
-    fn expert(&self, id: ExpertId) -> Result<Arc<Expert>> {
-        self.experts.get(&id).cloned().ok_or_else(|| crate::EngineError::MissingTensor {
-            name: format!("expert {} of layer {}", id.expert, id.layer),
-        })
+    fn with_experts(&self, ids: &[ExpertId], use_expert: &mut dyn FnMut(usize, &Expert) -> Result<()>) -> Result<()> {
+        for (i, id) in ids.iter().enumerate() {
+            let e = self.experts.get(id).ok_or_else(|| crate::EngineError::MissingTensor {
+                name: format!("expert {} of layer {}", id.expert, id.layer),
+            })?;
+            use_expert(i, e)?;
+        }
+        Ok(())
     }
 }

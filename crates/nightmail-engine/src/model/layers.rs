@@ -1,10 +1,11 @@
 //! The two leaf parts: a linear map and RMSNorm.
 
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{Module, Tensor};
 
 use crate::error::Result;
 use crate::format::TensorView;
+use crate::stream::WeightBytes;
 
 /// `y = x · Wᵀ (+ b)`, with W in f32 or in ggml quantized blocks.
 pub struct Linear {
@@ -14,12 +15,25 @@ pub struct Linear {
 
 enum Weight {
     Candle(QMatMul),
+    F16(Box<super::f16::F16Matrix>),
+    Q4_0(Box<super::q4_0::Q4_0Matrix>),
     Q4_1(Box<super::q4_1::Q4_1Matrix>),
     Q8_0(Box<super::q8_0::Q8_0Matrix>),
 }
 
 impl Linear {
+    /// A matrix copied out of a mapped file.
     pub(crate) fn new(weight: &TensorView<'_>, bias: Option<&TensorView<'_>>) -> Result<Self> {
+        Self::with_bytes(weight, None, bias)
+    }
+
+    /// A matrix over bytes that already live in memory (a streamed expert's read buffer):
+    /// the kernel is chosen exactly as for [`Linear::new`], so the arithmetic is the same.
+    pub(crate) fn from_bytes(weight: &TensorView<'_>, bytes: WeightBytes) -> Result<Self> {
+        Self::with_bytes(weight, Some(bytes), None)
+    }
+
+    fn with_bytes(weight: &TensorView<'_>, bytes: Option<WeightBytes>, bias: Option<&TensorView<'_>>) -> Result<Self> {
         let mut weight = weight.clone();
         // A 1-D weight is a single output row (e.g. Qwen2-MoE's shared-expert gate in GGUF).
         if weight.shape.len() == 1 {
@@ -27,11 +41,19 @@ impl Linear {
         }
         let bias = bias.map(|b| b.to_f32()).transpose()?;
         let w = match (weight.dtype, &weight.shape[..]) {
-            (candle_core::quantized::GgmlDType::Q4_1, &[rows, cols]) if cols % 32 == 0 => {
+            (GgmlDType::Q4_0, &[rows, cols]) if cols % 32 == 0 => {
+                // Q4_0 computes from the blocks as they are: one copy of them, or none.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::Q4_0(Box::new(super::q4_0::Q4_0Matrix::new(bytes, rows, cols)))
+            }
+            (GgmlDType::Q4_1, &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(super::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
             }
-            (candle_core::quantized::GgmlDType::Q8_0, &[rows, cols]) if cols % 32 == 0 => {
+            (GgmlDType::Q8_0, &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q8_0(Box::new(super::q8_0::Q8_0Matrix::from_ggml(weight.bytes, rows, cols)))
+            }
+            (GgmlDType::F16, &[rows, cols]) => {
+                Weight::F16(Box::new(super::f16::F16Matrix::from_bytes(weight.bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };
@@ -48,6 +70,8 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::Candle(w) => w.forward(x)?,
+            Weight::F16(w) => w.forward(x)?,
+            Weight::Q4_0(w) => w.forward(x)?,
             Weight::Q4_1(w) => w.forward(x)?,
             Weight::Q8_0(w) => w.forward(x)?,
         };

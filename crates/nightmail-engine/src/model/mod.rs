@@ -4,8 +4,11 @@
 
 mod attention;
 mod expert;
+mod f16;
 mod layers;
+mod matvec;
 mod moe;
+mod q4_0;
 mod q4_1;
 mod q8_0;
 mod rope;
@@ -14,10 +17,12 @@ mod transformer;
 
 pub use attention::Attention;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
+pub use f16::F16Matrix;
 pub use layers::{Linear, RmsNorm};
 pub use moe::{MoeBlock, SharedExpert};
+pub use q4_0::Q4_0Matrix;
 pub use q4_1::Q4_1Matrix;
 pub use q8_0::Q8_0Matrix;
 pub use rope::Rope;
 pub use router::{Route, Router};
-pub use transformer::{DecoderLayer, FeedForward, KvCache, Transformer};
+pub use transformer::{DecoderLayer, FeedForward, KvCache, LayerRecall, Transformer};

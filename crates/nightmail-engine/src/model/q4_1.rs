@@ -3,9 +3,10 @@
 //! quantized per 32-block to Q8_1 (`quantize_row_q8_1`), the integer dot product is scaled by
 //! d_w·d_x, and the weights' offset m_w multiplies the activations' block sum s_x.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use half::f16;
-use rayon::prelude::*;
+
+use super::matvec::{activations, rows_by_tokens};
 
 use crate::error::Result;
 
@@ -44,14 +45,11 @@ impl Q4_1Matrix {
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let xs = activations(x)?;
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
         let nb = self.cols / QK;
         let avx2 = has_avx2();
-        // Rows split in one contiguous range per thread; each row is read once for all tokens.
-        // Small matrices, or a one-thread pool, run on the caller: a rayon hand-off costs two
-        // context switches, which at ~200 mat-vecs per token was a third of decode time.
-        let row_dots = |r: usize, out: &mut [f32]| {
+        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let range = r * nb..(r + 1) * nb;
             for (t, y) in out.iter_mut().enumerate() {
                 *y = if avx2 {
@@ -61,18 +59,7 @@ impl Q4_1Matrix {
                     dot_scalar(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range.clone()], &q8[t])
                 };
             }
-        };
-        let mut out_t = vec![0f32; self.rows * tokens];
-        let threads = rayon::current_num_threads();
-        if threads == 1 || self.rows * self.cols * tokens < 1 << 16 {
-            out_t.chunks_mut(tokens).enumerate().for_each(|(r, out)| row_dots(r, out));
-        } else {
-            let per_thread = self.rows.div_ceil(threads);
-            out_t.par_chunks_mut(per_thread * tokens).enumerate().for_each(|(c, chunk)| {
-                chunk.chunks_mut(tokens).enumerate().for_each(|(i, out)| row_dots(c * per_thread + i, out));
-            });
-        }
-        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+        })
     }
 }
 
@@ -139,10 +126,7 @@ unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
         offsets += m[b] * x[b].s;
     }
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    _mm_cvtss_f32(s1) + offsets
+    super::matvec::hsum_avx2(acc) + offsets
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -154,7 +138,7 @@ unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 
 mod tests {
     use super::*;
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-    use candle_core::{Module, Tensor};
+    use candle_core::{Device, Module, Tensor};
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;

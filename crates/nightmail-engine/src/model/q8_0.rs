@@ -2,9 +2,10 @@
 //! embeddings): ggml's `ggml_vec_dot_q8_0_q8_0` on activations quantized as ggml's x86
 //! `quantize_row_q8_0` does (the same per-block rounding as Q8_1, without the sum).
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use half::f16;
-use rayon::prelude::*;
+
+use super::matvec::{activations, rows_by_tokens};
 
 use super::q4_1::{Q8Block, has_avx2, quantize_q8_1};
 use crate::error::Result;
@@ -34,11 +35,11 @@ impl Q8_0Matrix {
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let xs = activations(x)?;
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
         let nb = self.cols / QK;
         let avx2 = has_avx2();
-        let row_dots = |r: usize, out: &mut [f32]| {
+        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let range = r * nb..(r + 1) * nb;
             for (t, y) in out.iter_mut().enumerate() {
                 *y = if avx2 {
@@ -48,18 +49,7 @@ impl Q8_0Matrix {
                     dot_scalar(&self.d[range.clone()], &self.qs[range.clone()], &q8[t])
                 };
             }
-        };
-        let mut out_t = vec![0f32; self.rows * tokens];
-        let threads = rayon::current_num_threads();
-        if threads == 1 || self.rows * self.cols * tokens < 1 << 16 {
-            out_t.chunks_mut(tokens).enumerate().for_each(|(r, out)| row_dots(r, out));
-        } else {
-            let per_thread = self.rows.div_ceil(threads);
-            out_t.par_chunks_mut(per_thread * tokens).enumerate().for_each(|(c, chunk)| {
-                chunk.chunks_mut(tokens).enumerate().for_each(|(i, out)| row_dots(c * per_thread + i, out));
-            });
-        }
-        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+        })
     }
 }
 
@@ -86,10 +76,7 @@ unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
         let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
     }
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    _mm_cvtss_f32(s1)
+    super::matvec::hsum_avx2(acc)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -100,8 +87,8 @@ unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Module;
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module};
 
     #[test]
     fn q8_0_matmul_equals_the_scalar_path_and_candles_kernel_up_to_activation_rounding() {

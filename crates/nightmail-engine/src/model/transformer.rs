@@ -1,13 +1,13 @@
 //! The decoder stack: pre-norm layers of attention and feed-forward with residuals (the llama
 //! layout, which all four architectures share), then a final norm and the output head.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 use super::attention::Attention;
-use super::expert::{Expert, ExpertStore};
+use super::expert::{Expert, ExpertId, ExpertStore};
 use super::layers::{Linear, RmsNorm};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
@@ -26,18 +26,6 @@ pub struct DecoderLayer {
     attention: Attention,
     ffn_norm: RmsNorm,
     ffn: FeedForward,
-}
-
-impl DecoderLayer {
-    fn forward(&self, x: &Tensor, start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
-        let h = (x + self.attention.forward(&self.attn_norm.forward(x)?, start, cache)?)?;
-        let n = self.ffn_norm.forward(&h)?;
-        let f = match &self.ffn {
-            FeedForward::Dense(mlp) => mlp.forward(&n)?,
-            FeedForward::Moe(moe) => moe.forward(&n)?,
-        };
-        Ok((h + f)?)
-    }
 }
 
 /// Token embeddings, kept in their file encoding and dequantized a row at a time.
@@ -67,10 +55,14 @@ impl Embedding {
     }
 }
 
-/// The attention keys and values of one sequence so far.
+/// The attention keys and values of one sequence so far, and the routes of its last token
+/// (the fallback predictor of the next token's experts).
 pub struct KvCache {
     layers: Vec<candle_nn::kv_cache::KvCache>,
     position: usize,
+    last_routes: Vec<Vec<usize>>,
+    /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
+    guesses: Vec<Option<(Vec<usize>, Vec<usize>)>>,
 }
 
 impl KvCache {
@@ -85,10 +77,48 @@ pub struct Transformer {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    experts: Arc<dyn ExpertStore>,
+    prefetch: Prefetcher,
+}
+
+/// Guesses the next layer's experts while a layer computes, so their reads overlap its compute:
+/// layer L+1's router applied to layer L's post-attention hidden state (deltafin's PILOT; the
+/// residual stream changes little between layers), or, where that has guessed worse so far, the
+/// previous token's routes at L+1. Recall is kept per layer for both.
+struct Prefetcher {
+    depth: usize,
+    recall: Mutex<Vec<LayerRecall>>,
+}
+
+/// How well each guess matched a layer's true experts, over the decode steps so far.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LayerRecall {
+    pub layer: usize,
+    pub steps: u64,
+    /// Chosen experts (summed over steps).
+    pub chosen: u64,
+    /// Of those, guessed by the next-router lookahead / by the last token's routes / by the
+    /// guess that was used for the prefetch.
+    pub lookahead_hits: u64,
+    pub last_token_hits: u64,
+    pub used_hits: u64,
+}
+
+impl LayerRecall {
+    fn prefers_last_token(&self) -> bool {
+        self.steps >= 4 && self.last_token_hits > self.lookahead_hits
+    }
 }
 
 impl Transformer {
-    pub(crate) fn load(ck: &Checkpoint, spec: &ModelSpec, experts: Arc<dyn ExpertStore>) -> Result<Self> {
+    /// `prefetch_depth`: how many of the next layer's guessed experts to prefetch at each decode
+    /// step (0 for resident experts, where there is nothing to fetch).
+    pub(crate) fn load(
+        ck: &Checkpoint,
+        spec: &ModelSpec,
+        experts: Arc<dyn ExpertStore>,
+        prefetch_depth: usize,
+    ) -> Result<Self> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
@@ -153,17 +183,70 @@ impl Transformer {
                 ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps)?,
                 ffn,
             });
+            // Each layer's weights were copied out of the map: drop its pages as we go.
+            ck.release_pages();
         }
-        Ok(Transformer {
+        let t = Transformer {
             embedding,
             layers,
             norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps)?,
             lm_head: Linear::new(&head, None)?,
-        })
+            experts,
+            prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
+        };
+        ck.release_pages();
+        Ok(t)
+    }
+
+    /// Per MoE layer, how well the prefetch guesses matched (decode steps only).
+    pub fn prefetch_recall(&self) -> Vec<LayerRecall> {
+        self.prefetch.recall.lock().expect("recall lock").iter().filter(|r| r.steps > 0).cloned().collect()
+    }
+
+    pub fn reset_prefetch_recall(&self) {
+        self.prefetch.recall.lock().expect("recall lock").clear();
+    }
+
+    /// At a decode step, layer `l` (MoE) has routed; `h` is its post-attention hidden state.
+    /// Score the guesses made for `l`, then guess layer l+1 and prefetch it.
+    fn look_ahead(&self, l: usize, h: &Tensor, route: &[usize], cache: &mut KvCache) -> Result<()> {
+        let mut recall = self.prefetch.recall.lock().expect("recall lock");
+        if recall.len() < self.layers.len() {
+            *recall = (0..self.layers.len()).map(|layer| LayerRecall { layer, ..LayerRecall::default() }).collect();
+        }
+        if let Some((ahead, last)) = cache.guesses[l].take() {
+            let r = &mut recall[l];
+            let hits = |g: &[usize]| route.iter().filter(|e| g.contains(e)).count() as u64;
+            let used = if r.prefers_last_token() { &last } else { &ahead };
+            r.used_hits += hits(used);
+            r.lookahead_hits += hits(&ahead);
+            r.last_token_hits += hits(&last);
+            r.chosen += route.len() as u64;
+            r.steps += 1;
+        }
+        cache.last_routes[l] = route.to_vec();
+        let next = l + 1;
+        let Some(FeedForward::Moe(moe)) = self.layers.get(next).map(|x| &x.ffn) else { return Ok(()) };
+        let n = self.layers[next].ffn_norm.forward(h)?;
+        let ahead: Vec<usize> = moe.router.route(&n)?[0].experts.iter().map(|(e, _)| *e).collect();
+        let last = cache.last_routes[next].clone();
+        let guess = if recall[next].prefers_last_token() && !last.is_empty() { &last } else { &ahead };
+        let ids: Vec<ExpertId> =
+            guess.iter().take(self.prefetch.depth).map(|&expert| ExpertId { layer: next, expert }).collect();
+        drop(recall);
+        self.experts.prefetch(&ids);
+        cache.guesses[next] = Some((ahead, last));
+        Ok(())
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache { layers: self.layers.iter().map(|_| candle_nn::kv_cache::KvCache::new(2, 256)).collect(), position: 0 }
+        let n = self.layers.len();
+        KvCache {
+            layers: (0..n).map(|_| candle_nn::kv_cache::KvCache::new(2, 256)).collect(),
+            position: 0,
+            last_routes: vec![Vec::new(); n],
+            guesses: vec![None; n],
+        }
     }
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
@@ -172,8 +255,23 @@ impl Transformer {
             return Err(EngineError::EmptyPrompt);
         }
         let mut x = self.embedding.rows(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(&x, cache.position, c)?;
+        let decoding = tokens.len() == 1 && self.prefetch.depth > 0;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let a = layer.attention.forward(&layer.attn_norm.forward(&x)?, cache.position, &mut cache.layers[l])?;
+            let h = (x + a)?;
+            let n = layer.ffn_norm.forward(&h)?;
+            let f = match &layer.ffn {
+                FeedForward::Dense(mlp) => mlp.forward(&n)?,
+                FeedForward::Moe(moe) => {
+                    let routes = moe.router.route(&n)?;
+                    if decoding {
+                        let route: Vec<usize> = routes[0].experts.iter().map(|(e, _)| *e).collect();
+                        self.look_ahead(l, &h, &route, cache)?;
+                    }
+                    moe.forward_routed(&n, &routes)?
+                }
+            };
+            x = (h + f)?;
         }
         cache.position += tokens.len();
         let last = x.narrow(0, tokens.len() - 1, 1)?;

@@ -1,0 +1,178 @@
+//! `model bench`: what streaming a model costs on this machine. One run measures the disk's
+//! sequential direct-read bandwidth, decodes greedily with experts streamed through a cache of the
+//! given size, and compares the time per token with the I/O floor: the bytes it read per token
+//! over that bandwidth.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::format::{Checkpoint, is_expert_tensor};
+use crate::model::LayerRecall;
+use crate::sampling::argmax;
+use crate::stream::{StreamConfig, StreamStats, io::sequential_bandwidth};
+use crate::{LoadOptions, Model};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub model: PathBuf,
+    pub stream: StreamConfig,
+    /// Decode steps to time (after the prompt's prefill).
+    pub tokens: usize,
+    pub prompt_tokens: Vec<u32>,
+    /// Bytes of the file read sequentially to measure the disk, before and after the decode.
+    pub probe_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub s_per_token: f64,
+    pub disk_bytes_per_token: f64,
+    /// Asked-for experts already cached from an earlier step.
+    pub hit_rate: f64,
+    /// Asked-for experts that a prefetch had read or was reading.
+    pub prefetch_hit_rate: f64,
+    /// Of the experts each step chose, the fraction the prefetch guess named (all MoE layers).
+    pub prefetch_recall: f64,
+    pub disk_gbps: f64,
+    pub floor_s_per_token: f64,
+    pub ratio_to_floor: f64,
+    /// Routed-expert bytes each token needs (top-k in every MoE layer).
+    pub expert_bytes_per_token: f64,
+    /// Disk bytes over the bytes of experts that were not already cached.
+    pub read_amplification: f64,
+    pub disk_gbps_before: f64,
+    pub disk_gbps_after: f64,
+    pub direct_io: bool,
+    pub tokens: usize,
+    pub prefill_s: f64,
+    pub dense_bytes: u64,
+    pub cache_budget_bytes: u64,
+    #[serde(flatten)]
+    pub rss: Rss,
+    /// Per MoE layer: distinct experts routed to over the timed tokens.
+    pub distinct_experts: Vec<(usize, usize)>,
+    pub recall_per_layer: Vec<LayerRecall>,
+    pub stats: StreamStats,
+}
+
+/// Where the expert data of a model starts, to probe the disk on the same file region.
+fn expert_region(path: &Path) -> Result<(PathBuf, u64)> {
+    let ck = Checkpoint::open(path)?;
+    let mut first: Option<(PathBuf, u64)> = None;
+    for t in ck.all_tensors()?.iter().filter(|t| is_expert_tensor(&t.name)) {
+        if let Some((p, o)) = ck.locate(t)
+            && first.as_ref().is_none_or(|(_, f)| o < *f)
+        {
+            first = Some((p, o));
+        }
+    }
+    first.ok_or_else(|| EngineError::Unsupported {
+        what: format!("benchmarking {}", path.display()),
+        hint: "the model has no routed experts to stream".into(),
+    })
+}
+
+fn dense_bytes(path: &Path) -> Result<u64> {
+    let ck = Checkpoint::open(path)?;
+    Ok(ck.all_tensors()?.iter().filter(|t| !is_expert_tensor(&t.name)).map(|t| t.bytes.len() as u64).sum())
+}
+
+/// This process's resident memory (`/proc/self/status`; zeros where it is missing).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Rss {
+    pub rss_bytes: u64,
+    pub rss_peak_bytes: u64,
+    /// Of the current RSS: anonymous memory (weights, cache, heap) and file pages (the binary).
+    pub rss_anon_bytes: u64,
+    pub rss_file_bytes: u64,
+}
+
+pub fn rss() -> Rss {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    Rss {
+        rss_bytes: field("VmRSS:"),
+        rss_peak_bytes: field("VmHWM:"),
+        rss_anon_bytes: field("RssAnon:"),
+        rss_file_bytes: field("RssFile:"),
+    }
+}
+
+pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
+    let (file, start) = expert_region(&opts.model)?;
+    let probe = |what: &str| {
+        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, 4)
+            .map_err(|source| EngineError::Io { path: file.clone(), source })
+            .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
+    };
+    let before = probe("before")?;
+    let dense = dense_bytes(&opts.model)?;
+    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
+    let Some(store) = model.streaming() else {
+        return Err(EngineError::Unsupported {
+            what: format!("benchmarking {}", opts.model.display()),
+            hint: "the model has no routed experts to stream".into(),
+        });
+    };
+    let vocab = model.spec().vocab_size as u32;
+    let prompt: Vec<u32> = opts.prompt_tokens.iter().map(|t| t % vocab).collect();
+    let mut cache = model.new_cache();
+    let t0 = Instant::now();
+    let mut logits = model.logits(&prompt, &mut cache)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    model.reset_stats();
+    let t0 = Instant::now();
+    for _ in 0..opts.tokens {
+        let next = argmax(&logits);
+        logits = model.logits(&[next], &mut cache)?;
+    }
+    let decode_s = t0.elapsed().as_secs_f64();
+    let stats = store.stats();
+    let recall = model.prefetch_recall();
+    let rss = rss();
+    let direct_io = store.is_direct();
+    drop(model);
+    let after = probe("after")?;
+
+    let n = opts.tokens.max(1) as f64;
+    let bw = (before + after) / 2.0;
+    let disk_bytes_per_token = stats.disk_bytes as f64 / n;
+    let floor = disk_bytes_per_token / bw;
+    let s_per_token = decode_s / n;
+    let req = stats.requests.max(1) as f64;
+    let avg_expert = if stats.disk_reads > 0 { stats.disk_bytes as f64 / stats.disk_reads as f64 } else { 0.0 };
+    let (chosen, used): (u64, u64) = recall.iter().fold((0, 0), |(c, u), r| (c + r.chosen, u + r.used_hits));
+    let not_cached = (stats.misses + stats.prefetch_hits) as f64 * avg_expert;
+    Ok(BenchReport {
+        s_per_token,
+        disk_bytes_per_token,
+        hit_rate: stats.hits as f64 / req,
+        prefetch_hit_rate: stats.prefetch_hits as f64 / req,
+        prefetch_recall: if chosen > 0 { used as f64 / chosen as f64 } else { 0.0 },
+        disk_gbps: bw / 1e9,
+        floor_s_per_token: floor,
+        ratio_to_floor: if floor > 0.0 { s_per_token / floor } else { f64::INFINITY },
+        expert_bytes_per_token: stats.requests as f64 / n * avg_expert,
+        read_amplification: if not_cached > 0.0 { stats.disk_bytes as f64 / not_cached } else { 0.0 },
+        disk_gbps_before: before / 1e9,
+        disk_gbps_after: after / 1e9,
+        direct_io,
+        tokens: opts.tokens,
+        prefill_s,
+        dense_bytes: dense,
+        cache_budget_bytes: opts.stream.cache_bytes as u64,
+        rss,
+        distinct_experts: stats.distinct_experts.clone(),
+        recall_per_layer: recall,
+        stats,
+    })
+}

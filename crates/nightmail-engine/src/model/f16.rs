@@ -1,0 +1,99 @@
+//! An F16 mat-vec: weights stay in half precision (half the bytes of widening them to f32 at
+//! load, which matters for a dense trunk that must fit beside the expert cache), widened eight at
+//! a time with F16C and accumulated in f32.
+
+use candle_core::Tensor;
+use half::f16;
+
+use super::matvec::{activations, rows_by_tokens};
+use crate::error::Result;
+
+pub struct F16Matrix {
+    rows: usize,
+    cols: usize,
+    w: Vec<f16>,
+}
+
+impl F16Matrix {
+    /// `bytes`: `rows · cols` little-endian halves.
+    pub fn from_bytes(bytes: &[u8], rows: usize, cols: usize) -> Self {
+        let w = bytes.chunks_exact(2).take(rows * cols).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        F16Matrix { rows, cols, w }
+    }
+
+    /// `x`: `[tokens, cols]` → `[tokens, rows]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let tokens = x.dim(0)?;
+        let xs = activations(x)?;
+        let fast = has_f16c();
+        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
+            let row = &self.w[r * self.cols..(r + 1) * self.cols];
+            for (t, y) in out.iter_mut().enumerate() {
+                let x = &xs[t * self.cols..(t + 1) * self.cols];
+                // SAFETY: AVX2, FMA and F16C were detected at run time.
+                *y = if fast { unsafe { dot_f16c(row, x) } } else { dot_scalar(row, x) };
+            }
+        })
+    }
+}
+
+fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::q4_1::has_avx2() && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn dot_scalar(w: &[f16], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(w, x)| w.to_f32() * x).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16c(w: &[f16], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = w.len() / 32 * 32;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for i in (0..n).step_by(32) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let k = i + 8 * j;
+            // SAFETY: 16-byte and 32-byte unaligned loads of elements k..k+8 < n.
+            let wv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(w.as_ptr().add(k).cast()) });
+            let xv = unsafe { _mm256_loadu_ps(x.as_ptr().add(k)) };
+            *a = _mm256_fmadd_ps(wv, xv, *a);
+        }
+    }
+    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    super::matvec::hsum_avx2(sum) + dot_scalar(&w[n..], &x[n..])
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dot_f16c(w: &[f16], x: &[f32]) -> f32 {
+    dot_scalar(w, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn f16_matmul_equals_widening_to_f32() {
+        let (rows, cols, tokens) = (33, 200, 2);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap().to_dtype(DType::F16).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
+        let bytes: Vec<u8> =
+            w.flatten_all().unwrap().to_vec1::<f16>().unwrap().iter().flat_map(|h| h.to_le_bytes()).collect();
+        let got = F16Matrix::from_bytes(&bytes, rows, cols).forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let want = x.matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        for t in 0..tokens {
+            for r in 0..rows {
+                assert!((got[t][r] - want[t][r]).abs() < 1e-3, "token {t} row {r}: {} vs {}", got[t][r], want[t][r]);
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! A Q4_0 mat-vec that computes straight from the ggml blocks where they lie (a streamed
+//! expert's read buffer, no copy or widening): ggml's `ggml_vec_dot_q4_0_q8_0`, activations
+//! quantized per 32-block as ggml's x86 `quantize_row_q8_0` does, weights (nibble − 8) · d.
+
+use candle_core::Tensor;
+use half::f16;
+
+use super::matvec::{activations, rows_by_tokens};
+use super::q4_1::{Q8Block, has_avx2, quantize_q8_1};
+use crate::error::Result;
+use crate::stream::WeightBytes;
+
+const QK: usize = 32;
+/// ggml `block_q4_0`: f16 d, then 16 bytes holding element j in the low nibble and j+16 in the high.
+pub(crate) const BLOCK_BYTES: usize = 18;
+
+pub struct Q4_0Matrix {
+    rows: usize,
+    cols: usize,
+    bytes: WeightBytes,
+}
+
+impl Q4_0Matrix {
+    /// `bytes` must hold `rows · cols / 32` blocks (the caller checked the shape).
+    pub fn new(bytes: WeightBytes, rows: usize, cols: usize) -> Self {
+        debug_assert!(bytes.as_slice().len() >= rows * cols / QK * BLOCK_BYTES);
+        Q4_0Matrix { rows, cols, bytes }
+    }
+
+    /// `x`: `[tokens, cols]` → `[tokens, rows]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let tokens = x.dim(0)?;
+        let xs = activations(x)?;
+        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        let row_bytes = self.cols / QK * BLOCK_BYTES;
+        let blocks = self.bytes.as_slice();
+        let avx2 = has_avx2();
+        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
+            let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
+            for (t, y) in out.iter_mut().enumerate() {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                *y = if avx2 { unsafe { dot_avx2(row, &q8[t]) } } else { dot_scalar(row, &q8[t]) };
+            }
+        })
+    }
+}
+
+fn scale(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+fn dot_scalar(row: &[u8], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for (block, xb) in row.chunks_exact(BLOCK_BYTES).zip(x) {
+        let (lo, hi) = xb.qs.split_at(16);
+        let mut acc = 0i32;
+        for ((w, l), h) in block[2..].iter().zip(lo).zip(hi) {
+            acc += ((w & 0x0F) as i32 - 8) * *l as i32 + ((w >> 4) as i32 - 8) * *h as i32;
+        }
+        sum += scale(block) * xb.d * acc as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(row: &[u8], x: &[Q8Block]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm256_setzero_ps();
+    let low = _mm_set1_epi8(0x0F);
+    let eight = _mm256_set1_epi8(8);
+    let ones = _mm256_set1_epi16(1);
+    for (block, xb) in row.chunks_exact(BLOCK_BYTES).zip(x) {
+        // SAFETY: a 16-byte unaligned load inside the 18-byte block, a 32-byte one inside `qs`.
+        let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+        let lo = _mm_and_si128(packed, low);
+        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        let w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight); // elements 0..15, then 16..31
+        let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+        // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
+        let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale(block) * xb.d), _mm256_cvtepi32_ps(pairs), acc);
+    }
+    super::matvec::hsum_avx2(acc)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dot_avx2(row: &[u8], x: &[Q8Block]) -> f32 {
+    dot_scalar(row, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module};
+
+    #[test]
+    fn q4_0_matmul_equals_the_scalar_path_and_candles_kernel_up_to_activation_rounding() {
+        let (rows, cols, tokens) = (40, 256, 3);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4_0).unwrap();
+        let ours = Q4_0Matrix::new(WeightBytes::from(&q.data().unwrap()[..]), rows, cols);
+        let got = ours.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let want = QMatMul::QTensor(std::sync::Arc::new(q)).forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let q8: Vec<Vec<Q8Block>> = x.to_vec2::<f32>().unwrap().iter().map(|r| quantize_q8_1(r)).collect();
+        let row_bytes = cols / QK * BLOCK_BYTES;
+        let blocks = ours.bytes.as_slice();
+        for t in 0..tokens {
+            for r in 0..rows {
+                let scalar = dot_scalar(&blocks[r * row_bytes..(r + 1) * row_bytes], &q8[t]);
+                assert!((got[t][r] - scalar).abs() < 1e-3, "token {t} row {r}: {} vs scalar {scalar}", got[t][r]);
+                // candle rounds activations with ggml's C reference; we with its x86 code.
+                assert!(
+                    (got[t][r] - want[t][r]).abs() < 0.1,
+                    "token {t} row {r}: {} vs candle {}",
+                    got[t][r],
+                    want[t][r]
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Reading expert bytes off the disk without the page cache: `pread(2)` on a file opened with
+//! `O_DIRECT` into aligned buffers, so the only copy of an expert in RAM is the cache's. Where the
+//! file system refuses `O_DIRECT` (tmpfs), reads are buffered and each range is dropped from the
+//! page cache after it is read (`posix_fadvise(POSIX_FADV_DONTNEED)`).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::buf::{ALIGN, AlignedBuf};
+
+/// One model file opened for expert reads.
+pub struct ExpertFile {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+    len: u64,
+}
+
+/// Bytes `[offset, offset + len)` of a file, read into an aligned buffer that may start before
+/// `offset` (the read is widened to [`ALIGN`] boundaries).
+pub struct ReadRange {
+    pub buf: Arc<AlignedBuf>,
+    /// Where `offset` lies in `buf`.
+    pub skip: usize,
+    /// Bytes the disk delivered (the widened length).
+    pub disk_bytes: usize,
+}
+
+impl ExpertFile {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let (file, direct) = match open_direct(path) {
+            Ok(f) => (f, true),
+            Err(_) => (File::open(path)?, false),
+        };
+        let len = file.metadata()?.len();
+        Ok(ExpertFile { path: path.to_path_buf(), file, direct, len })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Read `[offset, offset + len)`; fails with `UnexpectedEof` if the file ends first.
+    pub fn read(&self, offset: u64, len: usize) -> std::io::Result<ReadRange> {
+        let start = offset / ALIGN as u64 * ALIGN as u64;
+        let skip = (offset - start) as usize;
+        let want = skip + len;
+        let mut buf = AlignedBuf::new(want);
+        let total = buf.len();
+        let mut got = 0;
+        while got < want {
+            // A direct read must cover whole aligned blocks; a short read means end of file.
+            let n = self.file.read_at(&mut buf.as_mut_slice()[got..total], start + got as u64)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file ends at byte {} but the range ends at {}",
+                        start + got as u64,
+                        offset + len as u64
+                    ),
+                ));
+            }
+            got += n;
+        }
+        if !self.direct {
+            drop_from_page_cache(&self.file, start, got);
+        }
+        Ok(ReadRange { buf: Arc::new(buf), skip, disk_bytes: got })
+    }
+}
+
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // macOS has no O_DIRECT; F_NOCACHE is its equivalent.
+        let f = File::open(path)?;
+        #[cfg(target_os = "macos")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: fcntl on a file descriptor we own.
+            if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) } == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            return Ok(f);
+        }
+        #[allow(unreachable_code)]
+        Err(std::io::Error::other("no direct I/O on this system"))
+    }
+}
+
+/// Tell the kernel it may drop this range of the page cache.
+pub fn drop_from_page_cache(file: &File, offset: u64, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advisory call on a descriptor we own; failure only means the pages stay cached.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
+/// Sequential read bandwidth of `path` (bytes per second), measured the way experts are read:
+/// direct reads of `chunk` bytes, `parallel` in flight, over at most `limit` bytes from `start`.
+pub fn sequential_bandwidth(
+    path: &Path,
+    start: u64,
+    limit: u64,
+    chunk: usize,
+    parallel: usize,
+) -> std::io::Result<f64> {
+    let file = Arc::new(ExpertFile::open(path)?);
+    let start = start / ALIGN as u64 * ALIGN as u64;
+    let end = file.len().min(start + limit) / ALIGN as u64 * ALIGN as u64;
+    let chunks: Vec<u64> = (start..end).step_by(chunk).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let total = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..parallel.max(1))
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<u64> {
+                    let mut bytes = 0u64;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&off) = chunks.get(i) else { return Ok(bytes) };
+                        let len = chunk.min((end - off) as usize);
+                        bytes += file.read(off, len)?.disk_bytes as u64;
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("reader thread")).sum::<std::io::Result<u64>>()
+    })?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64())
+}

@@ -1,0 +1,494 @@
+//! The streaming expert store: routed experts are read from the model file on demand by a pool
+//! of I/O threads (many reads in flight, so a layer's top-k arrive in parallel) into a cache with
+//! a byte budget. The MoE block gets each expert as soon as its bytes are in, resident ones
+//! first, and computes it while the others are still being read.
+//!
+//! Reads asked for by the block (demand) always go before prefetches, and at most
+//! `max_prefetch_in_flight` prefetches run at once, so a wrong guess costs little disk time; a
+//! prefetch still queued when its layer's true routes are known is dropped.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use serde::Serialize;
+
+use super::buf::WeightBytes;
+use super::index::{ExpertExtent, ExpertIndex};
+use super::io::{ExpertFile, ReadRange};
+use crate::error::{EngineError, Result};
+use crate::format::TensorView;
+use crate::model::{Expert, ExpertId, ExpertStore, Linear};
+
+/// Which cached expert to drop when the budget is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CachePolicy {
+    /// Least recently used.
+    #[default]
+    Lru,
+    /// Least frequently used (ties: least recently), with counts that halve as the cache turns
+    /// over, so that an expert hot an hour ago does not stay forever.
+    Lfu,
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lru" => Ok(CachePolicy::Lru),
+            "lfu" => Ok(CachePolicy::Lfu),
+            other => Err(format!("unknown cache policy `{other}`: use lru or lfu")),
+        }
+    }
+}
+
+/// How experts are streamed.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// The expert cache's budget in bytes (in-flight reads count against it).
+    pub cache_bytes: usize,
+    pub policy: CachePolicy,
+    /// Reads in flight at once.
+    pub io_threads: usize,
+    /// Experts of the next layer to prefetch from the prediction (0: no prefetch).
+    pub prefetch_depth: usize,
+    pub max_prefetch_in_flight: usize,
+}
+
+impl StreamConfig {
+    pub fn with_cache_mb(mb: usize) -> Self {
+        StreamConfig {
+            cache_bytes: mb << 20,
+            policy: CachePolicy::Lru,
+            io_threads: 8,
+            prefetch_depth: 8,
+            max_prefetch_in_flight: 2,
+        }
+    }
+}
+
+/// Counters since the store was made (or since [`StreamingExperts::reset_stats`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StreamStats {
+    /// Experts the MoE blocks asked for.
+    pub requests: u64,
+    /// Asked-for experts already in the cache from an earlier request.
+    pub hits: u64,
+    /// Asked-for experts that a prefetch had read or was reading.
+    pub prefetch_hits: u64,
+    /// Asked-for experts read on demand.
+    pub misses: u64,
+    pub disk_reads: u64,
+    pub disk_bytes: u64,
+    pub prefetch_reads: u64,
+    pub prefetch_bytes: u64,
+    /// Prefetched experts evicted before any use.
+    pub prefetch_wasted: u64,
+    pub evictions: u64,
+    pub cache_used_bytes: u64,
+    pub cache_budget_bytes: u64,
+    /// Per MoE layer (in layer order), the distinct experts asked for.
+    pub distinct_experts: Vec<(usize, usize)>,
+}
+
+enum Slot {
+    Queued { prefetch: bool },
+    Reading { prefetch: bool },
+    Ready(Arc<Expert>),
+}
+
+type Waiter = (mpsc::Sender<(usize, Result<Arc<Expert>>)>, usize);
+
+struct Entry {
+    slot: Slot,
+    waiters: Vec<Waiter>,
+    bytes: usize,
+    last_use: u64,
+    uses: u64,
+    /// Read by a prefetch and not used yet.
+    unused_prefetch: bool,
+}
+
+struct State {
+    entries: HashMap<ExpertId, Entry>,
+    demand: VecDeque<ExpertId>,
+    prefetch: VecDeque<ExpertId>,
+    prefetch_in_flight: usize,
+    used: usize,
+    tick: u64,
+    stats: StreamStats,
+    seen: HashMap<usize, HashSet<usize>>,
+    shutdown: bool,
+}
+
+struct Shared {
+    index: ExpertIndex,
+    files: Vec<ExpertFile>,
+    config: StreamConfig,
+    state: Mutex<State>,
+    work: Condvar,
+}
+
+pub struct StreamingExperts {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl StreamingExperts {
+    pub(crate) fn new(index: ExpertIndex, config: StreamConfig) -> Result<Self> {
+        let files = index
+            .files
+            .iter()
+            .map(|p| ExpertFile::open(p).map_err(|source| EngineError::Io { path: p.clone(), source }))
+            .collect::<Result<Vec<_>>>()?;
+        // Every extent must lie inside its file: a truncated model fails at load, naming the
+        // file and the expert, not at some token hours into a job.
+        let mut ids: Vec<_> = index.iter().collect();
+        ids.sort_by_key(|(id, _)| **id);
+        for (id, extent) in ids {
+            for m in &extent.matrices {
+                let file = &files[m.file];
+                if m.offset + m.len as u64 > file.len() {
+                    return Err(EngineError::ExpertRead {
+                        path: file.path().to_path_buf(),
+                        layer: id.layer,
+                        expert: id.expert,
+                        reason: format!(
+                            "{} ends at byte {} but the file has {} bytes (truncated?)",
+                            m.name,
+                            m.offset + m.len as u64,
+                            file.len()
+                        ),
+                    });
+                }
+            }
+        }
+        let state = State {
+            entries: HashMap::new(),
+            demand: VecDeque::new(),
+            prefetch: VecDeque::new(),
+            prefetch_in_flight: 0,
+            used: 0,
+            tick: 0,
+            stats: StreamStats { cache_budget_bytes: config.cache_bytes as u64, ..StreamStats::default() },
+            seen: HashMap::new(),
+            shutdown: false,
+        };
+        let threads = config.io_threads.max(1);
+        let shared = Arc::new(Shared { index, files, config, state: Mutex::new(state), work: Condvar::new() });
+        let workers = (0..threads)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("expert-io-{i}"))
+                    .spawn(move || shared.serve())
+                    .expect("spawn an expert I/O thread")
+            })
+            .collect();
+        Ok(StreamingExperts { shared, workers })
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        let st = self.shared.state.lock().expect("expert cache lock");
+        let mut s = st.stats.clone();
+        s.cache_used_bytes = st.used as u64;
+        let mut distinct: Vec<(usize, usize)> = st.seen.iter().map(|(l, e)| (*l, e.len())).collect();
+        distinct.sort();
+        s.distinct_experts = distinct;
+        s
+    }
+
+    pub fn reset_stats(&self) {
+        let mut st = self.shared.state.lock().expect("expert cache lock");
+        st.stats = StreamStats { cache_budget_bytes: self.shared.config.cache_bytes as u64, ..StreamStats::default() };
+        st.seen.clear();
+    }
+
+    /// Whether every expert file is read with direct I/O.
+    pub fn is_direct(&self) -> bool {
+        self.shared.files.iter().all(ExpertFile::is_direct)
+    }
+
+    pub fn files(&self) -> &[std::path::PathBuf] {
+        &self.shared.index.files
+    }
+
+    pub fn config(&self) -> &StreamConfig {
+        &self.shared.config
+    }
+}
+
+impl Drop for StreamingExperts {
+    fn drop(&mut self) {
+        self.shared.state.lock().expect("expert cache lock").shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl ExpertStore for StreamingExperts {
+    fn with_experts(&self, ids: &[ExpertId], use_expert: &mut dyn FnMut(usize, &Expert) -> Result<()>) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        let mut ready = Vec::new();
+        let mut pending = 0;
+        {
+            let mut st = self.shared.state.lock().expect("expert cache lock");
+            for (i, &id) in ids.iter().enumerate() {
+                st.stats.requests += 1;
+                st.seen.entry(id.layer).or_default().insert(id.expert);
+                st.tick += 1;
+                let tick = st.tick;
+                let State { entries, demand, prefetch, stats, used, .. } = &mut *st;
+                match entries.get_mut(&id) {
+                    Some(e) => {
+                        e.last_use = tick;
+                        e.uses += 1;
+                        match &e.slot {
+                            Slot::Ready(x) => {
+                                if std::mem::take(&mut e.unused_prefetch) {
+                                    stats.prefetch_hits += 1;
+                                } else {
+                                    stats.hits += 1;
+                                }
+                                ready.push((i, x.clone()));
+                            }
+                            Slot::Reading { prefetch: was_prefetch } => {
+                                if *was_prefetch {
+                                    stats.prefetch_hits += 1;
+                                    e.unused_prefetch = false;
+                                } else {
+                                    stats.misses += 1;
+                                }
+                                e.waiters.push((tx.clone(), i));
+                                pending += 1;
+                            }
+                            Slot::Queued { prefetch: true } => {
+                                // Not started: read it now, ahead of the other guesses.
+                                prefetch.retain(|p| *p != id);
+                                demand.push_back(id);
+                                e.slot = Slot::Queued { prefetch: false };
+                                e.unused_prefetch = false;
+                                stats.misses += 1;
+                                e.waiters.push((tx.clone(), i));
+                                pending += 1;
+                            }
+                            Slot::Queued { prefetch: false } => {
+                                stats.misses += 1;
+                                e.waiters.push((tx.clone(), i));
+                                pending += 1;
+                            }
+                        }
+                    }
+                    None => {
+                        let extent = self.shared.extent(id)?;
+                        let bytes = extent.buffer_bytes();
+                        *used += bytes;
+                        stats.misses += 1;
+                        entries.insert(
+                            id,
+                            Entry {
+                                slot: Slot::Queued { prefetch: false },
+                                waiters: vec![(tx.clone(), i)],
+                                bytes,
+                                last_use: tick,
+                                uses: 1,
+                                unused_prefetch: false,
+                            },
+                        );
+                        demand.push_back(id);
+                        pending += 1;
+                    }
+                }
+            }
+        }
+        self.shared.work.notify_all();
+        for (i, e) in ready {
+            use_expert(i, &e)?;
+        }
+        for _ in 0..pending {
+            let (i, e) = rx.recv().expect("the I/O threads answer every waiter");
+            let e = e?;
+            use_expert(i, &e)?;
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, ids: &[ExpertId]) {
+        let mut queued = false;
+        {
+            let mut st = self.shared.state.lock().expect("expert cache lock");
+            for &id in ids {
+                if st.entries.contains_key(&id) {
+                    continue;
+                }
+                let Ok(extent) = self.shared.extent(id) else { continue };
+                let bytes = extent.buffer_bytes();
+                st.used += bytes;
+                let tick = st.tick;
+                st.entries.insert(
+                    id,
+                    Entry {
+                        slot: Slot::Queued { prefetch: true },
+                        waiters: Vec::new(),
+                        bytes,
+                        last_use: tick,
+                        uses: 0,
+                        unused_prefetch: true,
+                    },
+                );
+                st.prefetch.push_back(id);
+                queued = true;
+            }
+        }
+        if queued {
+            self.shared.work.notify_all();
+        }
+    }
+
+    fn routed(&self, layer: usize, chosen: &[ExpertId]) {
+        let mut st = self.shared.state.lock().expect("expert cache lock");
+        let State { entries, prefetch, used, .. } = &mut *st;
+        prefetch.retain(|id| {
+            let keep = id.layer != layer || chosen.contains(id);
+            if !keep && let Some(e) = entries.remove(id) {
+                *used -= e.bytes;
+            }
+            keep
+        });
+    }
+}
+
+impl Shared {
+    fn extent(&self, id: ExpertId) -> Result<&ExpertExtent> {
+        self.index
+            .get(id)
+            .ok_or_else(|| EngineError::MissingTensor { name: format!("expert {} of layer {}", id.expert, id.layer) })
+    }
+
+    /// An I/O thread: take the next read (demand first), read and build the expert, hand it to
+    /// its waiters and the cache.
+    fn serve(&self) {
+        let mut st = self.state.lock().expect("expert cache lock");
+        loop {
+            if st.shutdown {
+                return;
+            }
+            let job = match st.demand.pop_front() {
+                Some(id) => Some((id, false)),
+                None if st.prefetch_in_flight < self.config.max_prefetch_in_flight => {
+                    st.prefetch.pop_front().map(|id| (id, true))
+                }
+                None => None,
+            };
+            let Some((id, prefetch)) = job else {
+                st = self.work.wait(st).expect("expert cache lock");
+                continue;
+            };
+            let Some(entry) = st.entries.get_mut(&id) else { continue };
+            entry.slot = Slot::Reading { prefetch };
+            if prefetch {
+                st.prefetch_in_flight += 1;
+            }
+            drop(st);
+            let result = self.read(id);
+            st = self.state.lock().expect("expert cache lock");
+            if prefetch {
+                st.prefetch_in_flight -= 1;
+            }
+            let entry = st.entries.get_mut(&id).expect("an entry being read is never removed");
+            let waiters = std::mem::take(&mut entry.waiters);
+            match result {
+                Ok((expert, disk_bytes)) => {
+                    let expert = Arc::new(expert);
+                    for (tx, i) in waiters {
+                        let _ = tx.send((i, Ok(expert.clone())));
+                    }
+                    entry.slot = Slot::Ready(expert);
+                    st.stats.disk_reads += 1;
+                    st.stats.disk_bytes += disk_bytes as u64;
+                    if prefetch {
+                        st.stats.prefetch_reads += 1;
+                        st.stats.prefetch_bytes += disk_bytes as u64;
+                    }
+                    self.evict(&mut st, id);
+                }
+                Err(e) => {
+                    let (path, reason) = match &e {
+                        EngineError::ExpertRead { path, reason, .. } => (path.clone(), reason.clone()),
+                        other => (self.index.files[0].clone(), other.to_string()),
+                    };
+                    for (tx, i) in waiters {
+                        let err = EngineError::ExpertRead {
+                            path: path.clone(),
+                            layer: id.layer,
+                            expert: id.expert,
+                            reason: reason.clone(),
+                        };
+                        let _ = tx.send((i, Err(err)));
+                    }
+                    if let Some(e) = st.entries.remove(&id) {
+                        st.used -= e.bytes;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drop cached experts until the budget holds, sparing `keep` (just read) while others can go.
+    fn evict(&self, st: &mut State, keep: ExpertId) {
+        while st.used > self.config.cache_bytes {
+            let victim = st
+                .entries
+                .iter()
+                .filter(|(id, e)| **id != keep && matches!(e.slot, Slot::Ready(_)))
+                .min_by_key(|(_, e)| match self.config.policy {
+                    CachePolicy::Lru => (0, e.last_use),
+                    CachePolicy::Lfu => (e.uses, e.last_use),
+                })
+                .map(|(id, _)| *id);
+            let Some(victim) = victim else { break };
+            let e = st.entries.remove(&victim).expect("victim is cached");
+            st.used -= e.bytes;
+            st.stats.evictions += 1;
+            if e.unused_prefetch {
+                st.stats.prefetch_wasted += 1;
+            }
+        }
+        if self.config.policy == CachePolicy::Lfu && st.stats.evictions > 0 && st.stats.evictions.is_multiple_of(1024) {
+            st.entries.values_mut().for_each(|e| e.uses /= 2);
+        }
+    }
+
+    /// Read one expert's runs and build its matrices over the read buffers (no copy for Q4_0).
+    fn read(&self, id: ExpertId) -> Result<(Expert, usize)> {
+        let extent = self.extent(id)?;
+        let mut disk = 0;
+        let mut bytes: [Option<WeightBytes>; 3] = [None, None, None];
+        for run in &extent.runs {
+            let file = &self.files[run.file];
+            let ReadRange { buf, skip, disk_bytes } =
+                file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
+                    path: file.path().to_path_buf(),
+                    layer: id.layer,
+                    expert: id.expert,
+                    reason: e.to_string(),
+                })?;
+            disk += disk_bytes;
+            for &m in &run.matrices {
+                let start = skip + (extent.matrices[m].offset - run.offset) as usize;
+                bytes[m] = Some(WeightBytes::Shared(buf.clone(), start..start + extent.matrices[m].len));
+            }
+        }
+        let linear = |m: usize| -> Result<Linear> {
+            let x = &extent.matrices[m];
+            let b = bytes[m].clone().expect("every matrix is in a run");
+            let view = TensorView { name: x.name.clone(), dtype: x.dtype, shape: x.shape.clone(), bytes: b.as_slice() };
+            Linear::from_bytes(&view, b.clone())
+        };
+        Ok((Expert::new(linear(0)?, linear(1)?, linear(2)?), disk))
+    }
+}

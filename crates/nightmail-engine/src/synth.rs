@@ -1,0 +1,362 @@
+//! Synthetic mixture-of-experts models: random weights in a real layout (llama.cpp's GGUF
+//! `qwen3moe`), of any size, for streaming benchmarks. llama.cpp loads them too.
+//!
+//! Random quantized bytes must decode to values symmetric around zero: uniform nibbles would
+//! make Q4_0 weights average −0.5·d, every router logit would share that bias, and routing would
+//! collapse onto a few experts per layer, which makes any cache look far better than it is. So a
+//! Q4_0 nibble is drawn uniformly from 1..=15 (weight −7..=7, never −8) and a Q8_0 byte from
+//! −127..=127.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use candle_core::quantized::gguf_file::Value;
+use half::f16;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::format::GgufFile;
+use crate::format::gguf_write::{TensorHeader, write_gguf};
+
+/// The architectures `model synth` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthArch {
+    Qwen3Moe,
+    DeepseekV3,
+}
+
+impl std::str::FromStr for SynthArch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qwen3_moe" => Ok(SynthArch::Qwen3Moe),
+            "deepseek_v3" => Ok(SynthArch::DeepseekV3),
+            other => Err(format!("unknown architecture `{other}`: use qwen3_moe or deepseek_v3")),
+        }
+    }
+}
+
+/// The element type of the routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthDtype {
+    Q4_0,
+    Q8_0,
+    Mxfp4,
+}
+
+impl std::str::FromStr for SynthDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "q4_0" => Ok(SynthDtype::Q4_0),
+            "q8_0" => Ok(SynthDtype::Q8_0),
+            "mxfp4" => Ok(SynthDtype::Mxfp4),
+            other => Err(format!("unknown expert dtype `{other}`: use q4_0, q8_0 or mxfp4")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SynthSpec {
+    pub arch: SynthArch,
+    pub layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub expert_ffn: usize,
+    pub dtype: SynthDtype,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Vocabulary size when no tokenizer is copied.
+    pub vocab: usize,
+    /// Copy `tokenizer.*` metadata (vocabulary, merges, chat template) from this GGUF.
+    pub tokenizer_from: Option<PathBuf>,
+    pub context_length: usize,
+    pub seed: u64,
+}
+
+impl SynthSpec {
+    /// Attention heads for a hidden size, as Qwen3-MoE sizes them: heads of 128 (or smaller for
+    /// tiny models), a quarter as many key/value heads.
+    pub fn default_heads(hidden: usize) -> (usize, usize, usize) {
+        let head_dim = hidden.min(128);
+        let heads = (hidden / head_dim).max(1);
+        (heads, (heads / 4).max(1), head_dim)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SynthReport {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub dense_bytes: u64,
+    pub expert_bytes: u64,
+    pub expert_bytes_per_token: u64,
+}
+
+/// splitmix64 (Steele et al. 2014): fast, and seeded per tensor and chunk so that parallel
+/// generation is reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, stream: u64) -> Self {
+        let mut r = Rng(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        r.next();
+        r
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Uniform in 0..n (Lemire's multiply-shift on 32 bits; bias below 2^-24 for small n).
+    fn below(&mut self, n: u32) -> u32 {
+        (((self.next() >> 32) * n as u64) >> 32) as u32
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy)]
+enum Fill {
+    Ones,
+    /// Uniform with this standard deviation.
+    Uniform(f32),
+}
+
+struct Planned {
+    header: TensorHeader,
+    fill: Fill,
+    expert: bool,
+}
+
+/// Write the model to `out`.
+pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
+    if spec.arch == SynthArch::DeepseekV3 {
+        return Err(EngineError::Unsupported {
+            what: "synthesizing deepseek_v3".into(),
+            hint: "the engine runs deepseek_v3 only once multi-head latent attention lands; use --arch qwen3_moe"
+                .into(),
+        });
+    }
+    let expert_dtype = match spec.dtype {
+        SynthDtype::Q4_0 => GgmlDType::Q4_0,
+        SynthDtype::Q8_0 => GgmlDType::Q8_0,
+        SynthDtype::Mxfp4 => {
+            return Err(EngineError::Unsupported {
+                what: "MXFP4 experts".into(),
+                hint: "the engine has no MXFP4 kernel yet; use --dtype q4_0 or q8_0".into(),
+            });
+        }
+    };
+    if !spec.hidden.is_multiple_of(32) || !spec.expert_ffn.is_multiple_of(32) {
+        return Err(EngineError::Unsupported {
+            what: format!("hidden {} / expert ffn {}", spec.hidden, spec.expert_ffn),
+            hint: "quantized rows need multiples of 32".into(),
+        });
+    }
+    if spec.top_k == 0 || spec.top_k > spec.experts {
+        return Err(EngineError::Unsupported {
+            what: format!("top-k {} of {} experts", spec.top_k, spec.experts),
+            hint: "choose 1 ≤ top-k ≤ experts".into(),
+        });
+    }
+    let arch = "qwen3moe";
+    let mut metadata: Vec<(String, Value)> = Vec::new();
+    let mut vocab = spec.vocab;
+    if let Some(src) = &spec.tokenizer_from {
+        let g = GgufFile::open(src)?;
+        let mut keys: Vec<&String> = g.content().metadata.keys().filter(|k| k.starts_with("tokenizer.")).collect();
+        keys.sort();
+        for k in keys {
+            metadata.push((k.clone(), g.content().metadata[k].clone()));
+        }
+        vocab = g.value("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len).ok_or_else(|| {
+            EngineError::MissingMetadata { key: format!("tokenizer.ggml.tokens in {}", src.display()) }
+        })?;
+    }
+    let k = |key: &str| format!("{arch}.{key}");
+    let u32v = |v: usize| Value::U32(v as u32);
+    metadata.splice(
+        0..0,
+        [
+            ("general.architecture".to_string(), Value::String(arch.into())),
+            ("general.name".to_string(), Value::String("nightmail synthetic qwen3moe".into())),
+            (k("block_count"), u32v(spec.layers)),
+            (k("context_length"), u32v(spec.context_length)),
+            (k("embedding_length"), u32v(spec.hidden)),
+            (k("feed_forward_length"), u32v(spec.expert_ffn * spec.top_k)),
+            (k("attention.head_count"), u32v(spec.heads)),
+            (k("attention.head_count_kv"), u32v(spec.kv_heads)),
+            (k("attention.key_length"), u32v(spec.head_dim)),
+            (k("attention.value_length"), u32v(spec.head_dim)),
+            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (k("rope.freq_base"), Value::F32(1_000_000.0)),
+            (k("expert_count"), u32v(spec.experts)),
+            (k("expert_used_count"), u32v(spec.top_k)),
+            (k("expert_feed_forward_length"), u32v(spec.expert_ffn)),
+        ],
+    );
+    if spec.tokenizer_from.is_none() {
+        metadata.push((k("vocab_size"), u32v(vocab)));
+    }
+
+    let (h, f, e) = (spec.hidden, spec.expert_ffn, spec.experts);
+    let (q_dim, kv_dim) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+    let inv = |n: usize| 1.0 / (n as f32).sqrt();
+    let mut plan: Vec<Planned> = Vec::new();
+    let mut add = |name: String, dtype, shape: &[usize], fill, expert| {
+        plan.push(Planned { header: TensorHeader::new(name, dtype, shape), fill, expert })
+    };
+    add("token_embd.weight".into(), GgmlDType::F16, &[vocab, h], Fill::Uniform(1.0), false);
+    for l in 0..spec.layers {
+        let b = |n: &str| format!("blk.{l}.{n}");
+        add(b("attn_norm.weight"), GgmlDType::F32, &[h], Fill::Ones, false);
+        add(b("attn_q.weight"), GgmlDType::F16, &[q_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_k.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_v.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_output.weight"), GgmlDType::F16, &[h, q_dim], Fill::Uniform(inv(q_dim)), false);
+        add(b("attn_q_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
+        add(b("attn_k_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
+        add(b("ffn_norm.weight"), GgmlDType::F32, &[h], Fill::Ones, false);
+        add(b("ffn_gate_inp.weight"), GgmlDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
+        add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
+        add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
+        add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(inv(f)), true);
+    }
+    add("output_norm.weight".into(), GgmlDType::F32, &[h], Fill::Ones, false);
+    add("output.weight".into(), GgmlDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
+
+    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
+    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
+    // 4 KiB alignment: every tensor, and so every expert slice of a stacked tensor whose size is
+    // a multiple of 4 KiB, can be read with O_DIRECT in place.
+    write_gguf(out, &metadata, &headers, 4096, |i, w| write_tensor(&plan[i], spec.seed, i as u64, w)).map_err(io)?;
+    let file = std::fs::File::open(out).map_err(io)?;
+    let bytes = file.metadata().map_err(io)?.len();
+    // What was just written need not stay in the page cache.
+    crate::stream::io::drop_from_page_cache(&file, 0, bytes as usize);
+    let expert_bytes: u64 = plan.iter().filter(|p| p.expert).map(|p| p.header.byte_len() as u64).sum();
+    let dense_bytes: u64 = plan.iter().filter(|p| !p.expert).map(|p| p.header.byte_len() as u64).sum();
+    Ok(SynthReport {
+        path: out.to_path_buf(),
+        bytes,
+        dense_bytes,
+        expert_bytes,
+        expert_bytes_per_token: expert_bytes * spec.top_k as u64 / spec.experts as u64,
+    })
+}
+
+/// Generate and write one tensor, in parallel chunks of whole rows.
+fn write_tensor(p: &Planned, seed: u64, index: u64, w: &mut dyn Write) -> std::io::Result<()> {
+    let t = &p.header;
+    let cols = *t.shape.last().expect("tensors have a shape");
+    let rows: usize = t.shape.iter().product::<usize>() / cols;
+    let row_bytes = t.byte_len() / rows;
+    // About 4 MiB per chunk, 16 chunks generated at once.
+    let rows_per_chunk = ((4 << 20) / row_bytes).clamp(1, rows);
+    let chunks = rows.div_ceil(rows_per_chunk);
+    for batch in (0..chunks).collect::<Vec<_>>().chunks(16) {
+        let bufs: Vec<Vec<u8>> = batch
+            .par_iter()
+            .map(|&c| {
+                let n = rows_per_chunk.min(rows - c * rows_per_chunk);
+                let mut rng = Rng::new(seed, (index << 32) | c as u64);
+                random_rows(t.dtype, p.fill, n * cols, &mut rng)
+            })
+            .collect();
+        for b in bufs {
+            w.write_all(&b)?;
+        }
+    }
+    Ok(())
+}
+
+fn random_rows(dtype: GgmlDType, fill: Fill, elems: usize, rng: &mut Rng) -> Vec<u8> {
+    let sigma = match fill {
+        Fill::Ones => 0.0,
+        Fill::Uniform(s) => s,
+    };
+    // Uniform on [−a, a] has standard deviation a/√3.
+    let a = sigma * 3f32.sqrt();
+    let mut uniform = || match fill {
+        Fill::Ones => 1.0,
+        Fill::Uniform(_) => (rng.unit() * 2.0 - 1.0) * a,
+    };
+    match dtype {
+        GgmlDType::F32 => (0..elems).flat_map(|_| uniform().to_le_bytes()).collect(),
+        GgmlDType::F16 => (0..elems).flat_map(|_| f16::from_f32(uniform()).to_le_bytes()).collect(),
+        GgmlDType::Q4_0 => {
+            // q uniform on −7..=7 has variance (15² − 1)/12.
+            let d = sigma / (224f32 / 12.0).sqrt();
+            let mut out = Vec::with_capacity(elems / 32 * 18);
+            for _ in 0..elems / 32 {
+                let scale = f16::from_f32(d * (0.8 + 0.4 * rng.unit()));
+                out.extend_from_slice(&scale.to_le_bytes());
+                for _ in 0..16 {
+                    let lo = 1 + rng.below(15) as u8;
+                    let hi = 1 + rng.below(15) as u8;
+                    out.push(lo | (hi << 4));
+                }
+            }
+            out
+        }
+        GgmlDType::Q8_0 => {
+            let d = sigma / (65024f32 / 12.0).sqrt();
+            let mut out = Vec::with_capacity(elems / 32 * 34);
+            for _ in 0..elems / 32 {
+                let scale = f16::from_f32(d * (0.8 + 0.4 * rng.unit()));
+                out.extend_from_slice(&scale.to_le_bytes());
+                for _ in 0..32 {
+                    out.push((rng.below(255) as i32 - 127) as i8 as u8);
+                }
+            }
+            out
+        }
+        other => unreachable!("synth writes no {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_0_nibbles_are_symmetric_and_never_minus_8() {
+        let mut rng = Rng::new(7, 1);
+        let bytes = random_rows(GgmlDType::Q4_0, Fill::Uniform(0.05), 32 * 4096, &mut rng);
+        let mut counts = [0u64; 16];
+        for block in bytes.chunks_exact(18) {
+            for b in &block[2..] {
+                counts[(b & 0xF) as usize] += 1;
+                counts[(b >> 4) as usize] += 1;
+            }
+        }
+        assert_eq!(counts[0], 0, "nibble 0 decodes to −8");
+        let n: u64 = counts.iter().sum();
+        let mean: f64 = counts.iter().enumerate().map(|(q, c)| (q as f64 - 8.0) * *c as f64).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 0.02, "mean weight {mean} (in units of d) is not centred");
+        for (q, c) in counts.iter().enumerate().skip(1) {
+            let expect = n as f64 / 15.0;
+            assert!((*c as f64 - expect).abs() < expect * 0.05, "nibble {q}: {c} of {n}");
+        }
+    }
+
+    #[test]
+    fn q8_0_bytes_span_minus_127_to_127() {
+        let mut rng = Rng::new(7, 2);
+        let bytes = random_rows(GgmlDType::Q8_0, Fill::Uniform(0.05), 32 * 2048, &mut rng);
+        let vals: Vec<i8> = bytes.chunks_exact(34).flat_map(|b| b[2..].iter().map(|x| *x as i8)).collect();
+        assert!(!vals.contains(&i8::MIN));
+        let mean = vals.iter().map(|v| *v as f64).sum::<f64>() / vals.len() as f64;
+        assert!(mean.abs() < 1.0, "mean {mean}");
+    }
+}
