@@ -124,6 +124,9 @@ pub enum BackendConfig {
         top_p: Option<f32>,
         top_k: Option<usize>,
         seed: Option<u64>,
+        /// Stream the model's routed experts from disk through a RAM cache of this many MiB
+        /// (dense weights stay resident); `None` loads every expert.
+        expert_cache_mb: Option<usize>,
     },
 }
 

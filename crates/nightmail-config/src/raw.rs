@@ -166,6 +166,8 @@ struct RawModel {
     top_p: Option<f32>,
     top_k: Option<usize>,
     seed: Option<u64>,
+    /// Stream routed experts from disk through a cache of this many MiB.
+    expert_cache_mb: Option<usize>,
 }
 
 fn default_max_tokens() -> u32 {
@@ -368,7 +370,13 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
                     format!("model {address}: backend \"local\" needs `path` (a GGUF file or a model directory)"),
                 ));
             };
-            BackendConfig::Local { path: path.clone(), top_p: m.top_p, top_k: m.top_k, seed: m.seed }
+            BackendConfig::Local {
+                path: path.clone(),
+                top_p: m.top_p,
+                top_k: m.top_k,
+                seed: m.seed,
+                expert_cache_mb: m.expert_cache_mb,
+            }
         }
         other => {
             return Err(

@@ -24,6 +24,10 @@ pub struct BenchOptions {
     pub prompt_tokens: Vec<u32>,
     /// Bytes of the file read sequentially to measure the disk, before and after the decode.
     pub probe_bytes: u64,
+    /// Feed back each step's argmax. Otherwise each step is fed a pseudo-random token (seeded),
+    /// as llama.cpp's llama-bench does: a random-weight model's greedy output repeats one token,
+    /// whose identical routes would make the cache look far better than real text does.
+    pub greedy: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -131,8 +135,17 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let prefill_s = t0.elapsed().as_secs_f64();
     model.reset_stats();
     let t0 = Instant::now();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
     for _ in 0..opts.tokens {
-        let next = argmax(&logits);
+        let next = if opts.greedy {
+            argmax(&logits)
+        } else {
+            // xorshift64* (Marsaglia 2003; Vigna 2016)
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            (seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as u32 % vocab
+        };
         logits = model.logits(&[next], &mut cache)?;
     }
     let decode_s = t0.elapsed().as_secs_f64();

@@ -212,6 +212,15 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     let (h, f, e) = (spec.hidden, spec.expert_ffn, spec.experts);
     let (q_dim, kv_dim) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
     let inv = |n: usize| 1.0 / (n as f32).sqrt();
+    // Residual branches are scaled down with depth (GPT-2's 1/√(2·layers) init, Radford et al.
+    // 2019, and further for attention): a random decoder's attention outputs average over the
+    // same history at every step and add up across layers into one shared direction, which drowns
+    // the token's own signal; deep layers then route every token to the same few experts. With
+    // these scales routing stays nearly as diverse at the last layer as at the first, as in a
+    // trained model.
+    let layers = spec.layers.max(1) as f32;
+    let attn_out = inv(q_dim) / layers;
+    let ffn_down = inv(f) / (2.0 * layers).sqrt();
     let mut plan: Vec<Planned> = Vec::new();
     let mut add = |name: String, dtype, shape: &[usize], fill, expert| {
         plan.push(Planned { header: TensorHeader::new(name, dtype, shape), fill, expert })
@@ -223,14 +232,14 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         add(b("attn_q.weight"), GgmlDType::F16, &[q_dim, h], Fill::Uniform(inv(h)), false);
         add(b("attn_k.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
         add(b("attn_v.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_output.weight"), GgmlDType::F16, &[h, q_dim], Fill::Uniform(inv(q_dim)), false);
+        add(b("attn_output.weight"), GgmlDType::F16, &[h, q_dim], Fill::Uniform(attn_out), false);
         add(b("attn_q_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
         add(b("attn_k_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
         add(b("ffn_norm.weight"), GgmlDType::F32, &[h], Fill::Ones, false);
         add(b("ffn_gate_inp.weight"), GgmlDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
         add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
         add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
-        add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(inv(f)), true);
+        add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(ffn_down), true);
     }
     add("output_norm.weight".into(), GgmlDType::F32, &[h], Fill::Ones, false);
     add("output.weight".into(), GgmlDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);

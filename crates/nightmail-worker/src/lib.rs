@@ -51,8 +51,8 @@ pub fn backends(config: &Config) -> Backends {
                 let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
                 Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
             }
-            nightmail_config::BackendConfig::Local { path, top_p, top_k, seed } => {
-                Arc::new(backend::local::Local::new(path.clone(), *top_p, *top_k, *seed))
+            nightmail_config::BackendConfig::Local { path, top_p, top_k, seed, expert_cache_mb } => {
+                Arc::new(backend::local::Local::new(path.clone(), *top_p, *top_k, *seed, *expert_cache_mb))
             }
         };
         map.insert(model.address.clone(), backend);

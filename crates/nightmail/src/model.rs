@@ -126,6 +126,10 @@ pub enum ModelCommand {
         /// MiB read sequentially to measure the disk, before and after.
         #[arg(long, default_value_t = 1024)]
         probe_mb: u64,
+        /// Feed back each step's most likely token instead of a seeded pseudo-random one (a
+        /// random-weight model then repeats one token, and its routes).
+        #[arg(long)]
+        greedy: bool,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -226,6 +230,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             io_threads,
             prompt_tokens,
             probe_mb,
+            greedy,
             json,
         } => {
             let mut stream = StreamConfig::with_cache_mb(cache_mb);
@@ -233,8 +238,14 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             stream.prefetch_depth = prefetch;
             stream.max_prefetch_in_flight = prefetch_in_flight;
             stream.io_threads = io_threads;
-            let opts =
-                nightmail_engine::BenchOptions { model, stream, tokens, prompt_tokens, probe_bytes: probe_mb << 20 };
+            let opts = nightmail_engine::BenchOptions {
+                model,
+                stream,
+                tokens,
+                prompt_tokens,
+                probe_bytes: probe_mb << 20,
+                greedy,
+            };
             let r = nightmail_engine::bench(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);

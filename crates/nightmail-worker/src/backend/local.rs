@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use nightmail_engine::{ChatMessage, GenerateRequest, Model, Prompt, Sampling, StopReason};
+use nightmail_engine::{
+    ChatMessage, EngineError, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StopReason, StreamConfig,
+};
 use tokio::sync::{mpsc, watch};
 
 use super::{Backend, BackendError, BoxFuture, Event, Outcome, Request, ThinkSplitter};
@@ -19,12 +21,20 @@ struct Inner {
     top_p: Option<f32>,
     top_k: Option<usize>,
     seed: u64,
+    expert_cache_mb: Option<usize>,
     model: Mutex<Option<Arc<Model>>>,
 }
 
 impl Local {
-    pub fn new(path: PathBuf, top_p: Option<f32>, top_k: Option<usize>, seed: Option<u64>) -> Local {
-        Local { inner: Arc::new(Inner { path, top_p, top_k, seed: seed.unwrap_or(0), model: Mutex::new(None) }) }
+    pub fn new(
+        path: PathBuf,
+        top_p: Option<f32>,
+        top_k: Option<usize>,
+        seed: Option<u64>,
+        expert_cache_mb: Option<usize>,
+    ) -> Local {
+        let seed = seed.unwrap_or(0);
+        Local { inner: Arc::new(Inner { path, top_p, top_k, seed, expert_cache_mb, model: Mutex::new(None) }) }
     }
 }
 
@@ -35,7 +45,8 @@ impl Inner {
         if let Some(model) = slot.as_ref() {
             return Ok(model.clone());
         }
-        let model = Model::load(&self.path).map_err(|e| BackendError::Permanent(e.to_string()))?;
+        let options = LoadOptions { stream: self.expert_cache_mb.map(StreamConfig::with_cache_mb) };
+        let model = Model::load_with(&self.path, &options).map_err(|e| BackendError::Permanent(e.to_string()))?;
         let model = Arc::new(model);
         *slot = Some(model.clone());
         Ok(model)
@@ -78,7 +89,11 @@ impl Inner {
                 }
                 ControlFlow::Continue(())
             })
-            .map_err(|e| BackendError::Transient(e.to_string()))?;
+            .map_err(|e| match e {
+                // A damaged model file stays damaged: fail the job with a notice, not retries.
+                EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
+                e => BackendError::Transient(e.to_string()),
+            })?;
         for event in think.finish() {
             count(&mut outcome, event);
         }

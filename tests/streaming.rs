@@ -1,0 +1,138 @@
+//! Streaming experts with the real binary: `model synth` writes a MoE model larger than the
+//! cache, `model bench` runs it inside a memory cgroup sized to the dense weights plus the cache
+//! budget plus 10%, and its resident memory stays within that.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_nightmail");
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A model of 4 MoE layers of 32 experts (2.65 MiB each, 340 MiB in all) and 350 MiB of dense
+/// weights: the 128 MiB cache holds about a layer and a half.
+fn synth(dir: &Path) -> PathBuf {
+    let out = dir.join("synth.gguf");
+    run(Command::new(BIN).args(["model", "synth", "--layers", "4", "--experts", "32", "--top-k", "4"]).args([
+        "--hidden",
+        "2048",
+        "--expert-ffn",
+        "768",
+        "--vocab",
+        "32000",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    out
+}
+
+/// A cgroup v1 memory group limited to `limit` bytes, removed on drop; None where this process
+/// may not make one (not root, or no v1 memory controller).
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> Option<Self> {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join(format!("nightmail-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let group = MemoryCgroup(dir);
+        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(group)
+    }
+
+    /// The command, started inside the group (a shell joins it, then execs).
+    fn wrap(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", self.0.display()));
+        c.arg(program).args(args);
+        c
+    }
+
+    fn oom_kills(&self) -> u64 {
+        let text = std::fs::read_to_string(self.0.join("memory.oom_control")).unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn bench_streams_a_model_larger_than_its_cache_within_dense_plus_cache_plus_ten_percent() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let model = synth(dir.path());
+    let cache_mb = 128u64;
+    let inspect: serde_json::Value =
+        serde_json::from_str(&run(Command::new(BIN).args(["model", "inspect", "--json", model.to_str().unwrap()])))
+            .unwrap();
+    let dense = inspect["dense_bytes"].as_u64().unwrap();
+    let experts = inspect["expert_bytes"].as_u64().unwrap();
+    assert!(experts > 2 * (cache_mb << 20), "the experts ({experts} B) must not fit in the cache");
+    let bound = (dense + (cache_mb << 20)) * 11 / 10;
+
+    let args = ["model", "bench", "--model", model.to_str().unwrap(), "--cache-mb", "128", "--tokens", "8"];
+    let args: Vec<&str> = args.into_iter().chain(["--probe-mb", "64", "--json"]).collect();
+    let group = MemoryCgroup::new(bound);
+    let mut cmd = match &group {
+        Some(g) => g.wrap(BIN, &args),
+        None => {
+            eprintln!("no cgroup v1 memory controller writable here: checking RSS without the limit");
+            let mut c = Command::new(BIN);
+            c.args(&args);
+            c
+        }
+    };
+    let out = cmd.output().unwrap();
+    if let Some(g) = &group {
+        assert_eq!(g.oom_kills(), 0, "the bench was OOM-killed in a {bound}-byte cgroup");
+    }
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "s_per_token",
+        "disk_bytes_per_token",
+        "hit_rate",
+        "prefetch_recall",
+        "disk_gbps",
+        "floor_s_per_token",
+        "ratio_to_floor",
+    ] {
+        assert!(r[key].as_f64().is_some_and(f64::is_finite), "`{key}` missing or not a number: {r}");
+    }
+    let peak = r["rss_peak_bytes"].as_u64().unwrap();
+    assert!(peak > dense, "RSS {peak} is below the dense weights {dense}: not measured?");
+    assert!(peak <= bound, "peak RSS {peak} B exceeds dense {dense} + cache {} + 10% = {bound}", cache_mb << 20);
+    // The cache really turned over: the experts asked for exceed what it holds.
+    assert!(r["stats"]["evictions"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["disk_bytes_per_token"].as_f64().unwrap() > 0.0);
+    // Routing on symmetric random weights spreads over many experts per layer.
+    for pair in r["distinct_experts"].as_array().unwrap() {
+        assert!(pair[1].as_u64().unwrap() >= 8, "layer {} routed to only {} experts", pair[0], pair[1]);
+    }
+}
+
+#[test]
+fn synth_refuses_what_the_engine_cannot_run_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.gguf");
+    for (flag, value, says) in [("--arch", "deepseek_v3", "deepseek_v3"), ("--dtype", "mxfp4", "MXFP4")] {
+        let o = Command::new(BIN)
+            .args(["model", "synth", "--layers", "1", "--experts", "4", "--top-k", "2", "--hidden", "64"])
+            .args(["--expert-ffn", "64", flag, value, "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says) && err.contains("not supported"), "{err}");
+    }
+}
