@@ -24,6 +24,8 @@ pub struct BenchOptions {
     pub prompt_tokens: Vec<u32>,
     /// Bytes of the file read sequentially to measure the disk, before and after the decode.
     pub probe_bytes: u64,
+    /// Probe reads in flight: the disk's best sequential rate needs a deep queue.
+    pub probe_parallel: usize,
     /// Feed back each step's argmax. Otherwise each step is fed a pseudo-random token (seeded),
     /// as llama.cpp's llama-bench does: a random-weight model's greedy output repeats one token,
     /// whose identical routes would make the cache look far better than real text does.
@@ -114,7 +116,7 @@ pub fn rss() -> Rss {
 pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let (file, start) = expert_region(&opts.model)?;
     let probe = |what: &str| {
-        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, 4)
+        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
             .map_err(|source| EngineError::Io { path: file.clone(), source })
             .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
     };

@@ -126,6 +126,9 @@ pub enum ModelCommand {
         /// MiB read sequentially to measure the disk, before and after.
         #[arg(long, default_value_t = 1024)]
         probe_mb: u64,
+        /// Probe reads (4 MiB each) in flight.
+        #[arg(long, default_value_t = 16)]
+        probe_parallel: usize,
         /// Feed back each step's most likely token instead of a seeded pseudo-random one (a
         /// random-weight model then repeats one token, and its routes).
         #[arg(long)]
@@ -230,6 +233,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             io_threads,
             prompt_tokens,
             probe_mb,
+            probe_parallel,
             greedy,
             json,
         } => {
@@ -244,6 +248,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 tokens,
                 prompt_tokens,
                 probe_bytes: probe_mb << 20,
+                probe_parallel,
                 greedy,
             };
             let r = nightmail_engine::bench(&opts)?;

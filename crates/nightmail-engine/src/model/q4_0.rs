@@ -34,11 +34,11 @@ impl Q4_0Matrix {
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
         let row_bytes = self.cols / QK * BLOCK_BYTES;
         let blocks = self.bytes.as_slice();
-        let avx2 = has_avx2();
+        let avx2 = has_avx2() && has_f16c();
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
             for (t, y) in out.iter_mut().enumerate() {
-                // SAFETY: AVX2 and FMA were detected at run time.
+                // SAFETY: AVX2, FMA and F16C were detected at run time.
                 *y = if avx2 { unsafe { dot_avx2(row, &q8[t]) } } else { dot_scalar(row, &q8[t]) };
             }
         })
@@ -62,8 +62,19 @@ fn dot_scalar(row: &[u8], x: &[Q8Block]) -> f32 {
     sum
 }
 
+fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_avx2(row: &[u8], x: &[Q8Block]) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = _mm256_setzero_ps();
@@ -79,7 +90,8 @@ unsafe fn dot_avx2(row: &[u8], x: &[Q8Block]) -> f32 {
         let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
         // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
         let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale(block) * xb.d), _mm256_cvtepi32_ps(pairs), acc);
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([block[0], block[1]]) as i32)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), acc);
     }
     super::matvec::hsum_avx2(acc)
 }
