@@ -43,7 +43,7 @@ trap cleanup EXIT
 mkdir "$cg"
 echo $((MEM_GIB * 1024 * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
 sync; echo 3 > /proc/sys/vm/drop_caches
-ours=$(sh -c 'echo $$ > "$0/cgroup.procs" && shift && exec "$@"' "$cg" "$NM" model bench --model "$MODEL" \
+ours=$(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$NM" model bench --model "$MODEL" \
     --cache-mb "$CACHE_MB" --tokens "$TOKENS" --json)
 oom=$(awk '/oom_kill /{print $2}' "$cg/memory.oom_control")
 rmdir "$cg"
