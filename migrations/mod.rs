@@ -15,6 +15,8 @@ mod m0001_initial;
 mod m0002_queue_index;
 #[path = "0003_threads_and_outbound.rs"]
 mod m0003_threads_and_outbound;
+#[path = "0004_message_refs.rs"]
+mod m0004_message_refs;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -23,6 +25,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (1, "initial", m0001_initial::apply),
     (2, "queue_index", m0002_queue_index::apply),
     (3, "threads_and_outbound", m0003_threads_and_outbound::apply),
+    (4, "message_refs", m0004_message_refs::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

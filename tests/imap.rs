@@ -394,6 +394,51 @@ fn garbage_unbalanced_and_huge_literals_get_bad_and_the_daemon_keeps_serving() {
     assert!(other.cmd("NOOP").1.contains(" OK "), "the daemon keeps serving");
 }
 
+/// `me`'s mailbox `name` as the store holds it: (UID, message key) pairs. The daemon must be stopped.
+fn stored_mail(daemon: &Daemon, name: &str) -> Vec<(u32, nightmail_store::MessageKey)> {
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    let mailbox = store.mailbox("me", name).unwrap().unwrap();
+    store.mail(mailbox.id).unwrap().iter().map(|m| (m.uid.0, m.message)).collect()
+}
+
+#[test]
+fn expunging_the_last_copy_deletes_the_bytes_and_a_copy_in_another_mailbox_keeps_them() {
+    let mut daemon = Daemon::start();
+    let mut raw = Raw::login(daemon.imap, "me");
+    append_raw(&mut raw, "INBOX", &plain("doomed", "x"));
+    append_raw(&mut raw, "INBOX", &plain("kept", "y"));
+    drop(raw);
+    daemon.stop();
+    let keys: Vec<_> = stored_mail(&daemon, "INBOX").into_iter().map(|(_, key)| key).collect();
+    daemon.restart();
+
+    let mut a = Raw::login(daemon.imap, "me");
+    let mut b = Raw::login(daemon.imap, "me");
+    a.cmd("SELECT INBOX");
+    b.cmd("SELECT INBOX");
+    assert!(a.cmd("COPY 2 Archive").1.contains(" OK "));
+    a.cmd("STORE 1:2 +FLAGS.SILENT (\\Deleted)");
+    let (untagged, done) = a.cmd("EXPUNGE");
+    assert_eq!(untagged, vec!["* 2 EXPUNGE", "* 1 EXPUNGE"], "{done}");
+    // b has not been told yet (no EXPUNGE during FETCH by number, RFC 3501 §7.4.1), and the bytes
+    // of message 1 are gone: RFC 2180 §4.1.3's NO, then NOOP brings the view up to date.
+    let (untagged, done) = b.cmd("FETCH 1:2 (BODY.PEEK[])");
+    assert!(done.contains(" NO [EXPUNGEISSUED]"), "{untagged:?} {done}");
+    assert!(untagged.iter().all(|l| !l.contains("doomed")), "{untagged:?}");
+    assert!(untagged.iter().any(|l| l.starts_with("* 2 FETCH") && l.contains("Subject: kept")), "{untagged:?}");
+    let (untagged, _) = b.cmd("NOOP");
+    assert_eq!(&untagged[..2], &["* 2 EXPUNGE", "* 1 EXPUNGE"]);
+    drop((a, b));
+    daemon.stop();
+
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    assert_eq!(store.message(keys[0]).unwrap(), None, "the last copy was expunged: bytes deleted");
+    let kept = store.message(keys[1]).unwrap().expect("Archive still holds the copy");
+    assert!(String::from_utf8_lossy(&kept).contains("Subject: kept"));
+    let archive = store.mailbox("me", "Archive").unwrap().unwrap();
+    assert_eq!(store.mail(archive.id).unwrap()[0].message, keys[1]);
+}
+
 #[test]
 fn out_of_range_sequence_sets_are_bad_and_unknown_uids_are_empty() {
     let daemon = Daemon::start();
