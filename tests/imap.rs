@@ -439,6 +439,51 @@ fn expunging_the_last_copy_deletes_the_bytes_and_a_copy_in_another_mailbox_keeps
     assert_eq!(store.mail(archive.id).unwrap()[0].message, keys[1]);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
+    let mut daemon = Daemon::start();
+    let mut s = login(daemon.imap, "me").await;
+    // RFC 3501 §5.1.3: clients send and see "Entwürfe" as "Entw&APw-rfe", "Ä" as "&AMQ-".
+    s.create("Entw&APw-rfe").await.unwrap();
+    s.create("&AMQ-/Unter").await.unwrap();
+    s.create("Tom &- Jerry").await.unwrap();
+    let names = |list: Vec<async_imap::types::Name>| {
+        let mut names: Vec<String> = list.iter().map(|n| n.name().to_string()).collect();
+        names.sort();
+        names
+    };
+    let all = names(s.list(Some(""), Some("*")).await.unwrap().try_collect().await.unwrap());
+    for name in ["Entw&APw-rfe", "&AMQ-/Unter", "Tom &- Jerry"] {
+        assert!(all.contains(&name.to_string()), "{name} in {all:?}");
+    }
+    let found = names(s.list(Some(""), Some("Entw&APw-%")).await.unwrap().try_collect().await.unwrap());
+    assert_eq!(found, ["Entw&APw-rfe"], "patterns are matched on the decoded names");
+    let found = names(s.list(Some("&AMQ-/"), Some("%")).await.unwrap().try_collect().await.unwrap());
+    assert_eq!(found, ["&AMQ-/Unter"]);
+    s.append("Entw&APw-rfe", None, None, plain("draft", "d")).await.unwrap();
+    assert_eq!(s.select("Entw&APw-rfe").await.unwrap().exists, 1);
+    s.rename("Entw&APw-rfe", "Entw&APw-rfe (alt)").await.unwrap();
+    assert_eq!(s.status("Entw&APw-rfe (alt)", "(MESSAGES)").await.unwrap().exists, 1);
+    for invalid in ["&Jjo!", "&AGE-", "&AMQ", "&AOQ-&APY-"] {
+        let err = s.create(invalid).await.unwrap_err();
+        assert!(matches!(err, async_imap::error::Error::Bad(_)), "{invalid}: {err:?}");
+    }
+    s.logout().await.unwrap();
+    let mut raw = Raw::login(daemon.imap, "me");
+    raw.send("r1 CREATE {9}\r\n".as_bytes());
+    assert!(raw.line().starts_with('+'));
+    raw.send("Entwürfe\r\n".as_bytes());
+    let (_, done) = raw.until("r1");
+    assert!(done.starts_with("r1 BAD"), "8-bit names are not modified UTF-7: {done}");
+    drop(raw);
+    daemon.stop();
+
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    let mut stored: Vec<String> = store.mailboxes("me").unwrap().into_iter().map(|m| m.name).collect();
+    stored.sort();
+    assert_eq!(stored, ["Archive", "Drafts", "Entwürfe (alt)", "INBOX", "Sent", "Tom & Jerry", "Trash", "Ä/Unter"]);
+}
+
 #[test]
 fn out_of_range_sequence_sets_are_bad_and_unknown_uids_are_empty() {
     let daemon = Daemon::start();

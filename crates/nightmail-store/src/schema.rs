@@ -5,7 +5,7 @@
 //! | `meta`          | `schema_version`, `uidvalidity`  | u32 big-endian               |
 //! | `messages`      | MessageKey                       | raw RFC 5322 bytes           |
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
-//! | `mailbox_names` | owner `\0` name                  | MailboxId                    |
+//! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
 //! | `jobs`          | JobId                            | JSON `Job`                   |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
@@ -19,7 +19,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";

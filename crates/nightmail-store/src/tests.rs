@@ -390,3 +390,24 @@ async fn a_schema_3_store_gets_holder_counts_and_loses_unheld_bytes() {
     expunge_all(&store, inbox).await;
     assert_eq!(store.message(kept).unwrap(), None, "the rebuilt count lets EXPUNGE collect it");
 }
+
+#[tokio::test]
+async fn a_schema_4_store_keeps_mailbox_names_as_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let drafts = {
+        let store = Store::open_to(dir.path(), 4).unwrap();
+        for name in ["INBOX", "Entw&APw-rfe", "Tom &- Jerry", "a&b", "Ä", "&AMQ-"] {
+            store.create_mailbox("me", name).await.unwrap();
+        }
+        store.mailbox("me", "Entw&APw-rfe").unwrap().unwrap()
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    let mut names: Vec<String> = store.mailboxes("me").unwrap().into_iter().map(|m| m.name).collect();
+    names.sort();
+    // "a&b" is not modified UTF-7 and "&AMQ-" would collide with "Ä": both stay as they were.
+    assert_eq!(names, ["&AMQ-", "Entwürfe", "INBOX", "Tom & Jerry", "a&b", "Ä"]);
+    let renamed = store.mailbox("me", "Entwürfe").unwrap().unwrap();
+    assert_eq!((renamed.id, renamed.uid_validity), (drafts.id, drafts.uid_validity), "a rename, not a new mailbox");
+    assert!(store.mailbox("me", "Entw&APw-rfe").unwrap().is_none());
+}
