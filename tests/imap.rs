@@ -439,6 +439,40 @@ fn expunging_the_last_copy_deletes_the_bytes_and_a_copy_in_another_mailbox_keeps
     assert_eq!(store.mail(archive.id).unwrap()[0].message, keys[1]);
 }
 
+#[test]
+fn before_login_only_small_literals_are_read_and_after_login_the_message_limit_applies() {
+    let daemon = Daemon::start();
+    let (mut raw, _) = Raw::connect(daemon.imap);
+    // Refused before any literal byte is sent: the client is told at once, and need not send it.
+    raw.send(b"a1 LOGIN {100000}\r\n");
+    let refused = raw.line();
+    assert!(refused.starts_with("a1 BAD"), "{refused}");
+    raw.send(b"a2 LOGIN {8193}\r\n");
+    assert!(raw.line().starts_with("a2 BAD"), "8 KiB is the bound before login");
+    raw.send(b"a3 LOGIN {2}\r\n");
+    assert!(raw.line().starts_with('+'));
+    // A command pipelined right after LOGIN survives the change of limits.
+    raw.send(format!("me \"{PASSWORD}\"\r\na4 NOOP\r\n").as_bytes());
+    assert!(raw.until("a3").1.contains(" OK "));
+    assert!(raw.until("a4").1.contains(" OK "));
+    let line = format!("{}\r\n", "x".repeat(98));
+    let big = format!("Subject: big\r\n\r\n{}", line.repeat(499));
+    assert!(big.len() > 40_000 && big.len() < 100_000, "under the test config's message limit");
+    let done = append_raw(&mut raw, "INBOX", &big);
+    assert!(done.contains(" OK [APPENDUID"), "{done}");
+
+    // AUTHENTICATE lifts the limit as LOGIN does.
+    let (mut other, _) = Raw::connect(daemon.imap);
+    let (_, done) = other.cmd(&format!("AUTHENTICATE PLAIN {}", common::base64_plain("me", PASSWORD)));
+    assert!(done.contains(" OK "), "{done}");
+    other.send(b"b1 APPEND INBOX {20000}\r\n");
+    assert!(other.line().starts_with('+'), "a logged-in client may send a large literal");
+    other.send(format!("{}\r\n", "y".repeat(20000)).as_bytes());
+    assert!(other.until("b1").1.contains(" OK "));
+    let mut third = Raw::login(daemon.imap, "me");
+    assert!(third.cmd("NOOP").1.contains(" OK "), "the daemon keeps serving");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
     let mut daemon = Daemon::start();

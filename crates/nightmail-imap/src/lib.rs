@@ -59,7 +59,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         let stop = shutdown.clone();
         tokio::spawn(async move {
             match permit {
-                Ok(_permit) => session::run(stream, peer, local, shared, stop).await,
+                Ok(_permit) => {
+                    let _ = stream.set_nodelay(true);
+                    session::run(stream, peer, local, shared, stop).await
+                }
                 Err(_) => session::refuse_busy(stream).await,
             }
         });
