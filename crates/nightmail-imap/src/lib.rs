@@ -69,6 +69,19 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
     }
 }
 
+/// Serves one session over any byte stream, as `serve` does for each TCP connection: how the fuzz
+/// target (`fuzz/`) drives the real session code over an in-memory pipe.
+#[doc(hidden)]
+pub async fn serve_stream(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    session::run(stream, peer, local, shared, stop).await
+}
+
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere
 /// RFC 3501 §6.2.3 and RFC 8314 want TLS first (LOGINDISABLED until STARTTLS).
 pub(crate) fn is_loopback(addr: &SocketAddr) -> bool {
