@@ -4,7 +4,9 @@
 //! removes one. When EXPUNGE or DELETE drops the last holder, the bytes go in that transaction.
 //!
 //! Jobs are never removed (status and the thread of a later follow-up read them), so a message a
-//! job holds is kept for good; so is one awaiting the relay, until the relay releases it.
+//! job holds is kept for good; so is one awaiting the relay, until the relay releases it. A job's
+//! `reply` names the reply but does not hold it: the reply lives as long as the entries it was
+//! delivered to, so what its readers delete is deleted.
 //!
 //! The Message-ID index keeps pointing only at bytes that exist: a collected message's entry is
 //! dropped from it, so the worker's thread lookup finds no copy rather than a dangling key. The
