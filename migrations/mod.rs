@@ -15,6 +15,10 @@ mod m0001_initial;
 mod m0002_queue_index;
 #[path = "0003_threads_and_outbound.rs"]
 mod m0003_threads_and_outbound;
+#[path = "0004_message_refs.rs"]
+mod m0004_message_refs;
+#[path = "0005_utf8_mailbox_names.rs"]
+mod m0005_utf8_mailbox_names;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -23,6 +27,8 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (1, "initial", m0001_initial::apply),
     (2, "queue_index", m0002_queue_index::apply),
     (3, "threads_and_outbound", m0003_threads_and_outbound::apply),
+    (4, "message_refs", m0004_message_refs::apply),
+    (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -394,6 +394,130 @@ fn garbage_unbalanced_and_huge_literals_get_bad_and_the_daemon_keeps_serving() {
     assert!(other.cmd("NOOP").1.contains(" OK "), "the daemon keeps serving");
 }
 
+/// `me`'s mailbox `name` as the store holds it: (UID, message key) pairs. The daemon must be stopped.
+fn stored_mail(daemon: &Daemon, name: &str) -> Vec<(u32, nightmail_store::MessageKey)> {
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    let mailbox = store.mailbox("me", name).unwrap().unwrap();
+    store.mail(mailbox.id).unwrap().iter().map(|m| (m.uid.0, m.message)).collect()
+}
+
+#[test]
+fn expunging_the_last_copy_deletes_the_bytes_and_a_copy_in_another_mailbox_keeps_them() {
+    let mut daemon = Daemon::start();
+    let mut raw = Raw::login(daemon.imap, "me");
+    append_raw(&mut raw, "INBOX", &plain("doomed", "x"));
+    append_raw(&mut raw, "INBOX", &plain("kept", "y"));
+    drop(raw);
+    daemon.stop();
+    let keys: Vec<_> = stored_mail(&daemon, "INBOX").into_iter().map(|(_, key)| key).collect();
+    daemon.restart();
+
+    let mut a = Raw::login(daemon.imap, "me");
+    let mut b = Raw::login(daemon.imap, "me");
+    a.cmd("SELECT INBOX");
+    b.cmd("SELECT INBOX");
+    assert!(a.cmd("COPY 2 Archive").1.contains(" OK "));
+    a.cmd("STORE 1:2 +FLAGS.SILENT (\\Deleted)");
+    let (untagged, done) = a.cmd("EXPUNGE");
+    assert_eq!(untagged, vec!["* 2 EXPUNGE", "* 1 EXPUNGE"], "{done}");
+    // b has not been told yet (no EXPUNGE during FETCH by number, RFC 3501 §7.4.1), and the bytes
+    // of message 1 are gone: RFC 2180 §4.1.3's NO, then NOOP brings the view up to date.
+    let (untagged, done) = b.cmd("FETCH 1:2 (BODY.PEEK[])");
+    assert!(done.contains(" NO [EXPUNGEISSUED]"), "{untagged:?} {done}");
+    assert!(untagged.iter().all(|l| !l.contains("doomed")), "{untagged:?}");
+    assert!(untagged.iter().any(|l| l.starts_with("* 2 FETCH") && l.contains("Subject: kept")), "{untagged:?}");
+    let (untagged, _) = b.cmd("NOOP");
+    assert_eq!(&untagged[..2], &["* 2 EXPUNGE", "* 1 EXPUNGE"]);
+    drop((a, b));
+    daemon.stop();
+
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    assert_eq!(store.message(keys[0]).unwrap(), None, "the last copy was expunged: bytes deleted");
+    let kept = store.message(keys[1]).unwrap().expect("Archive still holds the copy");
+    assert!(String::from_utf8_lossy(&kept).contains("Subject: kept"));
+    let archive = store.mailbox("me", "Archive").unwrap().unwrap();
+    assert_eq!(store.mail(archive.id).unwrap()[0].message, keys[1]);
+}
+
+#[test]
+fn before_login_only_small_literals_are_read_and_after_login_the_message_limit_applies() {
+    let daemon = Daemon::start();
+    let (mut raw, _) = Raw::connect(daemon.imap);
+    // Refused before any literal byte is sent: the client is told at once, and need not send it.
+    raw.send(b"a1 LOGIN {100000}\r\n");
+    let refused = raw.line();
+    assert!(refused.starts_with("a1 BAD"), "{refused}");
+    raw.send(b"a2 LOGIN {8193}\r\n");
+    assert!(raw.line().starts_with("a2 BAD"), "8 KiB is the bound before login");
+    raw.send(b"a3 LOGIN {2}\r\n");
+    assert!(raw.line().starts_with('+'));
+    // A command pipelined right after LOGIN survives the change of limits.
+    raw.send(format!("me \"{PASSWORD}\"\r\na4 NOOP\r\n").as_bytes());
+    assert!(raw.until("a3").1.contains(" OK "));
+    assert!(raw.until("a4").1.contains(" OK "));
+    let line = format!("{}\r\n", "x".repeat(98));
+    let big = format!("Subject: big\r\n\r\n{}", line.repeat(499));
+    assert!(big.len() > 40_000 && big.len() < 100_000, "under the test config's message limit");
+    let done = append_raw(&mut raw, "INBOX", &big);
+    assert!(done.contains(" OK [APPENDUID"), "{done}");
+
+    // AUTHENTICATE lifts the limit as LOGIN does.
+    let (mut other, _) = Raw::connect(daemon.imap);
+    let (_, done) = other.cmd(&format!("AUTHENTICATE PLAIN {}", common::base64_plain("me", PASSWORD)));
+    assert!(done.contains(" OK "), "{done}");
+    other.send(b"b1 APPEND INBOX {20000}\r\n");
+    assert!(other.line().starts_with('+'), "a logged-in client may send a large literal");
+    other.send(format!("{}\r\n", "y".repeat(20000)).as_bytes());
+    assert!(other.until("b1").1.contains(" OK "));
+    let mut third = Raw::login(daemon.imap, "me");
+    assert!(third.cmd("NOOP").1.contains(" OK "), "the daemon keeps serving");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
+    let mut daemon = Daemon::start();
+    let mut s = login(daemon.imap, "me").await;
+    // RFC 3501 §5.1.3: clients send and see "Entwürfe" as "Entw&APw-rfe", "Ä" as "&AMQ-".
+    s.create("Entw&APw-rfe").await.unwrap();
+    s.create("&AMQ-/Unter").await.unwrap();
+    s.create("Tom &- Jerry").await.unwrap();
+    let names = |list: Vec<async_imap::types::Name>| {
+        let mut names: Vec<String> = list.iter().map(|n| n.name().to_string()).collect();
+        names.sort();
+        names
+    };
+    let all = names(s.list(Some(""), Some("*")).await.unwrap().try_collect().await.unwrap());
+    for name in ["Entw&APw-rfe", "&AMQ-/Unter", "Tom &- Jerry"] {
+        assert!(all.contains(&name.to_string()), "{name} in {all:?}");
+    }
+    let found = names(s.list(Some(""), Some("Entw&APw-%")).await.unwrap().try_collect().await.unwrap());
+    assert_eq!(found, ["Entw&APw-rfe"], "patterns are matched on the decoded names");
+    let found = names(s.list(Some("&AMQ-/"), Some("%")).await.unwrap().try_collect().await.unwrap());
+    assert_eq!(found, ["&AMQ-/Unter"]);
+    s.append("Entw&APw-rfe", None, None, plain("draft", "d")).await.unwrap();
+    assert_eq!(s.select("Entw&APw-rfe").await.unwrap().exists, 1);
+    s.rename("Entw&APw-rfe", "Entw&APw-rfe (alt)").await.unwrap();
+    assert_eq!(s.status("Entw&APw-rfe (alt)", "(MESSAGES)").await.unwrap().exists, 1);
+    for invalid in ["&Jjo!", "&AGE-", "&AMQ", "&AOQ-&APY-"] {
+        let err = s.create(invalid).await.unwrap_err();
+        assert!(matches!(err, async_imap::error::Error::Bad(_)), "{invalid}: {err:?}");
+    }
+    s.logout().await.unwrap();
+    let mut raw = Raw::login(daemon.imap, "me");
+    raw.send("r1 CREATE {9}\r\n".as_bytes());
+    assert!(raw.line().starts_with('+'));
+    raw.send("Entwürfe\r\n".as_bytes());
+    let (_, done) = raw.until("r1");
+    assert!(done.starts_with("r1 BAD"), "8-bit names are not modified UTF-7: {done}");
+    drop(raw);
+    daemon.stop();
+
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    let mut stored: Vec<String> = store.mailboxes("me").unwrap().into_iter().map(|m| m.name).collect();
+    stored.sort();
+    assert_eq!(stored, ["Archive", "Drafts", "Entwürfe (alt)", "INBOX", "Sent", "Tom & Jerry", "Trash", "Ä/Unter"]);
+}
+
 #[test]
 fn out_of_range_sequence_sets_are_bad_and_unknown_uids_are_empty() {
     let daemon = Daemon::start();

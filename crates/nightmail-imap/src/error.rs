@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use imap_next::imap_types::response::{Code, CodeOther, StatusKind};
 use nightmail_store::{MailboxOpError, StoreError};
+use nightmail_types::utf7::InvalidUtf7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImapError {
@@ -65,6 +66,13 @@ pub fn other_code(atom: &'static str) -> Code<'static> {
 impl From<StoreError> for ImapError {
     fn from(e: StoreError) -> Self {
         ImapError::Store(e.to_string())
+    }
+}
+
+/// RFC 3501 §5.1.3: a mailbox name that is not modified UTF-7 is a malformed argument.
+impl From<InvalidUtf7> for ImapError {
+    fn from(e: InvalidUtf7) -> Self {
+        ImapError::bad(e.to_string())
     }
 }
 

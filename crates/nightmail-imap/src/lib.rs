@@ -59,11 +59,27 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         let stop = shutdown.clone();
         tokio::spawn(async move {
             match permit {
-                Ok(_permit) => session::run(stream, peer, local, shared, stop).await,
+                Ok(_permit) => {
+                    let _ = stream.set_nodelay(true);
+                    session::run(stream, peer, local, shared, stop).await
+                }
                 Err(_) => session::refuse_busy(stream).await,
             }
         });
     }
+}
+
+/// Serves one session over any byte stream, as `serve` does for each TCP connection: how the fuzz
+/// target (`fuzz/`) drives the real session code over an in-memory pipe.
+#[doc(hidden)]
+pub async fn serve_stream(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    session::run(stream, peer, local, shared, stop).await
 }
 
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere

@@ -25,7 +25,7 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 enum Transport {
-    Plain(TcpStream),
+    Plain(Box<dyn Stream>),
     Tls(Box<dyn Stream>),
     /// Only while STARTTLS swaps one for the other.
     Gone,
@@ -34,19 +34,14 @@ enum Transport {
 impl Transport {
     async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Transport::Plain(s) => s.read(buf).await,
-            Transport::Tls(s) => s.read(buf).await,
+            Transport::Plain(s) | Transport::Tls(s) => s.read(buf).await,
             Transport::Gone => Ok(0),
         }
     }
 
     async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
-            Transport::Plain(s) => {
-                s.write_all(bytes).await?;
-                s.flush().await
-            }
-            Transport::Tls(s) => {
+            Transport::Plain(s) | Transport::Tls(s) => {
                 s.write_all(bytes).await?;
                 s.flush().await
             }
@@ -86,6 +81,8 @@ pub(crate) struct Session {
     /// Hang up once the current reply is out (too many failed logins).
     pub close_after_reply: bool,
     errors: u32,
+    /// Whether `server` was made with the limits for a logged-in user (see [`Limits`]).
+    flow_limits: Limits,
 }
 
 /// RFC 3501 §5.4: an idle client is logged out after at least 30 minutes.
@@ -95,32 +92,51 @@ const MAX_ERRORS: u32 = 20;
 /// Failed logins tolerated on one connection (the per-IP limiter counts across connections).
 pub(crate) const MAX_FAILED_LOGINS: u32 = 3;
 
+/// Which limits the flow enforces on what the client sends.
+///
+/// Before login a client may send only small literals, [`PREAUTH_MAX_LITERAL`]: a stranger has
+/// no business sending megabytes, and a larger one is refused with a tagged BAD instead of the
+/// continuation request, so the client sends none of it (RFC 3501 §2.2.1). After login the bound
+/// is the message size limit, so APPEND works. imap-next fixes its limits when a flow is made,
+/// so a login swaps the flow for a new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Limits {
+    PreAuth,
+    LoggedIn,
+}
+
+/// The largest literal accepted before login: room for any user name and password, nothing more.
+pub(crate) const PREAUTH_MAX_LITERAL: u32 = 8 * 1024;
+
 pub(crate) async fn refuse_busy(mut stream: TcpStream) {
     let _ = stream.write_all(b"* BYE [UNAVAILABLE] too many connections, try again later\r\n").await;
 }
 
-fn options(shared: &Shared) -> Options {
+fn options(shared: &Shared, limits: Limits) -> Options {
     let mut options = Options::default();
-    // Literals over the message size limit are refused with BAD before any of their bytes is
-    // read (RFC 7888 §4: the server refuses a synchronising literal it will not accept).
-    let max = shared.config.smtp.max_message_bytes.min(u32::MAX as usize - 128 * 1024) as u32;
+    // Literals over the limit are refused with BAD before any of their bytes is read (RFC 3501
+    // §2.2.1; RFC 7888 §4 for the non-synchronising ones, which are read and discarded).
+    let max = match limits {
+        Limits::PreAuth => PREAUTH_MAX_LITERAL,
+        Limits::LoggedIn => shared.config.smtp.max_message_bytes.min(u32::MAX as usize - 128 * 1024) as u32,
+    };
     options.max_literal_size = max;
-    options.max_command_size = max + 64 * 1024;
+    options.max_command_size = max + 8 * 1024;
     let _ = options.set_literal_accept_text("ready for the literal".into());
     let _ = options.set_literal_reject_text("literal too large".into());
     options
 }
 
+/// Serves one connection on `stream` until the client leaves, the session ends or `stop` turns.
 pub(crate) async fn run(
-    stream: TcpStream,
+    stream: impl Stream + 'static,
     peer: SocketAddr,
     local: SocketAddr,
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let mut session = Session {
-        server: Server::new(options(&shared), Greeting::ok(None, "x").expect("static greeting")),
+        server: Server::new(options(&shared, Limits::PreAuth), Greeting::ok(None, "x").expect("static greeting")),
         shared,
         peer,
         local,
@@ -131,21 +147,22 @@ pub(crate) async fn run(
         failed_logins: 0,
         close_after_reply: false,
         errors: 0,
+        flow_limits: Limits::PreAuth,
     };
     // The greeting carries the capabilities (RFC 3501 §7.1, CAPABILITY response code), so it is
     // built once the session exists.
     let greeting = Greeting::ok(Some(Code::Capability(capability::list(&session))), "nightmail IMAP ready")
         .expect("static greeting");
-    session.server = Server::new(options(&session.shared), greeting);
-    let mut transport = Transport::Plain(stream);
+    session.server = Server::new(options(&session.shared, Limits::PreAuth), greeting);
+    let mut transport = Transport::Plain(Box::new(stream));
     if let Err(e) = session.serve(&mut transport, stop).await {
         tracing::debug!(%peer, "imap session ended: {e}");
     }
 }
 
-/// A flow for a connection that has just completed STARTTLS: no second greeting (RFC 3501 §6.2.1).
-fn flow_without_greeting(shared: &Shared) -> Server {
-    let mut server = Server::new(options(shared), Greeting::ok(None, "x").expect("static greeting"));
+/// A flow that continues a connection (after STARTTLS, RFC 3501 §6.2.1, or login): no greeting.
+fn flow_without_greeting(shared: &Shared, limits: Limits) -> Server {
+    let mut server = Server::new(options(shared, limits), Greeting::ok(None, "x").expect("static greeting"));
     while let Err(Interrupt::Io(Io::Output(_))) = server.next() {}
     server
 }
@@ -208,10 +225,15 @@ impl Session {
     async fn serve(&mut self, transport: &mut Transport, mut stop: watch::Receiver<bool>) -> std::io::Result<()> {
         let mut out = Vec::with_capacity(64 * 1024);
         let mut buf = vec![0u8; 64 * 1024];
+        // Read from the client but not yet given to the flow.
+        let mut pending = Vec::new();
         loop {
             match self.server.next() {
                 Ok(event) => match self.handle(event).await {
-                    Flow::Continue => continue,
+                    Flow::Continue => {
+                        self.lift_limits_after_login(&mut out);
+                        continue;
+                    }
                     Flow::Close => {
                         self.drain_output(&mut out);
                         return transport.write_all(&out).await;
@@ -220,6 +242,8 @@ impl Session {
                         self.drain_output(&mut out);
                         transport.write_all(&out).await?;
                         out.clear();
+                        // RFC 2595 §3.1: nothing sent in plain text after STARTTLS is obeyed.
+                        pending.clear();
                         self.start_tls(transport).await?;
                         continue;
                     }
@@ -228,7 +252,11 @@ impl Session {
                     out.extend_from_slice(&bytes);
                     continue;
                 }
-                Err(Interrupt::Io(Io::NeedMoreInput)) => {}
+                Err(Interrupt::Io(Io::NeedMoreInput)) => {
+                    if self.hand_over(&mut pending) {
+                        continue;
+                    }
+                }
                 Err(Interrupt::Error(e)) => {
                     if self.protocol_error(e) == Flow::Close {
                         self.drain_output(&mut out);
@@ -268,7 +296,7 @@ impl Session {
             if n == 0 {
                 return Ok(());
             }
-            self.server.enqueue_input(&buf[..n]);
+            pending.extend_from_slice(&buf[..n]);
         }
     }
 
@@ -298,8 +326,35 @@ impl Session {
         let tls = acceptor.accept(tcp).await?;
         *transport = Transport::Tls(Box::new(tls));
         self.tls_active = true;
-        self.server = flow_without_greeting(&self.shared);
+        self.server = flow_without_greeting(&self.shared, self.flow_limits);
         Ok(())
+    }
+
+    /// After a successful login, replaces the pre-login flow with one that has the logged-in
+    /// limits. The old flow's replies are moved to `out` first; it holds no unread input, since
+    /// before login input is handed over one line at a time (see [`Session::hand_over`]).
+    fn lift_limits_after_login(&mut self, out: &mut Vec<u8>) {
+        if self.flow_limits == Limits::PreAuth && !matches!(self.state, State::NotAuthenticated) {
+            self.drain_output(out);
+            self.flow_limits = Limits::LoggedIn;
+            self.server = flow_without_greeting(&self.shared, Limits::LoggedIn);
+        }
+    }
+
+    /// Gives the flow the next input from `pending`; false when there is none. Before login one
+    /// line at a time (up to and including LF), so when a command completes nothing after it
+    /// is inside the flow and a login can swap the flow without losing pipelined commands.
+    fn hand_over(&mut self, pending: &mut Vec<u8>) -> bool {
+        if pending.is_empty() {
+            return false;
+        }
+        let end = match self.flow_limits {
+            Limits::PreAuth => pending.iter().position(|&b| b == b'\n').map_or(pending.len(), |i| i + 1),
+            Limits::LoggedIn => pending.len(),
+        };
+        self.server.enqueue_input(&pending[..end]);
+        pending.drain(..end);
+        true
     }
 
     async fn handle(&mut self, event: Event) -> Flow {

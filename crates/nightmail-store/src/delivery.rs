@@ -127,6 +127,7 @@ pub(crate) fn index_message_id(tx: &Tx<'_>, message_id: &str, reference: Message
 pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Timestamp) -> TxResult<Receipt> {
     let message_key = incoming.key;
     let mut receipt = Receipt::default();
+    let mut holders = 0;
     for (recipient, &id) in incoming.recipients.iter().zip(ids) {
         let key = dedupe_key(recipient.address(), &incoming.dedupe_id);
         if tx.dedupe.get(&key)?.is_some() {
@@ -185,9 +186,11 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
         };
         tx.dedupe.insert(key, encode(&made))?;
         receipt.message = Some(message_key);
+        holders += 1;
     }
     if receipt.message.is_some() {
         tx.messages.insert(&message_key.to_be_bytes(), incoming.raw.as_slice())?;
+        crate::refs::hold(tx.message_refs, message_key, holders, &incoming.summary.message_id)?;
         let mut participants: Vec<Address> = incoming.sender.iter().cloned().collect();
         participants.extend(incoming.recipients.iter().map(|r| r.address().clone()));
         participants.dedup();

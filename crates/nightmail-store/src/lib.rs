@@ -17,6 +17,7 @@ mod mail_ops;
 mod mailbox;
 mod mailbox_ops;
 mod queue;
+mod refs;
 mod schema;
 
 #[path = "../../../migrations/mod.rs"]

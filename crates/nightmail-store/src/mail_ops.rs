@@ -5,10 +5,8 @@
 //! Each operation is one sled transaction, flushed, then announced (see `changes`). UIDs only
 //! grow: expunged UIDs are never handed out again because `uid_next` never goes back.
 //!
-//! Garbage collection: message bytes stay in `messages` after the last mailbox copy is expunged.
-//! Jobs refer to the same keys, and delivery does not keep a reference count yet, so deleting
-//! here could remove bytes a job still needs. A reference count maintained by delivery, COPY and
-//! EXPUNGE (schema migration) is the fix.
+//! Every entry made or removed here is counted in `message_refs` in the same transaction; the
+//! EXPUNGE that removes a message's last holder deletes its bytes (see `refs`).
 
 use nightmail_types::Timestamp;
 use sled::Transactional;
@@ -17,6 +15,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::ids::mail_key;
 use crate::mailbox::MailEntry;
 use crate::mailbox_ops::MailboxOpError;
+use crate::refs::{RefTrees, hold};
 use crate::schema::{MAIL, MAILBOXES, decode, encode};
 use crate::{MailboxId, MailboxInfo, Store, Uid};
 
@@ -171,17 +170,23 @@ impl Store {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let removed = self.trees.mail.transaction(|mail| {
-            let mut removed = Vec::with_capacity(candidates.len());
-            for &uid in &candidates {
-                // Re-read: another session may have cleared \Deleted since the scan.
-                if read_entry(mail, mailbox, uid)?.is_some_and(|e| has(&e.flags, DELETED)) {
-                    mail.remove(&mail_key(mailbox, uid)[..])?;
-                    removed.push(uid);
+        let t = &self.trees;
+        let removed = (&t.mail, &t.message_refs, &t.messages, &t.message_ids).transaction(
+            |(mail, refs, messages, message_ids)| {
+                let holders = RefTrees { refs, messages, message_ids };
+                let mut removed = Vec::with_capacity(candidates.len());
+                for &uid in &candidates {
+                    // Re-read: another session may have cleared \Deleted since the scan.
+                    let Some(entry) = read_entry(mail, mailbox, uid)? else { continue };
+                    if has(&entry.flags, DELETED) {
+                        mail.remove(&mail_key(mailbox, uid)[..])?;
+                        holders.release(entry.message)?;
+                        removed.push(uid);
+                    }
                 }
-            }
-            Ok(removed)
-        })?;
+                Ok(removed)
+            },
+        )?;
         self.flush().await?;
         self.notify(mailbox);
         Ok(removed)
@@ -190,11 +195,14 @@ impl Store {
     /// COPY: copies the messages `uids` (those that still exist) into `to`, sharing their bytes.
     pub async fn copy_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
         let t = &self.trees;
-        let copied = (&t.mailboxes, &t.mail).transaction(|(mailboxes, mail)| {
+        let copied = (&t.mailboxes, &t.mail, &t.message_refs).transaction(|(mailboxes, mail, refs)| {
             read_mailbox(mailboxes, from)?;
             let mut entries = Vec::with_capacity(uids.len());
             for &uid in uids {
                 entries.extend(read_entry(mail, from, uid)?);
+            }
+            for entry in &entries {
+                hold(refs, entry.message, 1, "")?;
             }
             put_copies(mailboxes, mail, to, &entries)
         })?;
@@ -204,7 +212,8 @@ impl Store {
     }
 
     /// MOVE (RFC 6851 §3.1): COPY then EXPUNGE of the originals, as one atomic step, so no other
-    /// session ever sees the message in both mailboxes or in neither.
+    /// session ever sees the message in both mailboxes or in neither. Each message keeps its
+    /// holder count: one entry goes, one comes.
     pub async fn move_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
         let t = &self.trees;
         let copied = (&t.mailboxes, &t.mail).transaction(|(mailboxes, mail)| {
@@ -237,15 +246,18 @@ impl Store {
         flags.push(RECENT.into());
         let entry = MailEntry { uid: Uid(0), message: key, flags, internal_date, size: raw.len() as u64 };
         let t = &self.trees;
-        let appended = (&t.messages, &t.mailboxes, &t.mail).transaction(|(messages, mailboxes, mail)| {
-            let mut info = read_mailbox(mailboxes, mailbox)?;
-            let uid = info.uid_next;
-            info.uid_next = Uid(uid.0 + 1);
-            messages.insert(&key.to_be_bytes(), raw)?;
-            mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
-            mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
-            Ok(Appended { uid_validity: info.uid_validity, uid })
-        })?;
+        let appended = (&t.messages, &t.mailboxes, &t.mail, &t.message_refs).transaction(
+            |(messages, mailboxes, mail, refs)| {
+                let mut info = read_mailbox(mailboxes, mailbox)?;
+                let uid = info.uid_next;
+                info.uid_next = Uid(uid.0 + 1);
+                messages.insert(&key.to_be_bytes(), raw)?;
+                hold(refs, key, 1, "")?;
+                mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+                mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
+                Ok(Appended { uid_validity: info.uid_validity, uid })
+            },
+        )?;
         self.flush().await?;
         self.notify(mailbox);
         Ok(appended)

@@ -3,14 +3,15 @@
 //!
 //! sled transactions cannot scan, so DELETE and RENAME list the affected keys first and then
 //! change them in one transaction. A message delivered to a mailbox between the two steps of its
-//! DELETE is left under the dead mailbox id, unreachable (ids are never reused); the messages
-//! tree keeps message bytes until garbage collection exists (see `mail_ops`).
+//! DELETE is left under the dead mailbox id, unreachable (ids are never reused), and its bytes
+//! stay held by that entry. DELETE releases the messages it removes, as EXPUNGE does (`refs`).
 
 use sled::Transactional;
 use sled::transaction::ConflictableTransactionError;
 
-use crate::mailbox::{canonical_name, name_key};
-use crate::schema::{MAILBOXES, decode, encode};
+use crate::mailbox::{MailEntry, canonical_name, name_key};
+use crate::refs::RefTrees;
+use crate::schema::{MAIL, MAILBOXES, decode, encode};
 use crate::{MailboxId, MailboxInfo, Store, StoreError};
 
 /// The role a mailbox plays (RFC 6154 §2), advertised in LIST so clients file sent mail, drafts
@@ -109,14 +110,19 @@ impl Store {
             .map_err(StoreError::from)?;
         let t = &self.trees;
         let key = name_key(owner, name);
-        (&t.mailboxes, &t.mailbox_names, &t.mail).transaction(|(mailboxes, names, mail)| {
+        let trees = (&t.mailboxes, &t.mailbox_names, &t.mail, &t.message_refs, &t.messages, &t.message_ids);
+        trees.transaction(|(mailboxes, names, mail, refs, messages, message_ids)| {
             if names.get(&key)?.as_deref() != Some(&info.id.to_be_bytes()[..]) {
                 return Err(Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())));
             }
             names.remove(key.as_slice())?;
             mailboxes.remove(&info.id.to_be_bytes())?;
+            let holders = RefTrees { refs, messages, message_ids };
             for k in &mail_keys {
-                mail.remove(k)?;
+                if let Some(v) = mail.remove(k)? {
+                    let entry: MailEntry = decode(MAIL, &v).map_err(|e| Abort::Abort(e.into()))?;
+                    holders.release(entry.message)?;
+                }
             }
             Ok(())
         })?;

@@ -5,20 +5,21 @@
 //! | `meta`          | `schema_version`, `uidvalidity`  | u32 big-endian               |
 //! | `messages`      | MessageKey                       | raw RFC 5322 bytes           |
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
-//! | `mailbox_names` | owner `\0` name                  | MailboxId                    |
+//! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
 //! | `jobs`          | JobId                            | JSON `Job`                   |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | recipient `\0` message id        | what the delivery made       |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
 //! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for remote recipients awaiting the relay (schema 3) |
+//! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
 
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 5;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -30,6 +31,7 @@ pub(crate) const QUEUE: &str = "queue";
 pub(crate) const DEDUPE: &str = "dedupe";
 pub(crate) const MESSAGE_IDS: &str = "message_ids";
 pub(crate) const OUTBOUND: &str = "outbound";
+pub(crate) const MESSAGE_REFS: &str = "message_refs";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -46,6 +48,7 @@ pub(crate) struct Trees {
     pub dedupe: sled::Tree,
     pub message_ids: sled::Tree,
     pub outbound: sled::Tree,
+    pub message_refs: sled::Tree,
 }
 
 impl Trees {
@@ -61,11 +64,12 @@ impl Trees {
             dedupe: db.open_tree(DEDUPE)?,
             message_ids: db.open_tree(MESSAGE_IDS)?,
             outbound: db.open_tree(OUTBOUND)?,
+            message_refs: db.open_tree(MESSAGE_REFS)?,
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 10] {
+    pub fn all(&self) -> [&sled::Tree; 11] {
         [
             &self.meta,
             &self.messages,
@@ -77,14 +81,15 @@ impl Trees {
             &self.dedupe,
             &self.message_ids,
             &self.outbound,
+            &self.message_refs,
         ]
     }
 
     /// Runs `f` in one transaction over every tree.
-    pub fn transaction<A>(
-        &self,
-        f: impl Fn(&Tx<'_>) -> Result<A, ConflictableTransactionError<StoreError>>,
-    ) -> Result<A, StoreError> {
+    pub fn transaction<A, E>(&self, f: impl Fn(&Tx<'_>) -> Result<A, ConflictableTransactionError<E>>) -> Result<A, E>
+    where
+        E: From<sled::transaction::TransactionError<E>>,
+    {
         use sled::Transactional;
         let all = self.all();
         Ok(all[..].transaction(|view| f(&Tx::new(view)))?)
@@ -103,6 +108,7 @@ pub(crate) struct Tx<'a> {
     pub dedupe: &'a TransactionalTree,
     pub message_ids: &'a TransactionalTree,
     pub outbound: &'a TransactionalTree,
+    pub message_refs: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -118,6 +124,7 @@ impl<'a> Tx<'a> {
             dedupe: &view[7],
             message_ids: &view[8],
             outbound: &view[9],
+            message_refs: &view[10],
         }
     }
 }

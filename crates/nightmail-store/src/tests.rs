@@ -308,3 +308,106 @@ async fn a_failure_notice_goes_out_only_when_the_job_fails_for_good() {
         }
     }
 }
+
+async fn expunge_all(store: &Store, mailbox: MailboxId) -> Vec<Uid> {
+    let uids: Vec<Uid> = store.mail(mailbox).unwrap().iter().map(|m| m.uid).collect();
+    store.update_flags(mailbox, &uids, FlagUpdate::Add, &["\\Deleted".into()]).await.unwrap();
+    store.expunge(mailbox, None).await.unwrap()
+}
+
+#[tokio::test]
+async fn expunging_the_last_copy_deletes_the_bytes_and_the_index_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let me = addr("me@nightmail.local");
+    let key = store.deliver(&incoming(&store, "<gc@x>", vec![to_me()])).await.unwrap().message.unwrap();
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap().id;
+    let archive = store.create_mailbox("me", "Archive").await.unwrap().id;
+    let trash = store.create_mailbox("me", "Trash").await.unwrap().id;
+    store.copy_mail(inbox, &[Uid(1)], archive).await.unwrap();
+
+    assert_eq!(expunge_all(&store, inbox).await, vec![Uid(1)]);
+    assert!(store.message(key).unwrap().is_some(), "the copy in Archive still holds the bytes");
+    assert_eq!(store.find_by_message_id("<gc@x>", &me).unwrap(), Some(key));
+    // MOVE hands the hold from one entry to the next.
+    store.move_mail(archive, &[Uid(1)], trash).await.unwrap();
+    assert!(store.message(key).unwrap().is_some());
+
+    assert_eq!(expunge_all(&store, trash).await, vec![Uid(1)]);
+    assert_eq!(store.message(key).unwrap(), None, "no holder is left");
+    assert_eq!(store.find_by_message_id("<gc@x>", &me).unwrap(), None, "the index points at nothing gone");
+    let again = store.deliver(&incoming(&store, "<gc@x>", vec![to_me()])).await.unwrap();
+    assert_eq!(again.duplicates, vec![me], "a resend of a deleted message is still a resend");
+}
+
+#[tokio::test]
+async fn a_message_held_by_a_job_outlives_its_mailbox_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let key = store.deliver(&incoming(&store, "<q@x>", vec![to_model(), to_me()])).await.unwrap().message.unwrap();
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap().id;
+    expunge_all(&store, inbox).await;
+    assert!(store.message(key).unwrap().is_some(), "the job still needs the question");
+    assert_eq!(store.find_by_message_id("<q@x>", &addr("kimi@nightmail.local")).unwrap(), Some(key));
+}
+
+#[tokio::test]
+async fn deleting_a_mailbox_releases_its_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
+    let work = store.create_mailbox("me", "Work").await.unwrap().id;
+    let only = store.append_mail(work, b"Subject: a\r\n\r\na\r\n", vec![], Timestamp(1)).await.unwrap();
+    store.append_mail(work, b"Subject: b\r\n\r\nb\r\n", vec![], Timestamp(1)).await.unwrap();
+    store.copy_mail(work, &[Uid(2)], inbox).await.unwrap();
+    let keys: Vec<MessageKey> = store.mail(work).unwrap().iter().map(|m| m.message).collect();
+    assert_eq!(store.mail_entry(work, only.uid).unwrap().unwrap().message, keys[0]);
+    store.delete_mailbox("me", "Work").await.unwrap();
+    assert_eq!(store.message(keys[0]).unwrap(), None);
+    assert!(store.message(keys[1]).unwrap().is_some(), "INBOX still holds the copy");
+}
+
+#[tokio::test]
+async fn a_schema_3_store_gets_holder_counts_and_loses_unheld_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kept, orphan) = {
+        let store = Store::open_to(dir.path(), 3).unwrap();
+        let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
+        store.append_mail(inbox, b"Subject: kept\r\n\r\n", vec![], Timestamp(1)).await.unwrap();
+        store.append_mail(inbox, b"Subject: gone\r\n\r\n", vec![], Timestamp(1)).await.unwrap();
+        let mail = store.mail(inbox).unwrap();
+        // Schema 3 kept no counts, and its EXPUNGE left the bytes behind.
+        store.trees.mail.remove(ids::mail_key(inbox, Uid(2))).unwrap();
+        store.db.drop_tree(schema::MESSAGE_REFS).unwrap();
+        store.db.flush().unwrap();
+        (mail[0].message, mail[1].message)
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.message(orphan).unwrap(), None, "bytes nothing held are collected");
+    assert!(store.message(kept).unwrap().is_some());
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap().id;
+    expunge_all(&store, inbox).await;
+    assert_eq!(store.message(kept).unwrap(), None, "the rebuilt count lets EXPUNGE collect it");
+}
+
+#[tokio::test]
+async fn a_schema_4_store_keeps_mailbox_names_as_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let drafts = {
+        let store = Store::open_to(dir.path(), 4).unwrap();
+        for name in ["INBOX", "Entw&APw-rfe", "Tom &- Jerry", "a&b", "Ä", "&AMQ-"] {
+            store.create_mailbox("me", name).await.unwrap();
+        }
+        store.mailbox("me", "Entw&APw-rfe").unwrap().unwrap()
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    let mut names: Vec<String> = store.mailboxes("me").unwrap().into_iter().map(|m| m.name).collect();
+    names.sort();
+    // "a&b" is not modified UTF-7 and "&AMQ-" would collide with "Ä": both stay as they were.
+    assert_eq!(names, ["&AMQ-", "Entwürfe", "INBOX", "Tom & Jerry", "a&b", "Ä"]);
+    let renamed = store.mailbox("me", "Entwürfe").unwrap().unwrap();
+    assert_eq!((renamed.id, renamed.uid_validity), (drafts.id, drafts.uid_validity), "a rename, not a new mailbox");
+    assert!(store.mailbox("me", "Entw&APw-rfe").unwrap().is_none());
+}

@@ -3,6 +3,7 @@
 
 mod address;
 mod timestamp;
+pub mod utf7;
 
 pub use address::{Address, AddressError};
 pub use timestamp::Timestamp;

@@ -18,6 +18,7 @@ use nightmail_types::Timestamp;
 
 use super::Done;
 use crate::ImapError;
+use crate::error::other_code;
 use crate::mime::{self, Part};
 use crate::session::Session;
 use crate::view::Numbers;
@@ -121,9 +122,21 @@ pub(crate) async fn run(
     let bytes = names.iter().any(needs_bytes);
     let structure = names.iter().any(needs_structure);
     let mut out = Vec::with_capacity(indices.len());
+    let mut vanished = false;
     for i in indices {
         let entry = &selected.messages[i];
-        let raw = if bytes { store.message(entry.message)?.unwrap_or_default() } else { Vec::new() };
+        let raw = match bytes {
+            false => Vec::new(),
+            true => match store.message(entry.message)? {
+                Some(raw) => raw,
+                // Expunged by another session and collected; this view hears of it after the
+                // command (RFC 3501 §7.4.1). RFC 2180 §4.1.3: send the rest, answer NO.
+                None => {
+                    vanished = true;
+                    continue;
+                }
+            },
+        };
         let parsed = structure.then(|| mime::parse(&raw));
         let split = mime::header_end(&raw);
         let flat = mime::opaque(0..split, split..raw.len());
@@ -178,6 +191,10 @@ pub(crate) async fn run(
     }
     for data in out {
         s.data(data);
+    }
+    if vanished {
+        // RFC 5530 §3 EXPUNGEISSUED: a NOOP will tell the client what went.
+        return Err(ImapError::no_with(other_code("EXPUNGEISSUED"), "some of the messages no longer exist"));
     }
     Ok(Done::ok(if uid { "UID FETCH completed" } else { "FETCH completed" }))
 }

@@ -1,12 +1,15 @@
 //! LIST and LSUB (RFC 3501 §6.3.8–6.3.9) with SPECIAL-USE attributes (RFC 6154 §2) and
 //! \HasChildren / \HasNoChildren (RFC 3348). `*` matches anything, `%` anything but the
-//! hierarchy delimiter `/`. Only the logged-in user's mailboxes are ever listed.
+//! hierarchy delimiter `/`. Only the logged-in user's mailboxes are ever listed. Names are
+//! matched as UTF-8 and sent in modified UTF-7 (RFC 3501 §5.1.3); the wildcards are ASCII, so
+//! decoding the reference and pattern first matches what the user sees.
 
 use imap_next::imap_types::core::{Atom, QuotedChar};
 use imap_next::imap_types::flag::FlagNameAttribute;
 use imap_next::imap_types::mailbox::{ListMailbox, Mailbox};
 use imap_next::imap_types::response::Data;
 use nightmail_store::SpecialUse;
+use nightmail_types::utf7;
 
 use super::Done;
 use crate::ImapError;
@@ -43,11 +46,12 @@ pub(crate) fn matches(pattern: &[u8], name: &[u8]) -> bool {
     table[name.len()]
 }
 
-fn pattern_text(m: &ListMailbox<'_>) -> Vec<u8> {
-    match m {
-        ListMailbox::Token(t) => t.as_ref().to_vec(),
-        ListMailbox::String(s) => s.as_ref().to_vec(),
-    }
+fn pattern_text(m: &ListMailbox<'_>) -> Result<Vec<u8>, ImapError> {
+    let wire = match m {
+        ListMailbox::Token(t) => t.as_ref(),
+        ListMailbox::String(s) => s.as_ref(),
+    };
+    Ok(utf7::decode(wire)?.into_bytes())
 }
 
 pub(crate) fn run(
@@ -59,9 +63,9 @@ pub(crate) fn run(
     let user = s.user()?.clone();
     let reference = match &reference {
         Mailbox::Inbox => b"INBOX".to_vec(),
-        Mailbox::Other(o) => o.inner().as_ref().to_vec(),
+        Mailbox::Other(o) => utf7::decode(o.inner().as_ref())?.into_bytes(),
     };
-    let pattern = pattern_text(&pattern);
+    let pattern = pattern_text(&pattern)?;
     let make = |items, mailbox| {
         if lsub {
             Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
@@ -102,7 +106,7 @@ pub(crate) fn run(
         if let Some(role) = SpecialUse::of_name(&mailbox.name) {
             items.push(attribute(role.name()));
         }
-        if let Ok(name) = Mailbox::try_from(mailbox.name.clone()) {
+        if let Ok(name) = Mailbox::try_from(utf7::encode(&mailbox.name)) {
             out.push(make(items, name));
         }
     }

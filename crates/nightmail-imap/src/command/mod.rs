@@ -36,6 +36,7 @@ use imap_next::imap_types::core::Text;
 use imap_next::imap_types::flag::Flag;
 use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::{Code, StatusKind};
+use nightmail_types::utf7;
 
 use crate::ImapError;
 use crate::session::{Flow, Session};
@@ -62,14 +63,14 @@ pub(crate) fn text(message: &str) -> Text<'static> {
     Text::try_from(message.to_string()).unwrap_or_else(|_| Text::unvalidated("done"))
 }
 
-/// A mailbox name as the store keeps it: the wire form (modified UTF-7, RFC 3501 §5.1.3), with
-/// INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3).
+/// A mailbox name as the store keeps it: UTF-8, decoded from the wire's modified UTF-7
+/// (RFC 3501 §5.1.3), with INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3).
+/// A name that is not valid modified UTF-7 is refused with BAD.
 pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
     match mailbox {
         Mailbox::Inbox => Ok("INBOX".into()),
         Mailbox::Other(other) => {
-            let name = std::str::from_utf8(other.inner().as_ref())
-                .map_err(|_| ImapError::bad("mailbox names are modified UTF-7 (RFC 3501 §5.1.3)"))?;
+            let name = utf7::decode(other.inner().as_ref())?;
             let name = name.trim_end_matches('/');
             if name.is_empty() || name.contains("//") || name.starts_with('/') {
                 return Err(ImapError::no("invalid mailbox name"));
