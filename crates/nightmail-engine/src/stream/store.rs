@@ -492,3 +492,87 @@ impl Shared {
         Ok((Expert::new(linear(0)?, linear(1)?, linear(2)?), disk))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Checkpoint;
+    use crate::spec::ModelSpec;
+
+    /// The qwen3_moe fixture's experts, streamed with room for `experts` of them.
+    fn store(experts: usize, policy: CachePolicy) -> StreamingExperts {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
+        let ck = Checkpoint::open(&path).unwrap();
+        let spec = ModelSpec::read(&ck).unwrap();
+        let index = ExpertIndex::build(&ck, &spec).unwrap();
+        let one = index.get(ExpertId { layer: 0, expert: 0 }).unwrap().buffer_bytes();
+        let config = StreamConfig {
+            cache_bytes: experts * one,
+            policy,
+            io_threads: 2,
+            prefetch_depth: 0,
+            max_prefetch_in_flight: 2,
+        };
+        StreamingExperts::new(index, config).unwrap()
+    }
+
+    fn ask(s: &StreamingExperts, experts: &[usize]) {
+        for &expert in experts {
+            s.with_experts(&[ExpertId { layer: 0, expert }], &mut |_, _| Ok(())).unwrap();
+        }
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used() {
+        let s = store(2, CachePolicy::Lru);
+        ask(&s, &[0, 1, 0, 2]); // 2 evicts 1, the least recent
+        s.reset_stats();
+        ask(&s, &[0, 2, 1]);
+        let st = s.stats();
+        assert_eq!((st.hits, st.misses, st.evictions), (2, 1, 1), "{st:?}");
+    }
+
+    #[test]
+    fn lfu_keeps_the_frequently_used() {
+        let s = store(2, CachePolicy::Lfu);
+        ask(&s, &[0, 0, 0, 1, 2]); // 2 evicts 1 (one use) rather than 0 (three)
+        s.reset_stats();
+        ask(&s, &[0]);
+        assert_eq!(s.stats().hits, 1);
+        ask(&s, &[1]);
+        assert_eq!(s.stats().misses, 1);
+    }
+
+    #[test]
+    fn a_prefetched_expert_is_a_prefetch_hit_and_read_once() {
+        let s = store(8, CachePolicy::Lru);
+        let id = ExpertId { layer: 1, expert: 3 };
+        s.prefetch(&[id]);
+        // Wait (with a deadline) for the prefetch to land: asked for before an I/O thread took
+        // it, it would be promoted to a demand read and counted a miss.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while s.stats().prefetch_reads == 0 {
+            assert!(std::time::Instant::now() < deadline, "the prefetch never completed");
+            std::thread::yield_now();
+        }
+        s.with_experts(&[id], &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&[id], &mut |_, _| Ok(())).unwrap();
+        let st = s.stats();
+        assert_eq!((st.prefetch_hits, st.hits, st.misses, st.disk_reads), (1, 1, 0, 1), "{st:?}");
+        assert_eq!(st.prefetch_reads, 1);
+    }
+
+    #[test]
+    fn experts_arrive_each_exactly_once_even_when_the_cache_holds_one() {
+        let s = store(1, CachePolicy::Lru);
+        let ids: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 2, expert }).collect();
+        let mut seen = vec![0; ids.len()];
+        s.with_experts(&ids, &mut |i, _| {
+            seen[i] += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![1; 4]);
+        assert!(s.stats().cache_used_bytes <= s.stats().cache_budget_bytes);
+    }
+}
