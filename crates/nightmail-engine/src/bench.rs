@@ -49,6 +49,10 @@ pub struct BenchReport {
     pub expert_bytes_per_token: f64,
     /// Disk bytes over the bytes of experts that were not already cached.
     pub read_amplification: f64,
+    /// Of the decode time, the fraction with at least one expert read in flight, and the rate
+    /// the reads achieved while so: where the time over the floor goes.
+    pub disk_busy_fraction: f64,
+    pub busy_read_gbps: f64,
     pub disk_gbps_before: f64,
     pub disk_gbps_after: f64,
     pub direct_io: bool,
@@ -178,6 +182,8 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         ratio_to_floor: if floor > 0.0 { s_per_token / floor } else { f64::INFINITY },
         expert_bytes_per_token: stats.requests as f64 / n * avg_expert,
         read_amplification: if not_cached > 0.0 { stats.disk_bytes as f64 / not_cached } else { 0.0 },
+        disk_busy_fraction: stats.disk_busy_s / decode_s,
+        busy_read_gbps: if stats.disk_busy_s > 0.0 { stats.disk_bytes as f64 / stats.disk_busy_s / 1e9 } else { 0.0 },
         disk_gbps_before: before / 1e9,
         disk_gbps_after: after / 1e9,
         direct_io,

@@ -292,6 +292,11 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
     println!("prefetch recall {:.1}%", 100.0 * r.prefetch_recall);
     println!("read amplif.    {:.3}", r.read_amplification);
     println!(
+        "disk busy       {:.1}% of the decode, reading at {:.2} GB/s while busy",
+        100.0 * r.disk_busy_fraction,
+        r.busy_read_gbps
+    );
+    println!(
         "memory          RSS {} (peak {}; anonymous {}, file {}), dense weights {}",
         bytes(r.rss.rss_bytes),
         bytes(r.rss.rss_peak_bytes),

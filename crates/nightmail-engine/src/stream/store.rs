@@ -87,6 +87,8 @@ pub struct StreamStats {
     /// Prefetched experts evicted before any use.
     pub prefetch_wasted: u64,
     pub evictions: u64,
+    /// Seconds during which at least one read was in flight.
+    pub disk_busy_s: f64,
     pub cache_used_bytes: u64,
     pub cache_budget_bytes: u64,
     /// Per MoE layer (in layer order), the distinct experts asked for.
@@ -120,6 +122,9 @@ struct State {
     tick: u64,
     stats: StreamStats,
     seen: HashMap<usize, HashSet<usize>>,
+    /// Reads in flight, and since when the disk has been busy.
+    reading: usize,
+    busy_since: Option<std::time::Instant>,
     shutdown: bool,
 }
 
@@ -174,6 +179,8 @@ impl StreamingExperts {
             tick: 0,
             stats: StreamStats { cache_budget_bytes: config.cache_bytes as u64, ..StreamStats::default() },
             seen: HashMap::new(),
+            reading: 0,
+            busy_since: None,
             shutdown: false,
         };
         let threads = config.io_threads.max(1);
@@ -194,6 +201,9 @@ impl StreamingExperts {
         let st = self.shared.state.lock().expect("expert cache lock");
         let mut s = st.stats.clone();
         s.cache_used_bytes = st.used as u64;
+        if let Some(since) = st.busy_since {
+            s.disk_busy_s += since.elapsed().as_secs_f64();
+        }
         let mut distinct: Vec<(usize, usize)> = st.seen.iter().map(|(l, e)| (*l, e.len())).collect();
         distinct.sort();
         s.distinct_experts = distinct;
@@ -204,6 +214,9 @@ impl StreamingExperts {
         let mut st = self.shared.state.lock().expect("expert cache lock");
         st.stats = StreamStats { cache_budget_bytes: self.shared.config.cache_bytes as u64, ..StreamStats::default() };
         st.seen.clear();
+        if st.busy_since.is_some() {
+            st.busy_since = Some(std::time::Instant::now());
+        }
     }
 
     /// Whether every expert file is read with direct I/O.
@@ -393,11 +406,21 @@ impl Shared {
             if prefetch {
                 st.prefetch_in_flight += 1;
             }
+            if st.reading == 0 {
+                st.busy_since = Some(std::time::Instant::now());
+            }
+            st.reading += 1;
             drop(st);
             let result = self.read(id);
             st = self.state.lock().expect("expert cache lock");
             if prefetch {
                 st.prefetch_in_flight -= 1;
+            }
+            st.reading -= 1;
+            if st.reading == 0
+                && let Some(since) = st.busy_since.take()
+            {
+                st.stats.disk_busy_s += since.elapsed().as_secs_f64();
             }
             let entry = st.entries.get_mut(&id).expect("an entry being read is never removed");
             let waiters = std::mem::take(&mut entry.waiters);
