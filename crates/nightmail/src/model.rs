@@ -118,7 +118,7 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 2)]
         prefetch_in_flight: usize,
         /// Expert reads in flight at once.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 16)]
         io_threads: usize,
         /// Prompt token ids to prefill before timing.
         #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]

@@ -62,7 +62,7 @@ impl StreamConfig {
         StreamConfig {
             cache_bytes: mb << 20,
             policy: CachePolicy::Lru,
-            io_threads: 8,
+            io_threads: 16,
             prefetch_depth: 8,
             max_prefetch_in_flight: 2,
         }
