@@ -16,9 +16,10 @@ pub struct AlignedBuf {
     map: Option<memmap2::MmapMut>,
 }
 
-/// Maps waiting for reuse, by length; at most [`POOL_BYTES`] in all.
+/// Maps waiting for reuse, by length; at most [`POOL_BYTES`] in all. The pool sits outside the
+/// cache's budget, so it is kept small: it only bridges an eviction and the next reads.
 static POOL: Mutex<Vec<memmap2::MmapMut>> = Mutex::new(Vec::new());
-const POOL_BYTES: usize = 64 << 20;
+const POOL_BYTES: usize = 8 << 20;
 
 impl AlignedBuf {
     /// A buffer of at least `len` bytes (rounded up to [`ALIGN`]); its contents are unspecified.
