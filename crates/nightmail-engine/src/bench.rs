@@ -68,26 +68,25 @@ pub struct BenchReport {
     pub stats: StreamStats,
 }
 
-/// Where the expert data of a model starts, to probe the disk on the same file region.
-fn expert_region(path: &Path) -> Result<(PathBuf, u64)> {
+/// Where the expert data of a model starts (to probe the disk on the same file region), and the
+/// bytes of its dense weights.
+fn expert_region_and_dense_bytes(path: &Path) -> Result<((PathBuf, u64), u64)> {
     let ck = Checkpoint::open(path)?;
-    let mut first: Option<(PathBuf, u64)> = None;
-    for t in ck.all_tensors()?.iter().filter(|t| is_expert_tensor(&t.name)) {
-        if let Some((p, o)) = ck.locate(t)
+    let (mut first, mut dense): (Option<(PathBuf, u64)>, u64) = (None, 0);
+    for t in ck.all_tensors()? {
+        if !is_expert_tensor(&t.name) {
+            dense += t.bytes.len() as u64;
+        } else if let Some((p, o)) = ck.locate(&t)
             && first.as_ref().is_none_or(|(_, f)| o < *f)
         {
             first = Some((p, o));
         }
     }
-    first.ok_or_else(|| EngineError::Unsupported {
+    let first = first.ok_or_else(|| EngineError::Unsupported {
         what: format!("benchmarking {}", path.display()),
         hint: "the model has no routed experts to stream".into(),
-    })
-}
-
-fn dense_bytes(path: &Path) -> Result<u64> {
-    let ck = Checkpoint::open(path)?;
-    Ok(ck.all_tensors()?.iter().filter(|t| !is_expert_tensor(&t.name)).map(|t| t.bytes.len() as u64).sum())
+    })?;
+    Ok((first, dense))
 }
 
 /// This process's resident memory (`/proc/self/status`; zeros where it is missing).
@@ -118,14 +117,13 @@ pub fn rss() -> Rss {
 }
 
 pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
-    let (file, start) = expert_region(&opts.model)?;
+    let ((file, start), dense) = expert_region_and_dense_bytes(&opts.model)?;
     let probe = |what: &str| {
         sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
             .map_err(|source| EngineError::Io { path: file.clone(), source })
             .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
     };
     let before = probe("before")?;
-    let dense = dense_bytes(&opts.model)?;
     let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
     let Some(store) = model.streaming() else {
         return Err(EngineError::Unsupported {

@@ -5,7 +5,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, rows_by_tokens};
+use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
 use crate::error::Result;
 
 pub struct F16Matrix {
@@ -25,7 +25,7 @@ impl F16Matrix {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;
         let xs = activations(x)?;
-        let fast = has_f16c();
+        let fast = has_avx2_f16c();
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &self.w[r * self.cols..(r + 1) * self.cols];
             for (t, y) in out.iter_mut().enumerate() {
@@ -34,17 +34,6 @@ impl F16Matrix {
                 *y = if fast { unsafe { dot_f16c(row, x) } } else { dot_scalar(row, x) };
             }
         })
-    }
-}
-
-fn has_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::q4_1::has_avx2() && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

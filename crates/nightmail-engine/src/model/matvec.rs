@@ -28,6 +28,18 @@ pub(super) fn rows_by_tokens(
     Ok(Tensor::from_vec(out_t, (rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
 }
 
+/// AVX2, FMA and F16C (half-precision conversion), detected at run time.
+pub(super) fn has_avx2_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::q4_1::has_avx2() && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The activations `[tokens, cols]` as one f32 vector.
 pub(super) fn activations(x: &Tensor) -> Result<Vec<f32>> {
     Ok(x.contiguous()?.flatten_all()?.to_vec1::<f32>()?)

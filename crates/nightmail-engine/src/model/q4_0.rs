@@ -5,8 +5,8 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, rows_by_tokens};
-use super::q4_1::{Q8Block, has_avx2, quantize_q8_1};
+use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::q4_1::{Q8Block, quantize_q8_1};
 use crate::error::Result;
 use crate::stream::WeightBytes;
 
@@ -34,7 +34,7 @@ impl Q4_0Matrix {
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
         let row_bytes = self.cols / QK * BLOCK_BYTES;
         let blocks = self.bytes.as_slice();
-        let avx2 = has_avx2() && has_f16c();
+        let avx2 = has_avx2_f16c();
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
             for (t, y) in out.iter_mut().enumerate() {
@@ -60,17 +60,6 @@ fn dot_scalar(row: &[u8], x: &[Q8Block]) -> f32 {
         sum += scale(block) * xb.d * acc as f32;
     }
     sum
-}
-
-fn has_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
