@@ -48,11 +48,6 @@ impl ExpertExtent {
     pub fn buffer_bytes(&self) -> usize {
         self.runs.iter().map(|r| aligned_span(r.offset, r.len)).sum()
     }
-
-    /// Bytes of the three matrices themselves.
-    pub fn weight_bytes(&self) -> usize {
-        self.matrices.iter().map(|m| m.len).sum()
-    }
 }
 
 /// The bytes an aligned read of `[offset, offset + len)` covers.
@@ -114,19 +109,6 @@ impl ExpertIndex {
 
     pub fn get(&self, id: ExpertId) -> Option<&ExpertExtent> {
         self.experts.get(&id)
-    }
-
-    pub fn len(&self) -> usize {
-        self.experts.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.experts.is_empty()
-    }
-
-    /// The largest expert's in-memory size.
-    pub fn max_buffer_bytes(&self) -> usize {
-        self.experts.values().map(ExpertExtent::buffer_bytes).max().unwrap_or(0)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&ExpertId, &ExpertExtent)> {

@@ -43,12 +43,9 @@ impl ExpertFile {
         &self.path
     }
 
-    pub fn len(&self) -> u64 {
+    /// The file's size in bytes.
+    pub fn size(&self) -> u64 {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Whether reads bypass the page cache.
@@ -135,7 +132,7 @@ pub fn sequential_bandwidth(
 ) -> std::io::Result<f64> {
     let file = Arc::new(ExpertFile::open(path)?);
     let start = start / ALIGN as u64 * ALIGN as u64;
-    let end = file.len().min(start + limit) / ALIGN as u64 * ALIGN as u64;
+    let end = file.size().min(start + limit) / ALIGN as u64 * ALIGN as u64;
     let chunks: Vec<u64> = (start..end).step_by(chunk).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let t0 = Instant::now();

@@ -113,6 +113,21 @@ struct Entry {
     unused_prefetch: bool,
 }
 
+impl Entry {
+    /// A read not started yet: asked for by `waiter`, or a prefetch when there is none.
+    fn queued(bytes: usize, tick: u64, waiter: Option<Waiter>) -> Self {
+        let prefetch = waiter.is_none();
+        Entry {
+            slot: Slot::Queued { prefetch },
+            waiters: waiter.into_iter().collect(),
+            bytes,
+            last_use: tick,
+            uses: u64::from(!prefetch),
+            unused_prefetch: prefetch,
+        }
+    }
+}
+
 struct State {
     entries: HashMap<ExpertId, Entry>,
     demand: VecDeque<ExpertId>,
@@ -155,7 +170,7 @@ impl StreamingExperts {
         for (id, extent) in ids {
             for m in &extent.matrices {
                 let file = &files[m.file];
-                if m.offset + m.len as u64 > file.len() {
+                if m.offset + m.len as u64 > file.size() {
                     return Err(EngineError::ExpertRead {
                         path: file.path().to_path_buf(),
                         layer: id.layer,
@@ -164,7 +179,7 @@ impl StreamingExperts {
                             "{} ends at byte {} but the file has {} bytes (truncated?)",
                             m.name,
                             m.offset + m.len as u64,
-                            file.len()
+                            file.size()
                         ),
                     });
                 }
@@ -222,14 +237,6 @@ impl StreamingExperts {
     /// Whether every expert file is read with direct I/O.
     pub fn is_direct(&self) -> bool {
         self.shared.files.iter().all(ExpertFile::is_direct)
-    }
-
-    pub fn files(&self) -> &[std::path::PathBuf] {
-        &self.shared.index.files
-    }
-
-    pub fn config(&self) -> &StreamConfig {
-        &self.shared.config
     }
 }
 
@@ -301,17 +308,7 @@ impl ExpertStore for StreamingExperts {
                         let bytes = extent.buffer_bytes();
                         *used += bytes;
                         stats.misses += 1;
-                        entries.insert(
-                            id,
-                            Entry {
-                                slot: Slot::Queued { prefetch: false },
-                                waiters: vec![(tx.clone(), i)],
-                                bytes,
-                                last_use: tick,
-                                uses: 1,
-                                unused_prefetch: false,
-                            },
-                        );
+                        entries.insert(id, Entry::queued(bytes, tick, Some((tx.clone(), i))));
                         demand.push_back(id);
                         pending += 1;
                     }
@@ -342,17 +339,7 @@ impl ExpertStore for StreamingExperts {
                 let bytes = extent.buffer_bytes();
                 st.used += bytes;
                 let tick = st.tick;
-                st.entries.insert(
-                    id,
-                    Entry {
-                        slot: Slot::Queued { prefetch: true },
-                        waiters: Vec::new(),
-                        bytes,
-                        last_use: tick,
-                        uses: 0,
-                        unused_prefetch: true,
-                    },
-                );
+                st.entries.insert(id, Entry::queued(bytes, tick, None));
                 st.prefetch.push_back(id);
                 queued = true;
             }
@@ -380,6 +367,11 @@ impl Shared {
         self.index
             .get(id)
             .ok_or_else(|| EngineError::MissingTensor { name: format!("expert {} of layer {}", id.expert, id.layer) })
+    }
+
+    fn expert_file(&self, id: ExpertId) -> std::path::PathBuf {
+        let file = self.index.get(id).map_or(0, |x| x.matrices[0].file);
+        self.index.files[file].clone()
     }
 
     /// An I/O thread: take the next read (demand first), read and build the expert, hand it to
@@ -440,9 +432,11 @@ impl Shared {
                     self.evict(&mut st, id);
                 }
                 Err(e) => {
+                    // Each waiter gets its own copy of the error (io::Error is not Clone), naming
+                    // the file the expert lives in.
                     let (path, reason) = match &e {
                         EngineError::ExpertRead { path, reason, .. } => (path.clone(), reason.clone()),
-                        other => (self.index.files[0].clone(), other.to_string()),
+                        other => (self.expert_file(id), other.to_string()),
                     };
                     for (tx, i) in waiters {
                         let err = EngineError::ExpertRead {
