@@ -430,3 +430,93 @@ fn external_python(daemon: &Daemon, script: &str) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// The answer part of a reply's body (what the model wrote), without the footer's timings.
+fn answer_text(message: &str) -> String {
+    let body = text_body(message);
+    body.split("\n-- \nnightmail:").next().unwrap().to_string()
+}
+
+/// A long greedy answer from the local engine, checkpointed every 16 tokens.
+fn resumable_config(dir: &std::path::Path, model: &std::path::Path) -> String {
+    local_config(dir, model)
+        .replace("max_tokens = 24", "max_tokens = 200\ncheckpoint_every_tokens = 16\ncheckpoint_every_secs = 3600")
+}
+
+const LONG_QUESTION: &str = "From: me@nightmail.test\r\nSubject: lighthouse\r\nMessage-ID: <long1@t>\r\n\r\nWrite a long story about a lighthouse keeper and a storm, with many details.";
+
+#[test]
+fn a_reply_killed_mid_generation_resumes_from_its_checkpoints_byte_for_byte() {
+    let model = common::demo_model();
+    // Uninterrupted.
+    let mut calm = Daemon::start_with(|dir| resumable_config(dir, &model));
+    send(&calm, LONG_QUESTION);
+    let jobs = wait_for_jobs(&calm, 1, Duration::from_secs(600));
+    assert_eq!(jobs[0]["state"], "done", "{jobs:?}");
+    calm.stop();
+    let calm_mail = inbox(&calm, "me");
+    assert_eq!(calm_mail.len(), 1);
+    let want = answer_text(&calm_mail[0]);
+    let tokens = number(&calm_mail[0], "X-Nightmail-Output-Tokens");
+    assert!(tokens > 100, "the test needs a long answer to interrupt; got {tokens} tokens: {want}");
+
+    // The same question, with `kill -9` three times while it generates: each time once the job
+    // has a checkpoint beyond the last one.
+    let mut daemon = Daemon::start_with(|dir| resumable_config(dir, &model));
+    send(&daemon, LONG_QUESTION);
+    let mut kept = 0;
+    let mut id = 0;
+    for round in 0..3 {
+        let target = kept + 16;
+        eventually(Duration::from_secs(300), &format!("round {round}: a checkpoint beyond {kept} tokens"), || {
+            let jobs = daemon.jobs();
+            let saved = jobs[0]["checkpoint_tokens"].as_u64().unwrap_or(0);
+            assert_ne!(jobs[0]["state"], "done", "the answer ended before round {round}'s kill");
+            if saved >= target {
+                assert!(jobs[0]["checkpoint_bytes"].as_u64().unwrap() > 0, "{jobs:?}");
+                kept = saved;
+                id = jobs[0]["id"].as_u64().unwrap();
+            }
+            saved >= target
+        });
+        daemon.kill9();
+        // The checkpoint survives the kill.
+        let file = daemon.data_dir().join("checkpoints").join(format!("job-{id}.ckpt"));
+        assert!(file.exists(), "no checkpoint file at {}", file.display());
+        daemon.restart();
+    }
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(600));
+    assert_eq!(jobs[0]["state"], "done", "{jobs:?}");
+    assert!(jobs[0]["attempts"].as_u64().unwrap() >= 4, "{jobs:?}");
+    let status = daemon.status();
+    assert_eq!(status["checkpoint_bytes"], 0, "the checkpoint is removed after delivery: {status}");
+    daemon.stop();
+    let mail = inbox(&daemon, "me");
+    assert_eq!(mail.len(), 1, "exactly one reply, never two");
+    assert_eq!(answer_text(&mail[0]), want, "the resumed answer is the uninterrupted one, byte for byte");
+    assert_eq!(number(&mail[0], "X-Nightmail-Output-Tokens"), tokens);
+
+    // SIGTERM saves the running answer's state before exit, even between periodic checkpoints
+    // (here there are none).
+    let mut daemon = Daemon::start_with(|dir| {
+        resumable_config(dir, &model).replace("checkpoint_every_tokens = 16", "checkpoint_every_tokens = 100000")
+    });
+    send(&daemon, LONG_QUESTION);
+    let mut generated = 0;
+    eventually(Duration::from_secs(300), "10 tokens generated", || {
+        let jobs = daemon.jobs();
+        assert_eq!(jobs[0]["checkpoint_tokens"], 0, "{jobs:?}");
+        generated = jobs[0]["tokens_generated"].as_u64().unwrap_or(0);
+        generated >= 10
+    });
+    daemon.stop();
+    daemon.restart();
+    eventually(Duration::from_secs(300), "the restart to resume from the shutdown's checkpoint", || {
+        daemon.jobs()[0]["checkpoint_tokens"].as_u64().unwrap_or(0) >= generated
+    });
+    wait_for_jobs(&daemon, 1, Duration::from_secs(600));
+    daemon.stop();
+    let mail = inbox(&daemon, "me");
+    assert_eq!(mail.len(), 1);
+    assert_eq!(answer_text(&mail[0]), want);
+}

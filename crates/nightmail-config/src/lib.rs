@@ -118,23 +118,33 @@ pub enum BackendConfig {
         retries: u32,
     },
     /// nightmail's own engine on this machine.
-    Local {
-        /// A GGUF file or a Hugging Face model directory.
-        path: PathBuf,
-        top_p: Option<f32>,
-        top_k: Option<usize>,
-        seed: Option<u64>,
-        /// Stream the model's routed experts from disk through a RAM cache of this many MiB
-        /// (dense weights stay resident); `None` loads every expert.
-        expert_cache_mb: Option<usize>,
-    },
+    Local(LocalBackend),
+}
+
+/// `backend = "local"`: the model file and how the engine runs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalBackend {
+    /// A GGUF file or a Hugging Face model directory.
+    pub path: PathBuf,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    /// Stream the model's routed experts from disk through a RAM cache of this many MiB
+    /// (dense weights stay resident); `None` loads every expert.
+    pub expert_cache_mb: Option<usize>,
+    /// Save a running answer's state after this many new tokens or this long, whichever comes
+    /// first, so a crash or restart resumes it instead of starting over.
+    pub checkpoint_every_tokens: u32,
+    pub checkpoint_every: Duration,
+    /// Jobs of this model decoded together, in lockstep (each step reads the weights once).
+    pub max_batch: usize,
 }
 
 impl BackendConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             BackendConfig::OpenAi { .. } => "openai",
-            BackendConfig::Local { .. } => "local",
+            BackendConfig::Local(_) => "local",
         }
     }
 }

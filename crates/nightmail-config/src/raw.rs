@@ -168,6 +168,24 @@ struct RawModel {
     seed: Option<u64>,
     /// Stream routed experts from disk through a cache of this many MiB.
     expert_cache_mb: Option<usize>,
+    #[serde(default = "default_checkpoint_every_tokens")]
+    checkpoint_every_tokens: u32,
+    #[serde(default = "default_checkpoint_every_secs")]
+    checkpoint_every_secs: u64,
+    #[serde(default = "default_max_batch")]
+    max_batch: Spanned<usize>,
+}
+
+fn default_checkpoint_every_tokens() -> u32 {
+    64
+}
+
+fn default_checkpoint_every_secs() -> u64 {
+    300
+}
+
+fn default_max_batch() -> Spanned<usize> {
+    Spanned::new(0..0, 4)
 }
 
 fn default_max_tokens() -> u32 {
@@ -370,13 +388,19 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
                     format!("model {address}: backend \"local\" needs `path` (a GGUF file or a model directory)"),
                 ));
             };
-            BackendConfig::Local {
+            if *m.max_batch.get_ref() == 0 {
+                return Err(loc.spanned(&m.max_batch, "model.max_batch must be at least 1".to_string()));
+            }
+            BackendConfig::Local(crate::LocalBackend {
                 path: path.clone(),
                 top_p: m.top_p,
                 top_k: m.top_k,
                 seed: m.seed,
                 expert_cache_mb: m.expert_cache_mb,
-            }
+                checkpoint_every_tokens: m.checkpoint_every_tokens.max(1),
+                checkpoint_every: Duration::from_secs(m.checkpoint_every_secs.max(1)),
+                max_batch: *m.max_batch.get_ref(),
+            })
         }
         other => {
             return Err(

@@ -65,6 +65,8 @@ pub enum EngineError {
         "cannot read expert {expert} of layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
     )]
     ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
+    #[error("checkpoint {path}: {reason}: check that the data directory is writable and has space")]
+    Checkpoint { path: PathBuf, reason: String },
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

@@ -2,6 +2,7 @@
 //! be dropped or cancelled between any two, and [`Model::generate`] that drives it with a callback.
 
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -11,6 +12,7 @@ use crate::chat::ChatMessage;
 use crate::error::{EngineError, Result};
 use crate::model::KvCache;
 use crate::reasoning::{Reply, split_reasoning};
+use crate::resume::{Delta, Identity, Journal, Saved};
 use crate::sampling::{Sampler, Sampling};
 
 /// What to continue.
@@ -106,13 +108,43 @@ pub struct TokenStream<'m> {
     stop: Option<StopReason>,
     started: Instant,
     prefill: Duration,
+    /// The checkpoint file, for a resumable stream.
+    journal: Option<Journal>,
+    /// Events of the tokens restored from a checkpoint, not yet taken.
+    replay: Vec<TokenEvent>,
 }
 
 impl Model {
     /// Tokenize and prefill the prompt; then pull tokens from the stream.
     pub fn stream(&self, request: GenerateRequest) -> Result<TokenStream<'_>> {
         let started = Instant::now();
-        let prompt_tokens = self.prompt_tokens(&request.prompt)?;
+        let prompt_tokens = self.checked_prompt(&request.prompt)?;
+        self.start(request, prompt_tokens, started, None, None)
+    }
+
+    /// As [`Model::stream`], saving checkpoints to `path` when [`TokenStream::checkpoint`] is
+    /// called. If `path` holds a checkpoint of this same generation (model, prompt, sampling and
+    /// stops), the stream resumes from it instead of starting over: the tokens it restored are in
+    /// [`TokenStream::take_replay`], and what follows is what an uninterrupted run would give.
+    pub fn stream_resumable(&self, request: GenerateRequest, path: &Path) -> Result<TokenStream<'_>> {
+        let started = Instant::now();
+        let prompt_tokens = self.checked_prompt(&request.prompt)?;
+        let identity = Identity {
+            model: self.path().display().to_string(),
+            network: self.network_shape(),
+            prompt: prompt_tokens.clone(),
+            sampling: request.sampling,
+            stop: request.stop.clone(),
+            stop_at_eos: request.stop_at_eos,
+        };
+        let layers = self.spec().layers;
+        let (journal, saved) = Journal::open(path, &identity, layers)?;
+        self.start(request, prompt_tokens, started, Some(journal), saved)
+    }
+
+    /// The prompt's tokens, checked against the context.
+    fn checked_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let prompt_tokens = self.prompt_tokens(prompt)?;
         if prompt_tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -120,12 +152,42 @@ impl Model {
         if prompt_tokens.len() >= context {
             return Err(EngineError::PromptTooLong { len: prompt_tokens.len(), max: context });
         }
-        let sampler = Sampler::new(request.sampling)?;
+        Ok(prompt_tokens)
+    }
+
+    /// What a checkpoint's key/value rows must fit: layers, widths and vocabulary.
+    fn network_shape(&self) -> Vec<usize> {
+        let s = self.spec();
+        let a = &s.attention;
+        vec![s.layers, s.hidden_size, s.vocab_size, a.heads, a.kv_heads, a.head_dim]
+    }
+
+    /// A stream that begins with the prompt's prefill, or, given a checkpoint's `saved` state,
+    /// where that state left off.
+    fn start(
+        &self,
+        request: GenerateRequest,
+        prompt_tokens: Vec<u32>,
+        started: Instant,
+        journal: Option<Journal>,
+        saved: Option<Saved>,
+    ) -> Result<TokenStream<'_>> {
+        let mut sampler = Sampler::new(request.sampling)?;
         let mut cache = self.new_cache();
-        // Nothing to generate (e.g. only tokenizing): skip the prefill.
-        let stop = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
-        let logits = if stop.is_none() { Some(self.logits(&prompt_tokens, &mut cache)?) } else { None };
-        Ok(TokenStream {
+        let (logits, stop, restored) = match saved {
+            Some(saved) => {
+                sampler.set_position(saved.sampler_position);
+                cache.extend(&saved.kv)?;
+                (Some(saved.logits), None, saved.tokens)
+            }
+            None => {
+                // Nothing to generate (e.g. only tokenizing): skip the prefill.
+                let stop = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
+                let logits = if stop.is_none() { Some(self.logits(&prompt_tokens, &mut cache)?) } else { None };
+                (logits, stop, Vec::new())
+            }
+        };
+        let mut stream = TokenStream {
             model: self,
             cache,
             sampler,
@@ -136,9 +198,23 @@ impl Model {
             emitted: 0,
             next_logits: logits,
             stop,
-            prefill: started.elapsed(),
+            prefill: Duration::ZERO,
             started,
-        })
+            journal,
+            replay: Vec::new(),
+        };
+        // Replay restored tokens' text exactly as it was handed out the first time.
+        for (index, id) in restored.into_iter().enumerate() {
+            stream.tokens.push(id);
+            if let Some(tok) = self.tokenizer() {
+                stream.text = tok.decode(&stream.tokens)?;
+            }
+            let text = stream.take_text();
+            let progress = stream.progress();
+            stream.replay.push(TokenEvent { id, index, text, logits: None, progress });
+        }
+        stream.prefill = started.elapsed();
+        Ok(stream)
     }
 
     /// Generate to the end, calling `on_token` after each token; return `Break` from it to stop
@@ -182,6 +258,57 @@ impl TokenStream<'_> {
         self.stop
     }
 
+    /// Generated tokens so far (restored ones included).
+    pub fn generated(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The events of the tokens a resumed stream restored from its checkpoint (empty otherwise,
+    /// and after the first call): hand them on as if they had just been generated.
+    pub fn take_replay(&mut self) -> Vec<TokenEvent> {
+        std::mem::take(&mut self.replay)
+    }
+
+    /// Saves what was generated since the last checkpoint (tokens, the sampler's position, the
+    /// new key/value rows and the pending logits) and makes it durable. Returns the tokens the
+    /// checkpoint file now covers; `None` for a stream opened without one, or once it has stopped
+    /// on its own (nothing is left to resume).
+    pub fn checkpoint(&mut self) -> Result<Option<usize>> {
+        let Some(journal) = self.journal.as_mut() else { return Ok(None) };
+        let Some(logits) = self.next_logits.as_deref() else { return Ok(None) };
+        if matches!(self.stop, Some(s) if s != StopReason::Cancelled) {
+            return Ok(None);
+        }
+        let (tokens, from) = journal.saved();
+        let to = self.cache.position();
+        if from == to {
+            return Ok(Some(tokens));
+        }
+        let kv = (0..self.cache.layers()).map(|l| self.cache.rows(l, from, to)).collect::<Result<Vec<_>>>()?;
+        journal.append(&Delta {
+            tokens: &self.tokens,
+            sampler_position: self.sampler.position(),
+            kv,
+            end_position: to,
+            logits,
+        })?;
+        Ok(Some(self.tokens.len()))
+    }
+
+    /// Bytes of the checkpoint file, if the stream has one.
+    pub fn checkpoint_bytes(&self) -> Option<u64> {
+        self.journal.as_ref().map(Journal::bytes)
+    }
+
+    fn progress(&self) -> Progress {
+        Progress {
+            prompt_tokens: self.prompt_tokens.len(),
+            generated: self.tokens.len(),
+            max_new_tokens: self.request.max_new_tokens,
+            elapsed: self.started.elapsed(),
+        }
+    }
+
     /// Stop before the next token.
     pub fn cancel(&mut self) {
         self.stop.get_or_insert(StopReason::Cancelled);
@@ -221,12 +348,7 @@ impl TokenStream<'_> {
             index,
             text,
             logits: self.request.record_logits.then_some(logits),
-            progress: Progress {
-                prompt_tokens: self.prompt_tokens.len(),
-                generated: self.tokens.len(),
-                max_new_tokens: self.request.max_new_tokens,
-                elapsed: self.started.elapsed(),
-            },
+            progress: self.progress(),
         }))
     }
 

@@ -18,6 +18,7 @@ mod inspect;
 pub mod model;
 mod pack;
 mod reasoning;
+mod resume;
 mod sampling;
 mod spec;
 pub mod stream;

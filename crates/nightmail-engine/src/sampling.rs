@@ -1,7 +1,7 @@
 //! Choosing the next token from a row of logits.
 
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 
 use crate::error::{EngineError, Result};
 
@@ -28,9 +28,12 @@ impl Default for Sampling {
     }
 }
 
+/// A sampler: the parameters and its random generator. The generator is ChaCha12 (what rand's
+/// `StdRng` is), named so that its position in the stream can be saved in a checkpoint and set
+/// again on resume: the draws after a resume are the draws an uninterrupted run would make.
 pub(crate) struct Sampler {
     params: Sampling,
-    rng: StdRng,
+    rng: ChaCha12Rng,
 }
 
 impl Sampler {
@@ -47,7 +50,16 @@ impl Sampler {
         if params.top_k == Some(0) {
             return Err(EngineError::Sampling("top_k must be at least 1".into()));
         }
-        Ok(Sampler { params, rng: StdRng::seed_from_u64(params.seed) })
+        Ok(Sampler { params, rng: ChaCha12Rng::seed_from_u64(params.seed) })
+    }
+
+    /// The generator's position: 32-bit words drawn since seeding.
+    pub fn position(&self) -> u128 {
+        self.rng.get_word_pos()
+    }
+
+    pub fn set_position(&mut self, words: u128) {
+        self.rng.set_word_pos(words);
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -136,6 +148,21 @@ mod tests {
         let a = draw();
         assert_eq!(a, draw());
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 1);
+    }
+
+    #[test]
+    fn a_sampler_set_to_a_saved_position_draws_what_the_original_draws_next() {
+        let params = Sampling { temperature: 1.0, top_k: None, top_p: None, seed: 9 };
+        let logits = [0.0f32, 0.3, 0.1, 0.5, 0.2];
+        let mut a = Sampler::new(params).unwrap();
+        for _ in 0..7 {
+            a.sample(&logits);
+        }
+        let mut b = Sampler::new(params).unwrap();
+        b.set_position(a.position());
+        let rest_a: Vec<u32> = (0..32).map(|_| a.sample(&logits)).collect();
+        let rest_b: Vec<u32> = (0..32).map(|_| b.sample(&logits)).collect();
+        assert_eq!(rest_a, rest_b);
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Progress {
     /// The answer so far.
     pub partial_text: String,
     pub updated_at: Timestamp,
+    /// Generated tokens the job's last checkpoint covers: a restart resumes from there.
+    #[serde(default)]
+    pub checkpoint_tokens: u64,
 }
 
 /// How a leased job ends.

@@ -4,6 +4,7 @@
 //! sends its asker a notice: never silence.
 
 pub mod backend;
+pub mod checkpoints;
 pub mod compose;
 pub mod control;
 pub mod conversation;
@@ -51,9 +52,7 @@ pub fn backends(config: &Config) -> Backends {
                 let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
                 Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
             }
-            nightmail_config::BackendConfig::Local { path, top_p, top_k, seed, expert_cache_mb } => {
-                Arc::new(backend::local::Local::new(path.clone(), *top_p, *top_k, *seed, *expert_cache_mb))
-            }
+            nightmail_config::BackendConfig::Local(local) => Arc::new(backend::local::Local::new(local.clone())),
         };
         map.insert(model.address.clone(), backend);
     }
@@ -76,6 +75,11 @@ impl Worker {
 
     /// Answers jobs until `stop` turns true, `concurrency` at a time.
     pub async fn run(self, stop: watch::Receiver<bool>) {
+        match checkpoints::sweep(&self.config.data_dir, &self.store) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} checkpoint(s) of jobs that had ended"),
+            Err(e) => tracing::warn!("cannot sweep checkpoints: {e}"),
+        }
         let slots = self.config.worker.concurrency;
         let mut tasks: Vec<_> = (0..slots).map(|_| tokio::spawn(self.clone().run_one(stop.clone()))).collect();
         if slots > 0 {
@@ -152,10 +156,15 @@ impl Worker {
             temperature: options.temperature.unwrap_or(model.temperature),
             reasoning: options.reasoning.or(model.reasoning.then_some(true)),
             model: options.model.clone(),
+            checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
         };
         let backend = self.backends.get(&job.model).cloned().expect("every model address has a backend");
         let started = Instant::now();
         let Some((leased, result)) = self.generate(leased, backend.as_ref(), &request, stop).await? else {
+            // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
+            if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
+                checkpoints::remove(&self.config.data_dir, job.id);
+            }
             return Ok(());
         };
         match result {
@@ -189,9 +198,13 @@ impl Worker {
                     reasoning_tokens: outcome.reasoning_tokens,
                     partial_text: String::new(),
                     updated_at: Timestamp::now(),
+                    checkpoint_tokens: 0,
                 };
                 self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
+                // Delivered: the checkpoint has done its work (a crash before this line leaves it
+                // to the start-up sweep).
+                checkpoints::remove(&self.config.data_dir, done.id);
                 tracing::info!(job = %done.id, tokens = outcome.output_tokens, delivered = ?receipt.map(|r| r.mail.len()), "answered");
                 Ok(())
             }
@@ -208,6 +221,9 @@ impl Worker {
                     .store
                     .finish(leased, Finish::Failed { reason: e.to_string(), retry, notice }, &self.policy)
                     .await?;
+                if !checkpoints::live(&job.state) {
+                    checkpoints::remove(&self.config.data_dir, job.id);
+                }
                 tracing::warn!(job = %job.id, state = job.state.name(), "attempt failed: {e}");
                 Ok(())
             }
@@ -303,6 +319,9 @@ impl Worker {
             control::Command::Cancel { target, ack_id } => match self.store.job(target)? {
                 Some(t) if t.ack.as_deref() == Some(ack_id.as_str()) && t.sender == job.sender => {
                     let after = self.store.cancel(target).await?;
+                    if !checkpoints::live(&after.state) {
+                        checkpoints::remove(&self.config.data_dir, target);
+                    }
                     match after.state {
                         JobState::Cancelled { .. } => {
                             format!("Cancelled job {target} (\"{}\"). No answer will be sent.", t.subject)
@@ -379,6 +398,7 @@ impl Worker {
         tokio::pin!(generation);
         let mut progress = Progress::default();
         let mut last_save = Instant::now();
+        let mut save_now = false;
         let mut last_renew = Instant::now();
         let lease = self.config.worker.lease;
         let result = loop {
@@ -391,8 +411,14 @@ impl Worker {
                             progress.partial_text.push_str(&t);
                         }
                         Event::Reasoning(_) => progress.reasoning_tokens += 1,
+                        Event::Checkpoint { tokens, .. } => {
+                            progress.checkpoint_tokens = tokens;
+                            // Saved at once, so `status` shows what a restart would keep.
+                            save_now = true;
+                        }
                     }
-                    if last_save.elapsed() >= SAVE_PROGRESS {
+                    if save_now || last_save.elapsed() >= SAVE_PROGRESS {
+                        save_now = false;
                         progress.updated_at = Timestamp::now();
                         if let Err(e) = self.store.record_progress(&mut leased, progress.clone()).await {
                             let _ = halt_tx.send(true);

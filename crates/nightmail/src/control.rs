@@ -33,7 +33,7 @@ pub fn unlink(data_dir: &Path) {
     let _ = std::fs::remove_file(socket_path(data_dir));
 }
 
-pub async fn serve(listener: UnixListener, store: Store, mut stop: watch::Receiver<bool>) {
+pub async fn serve(listener: UnixListener, store: Store, data_dir: PathBuf, mut stop: watch::Receiver<bool>) {
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -45,21 +45,21 @@ pub async fn serve(listener: UnixListener, store: Store, mut stop: watch::Receiv
             },
             _ = stop.changed() => break,
         };
-        let store = store.clone();
+        let (store, data_dir) = (store.clone(), data_dir.clone());
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &store).await {
+            if let Err(e) = answer(stream, &store, &data_dir).await {
                 tracing::debug!("control request failed: {e}");
             }
         });
     }
 }
 
-async fn answer(stream: UnixStream, store: &Store) -> anyhow::Result<()> {
+async fn answer(stream: UnixStream, store: &Store, data_dir: &Path) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read).take_line(&mut line).await?;
     let response = match serde_json::from_str::<Request>(&line) {
-        Ok(Request::Status) => serde_json::to_value(Report::from_store(store, "daemon")?)?,
+        Ok(Request::Status) => serde_json::to_value(Report::from_store(store, data_dir, "daemon")?)?,
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
     };
     let mut text = serde_json::to_vec(&response)?;

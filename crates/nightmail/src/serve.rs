@@ -53,7 +53,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone()));
     let imap_task = tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone()));
-    let control_task = tokio::spawn(crate::control::serve(control, store.clone(), stop_rx.clone()));
+    let control_task =
+        tokio::spawn(crate::control::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
     let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
     let sweeper = {

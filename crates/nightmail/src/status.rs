@@ -1,9 +1,12 @@
 //! `nightmail status`: the queue, from the running daemon if there is one, else from the store.
 
+use std::path::Path;
+
 use anyhow::{Context, bail};
 use nightmail_config::Config;
 use nightmail_store::{Job, JobState, Store};
 use nightmail_types::Timestamp;
+use nightmail_worker::checkpoints;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{Request, ask};
@@ -13,6 +16,9 @@ pub struct Report {
     /// `daemon` (asked over the control socket) or `store` (read directly).
     pub source: String,
     pub jobs: Vec<JobView>,
+    /// Disk used by generation checkpoints, all jobs together.
+    #[serde(default)]
+    pub checkpoint_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -28,6 +34,12 @@ pub struct JobView {
     pub attempts: u32,
     /// Answer tokens generated so far (or in the end).
     pub tokens_generated: u64,
+    /// Generated tokens the job's last checkpoint covers: what a restart keeps.
+    #[serde(default)]
+    pub checkpoint_tokens: u64,
+    /// Disk used by the job's checkpoint.
+    #[serde(default)]
+    pub checkpoint_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The Message-ID of the acknowledgement sent for this job.
@@ -36,7 +48,7 @@ pub struct JobView {
 }
 
 impl JobView {
-    fn of(job: &Job, now: Timestamp) -> JobView {
+    fn of(job: &Job, data_dir: &Path, now: Timestamp) -> JobView {
         JobView {
             id: job.id.0,
             state: job.state.name().to_string(),
@@ -47,7 +59,9 @@ impl JobView {
             created_at_ms: job.created_at.0,
             age_secs: now.since(job.created_at).as_secs(),
             attempts: job.attempts,
-            tokens_generated: job.progress.as_ref().map_or(0, |p| p.output_tokens),
+            tokens_generated: job.progress.as_ref().map_or(0, |p| p.output_tokens + p.reasoning_tokens),
+            checkpoint_tokens: job.progress.as_ref().map_or(0, |p| p.checkpoint_tokens),
+            checkpoint_bytes: checkpoints::bytes(data_dir, job.id),
             ack: job.ack.clone(),
             reason: match &job.state {
                 JobState::Failed { reason, .. } => Some(reason.clone()),
@@ -58,10 +72,11 @@ impl JobView {
 }
 
 impl Report {
-    pub fn from_store(store: &Store, source: &str) -> anyhow::Result<Report> {
+    pub fn from_store(store: &Store, data_dir: &Path, source: &str) -> anyhow::Result<Report> {
         let now = Timestamp::now();
-        let jobs = store.jobs()?.iter().map(|j| JobView::of(j, now)).collect();
-        Ok(Report { source: source.to_string(), jobs })
+        let jobs = store.jobs()?.iter().map(|j| JobView::of(j, data_dir, now)).collect();
+        let checkpoint_bytes = checkpoints::total_bytes(data_dir);
+        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes })
     }
 }
 
@@ -76,7 +91,7 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
         None => {
             let dir = config.data_dir.join("store");
             if !dir.exists() {
-                Report { source: "store".into(), jobs: Vec::new() }
+                Report { source: "store".into(), jobs: Vec::new(), checkpoint_bytes: 0 }
             } else {
                 let store = Store::open(&dir).with_context(|| {
                     format!(
@@ -84,7 +99,7 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
                         crate::control::socket_path(&config.data_dir).display()
                     )
                 })?;
-                Report::from_store(&store, "store")?
+                Report::from_store(&store, &config.data_dir, "store")?
             }
         }
     };
@@ -96,17 +111,24 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
         println!("no jobs");
         return Ok(());
     }
-    println!("{:>20}  {:<9}  {:>7}  {:<28}  {:<32}  MESSAGE-ID", "ID", "STATE", "AGE", "FROM", "SUBJECT");
+    println!(
+        "{:>20}  {:<9}  {:>7}  {:>13}  {:<28}  {:<32}  MESSAGE-ID",
+        "ID", "STATE", "AGE", "TOKENS (SAVED)", "FROM", "SUBJECT"
+    );
     for job in &report.jobs {
         println!(
-            "{:>20}  {:<9}  {:>7}  {:<28}  {:<32}  {}",
+            "{:>20}  {:<9}  {:>7}  {:>13}  {:<28}  {:<32}  {}",
             job.id,
             job.state,
             age(job.age_secs),
+            format!("{} ({})", job.tokens_generated, job.checkpoint_tokens),
             clip(&job.from, 28),
             clip(&job.subject, 32),
             job.message_id
         );
+    }
+    if report.checkpoint_bytes > 0 {
+        println!("checkpoints on disk: {:.1} MiB", report.checkpoint_bytes as f64 / (1024.0 * 1024.0));
     }
     Ok(())
 }

@@ -70,6 +70,32 @@ impl KvCache {
     pub fn position(&self) -> usize {
         self.position
     }
+
+    pub(crate) fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
+    pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
+        let cache = &self.layers[l];
+        match (cache.k()?, cache.v()?) {
+            (Some(k), Some(v)) => Ok((k.narrow(2, from, to - from)?, v.narrow(2, from, to - from)?)),
+            _ => Err(EngineError::Compute(candle_core::Error::Msg(format!("layer {l} has no cached keys")))),
+        }
+    }
+
+    /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
+    /// the position past them.
+    pub(crate) fn extend(&mut self, rows: &[(Tensor, Tensor)]) -> Result<()> {
+        debug_assert_eq!(rows.len(), self.layers.len());
+        let mut added = None;
+        for (cache, (k, v)) in self.layers.iter_mut().zip(rows) {
+            cache.append(k, v)?;
+            added = Some(k.dim(2)?);
+        }
+        self.position += added.unwrap_or(0);
+        Ok(())
+    }
 }
 
 pub struct Transformer {

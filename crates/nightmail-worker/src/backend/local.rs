@@ -1,12 +1,13 @@
 //! nightmail's own engine on this machine (`backend = "local"`). The model is loaded (memory
 //! mapped) on first use and kept; generation runs on a blocking thread and streams each token.
 
-use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use nightmail_config::LocalBackend;
 use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StopReason, StreamConfig,
+    TokenStream,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -17,24 +18,51 @@ pub struct Local {
 }
 
 struct Inner {
-    path: PathBuf,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    seed: u64,
-    expert_cache_mb: Option<usize>,
+    config: LocalBackend,
     model: Mutex<Option<Arc<Model>>>,
 }
 
 impl Local {
-    pub fn new(
-        path: PathBuf,
-        top_p: Option<f32>,
-        top_k: Option<usize>,
-        seed: Option<u64>,
-        expert_cache_mb: Option<usize>,
-    ) -> Local {
-        let seed = seed.unwrap_or(0);
-        Local { inner: Arc::new(Inner { path, top_p, top_k, seed, expert_cache_mb, model: Mutex::new(None) }) }
+    pub fn new(config: LocalBackend) -> Local {
+        Local { inner: Arc::new(Inner { config, model: Mutex::new(None) }) }
+    }
+}
+
+/// Engine errors as the worker treats them.
+fn backend_error(e: EngineError) -> BackendError {
+    match e {
+        // A damaged model file stays damaged: fail the job with a notice, not retries.
+        EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
+        e => BackendError::Transient(e.to_string()),
+    }
+}
+
+/// When to save the next checkpoint: after `every_tokens` new tokens or `every`, whichever first.
+struct Schedule {
+    every_tokens: usize,
+    every: Duration,
+    tokens: usize,
+    at: Instant,
+}
+
+impl Schedule {
+    fn due(&self, generated: usize) -> bool {
+        generated >= self.tokens + self.every_tokens || self.at.elapsed() >= self.every
+    }
+
+    /// Saves a checkpoint now and tells the worker; a failed write is logged and generation goes
+    /// on (the next checkpoint may succeed; a crash before it redoes more work, nothing worse).
+    fn save(&mut self, stream: &mut TokenStream<'_>, events: &mpsc::UnboundedSender<Event>) {
+        match stream.checkpoint() {
+            Ok(Some(tokens)) => {
+                let bytes = stream.checkpoint_bytes().unwrap_or(0);
+                let _ = events.send(Event::Checkpoint { tokens: tokens as u64, bytes });
+                self.tokens = tokens;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("checkpoint not saved: {e}"),
+        }
+        self.at = Instant::now();
     }
 }
 
@@ -45,8 +73,9 @@ impl Inner {
         if let Some(model) = slot.as_ref() {
             return Ok(model.clone());
         }
-        let options = LoadOptions { stream: self.expert_cache_mb.map(StreamConfig::with_cache_mb) };
-        let model = Model::load_with(&self.path, &options).map_err(|e| BackendError::Permanent(e.to_string()))?;
+        let options = LoadOptions { stream: self.config.expert_cache_mb.map(StreamConfig::with_cache_mb) };
+        let model =
+            Model::load_with(&self.config.path, &options).map_err(|e| BackendError::Permanent(e.to_string()))?;
         let model = Arc::new(model);
         *slot = Some(model.clone());
         Ok(model)
@@ -62,10 +91,11 @@ impl Inner {
         let messages = request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect();
         let mut generate = GenerateRequest::new(Prompt::Chat(messages));
         generate.max_new_tokens = request.max_tokens as usize;
+        let c = &self.config;
         generate.sampling =
-            Sampling { temperature: request.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed };
+            Sampling { temperature: request.temperature, top_k: c.top_k, top_p: c.top_p, seed: c.seed.unwrap_or(0) };
         let mut think = ThinkSplitter::default();
-        let mut outcome = Outcome { model: self.path.display().to_string(), ..Outcome::default() };
+        let mut outcome = Outcome { model: c.path.display().to_string(), ..Outcome::default() };
         let count = |outcome: &mut Outcome, event: Event| {
             match &event {
                 Event::Content(t) => {
@@ -76,24 +106,49 @@ impl Inner {
                     outcome.reasoning.push_str(t);
                     outcome.reasoning_tokens += 1;
                 }
+                Event::Checkpoint { .. } => {}
             }
             let _ = events.send(event);
         };
-        let completion = model
-            .generate(generate, |token| {
-                if *stop.borrow() {
-                    return ControlFlow::Break(());
-                }
-                for event in think.push(&token.text) {
-                    count(&mut outcome, event);
-                }
-                ControlFlow::Continue(())
-            })
-            .map_err(|e| match e {
-                // A damaged model file stays damaged: fail the job with a notice, not retries.
-                EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
-                e => BackendError::Transient(e.to_string()),
-            })?;
+        let mut stream = match &request.checkpoint {
+            Some(path) => model.stream_resumable(generate, path),
+            None => model.stream(generate),
+        }
+        .map_err(backend_error)?;
+        // A resumed answer: hand on what the checkpoint restored as if it had just come.
+        let replay = stream.take_replay();
+        let mut schedule = Schedule {
+            every_tokens: c.checkpoint_every_tokens as usize,
+            every: c.checkpoint_every,
+            tokens: replay.len(),
+            at: Instant::now(),
+        };
+        if !replay.is_empty() {
+            tracing::info!(tokens = replay.len(), "resuming from a checkpoint");
+            let bytes = stream.checkpoint_bytes().unwrap_or(0);
+            let _ = events.send(Event::Checkpoint { tokens: replay.len() as u64, bytes });
+        }
+        for token in replay {
+            for event in think.push(&token.text) {
+                count(&mut outcome, event);
+            }
+        }
+        loop {
+            if *stop.borrow() {
+                // Shutdown: save the state so the restart resumes here.
+                stream.cancel();
+                schedule.save(&mut stream, &events);
+                return Err(BackendError::Stopped);
+            }
+            let Some(token) = stream.next_token().map_err(backend_error)? else { break };
+            for event in think.push(&token.text) {
+                count(&mut outcome, event);
+            }
+            if request.checkpoint.is_some() && schedule.due(stream.generated()) {
+                schedule.save(&mut stream, &events);
+            }
+        }
+        let completion = stream.into_completion();
         for event in think.finish() {
             count(&mut outcome, event);
         }
@@ -115,7 +170,10 @@ impl Inner {
 
 impl Backend for Local {
     fn describe(&self) -> String {
-        format!("local {}", self.inner.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+        format!(
+            "local {}",
+            self.inner.config.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        )
     }
 
     fn generate<'a>(

@@ -7,6 +7,7 @@ pub mod openai;
 mod think;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 
 pub use think::ThinkSplitter;
@@ -25,6 +26,9 @@ pub struct Request {
     pub reasoning: Option<bool>,
     /// Another model of the same server, if the mail asked for one.
     pub model: Option<String>,
+    /// Where a backend that can checkpoint (the local engine) keeps this job's state, and
+    /// resumes from.
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// A piece of the reply as it streams.
@@ -32,6 +36,11 @@ pub struct Request {
 pub enum Event {
     Content(String),
     Reasoning(String),
+    /// The generation's state up to `tokens` generated tokens is saved (`bytes` on disk).
+    Checkpoint {
+        tokens: u64,
+        bytes: u64,
+    },
 }
 
 /// A finished generation.

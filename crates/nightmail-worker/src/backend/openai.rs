@@ -182,6 +182,7 @@ fn record(outcome: &mut Outcome, events: &mpsc::UnboundedSender<Event>, event: E
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
+        Event::Checkpoint { .. } => {}
     }
     let _ = events.send(event);
 }
@@ -273,6 +274,7 @@ mod tests {
             temperature: 0.0,
             reasoning: Some(true),
             model: None,
+            checkpoint: None,
         }
     }
 

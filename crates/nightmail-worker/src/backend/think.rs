@@ -66,6 +66,7 @@ mod tests {
             match e {
                 Event::Content(t) => content.push_str(&t),
                 Event::Reasoning(t) => reasoning.push_str(&t),
+                Event::Checkpoint { .. } => {}
             }
         }
         (content, reasoning)

@@ -1,0 +1,469 @@
+//! Checkpoints of a generation, so that a reply that takes days survives a crash, a `kill -9`, a
+//! reboot or an upgrade at the cost of at most one checkpoint interval.
+//!
+//! One append-only file per generation:
+//!
+//! ```text
+//! header:  "NMRESUME" | version u32 | length u32 | identity (JSON) | crc32 u32
+//! record:  "NMRC" | length u64 | crc32 u32 | payload
+//! payload: tokens before u64 | count u32 | token ids u32 × count
+//!          | sampler position u128 | first position u64 | end position u64
+//!          | per layer: keys, values (each: dtype u8 | heads u32 | dim u32 | length u64 | bytes)
+//!          | logits length u32 | logits f32 × length
+//! ```
+//!
+//! A record holds only what is new since the one before it: the tokens generated and the
+//! key/value rows computed since, the sampler's position, and the pending logits row (the one the
+//! next token will be drawn from). Restoring replays the records in order and stops at the first
+//! one that is short, fails its checksum or does not follow on from the one before: a torn write
+//! loses that record only, and the file is cut back to the last good one before anything more is
+//! appended. The state restored is exactly the state saved, so greedy decoding after a resume
+//! gives the bytes an uninterrupted run gives (as does sampling: the generator's position is part
+//! of the state).
+//!
+//! A file whose header does not match the generation asked for (another prompt, sampling,
+//! model, or a format version this build does not read) is discarded and generation starts over.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::sampling::Sampling;
+
+const MAGIC: &[u8; 8] = b"NMRESUME";
+/// Bumped whenever the layout changes; an older file is then discarded, not misread.
+const VERSION: u32 = 1;
+const RECORD: &[u8; 4] = b"NMRC";
+/// Header: magic, version, length; record: magic, length, checksum.
+const HEADER_FIXED: usize = 8 + 4 + 4;
+const RECORD_FIXED: usize = 4 + 8 + 4;
+
+/// What a checkpoint belongs to: restoring it into any other generation would be wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Identity {
+    /// The model file or directory, and the shape of its network.
+    pub model: String,
+    pub network: Vec<usize>,
+    pub prompt: Vec<u32>,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub stop_at_eos: bool,
+}
+
+/// The state a checkpoint file holds, as restored.
+pub(crate) struct Saved {
+    pub tokens: Vec<u32>,
+    pub sampler_position: u128,
+    /// Per layer, the keys and values of every position, `[1, heads, positions, dim]`.
+    pub kv: Vec<(Tensor, Tensor)>,
+    pub logits: Vec<f32>,
+}
+
+/// What is appended: the state now, and how much of it the file already holds.
+pub(crate) struct Delta<'a> {
+    pub tokens: &'a [u32],
+    pub sampler_position: u128,
+    /// Per layer, the key/value rows from the file's end position to now.
+    pub kv: Vec<(Tensor, Tensor)>,
+    pub end_position: usize,
+    pub logits: &'a [f32],
+}
+
+/// An open checkpoint file, positioned after its last good record.
+pub(crate) struct Journal {
+    path: PathBuf,
+    file: File,
+    /// Tokens and key/value positions the file holds.
+    tokens: usize,
+    position: usize,
+    bytes: u64,
+}
+
+fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
+    EngineError::Checkpoint { path: path.to_path_buf(), reason: what.to_string() }
+}
+
+impl Journal {
+    /// Opens the checkpoint at `path` for the generation `identity`: with its saved state if the
+    /// file holds one for this generation, else a new file (replacing any other).
+    pub fn open(path: &Path, identity: &Identity, layers: usize) -> Result<(Journal, Option<Saved>)> {
+        if let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
+            if let Some(header_end) = read_header(&bytes, identity) {
+                let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
+                let good_end = (header_end + good_end) as u64;
+                // Cut a torn tail so the next record follows the last good one.
+                if good_end < bytes.len() as u64 {
+                    file.set_len(good_end).map_err(|e| bad(path, e))?;
+                    file.sync_data().map_err(|e| bad(path, e))?;
+                }
+                file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
+                let (tokens, position) =
+                    saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
+                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
+                return Ok((journal, saved));
+            }
+        }
+        Ok((Journal::create(path, identity)?, None))
+    }
+
+    fn create(path: &Path, identity: &Identity) -> Result<Journal> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| bad(path, e))?;
+        }
+        let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
+        let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        header.extend_from_slice(&id);
+        header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| bad(path, e))?;
+        file.write_all(&header).and_then(|_| file.sync_all()).map_err(|e| bad(path, e))?;
+        // The file's directory entry is durable too (a new file after a crash).
+        if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
+            let _ = dir.sync_all();
+        }
+        Ok(Journal { path: path.to_path_buf(), file, tokens: 0, position: 0, bytes: header.len() as u64 })
+    }
+
+    /// Tokens and key/value positions already saved.
+    pub fn saved(&self) -> (usize, usize) {
+        (self.tokens, self.position)
+    }
+
+    /// Bytes on disk.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Appends what is new in `delta` and makes it durable (`fdatasync`) before returning.
+    pub fn append(&mut self, delta: &Delta<'_>) -> Result<()> {
+        let mut p = Vec::new();
+        let new = &delta.tokens[self.tokens..];
+        p.extend_from_slice(&(self.tokens as u64).to_le_bytes());
+        p.extend_from_slice(&(new.len() as u32).to_le_bytes());
+        for t in new {
+            p.extend_from_slice(&t.to_le_bytes());
+        }
+        p.extend_from_slice(&delta.sampler_position.to_le_bytes());
+        p.extend_from_slice(&(self.position as u64).to_le_bytes());
+        p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
+        for (k, v) in &delta.kv {
+            put_tensor(&mut p, k)?;
+            put_tensor(&mut p, v)?;
+        }
+        p.extend_from_slice(&(delta.logits.len() as u32).to_le_bytes());
+        for l in delta.logits {
+            p.extend_from_slice(&l.to_le_bytes());
+        }
+        let mut record = Vec::with_capacity(RECORD_FIXED + p.len());
+        record.extend_from_slice(RECORD);
+        record.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+        record.extend_from_slice(&p);
+        let path = &self.path;
+        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
+        self.tokens = delta.tokens.len();
+        self.position = delta.end_position;
+        self.bytes += record.len() as u64;
+        Ok(())
+    }
+}
+
+fn dim2(t: &Tensor) -> usize {
+    t.dims().get(2).copied().unwrap_or(0)
+}
+
+/// The end of the header if it is whole and names this generation.
+fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
+    if bytes.len() < HEADER_FIXED || &bytes[..8] != MAGIC {
+        return None;
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
+    let len = u32::from_le_bytes(bytes[12..16].try_into().ok()?) as usize;
+    let end = HEADER_FIXED + len;
+    if version != VERSION || bytes.len() < end + 4 {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[end..end + 4].try_into().ok()?);
+    if crc32fast::hash(&bytes[..end]) != crc {
+        return None;
+    }
+    let found: Identity = serde_json::from_slice(&bytes[HEADER_FIXED..end]).ok()?;
+    (found == *identity).then_some(end + 4)
+}
+
+/// Applies the records in order; returns the state and the length of the good prefix.
+fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, usize), String> {
+    let mut at = 0;
+    let mut tokens: Vec<u32> = Vec::new();
+    let mut position = 0usize;
+    let mut chunks: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
+    let mut last: Option<(u128, Vec<f32>)> = None;
+    while let Some(payload) = record_at(bytes, at) {
+        let mut r = Reader { bytes: payload, at: 0 };
+        let Some(parsed) = r.record(layers) else { break };
+        if parsed.tokens_before != tokens.len() || parsed.from != position {
+            break;
+        }
+        tokens.extend(parsed.tokens);
+        position = parsed.to;
+        chunks.push(parsed.kv);
+        last = Some((parsed.sampler_position, parsed.logits));
+        at += RECORD_FIXED + payload.len();
+    }
+    let Some((sampler_position, logits)) = last else { return Ok((None, at)) };
+    let mut kv = Vec::with_capacity(layers);
+    for l in 0..layers {
+        let ks: Vec<&Tensor> = chunks.iter().map(|c| &c[l].0).collect();
+        let vs: Vec<&Tensor> = chunks.iter().map(|c| &c[l].1).collect();
+        kv.push((Tensor::cat(&ks, 2).map_err(|e| e.to_string())?, Tensor::cat(&vs, 2).map_err(|e| e.to_string())?));
+    }
+    Ok((Some(Saved { tokens, sampler_position, kv, logits }), at))
+}
+
+/// The payload of a whole, intact record at `at`.
+fn record_at(bytes: &[u8], at: usize) -> Option<&[u8]> {
+    let head = bytes.get(at..at + RECORD_FIXED)?;
+    if &head[..4] != RECORD {
+        return None;
+    }
+    let len = usize::try_from(u64::from_le_bytes(head[4..12].try_into().ok()?)).ok()?;
+    let crc = u32::from_le_bytes(head[12..16].try_into().ok()?);
+    let payload = bytes.get(at + RECORD_FIXED..(at + RECORD_FIXED).checked_add(len)?)?;
+    (crc32fast::hash(payload) == crc).then_some(payload)
+}
+
+struct Record {
+    tokens_before: usize,
+    tokens: Vec<u32>,
+    sampler_position: u128,
+    from: usize,
+    to: usize,
+    kv: Vec<(Tensor, Tensor)>,
+    logits: Vec<f32>,
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<usize> {
+        usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()
+    }
+
+    fn record(&mut self, layers: usize) -> Option<Record> {
+        let tokens_before = self.u64()?;
+        let count = self.u32()? as usize;
+        let tokens =
+            self.take(count.checked_mul(4)?)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let tokens = tokens.collect();
+        let sampler_position = u128::from_le_bytes(self.take(16)?.try_into().ok()?);
+        let (from, to) = (self.u64()?, self.u64()?);
+        let rows = to.checked_sub(from)?;
+        let mut kv = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            kv.push((self.tensor(rows)?, self.tensor(rows)?));
+        }
+        let n = self.u32()? as usize;
+        let logits =
+            self.take(n.checked_mul(4)?)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let logits = logits.collect();
+        (self.at == self.bytes.len()).then_some(Record {
+            tokens_before,
+            tokens,
+            sampler_position,
+            from,
+            to,
+            kv,
+            logits,
+        })
+    }
+
+    fn tensor(&mut self, rows: usize) -> Option<Tensor> {
+        let dtype = match self.take(1)?[0] {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::BF16,
+            _ => return None,
+        };
+        let (heads, dim) = (self.u32()? as usize, self.u32()? as usize);
+        let len = self.u64()?;
+        if heads.checked_mul(rows)?.checked_mul(dim)?.checked_mul(dtype.size_in_bytes())? != len {
+            return None;
+        }
+        let raw = self.take(len)?;
+        Tensor::from_raw_buffer(raw, dtype, &[1, heads, rows, dim], &Device::Cpu).ok()
+    }
+}
+
+/// Writes `[1, heads, rows, dim]` as dtype, heads, dim, byte length and the little-endian bytes.
+fn put_tensor(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
+    let (_, heads, _, dim) = t.dims4()?;
+    let t = t.contiguous()?;
+    let tag: u8 = match t.dtype() {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        other => {
+            return Err(EngineError::Unsupported {
+                what: format!("a {other:?} key/value cache in a checkpoint"),
+                hint: "keep the cache in F32, F16 or BF16".into(),
+            });
+        }
+    };
+    let flat = t.flatten_all()?;
+    let bytes: Vec<u8> = match t.dtype() {
+        DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        _ => flat.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    out.push(tag);
+    out.extend_from_slice(&(heads as u32).to_le_bytes());
+    out.extend_from_slice(&(dim as u32).to_le_bytes());
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity {
+            model: "m".into(),
+            network: vec![2, 4],
+            prompt: vec![1, 2, 3],
+            sampling: Sampling::greedy(),
+            stop: Vec::new(),
+            stop_at_eos: true,
+        }
+    }
+
+    fn rows(from: usize, to: usize) -> Vec<(Tensor, Tensor)> {
+        (0..2)
+            .map(|l| {
+                let n = to - from;
+                let k: Vec<f32> = (0..2 * n * 3).map(|i| (l * 1000 + from * 10 + i) as f32).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                (
+                    Tensor::from_vec(k, (1, 2, n, 3), &Device::Cpu).unwrap(),
+                    Tensor::from_vec(v, (1, 2, n, 3), &Device::Cpu).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn append(j: &mut Journal, tokens: &[u32], to: usize) {
+        let from = j.saved().1;
+        let logits = vec![tokens.len() as f32; 5];
+        j.append(&Delta {
+            tokens,
+            sampler_position: tokens.len() as u128 * 7,
+            kv: rows(from, to),
+            end_position: to,
+            logits: &logits,
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn records_replay_into_the_state_saved_and_a_torn_tail_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert!(saved.is_none());
+        append(&mut j, &[10], 4);
+        append(&mut j, &[10, 11, 12], 6);
+        let good = std::fs::metadata(&path).unwrap().len();
+        append(&mut j, &[10, 11, 12, 13], 7);
+        drop(j);
+        // A write torn half-way through the last record.
+        let full = std::fs::metadata(&path).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(good + (full - good) / 2).unwrap();
+        drop(f);
+
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.expect("the first two records");
+        assert_eq!(saved.tokens, vec![10, 11, 12]);
+        assert_eq!(saved.sampler_position, 21);
+        assert_eq!(saved.logits, vec![3.0; 5]);
+        assert_eq!(j.saved(), (3, 6));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record is cut off");
+        let all = rows(0, 4).into_iter().zip(rows(4, 6));
+        for ((k, v), ((k0, v0), (k1, v1))) in saved.kv.iter().zip(all) {
+            let want_k = Tensor::cat(&[&k0, &k1], 2).unwrap();
+            let want_v = Tensor::cat(&[&v0, &v1], 2).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(k), flat(&want_k));
+            assert_eq!(flat(v), flat(&want_v));
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_ends_the_replay_at_the_record_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        let first = std::fs::metadata(&path).unwrap().len() as usize;
+        append(&mut j, &[10, 11], 5);
+        drop(j);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[first + RECORD_FIXED + 3] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert_eq!(saved.unwrap().tokens, vec![10]);
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_generation_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        drop(j);
+        let other = Identity { prompt: vec![1, 2, 4], ..identity() };
+        let (j, saved) = Journal::open(&path, &other, 2).unwrap();
+        assert!(saved.is_none());
+        assert_eq!(j.saved(), (0, 0));
+        // ... and the file now belongs to the new generation.
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert!(saved.is_none());
+    }
+
+    #[test]
+    fn garbage_is_not_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        std::fs::write(&path, b"NMRESUME\x01\x00\x00\x00\xff\xff\xff\xffnonsense").unwrap();
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert!(saved.is_none());
+    }
+}

@@ -1,0 +1,119 @@
+//! Checkpoints: a generation stopped at any point (the process "crashes": the stream is dropped
+//! without a word) and resumed from its checkpoint file gives the tokens and logits of an
+//! uninterrupted run, greedy and sampled, from safetensors and GGUF, and survives a torn write.
+
+use std::path::{Path, PathBuf};
+
+use nightmail_engine::{GenerateRequest, Model, Prompt, Sampling};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+}
+
+fn request(sampling: Sampling) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3, 4, 5]));
+    r.max_new_tokens = 24;
+    r.sampling = sampling;
+    r.record_logits = true;
+    r
+}
+
+fn sampled() -> Sampling {
+    Sampling { temperature: 1.0, top_k: Some(40), top_p: Some(0.95), seed: 11 }
+}
+
+/// (token, logits) of every step.
+type Steps = Vec<(u32, Vec<f32>)>;
+
+fn uninterrupted(model: &Model, sampling: Sampling) -> Steps {
+    let stream = model.stream(request(sampling)).unwrap();
+    stream.map(|e| e.unwrap()).map(|e| (e.id, e.logits.unwrap())).collect()
+}
+
+/// Runs a resumable stream from `path` for `steps` more tokens, checkpointing after each token
+/// listed in `checkpoint_at` (counted in generated tokens), then drops it: a crash. Returns the
+/// tokens it restored and the steps it ran.
+fn run_until_crash(
+    model: &Model,
+    sampling: Sampling,
+    path: &Path,
+    steps: usize,
+    checkpoint_at: &[usize],
+) -> (Vec<u32>, Steps) {
+    let mut stream = model.stream_resumable(request(sampling), path).unwrap();
+    let restored = stream.take_replay().iter().map(|e| e.id).collect();
+    let mut ran = Vec::new();
+    for _ in 0..steps {
+        let Some(e) = stream.next_token().unwrap() else { break };
+        ran.push((e.id, e.logits.unwrap()));
+        if checkpoint_at.contains(&stream.generated()) {
+            assert_eq!(stream.checkpoint().unwrap(), Some(stream.generated()));
+        }
+    }
+    (restored, ran)
+}
+
+fn check_resumes_identically(model: &Model, sampling: Sampling) {
+    let want = uninterrupted(model, sampling);
+    assert_eq!(want.len(), 24);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.ckpt");
+    // Crash 1 after 7 tokens, having checkpointed at 5: tokens 6 and 7 are redone.
+    let (restored, ran) = run_until_crash(model, sampling, &path, 7, &[5]);
+    assert!(restored.is_empty());
+    assert_eq!(ran, want[..7]);
+    // Crash 2: resumes at 5, checkpoints at 9 and 12, crashes at 13.
+    let (restored, ran) = run_until_crash(model, sampling, &path, 8, &[9, 12]);
+    let ids: Vec<u32> = want.iter().map(|s| s.0).collect();
+    assert_eq!(restored, ids[..5]);
+    assert_eq!(ran, want[5..13], "the steps after a resume are those of the uninterrupted run");
+    // Then to the end.
+    let (restored, ran) = run_until_crash(model, sampling, &path, 100, &[]);
+    assert_eq!(restored, ids[..12]);
+    assert_eq!(ran, want[12..]);
+}
+
+#[test]
+fn a_greedy_generation_resumes_where_its_checkpoint_left_it() {
+    check_resumes_identically(&Model::load(fixture("llama")).unwrap(), Sampling::greedy());
+}
+
+#[test]
+fn a_sampled_generation_resumes_with_the_same_draws() {
+    check_resumes_identically(&Model::load(fixture("llama")).unwrap(), sampled());
+}
+
+#[test]
+fn a_moe_model_from_gguf_resumes_identically() {
+    check_resumes_identically(&Model::load(fixture("qwen3_moe/model.gguf")).unwrap(), Sampling::greedy());
+}
+
+#[test]
+fn a_torn_last_checkpoint_falls_back_to_the_one_before() {
+    let model = Model::load(fixture("llama")).unwrap();
+    let want = uninterrupted(&model, Sampling::greedy());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.ckpt");
+    run_until_crash(&model, Sampling::greedy(), &path, 10, &[4, 10]);
+    // The crash tore the second checkpoint's write.
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 9).unwrap();
+    let (restored, ran) = run_until_crash(&model, Sampling::greedy(), &path, 100, &[]);
+    assert_eq!(restored, want[..4].iter().map(|s| s.0).collect::<Vec<_>>());
+    assert_eq!(ran, want[4..]);
+}
+
+#[test]
+fn a_checkpoint_of_another_prompt_is_not_used() {
+    let model = Model::load(fixture("llama")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.ckpt");
+    run_until_crash(&model, Sampling::greedy(), &path, 6, &[6]);
+    let mut other = request(Sampling::greedy());
+    other.prompt = Prompt::Tokens(vec![9, 8, 7]);
+    let mut stream = model.stream_resumable(other.clone(), &path).unwrap();
+    assert!(stream.take_replay().is_empty(), "a checkpoint of another prompt is discarded");
+    let resumed: Vec<u32> = stream.map(|e| e.unwrap().id).collect();
+    let fresh: Vec<u32> = model.stream(other).unwrap().map(|e| e.unwrap().id).collect();
+    assert_eq!(resumed, fresh);
+}
