@@ -112,6 +112,8 @@ pub struct TokenStream<'m> {
     journal: Option<Journal>,
     /// Events of the tokens restored from a checkpoint, not yet taken.
     replay: Vec<TokenEvent>,
+    /// Prompt tokens already in the cache.
+    prompt_fed: usize,
 }
 
 impl Model {
@@ -119,7 +121,70 @@ impl Model {
     pub fn stream(&self, request: GenerateRequest) -> Result<TokenStream<'_>> {
         let started = Instant::now();
         let prompt_tokens = self.checked_prompt(&request.prompt)?;
-        self.start(request, prompt_tokens, started, None, None)
+        self.start(request, prompt_tokens, started, None, None, true)
+    }
+
+    /// A stream whose prompt is not run yet: [`Model::step`] runs it a chunk at a time, with
+    /// other streams' steps, or [`TokenStream::next_token`] all at once. With `checkpoint`, as
+    /// [`Model::stream_resumable`] (a stream resumed from a checkpoint has nothing to prefill).
+    pub fn stream_deferred(&self, request: GenerateRequest, checkpoint: Option<&Path>) -> Result<TokenStream<'_>> {
+        let started = Instant::now();
+        let prompt_tokens = self.checked_prompt(&request.prompt)?;
+        match checkpoint {
+            Some(path) => {
+                let (journal, saved) = self.journal(&request, &prompt_tokens, path)?;
+                self.start(request, prompt_tokens, started, Some(journal), saved, false)
+            }
+            None => self.start(request, prompt_tokens, started, None, None, false),
+        }
+    }
+
+    /// One step of several streams of this model together: each stream that decodes draws its
+    /// next token and runs it; the first stream still prefilling runs its next `prefill_chunk`
+    /// prompt tokens. The weights are read once for all of them (see
+    /// [`crate::model::Transformer::forward_groups`]), and each stream gets what it would get
+    /// alone. Returns each stream's new token event (`None` for a prefill step or a stopped
+    /// stream).
+    pub fn step(&self, streams: &mut [&mut TokenStream<'_>], prefill_chunk: usize) -> Result<Vec<Option<TokenEvent>>> {
+        if streams.iter().any(|s| !std::ptr::eq(s.model, self)) {
+            return Err(EngineError::Compute(candle_core::Error::Msg("a step mixes streams of two models".into())));
+        }
+        let mut events: Vec<Option<TokenEvent>> = vec![None; streams.len()];
+        let mut feeds: Vec<Option<Vec<u32>>> = vec![None; streams.len()];
+        let mut prefilling = false;
+        for (i, s) in streams.iter_mut().enumerate() {
+            if s.stop.is_some() {
+                continue;
+            }
+            if s.is_prefilling() {
+                if !prefilling {
+                    prefilling = true;
+                    let end = (s.prompt_fed + prefill_chunk.max(1)).min(s.prompt_tokens.len());
+                    feeds[i] = Some(s.prompt_tokens[s.prompt_fed..end].to_vec());
+                }
+            } else if let Some((event, feed)) = s.pick()? {
+                events[i] = Some(event);
+                feeds[i] = feed.map(|id| vec![id]);
+            }
+        }
+        let mut groups: Vec<(&mut KvCache, &[u32])> =
+            streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_deref().map(|t| (&mut s.cache, t))).collect();
+        if groups.is_empty() {
+            return Ok(events);
+        }
+        let logits = rayon::scope(|_| self.net.forward_groups(&mut groups))?.to_vec2::<f32>()?;
+        let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t.len())));
+        for ((s, n), row) in fed.zip(logits) {
+            if s.is_prefilling() {
+                s.prompt_fed += n;
+                if s.is_prefilling() {
+                    continue;
+                }
+                s.prefill = s.started.elapsed();
+            }
+            s.next_logits = Some(row);
+        }
+        Ok(events)
     }
 
     /// As [`Model::stream`], saving checkpoints to `path` when [`TokenStream::checkpoint`] is
@@ -129,17 +194,21 @@ impl Model {
     pub fn stream_resumable(&self, request: GenerateRequest, path: &Path) -> Result<TokenStream<'_>> {
         let started = Instant::now();
         let prompt_tokens = self.checked_prompt(&request.prompt)?;
+        let (journal, saved) = self.journal(&request, &prompt_tokens, path)?;
+        self.start(request, prompt_tokens, started, Some(journal), saved, true)
+    }
+
+    /// The checkpoint file at `path` for this generation, and the state it holds if any.
+    fn journal(&self, request: &GenerateRequest, prompt: &[u32], path: &Path) -> Result<(Journal, Option<Saved>)> {
         let identity = Identity {
             model: self.path().display().to_string(),
             network: self.network_shape(),
-            prompt: prompt_tokens.clone(),
+            prompt: prompt.to_vec(),
             sampling: request.sampling,
             stop: request.stop.clone(),
             stop_at_eos: request.stop_at_eos,
         };
-        let layers = self.spec().layers;
-        let (journal, saved) = Journal::open(path, &identity, layers)?;
-        self.start(request, prompt_tokens, started, Some(journal), saved)
+        Journal::open(path, &identity, self.spec().layers)
     }
 
     /// The prompt's tokens, checked against the context.
@@ -171,21 +240,22 @@ impl Model {
         started: Instant,
         journal: Option<Journal>,
         saved: Option<Saved>,
+        prefill: bool,
     ) -> Result<TokenStream<'_>> {
         let mut sampler = Sampler::new(request.sampling)?;
         let mut cache = self.new_cache();
-        let (logits, stop, restored) = match saved {
+        // Nothing to generate (e.g. only tokenizing): skip the prefill.
+        let nothing = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
+        let (logits, stop, restored, prompt_fed) = match saved {
             Some(saved) => {
                 sampler.set_position(saved.sampler_position);
                 cache.extend(&saved.kv)?;
-                (Some(saved.logits), None, saved.tokens)
+                (Some(saved.logits), None, saved.tokens, prompt_tokens.len())
             }
-            None => {
-                // Nothing to generate (e.g. only tokenizing): skip the prefill.
-                let stop = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
-                let logits = if stop.is_none() { Some(self.logits(&prompt_tokens, &mut cache)?) } else { None };
-                (logits, stop, Vec::new())
+            None if prefill && nothing.is_none() => {
+                (Some(self.logits(&prompt_tokens, &mut cache)?), None, Vec::new(), prompt_tokens.len())
             }
+            None => (None, nothing, Vec::new(), 0),
         };
         let mut stream = TokenStream {
             model: self,
@@ -202,6 +272,7 @@ impl Model {
             started,
             journal,
             replay: Vec::new(),
+            prompt_fed,
         };
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
@@ -316,6 +387,27 @@ impl TokenStream<'_> {
 
     /// The next token, or None once stopped.
     pub fn next_token(&mut self) -> Result<Option<TokenEvent>> {
+        if self.stop.is_none() && self.is_prefilling() {
+            let rest = self.prompt_tokens[self.prompt_fed..].to_vec();
+            self.next_logits = Some(self.model.logits(&rest, &mut self.cache)?);
+            self.prompt_fed = self.prompt_tokens.len();
+            self.prefill = self.started.elapsed();
+        }
+        let Some((event, feed)) = self.pick()? else { return Ok(None) };
+        if let Some(id) = feed {
+            self.next_logits = Some(self.model.logits(&[id], &mut self.cache)?);
+        }
+        Ok(Some(event))
+    }
+
+    /// Whether part of the prompt is still to be run (a stream made by [`Model::stream_deferred`]).
+    pub fn is_prefilling(&self) -> bool {
+        self.prompt_fed < self.prompt_tokens.len()
+    }
+
+    /// Draws the next token from the pending logits: its event, and the token to run next if
+    /// the stream goes on.
+    fn pick(&mut self) -> Result<Option<(TokenEvent, Option<u32>)>> {
         if self.stop.is_some() {
             return Ok(None);
         }
@@ -340,16 +432,14 @@ impl TokenStream<'_> {
             self.stop = Some(StopReason::ContextFull);
         }
         let text = self.take_text();
-        if self.stop.is_none() {
-            self.next_logits = Some(model.logits(&[id], &mut self.cache)?);
-        }
-        Ok(Some(TokenEvent {
+        let event = TokenEvent {
             id,
             index,
             text,
             logits: self.request.record_logits.then_some(logits),
             progress: self.progress(),
-        }))
+        };
+        Ok(Some((event, self.stop.is_none().then_some(id))))
     }
 
     /// Text not yet handed out, holding back an unfinished UTF-8 character (decoded as U+FFFD)

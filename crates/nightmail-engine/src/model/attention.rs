@@ -25,10 +25,34 @@ pub struct Attention {
 impl Attention {
     /// `x`: `[tokens, hidden]` at positions `start..`; appends this step's keys and values to `cache`.
     pub fn forward(&self, x: &Tensor, start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
-        let (t, d) = (x.dim(0)?, self.head_dim);
-        let mut q = self.q.forward(x)?.reshape((t, self.heads, d))?;
-        let mut k = self.k.forward(x)?.reshape((t, self.kv_heads, d))?;
-        let v = self.v.forward(x)?.reshape((t, self.kv_heads, d))?;
+        let (q, k, v) = self.project(x)?;
+        self.output(&self.attend(&q, &k, &v, start, cache)?)
+    }
+
+    /// The output projection of attended rows.
+    pub(crate) fn output(&self, attended: &Tensor) -> Result<Tensor> {
+        self.o.forward(attended)
+    }
+
+    /// Queries, keys and values `[tokens, heads · head_dim]` of `x`.
+    pub(crate) fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        Ok((self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?))
+    }
+
+    /// Attention of projected rows at positions `start..` over `cache` (to which their keys and
+    /// values are appended): `[tokens, heads · head_dim]`, before the output projection.
+    pub(crate) fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        start: usize,
+        cache: &mut candle_nn::kv_cache::KvCache,
+    ) -> Result<Tensor> {
+        let (t, d) = (q.dim(0)?, self.head_dim);
+        let mut q = q.reshape((t, self.heads, d))?;
+        let mut k = k.reshape((t, self.kv_heads, d))?;
+        let v = v.reshape((t, self.kv_heads, d))?;
         if let Some((qn, kn)) = &self.qk_norm {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
@@ -53,9 +77,7 @@ impl Attention {
             ))?;
         }
         let p = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out =
-            p.matmul(&v.contiguous()?)?.reshape((self.heads, t, d))?.transpose(0, 1)?.reshape((t, self.heads * d))?;
-        self.o.forward(&out)
+        Ok(p.matmul(&v.contiguous()?)?.reshape((self.heads, t, d))?.transpose(0, 1)?.reshape((t, self.heads * d))?)
     }
 
     /// Additive mask `[tokens, keys]`: query i (at position start+i) sees key j when j ≤ start+i

@@ -3,7 +3,7 @@
 //! the shared expert if the architecture has one. Experts are fetched by id, so where their
 //! weights live is the store's business.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
@@ -30,9 +30,6 @@ impl SharedExpert {
     }
 }
 
-/// The tokens routed to one expert in a prefill, and their router weights.
-type TokensAndWeights = (Vec<u32>, Vec<f32>);
-
 pub struct MoeBlock {
     pub(crate) layer: usize,
     pub(crate) router: Router,
@@ -48,56 +45,56 @@ impl MoeBlock {
     }
 
     /// The block with its routes already chosen (the transformer routes first to prefetch).
+    /// Each chosen expert is fetched once and run once on all the tokens routed to it: the
+    /// union of the routes of a prefill's tokens, or of a batch of sequences decoding together.
     pub fn forward_routed(&self, x: &Tensor, routes: &[Route]) -> Result<Tensor> {
-        let id = |expert| ExpertId { layer: self.layer, expert };
-        // The experts' outputs are summed in a fixed order (route order for one token, expert
-        // order for many), whatever order the store delivers them in: streaming then gives
-        // bit-identical results to the resident path.
-        let mut out = if let [route] = routes {
-            // Decode: one token, k experts.
-            let ids: Vec<ExpertId> = route.experts.iter().map(|&(e, _)| id(e)).collect();
-            self.experts.routed(self.layer, &ids);
-            let mut ys: Vec<Option<Tensor>> = vec![None; ids.len()];
-            self.experts.with_experts(&ids, &mut |i, expert| {
-                ys[i] = Some((expert.forward(x)? * route.experts[i].1 as f64)?);
-                Ok(())
-            })?;
-            let mut acc: Option<Tensor> = None;
-            for y in ys.into_iter().flatten() {
-                acc = Some(match acc {
-                    Some(a) => (a + y)?,
-                    None => y,
+        let (tokens, hidden) = x.dims2()?;
+        // The experts in order of first use (token 0's route order first), each with the
+        // (token, slot in that token's route) pairs routed to it.
+        let mut ids: Vec<ExpertId> = Vec::new();
+        let mut users: Vec<Vec<(usize, usize)>> = Vec::new();
+        let mut slot_of: HashMap<usize, usize> = HashMap::new();
+        for (t, route) in routes.iter().enumerate() {
+            for (k, &(e, _)) in route.experts.iter().enumerate() {
+                let i = *slot_of.entry(e).or_insert_with(|| {
+                    ids.push(ExpertId { layer: self.layer, expert: e });
+                    users.push(Vec::new());
+                    ids.len() - 1
                 });
+                users[i].push((t, k));
             }
-            acc.unwrap_or(x.zeros_like()?)
-        } else {
-            // Prefill: gather each expert's tokens, run them together, scatter-add back.
-            let mut by_expert: BTreeMap<usize, TokensAndWeights> = BTreeMap::new();
-            for (t, route) in routes.iter().enumerate() {
-                for &(e, w) in &route.experts {
-                    let entry = by_expert.entry(e).or_default();
-                    entry.0.push(t as u32);
-                    entry.1.push(w);
+        }
+        self.experts.routed(self.layer, &ids);
+        // terms[t][k]: token t's k-th expert output times its router weight.
+        let mut terms: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
+        self.experts.with_experts(&ids, &mut |i, expert| {
+            let rows: Vec<u32> = users[i].iter().map(|&(t, _)| t as u32).collect();
+            let y = if rows.len() == tokens && rows.iter().enumerate().all(|(j, &t)| j == t as usize) {
+                expert.forward(x)?
+            } else {
+                expert.forward(&x.index_select(&Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?, 0)?)?
+            };
+            for (&(t, k), row) in users[i].iter().zip(y.to_vec2::<f32>()?) {
+                let w = routes[t].experts[k].1;
+                terms[t][k] = Some(row.into_iter().map(|v| v * w).collect());
+            }
+            Ok(())
+        })?;
+        // Each token's terms are summed in its route order, whatever order the store delivered
+        // the experts in and whatever else is in the batch: streaming gives bit-identical results
+        // to the resident path, and a sequence decoded in a batch the results it gets alone.
+        let mut out = vec![0f32; tokens * hidden];
+        for (t, token_terms) in terms.into_iter().enumerate() {
+            let acc = &mut out[t * hidden..(t + 1) * hidden];
+            for (k, term) in token_terms.into_iter().flatten().enumerate() {
+                if k == 0 {
+                    acc.copy_from_slice(&term);
+                } else {
+                    acc.iter_mut().zip(&term).for_each(|(a, v)| *a += v);
                 }
             }
-            let groups: Vec<(usize, TokensAndWeights)> = by_expert.into_iter().collect();
-            let ids: Vec<ExpertId> = groups.iter().map(|(e, _)| id(*e)).collect();
-            let mut ys: Vec<Option<(Tensor, Tensor)>> = vec![None; ids.len()];
-            self.experts.with_experts(&ids, &mut |i, expert| {
-                let (rows, weights) = &groups[i].1;
-                let n = rows.len();
-                let idx = Tensor::from_vec(rows.clone(), n, &Device::Cpu)?;
-                let y = expert.forward(&x.index_select(&idx, 0)?)?;
-                let y = y.broadcast_mul(&Tensor::from_vec(weights.clone(), (n, 1), &Device::Cpu)?)?;
-                ys[i] = Some((idx, y));
-                Ok(())
-            })?;
-            let mut out = x.zeros_like()?;
-            for (idx, y) in ys.into_iter().flatten() {
-                out = out.index_add(&idx, &y, 0)?;
-            }
-            out
-        };
+        }
+        let mut out = Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?;
         if let Some(shared) = &self.shared {
             out = (out + shared.forward(x)?)?;
         }

@@ -277,30 +277,61 @@ impl Transformer {
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        if tokens.is_empty() {
+        Ok(self.forward_groups(&mut [(cache, tokens)])?.squeeze(0)?)
+    }
+
+    /// One step for several sequences together: group `g` runs its tokens after what its cache
+    /// holds (one token for a sequence that decodes, a chunk of the prompt for one that
+    /// prefills). Each dense weight is read once for the step and each layer's experts once for
+    /// the union of the groups' routes; each group gets the results it would get alone. Returns
+    /// the logits of each group's last token, `[groups, vocab]`.
+    pub fn forward_groups(&self, groups: &mut [(&mut KvCache, &[u32])]) -> Result<Tensor> {
+        if groups.is_empty() || groups.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::EmptyPrompt);
         }
-        let mut x = self.embedding.rows(tokens)?;
-        let decoding = tokens.len() == 1 && self.prefetch.depth > 0;
+        let tokens: Vec<u32> = groups.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let mut offsets = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for (_, t) in groups.iter() {
+            offsets.push(at);
+            at += t.len();
+        }
+        let mut x = self.embedding.rows(&tokens)?;
+        let prefetching = self.prefetch.depth > 0;
         for (l, layer) in self.layers.iter().enumerate() {
-            let a = layer.attention.forward(&layer.attn_norm.forward(&x)?, cache.position, &mut cache.layers[l])?;
+            let xn = layer.attn_norm.forward(&x)?;
+            let (q, k, v) = layer.attention.project(&xn)?;
+            let mut outs = Vec::with_capacity(groups.len());
+            for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
+                let rows = |m: &Tensor| m.narrow(0, off, t.len());
+                let start = cache.position;
+                outs.push(layer.attention.attend(&rows(&q)?, &rows(&k)?, &rows(&v)?, start, &mut cache.layers[l])?);
+            }
+            let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
             let h = (x + a)?;
             let n = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&n)?,
                 FeedForward::Moe(moe) => {
                     let routes = moe.router.route(&n)?;
-                    if decoding {
-                        let route: Vec<usize> = routes[0].experts.iter().map(|(e, _)| *e).collect();
-                        self.look_ahead(l, &h, &route, cache)?;
+                    // Decoding sequences guess their next layer's experts (prefills do not).
+                    for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
+                        if prefetching && t.len() == 1 {
+                            let route: Vec<usize> = routes[off].experts.iter().map(|(e, _)| *e).collect();
+                            self.look_ahead(l, &h.narrow(0, off, 1)?, &route, cache)?;
+                        }
                     }
                     moe.forward_routed(&n, &routes)?
                 }
             };
             x = (h + f)?;
         }
-        cache.position += tokens.len();
-        let last = x.narrow(0, tokens.len() - 1, 1)?;
-        Ok(self.lm_head.forward(&self.norm.forward(&last)?)?.squeeze(0)?)
+        let mut last = Vec::with_capacity(groups.len());
+        for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
+            cache.position += t.len();
+            last.push(x.narrow(0, off + t.len() - 1, 1)?);
+        }
+        let last = Tensor::cat(&last, 0)?;
+        self.lm_head.forward(&self.norm.forward(&last)?)
     }
 }

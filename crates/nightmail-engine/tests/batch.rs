@@ -1,0 +1,117 @@
+//! Decoding several sequences together ([`Model::step`]): each gets, bit for bit, the logits and
+//! tokens it gets alone, whether its experts are resident or streamed, while sequences join
+//! (with their prompts prefilled a chunk at a time) and leave between steps.
+
+use std::path::Path;
+
+use nightmail_engine::{
+    GenerateRequest, LoadOptions, Model, Prompt, Sampling, StreamConfig, SynthArch, SynthDtype, SynthSpec, synth,
+};
+
+/// A small model of the benchmark's kind: Q4_0 experts, F16 dense weights.
+fn synth_model(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("moe.gguf");
+    let (heads, kv_heads, head_dim) = SynthSpec::default_heads(128);
+    let spec = SynthSpec {
+        arch: SynthArch::Qwen3Moe,
+        layers: 3,
+        experts: 16,
+        top_k: 4,
+        hidden: 128,
+        expert_ffn: 64,
+        dtype: SynthDtype::Q4_0,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab: 512,
+        tokenizer_from: None,
+        context_length: 256,
+        seed: 5,
+    };
+    synth(&spec, &path).unwrap();
+    path
+}
+
+fn request(prompt: Vec<u32>, max_new_tokens: usize, sampling: Sampling) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Tokens(prompt));
+    r.max_new_tokens = max_new_tokens;
+    r.sampling = sampling;
+    r.record_logits = true;
+    r.stop_at_eos = false;
+    r
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![(1..20).collect(), vec![7, 8, 9], (100..160).collect(), vec![42]]
+}
+
+fn samplings() -> Vec<Sampling> {
+    let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
+    vec![Sampling::greedy(), sampled, Sampling::greedy(), sampled]
+}
+
+type Steps = Vec<(u32, Vec<f32>)>;
+
+/// Sequence `i` alone, through the same step API (prefill chunk 8).
+fn alone(model: &Model, i: usize) -> Steps {
+    let mut s = model.stream_deferred(request(prompts()[i].clone(), 12, samplings()[i]), None).unwrap();
+    let mut out = Vec::new();
+    while s.stop_reason().is_none() {
+        for e in model.step(&mut [&mut s], 8).unwrap().into_iter().flatten() {
+            out.push((e.id, e.logits.unwrap()));
+        }
+    }
+    out
+}
+
+/// All four together, sequence i joining after 2·i steps.
+fn together(model: &Model) -> Vec<Steps> {
+    let mut streams: Vec<_> = (0..4)
+        .map(|i| model.stream_deferred(request(prompts()[i].clone(), 12, samplings()[i]), None).unwrap())
+        .collect();
+    let mut out = vec![Vec::new(); 4];
+    let mut step = 0;
+    while streams.iter().any(|s| s.stop_reason().is_none()) {
+        let joined = (step / 2 + 1).min(4);
+        let mut batch: Vec<_> = streams.iter_mut().take(joined).collect();
+        for (i, e) in model.step(&mut batch, 8).unwrap().into_iter().enumerate() {
+            if let Some(e) = e {
+                out[i].push((e.id, e.logits.unwrap()));
+            }
+        }
+        step += 1;
+    }
+    out
+}
+
+#[test]
+fn sequences_decoded_together_get_exactly_what_they_get_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth_model(dir.path());
+    let model = Model::load(&path).unwrap();
+    let want: Vec<Steps> = (0..4).map(|i| alone(&model, i)).collect();
+    assert!(want.iter().all(|w| w.len() == 12));
+    assert_eq!(together(&model), want);
+
+    // Streamed experts through a cache smaller than one layer's: the same bits.
+    let mut c = StreamConfig::with_cache_mb(0);
+    c.cache_bytes = 4 * 4096;
+    let streamed = Model::load_with(&path, &LoadOptions { stream: Some(c) }).unwrap();
+    assert_eq!(together(&streamed), want);
+    let stats = streamed.streaming().unwrap().stats();
+    assert!(stats.misses > 0, "{stats:?}");
+}
+
+#[test]
+fn a_prompt_prefilled_in_one_chunk_matches_the_plain_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::load(synth_model(dir.path())).unwrap();
+    let plain: Vec<u32> =
+        model.stream(request(prompts()[0].clone(), 12, Sampling::greedy())).unwrap().map(|e| e.unwrap().id).collect();
+    let mut s = model.stream_deferred(request(prompts()[0].clone(), 12, Sampling::greedy()), None).unwrap();
+    let mut stepped = Vec::new();
+    while s.stop_reason().is_none() {
+        stepped.extend(model.step(&mut [&mut s], 64).unwrap().into_iter().flatten().map(|e| e.id));
+    }
+    assert_eq!(stepped, plain);
+}
