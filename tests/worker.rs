@@ -520,3 +520,49 @@ fn a_reply_killed_mid_generation_resumes_from_its_checkpoints_byte_for_byte() {
     assert_eq!(mail.len(), 1);
     assert_eq!(answer_text(&mail[0]), want);
 }
+
+/// Three questions at once to a local model with room for three in its batch.
+fn batch_config(dir: &std::path::Path, model: &std::path::Path, max_batch: usize) -> String {
+    local_config(dir, model)
+        .replace("max_tokens = 24", &format!("max_tokens = 64\nmax_batch = {max_batch}"))
+        .replace("concurrency = 1", "concurrency = 3")
+}
+
+fn three_questions(daemon: &Daemon) {
+    for (i, q) in ["What is the capital of France?", "Name three colours.", "Why is the sky blue?"].iter().enumerate() {
+        send(daemon, &format!("From: me@nightmail.test\r\nSubject: q{i}\r\nMessage-ID: <batch{i}@t>\r\n\r\n{q}"));
+    }
+}
+
+/// The answers in `user`'s INBOX by subject.
+fn answers_by_subject(daemon: &Daemon) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> =
+        inbox(daemon, "me").iter().map(|m| (header(m, "Subject").unwrap(), answer_text(m))).collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn questions_decoded_together_get_the_answers_they_get_alone() {
+    let model = common::demo_model();
+    let mut alone = Daemon::start_with(|dir| batch_config(dir, &model, 1));
+    three_questions(&alone);
+    wait_for_jobs(&alone, 3, Duration::from_secs(600));
+    alone.stop();
+    let want = answers_by_subject(&alone);
+    assert_eq!(want.len(), 3);
+
+    let mut together = Daemon::start_with(|dir| batch_config(dir, &model, 3));
+    three_questions(&together);
+    // All three generate at the same time.
+    eventually(Duration::from_secs(300), "three jobs generating at once", || {
+        let jobs = together.jobs();
+        let generating =
+            jobs.iter().filter(|j| j["state"] == "running" && j["tokens_generated"].as_u64().unwrap_or(0) > 0).count();
+        assert!(jobs.iter().all(|j| j["state"] != "done"), "a job ended before all three ran: {jobs:?}");
+        generating == 3
+    });
+    wait_for_jobs(&together, 3, Duration::from_secs(600));
+    together.stop();
+    assert_eq!(answers_by_subject(&together), want, "batched answers are the answers given alone");
+}

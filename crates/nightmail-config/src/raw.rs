@@ -48,7 +48,7 @@ struct RawWorker {
 impl Default for RawWorker {
     fn default() -> Self {
         RawWorker {
-            concurrency: 1,
+            concurrency: 4,
             lease_secs: 300,
             max_replies_per_sender_per_hour: 30,
             retry_base_secs: 60,

@@ -1,17 +1,34 @@
 //! nightmail's own engine on this machine (`backend = "local"`). The model is loaded (memory
-//! mapped) on first use and kept; generation runs on a blocking thread and streams each token.
+//! mapped) on first use and kept. One engine thread per model decodes every job given to it in
+//! lockstep, up to `max_batch` at once ([`Model::step`]): each step reads each dense weight once
+//! and each layer's experts once for the union of the jobs' routes, so waiting questions share
+//! the expensive reads.
+//!
+//! Scheduling (the fairness policy):
+//! - Jobs join the batch between steps, in the order they arrive, while it has fewer than
+//!   `max_batch`; the rest wait in that order and join as jobs leave.
+//! - Every job in the batch gets one token per step, so a short question that joins beside a
+//!   long one finishes in its own number of steps, not after the long one.
+//! - A joining job's prompt is run [`PREFILL_CHUNK`] tokens per step, one prompt at a time,
+//!   beside the batch's decoding: a long prompt slows the steps it shares, it never stops them.
+//! - Each job checkpoints on its own schedule and stops on its own signal between steps.
 
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::time::{Duration, Instant};
 
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StopReason, StreamConfig,
-    TokenStream,
+    TokenEvent, TokenStream,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Backend, BackendError, BoxFuture, Event, Outcome, Request, ThinkSplitter};
+
+/// Prompt tokens run per step for a job that is joining the batch.
+pub const PREFILL_CHUNK: usize = 32;
 
 pub struct Local {
     inner: Arc<Inner>,
@@ -19,12 +36,22 @@ pub struct Local {
 
 struct Inner {
     config: LocalBackend,
-    model: Mutex<Option<Arc<Model>>>,
+    /// The engine thread's queue, once started.
+    engine: Mutex<Option<std_mpsc::Sender<Job>>>,
+}
+
+/// One generation handed to the engine thread.
+struct Job {
+    request: GenerateRequest,
+    checkpoint: Option<PathBuf>,
+    events: mpsc::UnboundedSender<Event>,
+    stop: watch::Receiver<bool>,
+    done: oneshot::Sender<Result<Outcome, BackendError>>,
 }
 
 impl Local {
     pub fn new(config: LocalBackend) -> Local {
-        Local { inner: Arc::new(Inner { config, model: Mutex::new(None) }) }
+        Local { inner: Arc::new(Inner { config, engine: Mutex::new(None) }) }
     }
 }
 
@@ -34,6 +61,233 @@ fn backend_error(e: EngineError) -> BackendError {
         // A damaged model file stays damaged: fail the job with a notice, not retries.
         EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
         e => BackendError::Transient(e.to_string()),
+    }
+}
+
+impl Inner {
+    /// Hands `job` to the engine thread, starting the thread (which loads the model) if there
+    /// is none or it has ended.
+    fn submit(&self, job: Job) {
+        let mut slot = self.engine.lock().expect("engine lock");
+        let job = match slot.as_ref() {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                Err(std_mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let tx = Self::spawn(&self.config);
+        tx.send(job).expect("a new engine thread takes its first job");
+        *slot = Some(tx);
+    }
+
+    fn spawn(config: &LocalBackend) -> std_mpsc::Sender<Job> {
+        let (tx, rx) = std_mpsc::channel();
+        let config = config.clone();
+        std::thread::Builder::new()
+            .name("nightmail-engine".into())
+            .spawn(move || engine_thread(&config, rx))
+            .expect("spawning the engine thread");
+        tx
+    }
+}
+
+/// Loads the model, then serves jobs until every sender is gone. A model that cannot be loaded
+/// fails every job given to it (permanently: it will not load on a retry either).
+fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>) {
+    let options = LoadOptions { stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb) };
+    let model = match Model::load_with(&config.path, &options) {
+        Ok(m) => m,
+        Err(e) => {
+            // Fail what is queued now and end; the next job starts a new thread, which tries
+            // the file again (it may have been fixed).
+            for job in jobs.try_iter() {
+                let _ = job.done.send(Err(BackendError::Permanent(e.to_string())));
+            }
+            return;
+        }
+    };
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut batch: Vec<Running<'_>> = Vec::new();
+    loop {
+        // Take what has arrived; with nothing to do, wait for it.
+        if batch.is_empty() && waiting.is_empty() {
+            match jobs.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => return,
+            }
+        }
+        waiting.extend(jobs.try_iter());
+        while batch.len() < config.max_batch.max(1) {
+            let Some(job) = waiting.pop_front() else { break };
+            if let Some(running) = Running::start(&model, config, job) {
+                batch.push(running);
+            }
+        }
+        // Stop signals, between steps: save the state for the restart, then leave.
+        batch.retain_mut(|r| {
+            if !*r.stop.borrow() {
+                return true;
+            }
+            r.stream.cancel();
+            r.save_checkpoint();
+            r.finish(Err(BackendError::Stopped));
+            false
+        });
+        if batch.is_empty() {
+            continue;
+        }
+        let mut streams: Vec<&mut TokenStream<'_>> = batch.iter_mut().map(|r| &mut r.stream).collect();
+        match model.step(&mut streams, PREFILL_CHUNK) {
+            Ok(events) => {
+                for (r, event) in batch.iter_mut().zip(events) {
+                    if let Some(event) = event {
+                        r.token(&event);
+                    }
+                }
+                batch.retain_mut(|r| match r.stream.stop_reason() {
+                    None => true,
+                    Some(_) => {
+                        let outcome = r.outcome();
+                        r.finish(outcome);
+                        false
+                    }
+                });
+            }
+            Err(e) => {
+                // The step failed for every job in it.
+                let e = backend_error(e);
+                for mut r in batch.drain(..) {
+                    r.finish(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A job in the batch: its stream and everything that follows it to the worker.
+struct Running<'m> {
+    stream: TokenStream<'m>,
+    events: mpsc::UnboundedSender<Event>,
+    stop: watch::Receiver<bool>,
+    done: Option<oneshot::Sender<Result<Outcome, BackendError>>>,
+    think: ThinkSplitter,
+    outcome: Outcome,
+    checkpoints: Option<Schedule>,
+}
+
+impl<'m> Running<'m> {
+    /// Opens the job's stream (resuming from its checkpoint if it has one); a job that cannot
+    /// start is answered at once.
+    fn start(model: &'m Model, config: &LocalBackend, job: Job) -> Option<Running<'m>> {
+        let stream = match model.stream_deferred(job.request, job.checkpoint.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job.done.send(Err(backend_error(e)));
+                return None;
+            }
+        };
+        let mut r = Running {
+            stream,
+            events: job.events,
+            stop: job.stop,
+            done: Some(job.done),
+            think: ThinkSplitter::default(),
+            outcome: Outcome { model: config.path.display().to_string(), ..Outcome::default() },
+            checkpoints: job.checkpoint.map(|_| Schedule {
+                every_tokens: config.checkpoint_every_tokens as usize,
+                every: config.checkpoint_every,
+                tokens: 0,
+                at: Instant::now(),
+            }),
+        };
+        // A resumed answer: hand on what the checkpoint restored as if it had just come.
+        let replay = r.stream.take_replay();
+        if !replay.is_empty() {
+            tracing::info!(tokens = replay.len(), "resuming from a checkpoint");
+            if let Some(s) = r.checkpoints.as_mut() {
+                s.tokens = replay.len();
+            }
+            let bytes = r.stream.checkpoint_bytes().unwrap_or(0);
+            let _ = r.events.send(Event::Checkpoint { tokens: replay.len() as u64, bytes });
+            for token in &replay {
+                r.text(&token.text);
+            }
+        }
+        Some(r)
+    }
+
+    fn text(&mut self, text: &str) {
+        for event in self.think.push(text) {
+            self.count(event);
+        }
+    }
+
+    fn count(&mut self, event: Event) {
+        match &event {
+            Event::Content(t) => {
+                self.outcome.content.push_str(t);
+                self.outcome.output_tokens += 1;
+            }
+            Event::Reasoning(t) => {
+                self.outcome.reasoning.push_str(t);
+                self.outcome.reasoning_tokens += 1;
+            }
+            Event::Checkpoint { .. } => {}
+        }
+        let _ = self.events.send(event);
+    }
+
+    /// A new token: its text to the worker, then a checkpoint if one is due.
+    fn token(&mut self, token: &TokenEvent) {
+        self.text(&token.text);
+        let generated = self.stream.generated();
+        if self.checkpoints.as_ref().is_some_and(|s| s.due(generated)) {
+            self.save_checkpoint();
+        }
+    }
+
+    /// Saves a checkpoint now and tells the worker; a failed write is logged and generation goes
+    /// on (the next checkpoint may succeed; a crash before it redoes more work, nothing worse).
+    fn save_checkpoint(&mut self) {
+        let Some(schedule) = self.checkpoints.as_mut() else { return };
+        match self.stream.checkpoint() {
+            Ok(Some(tokens)) => {
+                let bytes = self.stream.checkpoint_bytes().unwrap_or(0);
+                let _ = self.events.send(Event::Checkpoint { tokens: tokens as u64, bytes });
+                schedule.tokens = tokens;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("checkpoint not saved: {e}"),
+        }
+        schedule.at = Instant::now();
+    }
+
+    /// The finished answer.
+    fn outcome(&mut self) -> Result<Outcome, BackendError> {
+        for event in self.think.finish() {
+            self.count(event);
+        }
+        let mut outcome = std::mem::take(&mut self.outcome);
+        // Token counts follow the tokens, not the text events (a token may complete no text).
+        let generated = self.stream.generated() as u64;
+        let reasoning = outcome.reasoning_tokens.min(generated);
+        outcome.reasoning_tokens = reasoning;
+        outcome.output_tokens = generated - reasoning;
+        outcome.prompt_tokens = Some(self.stream.prompt_tokens().len() as u64);
+        outcome.finish_reason = match self.stream.stop_reason() {
+            Some(StopReason::Eos | StopReason::StopString) => "stop",
+            Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",
+            Some(StopReason::Cancelled) | None => return Err(BackendError::Stopped),
+        }
+        .to_string();
+        Ok(outcome)
+    }
+
+    fn finish(&mut self, result: Result<Outcome, BackendError>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(result);
+        }
     }
 }
 
@@ -48,123 +302,6 @@ struct Schedule {
 impl Schedule {
     fn due(&self, generated: usize) -> bool {
         generated >= self.tokens + self.every_tokens || self.at.elapsed() >= self.every
-    }
-
-    /// Saves a checkpoint now and tells the worker; a failed write is logged and generation goes
-    /// on (the next checkpoint may succeed; a crash before it redoes more work, nothing worse).
-    fn save(&mut self, stream: &mut TokenStream<'_>, events: &mpsc::UnboundedSender<Event>) {
-        match stream.checkpoint() {
-            Ok(Some(tokens)) => {
-                let bytes = stream.checkpoint_bytes().unwrap_or(0);
-                let _ = events.send(Event::Checkpoint { tokens: tokens as u64, bytes });
-                self.tokens = tokens;
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!("checkpoint not saved: {e}"),
-        }
-        self.at = Instant::now();
-    }
-}
-
-impl Inner {
-    /// The loaded model; a file that cannot be loaded will not load on a retry either.
-    fn model(&self) -> Result<Arc<Model>, BackendError> {
-        let mut slot = self.model.lock().expect("model lock");
-        if let Some(model) = slot.as_ref() {
-            return Ok(model.clone());
-        }
-        let options = LoadOptions { stream: self.config.expert_cache_mb.map(StreamConfig::with_cache_mb) };
-        let model =
-            Model::load_with(&self.config.path, &options).map_err(|e| BackendError::Permanent(e.to_string()))?;
-        let model = Arc::new(model);
-        *slot = Some(model.clone());
-        Ok(model)
-    }
-
-    fn run(
-        &self,
-        request: &Request,
-        events: mpsc::UnboundedSender<Event>,
-        stop: watch::Receiver<bool>,
-    ) -> Result<Outcome, BackendError> {
-        let model = self.model()?;
-        let messages = request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect();
-        let mut generate = GenerateRequest::new(Prompt::Chat(messages));
-        generate.max_new_tokens = request.max_tokens as usize;
-        let c = &self.config;
-        generate.sampling =
-            Sampling { temperature: request.temperature, top_k: c.top_k, top_p: c.top_p, seed: c.seed.unwrap_or(0) };
-        let mut think = ThinkSplitter::default();
-        let mut outcome = Outcome { model: c.path.display().to_string(), ..Outcome::default() };
-        let count = |outcome: &mut Outcome, event: Event| {
-            match &event {
-                Event::Content(t) => {
-                    outcome.content.push_str(t);
-                    outcome.output_tokens += 1;
-                }
-                Event::Reasoning(t) => {
-                    outcome.reasoning.push_str(t);
-                    outcome.reasoning_tokens += 1;
-                }
-                Event::Checkpoint { .. } => {}
-            }
-            let _ = events.send(event);
-        };
-        let mut stream = match &request.checkpoint {
-            Some(path) => model.stream_resumable(generate, path),
-            None => model.stream(generate),
-        }
-        .map_err(backend_error)?;
-        // A resumed answer: hand on what the checkpoint restored as if it had just come.
-        let replay = stream.take_replay();
-        let mut schedule = Schedule {
-            every_tokens: c.checkpoint_every_tokens as usize,
-            every: c.checkpoint_every,
-            tokens: replay.len(),
-            at: Instant::now(),
-        };
-        if !replay.is_empty() {
-            tracing::info!(tokens = replay.len(), "resuming from a checkpoint");
-            let bytes = stream.checkpoint_bytes().unwrap_or(0);
-            let _ = events.send(Event::Checkpoint { tokens: replay.len() as u64, bytes });
-        }
-        for token in replay {
-            for event in think.push(&token.text) {
-                count(&mut outcome, event);
-            }
-        }
-        loop {
-            if *stop.borrow() {
-                // Shutdown: save the state so the restart resumes here.
-                stream.cancel();
-                schedule.save(&mut stream, &events);
-                return Err(BackendError::Stopped);
-            }
-            let Some(token) = stream.next_token().map_err(backend_error)? else { break };
-            for event in think.push(&token.text) {
-                count(&mut outcome, event);
-            }
-            if request.checkpoint.is_some() && schedule.due(stream.generated()) {
-                schedule.save(&mut stream, &events);
-            }
-        }
-        let completion = stream.into_completion();
-        for event in think.finish() {
-            count(&mut outcome, event);
-        }
-        // Token counts follow the tokens, not the text events (a token may complete no text).
-        let generated = completion.tokens.len() as u64;
-        let reasoning = outcome.reasoning_tokens.min(generated);
-        outcome.reasoning_tokens = reasoning;
-        outcome.output_tokens = generated - reasoning;
-        outcome.prompt_tokens = Some(completion.prompt_tokens.len() as u64);
-        outcome.finish_reason = match completion.stop {
-            StopReason::Eos | StopReason::StopString => "stop",
-            StopReason::MaxTokens | StopReason::ContextFull => "length",
-            StopReason::Cancelled => return Err(BackendError::Stopped),
-        }
-        .to_string();
-        Ok(outcome)
     }
 }
 
@@ -183,12 +320,21 @@ impl Backend for Local {
         stop: watch::Receiver<bool>,
     ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
         Box::pin(async move {
-            // Generation blocks for as long as it takes (hours, for a model streamed from SSD): it
-            // runs on a blocking thread, checking `stop` between tokens.
-            let inner = self.inner.clone();
-            let request = request.clone();
-            let result = tokio::task::spawn_blocking(move || inner.run(&request, events, stop)).await;
-            result.unwrap_or_else(|e| Err(BackendError::Transient(format!("the engine thread failed: {e}"))))
+            let messages = request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect();
+            let mut generate = GenerateRequest::new(Prompt::Chat(messages));
+            generate.max_new_tokens = request.max_tokens as usize;
+            let c = &self.inner.config;
+            generate.sampling = Sampling {
+                temperature: request.temperature,
+                top_k: c.top_k,
+                top_p: c.top_p,
+                seed: c.seed.unwrap_or(0),
+            };
+            let (done, result) = oneshot::channel();
+            let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
+            self.inner.submit(job);
+            // Generation takes as long as it takes (hours, for a model streamed from SSD).
+            result.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))
         })
     }
 }

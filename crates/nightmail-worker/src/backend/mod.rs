@@ -59,7 +59,7 @@ pub struct Outcome {
     pub model: String,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BackendError {
     /// Worth trying again later (the server is down, overloaded, timed out).
     #[error("{0}")]
