@@ -5,9 +5,7 @@
 #
 #   benches/streaming.sh [--mem-gib 3] [--cache-mb 1536] [--tokens 16] [--model PATH]
 #
-# The reference model is a synthetic qwen3_moe with Qwen3-30B-A3B's per-layer MoE shape (36
-# layers, hidden 2048, 16 query / 4 KV heads of 128, 128 experts, top-8, expert FFN 768), experts
-# Q4_0, the rest F16 (12.5 GiB); written by `nightmail model synth` if missing. Needs root
+# The reference model is benches/reference_model.sh's (written if missing). Needs root
 # (drop_caches, cgroups, readahead). Prints each figure and the ratios; exits 0 whatever they are.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,14 +25,8 @@ done
 [[ $(id -u) == 0 ]] || { echo "streaming.sh: needs root (drop_caches, cgroups)" >&2; exit 1; }
 
 cd "$ROOT"
-cargo build --quiet --bin nightmail
+MODEL=$(benches/reference_model.sh "$MODEL")
 NM=$ROOT/target/debug/nightmail
-if [[ ! -f $MODEL ]]; then
-    mkdir -p "$(dirname "$MODEL")"
-    [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]] || scripts/fetch-model.sh
-    "$NM" model synth --arch qwen3_moe --layers 36 --experts 128 --top-k 8 --hidden 2048 \
-        --expert-ffn 768 --dtype q4_0 --tokenizer-from models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$MODEL"
-fi
 benches/llama_cpp_build.sh >/dev/null
 
 cg=/sys/fs/cgroup/memory/nightmail-bench-$$

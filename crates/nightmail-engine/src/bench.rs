@@ -116,6 +116,112 @@ pub fn rss() -> Rss {
     }
 }
 
+/// One batch size of [`bench_batch`].
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchPoint {
+    pub batch: usize,
+    pub s_per_step: f64,
+    /// Tokens of all sequences together per second, and that over batch 1's.
+    pub tokens_per_s: f64,
+    pub speedup: f64,
+    pub disk_bytes_per_step: f64,
+    /// The step's I/O floor (its disk bytes over the disk's rate) and the time over it.
+    pub floor_s_per_step: f64,
+    pub ratio_to_floor: f64,
+    /// Experts fetched per MoE layer per step: the union of the sequences' routes.
+    pub experts_per_layer_step: f64,
+    /// The speedup an I/O-bound step could reach if each sequence routed independently and
+    /// uniformly: `batch · k` expert uses over the expected union `E · (1 − (1 − k/E)^batch)`.
+    pub union_bound_speedup: f64,
+    pub hit_rate: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchReport {
+    pub tokens: usize,
+    pub disk_gbps: f64,
+    pub experts: usize,
+    pub top_k: usize,
+    pub points: Vec<BatchPoint>,
+}
+
+/// Aggregate decode rate at each batch size, in one run on one loaded model: `batch` sequences
+/// (each with its own prompt) step together `opts.tokens` times, fed seeded pseudo-random tokens.
+pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport> {
+    let ((file, start), _) = expert_region_and_dense_bytes(&opts.model)?;
+    let probe = || {
+        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
+            .map_err(|source| EngineError::Io { path: file.clone(), source })
+    };
+    let before = probe()?;
+    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
+    let (Some(store), Some(moe)) = (model.streaming(), model.spec().moe.as_ref()) else {
+        return Err(EngineError::Unsupported {
+            what: format!("benchmarking {}", opts.model.display()),
+            hint: "the model has no routed experts to stream".into(),
+        });
+    };
+    let (experts, k) = (moe.experts, moe.routing.top_k());
+    let moe_layers = model.spec().moe_layers.iter().filter(|m| **m).count().max(1);
+    let vocab = model.spec().vocab_size as u32;
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let mut measured = Vec::new();
+    for &batch in batches {
+        let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let prompt: Vec<u32> = opts.prompt_tokens.iter().map(|t| (t + 7 * i as u32) % vocab).collect();
+            model.logits(&prompt, cache)?;
+        }
+        model.reset_stats();
+        let t0 = Instant::now();
+        for _ in 0..opts.tokens {
+            let tokens: Vec<u32> = (0..batch).map(|_| rng.next() % vocab).collect();
+            let mut refs: Vec<&mut crate::KvCache> = caches.iter_mut().collect();
+            model.logits_batch(&tokens, &mut refs)?;
+        }
+        measured.push((batch, t0.elapsed().as_secs_f64(), store.stats()));
+        eprintln!("batch {batch}: {:.3} s/step", measured.last().map_or(0.0, |m| m.1) / opts.tokens.max(1) as f64);
+    }
+    drop(model);
+    let bw = (before + probe()?) / 2.0;
+    let steps = opts.tokens.max(1) as f64;
+    let base = measured.first().map(|(b, t, _)| *b as f64 * steps / t).unwrap_or(0.0);
+    let points = measured
+        .into_iter()
+        .map(|(batch, t, stats)| {
+            let tokens_per_s = batch as f64 * steps / t;
+            let disk = stats.disk_bytes as f64 / steps;
+            let floor = disk / bw;
+            let expected_union = experts as f64 * (1.0 - (1.0 - k as f64 / experts as f64).powi(batch as i32));
+            BatchPoint {
+                batch,
+                s_per_step: t / steps,
+                tokens_per_s,
+                speedup: if base > 0.0 { tokens_per_s / base } else { 0.0 },
+                disk_bytes_per_step: disk,
+                floor_s_per_step: floor,
+                ratio_to_floor: if floor > 0.0 { t / steps / floor } else { f64::INFINITY },
+                experts_per_layer_step: stats.requests as f64 / steps / moe_layers as f64,
+                union_bound_speedup: (batch * k) as f64 / expected_union,
+                hit_rate: stats.hits as f64 / stats.requests.max(1) as f64,
+            }
+        })
+        .collect();
+    Ok(BatchReport { tokens: opts.tokens, disk_gbps: bw / 1e9, experts, top_k: k, points })
+}
+
+/// xorshift64* (Marsaglia 2003; Vigna 2016): the bench's seeded token stream.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as u32
+    }
+}
+
 pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let ((file, start), dense) = expert_region_and_dense_bytes(&opts.model)?;
     let probe = |what: &str| {
@@ -139,17 +245,9 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let prefill_s = t0.elapsed().as_secs_f64();
     model.reset_stats();
     let t0 = Instant::now();
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
     for _ in 0..opts.tokens {
-        let next = if opts.greedy {
-            argmax(&logits)
-        } else {
-            // xorshift64* (Marsaglia 2003; Vigna 2016)
-            seed ^= seed >> 12;
-            seed ^= seed << 25;
-            seed ^= seed >> 27;
-            (seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as u32 % vocab
-        };
+        let next = if opts.greedy { argmax(&logits) } else { rng.next() % vocab };
         logits = model.logits(&[next], &mut cache)?;
     }
     let decode_s = t0.elapsed().as_secs_f64();

@@ -28,7 +28,7 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use bench::{BenchOptions, BenchReport, Rss, bench, rss};
+pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, Rss, bench, bench_batch, rss};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{EngineError, Result};
 pub use format::Format;
@@ -142,6 +142,17 @@ impl Model {
         // the pool (the caller joins the work) instead of handing off and sleeping at each one.
         let logits = rayon::scope(|_| self.net.forward(tokens, cache))?;
         Ok(logits.to_vec1::<f32>()?)
+    }
+}
+
+impl Model {
+    /// One decode step of several sequences: `tokens[i]` runs after what `caches[i]` holds.
+    /// Returns each sequence's next-token logits (those it would get alone).
+    pub fn logits_batch(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Vec<Vec<f32>>> {
+        let mut groups: Vec<(&mut KvCache, &[u32])> =
+            caches.iter_mut().zip(tokens.chunks(1)).map(|(c, t)| (&mut **c, t)).collect();
+        let logits = rayon::scope(|_| self.net.forward_groups(&mut groups))?;
+        Ok(logits.to_vec2::<f32>()?)
     }
 }
 

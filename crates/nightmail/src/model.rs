@@ -133,6 +133,10 @@ pub enum ModelCommand {
         /// random-weight model then repeats one token, and its routes).
         #[arg(long)]
         greedy: bool,
+        /// Instead: decode this many sequences together at each batch size, e.g. 1,4,8, and
+        /// compare their aggregate tokens/s with the first's (`--tokens` steps each).
+        #[arg(long, value_delimiter = ',')]
+        batch: Vec<usize>,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -235,6 +239,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             probe_mb,
             probe_parallel,
             greedy,
+            batch,
             json,
         } => {
             let mut stream = StreamConfig::with_cache_mb(cache_mb);
@@ -251,6 +256,15 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 probe_parallel,
                 greedy,
             };
+            if !batch.is_empty() {
+                let r = nightmail_engine::bench_batch(&opts, &batch)?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print_batch_bench(&r);
+                }
+                return Ok(());
+            }
             let r = nightmail_engine::bench(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -264,6 +278,25 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             println!("{}: {} (expert-major)", dst.display(), bytes(n));
             Ok(())
         }
+    }
+}
+
+fn print_batch_bench(r: &nightmail_engine::BatchReport) {
+    println!("{} steps per batch size; disk {:.2} GB/s; {} experts, top {}", r.tokens, r.disk_gbps, r.experts, r.top_k);
+    println!("batch  s/step  tokens/s  speedup  union bound  experts/layer/step  disk/step  measured/floor  hit rate");
+    for p in &r.points {
+        println!(
+            "{:>5}  {:>6.3}  {:>8.3}  {:>7.2}  {:>11.2}  {:>18.1}  {:>9}  {:>14.2}  {:>7.1}%",
+            p.batch,
+            p.s_per_step,
+            p.tokens_per_s,
+            p.speedup,
+            p.union_bound_speedup,
+            p.experts_per_layer_step,
+            bytes(p.disk_bytes_per_step as u64),
+            p.ratio_to_floor,
+            100.0 * p.hit_rate
+        );
     }
 }
 
