@@ -285,16 +285,31 @@ impl Worker {
             .filter(|j| j.model == job.model && j.id != job.id && j.created_at <= job.created_at)
             .filter(|j| matches!(j.state, JobState::Queued { .. } | JobState::Running { .. }))
             .count();
-        let typical = typical_answer_time(&jobs, &job.model);
-        let when = match (ahead, typical) {
-            (0, Some(t)) => format!("It is next; answers have taken about {} lately.", human_duration(t)),
-            (0, None) => "It is next in the queue.".to_string(),
-            (n, Some(t)) => format!(
-                "{n} question(s) are ahead of it: it should start in about {} and take about {} (from recent answers).",
-                human_duration(t * n as u32),
-                human_duration(t)
-            ),
-            (n, None) => format!("{n} question(s) are ahead of it; there is no timing yet to estimate from."),
+        let when = match Pace::of(&jobs, &job.model) {
+            None if ahead == 0 => "It is next in the queue.".to_string(),
+            None => format!("{ahead} question(s) are ahead of it; there is no timing yet to estimate from."),
+            Some(pace) => {
+                let own = pace.answer();
+                let wait: Duration = jobs
+                    .iter()
+                    .filter(|j| j.model == job.model && j.id != job.id && j.created_at <= job.created_at)
+                    .filter_map(|j| match j.state {
+                        JobState::Queued { .. } => Some(pace.answer()),
+                        JobState::Running { .. } => Some(pace.rest(j)),
+                        _ => None,
+                    })
+                    .sum();
+                let rate = format!("at {:.2} s/token, the pace of recent answers", pace.s_per_token);
+                if ahead == 0 {
+                    format!("It is next; it should take about {} ({rate}).", human_duration(own))
+                } else {
+                    format!(
+                        "{ahead} question(s) are ahead of it: it should start in about {} and take about {} ({rate}).",
+                        human_duration(wait),
+                        human_duration(own)
+                    )
+                }
+            }
         };
         let body = format!(
             "Your question \"{}\" is queued for {} as job {}.\n{when}\n\nReply to this message with \"cancel\" to cancel it, or send a message with the subject \"status\" to see the queue.\n\n-- \nnightmail\n",
@@ -345,6 +360,7 @@ impl Worker {
 
     fn status_text(&self, job: &Job) -> Result<String, StoreError> {
         let jobs = self.store.jobs()?;
+        let pace = Pace::of(&jobs, &job.model);
         let now = Timestamp::now();
         let mut mine = Vec::new();
         let mut others = 0;
@@ -353,8 +369,11 @@ impl Worker {
             .filter(|j| j.id != job.id && matches!(j.state, JobState::Queued { .. } | JobState::Running { .. }))
         {
             if j.sender == job.sender {
-                let progress =
+                let mut progress =
                     j.progress.as_ref().map(|p| format!(", {} tokens so far", p.output_tokens)).unwrap_or_default();
+                if let (JobState::Running { .. }, Some(pace)) = (&j.state, &pace) {
+                    progress.push_str(&format!(", about {} left", human_duration(pace.rest(j))));
+                }
                 mine.push(format!(
                     "  job {}  {}  \"{}\" to {}, {} old{progress}",
                     j.id,
@@ -376,8 +395,14 @@ impl Worker {
             text.push('\n');
         }
         text.push_str(&format!("Other people's questions waiting or being answered: {others}\n"));
-        if let Some(t) = typical_answer_time(&jobs, &job.model) {
-            text.push_str(&format!("Answers from {} have taken about {} lately.\n", job.model, human_duration(t)));
+        if let Some(p) = &pace {
+            text.push_str(&format!(
+                "Answers from {} lately: about {:.0} tokens at {:.2} s/token, {} each.\n",
+                job.model,
+                p.tokens_per_answer,
+                p.s_per_token,
+                human_duration(p.answer())
+            ));
         }
         Ok(text)
     }
@@ -600,19 +625,44 @@ fn lost<T>(e: StoreError) -> Result<Option<T>, StoreError> {
     }
 }
 
-/// The mean time of the last five answers from `model` (from start to done).
-fn typical_answer_time(jobs: &[Job], model: &Address) -> Option<Duration> {
-    let mut times: Vec<(Timestamp, Duration)> = jobs
-        .iter()
-        .filter(|j| &j.model == model && j.reply.is_some())
-        .filter_map(|j| match (j.state.clone(), j.started_at) {
-            (JobState::Done { at }, Some(start)) => Some((at, at.since(start))),
-            _ => None,
+/// How fast `model` has answered lately: seconds per generated token and tokens per answer, over
+/// its last five answers (from the start of the attempt that finished to done).
+struct Pace {
+    s_per_token: f64,
+    tokens_per_answer: f64,
+}
+
+impl Pace {
+    fn of(jobs: &[Job], model: &Address) -> Option<Pace> {
+        let mut done: Vec<(Timestamp, Duration, u64)> = jobs
+            .iter()
+            .filter(|j| &j.model == model && j.reply.is_some())
+            .filter_map(|j| match (&j.state, j.started_at, &j.progress) {
+                (JobState::Done { at }, Some(start), Some(p)) if p.output_tokens + p.reasoning_tokens > 0 => {
+                    Some((*at, at.since(start), p.output_tokens + p.reasoning_tokens))
+                }
+                _ => None,
+            })
+            .collect();
+        done.sort_by_key(|(at, _, _)| *at);
+        let recent: Vec<_> = done.iter().rev().take(5).collect();
+        let tokens: u64 = recent.iter().map(|(_, _, t)| t).sum();
+        (tokens > 0).then(|| Pace {
+            s_per_token: recent.iter().map(|(_, d, _)| d.as_secs_f64()).sum::<f64>() / tokens as f64,
+            tokens_per_answer: tokens as f64 / recent.len() as f64,
         })
-        .collect();
-    times.sort_by_key(|(at, _)| *at);
-    let recent: Vec<Duration> = times.iter().rev().take(5).map(|(_, d)| *d).collect();
-    (!recent.is_empty()).then(|| recent.iter().sum::<Duration>() / recent.len() as u32)
+    }
+
+    /// A typical answer's time.
+    fn answer(&self) -> Duration {
+        Duration::from_secs_f64(self.s_per_token * self.tokens_per_answer)
+    }
+
+    /// What is left of a running job, if it runs to a typical length.
+    fn rest(&self, job: &Job) -> Duration {
+        let so_far = job.progress.as_ref().map_or(0, |p| p.output_tokens + p.reasoning_tokens) as f64;
+        Duration::from_secs_f64(self.s_per_token * (self.tokens_per_answer - so_far).max(0.0))
+    }
 }
 
 fn human_duration(d: Duration) -> String {
