@@ -379,6 +379,43 @@ mod tests {
         assert!(mean.abs() < 1.0, "mean {mean}");
     }
 
+    fn tiny(dtype: SynthDtype, arch: SynthArch) -> SynthSpec {
+        let (heads, kv_heads, head_dim) = SynthSpec::default_heads(64);
+        SynthSpec {
+            arch,
+            layers: 2,
+            experts: 8,
+            top_k: 2,
+            hidden: 64,
+            expert_ffn: 64,
+            dtype,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab: 64,
+            tokenizer_from: None,
+            context_length: 256,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn an_mxfp4_qwen3moe_is_written_loaded_and_run_and_deepseek_v3_is_still_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("mxfp4.gguf");
+        let report = synth(&tiny(SynthDtype::Mxfp4, SynthArch::Qwen3Moe), &out).unwrap();
+        // 2 layers × 3 matrices × 8 experts × 64·64 weights, 17 bytes per 32.
+        assert_eq!(report.expert_bytes, 2 * 3 * 8 * 64 * 64 / 32 * 17);
+        let info = crate::inspect(&out).unwrap();
+        assert_eq!(info.dtypes["MXFP4"].tensors, 6, "{:?}", info.dtypes);
+        let model = crate::Model::load(&out).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert_eq!(logits.len(), 64);
+        assert!(logits.iter().all(|v| v.is_finite()));
+        assert!(synth(&tiny(SynthDtype::Mxfp4, SynthArch::DeepseekV3), &dir.path().join("ds.gguf")).is_err());
+    }
+
     #[test]
     fn mxfp4_blocks_are_centred_with_the_asked_deviation_up_to_a_power_of_two() {
         let mut rng = Rng::new(7, 3);

@@ -76,7 +76,7 @@ pub enum ModelCommand {
         hidden: usize,
         #[arg(long)]
         expert_ffn: usize,
-        /// Routed experts' type: q4_0, q8_0 (mxfp4 once the engine has it).
+        /// Routed experts' type: q4_0, q8_0 or mxfp4.
         #[arg(long, default_value = "q4_0")]
         dtype: nightmail_engine::SynthDtype,
         /// Attention heads (default: hidden / 128, a quarter as many key/value heads).
