@@ -103,30 +103,26 @@ impl Kernel {
         Kernel::Scalar
     }
 
+    /// Whether this CPU has the kernel's instructions.
+    pub(crate) fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Kernel::Scalar => true,
+                Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+                Kernel::Avx512 => Self::detect() == Kernel::Avx512,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Scalar
+        }
+    }
+
     /// The kernels this CPU can run, the portable one first.
     #[cfg(test)]
     pub(crate) fn available() -> Vec<Self> {
-        let best = Self::detect();
-        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
-            .into_iter()
-            .filter(|k| match k {
-                Kernel::Scalar => true,
-                Kernel::Avx2 => best != Kernel::Scalar && cfg!(target_arch = "x86_64") && avx2_fma(),
-                Kernel::Avx512 => best == Kernel::Avx512,
-            })
-            .collect()
-    }
-}
-
-#[cfg(test)]
-fn avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512].into_iter().filter(|k| k.runs_here()).collect()
     }
 }
 
