@@ -30,7 +30,7 @@ pub enum EngineError {
     #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]
     MissingTensor { name: String },
     #[error(
-        "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"
+        "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4"
     )]
     UnsupportedDType { name: String, dtype: String },
     #[error(

@@ -31,13 +31,8 @@ pub fn pack(src: &Path, dst: &Path) -> Result<u64> {
         what: format!("packing {}", src.display()),
         hint: "the model has no routed experts".into(),
     })?;
-    let mut metadata: Vec<(String, Value)> = g
-        .content()
-        .metadata
-        .iter()
-        .filter(|(k, _)| *k != "general.alignment")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut metadata: Vec<(String, Value)> =
+        g.metadata().iter().filter(|(k, _)| *k != "general.alignment").map(|(k, v)| (k.clone(), v.clone())).collect();
     metadata.sort_by(|a, b| a.0.cmp(&b.0));
     metadata.push(("nightmail.packed".into(), Value::U32(PACK_VERSION)));
 

@@ -130,12 +130,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let vocab_size = match g.uint(&key("vocab_size")) {
         Some(v) => v as usize,
-        None => g
-            .content()
-            .tensor_infos
-            .get("token_embd.weight")
-            .map(|t| t.shape.dims()[0])
-            .ok_or_else(|| missing("vocab_size"))?,
+        None => g.tensor_shape("token_embd.weight").map(|s| s[0]).ok_or_else(|| missing("vocab_size"))?,
     };
     let moe = if experts > 0 {
         let top_k = need("expert_used_count")?;

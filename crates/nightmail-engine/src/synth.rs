@@ -5,7 +5,8 @@
 //! make Q4_0 weights average −0.5·d, every router logit would share that bias, and routing would
 //! collapse onto a few experts per layer, which makes any cache look far better than it is. So a
 //! Q4_0 nibble is drawn uniformly from 1..=15 (weight −7..=7, never −8) and a Q8_0 byte from
-//! −127..=127.
+//! −127..=127. MXFP4 nibbles are uniform: its value table is symmetric already (ggml's has +0
+//! twice, for E2M1's +0 and −0).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,8 +18,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{EngineError, Result};
-use crate::format::GgufFile;
 use crate::format::gguf_write::{TensorHeader, write_gguf};
+use crate::format::{GgufFile, WeightDType};
 
 /// The architectures `model synth` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,14 +149,9 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         });
     }
     let expert_dtype = match spec.dtype {
-        SynthDtype::Q4_0 => GgmlDType::Q4_0,
-        SynthDtype::Q8_0 => GgmlDType::Q8_0,
-        SynthDtype::Mxfp4 => {
-            return Err(EngineError::Unsupported {
-                what: "MXFP4 experts".into(),
-                hint: "the engine has no MXFP4 kernel yet; use --dtype q4_0 or q8_0".into(),
-            });
-        }
+        SynthDtype::Q4_0 => WeightDType::Ggml(GgmlDType::Q4_0),
+        SynthDtype::Q8_0 => WeightDType::Ggml(GgmlDType::Q8_0),
+        SynthDtype::Mxfp4 => WeightDType::Mxfp4,
     };
     if !spec.hidden.is_multiple_of(32) || !spec.expert_ffn.is_multiple_of(32) {
         return Err(EngineError::Unsupported {
@@ -174,10 +170,10 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     let mut vocab = spec.vocab;
     if let Some(src) = &spec.tokenizer_from {
         let g = GgufFile::open(src)?;
-        let mut keys: Vec<&String> = g.content().metadata.keys().filter(|k| k.starts_with("tokenizer.")).collect();
+        let mut keys: Vec<&String> = g.metadata().keys().filter(|k| k.starts_with("tokenizer.")).collect();
         keys.sort();
         for k in keys {
-            metadata.push((k.clone(), g.content().metadata[k].clone()));
+            metadata.push((k.clone(), g.metadata()[k].clone()));
         }
         vocab = g.value("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok()).map(Vec::len).ok_or_else(|| {
             EngineError::MissingMetadata { key: format!("tokenizer.ggml.tokens in {}", src.display()) }
@@ -222,27 +218,27 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     let attn_out = inv(q_dim) / layers;
     let ffn_down = inv(f) / (2.0 * layers).sqrt();
     let mut plan: Vec<Planned> = Vec::new();
-    let mut add = |name: String, dtype, shape: &[usize], fill, expert| {
+    let mut add = |name: String, dtype: WeightDType, shape: &[usize], fill, expert| {
         plan.push(Planned { header: TensorHeader::new(name, dtype, shape), fill, expert })
     };
-    add("token_embd.weight".into(), GgmlDType::F16, &[vocab, h], Fill::Uniform(1.0), false);
+    add("token_embd.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(1.0), false);
     for l in 0..spec.layers {
         let b = |n: &str| format!("blk.{l}.{n}");
-        add(b("attn_norm.weight"), GgmlDType::F32, &[h], Fill::Ones, false);
-        add(b("attn_q.weight"), GgmlDType::F16, &[q_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_k.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_v.weight"), GgmlDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_output.weight"), GgmlDType::F16, &[h, q_dim], Fill::Uniform(attn_out), false);
-        add(b("attn_q_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
-        add(b("attn_k_norm.weight"), GgmlDType::F32, &[spec.head_dim], Fill::Ones, false);
-        add(b("ffn_norm.weight"), GgmlDType::F32, &[h], Fill::Ones, false);
-        add(b("ffn_gate_inp.weight"), GgmlDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
+        add(b("attn_q.weight"), WeightDType::F16, &[q_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_k.weight"), WeightDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_v.weight"), WeightDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+        add(b("attn_output.weight"), WeightDType::F16, &[h, q_dim], Fill::Uniform(attn_out), false);
+        add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+        add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+        add(b("ffn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
+        add(b("ffn_gate_inp.weight"), WeightDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
         add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
         add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
         add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(ffn_down), true);
     }
-    add("output_norm.weight".into(), GgmlDType::F32, &[h], Fill::Ones, false);
-    add("output.weight".into(), GgmlDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
+    add("output_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
+    add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
 
     let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
     let io = |source| EngineError::Io { path: out.to_path_buf(), source };
@@ -289,7 +285,7 @@ fn write_tensor(p: &Planned, seed: u64, index: u64, w: &mut dyn Write) -> std::i
     Ok(())
 }
 
-fn random_rows(dtype: GgmlDType, fill: Fill, elems: usize, rng: &mut Rng) -> Vec<u8> {
+fn random_rows(dtype: WeightDType, fill: Fill, elems: usize, rng: &mut Rng) -> Vec<u8> {
     let sigma = match fill {
         Fill::Ones => 0.0,
         Fill::Uniform(s) => s,
@@ -299,6 +295,20 @@ fn random_rows(dtype: GgmlDType, fill: Fill, elems: usize, rng: &mut Rng) -> Vec
     let mut uniform = || match fill {
         Fill::Ones => 1.0,
         Fill::Uniform(_) => (rng.unit() * 2.0 - 1.0) * a,
+    };
+    let dtype = match dtype {
+        WeightDType::Mxfp4 => {
+            // Uniform nibbles give doubled values of variance 274/8; the E8M0 scale is the power of
+            // two nearest the one that makes the standard deviation sigma.
+            let e = (128.0 + (sigma / (274f32 / 8.0).sqrt()).log2().round()).clamp(1.0, 254.0) as u8;
+            let mut out = Vec::with_capacity(elems / 32 * 17);
+            for _ in 0..elems / 32 {
+                out.push(e);
+                out.extend((0..16).map(|_| rng.below(256) as u8));
+            }
+            return out;
+        }
+        WeightDType::Ggml(d) => d,
     };
     match dtype {
         GgmlDType::F32 => (0..elems).flat_map(|_| uniform().to_le_bytes()).collect(),
@@ -341,7 +351,7 @@ mod tests {
     #[test]
     fn q4_0_nibbles_are_symmetric_and_never_minus_8() {
         let mut rng = Rng::new(7, 1);
-        let bytes = random_rows(GgmlDType::Q4_0, Fill::Uniform(0.05), 32 * 4096, &mut rng);
+        let bytes = random_rows(GgmlDType::Q4_0.into(), Fill::Uniform(0.05), 32 * 4096, &mut rng);
         let mut counts = [0u64; 16];
         for block in bytes.chunks_exact(18) {
             for b in &block[2..] {
@@ -362,10 +372,61 @@ mod tests {
     #[test]
     fn q8_0_bytes_span_minus_127_to_127() {
         let mut rng = Rng::new(7, 2);
-        let bytes = random_rows(GgmlDType::Q8_0, Fill::Uniform(0.05), 32 * 2048, &mut rng);
+        let bytes = random_rows(GgmlDType::Q8_0.into(), Fill::Uniform(0.05), 32 * 2048, &mut rng);
         let vals: Vec<i8> = bytes.chunks_exact(34).flat_map(|b| b[2..].iter().map(|x| *x as i8)).collect();
         assert!(!vals.contains(&i8::MIN));
         let mean = vals.iter().map(|v| *v as f64).sum::<f64>() / vals.len() as f64;
         assert!(mean.abs() < 1.0, "mean {mean}");
+    }
+
+    fn tiny(dtype: SynthDtype, arch: SynthArch) -> SynthSpec {
+        let (heads, kv_heads, head_dim) = SynthSpec::default_heads(64);
+        SynthSpec {
+            arch,
+            layers: 2,
+            experts: 8,
+            top_k: 2,
+            hidden: 64,
+            expert_ffn: 64,
+            dtype,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab: 64,
+            tokenizer_from: None,
+            context_length: 256,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn an_mxfp4_qwen3moe_is_written_loaded_and_run_and_deepseek_v3_is_still_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("mxfp4.gguf");
+        let report = synth(&tiny(SynthDtype::Mxfp4, SynthArch::Qwen3Moe), &out).unwrap();
+        // 2 layers × 3 matrices × 8 experts × 64·64 weights, 17 bytes per 32.
+        assert_eq!(report.expert_bytes, 2 * 3 * 8 * 64 * 64 / 32 * 17);
+        let info = crate::inspect(&out).unwrap();
+        assert_eq!(info.dtypes["MXFP4"].tensors, 6, "{:?}", info.dtypes);
+        let model = crate::Model::load(&out).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert_eq!(logits.len(), 64);
+        assert!(logits.iter().all(|v| v.is_finite()));
+        assert!(synth(&tiny(SynthDtype::Mxfp4, SynthArch::DeepseekV3), &dir.path().join("ds.gguf")).is_err());
+    }
+
+    #[test]
+    fn mxfp4_blocks_are_centred_with_the_asked_deviation_up_to_a_power_of_two() {
+        let mut rng = Rng::new(7, 3);
+        let sigma = 0.05f32;
+        let bytes = random_rows(WeightDType::Mxfp4, Fill::Uniform(sigma), 32 * 2048, &mut rng);
+        let mut w = vec![0f32; 32 * 2048];
+        crate::model::mxfp4::dequantize(&bytes, &mut w);
+        let n = w.len() as f64;
+        let mean = w.iter().map(|v| *v as f64).sum::<f64>() / n;
+        let sd = (w.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!(mean.abs() < 0.02 * sd, "mean {mean} for deviation {sd}");
+        assert!(sd > sigma as f64 / 2f64.sqrt() * 0.95 && sd < sigma as f64 * 2f64.sqrt() * 1.05, "deviation {sd}");
     }
 }

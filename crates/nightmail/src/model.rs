@@ -76,7 +76,7 @@ pub enum ModelCommand {
         hidden: usize,
         #[arg(long)]
         expert_ffn: usize,
-        /// Routed experts' type: q4_0, q8_0 (mxfp4 once the engine has it).
+        /// Routed experts' type: q4_0, q8_0 or mxfp4.
         #[arg(long, default_value = "q4_0")]
         dtype: nightmail_engine::SynthDtype,
         /// Attention heads (default: hidden / 128, a quarter as many key/value heads).
@@ -138,6 +138,26 @@ pub enum ModelCommand {
         #[arg(long, value_delimiter = ',')]
         batch: Vec<usize>,
         /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time the MXFP4 mat-vec against this machine's memory bandwidth and candle's Q4_0 mat-vec
+    /// on the same shape (GB/s of weights read, and their ratios).
+    KernelBench {
+        #[arg(long, default_value_t = 4096)]
+        rows: usize,
+        #[arg(long, default_value_t = 4096)]
+        cols: usize,
+        /// Token rows per call (1: mat-vec; more: small-batch mat-mul).
+        #[arg(long, default_value_t = 1)]
+        tokens: usize,
+        /// MiB of weights each kernel cycles through, and of the memory sweep (keep it several
+        /// times the last-level cache).
+        #[arg(long, default_value_t = 2048)]
+        working_set_mb: usize,
+        /// Timed passes over the working set (the median counts).
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
         #[arg(long)]
         json: bool,
     },
@@ -273,6 +293,22 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        ModelCommand::KernelBench { rows, cols, tokens, working_set_mb, passes, json } => {
+            let opts = nightmail_engine::KernelBenchOptions {
+                rows,
+                cols,
+                tokens,
+                working_set_bytes: working_set_mb << 20,
+                passes,
+            };
+            let r = nightmail_engine::kernel_bench(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_kernel_bench(&r);
+            }
+            Ok(())
+        }
         ModelCommand::Pack { src, dst } => {
             let n = nightmail_engine::pack(&src, &dst).with_context(|| format!("packing {}", src.display()))?;
             println!("{}: {} (expert-major)", dst.display(), bytes(n));
@@ -339,6 +375,32 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
     );
     let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
     println!("distinct experts per layer over the timed tokens: {}", distinct.join(" "));
+}
+
+fn print_kernel_bench(r: &nightmail_engine::KernelBenchReport) {
+    println!(
+        "shape           {}x{}, {} token(s) per call, {} matrices ({} of MXFP4)",
+        r.rows,
+        r.cols,
+        r.tokens,
+        r.matrices,
+        bytes(r.working_set_bytes as u64)
+    );
+    println!("threads         {} (candle: {})", r.threads, r.candle_threads);
+    println!(
+        "memory          {:.2} GB/s parallel read (before {:.2}, after {:.2})",
+        r.memory_gbps, r.memory_gbps_before, r.memory_gbps_after
+    );
+    for f in r.mxfp4.iter().chain([&r.candle_q4_0]) {
+        let name = if f.kernel.starts_with("candle") { f.kernel.clone() } else { format!("MXFP4 {}", f.kernel) };
+        println!(
+            "{name:<15} {:.2} GB/s of weights, {:.2} G weights/s, {:.1} µs per call",
+            f.gbps, f.gweights_per_s, f.us_per_call
+        );
+    }
+    println!("MXFP4 / memory bandwidth      {:.2}", r.mxfp4_to_memory);
+    println!("MXFP4 / candle Q4_0 (GB/s)    {:.2}", r.mxfp4_to_candle_q4_0_gbps);
+    println!("MXFP4 / candle Q4_0 (speed)   {:.2}", r.mxfp4_to_candle_q4_0_speed);
 }
 
 fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {

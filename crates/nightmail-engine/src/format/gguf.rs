@@ -1,14 +1,15 @@
-//! GGUF v2/v3 (llama.cpp `docs/gguf.md`): the header is parsed by candle's reader from a cursor
-//! over the memory map; tensor data is never read through it (candle's `Content::tensor` copies
-//! with `read_exact`), only viewed in place.
+//! GGUF v1-v3 (llama.cpp `docs/gguf.md`), read in place. The header is parsed here, not by candle:
+//! candle's reader rejects tensor types it has no kernel for (MXFP4, type 39), and its
+//! `Content::tensor` copies with `read_exact`. Tensor data is only ever viewed in the map.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 use memmap2::Mmap;
 
+use super::dtype::WeightDType;
 use super::view::TensorView;
 use crate::error::{EngineError, Result};
 use crate::model::ExpertId;
@@ -16,7 +17,16 @@ use crate::model::ExpertId;
 pub(crate) struct GgufFile {
     path: PathBuf,
     map: Mmap,
-    content: Content,
+    /// The metadata, in candle's type (its tokenizer reads it); its `tensor_infos` stay empty.
+    meta: Content,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+/// One tensor's entry in the header: type, shape (outermost first) and offset into the data.
+struct TensorInfo {
+    dtype: WeightDType,
+    shape: Vec<usize>,
+    offset: usize,
 }
 
 impl GgufFile {
@@ -29,17 +39,27 @@ impl GgufFile {
         if map.get(..4) != Some(b"GGUF") {
             return Err(EngineError::UnknownFormat { path: path.to_path_buf() });
         }
-        let content = Content::read(&mut Cursor::new(&map[..]))
-            .map_err(|e| EngineError::BadGguf { path: path.to_path_buf(), reason: e.to_string() })?;
-        Ok(GgufFile { path: path.to_path_buf(), map, content })
+        let (meta, tensors) =
+            read_header(&map).map_err(|reason| EngineError::BadGguf { path: path.to_path_buf(), reason })?;
+        Ok(GgufFile { path: path.to_path_buf(), map, meta, tensors })
     }
 
+    /// The metadata as candle's `Content` (for candle's GGUF tokenizer), without tensor infos.
     pub fn content(&self) -> &Content {
-        &self.content
+        &self.meta
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.meta.metadata
+    }
+
+    /// A tensor's shape, outermost dimension first, without checking its bytes.
+    pub fn tensor_shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|t| t.shape.as_slice())
     }
 
     pub fn value(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.meta.metadata.get(key)
     }
 
     pub fn string(&self, key: &str) -> Option<&str> {
@@ -63,11 +83,11 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
-        let Some(info) = self.content.tensor_infos.get(name) else { return Ok(None) };
-        let shape = info.shape.dims().to_vec();
-        let len = TensorView::byte_len(info.ggml_dtype, shape.iter().product());
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let end = start + len;
+        let Some(info) = self.tensors.get(name) else { return Ok(None) };
+        let shape = info.shape.clone();
+        let len = info.dtype.byte_len(shape.iter().product());
+        let start = self.meta.tensor_data_offset as usize + info.offset;
+        let end = start.saturating_add(len);
         if end > self.map.len() {
             return Err(EngineError::Truncated {
                 name: name.to_string(),
@@ -76,23 +96,23 @@ impl GgufFile {
                 len: self.map.len(),
             });
         }
-        Ok(Some(TensorView { name: name.to_string(), dtype: info.ggml_dtype, shape, bytes: &self.map[start..end] }))
+        Ok(Some(TensorView { name: name.to_string(), dtype: info.dtype, shape, bytes: &self.map[start..end] }))
     }
 
     /// Expert `id.expert`'s slice of the stacked `[experts, rows, cols]` tensor `name`. Only
     /// the slice must lie inside the file, and a truncated one is reported by its expert.
     pub fn expert_slice(&self, name: &str, id: ExpertId) -> Result<Option<TensorView<'_>>> {
-        let Some(info) = self.content.tensor_infos.get(name) else { return Ok(None) };
-        let shape = info.shape.dims().to_vec();
+        let Some(info) = self.tensors.get(name) else { return Ok(None) };
+        let shape = info.shape.clone();
         let [experts, rows, cols] = shape[..] else {
             return Err(EngineError::Shape { name: name.to_string(), found: shape, expected: vec![0, 0, 0] });
         };
         if id.expert >= experts {
             return Err(EngineError::MissingTensor { name: format!("{name}[expert {}]", id.expert) });
         }
-        let per = TensorView::byte_len(info.ggml_dtype, rows * cols);
-        let start = self.content.tensor_data_offset as usize + info.offset as usize + id.expert * per;
-        let end = start + per;
+        let per = info.dtype.byte_len(rows * cols);
+        let start = (self.meta.tensor_data_offset as usize + info.offset).saturating_add(id.expert * per);
+        let end = start.saturating_add(per);
         if end > self.map.len() {
             return Err(EngineError::ExpertRead {
                 path: self.path.clone(),
@@ -103,7 +123,7 @@ impl GgufFile {
         }
         Ok(Some(TensorView {
             name: format!("{name}[{}]", id.expert),
-            dtype: info.ggml_dtype,
+            dtype: info.dtype,
             shape: vec![rows, cols],
             bytes: &self.map[start..end],
         }))
@@ -124,10 +144,137 @@ impl GgufFile {
     }
 
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
-        let mut names: Vec<&String> = self.content.tensor_infos.keys().collect();
+        let mut names: Vec<&String> = self.tensors.keys().collect();
         names.sort();
         names.into_iter().map(|n| self.tensor(n).map(|t| t.expect("listed tensor"))).collect()
     }
+}
+
+/// Bounds on what a header may declare (llama.cpp `gguf.cpp` GGUF_MAX_* and GGML_MAX_DIMS): a
+/// corrupt count fails the load instead of allocating or recursing without end.
+const MAX_DIMS: u32 = 4;
+const MAX_DEPTH: usize = 64;
+const DEFAULT_ALIGNMENT: usize = 32;
+
+/// A bounds-checked little-endian reader over the header bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    /// GGUF v1 writes lengths and dimensions as u32, v2 and v3 as u64.
+    wide: bool,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.bytes.len());
+        let end = end.ok_or_else(|| format!("header runs past the end of the file at byte {}", self.pos))?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A length or dimension, which must fit what is left of the file when it counts bytes.
+    fn len(&mut self) -> Result<usize, String> {
+        let n = if self.wide { self.u64()? } else { self.u32()? as u64 };
+        usize::try_from(n).map_err(|_| format!("length {n} is too large"))
+    }
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.len()?;
+        let mut bytes = self.take(n)?;
+        // Strings should not be NUL-terminated, but some writers do it.
+        while let [rest @ .., 0] = bytes {
+            bytes = rest;
+        }
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+    fn value(&mut self, kind: u32, depth: usize) -> Result<Value, String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("metadata arrays nested deeper than {MAX_DEPTH}"));
+        }
+        Ok(match kind {
+            0 => Value::U8(self.array::<1>()?[0]),
+            1 => Value::I8(self.array::<1>()?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array()?)),
+            3 => Value::I16(i16::from_le_bytes(self.array()?)),
+            4 => Value::U32(self.u32()?),
+            5 => Value::I32(i32::from_le_bytes(self.array()?)),
+            6 => Value::F32(f32::from_le_bytes(self.array()?)),
+            7 => match self.array::<1>()?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(format!("boolean value {b}")),
+            },
+            8 => Value::String(self.string()?),
+            9 => {
+                let elem = self.u32()?;
+                let n = self.len()?;
+                // Every element takes at least a byte: a count beyond the file is corrupt.
+                if n > self.bytes.len() - self.pos {
+                    return Err(format!("an array of {n} elements is longer than the file"));
+                }
+                Value::Array((0..n).map(|_| self.value(elem, depth + 1)).collect::<Result<_, _>>()?)
+            }
+            10 => Value::U64(self.u64()?),
+            11 => Value::I64(i64::from_le_bytes(self.array()?)),
+            12 => Value::F64(f64::from_le_bytes(self.array()?)),
+            other => return Err(format!("unknown metadata value type {other}")),
+        })
+    }
+}
+
+/// The metadata and tensor infos (`docs/gguf.md` "File Structure"), and where the data begins.
+fn read_header(map: &[u8]) -> Result<(Content, HashMap<String, TensorInfo>), String> {
+    let mut r = Reader { bytes: map, pos: 4, wide: true };
+    let (magic, wide) = match r.u32()? {
+        1 => (VersionedMagic::GgufV1, false),
+        2 => (VersionedMagic::GgufV2, true),
+        3 => (VersionedMagic::GgufV3, true),
+        v => return Err(format!("GGUF version {v} (nightmail reads 1 to 3)")),
+    };
+    r.wide = wide;
+    let (tensor_count, kv_count) = (r.len()?, r.len()?);
+    if tensor_count.saturating_add(kv_count) > map.len() {
+        return Err(format!("the header declares {tensor_count} tensors and {kv_count} keys, more than fit"));
+    }
+    let mut metadata = HashMap::with_capacity(kv_count);
+    for _ in 0..kv_count {
+        let key = r.string()?;
+        let kind = r.u32()?;
+        let value = r.value(kind, 0).map_err(|e| format!("metadata `{key}`: {e}"))?;
+        metadata.insert(key, value);
+    }
+    let mut tensors = HashMap::with_capacity(tensor_count);
+    for _ in 0..tensor_count {
+        let name = r.string()?;
+        let dims = r.u32()?;
+        if dims > MAX_DIMS {
+            return Err(format!("tensor `{name}` has {dims} dimensions (at most {MAX_DIMS})"));
+        }
+        let mut shape = (0..dims).map(|_| r.len()).collect::<Result<Vec<_>, _>>()?;
+        shape.reverse();
+        let id = r.u32()?;
+        let dtype = WeightDType::from_gguf_type_id(id)
+            .ok_or_else(|| format!("tensor `{name}` has ggml type {id}, which nightmail cannot read"))?;
+        let offset = usize::try_from(r.u64()?).map_err(|_| format!("tensor `{name}`: offset too large"))?;
+        if shape.last().is_some_and(|c| c % dtype.block_size() != 0) {
+            return Err(format!("tensor `{name}` of type {dtype:?} has rows of {shape:?}, not whole blocks"));
+        }
+        tensors.insert(name, TensorInfo { dtype, shape, offset });
+    }
+    let alignment = metadata.get("general.alignment").and_then(value_as_u64).map_or(DEFAULT_ALIGNMENT, |a| a as usize);
+    if alignment == 0 {
+        return Err("general.alignment is 0".into());
+    }
+    let tensor_data_offset = r.pos.next_multiple_of(alignment) as u64;
+    Ok((Content { magic, metadata, tensor_infos: HashMap::new(), tensor_data_offset }, tensors))
 }
 
 pub(crate) fn value_as_u64(v: &Value) -> Option<u64> {
@@ -156,4 +303,31 @@ pub(crate) fn offset_in(map: &Mmap, bytes: &[u8]) -> Option<u64> {
 pub(crate) fn release(map: &Mmap) {
     // SAFETY: the map is a read-only view of a file; dropping its pages loses nothing.
     let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mxfp4").join(name)
+    }
+
+    #[test]
+    fn an_mxfp4_tensor_written_by_the_gguf_package_dequantizes_bit_equal_to_its_dequantizer() {
+        let g = GgufFile::open(&fixture("blocks.gguf")).unwrap();
+        let blocks = g.tensor("blocks").unwrap().unwrap();
+        assert_eq!(blocks.dtype, WeightDType::Mxfp4);
+        assert_eq!(blocks.shape, vec![8, 1024]);
+        assert_eq!(blocks.bytes.len(), 256 * 17);
+        let want = g.tensor("dequantized").unwrap().unwrap().to_f32().unwrap().flatten_all().unwrap();
+        let got = blocks.to_f32().unwrap().flatten_all().unwrap();
+        let (want, got) = (want.to_vec1::<f32>().unwrap(), got.to_vec1::<f32>().unwrap());
+        assert_eq!(want.len(), got.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "element {i} (block {}): {a:e} vs gguf's {b:e}", i / 32);
+        }
+        // Every scale byte is there: subnormal scales, infinite products at 255.
+        assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.is_subnormal()));
+    }
 }

@@ -6,47 +6,25 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
-use super::view::TensorView;
+use super::dtype::WeightDType;
 
 /// A tensor to write: its name, element type and shape (outermost dimension first).
 #[derive(Debug, Clone)]
 pub struct TensorHeader {
     pub name: String,
-    pub dtype: GgmlDType,
+    pub dtype: WeightDType,
     pub shape: Vec<usize>,
 }
 
 impl TensorHeader {
-    pub fn new(name: impl Into<String>, dtype: GgmlDType, shape: &[usize]) -> Self {
-        TensorHeader { name: name.into(), dtype, shape: shape.to_vec() }
+    pub fn new(name: impl Into<String>, dtype: impl Into<WeightDType>, shape: &[usize]) -> Self {
+        TensorHeader { name: name.into(), dtype: dtype.into(), shape: shape.to_vec() }
     }
 
     pub fn byte_len(&self) -> usize {
-        TensorView::byte_len(self.dtype, self.shape.iter().product())
-    }
-}
-
-/// ggml's type ids (`ggml.h` `enum ggml_type`) for the types this writer emits.
-fn ggml_type_id(dtype: GgmlDType) -> u32 {
-    match dtype {
-        GgmlDType::F32 => 0,
-        GgmlDType::F16 => 1,
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q4_1 => 3,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q5_1 => 7,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q8_1 => 9,
-        GgmlDType::Q2K => 10,
-        GgmlDType::Q3K => 11,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
-        GgmlDType::Q8K => 15,
-        GgmlDType::BF16 => 30,
+        self.dtype.byte_len(self.shape.iter().product())
     }
 }
 
@@ -145,7 +123,7 @@ pub fn write_gguf(
         for d in t.shape.iter().rev() {
             w.write_all(&(*d as u64).to_le_bytes())?;
         }
-        w.write_all(&ggml_type_id(t.dtype).to_le_bytes())?;
+        w.write_all(&t.dtype.gguf_type_id().to_le_bytes())?;
         w.write_all(&(offset as u64).to_le_bytes())?;
         offset = (offset + t.byte_len()).next_multiple_of(alignment);
     }

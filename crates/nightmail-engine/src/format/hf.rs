@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::GgmlDType;
 use memmap2::Mmap;
 
 use super::ExpertMatrix;
+use super::dtype::WeightDType;
+use super::mxfp4_pair::Mxfp4Pair;
 use super::view::TensorView;
 use crate::error::{EngineError, Result};
 use crate::model::ExpertId;
@@ -22,7 +23,8 @@ struct Shard {
 
 struct Entry {
     shard: usize,
-    dtype: Result<GgmlDType, String>,
+    /// The safetensors dtype, as the header spells it (`F32`, `BF16`, `U8`...).
+    dtype: String,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -62,14 +64,36 @@ impl HfDir {
 
     fn view(&self, hf_name: &str) -> Result<Option<TensorView<'_>>> {
         let Some(e) = self.tensors.get(hf_name) else { return Ok(None) };
-        let dtype =
-            e.dtype.clone().map_err(|dtype| EngineError::UnsupportedDType { name: hf_name.to_string(), dtype })?;
+        let dtype = weight_dtype(&e.dtype)
+            .ok_or_else(|| EngineError::UnsupportedDType { name: hf_name.to_string(), dtype: e.dtype.clone() })?;
         Ok(Some(TensorView {
             name: hf_name.to_string(),
             dtype,
             shape: e.shape.clone(),
             bytes: &self.shards[e.shard].map[e.start..e.end],
         }))
+    }
+
+    /// Raw bytes of a `U8` tensor and its shape (the halves of an MXFP4 pair).
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn u8_tensor(&self, hf_name: &str) -> Result<Option<(&[u8], &[usize])>> {
+        let Some(e) = self.tensors.get(hf_name) else { return Ok(None) };
+        if e.dtype != "U8" {
+            return Err(EngineError::UnsupportedDType { name: hf_name.to_string(), dtype: e.dtype.clone() });
+        }
+        Ok(Some((&self.shards[e.shard].map[e.start..e.end], &e.shape)))
+    }
+
+    /// The MXFP4 matrix stored as `{name}_blocks` and `{name}_scales` (gpt-oss's experts:
+    /// `model.layers.L.mlp.experts.gate_up_proj`, `...down_proj`), if the model has both.
+    // Only the tests read pairs until the engine runs gpt_oss (issue 6).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn mxfp4_pair(&self, name: &str) -> Result<Option<Mxfp4Pair<'_>>> {
+        let (blocks, scales) = (format!("{name}_blocks"), format!("{name}_scales"));
+        let (Some((b, b_shape)), Some((s, s_shape))) = (self.u8_tensor(&blocks)?, self.u8_tensor(&scales)?) else {
+            return Ok(None);
+        };
+        Mxfp4Pair::new(name, b, b_shape, s, s_shape).map(Some)
     }
 
     /// A tensor by its GGUF name, translated to the transformers name.
@@ -170,21 +194,28 @@ fn parse_header(path: &Path, map: &[u8], shard: usize, out: &mut HashMap<String,
         if end > map.len() || start > end {
             return Err(EngineError::Truncated { name, path: path.to_path_buf(), end, len: map.len() });
         }
-        let dtype = match h.dtype.as_str() {
-            "F32" => Ok(GgmlDType::F32),
-            "F16" => Ok(GgmlDType::F16),
-            "BF16" => Ok(GgmlDType::BF16),
-            other => Err(other.to_string()),
+        let elems: usize = h.shape.iter().product();
+        let expect = match (weight_dtype(&h.dtype), h.dtype.as_str()) {
+            (Some(d), _) => Some(d.byte_len(elems)),
+            (None, "U8") => Some(elems),
+            _ => None,
         };
-        if let Ok(d) = &dtype {
-            let expect = TensorView::byte_len(*d, h.shape.iter().product());
-            if expect != end - start {
-                return Err(bad(format!("tensor {name} has {} bytes for shape {:?}", end - start, h.shape)));
-            }
+        if expect.is_some_and(|n| n != end - start) {
+            return Err(bad(format!("tensor {name} has {} bytes for shape {:?}", end - start, h.shape)));
         }
-        out.insert(name, Entry { shard, dtype, shape: h.shape, start, end });
+        out.insert(name, Entry { shard, dtype: h.dtype, shape: h.shape, start, end });
     }
     Ok(())
+}
+
+/// The float types a safetensors header names that the engine computes with.
+fn weight_dtype(name: &str) -> Option<WeightDType> {
+    match name {
+        "F32" => Some(WeightDType::F32),
+        "F16" => Some(WeightDType::F16),
+        "BF16" => Some(WeightDType::BF16),
+        _ => None,
+    }
 }
 
 /// The transformers names a GGUF tensor name can have (llama.cpp `gguf-py/gguf/tensor_mapping.py`).
@@ -222,4 +253,35 @@ fn hf_names(gguf: &str) -> Vec<String> {
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpt_oss_block_scale_pair_dequantizes_bit_equal_to_transformers_and_splits_gate_from_up() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mxfp4/pair");
+        let hf = HfDir::open(&dir).unwrap();
+        let pair = hf.mxfp4_pair("experts.gate_up_proj").unwrap().expect("the fixture has the pair");
+        assert_eq!(pair.shape, vec![2, 4, 1024]);
+        let want = hf.view("experts.gate_up_proj.dequantized").unwrap().unwrap().to_f32().unwrap();
+        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let got = pair.dequantize();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "element {i}: {a:e} vs transformers' {b:e}");
+        }
+        // Expert 1's gate is rows 0 and 2 of its [4, 1024], its up rows 1 and 3; through ggml's
+        // layout they compute what transformers' rows hold (equal as numbers: ggml has no −0).
+        for (first, name) in [(4, "gate"), (5, "up")] {
+            let mut rows = vec![0f32; 2 * 1024];
+            crate::model::mxfp4::dequantize(&pair.rows_to_ggml(first, 2, 2), &mut rows);
+            for (k, r) in [first, first + 2].into_iter().enumerate() {
+                let (ours, theirs) = (&rows[k * 1024..(k + 1) * 1024], &want[r * 1024..(r + 1) * 1024]);
+                assert!(ours.iter().zip(theirs).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())), "{name} row {r}");
+            }
+        }
+        assert_eq!(pair.rows(), 8);
+    }
 }

@@ -1,13 +1,16 @@
 //! Model files, read in place: a memory map per file and typed views into it. Tensor names are
 //! llama.cpp's GGUF names (`blk.3.attn_q.weight`); a Hugging Face directory translates them.
 
+mod dtype;
 mod gguf;
 pub mod gguf_write;
 mod hf;
+pub mod mxfp4_pair;
 mod view;
 
 use std::path::{Path, PathBuf};
 
+pub use dtype::WeightDType;
 pub(crate) use gguf::GgufFile;
 pub(crate) use hf::HfDir;
 pub use view::TensorView;

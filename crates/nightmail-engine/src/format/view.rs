@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+
+use super::dtype::WeightDType;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
@@ -12,7 +14,7 @@ use crate::error::{EngineError, Result};
 #[derive(Clone)]
 pub struct TensorView<'a> {
     pub name: String,
-    pub dtype: GgmlDType,
+    pub dtype: WeightDType,
     pub shape: Vec<usize>,
     pub bytes: &'a [u8],
 }
@@ -23,8 +25,8 @@ impl<'a> TensorView<'a> {
     }
 
     /// Bytes a tensor of this type and element count occupies (ggml block layout).
-    pub fn byte_len(dtype: GgmlDType, elems: usize) -> usize {
-        elems / dtype.block_size() * dtype.type_size()
+    pub fn byte_len(dtype: WeightDType, elems: usize) -> usize {
+        dtype.byte_len(elems)
     }
 
     pub fn expect_shape(&self, expected: &[usize]) -> Result<()> {
@@ -42,14 +44,20 @@ impl<'a> TensorView<'a> {
     pub fn to_f32(&self) -> Result<Tensor> {
         let dev = &Device::Cpu;
         let t = match self.dtype {
-            GgmlDType::F32 => Tensor::from_raw_buffer(self.bytes, DType::F32, &self.shape, dev)?,
-            GgmlDType::F16 => {
+            WeightDType::F32 => Tensor::from_raw_buffer(self.bytes, DType::F32, &self.shape, dev)?,
+            WeightDType::F16 => {
                 Tensor::from_raw_buffer(self.bytes, DType::F16, &self.shape, dev)?.to_dtype(DType::F32)?
             }
-            GgmlDType::BF16 => {
+            WeightDType::BF16 => {
                 Tensor::from_raw_buffer(self.bytes, DType::BF16, &self.shape, dev)?.to_dtype(DType::F32)?
             }
-            _ => self.to_qtensor()?.dequantize(dev)?,
+            WeightDType::Mxfp4 => {
+                self.check_blocks()?;
+                let mut out = vec![0f32; self.elem_count()];
+                crate::model::mxfp4::dequantize(self.bytes, &mut out);
+                Tensor::from_vec(out, self.shape.as_slice(), dev)?
+            }
+            WeightDType::Ggml(_) => self.to_qtensor()?.dequantize(dev)?,
         };
         Ok(t)
     }
@@ -58,14 +66,40 @@ impl<'a> TensorView<'a> {
     /// reference tests); quantized ones stay in their ggml blocks and use candle's kernels.
     pub fn to_matmul(&self) -> Result<QMatMul> {
         match self.dtype {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(QMatMul::Tensor(self.to_f32()?)),
-            _ => Ok(QMatMul::QTensor(std::sync::Arc::new(self.to_qtensor()?))),
+            WeightDType::F32 | WeightDType::F16 | WeightDType::BF16 | WeightDType::Mxfp4 => {
+                Ok(QMatMul::Tensor(self.to_f32()?))
+            }
+            WeightDType::Ggml(_) => Ok(QMatMul::QTensor(std::sync::Arc::new(self.to_qtensor()?))),
         }
     }
 
     /// The ggml blocks, copied once out of the map into candle's storage.
     pub fn to_qtensor(&self) -> Result<QTensor> {
         check_supported(&self.name, self.dtype)?;
+        let WeightDType::Ggml(dtype) = self.dtype else {
+            return Err(EngineError::UnsupportedDType { name: self.name.clone(), dtype: format!("{:?}", self.dtype) });
+        };
+        self.check_blocks()?;
+        // candle reinterprets the bytes as blocks in place, which needs their alignment; GGUF
+        // aligns tensor data to 32 bytes, so the copy below only runs for odd files.
+        let align = match dtype {
+            GgmlDType::F32 => 4,
+            _ => 2,
+        };
+        let storage = if (self.bytes.as_ptr() as usize).is_multiple_of(align) {
+            QStorage::from_data(Cow::Borrowed(self.bytes), &Device::Cpu, dtype)?
+        } else {
+            let mut words = vec![0u32; self.bytes.len().div_ceil(4)];
+            // SAFETY: `words` has at least `bytes.len()` bytes and does not overlap the map.
+            let buf = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), self.bytes.len()) };
+            buf.copy_from_slice(self.bytes);
+            QStorage::from_data(Cow::Borrowed(&*buf), &Device::Cpu, dtype)?
+        };
+        Ok(QTensor::new(storage, self.shape.as_slice())?)
+    }
+
+    /// The innermost dimension must be whole blocks.
+    fn check_blocks(&self) -> Result<()> {
         let block = self.dtype.block_size();
         if self.shape.last().is_none_or(|c| c % block != 0) {
             return Err(EngineError::Shape {
@@ -74,22 +108,7 @@ impl<'a> TensorView<'a> {
                 expected: vec![block],
             });
         }
-        // candle reinterprets the bytes as blocks in place, which needs their alignment; GGUF
-        // aligns tensor data to 32 bytes, so the copy below only runs for odd files.
-        let align = match self.dtype {
-            GgmlDType::F32 => 4,
-            _ => 2,
-        };
-        let storage = if (self.bytes.as_ptr() as usize).is_multiple_of(align) {
-            QStorage::from_data(Cow::Borrowed(self.bytes), &Device::Cpu, self.dtype)?
-        } else {
-            let mut words = vec![0u32; self.bytes.len().div_ceil(4)];
-            // SAFETY: `words` has at least `bytes.len()` bytes and does not overlap the map.
-            let buf = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), self.bytes.len()) };
-            buf.copy_from_slice(self.bytes);
-            QStorage::from_data(Cow::Borrowed(&*buf), &Device::Cpu, self.dtype)?
-        };
-        Ok(QTensor::new(storage, self.shape.as_slice())?)
+        Ok(())
     }
 
     /// Row `i` of a 2-D tensor as f32, dequantizing only that row (embedding lookup).
@@ -116,10 +135,11 @@ impl<'a> TensorView<'a> {
 }
 
 /// The ggml types this issue reads (candle also decodes the rest of its k-quants).
-pub(crate) fn check_supported(name: &str, dtype: GgmlDType) -> Result<()> {
+pub(crate) fn check_supported(name: &str, dtype: WeightDType) -> Result<()> {
     use GgmlDType::*;
     match dtype {
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => Ok(()),
+        WeightDType::Mxfp4 => Ok(()),
+        WeightDType::Ggml(F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K) => Ok(()),
         other => Err(EngineError::UnsupportedDType { name: name.to_string(), dtype: format!("{other:?}") }),
     }
 }

@@ -1,6 +1,8 @@
 //! The two leaf parts: a linear map and RMSNorm.
 
 use candle_core::quantized::{GgmlDType, QMatMul};
+
+use crate::format::WeightDType;
 use candle_core::{Module, Tensor};
 
 use crate::error::Result;
@@ -19,6 +21,7 @@ enum Weight {
     Q4_0(Box<super::q4_0::Q4_0Matrix>),
     Q4_1(Box<super::q4_1::Q4_1Matrix>),
     Q8_0(Box<super::q8_0::Q8_0Matrix>),
+    Mxfp4(Box<super::mxfp4::Mxfp4Matrix>),
 }
 
 impl Linear {
@@ -41,18 +44,23 @@ impl Linear {
         }
         let bias = bias.map(|b| b.to_f32()).transpose()?;
         let w = match (weight.dtype, &weight.shape[..]) {
-            (GgmlDType::Q4_0, &[rows, cols]) if cols % 32 == 0 => {
+            (WeightDType::Ggml(GgmlDType::Q4_0), &[rows, cols]) if cols % 32 == 0 => {
                 // Q4_0 computes from the blocks as they are: one copy of them, or none.
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::Q4_0(Box::new(super::q4_0::Q4_0Matrix::new(bytes, rows, cols)))
             }
-            (GgmlDType::Q4_1, &[rows, cols]) if cols % 32 == 0 => {
+            (WeightDType::Mxfp4, &[rows, cols]) if cols % 32 == 0 => {
+                // So does MXFP4: the kernel dequantizes in registers.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::Mxfp4(Box::new(super::mxfp4::Mxfp4Matrix::new(bytes, rows, cols)))
+            }
+            (WeightDType::Ggml(GgmlDType::Q4_1), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(super::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
             }
-            (GgmlDType::Q8_0, &[rows, cols]) if cols % 32 == 0 => {
+            (WeightDType::Ggml(GgmlDType::Q8_0), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q8_0(Box::new(super::q8_0::Q8_0Matrix::from_ggml(weight.bytes, rows, cols)))
             }
-            (GgmlDType::F16, &[rows, cols]) => {
+            (WeightDType::F16, &[rows, cols]) => {
                 Weight::F16(Box::new(super::f16::F16Matrix::from_bytes(weight.bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
@@ -74,6 +82,7 @@ impl Linear {
             Weight::Q4_0(w) => w.forward(x)?,
             Weight::Q4_1(w) => w.forward(x)?,
             Weight::Q8_0(w) => w.forward(x)?,
+            Weight::Mxfp4(w) => w.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

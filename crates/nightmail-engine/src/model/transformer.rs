@@ -3,7 +3,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 use super::attention::Attention;
@@ -31,7 +30,7 @@ pub struct DecoderLayer {
 /// Token embeddings, kept in their file encoding and dequantized a row at a time.
 struct Embedding {
     bytes: Vec<u8>,
-    dtype: GgmlDType,
+    dtype: crate::format::WeightDType,
     rows: usize,
     cols: usize,
 }

@@ -5,11 +5,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::quantized::GgmlDType;
-
 use super::buf::ALIGN;
 use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, ExpertMatrix, TensorView};
+use crate::format::{Checkpoint, ExpertMatrix, TensorView, WeightDType};
 use crate::model::ExpertId;
 use crate::spec::ModelSpec;
 
@@ -20,7 +18,8 @@ pub struct MatrixExtent {
     pub file: usize,
     pub offset: u64,
     pub len: usize,
-    pub dtype: GgmlDType,
+    /// MXFP4 experts are 17 bytes per 32 weights, like any block type sized by [`WeightDType`].
+    pub dtype: WeightDType,
     pub shape: Vec<usize>,
 }
 
