@@ -116,6 +116,25 @@ pub fn rss() -> Rss {
     }
 }
 
+/// The disk's sequential direct-read rate over the model's expert region, in bytes/s.
+fn probe_disk(opts: &BenchOptions, file: &Path, start: u64, what: &str) -> Result<f64> {
+    sequential_bandwidth(file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
+        .map_err(|source| EngineError::Io { path: file.to_path_buf(), source })
+        .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
+}
+
+/// The model loaded with its experts streamed; an error for a model without routed experts.
+fn load_streamed(opts: &BenchOptions) -> Result<Model> {
+    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
+    if model.streaming().is_none() {
+        return Err(EngineError::Unsupported {
+            what: format!("benchmarking {}", opts.model.display()),
+            hint: "the model has no routed experts to stream".into(),
+        });
+    }
+    Ok(model)
+}
+
 /// One batch size of [`bench_batch`].
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchPoint {
@@ -149,18 +168,10 @@ pub struct BatchReport {
 /// (each with its own prompt) step together `opts.tokens` times, fed seeded pseudo-random tokens.
 pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport> {
     let ((file, start), _) = expert_region_and_dense_bytes(&opts.model)?;
-    let probe = || {
-        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
-            .map_err(|source| EngineError::Io { path: file.clone(), source })
-    };
-    let before = probe()?;
-    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
-    let (Some(store), Some(moe)) = (model.streaming(), model.spec().moe.as_ref()) else {
-        return Err(EngineError::Unsupported {
-            what: format!("benchmarking {}", opts.model.display()),
-            hint: "the model has no routed experts to stream".into(),
-        });
-    };
+    let before = probe_disk(opts, &file, start, "before")?;
+    let model = load_streamed(opts)?;
+    let store = model.streaming().expect("load_streamed returns only models with streamed experts");
+    let moe = model.spec().moe.as_ref().expect("a model with streamed experts has an MoE spec");
     let (experts, k) = (moe.experts, moe.routing.top_k());
     let moe_layers = model.spec().moe_layers.iter().filter(|m| **m).count().max(1);
     let vocab = model.spec().vocab_size as u32;
@@ -183,7 +194,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
         eprintln!("batch {batch}: {:.3} s/step", measured.last().map_or(0.0, |m| m.1) / opts.tokens.max(1) as f64);
     }
     drop(model);
-    let bw = (before + probe()?) / 2.0;
+    let bw = (before + probe_disk(opts, &file, start, "after")?) / 2.0;
     let steps = opts.tokens.max(1) as f64;
     let base = measured.first().map(|(b, t, _)| *b as f64 * steps / t).unwrap_or(0.0);
     let points = measured
@@ -224,19 +235,9 @@ impl XorShift {
 
 pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let ((file, start), dense) = expert_region_and_dense_bytes(&opts.model)?;
-    let probe = |what: &str| {
-        sequential_bandwidth(&file, start, opts.probe_bytes, 4 << 20, opts.probe_parallel)
-            .map_err(|source| EngineError::Io { path: file.clone(), source })
-            .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
-    };
-    let before = probe("before")?;
-    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
-    let Some(store) = model.streaming() else {
-        return Err(EngineError::Unsupported {
-            what: format!("benchmarking {}", opts.model.display()),
-            hint: "the model has no routed experts to stream".into(),
-        });
-    };
+    let before = probe_disk(opts, &file, start, "before")?;
+    let model = load_streamed(opts)?;
+    let store = model.streaming().expect("load_streamed returns only models with streamed experts");
     let vocab = model.spec().vocab_size as u32;
     let prompt: Vec<u32> = opts.prompt_tokens.iter().map(|t| t % vocab).collect();
     let mut cache = model.new_cache();
@@ -256,7 +257,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let rss = rss();
     let direct_io = store.is_direct();
     drop(model);
-    let after = probe("after")?;
+    let after = probe_disk(opts, &file, start, "after")?;
 
     let n = opts.tokens.max(1) as f64;
     let bw = (before + after) / 2.0;

@@ -119,24 +119,14 @@ pub struct TokenStream<'m> {
 impl Model {
     /// Tokenize and prefill the prompt; then pull tokens from the stream.
     pub fn stream(&self, request: GenerateRequest) -> Result<TokenStream<'_>> {
-        let started = Instant::now();
-        let prompt_tokens = self.checked_prompt(&request.prompt)?;
-        self.start(request, prompt_tokens, started, None, None, true)
+        self.open(request, None, true)
     }
 
     /// A stream whose prompt is not run yet: [`Model::step`] runs it a chunk at a time, with
     /// other streams' steps, or [`TokenStream::next_token`] all at once. With `checkpoint`, as
     /// [`Model::stream_resumable`] (a stream resumed from a checkpoint has nothing to prefill).
     pub fn stream_deferred(&self, request: GenerateRequest, checkpoint: Option<&Path>) -> Result<TokenStream<'_>> {
-        let started = Instant::now();
-        let prompt_tokens = self.checked_prompt(&request.prompt)?;
-        match checkpoint {
-            Some(path) => {
-                let (journal, saved) = self.journal(&request, &prompt_tokens, path)?;
-                self.start(request, prompt_tokens, started, Some(journal), saved, false)
-            }
-            None => self.start(request, prompt_tokens, started, None, None, false),
-        }
+        self.open(request, checkpoint, false)
     }
 
     /// One step of several streams of this model together: each stream that decodes draws its
@@ -192,23 +182,30 @@ impl Model {
     /// stops), the stream resumes from it instead of starting over: the tokens it restored are in
     /// [`TokenStream::take_replay`], and what follows is what an uninterrupted run would give.
     pub fn stream_resumable(&self, request: GenerateRequest, path: &Path) -> Result<TokenStream<'_>> {
-        let started = Instant::now();
-        let prompt_tokens = self.checked_prompt(&request.prompt)?;
-        let (journal, saved) = self.journal(&request, &prompt_tokens, path)?;
-        self.start(request, prompt_tokens, started, Some(journal), saved, true)
+        self.open(request, Some(path), true)
     }
 
-    /// The checkpoint file at `path` for this generation, and the state it holds if any.
-    fn journal(&self, request: &GenerateRequest, prompt: &[u32], path: &Path) -> Result<(Journal, Option<Saved>)> {
-        let identity = Identity {
-            model: self.path().display().to_string(),
-            network: self.network_shape(),
-            prompt: prompt.to_vec(),
-            sampling: request.sampling,
-            stop: request.stop.clone(),
-            stop_at_eos: request.stop_at_eos,
+    /// Tokenizes and checks the prompt, opens the checkpoint file at `checkpoint` if any (with
+    /// the state it holds for this generation), and starts the stream, prefilling now if `prefill`.
+    fn open(&self, request: GenerateRequest, checkpoint: Option<&Path>, prefill: bool) -> Result<TokenStream<'_>> {
+        let started = Instant::now();
+        let prompt_tokens = self.checked_prompt(&request.prompt)?;
+        let (journal, saved) = match checkpoint {
+            Some(path) => {
+                let identity = Identity {
+                    model: self.path().display().to_string(),
+                    network: self.network_shape(),
+                    prompt: prompt_tokens.clone(),
+                    sampling: request.sampling,
+                    stop: request.stop.clone(),
+                    stop_at_eos: request.stop_at_eos,
+                };
+                let (journal, saved) = Journal::open(path, &identity, self.spec().layers)?;
+                (Some(journal), saved)
+            }
+            None => (None, None),
         };
-        Journal::open(path, &identity, self.spec().layers)
+        self.start(request, prompt_tokens, started, journal, saved, prefill)
     }
 
     /// The prompt's tokens, checked against the context.

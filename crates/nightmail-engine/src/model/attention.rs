@@ -23,12 +23,6 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `x`: `[tokens, hidden]` at positions `start..`; appends this step's keys and values to `cache`.
-    pub fn forward(&self, x: &Tensor, start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
-        let (q, k, v) = self.project(x)?;
-        self.output(&self.attend(&q, &k, &v, start, cache)?)
-    }
-
     /// The output projection of attended rows.
     pub(crate) fn output(&self, attended: &Tensor) -> Result<Tensor> {
         self.o.forward(attended)
