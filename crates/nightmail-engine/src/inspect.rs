@@ -38,7 +38,9 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     let (mut dense, mut experts, mut parameters) = (0u64, 0u64, 0u64);
     let mut dtypes: BTreeMap<String, DtypeUse> = BTreeMap::new();
     for t in ck.all_tensors()? {
-        let bytes = t.bytes.len() as u64;
+        // By the type's size, not the view's bytes: a Hugging Face MXFP4 pair is viewed through
+        // its blocks, and its scales count too.
+        let bytes = t.dtype.byte_len(t.elem_count()) as u64;
         parameters += t.elem_count() as u64;
         let u = dtypes.entry(format!("{:?}", t.dtype)).or_default();
         u.tensors += 1;

@@ -10,10 +10,12 @@ use candle_core::quantized::gguf_file::Value;
 
 use crate::error::{EngineError, Result};
 use crate::format::gguf_write::{TensorHeader, write_gguf};
-use crate::format::{Checkpoint, ExpertMatrix, TensorView, is_expert_tensor, packed_expert_name};
+use crate::format::{
+    Checkpoint, ExpertMatrix, TensorView, is_expert_tensor, packed_expert_bias_name, packed_expert_name,
+};
 use crate::model::ExpertId;
 use crate::spec::ModelSpec;
-use crate::stream::expert_views;
+use crate::stream::{expert_biases, expert_views};
 
 /// The version written to `nightmail.packed`.
 pub const PACK_VERSION: u32 = 1;
@@ -45,6 +47,12 @@ pub fn pack(src: &Path, dst: &Path) -> Result<u64> {
             let id = ExpertId { layer, expert };
             for (m, v) in ExpertMatrix::ALL.into_iter().zip(expert_views(&ck, &spec, id)?) {
                 views.push((packed_expert_name(id, m), v));
+            }
+            // gpt-oss's biases follow their expert's matrices, inside the same read.
+            for (m, b) in ExpertMatrix::ALL.into_iter().zip(expert_biases(&ck, &spec, id)?) {
+                if let Some(b) = b {
+                    views.push((packed_expert_bias_name(id, m), b));
+                }
             }
         }
     }

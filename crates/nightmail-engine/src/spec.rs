@@ -16,6 +16,8 @@ pub enum Architecture {
     Mixtral,
     Qwen2Moe,
     Qwen3Moe,
+    /// OpenAI's gpt-oss (transformers `GptOssForCausalLM`, llama.cpp `gpt-oss`).
+    GptOss,
 }
 
 /// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
@@ -36,14 +38,36 @@ pub enum Routing {
     /// Softmax over all experts, keep the top k, optionally renormalize them to sum to 1
     /// (Mixtral, arXiv 2401.04088 §2.1; Qwen-MoE `norm_topk_prob`).
     SoftmaxTopK { top_k: usize, normalize: bool },
+    /// The top k of the raw logits, then a softmax over those k only (gpt-oss:
+    /// transformers `GptOssTopKRouter`, llama.cpp's `SOFTMAX_WEIGHT` gating).
+    TopKSoftmax { top_k: usize },
 }
 
 impl Routing {
     pub fn top_k(&self) -> usize {
         match self {
-            Routing::SoftmaxTopK { top_k, .. } => *top_k,
+            Routing::SoftmaxTopK { top_k, .. } | Routing::TopKSoftmax { top_k } => *top_k,
         }
     }
+}
+
+/// The gated activation inside an expert's feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `silu(gate) ⊙ up` (Shazeer, arXiv 2002.05202).
+    SwiGlu,
+    /// gpt-oss's: the gate clamped from above at `limit`, the up projection to ±`limit`, then
+    /// `gate · σ(alpha · gate) · (up + 1)` (transformers `GptOssExperts`, openai/gpt-oss
+    /// `swiglu`).
+    ClampedSwiGlu { alpha: f32, limit: f32 },
+}
+
+impl Activation {
+    /// gpt-oss's defaults (transformers' `swiglu_alpha`, `swiglu_limit`), which llama.cpp builds
+    /// into its graph.
+    const GPT_OSS_ALPHA: f32 = 1.702;
+    const GPT_OSS_LIMIT: f32 = 7.0;
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -55,6 +79,9 @@ pub struct AttentionSpec {
     pub rope_style: RopeStyle,
     /// Per layer: attend to at most this many previous positions (Mistral's sliding window).
     pub sliding_window: Vec<Option<usize>>,
+    /// A learned per-head logit that joins each softmax and is dropped after it (gpt-oss's
+    /// attention sinks; Xiao et al., arXiv 2309.17453).
+    pub sinks: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +91,7 @@ pub struct MoeSpec {
     pub expert_ffn: usize,
     /// Qwen-MoE's always-on shared expert, scaled by its own sigmoid gate.
     pub shared_expert_ffn: Option<usize>,
+    pub activation: Activation,
 }
 
 /// A model's shape and parts.
@@ -115,6 +143,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("llama", _) => Architecture::Mixtral,
         ("qwen2moe", _) => Architecture::Qwen2Moe,
         ("qwen3moe", _) => Architecture::Qwen3Moe,
+        ("gpt-oss", _) => Architecture::GptOss,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
@@ -128,6 +157,14 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         });
     }
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
+    let sliding_window = (0..layers)
+        .map(|l| match architecture {
+            // GGUF has no per-layer list: llama.cpp's `set_swa_pattern(2)` for gpt-oss makes the
+            // even layers sliding and the odd ones full, as transformers' default `layer_types`.
+            Architecture::GptOss => window.filter(|_| l % 2 == 0),
+            _ => window,
+        })
+        .collect();
     let vocab_size = match g.uint(&key("vocab_size")) {
         Some(v) => v as usize,
         None => g.tensor_shape("token_embd.weight").map(|s| s[0]).ok_or_else(|| missing("vocab_size"))?,
@@ -138,9 +175,22 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         let default_norm = !matches!(architecture, Architecture::Qwen2Moe);
         let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
         let expert_ffn = g.uint(&key("expert_feed_forward_length")).map(|v| v as usize);
+        let (routing, activation) = match architecture {
+            // llama.cpp's converter writes no limit for gpt-oss (its graph has 7.0 built in);
+            // read one if a file carries it.
+            Architecture::GptOss => (
+                Routing::TopKSoftmax { top_k },
+                Activation::ClampedSwiGlu {
+                    alpha: Activation::GPT_OSS_ALPHA,
+                    limit: g.float(&key("swiglu_limit")).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
+                },
+            ),
+            _ => (Routing::SoftmaxTopK { top_k, normalize }, Activation::SwiGlu),
+        };
         Some(MoeSpec {
             experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
+            routing,
+            activation,
             expert_ffn: match expert_ffn {
                 Some(f) => f,
                 None => need("feed_forward_length")?,
@@ -173,9 +223,10 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
             rope_style: match architecture {
                 Architecture::Llama | Architecture::Mixtral => RopeStyle::Interleaved,
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe => RopeStyle::HalfSplit,
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::GptOss => RopeStyle::HalfSplit,
             },
-            sliding_window: vec![window; layers],
+            sliding_window,
+            sinks: architecture == Architecture::GptOss,
         },
         moe,
         moe_layers: Vec::new(),
@@ -201,6 +252,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "mixtral" => Architecture::Mixtral,
         "qwen2_moe" => Architecture::Qwen2Moe,
         "qwen3_moe" => Architecture::Qwen3Moe,
+        "gpt_oss" => Architecture::GptOss,
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("hidden_size")?;
@@ -233,6 +285,13 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 window.filter(|_| on && l >= from)
             }
             Architecture::Llama => None,
+            // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
+            // sliding first.
+            Architecture::GptOss => {
+                let kind = get("layer_types").and_then(|t| t.get(l)).and_then(Json::as_str);
+                let sliding = kind.map_or(l % 2 == 0, |k| k == "sliding_attention");
+                window.filter(|_| sliding)
+            }
         })
         .collect();
     let experts = uint("num_local_experts").or_else(|| uint("num_experts")).unwrap_or(0);
@@ -242,9 +301,20 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             Architecture::Mixtral => true,
             _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(false),
         };
+        let (routing, activation) = match architecture {
+            Architecture::GptOss => (
+                Routing::TopKSoftmax { top_k },
+                Activation::ClampedSwiGlu {
+                    alpha: get("swiglu_alpha").and_then(Json::as_f64).map_or(Activation::GPT_OSS_ALPHA, |v| v as f32),
+                    limit: get("swiglu_limit").and_then(Json::as_f64).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
+                },
+            ),
+            _ => (Routing::SoftmaxTopK { top_k, normalize }, Activation::SwiGlu),
+        };
         Some(MoeSpec {
             experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
+            routing,
+            activation,
             expert_ffn: uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?,
             shared_expert_ffn: uint("shared_expert_intermediate_size").filter(|v| *v > 0),
         })
@@ -280,6 +350,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             rope_theta,
             rope_style: RopeStyle::HalfSplit,
             sliding_window,
+            sinks: architecture == Architecture::GptOss,
         },
         moe,
         moe_layers: Vec::new(),

@@ -1,9 +1,10 @@
 //! The engine against transformers on tiny random models of each architecture
 //! (tests/fixtures/generate.py): every step's logits within 1e-4 and the same 16 greedy tokens,
-//! from the Hugging Face safetensors and from the same weights as GGUF F32.
+//! from the Hugging Face safetensors and from the same weights as GGUF F32. And gpt_oss with its
+//! experts in MXFP4 against its dequantized F32 twin.
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nightmail_engine::{GenerateRequest, Model, Prompt};
 
@@ -20,15 +21,15 @@ fn fixture(arch: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(arch)
 }
 
-/// Greedy-generate from `model_path` and compare with the fixture's reference; returns the
-/// largest logit difference seen.
-fn check(arch: &str, model_path: PathBuf) -> f32 {
-    let dir = fixture(arch);
-    let reference: Reference =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let model = Model::load(&model_path).unwrap_or_else(|e| panic!("loading {}: {e}", model_path.display()));
-    let mut request = GenerateRequest::new(Prompt::Tokens(reference.prompt_tokens.clone()));
-    request.max_new_tokens = reference.greedy_tokens.len();
+fn reference(arch: &str) -> Reference {
+    serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("reference.json")).unwrap()).unwrap()
+}
+
+/// Greedy generation from `model_path`: the tokens, and the logits row that chose each.
+fn greedy(model_path: &Path, prompt: &[u32], tokens: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let model = Model::load(model_path).unwrap_or_else(|e| panic!("loading {}: {e}", model_path.display()));
+    let mut request = GenerateRequest::new(Prompt::Tokens(prompt.to_vec()));
+    request.max_new_tokens = tokens;
     request.record_logits = true;
     request.stop_at_eos = false;
     let mut rows = Vec::new();
@@ -38,7 +39,15 @@ fn check(arch: &str, model_path: PathBuf) -> f32 {
             ControlFlow::Continue(())
         })
         .unwrap();
-    assert_eq!(completion.tokens, reference.greedy_tokens, "{arch} greedy tokens from {}", model_path.display());
+    (completion.tokens, rows)
+}
+
+/// Greedy-generate from `model_path` and compare with the fixture's reference; returns the
+/// largest logit difference seen.
+fn check(arch: &str, model_path: PathBuf) -> f32 {
+    let reference = reference(arch);
+    let (tokens, rows) = greedy(&model_path, &reference.prompt_tokens, reference.greedy_tokens.len());
+    assert_eq!(tokens, reference.greedy_tokens, "{arch} greedy tokens from {}", model_path.display());
     assert_eq!(rows.len(), reference.logits.len());
     let mut worst = 0f32;
     for (step, (ours, theirs)) in rows.iter().zip(&reference.logits).enumerate() {
@@ -67,4 +76,31 @@ macro_rules! reference_tests {
     )*};
 }
 
-reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe);
+reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss);
+
+/// gpt_oss with MXFP4 experts (gpt-oss's `_blocks`/`_scales` pairs) and its twin, the same model
+/// with those experts dequantized to F32 by transformers' `convert_moe_packed_tensors`.
+mod gpt_oss_mxfp4 {
+    use super::*;
+
+    #[test]
+    fn the_dequantized_twin_matches_transformers() {
+        super::check("gpt_oss_mxfp4/f32", fixture("gpt_oss_mxfp4/f32"));
+    }
+
+    #[test]
+    fn mxfp4_experts_agree_with_their_dequantized_f32_twin_at_every_step() {
+        let r = reference("gpt_oss_mxfp4/f32");
+        let n = r.greedy_tokens.len();
+        let (tokens, rows) = greedy(&fixture("gpt_oss_mxfp4"), &r.prompt_tokens, n);
+        let (twin_tokens, twin_rows) = greedy(&fixture("gpt_oss_mxfp4/f32"), &r.prompt_tokens, n);
+        assert_eq!(tokens, twin_tokens, "greedy tokens");
+        let mut worst = 0f32;
+        for (step, (a, b)) in rows.iter().zip(&twin_rows).enumerate() {
+            let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(err < TOLERANCE, "step {step}: max |Δlogit| = {err:e}");
+            worst = worst.max(err);
+        }
+        eprintln!("gpt_oss MXFP4 vs its F32 twin: max |Δlogit| over {} steps = {worst:.3e}", rows.len());
+    }
+}

@@ -85,6 +85,36 @@ macro_rules! streaming_tests {
 
 streaming_tests!(mixtral, qwen2_moe, qwen3_moe);
 
+/// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
+/// fused and rebuilt at load, so only its GGUF streams.
+mod gpt_oss {
+    #[test]
+    fn streamed_gguf_logits_with_expert_biases_are_bit_identical_to_resident() {
+        let path = super::fixture("gpt_oss").join("model.gguf");
+        super::assert_bit_identical("gpt_oss", &path, 0);
+        super::assert_bit_identical("gpt_oss", &path, 8);
+    }
+
+    #[test]
+    fn packed_gguf_logits_with_expert_biases_are_bit_identical_to_resident() {
+        let dir = tempfile::tempdir().unwrap();
+        let packed = dir.path().join("packed.gguf");
+        nightmail_engine::pack(&super::fixture("gpt_oss").join("model.gguf"), &packed).unwrap();
+        super::assert_bit_identical("gpt_oss", &packed, 8);
+    }
+
+    #[test]
+    fn fused_safetensors_experts_are_refused_for_streaming_saying_what_to_do() {
+        for dir in ["gpt_oss", "gpt_oss_mxfp4"] {
+            let err = match nightmail_engine::Model::load_with(super::fixture(dir), &super::tiny_cache(0)) {
+                Ok(_) => panic!("{dir}: fused experts were streamed"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains("convert") && err.contains("GGUF"), "{dir}: {err}");
+        }
+    }
+}
+
 #[test]
 fn a_packed_expert_is_one_read() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use nightmail_engine::{ChatMessage, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StreamConfig};
+use nightmail_engine::{
+    Activation, ChatMessage, GenerateRequest, LoadOptions, Model, Prompt, Routing, Sampling, StreamConfig,
+};
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
@@ -416,17 +418,27 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     println!("layers         {}", s.layers);
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
     println!(
-        "attention      {} heads, {} kv heads, head dim {}, rope theta {}",
-        a.heads, a.kv_heads, a.head_dim, a.rope_theta
+        "attention      {} heads, {} kv heads, head dim {}, rope theta {}{}{}",
+        a.heads,
+        a.kv_heads,
+        a.head_dim,
+        a.rope_theta,
+        sliding_layers(a),
+        if a.sinks { ", attention sinks" } else { "" }
     );
     match &s.moe {
         Some(m) => println!(
-            "experts        {} per layer in {} MoE layers, top-{}, expert ffn {}{}",
+            "experts        {} per layer in {} MoE layers, {}, expert ffn {}{}{}",
             m.experts,
             s.moe_layers.iter().filter(|x| **x).count(),
-            m.routing.top_k(),
+            routing(&m.routing),
             m.expert_ffn,
-            m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default()
+            m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default(),
+            match m.activation {
+                Activation::SwiGlu => String::new(),
+                Activation::ClampedSwiGlu { alpha, limit } =>
+                    format!(", clamped SwiGLU (alpha {alpha}, limit {limit})"),
+            }
         ),
         None => println!("experts        none (dense ffn {})", s.ffn),
     }
@@ -439,6 +451,24 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     println!("experts/token  {}", bytes(info.expert_bytes_per_token));
     println!("tokenizer      {}  chat template {}", yes(info.has_tokenizer), yes(info.has_chat_template));
     Ok(())
+}
+
+/// `, sliding window W on N of L layers`, or nothing when every layer attends to all.
+fn sliding_layers(a: &nightmail_engine::AttentionSpec) -> String {
+    let windows: Vec<usize> = a.sliding_window.iter().flatten().copied().collect();
+    match windows.first() {
+        None => String::new(),
+        Some(w) if windows.len() == a.sliding_window.len() => format!(", sliding window {w}"),
+        Some(w) => format!(", sliding window {w} on {} of {} layers", windows.len(), a.sliding_window.len()),
+    }
+}
+
+fn routing(r: &Routing) -> String {
+    match r {
+        Routing::SoftmaxTopK { top_k, normalize: true } => format!("top-{top_k} of the softmax, renormalized"),
+        Routing::SoftmaxTopK { top_k, normalize: false } => format!("top-{top_k} of the softmax"),
+        Routing::TopKSoftmax { top_k } => format!("top-{top_k} logits, softmax over them"),
+    }
 }
 
 fn generate(path: PathBuf, request: GenerateRequest, json: bool, cache_mb: Option<usize>) -> anyhow::Result<()> {

@@ -104,13 +104,14 @@ impl GgufFile {
     pub fn expert_slice(&self, name: &str, id: ExpertId) -> Result<Option<TensorView<'_>>> {
         let Some(info) = self.tensors.get(name) else { return Ok(None) };
         let shape = info.shape.clone();
-        let [experts, rows, cols] = shape[..] else {
+        // `[experts, rows, cols]` matrices, or `[experts, len]` biases.
+        let Some((&experts, inner)) = shape.split_first().filter(|(_, rest)| !rest.is_empty()) else {
             return Err(EngineError::Shape { name: name.to_string(), found: shape, expected: vec![0, 0, 0] });
         };
         if id.expert >= experts {
             return Err(EngineError::MissingTensor { name: format!("{name}[expert {}]", id.expert) });
         }
-        let per = info.dtype.byte_len(rows * cols);
+        let per = info.dtype.byte_len(inner.iter().product());
         let start = (self.meta.tensor_data_offset as usize + info.offset).saturating_add(id.expert * per);
         let end = start.saturating_add(per);
         if end > self.map.len() {
@@ -124,7 +125,7 @@ impl GgufFile {
         Ok(Some(TensorView {
             name: format!("{name}[{}]", id.expert),
             dtype: info.dtype,
-            shape: vec![rows, cols],
+            shape: inner.to_vec(),
             bytes: &self.map[start..end],
         }))
     }

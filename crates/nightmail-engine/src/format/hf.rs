@@ -6,11 +6,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use memmap2::Mmap;
 
 use super::ExpertMatrix;
 use super::dtype::WeightDType;
+use super::fused_experts::{FusedExpert, convert_layer};
 use super::mxfp4_pair::Mxfp4Pair;
 use super::view::TensorView;
 use crate::error::{EngineError, Result};
@@ -35,6 +37,8 @@ pub(crate) struct HfDir {
     config: serde_json::Value,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+    /// Per layer, gpt-oss's fused experts rebuilt per expert on first use (None: not fused).
+    fused: Vec<OnceLock<Option<Vec<FusedExpert>>>>,
 }
 
 impl HfDir {
@@ -51,7 +55,9 @@ impl HfDir {
             parse_header(&path, &map, shards.len(), &mut tensors)?;
             shards.push(Shard { path, map });
         }
-        Ok(HfDir { dir: dir.to_path_buf(), config, shards, tensors })
+        let layers = config.get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+        let fused = (0..layers).map(|_| OnceLock::new()).collect();
+        Ok(HfDir { dir: dir.to_path_buf(), config, shards, tensors, fused })
     }
 
     pub fn dir(&self) -> &Path {
@@ -74,8 +80,12 @@ impl HfDir {
         }))
     }
 
+    /// A float tensor by its transformers name.
+    pub(crate) fn float_tensor(&self, hf_name: &str) -> Result<Option<TensorView<'_>>> {
+        self.view(hf_name)
+    }
+
     /// Raw bytes of a `U8` tensor and its shape (the halves of an MXFP4 pair).
-    #[cfg_attr(not(test), allow(dead_code))]
     fn u8_tensor(&self, hf_name: &str) -> Result<Option<(&[u8], &[usize])>> {
         let Some(e) = self.tensors.get(hf_name) else { return Ok(None) };
         if e.dtype != "U8" {
@@ -86,8 +96,6 @@ impl HfDir {
 
     /// The MXFP4 matrix stored as `{name}_blocks` and `{name}_scales` (gpt-oss's experts:
     /// `model.layers.L.mlp.experts.gate_up_proj`, `...down_proj`), if the model has both.
-    // Only the tests read pairs until the engine runs gpt_oss (issue 6).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn mxfp4_pair(&self, name: &str) -> Result<Option<Mxfp4Pair<'_>>> {
         let (blocks, scales) = (format!("{name}_blocks"), format!("{name}_scales"));
         let (Some((b, b_shape)), Some((s, s_shape))) = (self.u8_tensor(&blocks)?, self.u8_tensor(&scales)?) else {
@@ -124,7 +132,30 @@ impl HfDir {
                 return Ok(v);
             }
         }
+        if let Some(expert) = self.fused_expert(id)? {
+            return Ok(expert.matrix(which).view());
+        }
         Err(EngineError::MissingTensor { name: names[0].clone() })
+    }
+
+    /// The bias of one routed expert's matrix: only gpt-oss's fused experts have them.
+    pub fn expert_bias(&self, id: ExpertId, which: ExpertMatrix) -> Result<Option<TensorView<'_>>> {
+        Ok(self.fused_expert(id)?.and_then(|e| e.bias(which)).map(|b| b.view()))
+    }
+
+    fn fused_expert(&self, id: ExpertId) -> Result<Option<&FusedExpert>> {
+        let Some(cell) = self.fused.get(id.layer) else { return Ok(None) };
+        if cell.get().is_none() {
+            // Two threads may convert the same layer at once; the first result is kept.
+            let _ = cell.set(convert_layer(self, id.layer)?);
+        }
+        let experts = cell.get().expect("set above").as_ref();
+        match experts {
+            Some(list) => list.get(id.expert).map(Some).ok_or_else(|| EngineError::MissingTensor {
+                name: format!("expert {} of layer {}", id.expert, id.layer),
+            }),
+            None => Ok(None),
+        }
     }
 
     /// The shard file and byte offset of bytes borrowed from one of the maps.
@@ -136,10 +167,26 @@ impl HfDir {
         self.shards.iter().for_each(|s| super::gguf::release(&s.map))
     }
 
+    /// Every tensor; an MXFP4 pair is one MXFP4 tensor (its blocks' bytes; its scales are
+    /// counted by the type's size, 17 bytes per 32 weights).
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
         let mut names: Vec<&String> = self.tensors.keys().collect();
         names.sort();
-        names.into_iter().map(|n| self.view(n).map(|t| t.expect("listed tensor"))).collect()
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            if let Some(base) = n.strip_suffix("_blocks")
+                && let Some(pair) = self.mxfp4_pair(base)?
+            {
+                let bytes = self.u8_tensor(n)?.expect("listed tensor").0;
+                out.push(TensorView { name: base.to_string(), dtype: WeightDType::Mxfp4, shape: pair.shape, bytes });
+                continue;
+            }
+            if n.strip_suffix("_scales").is_some_and(|base| self.tensors.contains_key(&format!("{base}_blocks"))) {
+                continue;
+            }
+            out.push(self.view(n)?.expect("listed tensor"));
+        }
+        Ok(out)
     }
 }
 
@@ -232,6 +279,7 @@ fn hf_names(gguf: &str) -> Vec<String> {
     let names: &[&str] = match tail {
         "attn_norm.weight" => &["input_layernorm.weight"],
         "ffn_norm.weight" => &["post_attention_layernorm.weight"],
+        "attn_sinks.weight" => &["self_attn.sinks"],
         "attn_q.weight" => &["self_attn.q_proj.weight"],
         "attn_k.weight" => &["self_attn.k_proj.weight"],
         "attn_v.weight" => &["self_attn.v_proj.weight"],
@@ -245,7 +293,8 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ffn_gate.weight" => &["mlp.gate_proj.weight"],
         "ffn_up.weight" => &["mlp.up_proj.weight"],
         "ffn_down.weight" => &["mlp.down_proj.weight"],
-        "ffn_gate_inp.weight" => &["mlp.gate.weight", "block_sparse_moe.gate.weight"],
+        "ffn_gate_inp.weight" => &["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight"],
+        "ffn_gate_inp.bias" => &["mlp.router.bias"],
         "ffn_gate_inp_shexp.weight" => &["mlp.shared_expert_gate.weight"],
         "ffn_gate_shexp.weight" => &["mlp.shared_expert.gate_proj.weight"],
         "ffn_up_shexp.weight" => &["mlp.shared_expert.up_proj.weight"],

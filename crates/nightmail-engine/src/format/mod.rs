@@ -2,6 +2,7 @@
 //! llama.cpp's GGUF names (`blk.3.attn_q.weight`); a Hugging Face directory translates them.
 
 mod dtype;
+mod fused_experts;
 mod gguf;
 pub mod gguf_write;
 mod hf;
@@ -110,6 +111,21 @@ impl Checkpoint {
         }
     }
 
+    /// The bias of one routed expert's matrix, where the model has them (gpt-oss): a row of
+    /// the stacked GGUF `*_exps.bias`, or of the Hugging Face fused bias.
+    pub fn expert_bias(&self, id: ExpertId, which: ExpertMatrix) -> Result<Option<TensorView<'_>>> {
+        match self {
+            Checkpoint::Gguf(g) => {
+                let name = format!("blk.{}.ffn_{}_exps.bias", id.layer, which.gguf_part());
+                match g.expert_slice(&name, id)? {
+                    Some(slice) => Ok(Some(slice)),
+                    None => g.tensor(&packed_expert_bias_name(id, which)),
+                }
+            }
+            Checkpoint::Hf(h) => h.expert_bias(id, which),
+        }
+    }
+
     /// The file a view's bytes come from, and their offset in it.
     pub fn locate(&self, view: &TensorView<'_>) -> Option<(PathBuf, u64)> {
         match self {
@@ -140,6 +156,11 @@ impl Checkpoint {
 /// A routed expert's matrix in a file written by `model pack`: `blk.L.ffn_gate_exps.E.weight`.
 pub(crate) fn packed_expert_name(id: ExpertId, which: ExpertMatrix) -> String {
     format!("blk.{}.ffn_{}_exps.{}.weight", id.layer, which.gguf_part(), id.expert)
+}
+
+/// A routed expert's bias in a file written by `model pack`: `blk.L.ffn_gate_exps.E.bias`.
+pub(crate) fn packed_expert_bias_name(id: ExpertId, which: ExpertMatrix) -> String {
+    format!("blk.{}.ffn_{}_exps.{}.bias", id.layer, which.gguf_part(), id.expert)
 }
 
 /// Whether a tensor holds routed-expert weights (GGUF `*_exps`, HF `.experts.N.`).

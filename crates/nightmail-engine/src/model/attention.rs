@@ -1,6 +1,7 @@
 //! Causal multi-head attention with grouped key/value heads (GQA, Ainslie et al., arXiv
-//! 2305.13245), rotary positions, optional per-head q/k RMSNorm (Qwen3) and an optional sliding
-//! window (Mistral, arXiv 2310.06825). Follows transformers' `LlamaAttention` / `Qwen3MoeAttention`.
+//! 2305.13245), rotary positions, optional per-head q/k RMSNorm (Qwen3), an optional sliding
+//! window (Mistral, arXiv 2310.06825) and optional attention sinks (gpt-oss). Follows
+//! transformers' `LlamaAttention` / `Qwen3MoeAttention` / `GptOssAttention`.
 
 use candle_core::{Device, Tensor};
 
@@ -20,6 +21,9 @@ pub struct Attention {
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) window: Option<usize>,
+    /// gpt-oss: one learned logit per head `[heads]`, a column that every query's softmax
+    /// includes and that is dropped after it, so a head can put weight on no key at all.
+    pub(crate) sinks: Option<Tensor>,
 }
 
 impl Attention {
@@ -70,7 +74,17 @@ impl Attention {
                 s,
             ))?;
         }
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
+        let p = match &self.sinks {
+            None => candle_nn::ops::softmax_last_dim(&scores)?,
+            // transformers `eager_attention_forward` (gpt_oss): cat the sink, softmax, drop it.
+            // Row (g, r·t + i) of the folded scores is head g·rep + r.
+            Some(sinks) => {
+                let col = sinks.reshape((self.kv_heads, rep, 1, 1))?.broadcast_as((self.kv_heads, rep, t, 1))?;
+                let col = col.contiguous()?.reshape((self.kv_heads, rep * t, 1))?;
+                let p = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[&scores, &col], 2)?)?;
+                p.narrow(2, 0, s)?.contiguous()?
+            }
+        };
         Ok(p.matmul(&v.contiguous()?)?.reshape((self.heads, t, d))?.transpose(0, 1)?.reshape((t, self.heads * d))?)
     }
 

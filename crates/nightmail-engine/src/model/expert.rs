@@ -9,8 +9,8 @@ use candle_core::Tensor;
 use super::layers::Linear;
 use crate::error::Result;
 use crate::format::Checkpoint;
-use crate::spec::ModelSpec;
-use crate::stream::expert_views;
+use crate::spec::{Activation, ModelSpec};
+use crate::stream::{expert_biases, expert_views};
 
 /// One routed expert of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -19,23 +19,40 @@ pub struct ExpertId {
     pub expert: usize,
 }
 
-/// A SwiGLU feed-forward, `down(silu(gate(x)) ⊙ up(x))` (Shazeer, arXiv 2002.05202). A routed
+/// A gated feed-forward, `down(act(gate(x), up(x)))`: SwiGLU (Shazeer, arXiv 2002.05202) or
+/// gpt-oss's clamped variant, each projection with its bias where the model has one. A routed
 /// expert, a shared expert and a dense layer's MLP are all one of these.
 pub struct Expert {
     gate: Linear,
     up: Linear,
     down: Linear,
+    activation: Activation,
 }
 
 impl Expert {
+    /// A SwiGLU expert.
     pub fn new(gate: Linear, up: Linear, down: Linear) -> Self {
-        Expert { gate, up, down }
+        Expert { gate, up, down, activation: Activation::SwiGlu }
+    }
+
+    pub fn with_activation(self, activation: Activation) -> Self {
+        Expert { activation, ..self }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.silu()?;
-        let u = self.up.forward(x)?;
-        self.down.forward(&(g * u)?)
+        let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
+        let h = match self.activation {
+            Activation::SwiGlu => (g.silu()? * u)?,
+            // transformers `GptOssExperts._apply_gate`, step for step in f32.
+            Activation::ClampedSwiGlu { alpha, limit } => {
+                let (alpha, limit) = (f64::from(alpha), f64::from(limit));
+                let g = g.minimum(limit)?;
+                let u = u.clamp(-limit, limit)?;
+                let glu = (&g * candle_nn::ops::sigmoid(&(&g * alpha)?)?)?;
+                ((u + 1.0)? * glu)?
+            }
+        };
+        self.down.forward(&h)
     }
 }
 
@@ -66,8 +83,13 @@ impl ResidentExperts {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
                 let [gate, up, down] = expert_views(ck, spec, id)?;
-                let e = Expert::new(Linear::new(&gate, None)?, Linear::new(&up, None)?, Linear::new(&down, None)?);
-                experts.insert(id, Arc::new(e));
+                let [gb, ub, db] = expert_biases(ck, spec, id)?;
+                let e = Expert::new(
+                    Linear::new(&gate, gb.as_ref())?,
+                    Linear::new(&up, ub.as_ref())?,
+                    Linear::new(&down, db.as_ref())?,
+                );
+                experts.insert(id, Arc::new(e.with_activation(moe.activation)));
             }
         }
         Ok(ResidentExperts { experts })

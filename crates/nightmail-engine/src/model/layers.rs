@@ -32,8 +32,12 @@ impl Linear {
 
     /// A matrix over bytes that already live in memory (a streamed expert's read buffer):
     /// the kernel is chosen exactly as for [`Linear::new`], so the arithmetic is the same.
-    pub(crate) fn from_bytes(weight: &TensorView<'_>, bytes: WeightBytes) -> Result<Self> {
-        Self::with_bytes(weight, Some(bytes), None)
+    pub(crate) fn from_bytes(
+        weight: &TensorView<'_>,
+        bytes: WeightBytes,
+        bias: Option<&TensorView<'_>>,
+    ) -> Result<Self> {
+        Self::with_bytes(weight, Some(bytes), bias)
     }
 
     fn with_bytes(weight: &TensorView<'_>, bytes: Option<WeightBytes>, bias: Option<&TensorView<'_>>) -> Result<Self> {

@@ -41,6 +41,17 @@ impl Router {
                 }
                 Route { experts }
             }
+            // transformers `GptOssTopKRouter`: `torch.topk` of the logits, then a softmax over the
+            // k values alone.
+            Routing::TopKSoftmax { top_k } => {
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+                let chosen = &order[..top_k];
+                let max = logits[chosen[0]];
+                let exp: Vec<f32> = chosen.iter().map(|&e| (logits[e] - max).exp()).collect();
+                let sum: f32 = exp.iter().sum();
+                Route { experts: chosen.iter().zip(&exp).map(|(&e, x)| (e, x / sum)).collect() }
+            }
         }
     }
 }
@@ -50,8 +61,21 @@ mod tests {
     use super::*;
 
     fn router(top_k: usize, normalize: bool) -> Router {
+        with_routing(Routing::SoftmaxTopK { top_k, normalize })
+    }
+
+    fn with_routing(routing: Routing) -> Router {
         let w = Tensor::zeros((3, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-        Router { gate: Linear::from_tensor(w), routing: Routing::SoftmaxTopK { top_k, normalize } }
+        Router { gate: Linear::from_tensor(w), routing }
+    }
+
+    #[test]
+    fn top_k_then_softmax_weighs_the_chosen_logits_among_themselves() {
+        let r = with_routing(Routing::TopKSoftmax { top_k: 2 }).choose(&[0.5, -1.0, 3.0]);
+        assert_eq!(r.experts.iter().map(|e| e.0).collect::<Vec<_>>(), vec![2, 0]);
+        let z = 3f32.exp() + 0.5f32.exp();
+        assert!((r.experts[0].1 - 3f32.exp() / z).abs() < 1e-6);
+        assert!((r.experts[1].1 - 0.5f32.exp() / z).abs() < 1e-6);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The decoder stack: pre-norm layers of attention and feed-forward with residuals (the llama
-//! layout, which all four architectures share), then a final norm and the output head.
+//! layout, which every architecture here shares), then a final norm and the output head.
 
 use std::sync::{Arc, Mutex};
 
@@ -179,6 +179,16 @@ impl Transformer {
                 kv_heads: a.kv_heads,
                 head_dim: a.head_dim,
                 window: a.sliding_window[l],
+                sinks: match (a.sinks, opt("attn_sinks.weight")?) {
+                    (true, Some(s)) => {
+                        s.expect_shape(&[a.heads])?;
+                        Some(s.to_f32()?)
+                    }
+                    (true, None) => {
+                        return Err(EngineError::MissingTensor { name: format!("blk.{l}.attn_sinks.weight") });
+                    }
+                    (false, _) => None,
+                },
             };
             let ffn = match (&spec.moe, spec.moe_layers[l]) {
                 (Some(moe), true) => {
@@ -205,7 +215,11 @@ impl Transformer {
             layers.push(DecoderLayer {
                 attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps)?,
                 attention,
-                ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps)?,
+                // llama.cpp names gpt-oss's norm before the feed-forward `post_attention_norm`.
+                ffn_norm: match opt("ffn_norm.weight")? {
+                    Some(w) => RmsNorm::new(&w, spec.rms_norm_eps)?,
+                    None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps)?,
+                },
                 ffn,
             });
             // Each layer's weights were copied out of the map: drop its pages as we go.

@@ -1,5 +1,5 @@
-//! Where every routed expert's three matrices lie on disk: file, byte offset, length, element
-//! type and shape, from a GGUF file (slices of the stacked `*_exps` tensors), a Hugging Face
+//! Where every routed expert's three matrices (and their biases, gpt-oss) lie on disk: file,
+//! byte offset, length, element type and shape, from a GGUF file (slices of the stacked `*_exps` tensors), a Hugging Face
 //! directory (one tensor per matrix) or a packed file (one contiguous extent per expert).
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use super::buf::ALIGN;
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, ExpertMatrix, TensorView, WeightDType};
 use crate::model::ExpertId;
-use crate::spec::ModelSpec;
+use crate::spec::{Activation, ModelSpec};
 
 /// One matrix of one expert on disk.
 #[derive(Debug, Clone)]
@@ -29,7 +29,8 @@ pub struct Run {
     pub file: usize,
     pub offset: u64,
     pub len: usize,
-    /// Indices into the expert's matrices (gate, up, down) that the run covers.
+    /// The expert's parts the run covers ([`ExpertExtent::part`]: 0-2 the gate, up and down
+    /// matrices, 3-5 their biases).
     pub matrices: Vec<usize>,
 }
 
@@ -37,12 +38,28 @@ pub struct Run {
 pub struct ExpertExtent {
     /// Gate, up, down.
     pub matrices: [MatrixExtent; 3],
+    /// Their biases, where the model has them: read with the expert, so that a streamed expert
+    /// computes what the resident one does.
+    pub biases: [Option<MatrixExtent>; 3],
     /// The reads that fetch it: matrices that are adjacent on disk (within one aligned block)
     /// share a read, so a packed expert is one read.
     pub runs: Vec<Run>,
 }
 
 impl ExpertExtent {
+    /// Part `i`: a matrix (0-2) or a bias (3-5).
+    pub fn part(&self, i: usize) -> Option<&MatrixExtent> {
+        match i {
+            0..3 => Some(&self.matrices[i]),
+            _ => self.biases.get(i - 3)?.as_ref(),
+        }
+    }
+
+    /// Every part the expert has, with its index.
+    pub fn parts(&self) -> impl Iterator<Item = (usize, &MatrixExtent)> {
+        (0..6).filter_map(|i| self.part(i).map(|p| (i, p)))
+    }
+
     /// Bytes the expert occupies in memory once read (the runs, widened to aligned blocks).
     pub fn buffer_bytes(&self) -> usize {
         self.runs.iter().map(|r| aligned_span(r.offset, r.len)).sum()
@@ -59,6 +76,8 @@ pub fn aligned_span(offset: u64, len: usize) -> usize {
 pub struct ExpertIndex {
     pub files: Vec<PathBuf>,
     experts: HashMap<ExpertId, ExpertExtent>,
+    /// The experts' activation, which the store builds them with.
+    pub activation: Activation,
 }
 
 /// The three matrices of one expert, with their shapes checked against the model's metadata.
@@ -72,38 +91,72 @@ pub(crate) fn expert_views<'a>(ck: &'a Checkpoint, spec: &ModelSpec, id: ExpertI
     Ok([gate, up, down])
 }
 
+/// The biases of one expert's gate, up and down matrices, where the model has them, with their
+/// lengths checked against the model's metadata.
+pub(crate) fn expert_biases<'a>(
+    ck: &'a Checkpoint,
+    spec: &ModelSpec,
+    id: ExpertId,
+) -> Result<[Option<TensorView<'a>>; 3]> {
+    let moe = spec.moe.as_ref().ok_or_else(|| EngineError::MissingMetadata { key: "expert_count".into() })?;
+    let lens = [moe.expert_ffn, moe.expert_ffn, spec.hidden_size];
+    let [gate, up, down] = ExpertMatrix::ALL.map(|m| ck.expert_bias(id, m));
+    let biases = [gate?, up?, down?];
+    for (b, len) in biases.iter().zip(lens) {
+        if let Some(b) = b {
+            b.expect_shape(&[len])?;
+        }
+    }
+    Ok(biases)
+}
+
 impl ExpertIndex {
     pub(crate) fn build(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
         let mut files: Vec<PathBuf> = Vec::new();
         let mut experts = HashMap::new();
-        let Some(moe) = &spec.moe else { return Ok(ExpertIndex { files, experts }) };
+        let Some(moe) = &spec.moe else {
+            return Ok(ExpertIndex { files, experts, activation: Activation::SwiGlu });
+        };
+        let mut extent = |v: &TensorView<'_>| -> Result<MatrixExtent> {
+            // gpt-oss's fused Hugging Face experts are rebuilt in memory: there is no extent of
+            // the file to read them from.
+            let (path, offset) = ck.locate(v).ok_or_else(|| EngineError::Unsupported {
+                what: format!("streaming {} from its file", v.name),
+                hint: "its experts are stored fused and are rebuilt at load: load the model without a cache \
+                       budget, or convert it to GGUF (llama.cpp convert_hf_to_gguf.py) and stream that"
+                    .into(),
+            })?;
+            let file = match files.iter().position(|f| *f == path) {
+                Some(i) => i,
+                None => {
+                    files.push(path);
+                    files.len() - 1
+                }
+            };
+            Ok(MatrixExtent {
+                name: v.name.clone(),
+                file,
+                offset,
+                len: v.bytes.len(),
+                dtype: v.dtype,
+                shape: v.shape.clone(),
+            })
+        };
         for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
-                let views = expert_views(ck, spec, id)?;
-                let matrices = views.map(|v| {
-                    let (path, offset) = ck.locate(&v).expect("a view borrows from one of the checkpoint's maps");
-                    let file = match files.iter().position(|f| *f == path) {
-                        Some(i) => i,
-                        None => {
-                            files.push(path);
-                            files.len() - 1
-                        }
-                    };
-                    MatrixExtent {
-                        name: v.name.clone(),
-                        file,
-                        offset,
-                        len: v.bytes.len(),
-                        dtype: v.dtype,
-                        shape: v.shape.clone(),
-                    }
-                });
-                let runs = runs(&matrices);
-                experts.insert(id, ExpertExtent { matrices, runs });
+                let [g, u, d] = expert_views(ck, spec, id)?;
+                let matrices = [extent(&g)?, extent(&u)?, extent(&d)?];
+                let mut biases = [None, None, None];
+                for (slot, b) in biases.iter_mut().zip(expert_biases(ck, spec, id)?) {
+                    *slot = b.map(|b| extent(&b)).transpose()?;
+                }
+                let mut e = ExpertExtent { matrices, biases, runs: Vec::new() };
+                e.runs = runs(&e);
+                experts.insert(id, e);
             }
         }
-        Ok(ExpertIndex { files, experts })
+        Ok(ExpertIndex { files, experts, activation: moe.activation })
     }
 
     pub fn get(&self, id: ExpertId) -> Option<&ExpertExtent> {
@@ -115,13 +168,12 @@ impl ExpertIndex {
     }
 }
 
-/// Group matrices that lie in one file within one aligned block of each other into one read.
-fn runs(matrices: &[MatrixExtent; 3]) -> Vec<Run> {
-    let mut order: Vec<usize> = (0..3).collect();
-    order.sort_by_key(|&i| (matrices[i].file, matrices[i].offset));
+/// Group parts that lie in one file within one aligned block of each other into one read.
+fn runs(extent: &ExpertExtent) -> Vec<Run> {
+    let mut order: Vec<(usize, &MatrixExtent)> = extent.parts().collect();
+    order.sort_by_key(|(_, m)| (m.file, m.offset));
     let mut runs: Vec<Run> = Vec::new();
-    for i in order {
-        let m = &matrices[i];
+    for (i, m) in order {
         if let Some(run) = runs.last_mut() {
             let end = run.offset + run.len as u64;
             if run.file == m.file && m.offset >= end && m.offset - end <= ALIGN as u64 {

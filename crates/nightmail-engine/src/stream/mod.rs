@@ -9,6 +9,6 @@ pub mod io;
 mod store;
 
 pub use buf::{ALIGN, AlignedBuf, WeightBytes};
-pub(crate) use index::expert_views;
 pub use index::{ExpertExtent, ExpertIndex, MatrixExtent, aligned_span};
+pub(crate) use index::{expert_biases, expert_views};
 pub use store::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};

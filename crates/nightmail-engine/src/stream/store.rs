@@ -168,7 +168,7 @@ impl StreamingExperts {
         let mut ids: Vec<_> = index.iter().collect();
         ids.sort_by_key(|(id, _)| **id);
         for (id, extent) in ids {
-            for m in &extent.matrices {
+            for (_, m) in extent.parts() {
                 let file = &files[m.file];
                 if m.offset + m.len as u64 > file.size() {
                     return Err(EngineError::ExpertRead {
@@ -484,7 +484,7 @@ impl Shared {
     fn read(&self, id: ExpertId) -> Result<(Expert, usize)> {
         let extent = self.extent(id)?;
         let mut disk = 0;
-        let mut bytes: [Option<WeightBytes>; 3] = [None, None, None];
+        let mut bytes: [Option<WeightBytes>; 6] = Default::default();
         for run in &extent.runs {
             let file = &self.files[run.file];
             let ReadRange { buf, skip, disk_bytes } =
@@ -496,17 +496,22 @@ impl Shared {
                 })?;
             disk += disk_bytes;
             for &m in &run.matrices {
-                let start = skip + (extent.matrices[m].offset - run.offset) as usize;
-                bytes[m] = Some(WeightBytes::Shared(buf.clone(), start..start + extent.matrices[m].len));
+                let part = extent.part(m).expect("a run covers parts the expert has");
+                let start = skip + (part.offset - run.offset) as usize;
+                bytes[m] = Some(WeightBytes::Shared(buf.clone(), start..start + part.len));
             }
         }
-        let linear = |m: usize| -> Result<Linear> {
-            let x = &extent.matrices[m];
-            let b = bytes[m].clone().expect("every matrix is in a run");
-            let view = TensorView { name: x.name.clone(), dtype: x.dtype, shape: x.shape.clone(), bytes: b.as_slice() };
-            Linear::from_bytes(&view, b.clone())
+        let view = |m: usize| -> Option<(TensorView<'_>, &WeightBytes)> {
+            let x = extent.part(m)?;
+            let b = bytes[m].as_ref().expect("every part is in a run");
+            Some((TensorView { name: x.name.clone(), dtype: x.dtype, shape: x.shape.clone(), bytes: b.as_slice() }, b))
         };
-        Ok((Expert::new(linear(0)?, linear(1)?, linear(2)?), disk))
+        let linear = |m: usize| -> Result<Linear> {
+            let (w, b) = view(m).expect("every expert has its three matrices");
+            Linear::from_bytes(&w, b.clone(), view(m + 3).map(|(v, _)| v).as_ref())
+        };
+        let expert = Expert::new(linear(0)?, linear(1)?, linear(2)?).with_activation(self.index.activation);
+        Ok((expert, disk))
     }
 }
 
