@@ -76,3 +76,22 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
         has_chat_template,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Architecture;
+
+    #[test]
+    fn gpt_oss_mxfp4_pairs_count_as_mxfp4_expert_weights_with_their_scales() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss_mxfp4");
+        let info = inspect(&dir).unwrap();
+        assert_eq!(info.spec.architecture, Architecture::GptOss);
+        let mxfp4 = &info.dtypes["Mxfp4"];
+        // Two layers' gate_up [4, 64, 64] and down [4, 64, 32] pairs, 17 bytes per 32 weights.
+        assert_eq!(mxfp4.tensors, 4);
+        assert_eq!(mxfp4.bytes, 2 * 4 * (64 * 64 + 64 * 32) / 32 * 17);
+        // The experts' F32 biases are expert weights too.
+        assert_eq!(info.expert_bytes, mxfp4.bytes + 2 * 4 * (64 + 64) * 4);
+    }
+}
