@@ -40,7 +40,7 @@ pub use model::{ExpertId, ExpertStore, KvCache, LayerRecall};
 pub use pack::pack;
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
-pub use spec::{Architecture, AttentionSpec, ModelSpec, MoeSpec, RopeStyle, Routing};
+pub use spec::{Architecture, AttentionSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
 pub use stream::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};
 pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
 pub use tokenizer::TextTokenizer;

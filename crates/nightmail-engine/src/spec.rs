@@ -1,6 +1,7 @@
 //! What a model is, read from its own metadata (GGUF keys or `config.json`), never from a table
 //! of known sizes. Both transformers 4 and 5 spellings are accepted (`rope_theta` or
-//! `rope_parameters.rope_theta`, `num_experts` or `num_local_experts`).
+//! `rope_parameters.rope_theta`, `rope_scaling` or `rope_parameters`, `num_experts` or
+//! `num_local_experts`).
 
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -46,6 +47,43 @@ impl Routing {
     }
 }
 
+/// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
+/// `_compute_yarn_parameters` defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Yarn {
+    /// Context extension: interpolated frequencies are divided by it.
+    pub factor: f64,
+    /// The context the model was pretrained with (`original_max_position_embeddings`).
+    pub original_context: usize,
+    /// Frequencies that turn more than `beta_fast` times over the original context keep their
+    /// value; fewer than `beta_slow` times, they are interpolated; a linear ramp between.
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Round the ramp's ends to whole dimensions (transformers' default; gpt-oss sets false).
+    pub truncate: bool,
+    /// Multiplies cos and sin (the paper's √(1/t)).
+    pub attention_factor: f64,
+    /// DeepSeek's `mscale_all_dim` (0 when absent): MLA also scales its softmax by
+    /// `yarn_mscale(factor, mscale_all_dim)²` (transformers' `yarn_apply_mscale`).
+    pub mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// The factor on the attention softmax scale (1 unless `mscale_all_dim` is set).
+    pub fn softmax_factor(&self) -> f64 {
+        if self.mscale_all_dim == 0.0 {
+            return 1.0;
+        }
+        let m = yarn_mscale(self.factor, self.mscale_all_dim);
+        m * m
+    }
+}
+
+/// YaRN's Eq. 21: `0.1 · mscale · ln(scale) + 1` (transformers' `yarn_get_mscale`).
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AttentionSpec {
     pub heads: usize,
@@ -53,6 +91,8 @@ pub struct AttentionSpec {
     pub head_dim: usize,
     pub rope_theta: f64,
     pub rope_style: RopeStyle,
+    /// YaRN context extension, when the model was trained with it.
+    pub rope_scaling: Option<Yarn>,
     /// Per layer: attend to at most this many previous positions (Mistral's sliding window).
     pub sliding_window: Vec<Option<usize>>,
 }
@@ -121,12 +161,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
     let head_dim = g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads);
-    if let Some(scaling) = g.string(&key("rope.scaling.type")).filter(|s| *s != "none") {
-        return Err(EngineError::Unsupported {
-            what: format!("rope scaling `{scaling}`"),
-            hint: "this engine implements plain RoPE; use a model without rope scaling".into(),
-        });
-    }
+    let rope_scaling = yarn_from_gguf(g, &arch_name)?;
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let vocab_size = match g.uint(&key("vocab_size")) {
         Some(v) => v as usize,
@@ -175,6 +210,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 Architecture::Llama | Architecture::Mixtral => RopeStyle::Interleaved,
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => RopeStyle::HalfSplit,
             },
+            rope_scaling,
             sliding_window: vec![window; layers],
         },
         moe,
@@ -208,19 +244,9 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let heads = need("num_attention_heads")?;
     // transformers 5 moved rope settings into `rope_parameters`; 4 had `rope_theta` + `rope_scaling`.
     let rope = get("rope_parameters");
-    let rope_type = rope
-        .and_then(|r| r.get("rope_type"))
-        .or_else(|| get("rope_scaling").and_then(|r| r.get("rope_type").or_else(|| r.get("type"))))
-        .and_then(Json::as_str)
-        .unwrap_or("default");
-    if rope_type != "default" {
-        return Err(EngineError::Unsupported {
-            what: format!("rope_type `{rope_type}`"),
-            hint: "this engine implements plain RoPE; use a model without rope scaling".into(),
-        });
-    }
     let rope_theta =
         rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
+    let rope_scaling = yarn_from_hf(c, &path)?;
     // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
     // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
     let window = uint("sliding_window").filter(|w| *w > 0);
@@ -279,6 +305,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             head_dim: uint("head_dim").unwrap_or(hidden_size / heads),
             rope_theta,
             rope_style: RopeStyle::HalfSplit,
+            rope_scaling,
             sliding_window,
         },
         moe,
@@ -286,4 +313,126 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })
+}
+
+fn unsupported_rope(kind: &str) -> EngineError {
+    EngineError::Unsupported {
+        what: format!("rope scaling `{kind}`"),
+        hint: "this engine implements plain RoPE and YaRN; use a model with one of those".into(),
+    }
+}
+
+/// YaRN from llama.cpp's keys (`{arch}.rope.scaling.*`, written by convert_hf_to_gguf.py).
+fn yarn_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<Yarn>> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    match g.string(&key("type")) {
+        None | Some("none") => return Ok(None),
+        Some("yarn") => {}
+        Some(other) => return Err(unsupported_rope(other)),
+    }
+    let factor = g.float(&key("factor")).ok_or_else(|| missing(&key("factor")))?;
+    let given = g.float(&key("yarn_attn_factor"));
+    // deepseek2: the converter writes 0.1 · mscale_all_dim as the log multiplier, and llama.cpp
+    // (llama-model.cpp, TAG_DEEPSEEK2_YARN_LOG_MUL_FIX) divides it back out, folds mscale² into
+    // the softmax scale and cancels ggml's own YaRN factor on cos/sin.
+    let (attention_factor, mscale_all_dim) = if arch == "deepseek2" {
+        (given.unwrap_or(1.0), g.float(&key("yarn_log_multiplier")).map_or(0.0, |m| m / 0.1))
+    } else {
+        (given.unwrap_or_else(|| yarn_mscale(factor, 1.0)), 0.0)
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: g
+            .uint(&key("original_context_length"))
+            .map(|v| v as usize)
+            .ok_or_else(|| missing(&key("original_context_length")))?,
+        beta_fast: g.float(&key("yarn_beta_fast")).unwrap_or(32.0),
+        beta_slow: g.float(&key("yarn_beta_slow")).unwrap_or(1.0),
+        // ggml's `ggml_rope_yarn_corr_dims` always rounds the ramp's ends.
+        truncate: true,
+        attention_factor,
+        mscale_all_dim,
+    }))
+}
+
+/// YaRN from `config.json`'s `rope_parameters` (transformers 5) or `rope_scaling` (4), with
+/// transformers' `_compute_yarn_parameters` defaults.
+fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
+    let Some(r) = ["rope_parameters", "rope_scaling"].iter().find_map(|k| c.get(*k).filter(|v| v.is_object())) else {
+        return Ok(None);
+    };
+    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str).unwrap_or("default");
+    match kind {
+        "default" => return Ok(None),
+        "yarn" => {}
+        other => return Err(unsupported_rope(other)),
+    }
+    let num = |k: &str| r.get(k).and_then(Json::as_f64);
+    // `or` in the reference: 0 and null fall back to the default too.
+    let nonzero = |k: &str| num(k).filter(|v| *v != 0.0);
+    let max_positions = c.get("max_position_embeddings").and_then(Json::as_u64);
+    let original = r
+        .get("original_max_position_embeddings")
+        .or_else(|| c.get("original_max_position_embeddings"))
+        .and_then(Json::as_u64)
+        .or(max_positions)
+        .ok_or_else(|| EngineError::BadConfig {
+            path: path.to_path_buf(),
+            reason: "YaRN needs `original_max_position_embeddings`".into(),
+        })? as usize;
+    let factor = match num("factor") {
+        Some(f) => f,
+        None => max_positions.unwrap_or(original as u64) as f64 / original as f64,
+    };
+    let (mscale, mscale_all_dim) = (nonzero("mscale"), nonzero("mscale_all_dim"));
+    let attention_factor = match (num("attention_factor"), mscale, mscale_all_dim) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+        _ => yarn_mscale(factor, 1.0),
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: original,
+        beta_fast: nonzero("beta_fast").unwrap_or(32.0),
+        beta_slow: nonzero("beta_slow").unwrap_or(1.0),
+        truncate: r.get("truncate").and_then(Json::as_bool).unwrap_or(true),
+        attention_factor,
+        mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(config: &str) -> Option<Yarn> {
+        yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    #[test]
+    fn yarn_reads_transformers_4_and_5_spellings_with_the_reference_defaults() {
+        // DeepSeek-V3's config.json (transformers 4 spelling): mscale over mscale_all_dim is 1.
+        let v4 = yarn(
+            r#"{"max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": {"type": "yarn",
+               "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert_eq!((v4.factor, v4.original_context, v4.truncate), (40.0, 4096, true));
+        assert_eq!(v4.attention_factor, 1.0);
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((v4.softmax_factor() - m * m).abs() < 1e-12);
+        // gpt-oss (transformers 5): no mscale, so 0.1·ln(factor) + 1 on cos/sin; no truncation.
+        let v5 = yarn(
+            r#"{"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000,
+               "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert!(!v5.truncate);
+        assert!((v5.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(v5.softmax_factor(), 1.0);
+        assert_eq!(yarn(r#"{"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}"#), None);
+        assert_eq!(yarn(r#"{"rope_theta": 10000.0, "rope_scaling": null}"#), None);
+    }
 }

@@ -174,7 +174,7 @@ impl Transformer {
                 v: linear("attn_v", kv_dim, hidden)?,
                 o: linear("attn_output", hidden, q_dim)?,
                 qk_norm,
-                rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style),
+                rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
                 heads: a.heads,
                 kv_heads: a.kv_heads,
                 head_dim: a.head_dim,
