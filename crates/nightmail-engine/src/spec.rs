@@ -17,6 +17,9 @@ pub enum Architecture {
     Mixtral,
     Qwen2Moe,
     Qwen3Moe,
+    /// DeepSeek-V3 and Kimi K2 (GGUF `deepseek2`): multi-head latent attention and grouped
+    /// sigmoid routing.
+    DeepseekV3,
 }
 
 /// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
@@ -37,14 +40,31 @@ pub enum Routing {
     /// Softmax over all experts, keep the top k, optionally renormalize them to sum to 1
     /// (Mixtral, arXiv 2401.04088 §2.1; Qwen-MoE `norm_topk_prob`).
     SoftmaxTopK { top_k: usize, normalize: bool },
+    /// DeepSeek-V3 (arXiv 2412.19437 §2.1.2): sigmoid scores; a per-expert correction bias
+    /// added for the choice only; the experts split into `groups`, each scored by the sum of its
+    /// two best biased scores, and only the best `top_groups` groups eligible; the top k of
+    /// those weighted by their unbiased scores, normalized when `normalize`, times `scale`.
+    GroupedSigmoid { top_k: usize, groups: usize, top_groups: usize, normalize: bool, scale: f32 },
 }
 
 impl Routing {
     pub fn top_k(&self) -> usize {
         match self {
-            Routing::SoftmaxTopK { top_k, .. } => *top_k,
+            Routing::SoftmaxTopK { top_k, .. } | Routing::GroupedSigmoid { top_k, .. } => *top_k,
         }
     }
+}
+
+/// Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1): keys and values are
+/// up-projected per head from one shared latent of `kv_lora_rank`, beside a rotary key part of
+/// `qk_rope_head_dim` shared by all heads; queries optionally through a latent of `q_lora_rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaSpec {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
 }
 
 /// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
@@ -95,6 +115,9 @@ pub struct AttentionSpec {
     pub rope_scaling: Option<Yarn>,
     /// Per layer: attend to at most this many previous positions (Mistral's sliding window).
     pub sliding_window: Vec<Option<usize>>,
+    /// Latent attention (DeepSeek-V3): then `head_dim` is the query/key width (nope + rope) and
+    /// `kv_heads` is 1, the one latent all heads read.
+    pub mla: Option<MlaSpec>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -102,7 +125,8 @@ pub struct MoeSpec {
     pub experts: usize,
     pub routing: Routing,
     pub expert_ffn: usize,
-    /// Qwen-MoE's always-on shared expert, scaled by its own sigmoid gate.
+    /// The always-on shared expert's width: Qwen-MoE's, scaled by its own sigmoid gate, or
+    /// DeepSeek's `n_shared_experts` experts fused into one, added unweighted.
     pub shared_expert_ffn: Option<usize>,
 }
 
@@ -155,12 +179,17 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("llama", _) => Architecture::Mixtral,
         ("qwen2moe", _) => Architecture::Qwen2Moe,
         ("qwen3moe", _) => Architecture::Qwen3Moe,
+        ("deepseek2", _) => Architecture::DeepseekV3,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
-    let head_dim = g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads);
+    let mla = (architecture == Architecture::DeepseekV3).then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
+    };
     let rope_scaling = yarn_from_gguf(g, &arch_name)?;
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let vocab_size = match g.uint(&key("vocab_size")) {
@@ -169,19 +198,39 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     };
     let moe = if experts > 0 {
         let top_k = need("expert_used_count")?;
-        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE does not.
-        let default_norm = !matches!(architecture, Architecture::Qwen2Moe);
+        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
+        // (unless told) do not.
+        let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
         let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
-        let expert_ffn = g.uint(&key("expert_feed_forward_length")).map(|v| v as usize);
-        Some(MoeSpec {
-            experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
-            expert_ffn: match expert_ffn {
-                Some(f) => f,
-                None => need("feed_forward_length")?,
-            },
-            shared_expert_ffn: g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0),
-        })
+        let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
+            Some(f) => f as usize,
+            None => need("feed_forward_length")?,
+        };
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
+            // gating with its max-scored groups is another router.
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(1);
+            if gating != 2 {
+                return Err(EngineError::Unsupported {
+                    what: format!("deepseek2 expert gating function {gating}"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
+                });
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: g.uint(&key("expert_group_count")).map_or(1, |v| v as usize).max(1),
+                top_groups: g.uint(&key("expert_group_used_count")).map_or(1, |v| v as usize).max(1),
+                normalize,
+                scale: g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
+            };
+            // llama.cpp: the shared experts are one MLP of n_ff_exp · n_expert_shared.
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (routing, Some(shared).filter(|s| *s > 0))
+        } else {
+            let shared = g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0);
+            (Routing::SoftmaxTopK { top_k, normalize }, shared)
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn })
     } else {
         None
     };
@@ -203,15 +252,21 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         context_length: need("context_length")?,
         attention: AttentionSpec {
             heads,
-            kv_heads: g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+            kv_heads: match mla {
+                Some(_) => 1,
+                None => g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+            },
             head_dim,
             rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
+            // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
+            // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
             rope_style: match architecture {
-                Architecture::Llama | Architecture::Mixtral => RopeStyle::Interleaved,
+                Architecture::Llama | Architecture::Mixtral | Architecture::DeepseekV3 => RopeStyle::Interleaved,
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => RopeStyle::HalfSplit,
             },
             rope_scaling,
             sliding_window: vec![window; layers],
+            mla,
         },
         moe,
         moe_layers: Vec::new(),
@@ -237,6 +292,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "mixtral" => Architecture::Mixtral,
         "qwen2_moe" => Architecture::Qwen2Moe,
         "qwen3_moe" => Architecture::Qwen3Moe,
+        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout.
+        "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("hidden_size")?;
@@ -258,24 +315,52 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 let from = uint("max_window_layers").unwrap_or(0);
                 window.filter(|_| on && l >= from)
             }
-            Architecture::Llama => None,
+            Architecture::Llama | Architecture::DeepseekV3 => None,
         })
         .collect();
-    let experts = uint("num_local_experts").or_else(|| uint("num_experts")).unwrap_or(0);
+    let experts =
+        uint("num_local_experts").or_else(|| uint("num_experts")).or_else(|| uint("n_routed_experts")).unwrap_or(0);
     let moe = if experts > 0 && architecture != Architecture::Llama {
         let top_k = need("num_experts_per_tok")?;
         let normalize = match architecture {
             Architecture::Mixtral => true,
             _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(false),
         };
-        Some(MoeSpec {
-            experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
-            expert_ffn: uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?,
-            shared_expert_ffn: uint("shared_expert_intermediate_size").filter(|v| *v > 0),
-        })
+        let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+            // transformers `DeepseekV3TopkRouter`; the shared experts are one DeepseekV3MLP of
+            // moe_intermediate_size · n_shared_experts.
+            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sigmoid");
+            if scoring != "sigmoid" {
+                return Err(EngineError::Unsupported {
+                    what: format!("deepseek_v3 scoring_func `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
+                });
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: uint("n_group").unwrap_or(1).max(1),
+                top_groups: uint("topk_group").unwrap_or(1).max(1),
+                normalize,
+                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+            };
+            (routing, Some(uint("n_shared_experts").unwrap_or(0) * expert_ffn).filter(|v| *v > 0))
+        } else {
+            (Routing::SoftmaxTopK { top_k, normalize }, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn })
     } else {
         None
+    };
+    let mla = match architecture {
+        Architecture::DeepseekV3 => Some(MlaSpec {
+            q_lora_rank: uint("q_lora_rank"),
+            kv_lora_rank: need("kv_lora_rank")?,
+            qk_nope_head_dim: need("qk_nope_head_dim")?,
+            qk_rope_head_dim: need("qk_rope_head_dim")?,
+            v_head_dim: need("v_head_dim")?,
+        }),
+        _ => None,
     };
     let generation = crate::format::read_json_opt(&h.dir().join("generation_config.json"));
     let ids = |v: Option<&Json>| -> Vec<u32> {
@@ -301,17 +386,50 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         context_length: uint("max_position_embeddings").unwrap_or(4096),
         attention: AttentionSpec {
             heads,
-            kv_heads: uint("num_key_value_heads").unwrap_or(heads),
-            head_dim: uint("head_dim").unwrap_or(hidden_size / heads),
+            kv_heads: if mla.is_some() { 1 } else { uint("num_key_value_heads").unwrap_or(heads) },
+            head_dim: match &mla {
+                Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+                None => uint("head_dim").unwrap_or(hidden_size / heads),
+            },
             rope_theta,
-            rope_style: RopeStyle::HalfSplit,
+            // transformers' `rope_interleave` (DeepSeek's own weights rotate adjacent pairs).
+            rope_style: match (&mla, get("rope_interleave").and_then(Json::as_bool)) {
+                (Some(_), None | Some(true)) => RopeStyle::Interleaved,
+                _ => RopeStyle::HalfSplit,
+            },
             rope_scaling,
             sliding_window,
+            mla,
         },
         moe,
         moe_layers: Vec::new(),
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
+    })
+}
+
+/// MLA's widths as llama.cpp's converter writes them: since it stores MLA as MQA over the latent,
+/// `key_length`/`value_length` are the latent's and the per-head widths are the `_mla` keys;
+/// older files have no `_mla` keys and the per-head widths in `key_length`/`value_length`.
+fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let rope = need("rope.dimension_count")?;
+    let (k_len, v_len) = match (g.uint(&key("attention.key_length_mla")), g.uint(&key("attention.value_length_mla"))) {
+        (Some(k), Some(v)) => (k as usize, v as usize),
+        _ => (need("attention.key_length")?, need("attention.value_length")?),
+    };
+    if k_len <= rope {
+        return Err(EngineError::MissingMetadata {
+            key: format!("{} (larger than the rope dimensions)", key("attention.key_length_mla")),
+        });
+    }
+    Ok(MlaSpec {
+        q_lora_rank: g.uint(&key("attention.q_lora_rank")).map(|v| v as usize).filter(|r| *r > 0),
+        kv_lora_rank: need("attention.kv_lora_rank")?,
+        qk_nope_head_dim: k_len - rope,
+        qk_rope_head_dim: rope,
+        v_head_dim: v_len,
     })
 }
 
@@ -400,7 +518,6 @@ fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
         mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
     }))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
