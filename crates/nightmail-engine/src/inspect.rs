@@ -87,7 +87,7 @@ mod tests {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss_mxfp4");
         let info = inspect(&dir).unwrap();
         assert_eq!(info.spec.architecture, Architecture::GptOss);
-        let mxfp4 = &info.dtypes["Mxfp4"];
+        let mxfp4 = &info.dtypes["MXFP4"];
         // Two layers' gate_up [4, 64, 64] and down [4, 64, 32] pairs, 17 bytes per 32 weights.
         assert_eq!(mxfp4.tensors, 4);
         assert_eq!(mxfp4.bytes, 2 * 4 * (64 * 64 + 64 * 32) / 32 * 17);

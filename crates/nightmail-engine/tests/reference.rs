@@ -76,7 +76,7 @@ macro_rules! reference_tests {
     )*};
 }
 
-reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss);
+reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss);
 
 /// gpt_oss with MXFP4 experts (gpt-oss's `_blocks`/`_scales` pairs) and its twin, the same model
 /// with those experts dequantized to F32 by transformers' `convert_moe_packed_tensors`.

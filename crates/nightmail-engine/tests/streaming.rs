@@ -83,7 +83,7 @@ macro_rules! streaming_tests {
     )*};
 }
 
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe);
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.

@@ -106,6 +106,11 @@ impl RmsNorm {
         Ok(RmsNorm { weight: weight.to_f32()?, eps: eps as f32 })
     }
 
+    #[cfg(test)]
+    pub(crate) fn from_tensor(weight: Tensor, eps: f64) -> Self {
+        RmsNorm { weight, eps: eps as f32 }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
     }

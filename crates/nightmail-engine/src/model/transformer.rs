@@ -8,21 +8,64 @@ use candle_core::{Device, Tensor};
 use super::attention::Attention;
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::layers::{Linear, RmsNorm};
+use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, TensorView};
-use crate::spec::ModelSpec;
+use crate::spec::{MlaSpec, ModelSpec};
 
 pub enum FeedForward {
     Dense(Expert),
     Moe(MoeBlock),
 }
 
+/// The attention an architecture picks: grouped-query heads with their own keys and values, or
+/// DeepSeek's latent attention with one compressed latent per token.
+pub enum SelfAttention {
+    Grouped(Attention),
+    Latent(Mla),
+}
+
+impl SelfAttention {
+    /// The per-token projections of `x` (rows `[tokens, _]`) that [`SelfAttention::attend`] takes.
+    fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        Ok(match self {
+            SelfAttention::Grouped(a) => {
+                let (q, k, v) = a.project(x)?;
+                vec![q, k, v]
+            }
+            SelfAttention::Latent(m) => {
+                let (q, kv) = m.project(x)?;
+                vec![q, kv]
+            }
+        })
+    }
+
+    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
+        match (self, rows) {
+            (SelfAttention::Grouped(a), [q, k, v]) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv]) => m.attend(q, kv, start, cache),
+            _ => unreachable!("rows come from the same attention's project"),
+        }
+    }
+
+    fn output(&self, attended: &Tensor) -> Result<Tensor> {
+        match self {
+            SelfAttention::Grouped(a) => a.output(attended),
+            SelfAttention::Latent(m) => m.output(attended),
+        }
+    }
+}
+
+/// Transformers' DeepseekV3RMSNorm default: the latent norms (`q_a_layernorm`,
+/// `kv_a_layernorm`) use 1e-6 whatever `rms_norm_eps` says, as DeepSeek-V3's reference does.
+const LATENT_NORM_EPS: f64 = 1e-6;
+
 pub struct DecoderLayer {
     attn_norm: RmsNorm,
-    attention: Attention,
+    attention: SelfAttention,
     ffn_norm: RmsNorm,
     ffn: FeedForward,
 }
@@ -54,8 +97,9 @@ impl Embedding {
     }
 }
 
-/// The attention keys and values of one sequence so far, and the routes of its last token
-/// (the fallback predictor of the next token's experts).
+/// The attention keys and values of one sequence so far (for latent attention, each layer's
+/// latents and rotary keys), and the routes of its last token (the fallback predictor of the
+/// next token's experts).
 pub struct KvCache {
     layers: Vec<candle_nn::kv_cache::KvCache>,
     position: usize,
@@ -95,6 +139,12 @@ impl KvCache {
         self.position += added.unwrap_or(0);
         Ok(())
     }
+}
+
+/// gpt-oss's attention sinks `[heads]`, as f32.
+fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
+    view.expect_shape(&[heads])?;
+    view.to_f32()
 }
 
 pub struct Transformer {
@@ -161,38 +211,45 @@ impl Transformer {
                 w.expect_shape(&[rows, cols])?;
                 Linear::new(&w, opt(&format!("{name}.bias"))?.as_ref())
             };
-            let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
-            let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                (Some(q), Some(k)) => {
-                    Some((RmsNorm::new(&q, spec.rms_norm_eps)?, RmsNorm::new(&k, spec.rms_norm_eps)?))
+            let attention = match &a.mla {
+                Some(dims) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
+                None => {
+                    let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+                    let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
+                        (Some(q), Some(k)) => {
+                            Some((RmsNorm::new(&q, spec.rms_norm_eps)?, RmsNorm::new(&k, spec.rms_norm_eps)?))
+                        }
+                        _ => None,
+                    };
+                    SelfAttention::Grouped(Attention {
+                        q: linear("attn_q", q_dim, hidden)?,
+                        k: linear("attn_k", kv_dim, hidden)?,
+                        v: linear("attn_v", kv_dim, hidden)?,
+                        o: linear("attn_output", hidden, q_dim)?,
+                        qk_norm,
+                        rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+                        heads: a.heads,
+                        kv_heads: a.kv_heads,
+                        head_dim: a.head_dim,
+                        window: a.sliding_window[l],
+                        sinks: if a.sinks { Some(sinks(&t("attn_sinks.weight")?, a.heads)?) } else { None },
+                    })
                 }
-                _ => None,
-            };
-            let attention = Attention {
-                q: linear("attn_q", q_dim, hidden)?,
-                k: linear("attn_k", kv_dim, hidden)?,
-                v: linear("attn_v", kv_dim, hidden)?,
-                o: linear("attn_output", hidden, q_dim)?,
-                qk_norm,
-                rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style),
-                heads: a.heads,
-                kv_heads: a.kv_heads,
-                head_dim: a.head_dim,
-                window: a.sliding_window[l],
-                sinks: match (a.sinks, opt("attn_sinks.weight")?) {
-                    (true, Some(s)) => {
-                        s.expect_shape(&[a.heads])?;
-                        Some(s.to_f32()?)
-                    }
-                    (true, None) => {
-                        return Err(EngineError::MissingTensor { name: format!("blk.{l}.attn_sinks.weight") });
-                    }
-                    (false, _) => None,
-                },
             };
             let ffn = match (&spec.moe, spec.moe_layers[l]) {
                 (Some(moe), true) => {
-                    let router = Router { gate: linear("ffn_gate_inp", moe.experts, hidden)?, routing: moe.routing };
+                    let choice_bias = match opt("exp_probs_b.bias")? {
+                        Some(b) => {
+                            b.expect_shape(&[moe.experts])?;
+                            Some(b.to_f32()?.to_vec1::<f32>()?)
+                        }
+                        None => None,
+                    };
+                    let router = Router {
+                        gate: linear("ffn_gate_inp", moe.experts, hidden)?,
+                        routing: moe.routing,
+                        choice_bias,
+                    };
                     let shared = match moe.shared_expert_ffn {
                         Some(f) => Some(SharedExpert {
                             expert: Expert::new(
@@ -313,12 +370,12 @@ impl Transformer {
         let prefetching = self.prefetch.depth > 0;
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = layer.attention.project(&xn)?;
+            let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
             for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
-                let rows = |m: &Tensor| m.narrow(0, off, t.len());
+                let rows = projected.iter().map(|m| m.narrow(0, off, t.len())).collect::<Result<Vec<_>, _>>()?;
                 let start = cache.position;
-                outs.push(layer.attention.attend(&rows(&q)?, &rows(&k)?, &rows(&v)?, start, &mut cache.layers[l])?);
+                outs.push(layer.attention.attend(&rows, start, &mut cache.layers[l])?);
             }
             let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
             let h = (x + a)?;
@@ -347,4 +404,57 @@ impl Transformer {
         let last = Tensor::cat(&last, 0)?;
         self.lm_head.forward(&self.norm.forward(&last)?)
     }
+}
+
+/// Layer `l`'s latent attention. The key/value up-projection comes as transformers' one
+/// `kv_b_proj` (`[heads · (nope + v), kv_lora_rank]`, GGUF `attn_kv_b` in older conversions) or
+/// as llama.cpp's split `attn_k_b` (`[heads, kv_lora_rank, nope]`, transposed for the absorbed
+/// query) and `attn_v_b` (`[heads, v, kv_lora_rank]`).
+fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<Mla> {
+    let (a, hidden, heads) = (&spec.attention, spec.hidden_size, spec.attention.heads);
+    let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
+    let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+        let w = t(&format!("{name}.weight"))?;
+        w.expect_shape(&[rows, cols])?;
+        Linear::new(&w, None)
+    };
+    let qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+    let query = match d.q_lora_rank {
+        Some(r) => MlaQuery::LowRank {
+            a: linear("attn_q_a", r, hidden)?,
+            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS)?,
+            b: linear("attn_q_b", heads * qk, r)?,
+        },
+        None => MlaQuery::Full(linear("attn_q", heads * qk, hidden)?),
+    };
+    let (k_up, v_up) = match ck.tensor(&format!("blk.{l}.attn_kv_b.weight"))? {
+        Some(kv_b) => {
+            kv_b.expect_shape(&[heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank])?;
+            let kv_b = kv_b.to_f32()?.reshape((heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank))?;
+            (
+                kv_b.narrow(1, 0, d.qk_nope_head_dim)?.contiguous()?,
+                kv_b.narrow(1, d.qk_nope_head_dim, d.v_head_dim)?.contiguous()?,
+            )
+        }
+        None => {
+            let (k_b, v_b) = (t("attn_k_b.weight")?, t("attn_v_b.weight")?);
+            k_b.expect_shape(&[heads, d.kv_lora_rank, d.qk_nope_head_dim])?;
+            v_b.expect_shape(&[heads, d.v_head_dim, d.kv_lora_rank])?;
+            (k_b.to_f32()?.transpose(1, 2)?.contiguous()?, v_b.to_f32()?)
+        }
+    };
+    let yarn = a.rope_scaling.as_ref();
+    Ok(Mla {
+        query,
+        kv_a: linear("attn_kv_a_mqa", d.kv_lora_rank + d.qk_rope_head_dim, hidden)?,
+        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS)?,
+        k_up,
+        v_up,
+        o: linear("attn_output", hidden, heads * d.v_head_dim)?,
+        rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
+        heads,
+        dims: *d,
+        // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
+        softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
+    })
 }
