@@ -108,17 +108,29 @@ fn latent_attention_sequences_decoded_together_get_exactly_what_they_get_alone()
     // The fixture is F32, whose matmul (candle's gemm) blocks by the number of rows, so a
     // batch's projections round differently from one sequence's (qwen3_moe's F32 fixture does
     // the same): the tokens must match and the logits agree to 1e-5, not to the bit.
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3");
+    same_tokens_together_as_alone("deepseek_v3");
+}
+
+#[test]
+fn sliding_window_and_sink_sequences_decoded_together_get_what_they_get_alone() {
+    // gpt_oss: each sequence's window (5) and sinks apply to its own positions, prompts longer
+    // and shorter than the window side by side. F32, so the same 1e-5 as deepseek_v3.
+    same_tokens_together_as_alone("gpt_oss");
+}
+
+/// A fixture's four sequences decoded together: each gets its tokens alone, logits within 1e-5.
+fn same_tokens_together_as_alone(fixture: &str) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);
     let model = Model::load(&path).unwrap();
     let prompts = vec![(1..20).collect(), vec![7, 8, 9], (100..140).collect(), vec![42]];
     let want: Vec<Steps> = (0..4).map(|i| alone(&model, &prompts, i)).collect();
     assert!(want.iter().all(|w| w.len() == 12));
     for (i, (got, want)) in together(&model, &prompts).iter().zip(&want).enumerate() {
         let ids = |s: &Steps| s.iter().map(|(t, _)| *t).collect::<Vec<_>>();
-        assert_eq!(ids(got), ids(want), "sequence {i}'s tokens");
+        assert_eq!(ids(got), ids(want), "{fixture} sequence {i}'s tokens");
         for ((_, a), (_, b)) in got.iter().zip(want) {
             let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-5, "sequence {i}: logits differ by {worst:e} in a batch");
+            assert!(worst < 1e-5, "{fixture} sequence {i}: logits differ by {worst:e} in a batch");
         }
     }
 }

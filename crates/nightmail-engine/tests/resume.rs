@@ -97,6 +97,14 @@ fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
 }
 
 #[test]
+fn a_sliding_window_model_with_sinks_checkpoints_and_resumes_identically() {
+    // gpt_oss: the 24 positions run past its window of 5 on the sliding layers.
+    for path in ["gpt_oss", "gpt_oss/model.gguf"] {
+        check_resumes_identically(&Model::load(fixture(path)).unwrap(), Sampling::greedy());
+    }
+}
+
+#[test]
 fn a_torn_last_checkpoint_falls_back_to_the_one_before() {
     let model = Model::load(fixture("llama")).unwrap();
     let want = uninterrupted(&model, Sampling::greedy());
