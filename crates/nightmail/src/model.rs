@@ -441,11 +441,12 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     }
     if let Some(y) = &a.rope_scaling {
         println!(
-            "rope scaling   YaRN factor {} over original context {}, beta {}/{}, attention factor {:.4}, softmax factor {:.4}",
+            "rope scaling   YaRN factor {} over original context {}, beta {}/{}{}, attention factor {:.4}, softmax factor {:.4}",
             y.factor,
             y.original_context,
             y.beta_fast,
             y.beta_slow,
+            if y.truncate { "" } else { " (ramp not rounded)" },
             y.attention_factor,
             y.softmax_factor()
         );
