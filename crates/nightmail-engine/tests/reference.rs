@@ -88,19 +88,33 @@ mod gpt_oss_mxfp4 {
         super::check("gpt_oss_mxfp4/f32", fixture("gpt_oss_mxfp4/f32"));
     }
 
-    #[test]
-    fn mxfp4_experts_agree_with_their_dequantized_f32_twin_at_every_step() {
+    /// The MXFP4 model at `path` against the twin: same greedy tokens, logits within 1e-4.
+    fn agrees_with_the_twin(path: &Path) {
         let r = reference("gpt_oss_mxfp4/f32");
         let n = r.greedy_tokens.len();
-        let (tokens, rows) = greedy(&fixture("gpt_oss_mxfp4"), &r.prompt_tokens, n);
+        let (tokens, rows) = greedy(path, &r.prompt_tokens, n);
         let (twin_tokens, twin_rows) = greedy(&fixture("gpt_oss_mxfp4/f32"), &r.prompt_tokens, n);
-        assert_eq!(tokens, twin_tokens, "greedy tokens");
+        assert_eq!(tokens, twin_tokens, "greedy tokens from {}", path.display());
         let mut worst = 0f32;
         for (step, (a, b)) in rows.iter().zip(&twin_rows).enumerate() {
             let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(err < TOLERANCE, "step {step}: max |Δlogit| = {err:e}");
+            assert!(err < TOLERANCE, "step {step} from {}: max |Δlogit| = {err:e}", path.display());
             worst = worst.max(err);
         }
-        eprintln!("gpt_oss MXFP4 vs its F32 twin: max |Δlogit| over {} steps = {worst:.3e}", rows.len());
+        eprintln!(
+            "gpt_oss MXFP4 {} vs its F32 twin: max |Δlogit| over {} steps = {worst:.3e}",
+            path.display(),
+            rows.len()
+        );
+    }
+
+    #[test]
+    fn mxfp4_safetensors_experts_agree_with_their_dequantized_f32_twin_at_every_step() {
+        agrees_with_the_twin(&fixture("gpt_oss_mxfp4"));
+    }
+
+    #[test]
+    fn mxfp4_gguf_experts_agree_with_their_dequantized_f32_twin_at_every_step() {
+        agrees_with_the_twin(&fixture("gpt_oss_mxfp4").join("model.gguf"));
     }
 }

@@ -104,6 +104,13 @@ mod gpt_oss {
     }
 
     #[test]
+    fn streamed_mxfp4_gguf_logits_are_bit_identical_to_resident() {
+        // The reference prompt is the twin's (gpt_oss_mxfp4/f32).
+        let path = super::fixture("gpt_oss_mxfp4").join("model.gguf");
+        super::assert_bit_identical("gpt_oss_mxfp4/f32", &path, 8);
+    }
+
+    #[test]
     fn fused_safetensors_experts_are_refused_for_streaming_saying_what_to_do() {
         for dir in ["gpt_oss", "gpt_oss_mxfp4"] {
             let err = match nightmail_engine::Model::load_with(super::fixture(dir), &super::tiny_cache(0)) {
