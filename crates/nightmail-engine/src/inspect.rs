@@ -88,10 +88,10 @@ mod tests {
         let info = inspect(&dir).unwrap();
         assert_eq!(info.spec.architecture, Architecture::GptOss);
         let mxfp4 = &info.dtypes["MXFP4"];
-        // Two layers' gate_up [4, 64, 64] and down [4, 64, 32] pairs, 17 bytes per 32 weights.
+        // Two layers' gate_up [4, 128, 64] and down [4, 64, 64] pairs, 17 bytes per 32 weights.
         assert_eq!(mxfp4.tensors, 4);
-        assert_eq!(mxfp4.bytes, 2 * 4 * (64 * 64 + 64 * 32) / 32 * 17);
+        assert_eq!(mxfp4.bytes, 2 * 4 * (128 * 64 + 64 * 64) / 32 * 17);
         // The experts' F32 biases are expert weights too.
-        assert_eq!(info.expert_bytes, mxfp4.bytes + 2 * 4 * (64 + 64) * 4);
+        assert_eq!(info.expert_bytes, mxfp4.bytes + 2 * 4 * (128 + 64) * 4);
     }
 }

@@ -67,10 +67,12 @@ impl Routing {
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
     /// `silu(gate) ⊙ up` (Shazeer, arXiv 2002.05202).
+    #[serde(rename = "swiglu")]
     SwiGlu,
     /// gpt-oss's: the gate clamped from above at `limit`, the up projection to ±`limit`, then
     /// `gate · σ(alpha · gate) · (up + 1)` (transformers `GptOssExperts`, openai/gpt-oss
     /// `swiglu`).
+    #[serde(rename = "clamped_swiglu")]
     ClampedSwiGlu { alpha: f32, limit: f32 },
 }
 

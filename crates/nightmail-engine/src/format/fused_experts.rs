@@ -41,11 +41,19 @@ pub(crate) struct FusedExpert {
 
 impl FusedExpert {
     pub fn matrix(&self, which: ExpertMatrix) -> &OwnedTensor {
-        &self.matrices[which as usize]
+        &self.matrices[slot(which)]
     }
 
     pub fn bias(&self, which: ExpertMatrix) -> Option<&OwnedTensor> {
-        self.biases[which as usize].as_ref()
+        self.biases[slot(which)].as_ref()
+    }
+}
+
+fn slot(which: ExpertMatrix) -> usize {
+    match which {
+        ExpertMatrix::Gate => 0,
+        ExpertMatrix::Up => 1,
+        ExpertMatrix::Down => 2,
     }
 }
 
