@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 
-use super::attention::Attention;
+use super::attention::{Attention, F16Cache, LayerCache};
 use super::expert::{Expert, ExpertId, ExpertStore};
+use super::ggml::Numerics;
 use super::layers::{Linear, RmsNorm};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
@@ -57,7 +58,7 @@ impl Embedding {
 /// The attention keys and values of one sequence so far, and the routes of its last token
 /// (the fallback predictor of the next token's experts).
 pub struct KvCache {
-    layers: Vec<candle_nn::kv_cache::KvCache>,
+    layers: Vec<LayerCache>,
     position: usize,
     last_routes: Vec<Vec<usize>>,
     /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
@@ -76,11 +77,7 @@ impl KvCache {
 
     /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
     pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
-        let cache = &self.layers[l];
-        match (cache.k()?, cache.v()?) {
-            (Some(k), Some(v)) => Ok((k.narrow(2, from, to - from)?, v.narrow(2, from, to - from)?)),
-            _ => Err(EngineError::Compute(candle_core::Error::Msg(format!("layer {l} has no cached keys")))),
-        }
+        self.layers[l].rows(from, to)
     }
 
     /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
@@ -98,6 +95,7 @@ impl KvCache {
 }
 
 pub struct Transformer {
+    numerics: Numerics,
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -145,6 +143,8 @@ impl Transformer {
         prefetch_depth: usize,
     ) -> Result<Self> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
+        let numerics =
+            ck.tensor("blk.0.attn_q.weight")?.map_or(Numerics::Reference, |q| Numerics::for_weights(q.dtype));
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
         let embedding =
@@ -163,9 +163,10 @@ impl Transformer {
             };
             let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
             let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                (Some(q), Some(k)) => {
-                    Some((RmsNorm::new(&q, spec.rms_norm_eps)?, RmsNorm::new(&k, spec.rms_norm_eps)?))
-                }
+                (Some(q), Some(k)) => Some((
+                    RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
+                    RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
+                )),
                 _ => None,
             };
             let attention = Attention {
@@ -194,7 +195,7 @@ impl Transformer {
                         }),
                         None => None,
                     };
-                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared })
+                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
                 }
                 _ => FeedForward::Dense(Expert::new(
                     linear("ffn_gate", spec.ffn, hidden)?,
@@ -203,18 +204,19 @@ impl Transformer {
                 )),
             };
             layers.push(DecoderLayer {
-                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps)?,
+                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 attention,
-                ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps)?,
+                ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 ffn,
             });
             // Each layer's weights were copied out of the map: drop its pages as we go.
             ck.release_pages();
         }
         let t = Transformer {
+            numerics,
             embedding,
             layers,
-            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps)?,
+            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
@@ -266,8 +268,12 @@ impl Transformer {
 
     pub fn new_cache(&self) -> KvCache {
         let n = self.layers.len();
+        let layer = |a: &Attention| match self.numerics {
+            Numerics::Reference => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
+            Numerics::Ggml => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
+        };
         KvCache {
-            layers: (0..n).map(|_| candle_nn::kv_cache::KvCache::new(2, 256)).collect(),
+            layers: self.layers.iter().map(|l| layer(&l.attention)).collect(),
             position: 0,
             last_routes: vec![Vec::new(); n],
             guesses: vec![None; n],
@@ -310,7 +316,7 @@ impl Transformer {
             let h = (x + a)?;
             let n = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
-                FeedForward::Dense(mlp) => mlp.forward(&n)?,
+                FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
                     let routes = moe.router.route(&n)?;
                     // Decoding sequences guess their next layer's experts (prefills do not).
