@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
+use super::ggml::Numerics;
 use super::layers::Linear;
 use crate::error::Result;
 use crate::format::Checkpoint;
@@ -32,10 +33,16 @@ impl Expert {
         Expert { gate, up, down }
     }
 
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.silu()?;
-        let u = self.up.forward(x)?;
-        self.down.forward(&(g * u)?)
+    pub fn forward(&self, x: &Tensor, numerics: Numerics) -> Result<Tensor> {
+        let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
+        let h = match numerics {
+            Numerics::Reference => (g.silu()? * u)?,
+            Numerics::Ggml => {
+                let y = super::ggml::swiglu(&g.flatten_all()?.to_vec1()?, &u.flatten_all()?.to_vec1()?);
+                Tensor::from_vec(y, g.shape(), g.device())?
+            }
+        };
+        self.down.forward(&h)
     }
 }
 

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 
-use super::attention::Attention;
+use super::attention::{Attention, F16Cache, LayerCache};
 use super::expert::{Expert, ExpertId, ExpertStore};
+use super::ggml::Numerics;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
@@ -43,10 +44,14 @@ impl SelfAttention {
         })
     }
 
-    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
-        match (self, rows) {
-            (SelfAttention::Grouped(a), [q, k, v]) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv]) => m.attend(q, kv, start, cache),
+    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        match (self, rows, cache) {
+            (SelfAttention::Grouped(a), [q, k, v], cache) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv], LayerCache::F32(cache)) => m.attend(q, kv, start, cache),
+            // The transformer gives latent attention an f32 cache (it never takes ggml numerics).
+            (SelfAttention::Latent(_), _, LayerCache::F16(_)) => {
+                Err(EngineError::Compute(candle_core::Error::Msg("latent attention over an f16 cache".into())))
+            }
             _ => unreachable!("rows come from the same attention's project"),
         }
     }
@@ -101,7 +106,7 @@ impl Embedding {
 /// latents and rotary keys), and the routes of its last token (the fallback predictor of the
 /// next token's experts).
 pub struct KvCache {
-    layers: Vec<candle_nn::kv_cache::KvCache>,
+    layers: Vec<LayerCache>,
     position: usize,
     last_routes: Vec<Vec<usize>>,
     /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
@@ -120,11 +125,7 @@ impl KvCache {
 
     /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
     pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
-        let cache = &self.layers[l];
-        match (cache.k()?, cache.v()?) {
-            (Some(k), Some(v)) => Ok((k.narrow(2, from, to - from)?, v.narrow(2, from, to - from)?)),
-            _ => Err(EngineError::Compute(candle_core::Error::Msg(format!("layer {l} has no cached keys")))),
-        }
+        self.layers[l].rows(from, to)
     }
 
     /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
@@ -142,6 +143,7 @@ impl KvCache {
 }
 
 pub struct Transformer {
+    numerics: Numerics,
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -189,6 +191,12 @@ impl Transformer {
         prefetch_depth: usize,
     ) -> Result<Self> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
+        // ggml's numerics cover grouped attention with plain RoPE (its f16 cache and rope
+        // angles); latent attention and YaRN compute the reference way.
+        let numerics = match ck.tensor("blk.0.attn_q.weight")? {
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() => Numerics::for_weights(q.dtype),
+            _ => Numerics::Reference,
+        };
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
         let embedding =
@@ -210,9 +218,10 @@ impl Transformer {
                 None => {
                     let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
                     let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                        (Some(q), Some(k)) => {
-                            Some((RmsNorm::new(&q, spec.rms_norm_eps)?, RmsNorm::new(&k, spec.rms_norm_eps)?))
-                        }
+                        (Some(q), Some(k)) => Some((
+                            RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
+                            RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
+                        )),
                         _ => None,
                     };
                     SelfAttention::Grouped(Attention {
@@ -254,7 +263,7 @@ impl Transformer {
                         }),
                         None => None,
                     };
-                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared })
+                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
                 }
                 _ => FeedForward::Dense(Expert::new(
                     linear("ffn_gate", spec.ffn, hidden)?,
@@ -263,18 +272,19 @@ impl Transformer {
                 )),
             };
             layers.push(DecoderLayer {
-                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps)?,
+                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 attention,
-                ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps)?,
+                ffn_norm: RmsNorm::new(&t("ffn_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 ffn,
             });
             // Each layer's weights were copied out of the map: drop its pages as we go.
             ck.release_pages();
         }
         let t = Transformer {
+            numerics,
             embedding,
             layers,
-            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps)?,
+            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
@@ -326,8 +336,12 @@ impl Transformer {
 
     pub fn new_cache(&self) -> KvCache {
         let n = self.layers.len();
+        let layer = |a: &SelfAttention| match (a, self.numerics) {
+            (SelfAttention::Grouped(a), Numerics::Ggml) => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
+            _ => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
+        };
         KvCache {
-            layers: (0..n).map(|_| candle_nn::kv_cache::KvCache::new(2, 256)).collect(),
+            layers: self.layers.iter().map(|l| layer(&l.attention)).collect(),
             position: 0,
             last_routes: vec![Vec::new(); n],
             guesses: vec![None; n],
@@ -370,7 +384,7 @@ impl Transformer {
             let h = (x + a)?;
             let n = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
-                FeedForward::Dense(mlp) => mlp.forward(&n)?,
+                FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
                     let routes = moe.router.route(&n)?;
                     // Decoding sequences guess their next layer's experts (prefills do not).
@@ -411,7 +425,7 @@ fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<
     let query = match d.q_lora_rank {
         Some(r) => MlaQuery::LowRank {
             a: linear("attn_q_a", r, hidden)?,
-            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS)?,
+            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
             b: linear("attn_q_b", heads * qk, r)?,
         },
         None => MlaQuery::Full(linear("attn_q", heads * qk, hidden)?),
@@ -436,7 +450,7 @@ fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<
     Ok(Mla {
         query,
         kv_a: linear("attn_kv_a_mqa", d.kv_lora_rank + d.qk_rope_head_dim, hidden)?,
-        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS)?,
+        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
         k_up,
         v_up,
         o: linear("attn_output", hidden, heads * d.v_head_dim)?,
