@@ -348,8 +348,15 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "qwen2_moe" => Architecture::Qwen2Moe,
         "qwen3_moe" => Architecture::Qwen3Moe,
         "gpt_oss" => Architecture::GptOss,
-        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout.
+        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout; any
+        // other name that declares DeepSeek-V3's class is taken as it.
         "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
+        _ if get("architectures")
+            .and_then(Json::as_array)
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
+        {
+            Architecture::DeepseekV3
+        }
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("hidden_size")?;

@@ -4,10 +4,13 @@
 //! transformers' `LlamaAttention` / `Qwen3MoeAttention` / `GptOssAttention`.
 
 use candle_core::{Device, Tensor};
+use half::f16;
+use rayon::prelude::*;
 
+use super::ggml::{DotOrder, dot_f16, soft_max};
 use super::layers::{Linear, RmsNorm};
 use super::rope::Rope;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 pub struct Attention {
     pub(crate) q: Linear,
@@ -40,6 +43,21 @@ impl Attention {
     /// Attention of projected rows at positions `start..` over `cache` (to which their keys and
     /// values are appended): `[tokens, heads · head_dim]`, before the output projection.
     pub(crate) fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        start: usize,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        match cache {
+            LayerCache::F32(cache) => self.attend_f32(q, k, v, start, cache),
+            LayerCache::F16(cache) => self.attend_ggml(q, k, v, start, cache),
+        }
+    }
+
+    /// transformers' eager attention in f32.
+    fn attend_f32(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -88,6 +106,58 @@ impl Attention {
         Ok(p.matmul(&v.contiguous()?)?.reshape((self.heads, t, d))?.transpose(0, 1)?.reshape((t, self.heads * d))?)
     }
 
+    /// llama.cpp's attention without flash attention (llama-cpp-python's default), as
+    /// `llm_graph_context::build_attn_mha` builds it: rotated keys and values stored in f16, KQ =
+    /// mul_mat(k, q) with q converted to f16, `soft_max_ext` with the 1/√d scale and the causal
+    /// mask, probabilities converted to f16 for KQV = mul_mat(vᵀ, kq). A batch of tokens takes
+    /// tinyBLAS's dot order, a single token `ggml_vec_dot_f16`'s (see [`DotOrder`]).
+    fn attend_ggml(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize, cache: &mut F16Cache) -> Result<Tensor> {
+        let (t, d, heads, kv_heads) = (q.dim(0)?, self.head_dim, self.heads, self.kv_heads);
+        let (mut q, mut k) = (q.clone(), k.clone());
+        if let Some((qn, kn)) = &self.qk_norm {
+            q = qn.forward(&q.reshape((t, heads, d))?)?.reshape((t, heads * d))?;
+            k = kn.forward(&k.reshape((t, kv_heads, d))?)?.reshape((t, kv_heads * d))?;
+        }
+        let mut q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let mut k = k.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let v = v.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        for i in 0..t {
+            let angles = self.rope.ggml_angles(start + i);
+            for row in q[i * heads * d..(i + 1) * heads * d].chunks_exact_mut(d) {
+                self.rope.ggml_rotate(row, &angles);
+            }
+            for row in k[i * kv_heads * d..(i + 1) * kv_heads * d].chunks_exact_mut(d) {
+                self.rope.ggml_rotate(row, &angles);
+            }
+            cache.push(&k[i * kv_heads * d..(i + 1) * kv_heads * d], &v[i * kv_heads * d..(i + 1) * kv_heads * d]);
+        }
+        let q: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+        // tinyBLAS takes a product when its inner size is a multiple of 8 and its rows of 4.
+        let batch = t > 1;
+        let kq_order = if batch && d % 8 == 0 { DotOrder::Gemm } else { DotOrder::VecDot };
+        let kqv_order = if batch && d % 4 == 0 { DotOrder::Gemm } else { DotOrder::VecDot };
+        // llama.cpp pads the cache's key count to a multiple of 256 (`llama_kv_cache::get_n_kv`).
+        let padded = cache.len().div_ceil(256) * 256;
+        let scale = 1.0 / (d as f32).sqrt();
+        let rep = heads / kv_heads;
+        let mut out = vec![0f32; t * heads * d];
+        out.par_chunks_mut(d).enumerate().for_each(|(row, out)| {
+            let (i, h) = (row / heads, row % heads);
+            let pos = start + i;
+            let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let qh = &q[row * d..(row + 1) * d];
+            let mut p: Vec<f32> = (0..=pos)
+                .map(|j| if j < first { 0.0 } else { dot_f16(kq_order, qh, cache.key(j, h / rep), d) })
+                .collect();
+            soft_max(&mut p, first..pos + 1, scale);
+            let p: Vec<f16> = p.iter().map(|&x| f16::from_f32(x)).collect();
+            for (e, y) in out.iter_mut().enumerate() {
+                *y = dot_f16(kqv_order, &cache.values(h / rep, e)[..=pos], &p, padded);
+            }
+        });
+        Ok(Tensor::from_vec(out, (t, heads * d), &Device::Cpu)?)
+    }
+
     /// Additive mask `[tokens, keys]`: query i (at position start+i) sees key j when j ≤ start+i
     /// and, with a window w, start+i − j < w. None when every key is visible.
     fn mask(&self, start: usize, t: usize, s: usize) -> Result<Option<Tensor>> {
@@ -104,5 +174,97 @@ impl Attention {
             }
         }
         Ok(Some(Tensor::from_vec(m, (t, s), &Device::Cpu)?))
+    }
+}
+
+/// One layer's cached keys and values, in the form its attention computes with.
+pub(crate) enum LayerCache {
+    /// f32 rows (the reference path).
+    F32(candle_nn::kv_cache::KvCache),
+    /// f16 rows laid out as llama.cpp's cache ([`F16Cache`]).
+    F16(F16Cache),
+}
+
+impl LayerCache {
+    /// Keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]` in f32.
+    pub(crate) fn rows(&self, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
+        match self {
+            LayerCache::F32(cache) => match (cache.k()?, cache.v()?) {
+                (Some(k), Some(v)) => Ok((k.narrow(2, from, to - from)?, v.narrow(2, from, to - from)?)),
+                _ => Err(EngineError::Compute(candle_core::Error::Msg("the layer has no cached keys".into()))),
+            },
+            LayerCache::F16(cache) => cache.rows(from, to),
+        }
+    }
+
+    /// Appends rows as [`LayerCache::rows`] gives them.
+    pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        match self {
+            LayerCache::F32(cache) => {
+                cache.append(k, v)?;
+            }
+            LayerCache::F16(cache) => {
+                let (kv_heads, n, d) = (k.dim(1)?, k.dim(2)?, k.dim(3)?);
+                let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                let v = v.squeeze(0)?.transpose(0, 1)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                let row = kv_heads * d;
+                for p in 0..n {
+                    cache.push(&k[p * row..(p + 1) * row], &v[p * row..(p + 1) * row]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keys by position (`[position][kv_head][head_dim]`) and values transposed (one row of
+/// positions per kv head and dimension), both f16, as llama.cpp stores them without flash
+/// attention: each KQ and KQV dot product reads one contiguous row.
+pub(crate) struct F16Cache {
+    kv_heads: usize,
+    head_dim: usize,
+    len: usize,
+    k: Vec<f16>,
+    v: Vec<Vec<f16>>,
+}
+
+impl F16Cache {
+    pub(crate) fn new(kv_heads: usize, head_dim: usize) -> Self {
+        F16Cache { kv_heads, head_dim, len: 0, k: Vec::new(), v: vec![Vec::new(); kv_heads * head_dim] }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// One position's keys and values, `[kv_heads · head_dim]` each, rounded to f16 (`ggml_set_rows`).
+    fn push(&mut self, k: &[f32], v: &[f32]) {
+        self.k.extend(k.iter().map(|&x| f16::from_f32(x)));
+        for (row, &x) in self.v.iter_mut().zip(v) {
+            row.push(f16::from_f32(x));
+        }
+        self.len += 1;
+    }
+
+    fn key(&self, position: usize, head: usize) -> &[f16] {
+        let at = (position * self.kv_heads + head) * self.head_dim;
+        &self.k[at..at + self.head_dim]
+    }
+
+    fn values(&self, head: usize, dim: usize) -> &[f16] {
+        &self.v[head * self.head_dim + dim]
+    }
+
+    fn rows(&self, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
+        let (h, d, n) = (self.kv_heads, self.head_dim, to - from);
+        let mut k = Vec::with_capacity(h * n * d);
+        let mut v = Vec::with_capacity(h * n * d);
+        for head in 0..h {
+            for p in from..to {
+                k.extend(self.key(p, head).iter().map(|x| x.to_f32()));
+                v.extend((0..d).map(|e| self.values(head, e)[p].to_f32()));
+            }
+        }
+        Ok((Tensor::from_vec(k, (1, h, n, d), &Device::Cpu)?, Tensor::from_vec(v, (1, h, n, d), &Device::Cpu)?))
     }
 }

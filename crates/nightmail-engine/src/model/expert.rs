@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
+use super::ggml::Numerics;
 use super::layers::Linear;
 use crate::error::Result;
 use crate::format::Checkpoint;
@@ -39,12 +40,17 @@ impl Expert {
         Expert { activation, ..self }
     }
 
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, numerics: Numerics) -> Result<Tensor> {
         let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
-        let h = match self.activation {
-            Activation::SwiGlu => (g.silu()? * u)?,
-            // transformers `GptOssExperts._apply_gate`, step for step in f32.
-            Activation::ClampedSwiGlu { alpha, limit } => {
+        let h = match (self.activation, numerics) {
+            (Activation::SwiGlu, Numerics::Reference) => (g.silu()? * u)?,
+            (Activation::SwiGlu, Numerics::Ggml) => {
+                let y = super::ggml::swiglu(&g.flatten_all()?.to_vec1()?, &u.flatten_all()?.to_vec1()?);
+                Tensor::from_vec(y, g.shape(), g.device())?
+            }
+            // transformers `GptOssExperts._apply_gate`, step for step in f32 (gpt-oss always
+            // takes the reference numerics: see `Transformer::load`).
+            (Activation::ClampedSwiGlu { alpha, limit }, _) => {
                 let (alpha, limit) = (f64::from(alpha), f64::from(limit));
                 let g = g.minimum(limit)?;
                 let u = u.clamp(-limit, limit)?;

@@ -5,6 +5,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use crate::format::WeightDType;
 use candle_core::{Module, Tensor};
 
+use super::ggml::Numerics;
 use crate::error::Result;
 use crate::format::TensorView;
 use crate::stream::WeightBytes;
@@ -98,20 +99,37 @@ impl Linear {
 /// Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467), over the last axis.
 pub struct RmsNorm {
     weight: Tensor,
+    /// The weight as a vector, for ggml's row loop.
+    row_weight: Vec<f32>,
     eps: f32,
+    numerics: Numerics,
 }
 
 impl RmsNorm {
-    pub(crate) fn new(weight: &TensorView<'_>, eps: f64) -> Result<Self> {
-        Ok(RmsNorm { weight: weight.to_f32()?, eps: eps as f32 })
+    pub(crate) fn new(weight: &TensorView<'_>, eps: f64, numerics: Numerics) -> Result<Self> {
+        let weight = weight.to_f32()?;
+        Ok(RmsNorm { row_weight: weight.to_vec1()?, weight, eps: eps as f32, numerics })
     }
 
     #[cfg(test)]
     pub(crate) fn from_tensor(weight: Tensor, eps: f64) -> Self {
-        RmsNorm { weight, eps: eps as f32 }
+        let row_weight = weight.to_vec1().expect("a norm weight is a vector");
+        RmsNorm { weight, row_weight, eps: eps as f32, numerics: Numerics::Reference }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
+        let x = x.contiguous()?;
+        match self.numerics {
+            Numerics::Reference => Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps)?),
+            Numerics::Ggml => {
+                let w = &self.row_weight;
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let mut y = vec![0f32; xs.len()];
+                for (x, y) in xs.chunks_exact(w.len()).zip(y.chunks_exact_mut(w.len())) {
+                    super::ggml::rms_norm(x, w, self.eps, y);
+                }
+                Ok(Tensor::from_vec(y, x.shape(), x.device())?)
+            }
+        }
     }
 }

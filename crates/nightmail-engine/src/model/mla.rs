@@ -134,7 +134,7 @@ impl Mla {
         let probs = self.softmax(scores, start)?;
         // [h·t, s] · [s, kv] → [h, t, kv] · [h, kv, v] → [h, t, v]
         let latent = probs.reshape((h * t, s))?.matmul(c)?.reshape((h, t, kv))?;
-        Ok(latent.matmul(&self.v_up.transpose(1, 2)?.contiguous()?)?)
+        Ok(latent.matmul(&self.v_up.transpose(1, 2)?)?)
     }
 
     /// Causal softmax of `[heads, tokens, keys]` for queries at positions `start..`.

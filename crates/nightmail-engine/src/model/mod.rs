@@ -5,6 +5,7 @@
 mod attention;
 mod expert;
 mod f16;
+mod ggml;
 mod layers;
 mod matvec;
 mod mla;
@@ -20,6 +21,7 @@ mod transformer;
 pub use attention::Attention;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
 pub use f16::F16Matrix;
+pub use ggml::Numerics;
 pub use layers::{Linear, RmsNorm};
 pub use mla::{Mla, MlaQuery};
 pub use moe::{MoeBlock, SharedExpert};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::expert::{Expert, ExpertId, ExpertStore};
+use super::ggml::Numerics;
 use super::layers::Linear;
 use super::router::{Route, Router};
 use crate::error::Result;
@@ -21,8 +22,8 @@ pub struct SharedExpert {
 }
 
 impl SharedExpert {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.expert.forward(x)?;
+    pub fn forward(&self, x: &Tensor, numerics: Numerics) -> Result<Tensor> {
+        let y = self.expert.forward(x, numerics)?;
         Ok(match &self.gate {
             Some(g) => y.broadcast_mul(&candle_nn::ops::sigmoid(&g.forward(x)?)?)?,
             None => y,
@@ -35,6 +36,7 @@ pub struct MoeBlock {
     pub(crate) router: Router,
     pub(crate) experts: Arc<dyn ExpertStore>,
     pub(crate) shared: Option<SharedExpert>,
+    pub(crate) numerics: Numerics,
 }
 
 impl MoeBlock {
@@ -70,9 +72,12 @@ impl MoeBlock {
         self.experts.with_experts(&ids, &mut |i, expert| {
             let rows: Vec<u32> = users[i].iter().map(|&(t, _)| t as u32).collect();
             let y = if rows.len() == tokens && rows.iter().enumerate().all(|(j, &t)| j == t as usize) {
-                expert.forward(x)?
+                expert.forward(x, self.numerics)?
             } else {
-                expert.forward(&x.index_select(&Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?, 0)?)?
+                expert.forward(
+                    &x.index_select(&Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?, 0)?,
+                    self.numerics,
+                )?
             };
             for (&(t, k), row) in users[i].iter().zip(y.to_vec2::<f32>()?) {
                 let w = routes[t].experts[k].1;
@@ -96,7 +101,7 @@ impl MoeBlock {
         }
         let mut out = Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?;
         if let Some(shared) = &self.shared {
-            out = (out + shared.forward(x)?)?;
+            out = (out + shared.forward(x, self.numerics)?)?;
         }
         Ok(out)
     }

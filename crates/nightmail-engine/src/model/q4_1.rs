@@ -124,7 +124,8 @@ unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 
         // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
         let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
-        offsets += m[b] * x[b].s;
+        // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
+        offsets = m[b].mul_add(x[b].s, offsets);
     }
     super::matvec::hsum_avx2(acc) + offsets
 }

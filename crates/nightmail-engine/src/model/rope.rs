@@ -11,6 +11,7 @@ pub struct Rope {
     style: RopeStyle,
     /// YaRN's attention factor, multiplying cos and sin (1 without scaling).
     attention_factor: f32,
+    theta: f32,
 }
 
 impl Rope {
@@ -19,7 +20,12 @@ impl Rope {
         // transformers' `_compute_default_rope_parameters`: 1 / theta^(2i/d), computed in f32.
         let pos_freqs: Vec<f32> = (0..dim / 2).map(|i| (theta as f32).powf((2 * i) as f32 / dim as f32)).collect();
         let Some(yarn) = scaling else {
-            return Rope { inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(), style, attention_factor: 1.0 };
+            return Rope {
+                inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
+                style,
+                attention_factor: 1.0,
+                theta: theta as f32,
+            };
         };
         let ramp = yarn.ramp(dim, theta);
         let inv_freq = pos_freqs
@@ -33,7 +39,18 @@ impl Rope {
                 interpolation * (1.0 - keep) + extrapolation * keep
             })
             .collect();
-        Rope { inv_freq, style, attention_factor: yarn.attention_factor as f32 }
+        Rope { inv_freq, style, attention_factor: yarn.attention_factor as f32, theta: theta as f32 }
+    }
+
+    /// ggml's (cos, sin) per pair at `position` (see [`super::ggml::rope_angles`]).
+    pub(super) fn ggml_angles(&self, position: usize) -> Vec<(f32, f32)> {
+        super::ggml::rope_angles(position, self.inv_freq.len(), self.theta)
+    }
+
+    /// Rotate one head's row as `ggml_rope` does: GGUF llama files use NORMAL mode (adjacent
+    /// pairs), the others NEOX (halves).
+    pub(super) fn ggml_rotate(&self, row: &mut [f32], angles: &[(f32, f32)]) {
+        super::ggml::rotate(row, angles, self.style == RopeStyle::Interleaved)
     }
 
     /// Rotate `x`: `[1, heads, tokens, dim]` for positions `start..start + tokens`.

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 
-use super::attention::Attention;
+use super::attention::{Attention, F16Cache, LayerCache};
 use super::expert::{Expert, ExpertId, ExpertStore};
+use super::ggml::Numerics;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
@@ -43,10 +44,14 @@ impl SelfAttention {
         })
     }
 
-    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut candle_nn::kv_cache::KvCache) -> Result<Tensor> {
-        match (self, rows) {
-            (SelfAttention::Grouped(a), [q, k, v]) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv]) => m.attend(q, kv, start, cache),
+    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        match (self, rows, cache) {
+            (SelfAttention::Grouped(a), [q, k, v], cache) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv], LayerCache::F32(cache)) => m.attend(q, kv, start, cache),
+            // The transformer gives latent attention an f32 cache (it never takes ggml numerics).
+            (SelfAttention::Latent(_), _, LayerCache::F16(_)) => {
+                Err(EngineError::Compute(candle_core::Error::Msg("latent attention over an f16 cache".into())))
+            }
             _ => unreachable!("rows come from the same attention's project"),
         }
     }
@@ -101,7 +106,7 @@ impl Embedding {
 /// latents and rotary keys), and the routes of its last token (the fallback predictor of the
 /// next token's experts).
 pub struct KvCache {
-    layers: Vec<candle_nn::kv_cache::KvCache>,
+    layers: Vec<LayerCache>,
     position: usize,
     last_routes: Vec<Vec<usize>>,
     /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
@@ -120,11 +125,7 @@ impl KvCache {
 
     /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
     pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
-        let cache = &self.layers[l];
-        match (cache.k()?, cache.v()?) {
-            (Some(k), Some(v)) => Ok((k.narrow(2, from, to - from)?, v.narrow(2, from, to - from)?)),
-            _ => Err(EngineError::Compute(candle_core::Error::Msg(format!("layer {l} has no cached keys")))),
-        }
+        self.layers[l].rows(from, to)
     }
 
     /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
@@ -148,6 +149,7 @@ fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
 }
 
 pub struct Transformer {
+    numerics: Numerics,
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -195,6 +197,12 @@ impl Transformer {
         prefetch_depth: usize,
     ) -> Result<Self> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
+        // ggml's numerics cover grouped attention with plain RoPE (its f16 cache and rope
+        // angles); latent attention, YaRN and attention sinks compute the reference way.
+        let numerics = match ck.tensor("blk.0.attn_q.weight")? {
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks => Numerics::for_weights(q.dtype),
+            _ => Numerics::Reference,
+        };
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
         let embedding =
@@ -216,9 +224,10 @@ impl Transformer {
                 None => {
                     let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
                     let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                        (Some(q), Some(k)) => {
-                            Some((RmsNorm::new(&q, spec.rms_norm_eps)?, RmsNorm::new(&k, spec.rms_norm_eps)?))
-                        }
+                        (Some(q), Some(k)) => Some((
+                            RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
+                            RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
+                        )),
                         _ => None,
                     };
                     SelfAttention::Grouped(Attention {
@@ -261,7 +270,7 @@ impl Transformer {
                         }),
                         None => None,
                     };
-                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared })
+                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
                 }
                 _ => FeedForward::Dense(Expert::new(
                     linear("ffn_gate", spec.ffn, hidden)?,
@@ -270,12 +279,12 @@ impl Transformer {
                 )),
             };
             layers.push(DecoderLayer {
-                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps)?,
+                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 attention,
                 // llama.cpp names gpt-oss's norm before the feed-forward `post_attention_norm`.
                 ffn_norm: match opt("ffn_norm.weight")? {
-                    Some(w) => RmsNorm::new(&w, spec.rms_norm_eps)?,
-                    None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps)?,
+                    Some(w) => RmsNorm::new(&w, spec.rms_norm_eps, numerics)?,
+                    None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
                 },
                 ffn,
             });
@@ -283,9 +292,10 @@ impl Transformer {
             ck.release_pages();
         }
         let t = Transformer {
+            numerics,
             embedding,
             layers,
-            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps)?,
+            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
@@ -337,8 +347,12 @@ impl Transformer {
 
     pub fn new_cache(&self) -> KvCache {
         let n = self.layers.len();
+        let layer = |a: &SelfAttention| match (a, self.numerics) {
+            (SelfAttention::Grouped(a), Numerics::Ggml) => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
+            _ => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
+        };
         KvCache {
-            layers: (0..n).map(|_| candle_nn::kv_cache::KvCache::new(2, 256)).collect(),
+            layers: self.layers.iter().map(|l| layer(&l.attention)).collect(),
             position: 0,
             last_routes: vec![Vec::new(); n],
             guesses: vec![None; n],
@@ -381,7 +395,7 @@ impl Transformer {
             let h = (x + a)?;
             let n = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
-                FeedForward::Dense(mlp) => mlp.forward(&n)?,
+                FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
                     let routes = moe.router.route(&n)?;
                     // Decoding sequences guess their next layer's experts (prefills do not).
@@ -422,7 +436,7 @@ fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<
     let query = match d.q_lora_rank {
         Some(r) => MlaQuery::LowRank {
             a: linear("attn_q_a", r, hidden)?,
-            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS)?,
+            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
             b: linear("attn_q_b", heads * qk, r)?,
         },
         None => MlaQuery::Full(linear("attn_q", heads * qk, hidden)?),
@@ -447,7 +461,7 @@ fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<
     Ok(Mla {
         query,
         kv_a: linear("attn_kv_a_mqa", d.kv_lora_rank + d.qk_rope_head_dim, hidden)?,
-        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS)?,
+        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
         k_up,
         v_up,
         o: linear("attn_output", hidden, heads * d.v_head_dim)?,
@@ -457,4 +471,71 @@ fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<
         // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
         softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::gguf_file::Value;
+
+    use crate::format::gguf_write::{TensorHeader, write_gguf};
+    use crate::format::{GgufFile, WeightDType};
+
+    /// The deepseek_v3 fixture's GGUF rewritten as converters before the MLA-as-MQA change wrote
+    /// it: one `attn_kv_b` per layer, per-head widths in `key_length`/`value_length`, no `_mla`
+    /// keys, as many kv heads as heads.
+    fn older_layout(src: &std::path::Path, dst: &std::path::Path) {
+        let g = GgufFile::open(src).unwrap();
+        let u = |k: &str| g.uint(&format!("deepseek2.{k}")).unwrap() as u32;
+        let (heads, k_len, v_len) =
+            (u("attention.head_count"), u("attention.key_length_mla"), u("attention.value_length_mla"));
+        let mut metadata: Vec<(String, Value)> = g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| !k.ends_with("_mla") && *k != "general.alignment")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, value) in [("key_length", k_len), ("value_length", v_len), ("head_count_kv", heads)] {
+            let key = format!("deepseek2.attention.{key}");
+            metadata.retain(|(k, _)| *k != key);
+            metadata.push((key, Value::U32(value)));
+        }
+        let mut tensors: Vec<(TensorHeader, Vec<u8>)> = Vec::new();
+        for t in g.all_tensors().unwrap() {
+            if t.name.contains("attn_v_b") {
+                continue;
+            }
+            if let Some(layer) = t.name.strip_suffix(".attn_k_b.weight") {
+                // [heads, kv_lora, nope]ᵀ and [heads, v, kv_lora], stacked per head.
+                let k_b = t.to_f32().unwrap().transpose(1, 2).unwrap();
+                let v_b = g.tensor(&format!("{layer}.attn_v_b.weight")).unwrap().unwrap().to_f32().unwrap();
+                let kv_b = candle_core::Tensor::cat(&[&k_b, &v_b], 1).unwrap();
+                let (h, rows, cols) = kv_b.dims3().unwrap();
+                let kv_b = kv_b.reshape((h * rows, cols)).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let header =
+                    TensorHeader::new(format!("{layer}.attn_kv_b.weight"), WeightDType::F32, &[h * rows, cols]);
+                tensors.push((header, kv_b.iter().flat_map(|v| v.to_le_bytes()).collect()));
+                continue;
+            }
+            tensors.push((TensorHeader::new(t.name.clone(), t.dtype, &t.shape), t.bytes.to_vec()));
+        }
+        let headers: Vec<TensorHeader> = tensors.iter().map(|(h, _)| h.clone()).collect();
+        write_gguf(dst, &metadata, &headers, 32, |i, w| w.write_all(&tensors[i].1)).unwrap();
+    }
+
+    #[test]
+    fn an_older_deepseek2_gguf_with_attn_kv_b_runs_as_the_split_layout_does() {
+        let fixture =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3/model.gguf");
+        let dir = tempfile::tempdir().unwrap();
+        let older = dir.path().join("older.gguf");
+        older_layout(&fixture, &older);
+        let (new, old) = (crate::Model::load(&fixture).unwrap(), crate::Model::load(&older).unwrap());
+        assert_eq!(new.spec().attention.mla, old.spec().attention.mla);
+        let (mut a, mut b) = (new.new_cache(), old.new_cache());
+        for tokens in [&[5u32, 17, 99, 3][..], &[42], &[7]] {
+            let (x, y) = (new.logits(tokens, &mut a).unwrap(), old.logits(tokens, &mut b).unwrap());
+            let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "logits differ by {worst:e}");
+        }
+    }
 }
