@@ -494,7 +494,7 @@ fn routing(r: &Routing) -> String {
         Routing::SoftmaxTopK { top_k, normalize: false } => format!("top-{top_k} of the softmax"),
         Routing::TopKSoftmax { top_k } => format!("top-{top_k} logits, softmax over them"),
         Routing::GroupedSigmoid { top_k, groups, top_groups, normalize, scale } => format!(
-            "top-{top_k} sigmoid scores in {groups} groups (best {top_groups}), {}weights × {scale}",
+            "top-{top_k}, sigmoid routing in {groups} groups (best {top_groups}), {}weights × {scale}",
             if *normalize { "normalized " } else { "" }
         ),
     }
