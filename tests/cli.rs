@@ -123,9 +123,7 @@ fn empty_password_is_refused() {
 fn model_inspect_describes_latent_attention_yarn_and_grouped_routing() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3");
     for path in [dir.clone(), dir.join("model.gguf")] {
-        let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = inspect(&path);
         assert!(text.contains("architecture   DeepseekV3"), "{text}");
         assert!(text.contains("latent (MLA): 4 heads, kv latent 16 + rope key 8 cached per token"), "{text}");
         assert!(text.contains("YaRN factor 4 over original context 16"), "{text}");
@@ -139,15 +137,20 @@ fn model_inspect_describes_gpt_oss_windows_sinks_routing_and_mxfp4_experts() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let dir = fixtures.join("gpt_oss");
     for path in [dir.clone(), dir.join("model.gguf"), fixtures.join("gpt_oss_mxfp4")] {
-        let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = inspect(&path);
         assert!(text.contains("architecture   GptOss"), "{text}");
         assert!(text.contains("sliding window 5 on 1 of 2 layers, attention sinks"), "{text}");
         assert!(text.contains("YaRN factor 8 over original context 256, beta 32/1 (ramp not rounded)"), "{text}");
         assert!(text.contains("top-2 logits, softmax over them"), "{text}");
         assert!(text.contains("clamped SwiGLU (alpha 1.702, limit 7)"), "{text}");
     }
-    let out = nightmail(&["model", "inspect", fixtures.join("gpt_oss_mxfp4").to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("MXFP4 (4 tensors"), "{}", stderr(&out));
+    let text = inspect(&fixtures.join("gpt_oss_mxfp4"));
+    assert!(text.contains("MXFP4 (4 tensors"), "{text}");
+}
+
+/// `nightmail model inspect PATH`'s output, which must succeed.
+fn inspect(path: &std::path::Path) -> String {
+    let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
