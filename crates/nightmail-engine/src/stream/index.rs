@@ -1,6 +1,7 @@
 //! Where every routed expert's three matrices (and their biases, gpt-oss) lie on disk: file,
-//! byte offset, length, element type and shape, from a GGUF file (slices of the stacked `*_exps` tensors), a Hugging Face
-//! directory (one tensor per matrix) or a packed file (one contiguous extent per expert).
+//! byte offset, length, element type and shape, from a GGUF file (slices of the stacked `*_exps`
+//! tensors), a Hugging Face directory (one tensor per matrix) or a packed file (one contiguous
+//! extent per expert).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -121,9 +122,10 @@ impl ExpertIndex {
             // gpt-oss's fused Hugging Face experts are rebuilt in memory: there is no extent of
             // the file to read them from.
             let (path, offset) = ck.locate(v).ok_or_else(|| EngineError::Unsupported {
-                what: format!("streaming {} from its file", v.name),
-                hint: "its experts are stored fused and are rebuilt at load: load the model without a cache \
-                       budget, or convert it to GGUF (llama.cpp convert_hf_to_gguf.py) and stream that"
+                what: format!("streaming gpt-oss's fused Hugging Face experts ({})", v.name),
+                hint: "they are rebuilt in memory at load, so no part of the file holds them as the engine \
+                       reads them: load the model without a cache budget (expert_cache_mb, --cache-mb), or \
+                       convert it to GGUF (llama.cpp convert_hf_to_gguf.py) and stream that"
                     .into(),
             })?;
             let file = match files.iter().position(|f| *f == path) {
