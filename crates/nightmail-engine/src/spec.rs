@@ -606,6 +606,27 @@ fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn gpt_oss_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss");
+        for path in [dir.clone(), dir.join("model.gguf")] {
+            let s = ModelSpec::read(&Checkpoint::open(&path).unwrap()).unwrap();
+            let at = path.display();
+            assert_eq!(s.architecture, Architecture::GptOss, "{at}");
+            assert_eq!(s.attention.sliding_window, vec![Some(5), None], "{at}: sliding layers first");
+            assert!(s.attention.sinks, "{at}");
+            assert_eq!(s.attention.rope_style, RopeStyle::HalfSplit, "{at}");
+            let y = s.attention.rope_scaling.expect("YaRN");
+            assert_eq!((y.factor, y.original_context, y.truncate), (8.0, 256, false), "{at}");
+            assert!((y.attention_factor - yarn_mscale(8.0, 1.0)).abs() < 1e-12, "{at}");
+            let moe = s.moe.expect("experts");
+            assert_eq!(moe.routing, Routing::TopKSoftmax { top_k: 2 }, "{at}");
+            assert_eq!(moe.activation, Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, "{at}");
+            assert_eq!((moe.experts, moe.expert_ffn), (4, 64), "{at}");
+            assert_eq!(s.moe_layers, vec![true, true], "{at}");
+        }
+    }
+
     fn yarn(config: &str) -> Option<Yarn> {
         yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
     }
