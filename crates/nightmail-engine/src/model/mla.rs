@@ -209,22 +209,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_absorbed_decode_equals_the_plain_form() {
-        let m = mla();
-        let x = random(&[7, 32], 6);
+    /// Tokens `cached..total` of `x` attended both ways over the latents of all before them:
+    /// (plain, absorbed), each `[heads · new tokens · v]`.
+    fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
         let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
-        let (q, kv) = m.project(&x.narrow(0, 0, 6).unwrap()).unwrap();
+        let (q, kv) = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
         m.attend(&q, &kv, 0, &mut cache).unwrap();
-        // The seventh token, both ways, over the same six cached latents.
-        let (q, kv) = m.project(&x.narrow(0, 6, 1).unwrap()).unwrap();
-        let (p, c, k_pe) = m.prepare(&q, &kv, 6).unwrap();
+        let (q, kv) = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
+        let (p, c, k_pe) = m.prepare(&q, &kv, cached).unwrap();
         let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
         let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
-        let plain = m.plain(&p, &c, &k_pe, 6).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let absorbed = m.absorbed(&p, &c, &k_pe, 6).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        (flat(m.plain(&p, &c, &k_pe, cached).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached).unwrap()))
+    }
+
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+    }
+
+    #[test]
+    fn the_absorbed_decode_equals_the_plain_form() {
+        // The seventh token, both ways, over the same six cached latents.
+        let (plain, absorbed) = both_forms(&mla(), &random(&[7, 32], 6), 6);
         assert_eq!(plain.len(), 3 * 6);
-        let worst = plain.iter().zip(&absorbed).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = worst(&plain, &absorbed);
         assert!(worst < 1e-6, "absorbed and plain attention differ by {worst:e}");
         assert!(plain.iter().any(|v| v.abs() > 1e-3), "the check is not vacuous");
     }
@@ -232,17 +240,8 @@ mod tests {
     #[test]
     fn both_forms_agree_on_a_chunk_after_cached_tokens_and_the_plain_one_is_for_long_chunks() {
         let m = mla();
-        let x = random(&[8, 32], 8);
-        let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
-        let (q, kv) = m.project(&x.narrow(0, 0, 3).unwrap()).unwrap();
-        m.attend(&q, &kv, 0, &mut cache).unwrap();
-        let (q, kv) = m.project(&x.narrow(0, 3, 5).unwrap()).unwrap();
-        let (p, c, k_pe) = m.prepare(&q, &kv, 3).unwrap();
-        let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
-        let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
-        let plain = m.plain(&p, &c, &k_pe, 3).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let absorbed = m.absorbed(&p, &c, &k_pe, 3).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let worst = plain.iter().zip(&absorbed).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let (plain, absorbed) = both_forms(&m, &random(&[8, 32], 8), 3);
+        let worst = worst(&plain, &absorbed);
         assert!(worst < 1e-6, "the forms differ by {worst:e} on a causal chunk");
         // DeepSeek-V3's widths: (128 + 128)·512 / (2·512 − 256) ≈ 170.7 tokens.
         let wide = Mla {
@@ -272,7 +271,7 @@ mod tests {
         for (i, want) in all.iter().enumerate() {
             let row = |t: &Tensor| t.narrow(0, i, 1).unwrap();
             let one = m.attend(&row(&q), &row(&kv), i, &mut cache).unwrap().to_vec2::<f32>().unwrap();
-            let worst = one[0].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let worst = worst(&one[0], want);
             assert!(worst < 1e-6, "token {i}: {worst:e}");
         }
     }
