@@ -290,10 +290,15 @@ fn local_config(dir: &std::path::Path, path: &std::path::Path) -> String {
 #[test]
 fn the_local_engine_answers_mail() {
     let model = common::demo_model();
-    let mut daemon = Daemon::start_with(|dir| local_config(dir, &model));
+    // No system prompt of ours: the model's chat template puts in its own, as the CLI's --chat
+    // does, so the answer is the one `nightmail model generate --chat --greedy` gives.
+    let config = |dir: &std::path::Path| {
+        local_config(dir, &model).replace("\nsystem_prompt = \"You are a helpful assistant.\"", "")
+    };
+    let mut daemon = Daemon::start_with(config);
     send(
         &daemon,
-        "From: me@nightmail.test\r\nSubject: capital\r\nMessage-ID: <local1@t>\r\n\r\nWhat is the capital of France?",
+        "From: me@nightmail.test\r\nSubject: language\r\nMessage-ID: <local1@t>\r\n\r\nWhat language is spoken in Brazil?",
     );
     let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(300));
     assert_eq!(jobs[0]["state"], "done", "{jobs:?}");
@@ -305,7 +310,9 @@ fn the_local_engine_answers_mail() {
     assert!(header(&mail[0], "X-Nightmail-Backend").unwrap().starts_with("local SmolLM2"), "{}", mail[0]);
     assert!(number(&mail[0], "X-Nightmail-Prompt-Tokens") > 10);
     let body = text_body(&mail[0]);
-    assert!(body.contains("Paris"), "{body}");
+    // SmolLM2 Q4_1 under ggml's numerics (as llama.cpp runs it) answers "In Brazil, the official
+    // language is Portuguese, ..." greedily (it answers the France question in French).
+    assert!(body.contains("Portuguese"), "{body}");
 }
 
 #[test]
