@@ -631,6 +631,47 @@ mod tests {
         yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
     }
 
+    /// A GGUF holding only `metadata`.
+    fn gguf_with(dir: &std::path::Path, metadata: &[(&str, candle_core::quantized::gguf_file::Value)]) -> GgufFile {
+        // A new file each time: an earlier one may still be mapped.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = dir.join(format!("meta{}.gguf", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let metadata: Vec<(String, _)> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        crate::format::gguf_write::write_gguf(&path, &metadata, &[], 32, |_, _| Ok(())).unwrap();
+        GgufFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn yarn_reads_llama_cpp_keys_with_ggml_defaults_and_deepseek2_log_multiplier() {
+        use candle_core::quantized::gguf_file::Value;
+        let dir = tempfile::tempdir().unwrap();
+        let yarn = |arch: &str, extra: &[(&str, Value)]| {
+            let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+            let (t, f, o) = (key("type"), key("factor"), key("original_context_length"));
+            let mut meta = vec![
+                (t.as_str(), Value::String("yarn".into())),
+                (f.as_str(), Value::F32(32.0)),
+                (o.as_str(), Value::U32(4096)),
+            ];
+            meta.extend(extra.iter().cloned());
+            yarn_from_gguf(&gguf_with(dir.path(), &meta), arch).unwrap().unwrap()
+        };
+        // gpt-oss as its converter writes it: betas given, ggml's own attention factor.
+        let g = yarn("gpt-oss", &[("gpt-oss.rope.scaling.yarn_beta_fast", Value::F32(16.0))]);
+        assert_eq!((g.factor, g.original_context, g.beta_fast, g.beta_slow), (32.0, 4096, 16.0, 1.0));
+        assert!((g.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-6);
+        assert_eq!(g.softmax_factor(), 1.0);
+        // deepseek2: log multiplier 0.1 · mscale_all_dim; cos/sin unscaled.
+        let d = yarn("deepseek2", &[("deepseek2.rope.scaling.yarn_log_multiplier", Value::F32(0.1))]);
+        assert_eq!(d.attention_factor, 1.0);
+        let m = 0.1 * 32f64.ln() + 1.0;
+        assert!((d.softmax_factor() - m * m).abs() < 1e-6);
+        let none = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("none".into()))]);
+        assert_eq!(yarn_from_gguf(&none, "llama").unwrap(), None);
+        let linear = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("linear".into()))]);
+        assert!(yarn_from_gguf(&linear, "llama").is_err());
+    }
+
     #[test]
     fn yarn_reads_transformers_4_and_5_spellings_with_the_reference_defaults() {
         // DeepSeek-V3's config.json (transformers 4 spelling): mscale over mscale_all_dim is 1.

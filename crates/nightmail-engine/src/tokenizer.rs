@@ -79,6 +79,11 @@ impl TextTokenizer {
         }))
     }
 
+    /// Whether a Hugging Face directory holds a tokenizer this reads.
+    pub(crate) fn in_hf_dir(dir: &Path) -> bool {
+        dir.join("tokenizer.json").is_file() || dir.join(TIKTOKEN_FILE).is_file()
+    }
+
     pub(crate) fn from_hf_dir(dir: &Path) -> Result<Option<Self>> {
         let file = dir.join("tokenizer.json");
         let config = crate::format::read_json_opt(&dir.join("tokenizer_config.json"));
@@ -288,6 +293,7 @@ mod tests {
     #[test]
     fn a_tiktoken_model_encodes_as_tiktoken_does() {
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiktoken");
+        assert!(TextTokenizer::in_hf_dir(&dir));
         let tk = TextTokenizer::from_hf_dir(&dir).unwrap().expect("the fixture has tiktoken.model");
         let expected: Expected =
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();

@@ -7,8 +7,9 @@
 //! "absorb"): the plain form up-projects every cached latent to per-head keys and values; the
 //! absorbed form folds `W_uk` into the query (`q_nope·W_uk[h]` scores against `c` directly) and
 //! `W_uv` into the output (attend over `c`, then up-project once), so a decode step reads the
-//! cache at its compressed width. Prefill (several new tokens) uses the plain form, a decode step
-//! the absorbed one. Follows transformers' `DeepseekV3Attention` for the arithmetic.
+//! cache at its compressed width. A decode step uses the absorbed form; a prefill chunk whichever
+//! costs less (the plain form only for long chunks, see `Mla::plain_is_cheaper`). Follows
+//! transformers' `DeepseekV3Attention` for the arithmetic.
 
 use candle_core::{D, Device, Tensor};
 
@@ -81,9 +82,25 @@ impl Mla {
         let (p, c, k_pe) = self.prepare(q, kv, start)?;
         let (c, k_pe) = cache.append(&c, &k_pe)?;
         let (c, k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?);
-        let out = if t == 1 { self.absorbed(&p, &c, &k_pe, start)? } else { self.plain(&p, &c, &k_pe, start)? };
+        let out = if self.plain_is_cheaper(t) {
+            self.plain(&p, &c, &k_pe, start)?
+        } else {
+            self.absorbed(&p, &c, &k_pe, start)?
+        };
         // [heads, tokens, v] → [tokens, heads · v]
         Ok(out.transpose(0, 1)?.reshape((t, self.heads * self.dims.v_head_dim))?)
+    }
+
+    /// Per cached position and head, the plain form costs (nope + v)·kv multiply-adds to
+    /// up-project it plus t·(nope + rope + v) to attend; the absorbed form t·(2·kv + rope) (t
+    /// queries against the latent and the rotary key, then the latent sum), plus terms that do not
+    /// grow with the cache. So the plain form pays only for chunks of more than
+    /// (nope + v)·kv / (2·kv − nope − v) tokens: about 170 at DeepSeek-V3's widths, never when
+    /// the latent is no wider than the heads. A decode step is always absorbed.
+    fn plain_is_cheaper(&self, tokens: usize) -> bool {
+        let d = self.dims;
+        let per_token = (2 * d.kv_lora_rank).saturating_sub(d.qk_nope_head_dim + d.v_head_dim);
+        tokens > 1 && tokens * per_token > (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank
     }
 
     /// Splits and rotates: the queries' nope and rope parts, the normalized latent and the
@@ -192,30 +209,61 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_absorbed_decode_equals_the_plain_form() {
-        let m = mla();
-        let x = random(&[7, 32], 6);
+    /// Tokens `cached..total` of `x` attended both ways over the latents of all before them:
+    /// (plain, absorbed), each `[heads · new tokens · v]`.
+    fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
         let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
-        let (q, kv) = m.project(&x.narrow(0, 0, 6).unwrap()).unwrap();
+        let (q, kv) = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
         m.attend(&q, &kv, 0, &mut cache).unwrap();
-        // The seventh token, both ways, over the same six cached latents.
-        let (q, kv) = m.project(&x.narrow(0, 6, 1).unwrap()).unwrap();
-        let (p, c, k_pe) = m.prepare(&q, &kv, 6).unwrap();
+        let (q, kv) = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
+        let (p, c, k_pe) = m.prepare(&q, &kv, cached).unwrap();
         let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
         let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
-        let plain = m.plain(&p, &c, &k_pe, 6).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let absorbed = m.absorbed(&p, &c, &k_pe, 6).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        (flat(m.plain(&p, &c, &k_pe, cached).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached).unwrap()))
+    }
+
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+    }
+
+    #[test]
+    fn the_absorbed_decode_equals_the_plain_form() {
+        // The seventh token, both ways, over the same six cached latents.
+        let (plain, absorbed) = both_forms(&mla(), &random(&[7, 32], 6), 6);
         assert_eq!(plain.len(), 3 * 6);
-        let worst = plain.iter().zip(&absorbed).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = worst(&plain, &absorbed);
         assert!(worst < 1e-6, "absorbed and plain attention differ by {worst:e}");
         assert!(plain.iter().any(|v| v.abs() > 1e-3), "the check is not vacuous");
     }
 
     #[test]
+    fn both_forms_agree_on_a_chunk_after_cached_tokens_and_the_plain_one_is_for_long_chunks() {
+        let m = mla();
+        let (plain, absorbed) = both_forms(&m, &random(&[8, 32], 8), 3);
+        let worst = worst(&plain, &absorbed);
+        assert!(worst < 1e-6, "the forms differ by {worst:e} on a causal chunk");
+        // DeepSeek-V3's widths: (128 + 128)·512 / (2·512 − 256) ≈ 170.7 tokens.
+        let wide = Mla {
+            dims: MlaSpec {
+                q_lora_rank: None,
+                kv_lora_rank: 512,
+                qk_nope_head_dim: 128,
+                qk_rope_head_dim: 64,
+                v_head_dim: 128,
+            },
+            ..mla()
+        };
+        assert!(!wide.plain_is_cheaper(1) && !wide.plain_is_cheaper(170) && wide.plain_is_cheaper(171));
+        assert!(!m.plain_is_cheaper(5) && m.plain_is_cheaper(13));
+    }
+
+    #[test]
     fn a_prefill_and_token_by_token_decoding_agree() {
         let m = mla();
-        let x = random(&[5, 32], 7);
+        // 14 tokens: a prefill the plain form takes, against decode steps the absorbed one takes.
+        let x = random(&[14, 32], 7);
+        assert!(m.plain_is_cheaper(14));
         let (q, kv) = m.project(&x).unwrap();
         let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
         let all = m.attend(&q, &kv, 0, &mut cache).unwrap().to_vec2::<f32>().unwrap();
@@ -223,7 +271,7 @@ mod tests {
         for (i, want) in all.iter().enumerate() {
             let row = |t: &Tensor| t.narrow(0, i, 1).unwrap();
             let one = m.attend(&row(&q), &row(&kv), i, &mut cache).unwrap().to_vec2::<f32>().unwrap();
-            let worst = one[0].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let worst = worst(&one[0], want);
             assert!(worst < 1e-6, "token {i}: {worst:e}");
         }
     }
