@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, rows_by_tokens};
+use super::matvec::{activations, fill_group, row_groups_by_tokens};
 
 use crate::error::Result;
 
@@ -44,24 +44,27 @@ impl Q4_1Matrix {
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let tokens = x.dim(0)?;
-        let xs = activations(x)?;
-        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        q8_matmul(self.rows, self.cols, x, |r0, x| self.dots::<ROWS>(r0, x), |r, x| self.dots::<1>(r, x)[0])
+    }
+
+    /// Rows `r0..r0 + N` against one token's blocks.
+    fn dots<const N: usize>(&self, r0: usize, x: &[Q8Block]) -> [f32; N] {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { dots_avx2::<N>(self, r0, x) };
+        }
         let nb = self.cols / QK;
-        let avx2 = has_avx2();
-        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
-            let range = r * nb..(r + 1) * nb;
-            for (t, y) in out.iter_mut().enumerate() {
-                *y = if avx2 {
-                    // SAFETY: AVX2 and FMA were detected at run time.
-                    unsafe { dot_avx2(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range.clone()], &q8[t]) }
-                } else {
-                    dot_scalar(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range.clone()], &q8[t])
-                };
-            }
+        std::array::from_fn(|i| {
+            let range = (r0 + i) * nb..(r0 + i + 1) * nb;
+            dot_scalar(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range], x)
         })
     }
 }
+
+/// Rows computed together by the AVX2 kernel: four independent accumulator chains hide the
+/// fused multiply-add latency that one row's chain waits on.
+const ROWS: usize = 4;
 
 pub(super) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -74,23 +77,59 @@ pub(super) fn has_avx2() -> bool {
     }
 }
 
+/// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
+/// blocks: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r alone.
+pub(super) fn q8_matmul<const N: usize>(
+    rows: usize,
+    cols: usize,
+    x: &Tensor,
+    dots: impl Fn(usize, &[Q8Block]) -> [f32; N] + Sync,
+    one: impl Fn(usize, &[Q8Block]) -> f32 + Sync,
+) -> Result<Tensor> {
+    let tokens = x.dim(0)?;
+    let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
+    row_groups_by_tokens(rows, tokens, rows * cols * tokens, N, |r0, out| {
+        fill_group(out, tokens, |t| dots(r0, &q8[t]), |i, t| one(r0 + i, &q8[t]))
+    })
+}
+
 /// ggml's x86 `quantize_row_q8_1` (the SIMD path llama.cpp runs on AVX2 machines, which differs
 /// from the C reference in rounding): id = 127 / max|x|, round half to even, s = f16(d · Σq).
 pub(super) fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
-    x.chunks_exact(QK)
-        .map(|x| {
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut qs = [0i8; QK];
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(x) {
-                *q = (v * id).round_ties_even() as i8;
-                sum += *q as i32;
-            }
-            Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
-        })
-        .collect()
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 (and with it SSE4.1's rounding) was detected at run time.
+        return unsafe { quantize_avx2(x) };
+    }
+    quantize_blocks(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32]) -> Vec<Q8Block> {
+    quantize_blocks(x)
+}
+
+// A plain loop: inside the AVX2 function `round_ties_even` is one instruction, not a libm call.
+#[inline(always)]
+fn quantize_blocks(x: &[f32]) -> Vec<Q8Block> {
+    let mut out = Vec::with_capacity(x.len() / QK);
+    for x in x.chunks_exact(QK) {
+        let mut amax = 0f32;
+        for v in x {
+            amax = amax.max(v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; QK];
+        let mut sum = 0i32;
+        for i in 0..QK {
+            qs[i] = (x[i] * id).round_ties_even() as i8;
+            sum += qs[i] as i32;
+        }
+        out.push(Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs });
+    }
+    out
 }
 
 fn dot_scalar(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
@@ -106,33 +145,36 @@ fn dot_scalar(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
     sum
 }
 
+/// Rows `r0..r0 + N` against one token's blocks, each row in `ggml_vec_dot_q4_1_q8_1`'s AVX2
+/// order: per block acc = fma(d_w·d_x, Σ q_w·q_x, acc) in 8 lanes, the m_w·s_x terms summed
+/// beside it, then `hsum_float_8(acc) + summs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
+unsafe fn dots_avx2<const N: usize>(w: &Q4_1Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
     use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
-    let mut offsets = 0f32;
+    let nb = w.cols / QK;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut offsets = [0f32; N];
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    for b in 0..d.len() {
-        // SAFETY: 16- and 32-byte unaligned loads within the blocks' arrays.
-        let packed = unsafe { _mm_loadu_si128(qs[b].as_ptr().cast()) };
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
-        let xq = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
-        // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
-        let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
-        // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
-        offsets = m[b].mul_add(x[b].s, offsets);
+    for (b, xb) in x.iter().enumerate().take(nb) {
+        // SAFETY: a 32-byte unaligned load of the block's quants.
+        let xq = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+        for (i, (acc, offset)) in acc.iter_mut().zip(offsets.iter_mut()).enumerate() {
+            let at = (r0 + i) * nb + b;
+            // SAFETY: a 16-byte unaligned load within the block.
+            let packed = unsafe { _mm_loadu_si128(w.qs[at].as_ptr().cast()) };
+            let lo = _mm_and_si128(packed, low);
+            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+            let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
+            // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
+            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d[at] * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
+            // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
+            *offset = w.m[at].mul_add(xb.s, *offset);
+        }
     }
-    super::matvec::hsum_avx2(acc) + offsets
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
-    dot_scalar(d, m, qs, x)
+    std::array::from_fn(|i| super::matvec::hsum_avx2(acc[i]) + offsets[i])
 }
 
 #[cfg(test)]
