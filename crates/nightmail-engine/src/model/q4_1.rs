@@ -14,13 +14,17 @@ const QK: usize = 32;
 /// ggml `block_q4_1`: f16 d, f16 m, 16 bytes holding element j in the low nibble and j+16 in the high.
 const BLOCK_BYTES: usize = 20;
 
-/// Q4_1 weights `[rows, cols]`, with each block's scale and offset widened to f32 once.
+/// Q4_1 weights `[rows, cols]` in their file blocks: decode is bound by reading them, and 20
+/// bytes a block read faster than the 24 of scales widened to f32 at load.
 pub struct Q4_1Matrix {
     rows: usize,
     cols: usize,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    qs: Vec<[u8; 16]>,
+    blocks: Vec<[u8; BLOCK_BYTES]>,
+}
+
+/// A block's scale d and offset m.
+fn scales(b: &[u8; BLOCK_BYTES]) -> (f32, f32) {
+    (f16::from_le_bytes([b[0], b[1]]).to_f32(), f16::from_le_bytes([b[2], b[3]]).to_f32())
 }
 
 /// One 32-block of activations in ggml `block_q8_1`, scales widened to f32.
@@ -33,13 +37,8 @@ pub(super) struct Q8Block {
 impl Q4_1Matrix {
     pub fn from_ggml(bytes: &[u8], rows: usize, cols: usize) -> Self {
         let n = rows * cols / QK;
-        let (mut d, mut m, mut qs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for b in bytes.chunks_exact(BLOCK_BYTES).take(n) {
-            d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
-            m.push(f16::from_le_bytes([b[2], b[3]]).to_f32());
-            qs.push(b[4..20].try_into().expect("16 bytes"));
-        }
-        Q4_1Matrix { rows, cols, d, m, qs }
+        let blocks = bytes.chunks_exact(BLOCK_BYTES).take(n).map(|b| b.try_into().expect("20 bytes")).collect();
+        Q4_1Matrix { rows, cols, blocks }
     }
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
@@ -50,15 +49,12 @@ impl Q4_1Matrix {
     /// Rows `r0..r0 + N` against one token's blocks.
     fn dots<const N: usize>(&self, r0: usize, x: &[Q8Block]) -> [f32; N] {
         #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: AVX2 and FMA were detected at run time.
+        if super::matvec::has_avx2_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
             return unsafe { dots_avx2::<N>(self, r0, x) };
         }
         let nb = self.cols / QK;
-        std::array::from_fn(|i| {
-            let range = (r0 + i) * nb..(r0 + i + 1) * nb;
-            dot_scalar(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range], x)
-        })
+        std::array::from_fn(|i| dot_scalar(&self.blocks[(r0 + i) * nb..(r0 + i + 1) * nb], x))
     }
 }
 
@@ -132,15 +128,16 @@ fn quantize_blocks(x: &[f32]) -> Vec<Q8Block> {
     out
 }
 
-fn dot_scalar(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
+fn dot_scalar(blocks: &[[u8; BLOCK_BYTES]], x: &[Q8Block]) -> f32 {
     let mut sum = 0f32;
-    for b in 0..d.len() {
-        let (lo, hi) = x[b].qs.split_at(16);
+    for (w, x) in blocks.iter().zip(x) {
+        let (d, m) = scales(w);
+        let (lo, hi) = x.qs.split_at(16);
         let mut acc = 0i32;
-        for ((w, l), h) in qs[b].iter().zip(lo).zip(hi) {
+        for ((w, l), h) in w[4..].iter().zip(lo).zip(hi) {
             acc += (w & 0x0F) as i32 * *l as i32 + (w >> 4) as i32 * *h as i32;
         }
-        sum += d[b] * x[b].d * acc as f32 + m[b] * x[b].s;
+        sum += d * x.d * acc as f32 + m * x.s;
     }
     sum
 }
@@ -149,7 +146,7 @@ fn dot_scalar(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
 /// order: per block acc = fma(d_w·d_x, Σ q_w·q_x, acc) in 8 lanes, the m_w·s_x terms summed
 /// beside it, then `hsum_float_8(acc) + summs`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_avx2<const N: usize>(w: &Q4_1Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
     use std::arch::x86_64::*;
     let nb = w.cols / QK;
@@ -161,17 +158,20 @@ unsafe fn dots_avx2<const N: usize>(w: &Q4_1Matrix, r0: usize, x: &[Q8Block]) ->
         // SAFETY: a 32-byte unaligned load of the block's quants.
         let xq = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
         for (i, (acc, offset)) in acc.iter_mut().zip(offsets.iter_mut()).enumerate() {
-            let at = (r0 + i) * nb + b;
-            // SAFETY: a 16-byte unaligned load within the block.
-            let packed = unsafe { _mm_loadu_si128(w.qs[at].as_ptr().cast()) };
+            let block = &w.blocks[(r0 + i) * nb + b];
+            // SAFETY: 4- and 16-byte unaligned loads within the block.
+            let (dm, packed) = unsafe {
+                (_mm_cvtph_ps(_mm_loadu_si32(block.as_ptr().cast())), _mm_loadu_si128(block.as_ptr().add(4).cast()))
+            };
+            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
             let lo = _mm_and_si128(packed, low);
             let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
             let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
             // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
             let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d[at] * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
             // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
-            *offset = w.m[at].mul_add(xb.s, *offset);
+            *offset = m.mul_add(xb.s, *offset);
         }
     }
     std::array::from_fn(|i| super::matvec::hsum_avx2(acc[i]) + offsets[i])
@@ -207,7 +207,7 @@ mod tests {
             for r in 0..rows {
                 let nb = cols / QK;
                 let range = r * nb..(r + 1) * nb;
-                let scalar = dot_scalar(&ours.d[range.clone()], &ours.m[range.clone()], &ours.qs[range], &q8[t]);
+                let scalar = dot_scalar(&ours.blocks[range], &q8[t]);
                 // candle quantizes activations with ggml's C reference (1/d, half away from zero),
                 // we with ggml's x86 code (127/max, half to even): results differ by that rounding.
                 assert!(
