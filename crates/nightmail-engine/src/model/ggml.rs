@@ -261,9 +261,20 @@ unsafe fn dot_vec_avx2(x: &[f16], y: &[f16], padded: usize) -> f32 {
             *a = _mm256_fmadd_ps(xv, yv, *a);
         }
     }
-    for i in (whole..data_steps).step_by(32) {
+    if whole < data_steps {
+        // The last, partial step: its elements copied once into zero-padded blocks.
+        let (mut tx, mut ty) = ([f16::ZERO; 32], [f16::ZERO; 32]);
+        tx[..x.len() - whole].copy_from_slice(&x[whole..]);
+        ty[..y.len() - whole].copy_from_slice(&y[whole..]);
         for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(load8(x, i + 8 * j), load8(y, i + 8 * j), *a);
+            // SAFETY: 8 elements within the 32-element blocks.
+            let (xv, yv) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(tx.as_ptr().add(8 * j).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(ty.as_ptr().add(8 * j).cast())),
+                )
+            };
+            *a = _mm256_fmadd_ps(xv, yv, *a);
         }
     }
     let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));

@@ -150,31 +150,63 @@ fn dot_scalar(blocks: &[[u8; BLOCK_BYTES]], x: &[Q8Block]) -> f32 {
 unsafe fn dots_avx2<const N: usize>(w: &Q4_1Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
     use std::arch::x86_64::*;
     let nb = w.cols / QK;
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut offsets = [0f32; N];
-    let low = _mm_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    for (b, xb) in x.iter().enumerate().take(nb) {
-        // SAFETY: a 32-byte unaligned load of the block's quants.
-        let xq = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-        for (i, (acc, offset)) in acc.iter_mut().zip(offsets.iter_mut()).enumerate() {
-            let block = &w.blocks[(r0 + i) * nb + b];
-            // SAFETY: 4- and 16-byte unaligned loads within the block.
-            let (dm, packed) = unsafe {
-                (_mm_cvtph_ps(_mm_loadu_si32(block.as_ptr().cast())), _mm_loadu_si128(block.as_ptr().add(4).cast()))
-            };
-            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let lo = _mm_and_si128(packed, low);
-            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-            let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
-            // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
-            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
-            // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
-            *offset = m.mul_add(xb.s, *offset);
+    assert!((r0 + N) * nb <= w.blocks.len() && x.len() >= nb, "rows {r0}..{} of {}", r0 + N, w.rows);
+    let row = |i: usize| &w.blocks[(r0 + i) * nb..(r0 + i + 1) * nb];
+    let x = &x[..nb];
+    let zero = (_mm256_setzero_ps(), 0f32);
+    if N == ROWS {
+        // Four named accumulators, and pointers instead of indexing (whose checks, in the dev
+        // profile's debug-assertion build, kept the loop from holding them in registers).
+        let (w0, xp) = (w.blocks[r0 * nb..].as_ptr(), x.as_ptr());
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        for b in 0..nb {
+            // SAFETY: block b of rows r0..r0+4 and of x are in bounds (asserted above).
+            unsafe {
+                let xb = &*xp.add(b);
+                let xq = _mm256_loadu_si256(xb.qs.as_ptr().cast());
+                a0 = block_step(&*w0.add(b), xq, xb, a0);
+                a1 = block_step(&*w0.add(nb + b), xq, xb, a1);
+                a2 = block_step(&*w0.add(2 * nb + b), xq, xb, a2);
+                a3 = block_step(&*w0.add(3 * nb + b), xq, xb, a3);
+            }
         }
+        let sums = [a0, a1, a2, a3].map(|(acc, offsets)| super::matvec::hsum_avx2(acc) + offsets);
+        return std::array::from_fn(|i| sums[i]);
     }
-    std::array::from_fn(|i| super::matvec::hsum_avx2(acc[i]) + offsets[i])
+    std::array::from_fn(|i| {
+        let (w, mut a) = (row(i), zero);
+        for b in 0..nb {
+            // SAFETY: as above.
+            let xq = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
+            a = block_step(&w[b], xq, &x[b], a);
+        }
+        super::matvec::hsum_avx2(a.0) + a.1
+    })
+}
+
+/// One block of one row: acc = fma(d_w·d_x, Σ q_w·q_x, acc) in 8 lanes, offsets += m_w·s_x.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_step(
+    block: &[u8; BLOCK_BYTES],
+    xq: std::arch::x86_64::__m256i,
+    xb: &Q8Block,
+    (acc, offsets): (std::arch::x86_64::__m256, f32),
+) -> (std::arch::x86_64::__m256, f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: 4- and 16-byte unaligned loads within the block.
+    let (dm, packed) =
+        unsafe { (_mm_cvtph_ps(_mm_loadu_si32(block.as_ptr().cast())), _mm_loadu_si128(block.as_ptr().add(4).cast())) };
+    let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+    let low = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(packed, low);
+    let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+    let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
+    // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
+    let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), _mm256_set1_epi16(1));
+    // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
+    (_mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), acc), m.mul_add(xb.s, offsets))
 }
 
 #[cfg(test)]

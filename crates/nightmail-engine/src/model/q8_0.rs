@@ -68,20 +68,43 @@ fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
 unsafe fn dots_avx2<const N: usize>(w: &Q8_0Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
     use std::arch::x86_64::*;
     let nb = w.cols / QK;
-    let mut acc = [_mm256_setzero_ps(); N];
-    let ones = _mm256_set1_epi16(1);
-    for (b, xb) in x.iter().enumerate().take(nb) {
-        // SAFETY: 32-byte unaligned loads within the blocks.
-        let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let at = (r0 + i) * nb + b;
-            let q = unsafe { _mm256_loadu_si256(w.qs[at].as_ptr().cast()) };
-            // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
-            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones);
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d[at] * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
+    let row = |i: usize| (r0 + i) * nb;
+    let x = &x[..nb];
+    let step = |at: usize, a: __m256i, xb: &Q8Block, acc: __m256| {
+        // SAFETY: a 32-byte unaligned load within the block; AVX2 as the caller.
+        let q = unsafe { _mm256_loadu_si256(w.qs[at].as_ptr().cast()) };
+        // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
+        let pairs = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)),
+            _mm256_set1_epi16(1),
+        );
+        _mm256_fmadd_ps(_mm256_set1_ps(w.d[at] * xb.d), _mm256_cvtepi32_ps(pairs), acc)
+    };
+    if N == ROWS {
+        // Four named accumulators stay in registers (see Q4_1's kernel).
+        let (w0, w1, w2, w3) = (row(0), row(1), row(2), row(3));
+        let zero = _mm256_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        for (b, xb) in x.iter().enumerate() {
+            // SAFETY: 32-byte unaligned loads within the blocks.
+            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            a0 = step(w0 + b, a, xb, a0);
+            a1 = step(w1 + b, a, xb, a1);
+            a2 = step(w2 + b, a, xb, a2);
+            a3 = step(w3 + b, a, xb, a3);
         }
+        let sums = [a0, a1, a2, a3].map(|acc| super::matvec::hsum_avx2(acc));
+        return std::array::from_fn(|i| sums[i]);
     }
-    std::array::from_fn(|i| super::matvec::hsum_avx2(acc[i]))
+    std::array::from_fn(|i| {
+        let mut acc = _mm256_setzero_ps();
+        for (b, xb) in x.iter().enumerate() {
+            // SAFETY: as above.
+            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            acc = step(row(i) + b, a, xb, acc);
+        }
+        super::matvec::hsum_avx2(acc)
+    })
 }
 
 #[cfg(test)]
