@@ -1,4 +1,5 @@
-//! The command line: `check-config`, `serve`'s start-up errors, `user add` and `status`.
+//! The command line: `check-config`, `serve`'s start-up errors, `user add`, `status` and
+//! `model inspect`.
 
 mod common;
 
@@ -116,4 +117,19 @@ fn empty_password_is_refused() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no password given"), "{}", stderr(&out));
     assert!(!path.exists(), "nothing is written on error");
+}
+
+#[test]
+fn model_inspect_describes_latent_attention_yarn_and_grouped_routing() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3");
+    for path in [dir.clone(), dir.join("model.gguf")] {
+        let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("architecture   DeepseekV3"), "{text}");
+        assert!(text.contains("latent (MLA): 4 heads, kv latent 16 + rope key 8 cached per token"), "{text}");
+        assert!(text.contains("YaRN factor 4 over original context 16"), "{text}");
+        assert!(text.contains("in 2 MoE layers") && text.contains("sigmoid routing in 4 groups (best 2)"), "{text}");
+        assert!(text.contains("× 2.5"), "{text}");
+    }
 }

@@ -123,7 +123,7 @@ fn bench_streams_a_model_larger_than_its_cache_within_dense_plus_cache_plus_ten_
 }
 
 #[test]
-fn synth_refuses_deepseek_v3_and_writes_mxfp4_experts_that_load() {
+fn synth_writes_deepseek_v3_and_mxfp4_experts_that_load() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x.gguf");
     let synth = |flag: &str, value: &str| {
@@ -133,15 +133,24 @@ fn synth_refuses_deepseek_v3_and_writes_mxfp4_experts_that_load() {
             .output()
             .unwrap()
     };
+    let inspect = || -> serde_json::Value {
+        serde_json::from_str(&run(Command::new(BIN).args(["model", "inspect", "--json", out.to_str().unwrap()])))
+            .unwrap()
+    };
     let o = synth("--arch", "deepseek_v3");
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("deepseek_v3") && err.contains("not supported"), "{err}");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let info = inspect();
+    assert_eq!(info["spec"]["architecture"], "deepseek_v3", "{info}");
+    assert!(info["spec"]["attention"]["mla"]["kv_lora_rank"].as_u64().unwrap() > 0, "{info}");
+    assert!(info["spec"]["moe"]["routing"]["grouped_sigmoid"].is_object(), "{info}");
+    let generated = run(Command::new(BIN)
+        .args(["model", "generate", "--json", "--model", out.to_str().unwrap()])
+        .args(["--prompt-tokens", "1,2,3", "--max-new-tokens", "4"]));
+    let generated: serde_json::Value = serde_json::from_str(&generated).unwrap();
+    assert_eq!(generated["tokens"].as_array().map(Vec::len), Some(4), "{generated}");
 
     let o = synth("--dtype", "mxfp4");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let info: serde_json::Value =
-        serde_json::from_str(&run(Command::new(BIN).args(["model", "inspect", "--json", out.to_str().unwrap()])))
-            .unwrap();
+    let info = inspect();
     assert_eq!(info["dtypes"]["MXFP4"]["tensors"], 3, "{info}");
 }

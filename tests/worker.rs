@@ -290,10 +290,15 @@ fn local_config(dir: &std::path::Path, path: &std::path::Path) -> String {
 #[test]
 fn the_local_engine_answers_mail() {
     let model = common::demo_model();
-    let mut daemon = Daemon::start_with(|dir| local_config(dir, &model));
+    // No system prompt of ours: the model's chat template puts in its own, as the CLI's --chat
+    // does, so the answer is the one `nightmail model generate --chat --greedy` gives.
+    let config = |dir: &std::path::Path| {
+        local_config(dir, &model).replace("\nsystem_prompt = \"You are a helpful assistant.\"", "")
+    };
+    let mut daemon = Daemon::start_with(config);
     send(
         &daemon,
-        "From: me@nightmail.test\r\nSubject: capital\r\nMessage-ID: <local1@t>\r\n\r\nWhat is the capital of France?",
+        "From: me@nightmail.test\r\nSubject: language\r\nMessage-ID: <local1@t>\r\n\r\nWhat language is spoken in Brazil?",
     );
     let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(300));
     assert_eq!(jobs[0]["state"], "done", "{jobs:?}");
@@ -305,7 +310,9 @@ fn the_local_engine_answers_mail() {
     assert!(header(&mail[0], "X-Nightmail-Backend").unwrap().starts_with("local SmolLM2"), "{}", mail[0]);
     assert!(number(&mail[0], "X-Nightmail-Prompt-Tokens") > 10);
     let body = text_body(&mail[0]);
-    assert!(body.contains("Paris"), "{body}");
+    // SmolLM2 Q4_1 under ggml's numerics (as llama.cpp runs it) answers "In Brazil, the official
+    // language is Portuguese, ..." greedily (it answers the France question in French).
+    assert!(body.contains("Portuguese"), "{body}");
 }
 
 #[test]
@@ -521,15 +528,26 @@ fn a_reply_killed_mid_generation_resumes_from_its_checkpoints_byte_for_byte() {
     assert_eq!(answer_text(&mail[0]), want);
 }
 
-/// Three questions at once to a local model with room for three in its batch.
+/// Three questions at once to a local model with room for `max_batch` of them in its batch. A
+/// checkpoint every 8 tokens makes `status` show each job's progress as it goes (a checkpoint
+/// saves the job's progress at once), so the test sees the three generating together.
 fn batch_config(dir: &std::path::Path, model: &std::path::Path, max_batch: usize) -> String {
     local_config(dir, model)
-        .replace("max_tokens = 24", &format!("max_tokens = 64\nmax_batch = {max_batch}"))
+        .replace(
+            "max_tokens = 24",
+            &format!("max_tokens = {BATCH_ANSWER_TOKENS}\nmax_batch = {max_batch}\ncheckpoint_every_tokens = 8"),
+        )
         .replace("concurrency = 1", "concurrency = 3")
 }
 
+/// Long enough that the first question, which starts alone, is still generating when the other
+/// two have joined the batch (each answer below runs to this limit).
+const BATCH_ANSWER_TOKENS: usize = 160;
+
 fn three_questions(daemon: &Daemon) {
-    for (i, q) in ["What is the capital of France?", "Name three colours.", "Why is the sky blue?"].iter().enumerate() {
+    let questions =
+        ["Write a short story about a cat.", "Explain how a bicycle works.", "Describe the water cycle in detail."];
+    for (i, q) in questions.iter().enumerate() {
         send(daemon, &format!("From: me@nightmail.test\r\nSubject: q{i}\r\nMessage-ID: <batch{i}@t>\r\n\r\n{q}"));
     }
 }
@@ -551,6 +569,10 @@ fn questions_decoded_together_get_the_answers_they_get_alone() {
     alone.stop();
     let want = answers_by_subject(&alone);
     assert_eq!(want.len(), 3);
+    for mail in inbox(&alone, "me") {
+        let tokens = number(&mail, "X-Nightmail-Output-Tokens");
+        assert_eq!(tokens, BATCH_ANSWER_TOKENS as u64, "each answer runs to the limit: {mail}");
+    }
 
     let mut together = Daemon::start_with(|dir| batch_config(dir, &model, 3));
     three_questions(&together);

@@ -18,7 +18,7 @@ pub enum EngineError {
     #[error("{path}: {reason}: fix the file or re-download the model")]
     BadConfig { path: PathBuf, reason: String },
     #[error(
-        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe and qwen3_moe (GGUF: llama, qwen2moe, qwen3moe)"
+        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe and deepseek_v3 / kimi_k2 (GGUF: llama, qwen2moe, qwen3moe, deepseek2)"
     )]
     UnsupportedArchitecture(String),
     #[error(

@@ -225,7 +225,12 @@ impl Model {
     fn network_shape(&self) -> Vec<usize> {
         let s = self.spec();
         let a = &s.attention;
-        vec![s.layers, s.hidden_size, s.vocab_size, a.heads, a.kv_heads, a.head_dim]
+        let mut shape = vec![s.layers, s.hidden_size, s.vocab_size, a.heads, a.kv_heads, a.head_dim];
+        // A latent cache holds the latent and the rotary key: their widths are its layout.
+        if let Some(m) = &a.mla {
+            shape.extend([m.kv_lora_rank, m.qk_rope_head_dim]);
+        }
+        shape
     }
 
     /// A stream that begins with the prompt's prefill, or, given a checkpoint's `saved` state,

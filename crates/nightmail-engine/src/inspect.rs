@@ -58,7 +58,7 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
             (g.string("tokenizer.ggml.model").is_some(), g.string("tokenizer.chat_template").is_some())
         }
         Checkpoint::Hf(h) => {
-            (h.dir().join("tokenizer.json").is_file(), crate::chat::ChatTemplate::from_hf_dir(h.dir()).is_some())
+            (crate::TextTokenizer::in_hf_dir(h.dir()), crate::chat::ChatTemplate::from_hf_dir(h.dir()).is_some())
         }
     };
     Ok(ModelInfo {

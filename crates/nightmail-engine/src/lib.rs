@@ -1,6 +1,6 @@
 //! nightmail's inference engine: loads GGUF files and Hugging Face directories in place (memory
-//! maps), runs llama, Mixtral, Qwen2-MoE and Qwen3-MoE on the CPU through candle, and streams
-//! tokens. It knows nothing of mail.
+//! maps), runs llama, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 / Kimi K2 on the CPU through
+//! candle, and streams tokens. It knows nothing of mail.
 //!
 //! A worker loads a [`Model`] once (share it in an `Arc`), then per job builds a
 //! [`GenerateRequest`] and calls [`Model::generate`] with a per-token callback, or pulls a
@@ -40,7 +40,7 @@ pub use model::{ExpertId, ExpertStore, KvCache, LayerRecall};
 pub use pack::pack;
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
-pub use spec::{Architecture, AttentionSpec, ModelSpec, MoeSpec, RopeStyle, Routing};
+pub use spec::{Architecture, AttentionSpec, MlaSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
 pub use stream::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};
 pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
 pub use tokenizer::TextTokenizer;

@@ -1,6 +1,7 @@
 //! What a model is, read from its own metadata (GGUF keys or `config.json`), never from a table
 //! of known sizes. Both transformers 4 and 5 spellings are accepted (`rope_theta` or
-//! `rope_parameters.rope_theta`, `num_experts` or `num_local_experts`).
+//! `rope_parameters.rope_theta`, `rope_scaling` or `rope_parameters`, `num_experts` or
+//! `num_local_experts`).
 
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -16,6 +17,9 @@ pub enum Architecture {
     Mixtral,
     Qwen2Moe,
     Qwen3Moe,
+    /// DeepSeek-V3 and Kimi K2 (GGUF `deepseek2`): multi-head latent attention and grouped
+    /// sigmoid routing.
+    DeepseekV3,
 }
 
 /// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
@@ -36,14 +40,68 @@ pub enum Routing {
     /// Softmax over all experts, keep the top k, optionally renormalize them to sum to 1
     /// (Mixtral, arXiv 2401.04088 §2.1; Qwen-MoE `norm_topk_prob`).
     SoftmaxTopK { top_k: usize, normalize: bool },
+    /// DeepSeek-V3 (arXiv 2412.19437 §2.1.2): sigmoid scores; a per-expert correction bias
+    /// added for the choice only; the experts split into `groups`, each scored by the sum of its
+    /// two best biased scores, and only the best `top_groups` groups eligible; the top k of
+    /// those weighted by their unbiased scores, normalized when `normalize`, times `scale`.
+    GroupedSigmoid { top_k: usize, groups: usize, top_groups: usize, normalize: bool, scale: f32 },
 }
 
 impl Routing {
     pub fn top_k(&self) -> usize {
         match self {
-            Routing::SoftmaxTopK { top_k, .. } => *top_k,
+            Routing::SoftmaxTopK { top_k, .. } | Routing::GroupedSigmoid { top_k, .. } => *top_k,
         }
     }
+}
+
+/// Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1): keys and values are
+/// up-projected per head from one shared latent of `kv_lora_rank`, beside a rotary key part of
+/// `qk_rope_head_dim` shared by all heads; queries optionally through a latent of `q_lora_rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaSpec {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+/// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
+/// `_compute_yarn_parameters` defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Yarn {
+    /// Context extension: interpolated frequencies are divided by it.
+    pub factor: f64,
+    /// The context the model was pretrained with (`original_max_position_embeddings`).
+    pub original_context: usize,
+    /// Frequencies that turn more than `beta_fast` times over the original context keep their
+    /// value; fewer than `beta_slow` times, they are interpolated; a linear ramp between.
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Round the ramp's ends to whole dimensions (transformers' default; gpt-oss sets false).
+    pub truncate: bool,
+    /// Multiplies cos and sin (the paper's √(1/t)).
+    pub attention_factor: f64,
+    /// DeepSeek's `mscale_all_dim` (0 when absent): MLA also scales its softmax by
+    /// `yarn_mscale(factor, mscale_all_dim)²` (transformers' `yarn_apply_mscale`).
+    pub mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// The factor on the attention softmax scale (1 unless `mscale_all_dim` is set).
+    pub fn softmax_factor(&self) -> f64 {
+        if self.mscale_all_dim == 0.0 {
+            return 1.0;
+        }
+        let m = yarn_mscale(self.factor, self.mscale_all_dim);
+        m * m
+    }
+}
+
+/// YaRN's Eq. 21: `0.1 · mscale · ln(scale) + 1` (transformers' `yarn_get_mscale`).
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -53,8 +111,13 @@ pub struct AttentionSpec {
     pub head_dim: usize,
     pub rope_theta: f64,
     pub rope_style: RopeStyle,
+    /// YaRN context extension, when the model was trained with it.
+    pub rope_scaling: Option<Yarn>,
     /// Per layer: attend to at most this many previous positions (Mistral's sliding window).
     pub sliding_window: Vec<Option<usize>>,
+    /// Latent attention (DeepSeek-V3): then `head_dim` is the query/key width (nope + rope) and
+    /// `kv_heads` is 1, the one latent all heads read.
+    pub mla: Option<MlaSpec>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,7 +125,8 @@ pub struct MoeSpec {
     pub experts: usize,
     pub routing: Routing,
     pub expert_ffn: usize,
-    /// Qwen-MoE's always-on shared expert, scaled by its own sigmoid gate.
+    /// The always-on shared expert's width: Qwen-MoE's, scaled by its own sigmoid gate, or
+    /// DeepSeek's `n_shared_experts` experts fused into one, added unweighted.
     pub shared_expert_ffn: Option<usize>,
 }
 
@@ -115,18 +179,18 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("llama", _) => Architecture::Mixtral,
         ("qwen2moe", _) => Architecture::Qwen2Moe,
         ("qwen3moe", _) => Architecture::Qwen3Moe,
+        ("deepseek2", _) => Architecture::DeepseekV3,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
-    let head_dim = g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads);
-    if let Some(scaling) = g.string(&key("rope.scaling.type")).filter(|s| *s != "none") {
-        return Err(EngineError::Unsupported {
-            what: format!("rope scaling `{scaling}`"),
-            hint: "this engine implements plain RoPE; use a model without rope scaling".into(),
-        });
-    }
+    let mla = (architecture == Architecture::DeepseekV3).then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
+    };
+    let rope_scaling = yarn_from_gguf(g, &arch_name)?;
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let vocab_size = match g.uint(&key("vocab_size")) {
         Some(v) => v as usize,
@@ -134,19 +198,39 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     };
     let moe = if experts > 0 {
         let top_k = need("expert_used_count")?;
-        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE does not.
-        let default_norm = !matches!(architecture, Architecture::Qwen2Moe);
+        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
+        // (unless told) do not.
+        let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
         let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
-        let expert_ffn = g.uint(&key("expert_feed_forward_length")).map(|v| v as usize);
-        Some(MoeSpec {
-            experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
-            expert_ffn: match expert_ffn {
-                Some(f) => f,
-                None => need("feed_forward_length")?,
-            },
-            shared_expert_ffn: g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0),
-        })
+        let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
+            Some(f) => f as usize,
+            None => need("feed_forward_length")?,
+        };
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
+            // gating with its max-scored groups is another router.
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(1);
+            if gating != 2 {
+                return Err(EngineError::Unsupported {
+                    what: format!("deepseek2 expert gating function {gating}"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
+                });
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: g.uint(&key("expert_group_count")).map_or(1, |v| v as usize).max(1),
+                top_groups: g.uint(&key("expert_group_used_count")).map_or(1, |v| v as usize).max(1),
+                normalize,
+                scale: g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
+            };
+            // llama.cpp: the shared experts are one MLP of n_ff_exp · n_expert_shared.
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (routing, Some(shared).filter(|s| *s > 0))
+        } else {
+            let shared = g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0);
+            (Routing::SoftmaxTopK { top_k, normalize }, shared)
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn })
     } else {
         None
     };
@@ -168,14 +252,21 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         context_length: need("context_length")?,
         attention: AttentionSpec {
             heads,
-            kv_heads: g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+            kv_heads: match mla {
+                Some(_) => 1,
+                None => g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+            },
             head_dim,
             rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
+            // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
+            // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
             rope_style: match architecture {
-                Architecture::Llama | Architecture::Mixtral => RopeStyle::Interleaved,
+                Architecture::Llama | Architecture::Mixtral | Architecture::DeepseekV3 => RopeStyle::Interleaved,
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => RopeStyle::HalfSplit,
             },
+            rope_scaling,
             sliding_window: vec![window; layers],
+            mla,
         },
         moe,
         moe_layers: Vec::new(),
@@ -201,6 +292,15 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "mixtral" => Architecture::Mixtral,
         "qwen2_moe" => Architecture::Qwen2Moe,
         "qwen3_moe" => Architecture::Qwen3Moe,
+        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout; any
+        // other name that declares DeepSeek-V3's class is taken as it.
+        "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
+        _ if get("architectures")
+            .and_then(Json::as_array)
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
+        {
+            Architecture::DeepseekV3
+        }
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("hidden_size")?;
@@ -208,19 +308,9 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let heads = need("num_attention_heads")?;
     // transformers 5 moved rope settings into `rope_parameters`; 4 had `rope_theta` + `rope_scaling`.
     let rope = get("rope_parameters");
-    let rope_type = rope
-        .and_then(|r| r.get("rope_type"))
-        .or_else(|| get("rope_scaling").and_then(|r| r.get("rope_type").or_else(|| r.get("type"))))
-        .and_then(Json::as_str)
-        .unwrap_or("default");
-    if rope_type != "default" {
-        return Err(EngineError::Unsupported {
-            what: format!("rope_type `{rope_type}`"),
-            hint: "this engine implements plain RoPE; use a model without rope scaling".into(),
-        });
-    }
     let rope_theta =
         rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
+    let rope_scaling = yarn_from_hf(c, &path)?;
     // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
     // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
     let window = uint("sliding_window").filter(|w| *w > 0);
@@ -232,24 +322,52 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 let from = uint("max_window_layers").unwrap_or(0);
                 window.filter(|_| on && l >= from)
             }
-            Architecture::Llama => None,
+            Architecture::Llama | Architecture::DeepseekV3 => None,
         })
         .collect();
-    let experts = uint("num_local_experts").or_else(|| uint("num_experts")).unwrap_or(0);
+    let experts =
+        uint("num_local_experts").or_else(|| uint("num_experts")).or_else(|| uint("n_routed_experts")).unwrap_or(0);
     let moe = if experts > 0 && architecture != Architecture::Llama {
         let top_k = need("num_experts_per_tok")?;
         let normalize = match architecture {
             Architecture::Mixtral => true,
             _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(false),
         };
-        Some(MoeSpec {
-            experts,
-            routing: Routing::SoftmaxTopK { top_k, normalize },
-            expert_ffn: uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?,
-            shared_expert_ffn: uint("shared_expert_intermediate_size").filter(|v| *v > 0),
-        })
+        let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+            // transformers `DeepseekV3TopkRouter`; the shared experts are one DeepseekV3MLP of
+            // moe_intermediate_size · n_shared_experts.
+            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sigmoid");
+            if scoring != "sigmoid" {
+                return Err(EngineError::Unsupported {
+                    what: format!("deepseek_v3 scoring_func `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
+                });
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: uint("n_group").unwrap_or(1).max(1),
+                top_groups: uint("topk_group").unwrap_or(1).max(1),
+                normalize,
+                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+            };
+            (routing, Some(uint("n_shared_experts").unwrap_or(0) * expert_ffn).filter(|v| *v > 0))
+        } else {
+            (Routing::SoftmaxTopK { top_k, normalize }, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn })
     } else {
         None
+    };
+    let mla = match architecture {
+        Architecture::DeepseekV3 => Some(MlaSpec {
+            q_lora_rank: uint("q_lora_rank"),
+            kv_lora_rank: need("kv_lora_rank")?,
+            qk_nope_head_dim: need("qk_nope_head_dim")?,
+            qk_rope_head_dim: need("qk_rope_head_dim")?,
+            v_head_dim: need("v_head_dim")?,
+        }),
+        _ => None,
     };
     let generation = crate::format::read_json_opt(&h.dir().join("generation_config.json"));
     let ids = |v: Option<&Json>| -> Vec<u32> {
@@ -275,15 +393,211 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         context_length: uint("max_position_embeddings").unwrap_or(4096),
         attention: AttentionSpec {
             heads,
-            kv_heads: uint("num_key_value_heads").unwrap_or(heads),
-            head_dim: uint("head_dim").unwrap_or(hidden_size / heads),
+            kv_heads: if mla.is_some() { 1 } else { uint("num_key_value_heads").unwrap_or(heads) },
+            head_dim: match &mla {
+                Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+                None => uint("head_dim").unwrap_or(hidden_size / heads),
+            },
             rope_theta,
-            rope_style: RopeStyle::HalfSplit,
+            // transformers' `rope_interleave` (DeepSeek's own weights rotate adjacent pairs).
+            rope_style: match (&mla, get("rope_interleave").and_then(Json::as_bool)) {
+                (Some(_), None | Some(true)) => RopeStyle::Interleaved,
+                _ => RopeStyle::HalfSplit,
+            },
+            rope_scaling,
             sliding_window,
+            mla,
         },
         moe,
         moe_layers: Vec::new(),
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })
+}
+
+/// MLA's widths as llama.cpp's converter writes them: since it stores MLA as MQA over the latent,
+/// `key_length`/`value_length` are the latent's and the per-head widths are the `_mla` keys;
+/// older files have no `_mla` keys and the per-head widths in `key_length`/`value_length`.
+fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let rope = need("rope.dimension_count")?;
+    let (k_len, v_len) = match (g.uint(&key("attention.key_length_mla")), g.uint(&key("attention.value_length_mla"))) {
+        (Some(k), Some(v)) => (k as usize, v as usize),
+        _ => (need("attention.key_length")?, need("attention.value_length")?),
+    };
+    if k_len <= rope {
+        return Err(EngineError::MissingMetadata {
+            key: format!("{} (larger than the rope dimensions)", key("attention.key_length_mla")),
+        });
+    }
+    Ok(MlaSpec {
+        q_lora_rank: g.uint(&key("attention.q_lora_rank")).map(|v| v as usize).filter(|r| *r > 0),
+        kv_lora_rank: need("attention.kv_lora_rank")?,
+        qk_nope_head_dim: k_len - rope,
+        qk_rope_head_dim: rope,
+        v_head_dim: v_len,
+    })
+}
+
+fn unsupported_rope(kind: &str) -> EngineError {
+    EngineError::Unsupported {
+        what: format!("rope scaling `{kind}`"),
+        hint: "this engine implements plain RoPE and YaRN; use a model with one of those".into(),
+    }
+}
+
+/// YaRN from llama.cpp's keys (`{arch}.rope.scaling.*`, written by convert_hf_to_gguf.py).
+fn yarn_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<Yarn>> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    match g.string(&key("type")) {
+        None | Some("none") => return Ok(None),
+        Some("yarn") => {}
+        Some(other) => return Err(unsupported_rope(other)),
+    }
+    let factor = g.float(&key("factor")).ok_or_else(|| missing(&key("factor")))?;
+    let given = g.float(&key("yarn_attn_factor"));
+    // deepseek2: the converter writes 0.1 · mscale_all_dim as the log multiplier, and llama.cpp
+    // (llama-model.cpp, TAG_DEEPSEEK2_YARN_LOG_MUL_FIX) divides it back out, folds mscale² into
+    // the softmax scale and cancels ggml's own YaRN factor on cos/sin.
+    let (attention_factor, mscale_all_dim) = if arch == "deepseek2" {
+        (given.unwrap_or(1.0), g.float(&key("yarn_log_multiplier")).map_or(0.0, |m| m / 0.1))
+    } else {
+        (given.unwrap_or_else(|| yarn_mscale(factor, 1.0)), 0.0)
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: g
+            .uint(&key("original_context_length"))
+            .map(|v| v as usize)
+            .ok_or_else(|| missing(&key("original_context_length")))?,
+        beta_fast: g.float(&key("yarn_beta_fast")).unwrap_or(32.0),
+        beta_slow: g.float(&key("yarn_beta_slow")).unwrap_or(1.0),
+        // ggml's `ggml_rope_yarn_corr_dims` always rounds the ramp's ends.
+        truncate: true,
+        attention_factor,
+        mscale_all_dim,
+    }))
+}
+
+/// YaRN from `config.json`'s `rope_parameters` (transformers 5) or `rope_scaling` (4), with
+/// transformers' `_compute_yarn_parameters` defaults.
+fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
+    let Some(r) = ["rope_parameters", "rope_scaling"].iter().find_map(|k| c.get(*k).filter(|v| v.is_object())) else {
+        return Ok(None);
+    };
+    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str).unwrap_or("default");
+    match kind {
+        "default" => return Ok(None),
+        "yarn" => {}
+        other => return Err(unsupported_rope(other)),
+    }
+    let num = |k: &str| r.get(k).and_then(Json::as_f64);
+    // `or` in the reference: 0 and null fall back to the default too.
+    let nonzero = |k: &str| num(k).filter(|v| *v != 0.0);
+    let max_positions = c.get("max_position_embeddings").and_then(Json::as_u64);
+    let original = r
+        .get("original_max_position_embeddings")
+        .or_else(|| c.get("original_max_position_embeddings"))
+        .and_then(Json::as_u64)
+        .or(max_positions)
+        .ok_or_else(|| EngineError::BadConfig {
+            path: path.to_path_buf(),
+            reason: "YaRN needs `original_max_position_embeddings`".into(),
+        })? as usize;
+    let factor = match num("factor") {
+        Some(f) => f,
+        None => max_positions.unwrap_or(original as u64) as f64 / original as f64,
+    };
+    let (mscale, mscale_all_dim) = (nonzero("mscale"), nonzero("mscale_all_dim"));
+    let attention_factor = match (num("attention_factor"), mscale, mscale_all_dim) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+        _ => yarn_mscale(factor, 1.0),
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: original,
+        beta_fast: nonzero("beta_fast").unwrap_or(32.0),
+        beta_slow: nonzero("beta_slow").unwrap_or(1.0),
+        truncate: r.get("truncate").and_then(Json::as_bool).unwrap_or(true),
+        attention_factor,
+        mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+    }))
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(config: &str) -> Option<Yarn> {
+        yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    /// A GGUF holding only `metadata`.
+    fn gguf_with(dir: &std::path::Path, metadata: &[(&str, candle_core::quantized::gguf_file::Value)]) -> GgufFile {
+        // A new file each time: an earlier one may still be mapped.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = dir.join(format!("meta{}.gguf", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let metadata: Vec<(String, _)> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        crate::format::gguf_write::write_gguf(&path, &metadata, &[], 32, |_, _| Ok(())).unwrap();
+        GgufFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn yarn_reads_llama_cpp_keys_with_ggml_defaults_and_deepseek2_log_multiplier() {
+        use candle_core::quantized::gguf_file::Value;
+        let dir = tempfile::tempdir().unwrap();
+        let yarn = |arch: &str, extra: &[(&str, Value)]| {
+            let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+            let (t, f, o) = (key("type"), key("factor"), key("original_context_length"));
+            let mut meta = vec![
+                (t.as_str(), Value::String("yarn".into())),
+                (f.as_str(), Value::F32(32.0)),
+                (o.as_str(), Value::U32(4096)),
+            ];
+            meta.extend(extra.iter().cloned());
+            yarn_from_gguf(&gguf_with(dir.path(), &meta), arch).unwrap().unwrap()
+        };
+        // gpt-oss as its converter writes it: betas given, ggml's own attention factor.
+        let g = yarn("gpt-oss", &[("gpt-oss.rope.scaling.yarn_beta_fast", Value::F32(16.0))]);
+        assert_eq!((g.factor, g.original_context, g.beta_fast, g.beta_slow), (32.0, 4096, 16.0, 1.0));
+        assert!((g.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-6);
+        assert_eq!(g.softmax_factor(), 1.0);
+        // deepseek2: log multiplier 0.1 · mscale_all_dim; cos/sin unscaled.
+        let d = yarn("deepseek2", &[("deepseek2.rope.scaling.yarn_log_multiplier", Value::F32(0.1))]);
+        assert_eq!(d.attention_factor, 1.0);
+        let m = 0.1 * 32f64.ln() + 1.0;
+        assert!((d.softmax_factor() - m * m).abs() < 1e-6);
+        let none = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("none".into()))]);
+        assert_eq!(yarn_from_gguf(&none, "llama").unwrap(), None);
+        let linear = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("linear".into()))]);
+        assert!(yarn_from_gguf(&linear, "llama").is_err());
+    }
+
+    #[test]
+    fn yarn_reads_transformers_4_and_5_spellings_with_the_reference_defaults() {
+        // DeepSeek-V3's config.json (transformers 4 spelling): mscale over mscale_all_dim is 1.
+        let v4 = yarn(
+            r#"{"max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": {"type": "yarn",
+               "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert_eq!((v4.factor, v4.original_context, v4.truncate), (40.0, 4096, true));
+        assert_eq!(v4.attention_factor, 1.0);
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((v4.softmax_factor() - m * m).abs() < 1e-12);
+        // gpt-oss (transformers 5): no mscale, so 0.1·ln(factor) + 1 on cos/sin; no truncation.
+        let v5 = yarn(
+            r#"{"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000,
+               "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert!(!v5.truncate);
+        assert!((v5.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(v5.softmax_factor(), 1.0);
+        assert_eq!(yarn(r#"{"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}"#), None);
+        assert_eq!(yarn(r#"{"rope_theta": 10000.0, "rope_scaling": null}"#), None);
+    }
 }

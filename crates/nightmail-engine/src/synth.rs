@@ -1,5 +1,6 @@
 //! Synthetic mixture-of-experts models: random weights in a real layout (llama.cpp's GGUF
-//! `qwen3moe`), of any size, for streaming benchmarks. llama.cpp loads them too.
+//! `qwen3moe`, or `deepseek2` as its converter writes DeepSeek-V3), of any size, for streaming
+//! benchmarks.
 //!
 //! Random quantized bytes must decode to values symmetric around zero: uniform nibbles would
 //! make Q4_0 weights average −0.5·d, every router logit would share that bias, and routing would
@@ -139,15 +140,47 @@ struct Planned {
     expert: bool,
 }
 
+/// The DeepSeek-V3 shape scaled to a head width d: its heads are 128 + 64 (rope) wide for
+/// queries and keys, 128 for values, over a 512-wide kv latent and a 1536-wide q latent.
+#[derive(Clone, Copy)]
+struct LatentShape {
+    q_lora: usize,
+    kv_lora: usize,
+    nope: usize,
+    rope: usize,
+    v: usize,
+    /// Expert groups and how many of them a token may use (DeepSeek-V3: 8 and 4).
+    groups: usize,
+    top_groups: usize,
+}
+
+impl LatentShape {
+    fn new(spec: &SynthSpec) -> Self {
+        let d = spec.head_dim;
+        // The most groups (up to 8) of at least two experts that still leave top-k experts in
+        // half the groups.
+        let groups = [8, 4, 2, 1]
+            .into_iter()
+            .find(|g| {
+                spec.experts.is_multiple_of(*g)
+                    && spec.experts / g >= 2
+                    && (g / 2).max(1) * (spec.experts / g) >= spec.top_k
+            })
+            .unwrap_or(1);
+        LatentShape {
+            q_lora: (12 * d).min(spec.hidden),
+            kv_lora: (4 * d).min(spec.hidden),
+            nope: d,
+            rope: (d / 2).max(2) & !1,
+            v: d,
+            groups,
+            top_groups: (groups / 2).max(1),
+        }
+    }
+}
+
 /// Write the model to `out`.
 pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
-    if spec.arch == SynthArch::DeepseekV3 {
-        return Err(EngineError::Unsupported {
-            what: "synthesizing deepseek_v3".into(),
-            hint: "the engine runs deepseek_v3 only once multi-head latent attention lands; use --arch qwen3_moe"
-                .into(),
-        });
-    }
     let expert_dtype = match spec.dtype {
         SynthDtype::Q4_0 => WeightDType::Ggml(GgmlDType::Q4_0),
         SynthDtype::Q8_0 => WeightDType::Ggml(GgmlDType::Q8_0),
@@ -165,7 +198,16 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
             hint: "choose 1 ≤ top-k ≤ experts".into(),
         });
     }
-    let arch = "qwen3moe";
+    let arch = match spec.arch {
+        SynthArch::Qwen3Moe => "qwen3moe",
+        SynthArch::DeepseekV3 => "deepseek2",
+    };
+    let latent = LatentShape::new(spec);
+    // DeepSeek-V3 keeps its first layers dense (3 of 61); here the first, when there are more.
+    let dense_layers = match spec.arch {
+        SynthArch::DeepseekV3 if spec.layers > 1 => 1,
+        _ => 0,
+    };
     let mut metadata: Vec<(String, Value)> = Vec::new();
     let mut vocab = spec.vocab;
     if let Some(src) = &spec.tokenizer_from {
@@ -185,15 +227,12 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         0..0,
         [
             ("general.architecture".to_string(), Value::String(arch.into())),
-            ("general.name".to_string(), Value::String("nightmail synthetic qwen3moe".into())),
+            ("general.name".to_string(), Value::String(format!("nightmail synthetic {arch}"))),
             (k("block_count"), u32v(spec.layers)),
             (k("context_length"), u32v(spec.context_length)),
             (k("embedding_length"), u32v(spec.hidden)),
             (k("feed_forward_length"), u32v(spec.expert_ffn * spec.top_k)),
             (k("attention.head_count"), u32v(spec.heads)),
-            (k("attention.head_count_kv"), u32v(spec.kv_heads)),
-            (k("attention.key_length"), u32v(spec.head_dim)),
-            (k("attention.value_length"), u32v(spec.head_dim)),
             (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
             (k("rope.freq_base"), Value::F32(1_000_000.0)),
             (k("expert_count"), u32v(spec.experts)),
@@ -201,8 +240,38 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
             (k("expert_feed_forward_length"), u32v(spec.expert_ffn)),
         ],
     );
+    let l = latent;
+    let arch_keys = match spec.arch {
+        SynthArch::Qwen3Moe => vec![
+            (k("attention.head_count_kv"), u32v(spec.kv_heads)),
+            (k("attention.key_length"), u32v(spec.head_dim)),
+            (k("attention.value_length"), u32v(spec.head_dim)),
+        ],
+        // convert_hf_to_gguf.py DeepseekV2Model: MLA as MQA over the latent, per-head widths in
+        // the `_mla` keys; sigmoid routing in groups with DeepSeek-V3's scale and one shared expert.
+        SynthArch::DeepseekV3 => vec![
+            (k("attention.head_count_kv"), u32v(1)),
+            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
+            (k("attention.value_length"), u32v(l.kv_lora)),
+            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
+            (k("attention.value_length_mla"), u32v(l.v)),
+            (k("attention.q_lora_rank"), u32v(l.q_lora)),
+            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
+            (k("rope.dimension_count"), u32v(l.rope)),
+            (k("leading_dense_block_count"), u32v(dense_layers)),
+            (k("expert_shared_count"), u32v(1)),
+            (k("expert_weights_scale"), Value::F32(2.5)),
+            (k("expert_weights_norm"), Value::Bool(true)),
+            (k("expert_gating_func"), u32v(2)),
+            (k("expert_group_count"), u32v(l.groups)),
+            (k("expert_group_used_count"), u32v(l.top_groups)),
+        ],
+    };
+    metadata.extend(arch_keys);
     if spec.tokenizer_from.is_none() {
         metadata.push((k("vocab_size"), u32v(vocab)));
+        // llama.cpp's LLAMA_VOCAB_TYPE_NONE: it loads a model driven by token ids only with this.
+        metadata.push(("tokenizer.ggml.model".into(), Value::String("none".into())));
     }
 
     let (h, f, e) = (spec.hidden, spec.expert_ffn, spec.experts);
@@ -222,17 +291,54 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         plan.push(Planned { header: TensorHeader::new(name, dtype, shape), fill, expert })
     };
     add("token_embd.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(1.0), false);
+    let (dense, f16) = (spec.expert_ffn * spec.top_k, WeightDType::F16);
     for l in 0..spec.layers {
         let b = |n: &str| format!("blk.{l}.{n}");
         add(b("attn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
-        add(b("attn_q.weight"), WeightDType::F16, &[q_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_k.weight"), WeightDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_v.weight"), WeightDType::F16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
-        add(b("attn_output.weight"), WeightDType::F16, &[h, q_dim], Fill::Uniform(attn_out), false);
-        add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
-        add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+        match spec.arch {
+            SynthArch::Qwen3Moe => {
+                add(b("attn_q.weight"), f16, &[q_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_k.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_v.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_output.weight"), f16, &[h, q_dim], Fill::Uniform(attn_out), false);
+                add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+                add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+            }
+            SynthArch::DeepseekV3 => {
+                let (m, heads) = (latent, spec.heads);
+                add(b("attn_q_a.weight"), f16, &[m.q_lora, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_q_a_norm.weight"), WeightDType::F32, &[m.q_lora], Fill::Ones, false);
+                add(
+                    b("attn_q_b.weight"),
+                    f16,
+                    &[heads * (m.nope + m.rope), m.q_lora],
+                    Fill::Uniform(inv(m.q_lora)),
+                    false,
+                );
+                add(b("attn_kv_a_mqa.weight"), f16, &[m.kv_lora + m.rope, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_kv_a_norm.weight"), WeightDType::F32, &[m.kv_lora], Fill::Ones, false);
+                add(b("attn_k_b.weight"), f16, &[heads, m.kv_lora, m.nope], Fill::Uniform(inv(m.kv_lora)), false);
+                add(b("attn_v_b.weight"), f16, &[heads, m.v, m.kv_lora], Fill::Uniform(inv(m.kv_lora)), false);
+                let out = inv(heads * m.v) / layers;
+                add(b("attn_output.weight"), f16, &[h, heads * m.v], Fill::Uniform(out), false);
+            }
+        }
         add(b("ffn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
+        if l < dense_layers {
+            add(b("ffn_gate.weight"), f16, &[dense, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_up.weight"), f16, &[dense, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_down.weight"), f16, &[h, dense], Fill::Uniform(inv(dense) / (2.0 * layers).sqrt()), false);
+            continue;
+        }
         add(b("ffn_gate_inp.weight"), WeightDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
+        if spec.arch == SynthArch::DeepseekV3 {
+            // A correction bias about as large as trained ones (DeepSeek-V3's are ~0.1 of its
+            // sigmoid scores' spread), and the shared expert.
+            add(b("exp_probs_b.bias"), WeightDType::F32, &[e], Fill::Uniform(0.02), false);
+            add(b("ffn_gate_shexp.weight"), f16, &[f, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_up_shexp.weight"), f16, &[f, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_down_shexp.weight"), f16, &[h, f], Fill::Uniform(ffn_down), false);
+        }
         add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
         add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
         add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(ffn_down), true);
@@ -400,7 +506,28 @@ mod tests {
     }
 
     #[test]
-    fn an_mxfp4_qwen3moe_is_written_loaded_and_run_and_deepseek_v3_is_still_refused() {
+    fn a_deepseek_v3_is_written_in_the_deepseek2_layout_loaded_and_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ds.gguf");
+        synth(&tiny(SynthDtype::Q4_0, SynthArch::DeepseekV3), &out).unwrap();
+        let info = crate::inspect(&out).unwrap();
+        assert_eq!(info.spec.architecture, crate::Architecture::DeepseekV3);
+        assert_eq!(info.spec.moe_layers, vec![false, true], "the first layer is dense");
+        let mla = info.spec.attention.mla.expect("latent attention");
+        assert_eq!((mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim), (64, 64, 32));
+        assert!(matches!(
+            info.spec.moe.unwrap().routing,
+            crate::Routing::GroupedSigmoid { groups: 4, top_groups: 2, normalize: true, .. }
+        ));
+        let model = crate::Model::load(&out).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
+        assert!(model.logits(&[4], &mut cache).unwrap().iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn an_mxfp4_qwen3moe_is_written_loaded_and_run() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("mxfp4.gguf");
         let report = synth(&tiny(SynthDtype::Mxfp4, SynthArch::Qwen3Moe), &out).unwrap();
@@ -413,7 +540,6 @@ mod tests {
         let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
         assert_eq!(logits.len(), 64);
         assert!(logits.iter().all(|v| v.is_finite()));
-        assert!(synth(&tiny(SynthDtype::Mxfp4, SynthArch::DeepseekV3), &dir.path().join("ds.gguf")).is_err());
     }
 
     #[test]

@@ -1,17 +1,21 @@
 //! Text ↔ token ids, through the `tokenizers` crate (pure-Rust regex backend): from
-//! `tokenizer.json`, or built from GGUF's gpt2-style BPE metadata (vocabulary, merges, and the
-//! pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`, `src/llama-vocab.cpp`).
+//! `tokenizer.json`, from a tiktoken BPE file (`tiktoken.model`, Kimi K2), or built from GGUF's
+//! gpt2-style BPE metadata (vocabulary, merges, and the pre-tokenizer llama.cpp names in
+//! `tokenizer.ggml.pre`, `src/llama-vocab.cpp`).
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use serde_json::Value as Json;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::{EngineError, Result};
 use crate::format::GgufFile;
@@ -75,14 +79,21 @@ impl TextTokenizer {
         }))
     }
 
+    /// Whether a Hugging Face directory holds a tokenizer this reads.
+    pub(crate) fn in_hf_dir(dir: &Path) -> bool {
+        dir.join("tokenizer.json").is_file() || dir.join(TIKTOKEN_FILE).is_file()
+    }
+
     pub(crate) fn from_hf_dir(dir: &Path) -> Result<Option<Self>> {
         let file = dir.join("tokenizer.json");
-        if !file.is_file() {
-            return Ok(None);
-        }
-        let inner =
-            Tokenizer::from_file(&file).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", file.display())))?;
         let config = crate::format::read_json_opt(&dir.join("tokenizer_config.json"));
+        let inner = if file.is_file() {
+            Tokenizer::from_file(&file).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", file.display())))?
+        } else if dir.join(TIKTOKEN_FILE).is_file() {
+            from_tiktoken(&dir.join(TIKTOKEN_FILE), config.as_ref())?
+        } else {
+            return Ok(None);
+        };
         let special = |key: &str| -> Option<String> {
             match config.as_ref()?.get(key)? {
                 Json::String(s) => Some(s.clone()),
@@ -118,5 +129,187 @@ impl TextTokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+/// Kimi K2's tiktoken file; its pre-tokenizer split is in its Python code, not the file.
+const TIKTOKEN_FILE: &str = "tiktoken.model";
+
+/// Kimi K2's `pat_str` (`tokenization_kimi.py`): CJK runs alone, cased words with English
+/// contractions, up to three digits, punctuation runs, then whitespace as tiktoken's cl100k.
+const KIMI_SPLIT: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"|\s*[\r\n]+",
+    r"|\s+(?!\S)",
+    r"|\s+",
+);
+
+/// Kimi K2 reserves 256 + 2 special ids after the ranks (`num_reserved_special_tokens + 2`);
+/// those `added_tokens_decoder` does not name are `<|reserved_token_{id}|>`.
+const TIKTOKEN_RESERVED: usize = 258;
+
+/// A tiktoken BPE file (one `base64(token) rank` per line) as a `tokenizers` BPE: tiktoken merges
+/// the adjacent pair whose concatenation has the lowest rank, which is the BPE whose merges are
+/// ordered by the rank of what they make (llama.cpp's converter derives them the same way,
+/// `QwenModel.bpe`). Tokens are spelt in GPT-2's byte-to-unicode alphabet, as byte-level BPE
+/// vocabularies are; a whole piece that is a token is emitted as one (tiktoken's first lookup).
+fn from_tiktoken(path: &Path, config: Option<&Json>) -> Result<Tokenizer> {
+    let bad = |what: String| EngineError::Tokenizer(format!("{}: {what}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let mut ranks: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut by_rank: Vec<(u32, Vec<u8>)> = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let (token, rank) = line.split_once(' ').ok_or_else(|| bad(format!("line {}: not `token rank`", n + 1)))?;
+        let token = base64_decode(token).ok_or_else(|| bad(format!("line {}: bad base64", n + 1)))?;
+        let rank: u32 = rank.trim().parse().map_err(|_| bad(format!("line {}: bad rank", n + 1)))?;
+        ranks.insert(token.clone(), rank);
+        by_rank.push((rank, token));
+    }
+    by_rank.sort();
+    let alphabet = byte_alphabet();
+    let spell = |bytes: &[u8]| -> String { bytes.iter().map(|b| alphabet[*b as usize]).collect() };
+    let mut merges = Vec::new();
+    for (rank, token) in by_rank.iter().filter(|(_, t)| t.len() > 1) {
+        match bpe_parts(&ranks, token, *rank).as_slice() {
+            [a, b] => merges.push((spell(a), spell(b))),
+            _ => return Err(bad(format!("token of rank {rank} is not the merge of two lower-ranked tokens"))),
+        }
+    }
+    let vocab: tokenizers::models::bpe::Vocab = by_rank.iter().map(|(r, t)| (spell(t), *r)).collect();
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(true).build().map_err(tk_err)?;
+    let mut tk = Tokenizer::new(bpe);
+    let split =
+        Split::new(SplitPattern::Regex(KIMI_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).map_err(tk_err)?;
+    let pre: PreTokenizerWrapper = Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into();
+    tk.with_pre_tokenizer(Some(pre));
+    tk.with_decoder(Some(ByteLevelDecoder::default()));
+    // Special tokens take the ids after the ranks, in order.
+    let base = by_rank.len() as u32;
+    let mut named: HashMap<u32, String> = HashMap::new();
+    if let Some(Json::Object(added)) = config.and_then(|c| c.get("added_tokens_decoder")) {
+        for (id, t) in added {
+            if let (Ok(id), Some(content)) = (id.parse::<u32>(), t.get("content").and_then(Json::as_str)) {
+                named.insert(id, content.to_string());
+            }
+        }
+    }
+    let last = named.keys().copied().max().map_or(0, |m| m + 1).max(base + TIKTOKEN_RESERVED as u32);
+    let specials: Vec<AddedToken> = (base..last)
+        .map(|id| AddedToken::from(named.remove(&id).unwrap_or_else(|| format!("<|reserved_token_{id}|>")), true))
+        .collect();
+    tk.add_special_tokens(specials.clone()).map_err(tk_err)?;
+    for (i, t) in specials.iter().enumerate() {
+        if tk.token_to_id(&t.content) != Some(base + i as u32) {
+            return Err(bad(format!("special token `{}` did not get id {}", t.content, base + i as u32)));
+        }
+    }
+    Ok(tk)
+}
+
+/// tiktoken's byte-pair merge of `token` using only ranks below `max_rank`: the parts left.
+fn bpe_parts(ranks: &HashMap<Vec<u8>, u32>, token: &[u8], max_rank: u32) -> Vec<Vec<u8>> {
+    let mut parts: Vec<Vec<u8>> = token.iter().map(|b| vec![*b]).collect();
+    loop {
+        let best = (0..parts.len().saturating_sub(1))
+            .filter_map(|i| {
+                let pair = [parts[i].as_slice(), parts[i + 1].as_slice()].concat();
+                ranks.get(&pair).filter(|r| **r < max_rank).map(|r| (*r, i))
+            })
+            .min();
+        let Some((_, i)) = best else { return parts };
+        let right = parts.remove(i + 1);
+        parts[i].extend(right);
+    }
+}
+
+/// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the rest for code points
+/// from 256 up, so that every byte string is a printable string.
+fn byte_alphabet() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).expect("a byte is a char")
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("below the surrogates")
+            }
+        })
+        .collect()
+}
+
+/// Standard base64 (RFC 4648 §4), padded or not.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let s = s.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= value(*c)? << (18 - 6 * i);
+        }
+        let n = match chunk.len() {
+            4 => 3,
+            3 => 2,
+            2 => 1,
+            _ => return None,
+        };
+        out.extend_from_slice(&acc.to_be_bytes()[1..1 + n]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Case {
+        text: String,
+        ids: Vec<u32>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Expected {
+        cases: Vec<Case>,
+    }
+
+    /// tests/fixtures/tiktoken: a tiny Kimi K2-style tiktoken.model, and the ids the `tiktoken`
+    /// package gives a few texts with Kimi's split (tests/fixtures/tiktoken/generate.py).
+    #[test]
+    fn a_tiktoken_model_encodes_as_tiktoken_does() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiktoken");
+        assert!(TextTokenizer::in_hf_dir(&dir));
+        let tk = TextTokenizer::from_hf_dir(&dir).unwrap().expect("the fixture has tiktoken.model");
+        let expected: Expected =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        for case in &expected.cases {
+            assert_eq!(tk.encode(&case.text, false).unwrap(), case.ids, "{:?}", case.text);
+        }
+        assert_eq!(tk.bos_text(), Some("[BOS]"));
+        assert_eq!(tk.token_id("<|im_end|>"), Some(316 + 2));
+        let plain = &expected.cases[0];
+        assert_eq!(tk.decode(&plain.ids).unwrap(), plain.text);
+    }
+
+    #[test]
+    fn base64_decodes_padded_and_unpadded() {
+        assert_eq!(base64_decode("IQ==").unwrap(), b"!");
+        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode("5oiR").unwrap(), "我".as_bytes());
     }
 }

@@ -53,8 +53,8 @@ fn samplings() -> Vec<Sampling> {
 type Steps = Vec<(u32, Vec<f32>)>;
 
 /// Sequence `i` alone, through the same step API (prefill chunk 8).
-fn alone(model: &Model, i: usize) -> Steps {
-    let mut s = model.stream_deferred(request(prompts()[i].clone(), 12, samplings()[i]), None).unwrap();
+fn alone(model: &Model, prompts: &[Vec<u32>], i: usize) -> Steps {
+    let mut s = model.stream_deferred(request(prompts[i].clone(), 12, samplings()[i]), None).unwrap();
     let mut out = Vec::new();
     while s.stop_reason().is_none() {
         for e in model.step(&mut [&mut s], 8).unwrap().into_iter().flatten() {
@@ -65,10 +65,9 @@ fn alone(model: &Model, i: usize) -> Steps {
 }
 
 /// All four together, sequence i joining after 2·i steps.
-fn together(model: &Model) -> Vec<Steps> {
-    let mut streams: Vec<_> = (0..4)
-        .map(|i| model.stream_deferred(request(prompts()[i].clone(), 12, samplings()[i]), None).unwrap())
-        .collect();
+fn together(model: &Model, prompts: &[Vec<u32>]) -> Vec<Steps> {
+    let mut streams: Vec<_> =
+        (0..4).map(|i| model.stream_deferred(request(prompts[i].clone(), 12, samplings()[i]), None).unwrap()).collect();
     let mut out = vec![Vec::new(); 4];
     let mut step = 0;
     while streams.iter().any(|s| s.stop_reason().is_none()) {
@@ -89,17 +88,39 @@ fn sequences_decoded_together_get_exactly_what_they_get_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = synth_model(dir.path());
     let model = Model::load(&path).unwrap();
-    let want: Vec<Steps> = (0..4).map(|i| alone(&model, i)).collect();
+    let want: Vec<Steps> = (0..4).map(|i| alone(&model, &prompts(), i)).collect();
     assert!(want.iter().all(|w| w.len() == 12));
-    assert_eq!(together(&model), want);
+    assert_eq!(together(&model, &prompts()), want);
 
     // Streamed experts through a cache smaller than one layer's: the same bits.
     let mut c = StreamConfig::with_cache_mb(0);
     c.cache_bytes = 4 * 4096;
     let streamed = Model::load_with(&path, &LoadOptions { stream: Some(c) }).unwrap();
-    assert_eq!(together(&streamed), want);
+    assert_eq!(together(&streamed, &prompts()), want);
     let stats = streamed.streaming().unwrap().stats();
     assert!(stats.misses > 0, "{stats:?}");
+}
+
+#[test]
+fn latent_attention_sequences_decoded_together_get_exactly_what_they_get_alone() {
+    // deepseek_v3's cache holds latents: prefill chunks take the plain form, decode steps the
+    // absorbed one, and each sequence's latents stay its own. Prompts fit its 64 positions.
+    // The fixture is F32, whose matmul (candle's gemm) blocks by the number of rows, so a
+    // batch's projections round differently from one sequence's (qwen3_moe's F32 fixture does
+    // the same): the tokens must match and the logits agree to 1e-5, not to the bit.
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3");
+    let model = Model::load(&path).unwrap();
+    let prompts = vec![(1..20).collect(), vec![7, 8, 9], (100..140).collect(), vec![42]];
+    let want: Vec<Steps> = (0..4).map(|i| alone(&model, &prompts, i)).collect();
+    assert!(want.iter().all(|w| w.len() == 12));
+    for (i, (got, want)) in together(&model, &prompts).iter().zip(&want).enumerate() {
+        let ids = |s: &Steps| s.iter().map(|(t, _)| *t).collect::<Vec<_>>();
+        assert_eq!(ids(got), ids(want), "sequence {i}'s tokens");
+        for ((_, a), (_, b)) in got.iter().zip(want) {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "sequence {i}: logits differ by {worst:e} in a batch");
+        }
+    }
 }
 
 #[test]

@@ -67,4 +67,4 @@ macro_rules! reference_tests {
     )*};
 }
 
-reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe);
+reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3);

@@ -89,6 +89,14 @@ fn a_moe_model_from_gguf_resumes_identically() {
 }
 
 #[test]
+fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
+    // deepseek_v3's cache holds MLA latents and rotary keys, not per-head keys and values.
+    for path in ["deepseek_v3", "deepseek_v3/model.gguf"] {
+        check_resumes_identically(&Model::load(fixture(path)).unwrap(), Sampling::greedy());
+    }
+}
+
+#[test]
 fn a_torn_last_checkpoint_falls_back_to_the_one_before() {
     let model = Model::load(fixture("llama")).unwrap();
     let want = uninterrupted(&model, Sampling::greedy());

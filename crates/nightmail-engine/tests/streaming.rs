@@ -83,7 +83,7 @@ macro_rules! streaming_tests {
     )*};
 }
 
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe);
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3);
 
 #[test]
 fn a_packed_expert_is_one_read() {

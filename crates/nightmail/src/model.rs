@@ -415,18 +415,49 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     println!("architecture   {:?}", s.architecture);
     println!("layers         {}", s.layers);
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
-    println!(
-        "attention      {} heads, {} kv heads, head dim {}, rope theta {}",
-        a.heads, a.kv_heads, a.head_dim, a.rope_theta
-    );
+    match &a.mla {
+        Some(m) => println!(
+            "attention      latent (MLA): {} heads, kv latent {} + rope key {} cached per token, q latent {}, qk head dim {} + {}, v head dim {}, rope theta {}",
+            a.heads,
+            m.kv_lora_rank,
+            m.qk_rope_head_dim,
+            m.q_lora_rank.map_or("none".to_string(), |r| r.to_string()),
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            a.rope_theta
+        ),
+        None => println!(
+            "attention      {} heads, {} kv heads, head dim {}, rope theta {}",
+            a.heads, a.kv_heads, a.head_dim, a.rope_theta
+        ),
+    }
+    if let Some(y) = &a.rope_scaling {
+        println!(
+            "rope scaling   YaRN factor {} over original context {}, beta {}/{}, attention factor {:.4}, softmax factor {:.4}",
+            y.factor,
+            y.original_context,
+            y.beta_fast,
+            y.beta_slow,
+            y.attention_factor,
+            y.softmax_factor()
+        );
+    }
     match &s.moe {
         Some(m) => println!(
-            "experts        {} per layer in {} MoE layers, top-{}, expert ffn {}{}",
+            "experts        {} per layer in {} MoE layers, top-{}, expert ffn {}{}{}",
             m.experts,
             s.moe_layers.iter().filter(|x| **x).count(),
             m.routing.top_k(),
             m.expert_ffn,
-            m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default()
+            m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default(),
+            match m.routing {
+                nightmail_engine::Routing::GroupedSigmoid { groups, top_groups, normalize, scale, .. } => format!(
+                    ", sigmoid routing in {groups} groups (best {top_groups}), {}weights × {scale}",
+                    if normalize { "normalized " } else { "" }
+                ),
+                nightmail_engine::Routing::SoftmaxTopK { .. } => String::new(),
+            }
         ),
         None => println!("experts        none (dense ffn {})", s.ffn),
     }

@@ -247,9 +247,18 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ffn_down.weight" => &["mlp.down_proj.weight"],
         "ffn_gate_inp.weight" => &["mlp.gate.weight", "block_sparse_moe.gate.weight"],
         "ffn_gate_inp_shexp.weight" => &["mlp.shared_expert_gate.weight"],
-        "ffn_gate_shexp.weight" => &["mlp.shared_expert.gate_proj.weight"],
-        "ffn_up_shexp.weight" => &["mlp.shared_expert.up_proj.weight"],
-        "ffn_down_shexp.weight" => &["mlp.shared_expert.down_proj.weight"],
+        // Qwen2-MoE's `shared_expert`, DeepSeek's `shared_experts`.
+        "ffn_gate_shexp.weight" => &["mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"],
+        "ffn_up_shexp.weight" => &["mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"],
+        "ffn_down_shexp.weight" => &["mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"],
+        // DeepSeek's latent attention and router bias.
+        "attn_q_a.weight" => &["self_attn.q_a_proj.weight"],
+        "attn_q_a_norm.weight" => &["self_attn.q_a_layernorm.weight"],
+        "attn_q_b.weight" => &["self_attn.q_b_proj.weight"],
+        "attn_kv_a_mqa.weight" => &["self_attn.kv_a_proj_with_mqa.weight"],
+        "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight"],
+        "attn_kv_b.weight" => &["self_attn.kv_b_proj.weight"],
+        "exp_probs_b.bias" => &["mlp.gate.e_score_correction_bias"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

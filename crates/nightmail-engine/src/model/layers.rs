@@ -107,6 +107,12 @@ impl RmsNorm {
         Ok(RmsNorm { row_weight: weight.to_vec1()?, weight, eps: eps as f32, numerics })
     }
 
+    #[cfg(test)]
+    pub(crate) fn from_tensor(weight: Tensor, eps: f64) -> Self {
+        let row_weight = weight.to_vec1().expect("a norm weight is a vector");
+        RmsNorm { weight, row_weight, eps: eps as f32, numerics: Numerics::Reference }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         match self.numerics {

@@ -15,6 +15,9 @@ pub struct Route {
 pub struct Router {
     pub(crate) gate: Linear,
     pub(crate) routing: Routing,
+    /// DeepSeek-V3's `e_score_correction_bias` (GGUF `exp_probs_b`): shifts the choice, not the
+    /// weights.
+    pub(crate) choice_bias: Option<Vec<f32>>,
 }
 
 impl Router {
@@ -41,8 +44,50 @@ impl Router {
                 }
                 Route { experts }
             }
+            Routing::GroupedSigmoid { top_k, groups, top_groups, normalize, scale } => {
+                let scores: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+                let choice: Vec<f32> = match &self.choice_bias {
+                    Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                    None => scores.clone(),
+                };
+                let experts = grouped_top_k(&choice, groups, top_groups, top_k);
+                let mut experts: Vec<(usize, f32)> = experts.into_iter().map(|e| (e, scores[e])).collect();
+                if normalize {
+                    // The reference's 1e-20 keeps an all-zero choice finite.
+                    let chosen: f32 = experts.iter().map(|(_, w)| w).sum::<f32>() + 1e-20;
+                    experts.iter_mut().for_each(|(_, w)| *w /= chosen);
+                }
+                experts.iter_mut().for_each(|(_, w)| *w *= scale);
+                Route { experts }
+            }
         }
     }
+}
+
+/// DeepSeek-V3's node-limited choice (`Gate.forward` in DeepSeek-V3's `inference/model.py`,
+/// transformers' `DeepseekV3TopkRouter`): each of `groups` contiguous groups of experts is scored
+/// by the sum of its two best `choice` values, the best `top_groups` groups stay eligible, and
+/// the `top_k` best eligible experts are chosen, best first (ties to the lower index).
+fn grouped_top_k(choice: &[f32], groups: usize, top_groups: usize, top_k: usize) -> Vec<usize> {
+    let per = choice.len() / groups;
+    let best_first = |values: &[f32], idx: &mut Vec<usize>| {
+        idx.sort_by(|a, b| values[*b].total_cmp(&values[*a]).then(a.cmp(b)));
+    };
+    let group_score: Vec<f32> = (0..groups)
+        .map(|g| {
+            let members = &choice[g * per..(g + 1) * per];
+            let mut idx: Vec<usize> = (0..per).collect();
+            best_first(members, &mut idx);
+            idx.iter().take(2).map(|&i| members[i]).sum()
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..groups).collect();
+    best_first(&group_score, &mut order);
+    let mut eligible: Vec<usize> =
+        order[..top_groups.min(groups)].iter().flat_map(|g| g * per..(g + 1) * per).collect();
+    best_first(choice, &mut eligible);
+    eligible.truncate(top_k);
+    eligible
 }
 
 #[cfg(test)]
@@ -51,7 +96,35 @@ mod tests {
 
     fn router(top_k: usize, normalize: bool) -> Router {
         let w = Tensor::zeros((3, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-        Router { gate: Linear::from_tensor(w), routing: Routing::SoftmaxTopK { top_k, normalize } }
+        Router { gate: Linear::from_tensor(w), routing: Routing::SoftmaxTopK { top_k, normalize }, choice_bias: None }
+    }
+
+    fn grouped(bias: Vec<f32>, normalize: bool) -> Router {
+        let w = Tensor::zeros((8, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let routing = Routing::GroupedSigmoid { top_k: 2, groups: 4, top_groups: 2, normalize, scale: 2.5 };
+        Router { gate: Linear::from_tensor(w), routing, choice_bias: Some(bias) }
+    }
+
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    #[test]
+    fn grouped_sigmoid_chooses_within_the_best_groups_by_biased_score_and_weights_unbiased() {
+        // Groups of two: {0,1} {2,3} {4,5} {6,7}. Expert 0 alone has the best logit, but its
+        // group's sum loses to {2,3} and {6,7}; the bias lifts expert 7 above expert 6.
+        let logits = [3.0, -3.0, 1.0, 1.0, -1.0, -1.0, 0.9, 0.8];
+        let bias = vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2];
+        let r = grouped(bias.clone(), false).choose(&logits);
+        let ids: Vec<usize> = r.experts.iter().map(|e| e.0).collect();
+        // Biased: 7 = σ(0.8)+0.2 ≈ 0.890 leads 2 and 3 (σ(1) ≈ 0.731) and 6 (≈ 0.711).
+        assert_eq!(ids, vec![7, 2]);
+        assert!((r.experts[0].1 - 2.5 * sigmoid(0.8)).abs() < 1e-6, "weights are unbiased scores");
+        assert!((r.experts[1].1 - 2.5 * sigmoid(1.0)).abs() < 1e-6);
+        let n = grouped(bias, true).choose(&logits);
+        let sum = sigmoid(0.8) + sigmoid(1.0);
+        assert!((n.experts[0].1 - 2.5 * sigmoid(0.8) / sum).abs() < 1e-6);
+        assert!((n.experts.iter().map(|e| e.1).sum::<f32>() - 2.5).abs() < 1e-5);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The decoder stack: pre-norm layers of attention and feed-forward with residuals (the llama
-//! layout, which all four architectures share), then a final norm and the output head.
+//! layout, which every architecture here shares), then a final norm and the output head.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,21 +9,68 @@ use super::attention::{Attention, F16Cache, LayerCache};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
 use super::layers::{Linear, RmsNorm};
+use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, TensorView};
-use crate::spec::ModelSpec;
+use crate::spec::{MlaSpec, ModelSpec};
 
 pub enum FeedForward {
     Dense(Expert),
     Moe(MoeBlock),
 }
 
+/// The attention an architecture picks: grouped-query heads with their own keys and values, or
+/// DeepSeek's latent attention with one compressed latent per token.
+pub enum SelfAttention {
+    Grouped(Attention),
+    Latent(Mla),
+}
+
+impl SelfAttention {
+    /// The per-token projections of `x` (rows `[tokens, _]`) that [`SelfAttention::attend`] takes.
+    fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        Ok(match self {
+            SelfAttention::Grouped(a) => {
+                let (q, k, v) = a.project(x)?;
+                vec![q, k, v]
+            }
+            SelfAttention::Latent(m) => {
+                let (q, kv) = m.project(x)?;
+                vec![q, kv]
+            }
+        })
+    }
+
+    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        match (self, rows, cache) {
+            (SelfAttention::Grouped(a), [q, k, v], cache) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv], LayerCache::F32(cache)) => m.attend(q, kv, start, cache),
+            // The transformer gives latent attention an f32 cache (it never takes ggml numerics).
+            (SelfAttention::Latent(_), _, LayerCache::F16(_)) => {
+                Err(EngineError::Compute(candle_core::Error::Msg("latent attention over an f16 cache".into())))
+            }
+            _ => unreachable!("rows come from the same attention's project"),
+        }
+    }
+
+    fn output(&self, attended: &Tensor) -> Result<Tensor> {
+        match self {
+            SelfAttention::Grouped(a) => a.output(attended),
+            SelfAttention::Latent(m) => m.output(attended),
+        }
+    }
+}
+
+/// Transformers' DeepseekV3RMSNorm default: the latent norms (`q_a_layernorm`,
+/// `kv_a_layernorm`) use 1e-6 whatever `rms_norm_eps` says, as DeepSeek-V3's reference does.
+const LATENT_NORM_EPS: f64 = 1e-6;
+
 pub struct DecoderLayer {
     attn_norm: RmsNorm,
-    attention: Attention,
+    attention: SelfAttention,
     ffn_norm: RmsNorm,
     ffn: FeedForward,
 }
@@ -55,8 +102,9 @@ impl Embedding {
     }
 }
 
-/// The attention keys and values of one sequence so far, and the routes of its last token
-/// (the fallback predictor of the next token's experts).
+/// The attention keys and values of one sequence so far (for latent attention, each layer's
+/// latents and rotary keys), and the routes of its last token (the fallback predictor of the
+/// next token's experts).
 pub struct KvCache {
     layers: Vec<LayerCache>,
     position: usize,
@@ -143,8 +191,12 @@ impl Transformer {
         prefetch_depth: usize,
     ) -> Result<Self> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
-        let numerics =
-            ck.tensor("blk.0.attn_q.weight")?.map_or(Numerics::Reference, |q| Numerics::for_weights(q.dtype));
+        // ggml's numerics cover grouped attention with plain RoPE (its f16 cache and rope
+        // angles); latent attention and YaRN compute the reference way.
+        let numerics = match ck.tensor("blk.0.attn_q.weight")? {
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() => Numerics::for_weights(q.dtype),
+            _ => Numerics::Reference,
+        };
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
         let embedding =
@@ -161,29 +213,45 @@ impl Transformer {
                 w.expect_shape(&[rows, cols])?;
                 Linear::new(&w, opt(&format!("{name}.bias"))?.as_ref())
             };
-            let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
-            let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                (Some(q), Some(k)) => Some((
-                    RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
-                    RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
-                )),
-                _ => None,
-            };
-            let attention = Attention {
-                q: linear("attn_q", q_dim, hidden)?,
-                k: linear("attn_k", kv_dim, hidden)?,
-                v: linear("attn_v", kv_dim, hidden)?,
-                o: linear("attn_output", hidden, q_dim)?,
-                qk_norm,
-                rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style),
-                heads: a.heads,
-                kv_heads: a.kv_heads,
-                head_dim: a.head_dim,
-                window: a.sliding_window[l],
+            let attention = match &a.mla {
+                Some(dims) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
+                None => {
+                    let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+                    let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
+                        (Some(q), Some(k)) => Some((
+                            RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
+                            RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
+                        )),
+                        _ => None,
+                    };
+                    SelfAttention::Grouped(Attention {
+                        q: linear("attn_q", q_dim, hidden)?,
+                        k: linear("attn_k", kv_dim, hidden)?,
+                        v: linear("attn_v", kv_dim, hidden)?,
+                        o: linear("attn_output", hidden, q_dim)?,
+                        qk_norm,
+                        rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+                        heads: a.heads,
+                        kv_heads: a.kv_heads,
+                        head_dim: a.head_dim,
+                        window: a.sliding_window[l],
+                    })
+                }
             };
             let ffn = match (&spec.moe, spec.moe_layers[l]) {
                 (Some(moe), true) => {
-                    let router = Router { gate: linear("ffn_gate_inp", moe.experts, hidden)?, routing: moe.routing };
+                    let choice_bias = match opt("exp_probs_b.bias")? {
+                        Some(b) => {
+                            b.expect_shape(&[moe.experts])?;
+                            Some(b.to_f32()?.to_vec1::<f32>()?)
+                        }
+                        None => None,
+                    };
+                    let router = Router {
+                        gate: linear("ffn_gate_inp", moe.experts, hidden)?,
+                        routing: moe.routing,
+                        choice_bias,
+                    };
                     let shared = match moe.shared_expert_ffn {
                         Some(f) => Some(SharedExpert {
                             expert: Expert::new(
@@ -268,9 +336,9 @@ impl Transformer {
 
     pub fn new_cache(&self) -> KvCache {
         let n = self.layers.len();
-        let layer = |a: &Attention| match self.numerics {
-            Numerics::Reference => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
-            Numerics::Ggml => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
+        let layer = |a: &SelfAttention| match (a, self.numerics) {
+            (SelfAttention::Grouped(a), Numerics::Ggml) => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
+            _ => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
         };
         KvCache {
             layers: self.layers.iter().map(|l| layer(&l.attention)).collect(),
@@ -305,12 +373,12 @@ impl Transformer {
         let prefetching = self.prefetch.depth > 0;
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = layer.attention.project(&xn)?;
+            let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
             for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
-                let rows = |m: &Tensor| m.narrow(0, off, t.len());
+                let rows = projected.iter().map(|m| m.narrow(0, off, t.len())).collect::<Result<Vec<_>, _>>()?;
                 let start = cache.position;
-                outs.push(layer.attention.attend(&rows(&q)?, &rows(&k)?, &rows(&v)?, start, &mut cache.layers[l])?);
+                outs.push(layer.attention.attend(&rows, start, &mut cache.layers[l])?);
             }
             let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
             let h = (x + a)?;
@@ -338,5 +406,125 @@ impl Transformer {
         }
         let last = Tensor::cat(&last, 0)?;
         self.lm_head.forward(&self.norm.forward(&last)?)
+    }
+}
+
+/// Layer `l`'s latent attention. The key/value up-projection comes as transformers' one
+/// `kv_b_proj` (`[heads · (nope + v), kv_lora_rank]`, GGUF `attn_kv_b` in older conversions) or
+/// as llama.cpp's split `attn_k_b` (`[heads, kv_lora_rank, nope]`, transposed for the absorbed
+/// query) and `attn_v_b` (`[heads, v, kv_lora_rank]`).
+fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<Mla> {
+    let (a, hidden, heads) = (&spec.attention, spec.hidden_size, spec.attention.heads);
+    let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
+    let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+        let w = t(&format!("{name}.weight"))?;
+        w.expect_shape(&[rows, cols])?;
+        Linear::new(&w, None)
+    };
+    let qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+    let query = match d.q_lora_rank {
+        Some(r) => MlaQuery::LowRank {
+            a: linear("attn_q_a", r, hidden)?,
+            norm: RmsNorm::new(&t("attn_q_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
+            b: linear("attn_q_b", heads * qk, r)?,
+        },
+        None => MlaQuery::Full(linear("attn_q", heads * qk, hidden)?),
+    };
+    let (k_up, v_up) = match ck.tensor(&format!("blk.{l}.attn_kv_b.weight"))? {
+        Some(kv_b) => {
+            kv_b.expect_shape(&[heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank])?;
+            let kv_b = kv_b.to_f32()?.reshape((heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank))?;
+            (
+                kv_b.narrow(1, 0, d.qk_nope_head_dim)?.contiguous()?,
+                kv_b.narrow(1, d.qk_nope_head_dim, d.v_head_dim)?.contiguous()?,
+            )
+        }
+        None => {
+            let (k_b, v_b) = (t("attn_k_b.weight")?, t("attn_v_b.weight")?);
+            k_b.expect_shape(&[heads, d.kv_lora_rank, d.qk_nope_head_dim])?;
+            v_b.expect_shape(&[heads, d.v_head_dim, d.kv_lora_rank])?;
+            (k_b.to_f32()?.transpose(1, 2)?.contiguous()?, v_b.to_f32()?)
+        }
+    };
+    let yarn = a.rope_scaling.as_ref();
+    Ok(Mla {
+        query,
+        kv_a: linear("attn_kv_a_mqa", d.kv_lora_rank + d.qk_rope_head_dim, hidden)?,
+        kv_norm: RmsNorm::new(&t("attn_kv_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
+        k_up,
+        v_up,
+        o: linear("attn_output", hidden, heads * d.v_head_dim)?,
+        rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
+        heads,
+        dims: *d,
+        // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
+        softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::gguf_file::Value;
+
+    use crate::format::gguf_write::{TensorHeader, write_gguf};
+    use crate::format::{GgufFile, WeightDType};
+
+    /// The deepseek_v3 fixture's GGUF rewritten as converters before the MLA-as-MQA change wrote
+    /// it: one `attn_kv_b` per layer, per-head widths in `key_length`/`value_length`, no `_mla`
+    /// keys, as many kv heads as heads.
+    fn older_layout(src: &std::path::Path, dst: &std::path::Path) {
+        let g = GgufFile::open(src).unwrap();
+        let u = |k: &str| g.uint(&format!("deepseek2.{k}")).unwrap() as u32;
+        let (heads, k_len, v_len) =
+            (u("attention.head_count"), u("attention.key_length_mla"), u("attention.value_length_mla"));
+        let mut metadata: Vec<(String, Value)> = g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| !k.ends_with("_mla") && *k != "general.alignment")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, value) in [("key_length", k_len), ("value_length", v_len), ("head_count_kv", heads)] {
+            let key = format!("deepseek2.attention.{key}");
+            metadata.retain(|(k, _)| *k != key);
+            metadata.push((key, Value::U32(value)));
+        }
+        let mut tensors: Vec<(TensorHeader, Vec<u8>)> = Vec::new();
+        for t in g.all_tensors().unwrap() {
+            if t.name.contains("attn_v_b") {
+                continue;
+            }
+            if let Some(layer) = t.name.strip_suffix(".attn_k_b.weight") {
+                // [heads, kv_lora, nope]ᵀ and [heads, v, kv_lora], stacked per head.
+                let k_b = t.to_f32().unwrap().transpose(1, 2).unwrap();
+                let v_b = g.tensor(&format!("{layer}.attn_v_b.weight")).unwrap().unwrap().to_f32().unwrap();
+                let kv_b = candle_core::Tensor::cat(&[&k_b, &v_b], 1).unwrap();
+                let (h, rows, cols) = kv_b.dims3().unwrap();
+                let kv_b = kv_b.reshape((h * rows, cols)).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let header =
+                    TensorHeader::new(format!("{layer}.attn_kv_b.weight"), WeightDType::F32, &[h * rows, cols]);
+                tensors.push((header, kv_b.iter().flat_map(|v| v.to_le_bytes()).collect()));
+                continue;
+            }
+            tensors.push((TensorHeader::new(t.name.clone(), t.dtype, &t.shape), t.bytes.to_vec()));
+        }
+        let headers: Vec<TensorHeader> = tensors.iter().map(|(h, _)| h.clone()).collect();
+        write_gguf(dst, &metadata, &headers, 32, |i, w| w.write_all(&tensors[i].1)).unwrap();
+    }
+
+    #[test]
+    fn an_older_deepseek2_gguf_with_attn_kv_b_runs_as_the_split_layout_does() {
+        let fixture =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3/model.gguf");
+        let dir = tempfile::tempdir().unwrap();
+        let older = dir.path().join("older.gguf");
+        older_layout(&fixture, &older);
+        let (new, old) = (crate::Model::load(&fixture).unwrap(), crate::Model::load(&older).unwrap());
+        assert_eq!(new.spec().attention.mla, old.spec().attention.mla);
+        let (mut a, mut b) = (new.new_cache(), old.new_cache());
+        for tokens in [&[5u32, 17, 99, 3][..], &[42], &[7]] {
+            let (x, y) = (new.logits(tokens, &mut a).unwrap(), old.logits(tokens, &mut b).unwrap());
+            let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "logits differ by {worst:e}");
+        }
     }
 }

@@ -36,9 +36,14 @@ pub struct Local {
 
 struct Inner {
     config: LocalBackend,
-    /// The engine thread's queue, once started.
-    engine: Mutex<Option<std_mpsc::Sender<Job>>>,
+    /// The engine thread's queue, once started. Shared with the thread, which empties it when
+    /// the model fails to load.
+    engine: EngineSlot,
 }
+
+/// Where submitters find the engine thread. Jobs are sent only under its lock, so a thread
+/// that clears it while holding the lock has every job ever sent to it in its queue.
+type EngineSlot = Arc<Mutex<Option<std_mpsc::Sender<Job>>>>;
 
 /// One generation handed to the engine thread.
 struct Job {
@@ -51,7 +56,7 @@ struct Job {
 
 impl Local {
     pub fn new(config: LocalBackend) -> Local {
-        Local { inner: Arc::new(Inner { config, engine: Mutex::new(None) }) }
+        Local { inner: Arc::new(Inner { config, engine: Arc::new(Mutex::new(None)) }) }
     }
 }
 
@@ -76,31 +81,32 @@ impl Inner {
             },
             None => job,
         };
-        let tx = Self::spawn(&self.config);
-        tx.send(job).expect("a new engine thread takes its first job");
-        *slot = Some(tx);
-    }
-
-    fn spawn(config: &LocalBackend) -> std_mpsc::Sender<Job> {
+        // The job is queued before the thread starts, so even a thread that fails at once
+        // finds it and fails it with its error.
         let (tx, rx) = std_mpsc::channel();
-        let config = config.clone();
+        tx.send(job).expect("the receiver is still here");
+        let config = self.config.clone();
+        let engine = Arc::clone(&self.engine);
         std::thread::Builder::new()
             .name("nightmail-engine".into())
-            .spawn(move || engine_thread(&config, rx))
+            .spawn(move || engine_thread(&config, rx, &engine))
             .expect("spawning the engine thread");
-        tx
+        *slot = Some(tx);
     }
 }
 
 /// Loads the model, then serves jobs until every sender is gone. A model that cannot be loaded
 /// fails every job given to it (permanently: it will not load on a retry either).
-fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>) {
+fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &EngineSlot) {
     let options = LoadOptions { stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb) };
     let model = match Model::load_with(&config.path, &options) {
         Ok(m) => m,
         Err(e) => {
-            // Fail what is queued now and end; the next job starts a new thread, which tries
-            // the file again (it may have been fixed).
+            // Fail what is queued and end; the next job starts a new thread, which tries the
+            // file again (it may have been fixed). Clearing the slot under its lock first means
+            // no job can arrive after the queue is emptied and be dropped unanswered.
+            let mut slot = engine.lock().expect("engine lock");
+            *slot = None;
             for job in jobs.try_iter() {
                 let _ = job.done.send(Err(BackendError::Permanent(e.to_string())));
             }
