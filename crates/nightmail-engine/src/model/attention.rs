@@ -141,7 +141,7 @@ impl Attention {
         let scale = 1.0 / (d as f32).sqrt();
         let rep = heads / kv_heads;
         let mut out = vec![0f32; t * heads * d];
-        out.par_chunks_mut(d).enumerate().for_each(|(row, out)| {
+        let head_row = |(row, out): (usize, &mut [f32])| {
             let (i, h) = (row / heads, row % heads);
             let pos = start + i;
             let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
@@ -154,7 +154,14 @@ impl Attention {
             for (e, y) in out.iter_mut().enumerate() {
                 *y = dot_f16(kqv_order, &cache.values(h / rep, e)[..=pos], &p, padded);
             }
-        });
+        };
+        // Each (token, head) row is computed alone, so splitting them across threads changes
+        // nothing but time: below ~2^16 multiply-adds a rayon hand-off costs more than it saves.
+        if t * heads * 2 * d * cache.len() < 1 << 16 {
+            out.chunks_mut(d).enumerate().for_each(head_row);
+        } else {
+            out.par_chunks_mut(d).enumerate().for_each(head_row);
+        }
         Ok(Tensor::from_vec(out, (t, heads * d), &Device::Cpu)?)
     }
 

@@ -15,17 +15,55 @@ pub(super) fn rows_by_tokens(
     work: usize,
     row_dots: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Result<Tensor> {
+    row_groups_by_tokens(rows, tokens, work, 1, row_dots)
+}
+
+/// As [`rows_by_tokens`], `group` rows at a time (fewer at the end): `group_dots(r, out)` writes
+/// rows `r..r + out.len() / tokens`, `out` laid out `[row][token]`. A kernel that computes several
+/// independent rows together keeps more multiply-adds in flight; each row's arithmetic, and so
+/// its result, is its own.
+pub(super) fn row_groups_by_tokens(
+    rows: usize,
+    tokens: usize,
+    work: usize,
+    group: usize,
+    group_dots: impl Fn(usize, &mut [f32]) + Sync,
+) -> Result<Tensor> {
     let mut out_t = vec![0f32; rows * tokens];
     let threads = rayon::current_num_threads();
-    if threads == 1 || work < 1 << 16 {
-        out_t.chunks_mut(tokens).enumerate().for_each(|(r, out)| row_dots(r, out));
+    let per_thread = if threads == 1 || work < 1 << 16 { rows } else { rows.div_ceil(threads).div_ceil(group) * group };
+    let per_thread = per_thread.max(1);
+    let run = |c: usize, chunk: &mut [f32]| {
+        chunk.chunks_mut(group * tokens).enumerate().for_each(|(g, out)| group_dots(c * per_thread + g * group, out));
+    };
+    if per_thread >= rows {
+        run(0, &mut out_t);
     } else {
-        let per_thread = rows.div_ceil(threads);
-        out_t.par_chunks_mut(per_thread * tokens).enumerate().for_each(|(c, chunk)| {
-            chunk.chunks_mut(tokens).enumerate().for_each(|(i, out)| row_dots(c * per_thread + i, out));
-        });
+        out_t.par_chunks_mut(per_thread * tokens).enumerate().for_each(|(c, chunk)| run(c, chunk));
     }
     Ok(Tensor::from_vec(out_t, (rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+}
+
+/// Writes one group's `out` (`[row][token]`, as [`row_groups_by_tokens`] hands it): `whole(t)`
+/// for a whole group of `N` rows, `one(i, t)` row by row for the last, shorter one.
+pub(super) fn fill_group<const N: usize>(
+    out: &mut [f32],
+    tokens: usize,
+    whole: impl Fn(usize) -> [f32; N],
+    one: impl Fn(usize, usize) -> f32,
+) {
+    let n = out.len() / tokens;
+    for t in 0..tokens {
+        if n == N {
+            for (i, y) in whole(t).into_iter().enumerate() {
+                out[i * tokens + t] = y;
+            }
+        } else {
+            for i in 0..n {
+                out[i * tokens + t] = one(i, t);
+            }
+        }
+    }
 }
 
 /// AVX2, FMA and F16C (half-precision conversion), detected at run time.

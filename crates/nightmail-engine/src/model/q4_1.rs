@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, rows_by_tokens};
+use super::matvec::{activations, fill_group, row_groups_by_tokens};
 
 use crate::error::Result;
 
@@ -14,13 +14,17 @@ const QK: usize = 32;
 /// ggml `block_q4_1`: f16 d, f16 m, 16 bytes holding element j in the low nibble and j+16 in the high.
 const BLOCK_BYTES: usize = 20;
 
-/// Q4_1 weights `[rows, cols]`, with each block's scale and offset widened to f32 once.
+/// Q4_1 weights `[rows, cols]` in their file blocks: decode is bound by reading them, and 20
+/// bytes a block read faster than the 24 of scales widened to f32 at load.
 pub struct Q4_1Matrix {
     rows: usize,
     cols: usize,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    qs: Vec<[u8; 16]>,
+    blocks: Vec<[u8; BLOCK_BYTES]>,
+}
+
+/// A block's scale d and offset m.
+fn scales(b: &[u8; BLOCK_BYTES]) -> (f32, f32) {
+    (f16::from_le_bytes([b[0], b[1]]).to_f32(), f16::from_le_bytes([b[2], b[3]]).to_f32())
 }
 
 /// One 32-block of activations in ggml `block_q8_1`, scales widened to f32.
@@ -33,35 +37,30 @@ pub(super) struct Q8Block {
 impl Q4_1Matrix {
     pub fn from_ggml(bytes: &[u8], rows: usize, cols: usize) -> Self {
         let n = rows * cols / QK;
-        let (mut d, mut m, mut qs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for b in bytes.chunks_exact(BLOCK_BYTES).take(n) {
-            d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
-            m.push(f16::from_le_bytes([b[2], b[3]]).to_f32());
-            qs.push(b[4..20].try_into().expect("16 bytes"));
-        }
-        Q4_1Matrix { rows, cols, d, m, qs }
+        let blocks = bytes.chunks_exact(BLOCK_BYTES).take(n).map(|b| b.try_into().expect("20 bytes")).collect();
+        Q4_1Matrix { rows, cols, blocks }
     }
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let tokens = x.dim(0)?;
-        let xs = activations(x)?;
-        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        q8_matmul(self.rows, self.cols, x, |r0, x| self.dots::<ROWS>(r0, x), |r, x| self.dots::<1>(r, x)[0])
+    }
+
+    /// Rows `r0..r0 + N` against one token's blocks.
+    fn dots<const N: usize>(&self, r0: usize, x: &[Q8Block]) -> [f32; N] {
+        #[cfg(target_arch = "x86_64")]
+        if super::matvec::has_avx2_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { dots_avx2::<N>(self, r0, x) };
+        }
         let nb = self.cols / QK;
-        let avx2 = has_avx2();
-        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
-            let range = r * nb..(r + 1) * nb;
-            for (t, y) in out.iter_mut().enumerate() {
-                *y = if avx2 {
-                    // SAFETY: AVX2 and FMA were detected at run time.
-                    unsafe { dot_avx2(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range.clone()], &q8[t]) }
-                } else {
-                    dot_scalar(&self.d[range.clone()], &self.m[range.clone()], &self.qs[range.clone()], &q8[t])
-                };
-            }
-        })
+        std::array::from_fn(|i| dot_scalar(&self.blocks[(r0 + i) * nb..(r0 + i + 1) * nb], x))
     }
 }
+
+/// Rows computed together by the AVX2 kernel: four independent accumulator chains hide the
+/// fused multiply-add latency that one row's chain waits on.
+const ROWS: usize = 4;
 
 pub(super) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -74,65 +73,140 @@ pub(super) fn has_avx2() -> bool {
     }
 }
 
+/// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
+/// blocks: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r alone.
+pub(super) fn q8_matmul<const N: usize>(
+    rows: usize,
+    cols: usize,
+    x: &Tensor,
+    dots: impl Fn(usize, &[Q8Block]) -> [f32; N] + Sync,
+    one: impl Fn(usize, &[Q8Block]) -> f32 + Sync,
+) -> Result<Tensor> {
+    let tokens = x.dim(0)?;
+    let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
+    row_groups_by_tokens(rows, tokens, rows * cols * tokens, N, |r0, out| {
+        fill_group(out, tokens, |t| dots(r0, &q8[t]), |i, t| one(r0 + i, &q8[t]))
+    })
+}
+
 /// ggml's x86 `quantize_row_q8_1` (the SIMD path llama.cpp runs on AVX2 machines, which differs
 /// from the C reference in rounding): id = 127 / max|x|, round half to even, s = f16(d · Σq).
 pub(super) fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
-    x.chunks_exact(QK)
-        .map(|x| {
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut qs = [0i8; QK];
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(x) {
-                *q = (v * id).round_ties_even() as i8;
-                sum += *q as i32;
-            }
-            Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
-        })
-        .collect()
-}
-
-fn dot_scalar(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
-    let mut sum = 0f32;
-    for b in 0..d.len() {
-        let (lo, hi) = x[b].qs.split_at(16);
-        let mut acc = 0i32;
-        for ((w, l), h) in qs[b].iter().zip(lo).zip(hi) {
-            acc += (w & 0x0F) as i32 * *l as i32 + (w >> 4) as i32 * *h as i32;
-        }
-        sum += d[b] * x[b].d * acc as f32 + m[b] * x[b].s;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 (and with it SSE4.1's rounding) was detected at run time.
+        return unsafe { quantize_avx2(x) };
     }
-    sum
+    quantize_blocks(x)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
-    let mut offsets = 0f32;
-    let low = _mm_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    for b in 0..d.len() {
-        // SAFETY: 16- and 32-byte unaligned loads within the blocks' arrays.
-        let packed = unsafe { _mm_loadu_si128(qs[b].as_ptr().cast()) };
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
-        let xq = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
-        // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
-        let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
-        // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
-        offsets = m[b].mul_add(x[b].s, offsets);
-    }
-    super::matvec::hsum_avx2(acc) + offsets
+unsafe fn quantize_avx2(x: &[f32]) -> Vec<Q8Block> {
+    quantize_blocks(x)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn dot_avx2(d: &[f32], m: &[f32], qs: &[[u8; 16]], x: &[Q8Block]) -> f32 {
-    dot_scalar(d, m, qs, x)
+// A plain loop: inside the AVX2 function `round_ties_even` is one instruction, not a libm call.
+#[inline(always)]
+fn quantize_blocks(x: &[f32]) -> Vec<Q8Block> {
+    let mut out = Vec::with_capacity(x.len() / QK);
+    for x in x.chunks_exact(QK) {
+        let mut amax = 0f32;
+        for v in x {
+            amax = amax.max(v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; QK];
+        let mut sum = 0i32;
+        for i in 0..QK {
+            qs[i] = (x[i] * id).round_ties_even() as i8;
+            sum += qs[i] as i32;
+        }
+        out.push(Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs });
+    }
+    out
+}
+
+fn dot_scalar(blocks: &[[u8; BLOCK_BYTES]], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for (w, x) in blocks.iter().zip(x) {
+        let (d, m) = scales(w);
+        let (lo, hi) = x.qs.split_at(16);
+        let mut acc = 0i32;
+        for ((w, l), h) in w[4..].iter().zip(lo).zip(hi) {
+            acc += (w & 0x0F) as i32 * *l as i32 + (w >> 4) as i32 * *h as i32;
+        }
+        sum += d * x.d * acc as f32 + m * x.s;
+    }
+    sum
+}
+
+/// Rows `r0..r0 + N` against one token's blocks, each row in `ggml_vec_dot_q4_1_q8_1`'s AVX2
+/// order: per block acc = fma(d_w·d_x, Σ q_w·q_x, acc) in 8 lanes, the m_w·s_x terms summed
+/// beside it, then `hsum_float_8(acc) + summs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<const N: usize>(w: &Q4_1Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let nb = w.cols / QK;
+    assert!((r0 + N) * nb <= w.blocks.len() && x.len() >= nb, "rows {r0}..{} of {}", r0 + N, w.rows);
+    let row = |i: usize| &w.blocks[(r0 + i) * nb..(r0 + i + 1) * nb];
+    let x = &x[..nb];
+    let zero = (_mm256_setzero_ps(), 0f32);
+    if N == ROWS {
+        // Four named accumulators, and pointers instead of indexing (whose checks, in the dev
+        // profile's debug-assertion build, kept the loop from holding them in registers).
+        let (w0, xp) = (w.blocks[r0 * nb..].as_ptr(), x.as_ptr());
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        for b in 0..nb {
+            // SAFETY: block b of rows r0..r0+4 and of x are in bounds (asserted above).
+            unsafe {
+                let xb = &*xp.add(b);
+                let xq = _mm256_loadu_si256(xb.qs.as_ptr().cast());
+                a0 = block_step(&*w0.add(b), xq, xb, a0);
+                a1 = block_step(&*w0.add(nb + b), xq, xb, a1);
+                a2 = block_step(&*w0.add(2 * nb + b), xq, xb, a2);
+                a3 = block_step(&*w0.add(3 * nb + b), xq, xb, a3);
+            }
+        }
+        let sums = [a0, a1, a2, a3].map(|(acc, offsets)| super::matvec::hsum_avx2(acc) + offsets);
+        return std::array::from_fn(|i| sums[i]);
+    }
+    std::array::from_fn(|i| {
+        let (w, mut a) = (row(i), zero);
+        for b in 0..nb {
+            // SAFETY: as above.
+            let xq = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
+            a = block_step(&w[b], xq, &x[b], a);
+        }
+        super::matvec::hsum_avx2(a.0) + a.1
+    })
+}
+
+/// One block of one row: acc = fma(d_w·d_x, Σ q_w·q_x, acc) in 8 lanes, offsets += m_w·s_x.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_step(
+    block: &[u8; BLOCK_BYTES],
+    xq: std::arch::x86_64::__m256i,
+    xb: &Q8Block,
+    (acc, offsets): (std::arch::x86_64::__m256, f32),
+) -> (std::arch::x86_64::__m256, f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: 4- and 16-byte unaligned loads within the block.
+    let (dm, packed) =
+        unsafe { (_mm_cvtph_ps(_mm_loadu_si32(block.as_ptr().cast())), _mm_loadu_si128(block.as_ptr().add(4).cast())) };
+    let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+    let low = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(packed, low);
+    let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+    let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
+    // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
+    let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), _mm256_set1_epi16(1));
+    // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
+    (_mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), acc), m.mul_add(xb.s, offsets))
 }
 
 #[cfg(test)]
@@ -165,7 +239,7 @@ mod tests {
             for r in 0..rows {
                 let nb = cols / QK;
                 let range = r * nb..(r + 1) * nb;
-                let scalar = dot_scalar(&ours.d[range.clone()], &ours.m[range.clone()], &ours.qs[range], &q8[t]);
+                let scalar = dot_scalar(&ours.blocks[range], &q8[t]);
                 // candle quantizes activations with ggml's C reference (1/d, half away from zero),
                 // we with ggml's x86 code (127/max, half to even): results differ by that rounding.
                 assert!(

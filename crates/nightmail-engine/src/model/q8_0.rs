@@ -5,9 +5,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, rows_by_tokens};
-
-use super::q4_1::{Q8Block, has_avx2, quantize_q8_1};
+use super::q4_1::{Q8Block, has_avx2, q8_matmul};
 use crate::error::Result;
 
 const QK: usize = 32;
@@ -34,24 +32,26 @@ impl Q8_0Matrix {
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let tokens = x.dim(0)?;
-        let xs = activations(x)?;
-        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        q8_matmul(self.rows, self.cols, x, |r0, x| self.dots::<ROWS>(r0, x), |r, x| self.dots::<1>(r, x)[0])
+    }
+
+    /// Rows `r0..r0 + N` against one token's blocks.
+    fn dots<const N: usize>(&self, r0: usize, x: &[Q8Block]) -> [f32; N] {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { dots_avx2::<N>(self, r0, x) };
+        }
         let nb = self.cols / QK;
-        let avx2 = has_avx2();
-        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
-            let range = r * nb..(r + 1) * nb;
-            for (t, y) in out.iter_mut().enumerate() {
-                *y = if avx2 {
-                    // SAFETY: AVX2 and FMA were detected at run time.
-                    unsafe { dot_avx2(&self.d[range.clone()], &self.qs[range.clone()], &q8[t]) }
-                } else {
-                    dot_scalar(&self.d[range.clone()], &self.qs[range.clone()], &q8[t])
-                };
-            }
+        std::array::from_fn(|i| {
+            let range = (r0 + i) * nb..(r0 + i + 1) * nb;
+            dot_scalar(&self.d[range.clone()], &self.qs[range], x)
         })
     }
 }
+
+/// Rows the AVX2 kernel computes together (independent accumulator chains, as in Q4_1).
+const ROWS: usize = 4;
 
 fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
     let mut sum = 0f32;
@@ -62,31 +62,55 @@ fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
     sum
 }
 
+/// Rows `r0..r0 + N` against one token's blocks, each in `ggml_vec_dot_q8_0_q8_0`'s AVX2 order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
+unsafe fn dots_avx2<const N: usize>(w: &Q8_0Matrix, r0: usize, x: &[Q8Block]) -> [f32; N] {
     use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
-    let ones = _mm256_set1_epi16(1);
-    for b in 0..d.len() {
-        // SAFETY: 32-byte unaligned loads within the blocks.
-        let w = unsafe { _mm256_loadu_si256(qs[b].as_ptr().cast()) };
-        let a = unsafe { _mm256_loadu_si256(x[b].qs.as_ptr().cast()) };
+    let nb = w.cols / QK;
+    let row = |i: usize| (r0 + i) * nb;
+    let x = &x[..nb];
+    let step = |at: usize, a: __m256i, xb: &Q8Block, acc: __m256| {
+        // SAFETY: a 32-byte unaligned load within the block; AVX2 as the caller.
+        let q = unsafe { _mm256_loadu_si256(w.qs[at].as_ptr().cast()) };
         // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
-        let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * x[b].d), _mm256_cvtepi32_ps(pairs), acc);
+        let pairs = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)),
+            _mm256_set1_epi16(1),
+        );
+        _mm256_fmadd_ps(_mm256_set1_ps(w.d[at] * xb.d), _mm256_cvtepi32_ps(pairs), acc)
+    };
+    if N == ROWS {
+        // Four named accumulators stay in registers (see Q4_1's kernel).
+        let (w0, w1, w2, w3) = (row(0), row(1), row(2), row(3));
+        let zero = _mm256_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        for (b, xb) in x.iter().enumerate() {
+            // SAFETY: 32-byte unaligned loads within the blocks.
+            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            a0 = step(w0 + b, a, xb, a0);
+            a1 = step(w1 + b, a, xb, a1);
+            a2 = step(w2 + b, a, xb, a2);
+            a3 = step(w3 + b, a, xb, a3);
+        }
+        let sums = [a0, a1, a2, a3].map(|acc| super::matvec::hsum_avx2(acc));
+        return std::array::from_fn(|i| sums[i]);
     }
-    super::matvec::hsum_avx2(acc)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
-    dot_scalar(d, qs, x)
+    std::array::from_fn(|i| {
+        let mut acc = _mm256_setzero_ps();
+        for (b, xb) in x.iter().enumerate() {
+            // SAFETY: as above.
+            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            acc = step(row(i) + b, a, xb, acc);
+        }
+        super::matvec::hsum_avx2(acc)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::q4_1::quantize_q8_1;
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
     use candle_core::{Device, Module};
 
