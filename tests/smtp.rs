@@ -338,3 +338,117 @@ fn sigkill_after_each_250_loses_and_duplicates_nothing() {
         assert!(String::from_utf8_lossy(raw).contains(&format!("body {i}")));
     }
 }
+
+/// One traced system call: its name, the path of its file-descriptor argument (strace `-yy`), the
+/// start of its text, and the trace line where it completed.
+struct Call {
+    name: String,
+    path: String,
+    text: String,
+    done: usize,
+}
+
+/// Parses `strace -f -yy` output: calls split by another thread (`<unfinished ...>` /
+/// `<... resumed>`) are joined and placed where they completed.
+fn traced_calls(trace: &str) -> Vec<Call> {
+    let mut pending: std::collections::HashMap<String, (String, String, String)> = Default::default();
+    let mut calls = Vec::new();
+    for (index, line) in trace.lines().enumerate() {
+        let Some((pid, rest)) = line.split_once(' ') else { continue };
+        let rest = rest.trim_start();
+        if rest.starts_with("<... ") {
+            if let Some((name, path, text)) = pending.remove(pid) {
+                calls.push(Call { name, path, text, done: index });
+            }
+            continue;
+        }
+        let Some((name, args)) = rest.split_once('(') else { continue };
+        let path = args
+            .split_once('<')
+            .filter(|(fd, _)| fd.chars().all(|c| c.is_ascii_digit()))
+            .and_then(|(_, p)| p.split_once('>'))
+            .map(|(p, _)| p.to_string())
+            .unwrap_or_default();
+        let call = (name.to_string(), path, args.to_string());
+        if rest.ends_with("<unfinished ...>") {
+            pending.insert(pid.to_string(), call);
+        } else {
+            calls.push(Call { name: call.0, path: call.1, text: call.2, done: index });
+        }
+    }
+    calls
+}
+
+/// RFC 5321 §6.1: once 250 is sent the message must survive a power cut, not only `kill -9`.
+/// The daemon runs under strace; one message large enough for sled to keep it in a blob file is
+/// submitted, and every file the store wrote while receiving it must have been fsynced (or
+/// fdatasynced: sled's `sync_file_range` flushes neither the drive's cache nor metadata) after its
+/// last write and before the `250` went out, and the directory of each new file too.
+#[test]
+fn a_250_follows_an_fsync_of_every_file_holding_the_message() {
+    external("strace", "strace");
+    let trace_dir = tempfile::tempdir().unwrap();
+    let trace_file = trace_dir.path().join("trace");
+    let trace_arg = trace_file.to_str().unwrap();
+    let mut daemon = Daemon::start_under(
+        &[
+            "strace",
+            "-f",
+            "-yy",
+            "-s",
+            "24",
+            "-o",
+            trace_arg,
+            "-e",
+            "trace=openat,write,pwrite64,writev,pwritev,sendto,sendmsg,fsync,fdatasync,sync_file_range",
+        ],
+        |dir| common::config(dir, "").replace("max_message_bytes = 100000", "max_message_bytes = 2000000"),
+    );
+    let mut c = Raw::login(daemon.smtp);
+    starts(&c.cmd("MAIL FROM:<me@nightmail.test>"), "250");
+    starts(&c.cmd("RCPT TO:<ann@nightmail.test>"), "250");
+    starts(&c.cmd("DATA"), "354 ");
+    // A 300 KiB attachment: well over sled's blob threshold.
+    let attachment: String = (0..4000).map(|i| format!("{:076}\r\n", i)).collect();
+    c.send(
+        format!(
+            "Message-ID: <fsync@client>\r\nSubject: power cut\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n\
+             --b\r\nContent-Type: text/plain\r\n\r\nsee attached\r\n--b\r\nContent-Type: application/octet-stream\r\n\
+             Content-Transfer-Encoding: base64\r\n\r\n{attachment}--b--\r\n.\r\n"
+        )
+        .as_bytes(),
+    );
+    starts(&c.reply(), "250 2.0.0 queued as ");
+    daemon.kill9();
+
+    let trace = std::fs::read_to_string(&trace_file).unwrap();
+    let calls = traced_calls(&trace);
+    let store = daemon.data_dir().join("store").display().to_string();
+    let is_write = |name: &str| matches!(name, "write" | "pwrite64" | "writev" | "pwritev");
+    let socket_write = |call: &Call, reply: &str| {
+        (is_write(&call.name) || call.name.starts_with("send"))
+            && call.path.starts_with("TCP:")
+            && call.text.contains(reply)
+    };
+    let data = calls.iter().position(|c| socket_write(c, "354 ")).expect("the 354 reply in the trace");
+    let accepted = calls.iter().position(|c| socket_write(c, "250 2.0.0 queued")).expect("the 250 reply in the trace");
+    let window = &calls[data..accepted];
+
+    let mut written: Vec<&str> =
+        window.iter().filter(|c| is_write(&c.name) && c.path.starts_with(&store)).map(|c| c.path.as_str()).collect();
+    written.sort();
+    written.dedup();
+    assert!(written.iter().any(|p| p.contains("/blobs/")), "no blob file was written: {written:?}");
+    let synced_after = |path: &str, index: usize| {
+        window.iter().any(|c| matches!(c.name.as_str(), "fsync" | "fdatasync") && c.path == path && c.done > index)
+    };
+    for path in &written {
+        let last = window.iter().filter(|c| is_write(&c.name) && c.path == *path).map(|c| c.done).max().unwrap();
+        assert!(synced_after(path, last), "{path} was written at trace line {last} and not fsynced before the 250");
+    }
+    for path in written.iter().filter(|p| p.contains("/blobs/")) {
+        let dir = &path[..path.rfind('/').unwrap()];
+        let last = window.iter().filter(|c| c.path == *path).map(|c| c.done).min().unwrap();
+        assert!(synced_after(dir, last), "{dir}, holding the new {path}, was not fsynced before the 250");
+    }
+}

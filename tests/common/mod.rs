@@ -65,6 +65,8 @@ pub struct Daemon {
     pub smtp: SocketAddr,
     pub imap: SocketAddr,
     child: Child,
+    /// A program the daemon runs under (e.g. strace), in a process group of its own.
+    wrapper: Vec<String>,
 }
 
 impl Daemon {
@@ -77,13 +79,24 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
-        let (child, smtp, imap) = spawn(&config);
-        Daemon { dir, config, smtp, imap, child }
+        let (child, smtp, imap) = spawn(&config, &[]);
+        Daemon { dir, config, smtp, imap, child, wrapper: Vec::new() }
+    }
+
+    /// A daemon started as the last argument of `wrapper` (e.g. `strace -o FILE`); killing it
+    /// kills the wrapper's whole process group.
+    pub fn start_under(wrapper: &[&str], make_config: impl FnOnce(&Path) -> String) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("nightmail.toml");
+        std::fs::write(&config, make_config(dir.path())).unwrap();
+        let wrapper: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
+        let (child, smtp, imap) = spawn(&config, &wrapper);
+        Daemon { dir, config, smtp, imap, child, wrapper }
     }
 
     /// Starts the daemon again on the same data (after a kill or stop).
     pub fn restart(&mut self) {
-        let (child, smtp, imap) = spawn(&self.config);
+        let (child, smtp, imap) = spawn(&self.config, &self.wrapper);
         self.child = child;
         self.smtp = smtp;
         self.imap = imap;
@@ -91,6 +104,7 @@ impl Daemon {
 
     /// SIGKILL: no chance to flush or clean up.
     pub fn kill9(&mut self) {
+        self.kill_group();
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
@@ -136,15 +150,34 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// A wrapped daemon is the wrapper's child: SIGKILL to the group reaches both.
+    fn kill_group(&self) {
+        if !self.wrapper.is_empty() {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
+        }
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
+        self.kill_group();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn spawn(config: &Path) -> (Child, SocketAddr, SocketAddr) {
-    let mut child = Command::new(BIN)
+fn spawn(config: &Path, wrapper: &[String]) -> (Child, SocketAddr, SocketAddr) {
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(BIN);
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+            command
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
         .arg("--config")
         .arg(config)
         .arg("serve")

