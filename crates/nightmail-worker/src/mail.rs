@@ -71,8 +71,13 @@ const TEXT_EXTENSIONS: &[&str] = &["txt", "md", "markdown", "vtt", "srt", "json"
 const MAX_ATTACHMENT_TEXT: usize = 256 * 1024;
 
 pub fn parse(raw: &[u8]) -> Result<Mail, MailError> {
-    let parsed = std::panic::catch_unwind(|| parse_inner(raw)).map_err(|_| MailError::ParserPanicked)?;
-    parsed.ok_or(MailError::Unparsable)
+    guarded(|| parse_inner(raw))
+}
+
+/// Runs a parse under `catch_unwind`: a panic is [`MailError::ParserPanicked`], nothing is
+/// [`MailError::Unparsable`].
+fn guarded<T>(parse: impl FnOnce() -> Option<T> + std::panic::UnwindSafe) -> Result<T, MailError> {
+    std::panic::catch_unwind(parse).map_err(|_| MailError::ParserPanicked)?.ok_or(MailError::Unparsable)
 }
 
 fn parse_inner(raw: &[u8]) -> Option<Mail> {
@@ -218,15 +223,29 @@ mod tests {
         assert_eq!(m.other_attachments, vec![("p.png".to_string(), "image/png".to_string(), 8)]);
     }
 
+    /// Broken MIME gives what can be read and invents nothing: no text from a part whose
+    /// boundary never closes, no sender from garbage; empty input is unparsable.
     #[test]
-    fn broken_mime_does_not_panic() {
-        for raw in [
-            &b"Content-Type: multipart/mixed; boundary=\"x\r\n\r\n--x\r\n--x--"[..],
-            b"\xff\xfe\x00\x01",
-            b"",
+    fn broken_mime_yields_only_what_is_there() {
+        let fields = |raw: &[u8]| {
+            parse(raw).map(|m| (m.subject, m.body, m.from.len(), m.forwarded.len(), m.text_attachments.len()))
+        };
+        let empty = Ok((String::new(), String::new(), 0, 0, 0));
+        assert_eq!(fields(b"Content-Type: multipart/mixed; boundary=\"x\r\n\r\n--x\r\n--x--"), empty);
+        assert_eq!(fields(b"\xff\xfe\x00\x01"), empty);
+        assert_eq!(fields(b""), Err(MailError::Unparsable));
+        // Nested message/rfc822 parts down to an unterminated multipart: one forwarded message,
+        // empty.
+        let nested = fields(
             b"Content-Type: message/rfc822\r\n\r\nContent-Type: message/rfc822\r\n\r\nContent-Type: multipart/mixed; boundary=a\r\n\r\n--a\r\n",
-        ] {
-            let _ = parse(raw);
-        }
+        );
+        assert_eq!(nested, Ok((String::new(), String::new(), 0, 1, 0)));
+    }
+
+    /// mail-parser has panicked on crafted input (#145): a panic is a clear error, not a crash.
+    #[test]
+    fn a_parser_panic_is_a_clear_error() {
+        let panicked: Result<Mail, _> = guarded(|| panic!("crafted input"));
+        assert_eq!(panicked.err(), Some(MailError::ParserPanicked));
     }
 }

@@ -168,7 +168,9 @@ pub(super) enum DotOrder {
 /// x·y in f32 from f16 inputs, as ggml does it in `order`, over `padded` elements (x and y are
 /// zero past their length: llama.cpp's key count is padded to 256 with masked, zero-weight keys).
 pub(super) fn dot_f16(order: DotOrder, x: &[f16], y: &[f16], padded: usize) -> f32 {
-    debug_assert!(x.len() == y.len() && padded >= x.len());
+    // A real assert, not a debug one (the engine builds without debug assertions): the AVX2 paths
+    // read both slices up to the longer length.
+    assert!(x.len() == y.len() && padded >= x.len(), "dot_f16 of {} and {} elements over {padded}", x.len(), y.len());
     #[cfg(target_arch = "x86_64")]
     if super::matvec::has_avx2_f16c() {
         // SAFETY: AVX2, FMA and F16C were detected at run time.
@@ -353,6 +355,14 @@ fn rotate_pairs(row: &mut [f32], angles: &[(f32, f32)], interleaved: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A safe function may not read past a slice: unequal lengths are refused in release builds too.
+    #[test]
+    #[should_panic(expected = "dot_f16 of 40 and 32 elements")]
+    fn dot_f16_refuses_slices_of_unequal_length() {
+        let (x, y) = (vec![f16::ONE; 40], vec![f16::ONE; 32]);
+        dot_f16(DotOrder::VecDot, &x, &y, 64);
+    }
 
     #[test]
     fn expf_follows_libm_within_two_ulp_and_flushes_like_ggml() {

@@ -93,7 +93,11 @@ impl Kernel {
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") {
+            // Every feature the kernel's `target_feature` enables, not only the one it is named after.
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
                 return Kernel::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -139,7 +143,9 @@ impl Mxfp4Matrix {
         self.forward_with(x, Kernel::detect())
     }
 
+    /// Panics if this CPU lacks `kernel`'s instructions (a test or the kernel bench asked for it).
     pub(crate) fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
+        assert!(kernel.runs_here(), "the {kernel:?} MXFP4 kernel needs instructions this CPU lacks");
         let tokens = x.dim(0)?;
         let xs = activations(x)?;
         let token_rows: Vec<&[f32]> = xs.chunks_exact(self.cols).collect();
@@ -148,23 +154,30 @@ impl Mxfp4Matrix {
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
             for (xs, ys) in token_rows.chunks(TOKENS_PER_PASS).zip(out.chunks_mut(TOKENS_PER_PASS)) {
-                dots(kernel, row, xs, ys);
+                // SAFETY: `kernel.runs_here()` was asserted above.
+                unsafe { dots(kernel, row, xs, ys) };
             }
         })
     }
 }
 
 /// `ys[t] = row · xs[t]` for up to [`TOKENS_PER_PASS`] token rows, reading the row once.
-pub(crate) fn dots(kernel: Kernel, row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
-    match (kernel, xs.len()) {
-        (Kernel::Scalar, _) => dots_scalar(row, xs, ys),
-        (Kernel::Avx2, 1) => dots_simd::<1>(kernel, row, xs, ys),
-        (Kernel::Avx2, 2) => dots_simd::<2>(kernel, row, xs, ys),
-        (Kernel::Avx2, 3) => dots_simd::<3>(kernel, row, xs, ys),
-        (Kernel::Avx512, 1) => dots_simd::<1>(kernel, row, xs, ys),
-        (Kernel::Avx512, 2) => dots_simd::<2>(kernel, row, xs, ys),
-        (Kernel::Avx512, 3) => dots_simd::<3>(kernel, row, xs, ys),
-        (_, _) => dots_simd::<TOKENS_PER_PASS>(kernel, row, xs, ys),
+///
+/// # Safety
+/// `kernel.runs_here()`: this CPU has every instruction the kernel uses.
+unsafe fn dots(kernel: Kernel, row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
+    // SAFETY: the caller's proof is passed on.
+    unsafe {
+        match (kernel, xs.len()) {
+            (Kernel::Scalar, _) => dots_scalar(row, xs, ys),
+            (Kernel::Avx2, 1) => dots_simd::<1>(kernel, row, xs, ys),
+            (Kernel::Avx2, 2) => dots_simd::<2>(kernel, row, xs, ys),
+            (Kernel::Avx2, 3) => dots_simd::<3>(kernel, row, xs, ys),
+            (Kernel::Avx512, 1) => dots_simd::<1>(kernel, row, xs, ys),
+            (Kernel::Avx512, 2) => dots_simd::<2>(kernel, row, xs, ys),
+            (Kernel::Avx512, 3) => dots_simd::<3>(kernel, row, xs, ys),
+            (_, _) => dots_simd::<TOKENS_PER_PASS>(kernel, row, xs, ys),
+        }
     }
 }
 
@@ -183,14 +196,16 @@ fn dots_scalar(row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
     }
 }
 
-fn dots_simd<const N: usize>(kernel: Kernel, row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
+/// # Safety
+/// As [`dots`]: `kernel.runs_here()`.
+unsafe fn dots_simd<const N: usize>(kernel: Kernel, row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
     let xs: [&[f32]; N] = std::array::from_fn(|t| xs[t]);
     for x in &xs {
         assert!(x.len() * BLOCK_BYTES >= row.len() * QK, "activations shorter than the row");
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the kernel was chosen by run-time detection of its features, and every load
+        // SAFETY: the caller proved the kernel's features are present (`runs_here`), and every load
         // stays inside `row` (whole blocks) or an activation row (checked above).
         let out = unsafe {
             match kernel {
