@@ -111,6 +111,7 @@ impl OpenAi {
         let mut think = ThinkSplitter::default();
         let (mut content_chunks, mut reasoning_chunks) = (0u64, 0u64);
         let mut usage_seen = false;
+        let mut done = false;
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(self.timeout, stream.next()) => next,
@@ -128,6 +129,7 @@ impl OpenAi {
                 Ok(Some(Ok(event))) => event,
             };
             if event.data.trim() == "[DONE]" {
+                done = true;
                 break;
             }
             let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
@@ -162,6 +164,14 @@ impl OpenAi {
                     record(&mut outcome, &events, e);
                 }
             }
+        }
+        // OpenAI's stream ends with `data: [DONE]`, and its last choice carries a finish reason: a
+        // stream that closes with neither was cut off (a proxy or the server died), and its text is
+        // an interrupted answer, not a complete one.
+        if !done && outcome.finish_reason.is_empty() {
+            return Err(BackendError::Transient(
+                "the answer stream ended before the server said it was complete (no [DONE], no finish reason)".into(),
+            ));
         }
         for e in think.finish() {
             record(&mut outcome, &events, e);
@@ -251,6 +261,15 @@ mod tests {
 
     fn sse(chunks: &[&str]) -> String {
         let body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect::<String>() + "data: [DONE]\n\n";
+        http_stream(&body)
+    }
+
+    /// An event stream that stops after `chunks`, without `[DONE]`.
+    fn sse_cut(chunks: &[&str]) -> String {
+        http_stream(&chunks.iter().map(|c| format!("data: {c}\n\n")).collect::<String>())
+    }
+
+    fn http_stream(body: &str) -> String {
         format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
@@ -311,6 +330,22 @@ mod tests {
         assert_eq!(body["stream"], true);
         assert_eq!(body["messages"][1], json!({"role": "user", "content": "2+2?"}));
         assert_eq!(body["chat_template_kwargs"]["enable_thinking"], true);
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_its_end_is_an_interrupted_answer() {
+        let (url, _server) = stub(vec![sse_cut(&[r#"{"choices":[{"delta":{"content":"The answer is"}}]}"#])]).await;
+        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 0);
+        let (result, _) = run(&backend).await;
+        assert!(
+            matches!(result, Err(BackendError::Transient(ref m)) if m.contains("no [DONE], no finish reason")),
+            "{result:?}"
+        );
+        // A finish reason without [DONE] (some servers omit it) is a complete answer.
+        let (url, _server) =
+            stub(vec![sse_cut(&[r#"{"choices":[{"delta":{"content":"4."},"finish_reason":"stop"}]}"#])]).await;
+        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 0);
+        assert_eq!(run(&backend).await.0.unwrap().content, "4.");
     }
 
     #[tokio::test]
