@@ -213,6 +213,25 @@ fn a_job_that_fails_for_good_sends_a_threaded_notice() {
     assert!(notice.contains("could not be answered") && notice.contains("127.0.0.1:9"), "{notice}");
 }
 
+/// The per-sender hourly limit refuses a question with a notice, never silently. With the limit at
+/// 0 no backend is needed: the refusal comes before any generation.
+#[test]
+fn a_question_over_the_rate_limit_gets_a_notice() {
+    let mut daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "", "http://127.0.0.1:9/v1", 1)
+            .replace("[worker]\n", "[worker]\nmax_replies_per_sender_per_hour = 0\n")
+    });
+    send(&daemon, "From: me@nightmail.test\r\nSubject: too many\r\nMessage-ID: <rate@t>\r\n\r\nhello");
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    assert_eq!(jobs[0]["state"], "failed");
+    assert!(jobs[0]["reason"].as_str().unwrap().contains("(limit 0)"), "{}", jobs[0]);
+    daemon.stop();
+    let mail = inbox(&daemon, "me");
+    assert_eq!(mail.len(), 1, "exactly one notice");
+    assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<rate@t>"));
+    assert!(mail[0].contains("could not be answered") && mail[0].contains("(limit 0)"), "{}", mail[0]);
+}
+
 /// A backend that accepts connections and never answers: a question sent to it stays "running"
 /// for as long as the test needs.
 fn silent_backend() -> (std::net::TcpListener, String) {

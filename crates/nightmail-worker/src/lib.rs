@@ -134,9 +134,20 @@ impl Worker {
                 return self.give_up(leased, &e.to_string(), notice).await;
             }
         };
-        if let Some(reason) = self.refusal(&job, &question)? {
-            tracing::info!(job = %job.id, "not answering: {reason}");
-            return self.give_up(leased, &format!("not answered: {reason}"), None).await;
+        match self.refusal(&job, &question)? {
+            // Automatic mail gets no answer and no notice: a notice is mail too, and would loop.
+            Some(Refusal::Automatic(reason)) => {
+                tracing::info!(job = %job.id, "not answering: {reason}");
+                return self.give_up(leased, &format!("not answered: {reason}"), None).await;
+            }
+            // A person over the rate limit learns why, once per refused question (to them alone).
+            Some(Refusal::RateLimited(reason)) => {
+                tracing::info!(job = %job.id, "not answering: {reason}");
+                let why = format!("{reason}; send it again later");
+                let notice = self.notice(&job, &model, Some(&question), &why)?;
+                return self.give_up(leased, &format!("not answered: {reason}"), notice).await;
+            }
+            None => {}
         }
         if let Some(command) = control::classify(&question) {
             return self.command(leased, &model, &question, command).await;
@@ -467,7 +478,7 @@ impl Worker {
     }
 
     /// Why this message must not be answered, if so: loop rules, then the per-sender limit.
-    fn refusal(&self, job: &Job, question: &Mail) -> Result<Option<String>, StoreError> {
+    fn refusal(&self, job: &Job, question: &Mail) -> Result<Option<Refusal>, StoreError> {
         let signs = loop_guard::Signs {
             envelope_sender: job.sender.as_ref(),
             from: question.from.iter().map(|p| p.address.clone()).collect(),
@@ -478,7 +489,7 @@ impl Worker {
             auto_response_suppress: question.auto_response_suppress.as_deref(),
         };
         if let Some(reason) = loop_guard::refuse(&signs, |a| self.is_model(a)) {
-            return Ok(Some(reason));
+            return Ok(Some(Refusal::Automatic(reason)));
         }
         let limit = self.config.worker.max_replies_per_sender_per_hour;
         let hour_ago = Timestamp(Timestamp::now().0.saturating_sub(3_600_000));
@@ -490,7 +501,9 @@ impl Worker {
             .filter(|j| matches!(j.state, JobState::Done { at } | JobState::Failed { at, .. } if at >= hour_ago))
             .count();
         if recent as u32 >= limit {
-            return Ok(Some(format!("{recent} replies to this sender in the last hour (limit {limit})")));
+            return Ok(Some(Refusal::RateLimited(format!(
+                "{recent} replies to this sender in the last hour (limit {limit})"
+            ))));
         }
         Ok(None)
     }
@@ -611,6 +624,14 @@ impl Worker {
         self.store.finish(leased, finish, &self.policy).await?;
         Ok(())
     }
+}
+
+/// Why a question is not answered at all.
+enum Refusal {
+    /// Automatic mail (RFC 3834, list mail, another model): silently.
+    Automatic(String),
+    /// The sender's hourly reply limit: with a notice.
+    RateLimited(String),
 }
 
 /// A store error while generating: a lost lease ends the attempt quietly (`None`); anything else
