@@ -2,11 +2,10 @@
 //! extraction (mail-parser, which must never take the server down), and the headers a submission
 //! server adds (RFC 5321 §4.4 trace, RFC 6409 §8 Message-ID and Date).
 
-use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 
 use mail_builder::headers::date::Date;
-use nightmail_store::{MessageKey, Summary};
+use nightmail_store::{MessageKey, Summary, stable_digest};
 
 use crate::reply::Reply;
 
@@ -89,7 +88,7 @@ pub(crate) fn prepare(raw: Vec<u8>, trace: &Trace<'_>) -> Checked {
             // bytes must still count as one message, so deduplicate on a digest of them.
             let id = format!("<{}.{:016x}@{}>", trace.key, rand::random::<u64>(), trace.hostname);
             head.push_str(&format!("Message-ID: {id}\r\n"));
-            (id, format!("digest:{:016x}:{}", digest(&raw), raw.len()))
+            (id, format!("digest:{}:{}", stable_digest(&raw), raw.len()))
         }
     };
     if !fields.has_date {
@@ -143,14 +142,6 @@ fn read_fields(raw: &[u8]) -> Fields {
 /// Keeps text from the client fit for a header comment.
 fn sanitize(text: &str) -> String {
     text.chars().filter(|c| !c.is_control() && !"()\\".contains(*c)).take(255).collect()
-}
-
-fn digest(raw: &[u8]) -> u64 {
-    // SipHash-1-3 with fixed keys: stable for the same bytes within one build, which is what a
-    // resend after a dropped connection needs.
-    let mut h = std::hash::DefaultHasher::new();
-    raw.hash(&mut h);
-    h.finish()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::queue::{Job, JobState, write_job};
-use crate::schema::{MESSAGE_IDS, Tx, decode, encode};
+use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
 
 /// Where one accepted recipient's copy goes.
@@ -97,11 +97,37 @@ enum Made {
     Outbound(OutboundId),
 }
 
-fn dedupe_key(recipient: &Address, dedupe_id: &str) -> Vec<u8> {
-    let mut key = recipient.as_str().as_bytes().to_vec();
-    key.push(0);
-    key.extend_from_slice(dedupe_id.as_bytes());
-    key
+/// A dedupe mark: what one delivery made, and when.
+#[derive(Serialize, Deserialize)]
+struct Mark {
+    made: Made,
+    at: Timestamp,
+}
+
+/// How long a delivery is remembered as a possible resend. A client resends after a lost `250`
+/// within minutes or hours (RFC 5321 §4.5.4.1 gives up after 4-5 days); after this, the same
+/// message again is a new question (two `status` mails a week apart are two questions).
+pub const DEDUPE_WINDOW_MS: u64 = 7 * 24 * 3_600_000;
+
+/// A stable digest (SHA-256) in hex: the same bytes give the same text in every build, unlike
+/// std's `DefaultHasher`, whose algorithm may change between Rust releases.
+pub fn stable_digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One mark per (sender, recipient, dedupe id): with the sender in the key, one user's message
+/// can never make another user's later message "already queued".
+fn dedupe_key(sender: Option<&Address>, recipient: &Address, dedupe_id: &str) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    // The null reverse-path `<>` is not an address, so it cannot collide with one.
+    h.update(sender.map_or("<>", |s| s.as_str()).as_bytes());
+    h.update([0]);
+    h.update(recipient.as_str().as_bytes());
+    h.update([0]);
+    h.update(dedupe_id.as_bytes());
+    h.finalize().into()
 }
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
@@ -129,10 +155,14 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
     let mut receipt = Receipt::default();
     let mut holders = 0;
     for (recipient, &id) in incoming.recipients.iter().zip(ids) {
-        let key = dedupe_key(recipient.address(), &incoming.dedupe_id);
-        if tx.dedupe.get(&key)?.is_some() {
-            receipt.duplicates.push(recipient.address().clone());
-            continue;
+        let key = dedupe_key(incoming.sender.as_ref(), recipient.address(), &incoming.dedupe_id);
+        if let Some(mark) = tx.dedupe.get(key)? {
+            let mark: Mark = decode(DEDUPE, &mark).map_err(ConflictableTransactionError::Abort)?;
+            // An expired mark is overwritten below.
+            if now.0.saturating_sub(mark.at.0) < DEDUPE_WINDOW_MS {
+                receipt.duplicates.push(recipient.address().clone());
+                continue;
+            }
         }
         let made = match recipient {
             Recipient::User { user, .. } => {
@@ -184,7 +214,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                 Made::Outbound(outbound.id)
             }
         };
-        tx.dedupe.insert(key, encode(&made))?;
+        tx.dedupe.insert(&key, encode(&Mark { made, at: now }))?;
         receipt.message = Some(message_key);
         holders += 1;
     }
@@ -214,7 +244,12 @@ impl Store {
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
     /// mailbox copies, its jobs and its outbound entries are on disk.
     pub async fn deliver(&self, incoming: &Incoming) -> Result<Receipt, StoreError> {
-        let now = Timestamp::now();
+        self.deliver_at(incoming, Timestamp::now()).await
+    }
+
+    /// [`Store::deliver`] as if at `now` (tests of expiring marks).
+    #[doc(hidden)]
+    pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
         let ids = self.recipient_ids(incoming)?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;

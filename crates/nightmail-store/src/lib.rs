@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use changes::MailboxChange;
-pub use delivery::{Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary};
+pub use delivery::{
+    DEDUPE_WINDOW_MS, Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary, stable_digest,
+};
 pub use error::StoreError;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};

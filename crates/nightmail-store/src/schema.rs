@@ -9,7 +9,7 @@
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
 //! | `jobs`          | JobId                            | JSON `Job`                   |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
-//! | `dedupe`        | recipient `\0` message id        | what the delivery made       |
+//! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
 //! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for remote recipients awaiting the relay (schema 3) |
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
@@ -19,7 +19,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";

@@ -411,3 +411,68 @@ async fn a_schema_4_store_keeps_mailbox_names_as_utf8() {
     assert_eq!((renamed.id, renamed.uid_validity), (drafts.id, drafts.uid_validity), "a rename, not a new mailbox");
     assert!(store.mailbox("me", "Entw&APw-rfe").unwrap().is_none());
 }
+
+/// A dedupe mark belongs to one sender: ann cannot make me's later mail to bob vanish by sending
+/// first with the Message-ID me will use; me's true resend is still one message.
+#[tokio::test]
+async fn dedupe_marks_belong_to_their_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let to_bob = || Recipient::User { user: "bob".into(), address: addr("bob@nightmail.local") };
+    let mut from_ann = incoming(&store, "<planned@x>", vec![to_bob()]);
+    from_ann.sender = Some(addr("ann@nightmail.local"));
+    assert_eq!(store.deliver(&from_ann).await.unwrap().mail.len(), 1);
+
+    let from_me = incoming(&store, "<planned@x>", vec![to_bob()]);
+    let receipt = store.deliver(&from_me).await.unwrap();
+    assert!(receipt.duplicates.is_empty(), "another sender's mark hid me's message");
+    assert_eq!(receipt.mail.len(), 1);
+
+    let resend = incoming(&store, "<planned@x>", vec![to_bob()]);
+    assert_eq!(store.deliver(&resend).await.unwrap().duplicates, vec![addr("bob@nightmail.local")]);
+    let inbox = store.mailbox("bob", "INBOX").unwrap().unwrap();
+    assert_eq!(store.mail(inbox.id).unwrap().len(), 2);
+}
+
+/// Marks expire: the same message after the window is a new one (a `status` mail a week later).
+#[tokio::test]
+async fn dedupe_marks_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let start = Timestamp::now();
+    let first = store.deliver_at(&incoming(&store, "<status@x>", vec![to_model()]), start).await.unwrap();
+    assert_eq!(first.jobs.len(), 1);
+    let within = Timestamp(start.0 + DEDUPE_WINDOW_MS - 1);
+    let again = store.deliver_at(&incoming(&store, "<status@x>", vec![to_model()]), within).await.unwrap();
+    assert_eq!(again.duplicates.len(), 1, "a resend within the window is a resend");
+    let after = Timestamp(start.0 + DEDUPE_WINDOW_MS);
+    let later = store.deliver_at(&incoming(&store, "<status@x>", vec![to_model()]), after).await.unwrap();
+    assert_eq!((later.jobs.len(), later.duplicates.len()), (1, 0), "an expired mark dedupes nothing");
+}
+
+/// The digest is SHA-256, the same in every build (FIPS 180-2's test vector for "abc").
+#[test]
+fn the_dedupe_digest_is_stable() {
+    assert_eq!(stable_digest(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+/// A schema-5 store's marks (no sender in the key) are dropped: the message is accepted again,
+/// once, and remembered under the new key.
+#[tokio::test]
+async fn a_schema_5_store_drops_its_senderless_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_to(dir.path(), 5).unwrap();
+        let mut key = b"kimi@nightmail.local".to_vec();
+        key.push(0);
+        key.extend_from_slice(b"<old@x>");
+        store.trees.dedupe.insert(key, b"{\"Job\":1}".to_vec()).unwrap();
+        store.db.flush().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.trees.dedupe.len(), 0);
+    assert_eq!(store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap().jobs.len(), 1);
+    let again = store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap();
+    assert_eq!(again.duplicates.len(), 1);
+}
