@@ -232,6 +232,37 @@ fn a_question_over_the_rate_limit_gets_a_notice() {
     assert!(mail[0].contains("could not be answered") && mail[0].contains("(limit 0)"), "{}", mail[0]);
 }
 
+/// A job interrupted `max_attempts` times (here one `kill -9` mid-answer, with max_attempts = 1)
+/// ends with a threaded notice, never silently.
+#[test]
+fn a_job_interrupted_too_often_fails_with_a_notice() {
+    let (silent, url) = silent_backend();
+    let mut daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "", &url, 1).replace("[worker]\n", "[worker]\nmax_attempts = 1\n")
+    });
+    send(&daemon, "From: me@nightmail.test\r\nSubject: crashy\r\nMessage-ID: <crashy@t>\r\n\r\nhello");
+    // The worker asks the backend only once its lease is on disk: then the attempt counts. (A
+    // "running" state seen through `status` may not be flushed yet.) The connection is held open so
+    // the attempt neither ends nor fails before the kill.
+    silent.set_nonblocking(true).unwrap();
+    let mut asked = None;
+    eventually(Duration::from_secs(30), "the worker to ask the backend", || {
+        asked = silent.accept().ok();
+        asked.is_some()
+    });
+    daemon.kill9();
+    drop(asked);
+    daemon.restart();
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    assert_eq!(jobs[0]["state"], "failed");
+    assert!(jobs[0]["reason"].as_str().unwrap().contains("interrupted 1 times"), "{}", jobs[0]);
+    daemon.stop();
+    let mail = inbox(&daemon, "me");
+    assert_eq!(mail.len(), 1, "exactly one notice");
+    assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<crashy@t>"));
+    assert!(mail[0].contains("could not be answered") && mail[0].contains("interrupted 1 times"), "{}", mail[0]);
+}
+
 /// A backend that accepts connections and never answers: a question sent to it stays "running"
 /// for as long as the test needs.
 fn silent_backend() -> (std::net::TcpListener, String) {

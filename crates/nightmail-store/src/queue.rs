@@ -394,9 +394,11 @@ impl Store {
 
     /// Puts back in the queue every running job whose lease has expired, or, with `all`, every
     /// running job (at start-up: the process that held those leases is gone, since sled admits
-    /// one process). A job leased `policy.max_attempts` times fails instead: a message that
-    /// crashes the daemon each time must not crash it forever. Returns how many jobs changed.
-    pub async fn recover_leases(&self, all: bool, policy: &RetryPolicy) -> Result<usize, StoreError> {
+    /// one process). A job already leased `policy.max_attempts` times goes back too, so that the
+    /// worker, which can write the notice, ends it with one on its next lease, before running anything of it: a message that crashes the
+    /// daemon each time must not crash it forever, nor fail silently. Returns how many jobs
+    /// changed.
+    pub async fn recover_leases(&self, all: bool) -> Result<usize, StoreError> {
         let now = Timestamp::now();
         let mut recovered = 0;
         for job in self.jobs()? {
@@ -412,14 +414,7 @@ impl Store {
                     return Ok(false);
                 }
                 let old = job.state.clone();
-                job.state = if job.attempts >= policy.max_attempts {
-                    JobState::Failed {
-                        at: now,
-                        reason: format!("interrupted {} times without finishing", job.attempts),
-                    }
-                } else {
-                    JobState::Queued { not_before: now }
-                };
+                job.state = JobState::Queued { not_before: now };
                 write_job(jobs, queue, Some(&old), &job)?;
                 Ok(true)
             })?;

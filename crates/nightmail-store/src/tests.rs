@@ -105,7 +105,7 @@ async fn lease_complete_and_lost_leases() {
     // A lease that expires is recovered, and the old holder can no longer complete the job.
     store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
     let stale = store.lease_next(Duration::from_millis(0)).await.unwrap().unwrap();
-    assert_eq!(store.recover_leases(false, &quick()).await.unwrap(), 1);
+    assert_eq!(store.recover_leases(false).await.unwrap(), 1);
     let fresh = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
     assert_eq!(fresh.job().id, stale.job().id);
     assert!(matches!(store.complete(stale).await, Err(StoreError::LeaseLost(_))));
@@ -161,18 +161,19 @@ async fn cancel_and_start_up_recovery() {
     store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
     let held = store.lease_next(Duration::from_secs(3600)).await.unwrap().unwrap();
     // At start-up every running job belongs to a dead process, expired or not.
-    assert_eq!(store.recover_leases(false, &quick()).await.unwrap(), 0);
-    assert_eq!(store.recover_leases(true, &quick()).await.unwrap(), 1);
+    assert_eq!(store.recover_leases(false).await.unwrap(), 0);
+    assert_eq!(store.recover_leases(true).await.unwrap(), 1);
     assert!(matches!(store.complete(held).await, Err(StoreError::LeaseLost(_))));
 
-    // A job that keeps getting interrupted fails instead of looping forever.
+    // A job that keeps getting interrupted goes back to the queue with its attempts counted: the
+    // worker ends it with a notice once they pass the policy's limit.
     for _ in 0..2 {
         store.lease_next(Duration::from_secs(3600)).await.unwrap().unwrap();
-        store.recover_leases(true, &quick()).await.unwrap();
+        store.recover_leases(true).await.unwrap();
     }
     let jobs = store.jobs().unwrap();
     assert_eq!(jobs[1].attempts, 3);
-    assert_eq!(jobs[1].state.name(), "failed");
+    assert_eq!(jobs[1].state.name(), "queued");
 }
 
 #[tokio::test]
@@ -280,7 +281,7 @@ async fn a_lost_lease_delivers_nothing() {
     let store = Store::open(dir.path()).unwrap();
     store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
     let stale = store.lease_next(Duration::from_millis(0)).await.unwrap().unwrap();
-    store.recover_leases(false, &quick()).await.unwrap();
+    store.recover_leases(false).await.unwrap();
     let job = stale.job().clone();
     let reply = reply_to(&store, &job, vec![to_me()]);
     assert!(matches!(store.finish(stale, Finish::Done { reply }, &quick()).await, Err(StoreError::LeaseLost(_))));

@@ -124,6 +124,13 @@ impl Worker {
             let reason = format!("{} is no longer a model address in the configuration", job.model);
             return self.give_up(leased, &reason, None).await;
         };
+        if job.attempts > self.policy.max_attempts {
+            // Leased again after `max_attempts` interrupted attempts (crashes, kills, power cuts):
+            // end it with a notice before reading the message, which may be what crashes us.
+            let reason = format!("interrupted {} times without finishing", job.attempts - 1);
+            let notice = self.notice(&job, &model, None, &reason)?;
+            return self.give_up(leased, &reason, notice).await;
+        }
         let Some(raw) = self.store.message(job.message)? else {
             return self.give_up(leased, "the stored message is missing", None).await;
         };

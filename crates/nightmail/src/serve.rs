@@ -24,8 +24,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     let store = open_store(&config)?;
-    let policy = nightmail_worker::retry_policy(&config.worker);
-    let recovered = store.recover_leases(true, &policy).await?;
+    let recovered = store.recover_leases(true).await?;
     if recovered > 0 {
         tracing::info!(recovered, "requeued jobs that were running when nightmail last stopped");
     }
@@ -66,7 +65,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                     _ = tokio::time::sleep(LEASE_SWEEP) => {}
                     _ = stop.changed() => break,
                 }
-                if let Err(e) = store.recover_leases(false, &policy).await {
+                if let Err(e) = store.recover_leases(false).await {
                     tracing::error!("lease sweep failed: {e}");
                 }
             }
