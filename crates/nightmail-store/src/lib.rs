@@ -21,6 +21,7 @@ mod mailbox_ops;
 mod queue;
 mod refs;
 mod schema;
+mod space;
 
 #[path = "../../../migrations/mod.rs"]
 mod migrations;
@@ -39,6 +40,7 @@ pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
+pub use space::MIN_FREE_BYTES;
 
 /// The open store. Cheap to clone: clones share one database.
 #[derive(Clone)]
