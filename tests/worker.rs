@@ -222,14 +222,7 @@ fn a_question_over_the_rate_limit_gets_a_notice() {
             .replace("[worker]\n", "[worker]\nmax_replies_per_sender_per_hour = 0\n")
     });
     send(&daemon, "From: me@nightmail.test\r\nSubject: too many\r\nMessage-ID: <rate@t>\r\n\r\nhello");
-    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(60));
-    assert_eq!(jobs[0]["state"], "failed");
-    assert!(jobs[0]["reason"].as_str().unwrap().contains("(limit 0)"), "{}", jobs[0]);
-    daemon.stop();
-    let mail = inbox(&daemon, "me");
-    assert_eq!(mail.len(), 1, "exactly one notice");
-    assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<rate@t>"));
-    assert!(mail[0].contains("could not be answered") && mail[0].contains("(limit 0)"), "{}", mail[0]);
+    fails_with_one_notice(&mut daemon, "<rate@t>", "(limit 0)");
 }
 
 /// A job interrupted `max_attempts` times (here one `kill -9` mid-answer, with max_attempts = 1)
@@ -253,14 +246,20 @@ fn a_job_interrupted_too_often_fails_with_a_notice() {
     daemon.kill9();
     drop(asked);
     daemon.restart();
-    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    fails_with_one_notice(&mut daemon, "<crashy@t>", "interrupted 1 times");
+}
+
+/// The daemon's one job fails with `reason`, and after it stops, `me`'s INBOX holds exactly one
+/// failure notice saying so, threaded under `question`.
+fn fails_with_one_notice(daemon: &mut Daemon, question: &str, reason: &str) {
+    let jobs = wait_for_jobs(daemon, 1, Duration::from_secs(60));
     assert_eq!(jobs[0]["state"], "failed");
-    assert!(jobs[0]["reason"].as_str().unwrap().contains("interrupted 1 times"), "{}", jobs[0]);
+    assert!(jobs[0]["reason"].as_str().unwrap().contains(reason), "{}", jobs[0]);
     daemon.stop();
-    let mail = inbox(&daemon, "me");
+    let mail = inbox(daemon, "me");
     assert_eq!(mail.len(), 1, "exactly one notice");
-    assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<crashy@t>"));
-    assert!(mail[0].contains("could not be answered") && mail[0].contains("interrupted 1 times"), "{}", mail[0]);
+    assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some(question));
+    assert!(mail[0].contains("could not be answered") && mail[0].contains(reason), "{}", mail[0]);
 }
 
 /// A backend that accepts connections and never answers: a question sent to it stays "running"

@@ -73,11 +73,12 @@ impl Store {
             }
             other => StoreError::from(other),
         })?;
-        let durability = durable::Durability::new(dir)
-            .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
+        let durability = Arc::new(
+            durable::Durability::new(dir)
+                .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?,
+        );
         migrations::migrate(&db, version)?;
         let trees = schema::Trees::open(&db)?;
-        let durability = Arc::new(durability);
         Ok(Store { db, trees, path: dir.to_path_buf(), durability, changes: changes::Changes::default() })
     }
 

@@ -394,10 +394,10 @@ impl Store {
 
     /// Puts back in the queue every running job whose lease has expired, or, with `all`, every
     /// running job (at start-up: the process that held those leases is gone, since sled admits
-    /// one process). A job already leased `policy.max_attempts` times goes back too, so that the
-    /// worker, which can write the notice, ends it with one on its next lease, before running anything of it: a message that crashes the
-    /// daemon each time must not crash it forever, nor fail silently. Returns how many jobs
-    /// changed.
+    /// one process). A job already leased `max_attempts` times goes back too: the worker, which can
+    /// write the notice, ends it with one on its next lease before running any of it, so a message
+    /// that crashes the daemon each time neither crashes it forever nor fails silently. Returns
+    /// how many jobs changed.
     pub async fn recover_leases(&self, all: bool) -> Result<usize, StoreError> {
         let now = Timestamp::now();
         let mut recovered = 0;

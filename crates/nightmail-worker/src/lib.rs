@@ -141,20 +141,18 @@ impl Worker {
                 return self.give_up(leased, &e.to_string(), notice).await;
             }
         };
-        match self.refusal(&job, &question)? {
-            // Automatic mail gets no answer and no notice: a notice is mail too, and would loop.
-            Some(Refusal::Automatic(reason)) => {
-                tracing::info!(job = %job.id, "not answering: {reason}");
-                return self.give_up(leased, &format!("not answered: {reason}"), None).await;
-            }
-            // A person over the rate limit learns why, once per refused question (to them alone).
-            Some(Refusal::RateLimited(reason)) => {
-                tracing::info!(job = %job.id, "not answering: {reason}");
-                let why = format!("{reason}; send it again later");
-                let notice = self.notice(&job, &model, Some(&question), &why)?;
-                return self.give_up(leased, &format!("not answered: {reason}"), notice).await;
-            }
-            None => {}
+        if let Some(refusal) = self.refusal(&job, &question)? {
+            let (reason, notice) = match refusal {
+                // Automatic mail gets no answer and no notice: a notice is mail too, and would loop.
+                Refusal::Automatic(reason) => (reason, None),
+                // A person over the rate limit learns why, once per refused question (to them alone).
+                Refusal::RateLimited(reason) => {
+                    let why = format!("{reason}; send it again later");
+                    (reason, self.notice(&job, &model, Some(&question), &why)?)
+                }
+            };
+            tracing::info!(job = %job.id, "not answering: {reason}");
+            return self.give_up(leased, &format!("not answered: {reason}"), notice).await;
         }
         if let Some(command) = control::classify(&question) {
             return self.command(leased, &model, &question, command).await;
