@@ -89,33 +89,43 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
 
 impl Journal {
     /// Opens the checkpoint at `path` for the generation `identity`: with its saved state if the
-    /// file holds one for this generation, else a new file (replacing any other).
+    /// file holds one for this generation, else a new file (replacing any other). The file is
+    /// locked for as long as the journal lives: a second writer gets [`EngineError::CheckpointBusy`].
     pub fn open(path: &Path, identity: &Identity, layers: usize) -> Result<(Journal, Option<Saved>)> {
-        if let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) {
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
-            if let Some(header_end) = read_header(&bytes, identity) {
-                let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
-                let good_end = (header_end + good_end) as u64;
-                // Cut a torn tail so the next record follows the last good one.
-                if good_end < bytes.len() as u64 {
-                    file.set_len(good_end).map_err(|e| bad(path, e))?;
-                    file.sync_data().map_err(|e| bad(path, e))?;
-                }
-                file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
-                let (tokens, position) =
-                    saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
-                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
-                return Ok((journal, saved));
-            }
-        }
-        Ok((Journal::create(path, identity)?, None))
-    }
-
-    fn create(path: &Path, identity: &Identity) -> Result<Journal> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| bad(path, e))?;
         }
+        // Opened without truncating, so that a file another writer holds is locked before
+        // anything of it changes.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| bad(path, e))?;
+        lock(&file, path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
+        if let Some(header_end) = read_header(&bytes, identity) {
+            let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
+            let good_end = (header_end + good_end) as u64;
+            // Cut a torn tail so the next record follows the last good one.
+            if good_end < bytes.len() as u64 {
+                file.set_len(good_end).map_err(|e| bad(path, e))?;
+                file.sync_data().map_err(|e| bad(path, e))?;
+            }
+            file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
+            let (tokens, position) =
+                saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
+            let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
+            return Ok((journal, saved));
+        }
+        Ok((Journal::create(path, file, identity)?, None))
+    }
+
+    /// Starts `file` (locked) over with a header for `identity`.
+    fn create(path: &Path, mut file: File, identity: &Identity) -> Result<Journal> {
         let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
         let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
         header.extend_from_slice(MAGIC);
@@ -123,13 +133,7 @@ impl Journal {
         header.extend_from_slice(&(id.len() as u32).to_le_bytes());
         header.extend_from_slice(&id);
         header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| bad(path, e))?;
+        file.set_len(0).and_then(|_| file.seek(SeekFrom::Start(0))).map_err(|e| bad(path, e))?;
         file.write_all(&header).and_then(|_| file.sync_all()).map_err(|e| bad(path, e))?;
         // The file's directory entry is durable too (a new file after a crash).
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
@@ -179,6 +183,18 @@ impl Journal {
         self.position = delta.end_position;
         self.bytes += record.len() as u64;
         Ok(())
+    }
+}
+
+/// Takes the checkpoint's advisory lock (flock(2) on Unix, LockFileEx on Windows): one writer
+/// per file, so a job whose lease expired while its holder slept cannot have two attempts
+/// appending to the same journal. The lock goes with the file descriptor, so a crashed writer
+/// holds none.
+fn lock(file: &File, path: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(EngineError::CheckpointBusy { path: path.to_path_buf() }),
+        Err(std::fs::TryLockError::Error(e)) => Err(bad(path, e)),
     }
 }
 
@@ -453,9 +469,31 @@ mod tests {
         let (j, saved) = Journal::open(&path, &other, 2).unwrap();
         assert!(saved.is_none());
         assert_eq!(j.saved(), (0, 0));
+        drop(j);
         // ... and the file now belongs to the new generation.
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         assert!(saved.is_none());
+    }
+
+    /// Two attempts of one job (the first's lease expired while it still ran) must not append
+    /// to one journal: the second is refused, and the file is the first's, untouched.
+    #[test]
+    fn a_second_writer_is_refused_while_the_first_holds_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut first, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut first, &[10], 4);
+        let before = std::fs::read(&path).unwrap();
+        // Even one for another generation, which would otherwise start the file over.
+        let other = Identity { prompt: vec![9], ..identity() };
+        let Err(e) = Journal::open(&path, &other, 2) else { panic!("a second writer opened the checkpoint") };
+        assert!(matches!(e, EngineError::CheckpointBusy { .. }), "{e}");
+        assert!(e.to_string().contains("being written by another generation"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the refused writer changed the file");
+        append(&mut first, &[10, 11], 5);
+        drop(first);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert_eq!(saved.unwrap().tokens, vec![10, 11]);
     }
 
     #[test]

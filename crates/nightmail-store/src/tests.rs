@@ -477,3 +477,36 @@ async fn a_schema_5_store_drops_its_senderless_marks() {
     let again = store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap();
     assert_eq!(again.duplicates.len(), 1);
 }
+
+/// A laptop suspended for longer than a lease wakes with the wall clock past the lease's stored
+/// expiry; the holder is alive and about to renew, so the sweep must not requeue its job. Only
+/// awake time without a renewal expires a lease this process granted.
+#[tokio::test]
+async fn a_lease_survives_a_suspend_and_expires_on_awake_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+    let mut held = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+
+    // What a suspend of an hour looks like from the store: the wall clock moved past the expiry
+    // written in the job; the awake-time clock did not move.
+    let mut job = store.job(held.job().id).unwrap().unwrap();
+    let JobState::Running { lease_token, heartbeat_at, .. } = job.state else { panic!("{:?}", job.state) };
+    let an_hour_ago = Timestamp(Timestamp::now().0 - 3_600_000);
+    job.state = JobState::Running { lease_token, lease_expires: an_hour_ago, heartbeat_at };
+    store.trees.jobs.insert(job.id.to_be_bytes(), encode(&job)).unwrap();
+    assert_eq!(store.recover_leases(false).await.unwrap(), 0, "a sleeping holder's job was requeued");
+    store.renew(&mut held, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.complete(held).await.unwrap().state.name(), "done");
+
+    // Awake time without a renewal does expire a lease, whatever the wall clock says.
+    store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
+    let stale = store.lease_next(Duration::from_millis(200)).await.unwrap().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.recover_leases(false).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stale.job().attempts == 1);
+    assert!(matches!(store.complete(stale).await, Err(StoreError::LeaseLost(_))));
+}
