@@ -22,14 +22,19 @@
 //! of the state).
 //!
 //! A file whose header does not match the generation asked for (another prompt, sampling,
-//! model, or a format version this build does not read) is discarded and generation starts over.
+//! model, weights, or a format version this build does not read) is discarded and generation
+//! starts over. The weights count by each file's size, mtime and a SHA-256 of its first MiB (the
+//! header: GGUF metadata, safetensors JSON), so a model re-downloaded or re-quantized in place
+//! does not resume a generation of the old one. Replay reads the file record by record: the
+//! restored state is all it holds in RAM, not the file's bytes besides.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, Result};
 use crate::sampling::Sampling;
@@ -48,10 +53,56 @@ pub(crate) struct Identity {
     /// The model file or directory, and the shape of its network.
     pub model: String,
     pub network: Vec<usize>,
+    pub weights: Vec<WeightsFile>,
     pub prompt: Vec<u32>,
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stop_at_eos: bool,
+}
+
+/// One file of a model's weights, as a checkpoint's identity knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WeightsFile {
+    pub name: String,
+    pub size: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub modified: u128,
+    /// SHA-256 of the first [`HEADER_DIGEST_BYTES`], hex.
+    pub header_sha256: String,
+}
+
+/// Enough for the header of every format we read; reading more would cost each resume.
+const HEADER_DIGEST_BYTES: u64 = 1 << 20;
+
+impl WeightsFile {
+    /// The files of the model at `path` (one file, or the files of a directory, by name).
+    pub fn of(path: &Path) -> Result<Vec<WeightsFile>> {
+        let meta = std::fs::metadata(path).map_err(|e| bad(path, e))?;
+        if !meta.is_dir() {
+            return Ok(vec![WeightsFile::one(path)?]);
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| bad(path, e))? {
+            let entry = entry.map_err(|e| bad(path, e))?;
+            if entry.file_type().map_err(|e| bad(path, e))?.is_file() {
+                files.push(WeightsFile::one(&entry.path())?);
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(files)
+    }
+
+    fn one(path: &Path) -> Result<WeightsFile> {
+        let file = File::open(path).map_err(|e| bad(path, e))?;
+        let meta = file.metadata().map_err(|e| bad(path, e))?;
+        let modified = meta.modified().map_err(|e| bad(path, e))?;
+        let modified = modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mut head = Vec::new();
+        file.take(HEADER_DIGEST_BYTES).read_to_end(&mut head).map_err(|e| bad(path, e))?;
+        let header_sha256 = Sha256::digest(&head).iter().map(|b| format!("{b:02x}")).collect();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        Ok(WeightsFile { name, size: meta.len(), modified, header_sha256 })
+    }
 }
 
 /// The state a checkpoint file holds, as restored.
@@ -81,6 +132,8 @@ pub(crate) struct Journal {
     tokens: usize,
     position: usize,
     bytes: u64,
+    /// A failed append could not be cut back yet: the next append cuts first.
+    torn: bool,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -105,20 +158,20 @@ impl Journal {
             .open(path)
             .map_err(|e| bad(path, e))?;
         lock(&file, path)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
-        if let Some(header_end) = read_header(&bytes, identity) {
-            let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
-            let good_end = (header_end + good_end) as u64;
+        let len = file.metadata().map_err(|e| bad(path, e))?.len();
+        let mut reader = Bounded { inner: BufReader::new(&mut file), left: len };
+        if let Some(header_end) = read_header(&mut reader, identity) {
+            let (saved, good_end) = replay(&mut reader, layers).map_err(|e| bad(path, e))?;
+            let good_end = header_end + good_end;
             // Cut a torn tail so the next record follows the last good one.
-            if good_end < bytes.len() as u64 {
+            if good_end < len {
                 file.set_len(good_end).map_err(|e| bad(path, e))?;
                 file.sync_data().map_err(|e| bad(path, e))?;
             }
             file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
             let (tokens, position) =
                 saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
-            let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
+            let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end, torn: false };
             return Ok((journal, saved));
         }
         Ok((Journal::create(path, file, identity)?, None))
@@ -139,7 +192,7 @@ impl Journal {
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
             let _ = dir.sync_all();
         }
-        Ok(Journal { path: path.to_path_buf(), file, tokens: 0, position: 0, bytes: header.len() as u64 })
+        Ok(Journal { path: path.to_path_buf(), file, tokens: 0, position: 0, bytes: header.len() as u64, torn: false })
     }
 
     /// Tokens and key/value positions already saved.
@@ -150,6 +203,13 @@ impl Journal {
     /// Bytes on disk.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Cuts the file back to its last whole record.
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        self.file.set_len(self.bytes)?;
+        self.file.seek(SeekFrom::Start(self.bytes))?;
+        self.file.sync_data()
     }
 
     /// Appends what is new in `delta` and makes it durable (`fdatasync`) before returning.
@@ -177,8 +237,18 @@ impl Journal {
         record.extend_from_slice(&(p.len() as u64).to_le_bytes());
         record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
         record.extend_from_slice(&p);
-        let path = &self.path;
-        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
+        if self.torn {
+            self.cut_back().map_err(|e| bad(&self.path, e))?;
+        }
+        if let Err(e) = self.file.write_all(&record).and_then(|_| self.file.sync_data()) {
+            // A part of the record may be on disk: cut it off, or every later record would
+            // follow a torn one and be lost at replay while the file grew.
+            self.torn = true;
+            if self.cut_back().is_ok() {
+                self.torn = false;
+            }
+            return Err(bad(&self.path, e));
+        }
         self.tokens = delta.tokens.len();
         self.position = delta.end_position;
         self.bytes += record.len() as u64;
@@ -202,34 +272,58 @@ fn dim2(t: &Tensor) -> usize {
     t.dims().get(2).copied().unwrap_or(0)
 }
 
+/// A reader that knows how many bytes of the file are left, so that no length read from a
+/// damaged file makes us allocate more than the file holds.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Bounded<R> {
+    /// The next `n` bytes, or `None` if the file ends first.
+    fn bytes(&mut self, n: usize) -> Option<Vec<u8>> {
+        if n as u64 > self.left {
+            return None;
+        }
+        let mut buf = vec![0; n];
+        self.inner.read_exact(&mut buf).ok()?;
+        self.left -= n as u64;
+        Some(buf)
+    }
+}
+
 /// The end of the header if it is whole and names this generation.
-fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
-    if bytes.len() < HEADER_FIXED || &bytes[..8] != MAGIC {
+fn read_header(r: &mut Bounded<impl Read>, identity: &Identity) -> Option<u64> {
+    let fixed = r.bytes(HEADER_FIXED)?;
+    if &fixed[..8] != MAGIC {
         return None;
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
-    let len = u32::from_le_bytes(bytes[12..16].try_into().ok()?) as usize;
-    let end = HEADER_FIXED + len;
-    if version != VERSION || bytes.len() < end + 4 {
+    let version = u32::from_le_bytes(fixed[8..12].try_into().ok()?);
+    let len = u32::from_le_bytes(fixed[12..16].try_into().ok()?) as usize;
+    if version != VERSION {
         return None;
     }
-    let crc = u32::from_le_bytes(bytes[end..end + 4].try_into().ok()?);
-    if crc32fast::hash(&bytes[..end]) != crc {
+    let id = r.bytes(len)?;
+    let crc = u32::from_le_bytes(r.bytes(4)?.try_into().ok()?);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&fixed);
+    hasher.update(&id);
+    if hasher.finalize() != crc {
         return None;
     }
-    let found: Identity = serde_json::from_slice(&bytes[HEADER_FIXED..end]).ok()?;
-    (found == *identity).then_some(end + 4)
+    let found: Identity = serde_json::from_slice(&id).ok()?;
+    (found == *identity).then_some((HEADER_FIXED + len + 4) as u64)
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
-fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, usize), String> {
+fn replay(r: &mut Bounded<impl Read>, layers: usize) -> std::result::Result<(Option<Saved>, u64), String> {
     let mut at = 0;
     let mut tokens: Vec<u32> = Vec::new();
     let mut position = 0usize;
     let mut chunks: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
     let mut last: Option<(u128, Vec<f32>)> = None;
-    while let Some(payload) = record_at(bytes, at) {
-        let mut r = Reader { bytes: payload, at: 0 };
+    while let Some(payload) = next_record(r) {
+        let mut r = Reader { bytes: &payload, at: 0 };
         let Some(parsed) = r.record(layers) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
             break;
@@ -238,7 +332,7 @@ fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, us
         position = parsed.to;
         chunks.push(parsed.kv);
         last = Some((parsed.sampler_position, parsed.logits));
-        at += RECORD_FIXED + payload.len();
+        at += (RECORD_FIXED + payload.len()) as u64;
     }
     let Some((sampler_position, logits)) = last else { return Ok((None, at)) };
     let mut kv = Vec::with_capacity(layers);
@@ -250,16 +344,16 @@ fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, us
     Ok((Some(Saved { tokens, sampler_position, kv, logits }), at))
 }
 
-/// The payload of a whole, intact record at `at`.
-fn record_at(bytes: &[u8], at: usize) -> Option<&[u8]> {
-    let head = bytes.get(at..at + RECORD_FIXED)?;
+/// The payload of the next record if it is whole and intact.
+fn next_record(r: &mut Bounded<impl Read>) -> Option<Vec<u8>> {
+    let head = r.bytes(RECORD_FIXED)?;
     if &head[..4] != RECORD {
         return None;
     }
     let len = usize::try_from(u64::from_le_bytes(head[4..12].try_into().ok()?)).ok()?;
     let crc = u32::from_le_bytes(head[12..16].try_into().ok()?);
-    let payload = bytes.get(at + RECORD_FIXED..(at + RECORD_FIXED).checked_add(len)?)?;
-    (crc32fast::hash(payload) == crc).then_some(payload)
+    let payload = r.bytes(len)?;
+    (crc32fast::hash(&payload) == crc).then_some(payload)
 }
 
 struct Record {
@@ -368,12 +462,15 @@ fn put_tensor(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     fn identity() -> Identity {
         Identity {
             model: "m".into(),
             network: vec![2, 4],
+            weights: Vec::new(),
             prompt: vec![1, 2, 3],
             sampling: Sampling::greedy(),
             stop: Vec::new(),
@@ -494,6 +591,106 @@ mod tests {
         drop(first);
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         assert_eq!(saved.unwrap().tokens, vec![10, 11]);
+    }
+
+    /// Set in the child process that [`a_failed_append_is_cut_back_to_the_last_whole_record`]
+    /// starts, to the directory it works in.
+    const FSIZE_CHILD: &str = "NIGHTMAIL_TEST_FSIZE_CHILD";
+
+    /// A write that fails half-way (here: past `RLIMIT_FSIZE`, which writes what fits and then
+    /// fails with `EFBIG`, as a full disk does) must not leave a torn record for the next ones to
+    /// follow. The limit is a process's, so the test runs in a child: this test binary again,
+    /// filtered to this test.
+    #[test]
+    fn a_failed_append_is_cut_back_to_the_last_whole_record() {
+        if let Some(dir) = std::env::var_os(FSIZE_CHILD) {
+            return failed_append_in_child(Path::new(&dir));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let name = concat!(module_path!(), "::a_failed_append_is_cut_back_to_the_last_whole_record");
+        let name = name.split_once("::").unwrap().1;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(FSIZE_CHILD, dir.path())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert!(log.contains("1 passed"), "the child ran no test: {log}");
+    }
+
+    fn failed_append_in_child(dir: &Path) {
+        let path = dir.join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        let good = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(j.bytes(), good);
+        let set_limit = |soft: libc::rlim_t| {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: plain libc calls on a valid rlimit; the signal is ignored so that a write
+            // past the limit fails with EFBIG instead of killing the process.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim), 0);
+                lim.rlim_cur = soft.min(lim.rlim_max);
+                assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+            }
+        };
+        // Room for a part of the next record only.
+        set_limit((good + 40) as libc::rlim_t);
+        let logits = vec![2.0; 5];
+        let delta = Delta { tokens: &[10, 11], sampler_position: 14, kv: rows(4, 5), end_position: 5, logits: &logits };
+        let Err(e) = j.append(&delta) else { panic!("the append past RLIMIT_FSIZE succeeded") };
+        assert!(e.to_string().contains("job.ckpt"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record was left in the file");
+        assert_eq!((j.bytes(), j.saved()), (good, (1, 4)));
+
+        // Space again: the next append follows the last whole record and is replayed.
+        set_limit(libc::RLIM_INFINITY);
+        append(&mut j, &[10, 11, 12], 6);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert_eq!(saved.expect("both records").tokens, vec![10, 11, 12]);
+    }
+
+    /// The same path and shape with other weights (re-downloaded, re-quantized, edited) is
+    /// another model: its size, mtime or header digest tells.
+    #[test]
+    fn a_checkpoint_of_other_weights_at_the_same_path_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.gguf");
+        std::fs::write(&model, [b"GGUF".as_slice(), &[7u8; 4096]].concat()).unwrap();
+        let with_weights = || Identity { weights: WeightsFile::of(&model).unwrap(), ..identity() };
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &with_weights(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        drop(j);
+        let (j, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert_eq!(saved.expect("the same weights resume").tokens, vec![10]);
+        drop(j);
+
+        // One byte of the header changed, with the size and mtime as they were.
+        let f = OpenOptions::new().write(true).open(&model).unwrap();
+        let mtime = f.metadata().unwrap().modified().unwrap();
+        f.write_all_at(b"X", 10).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        assert_eq!(with_weights().weights[0].modified, identity_modified(&mtime));
+        let (mut j, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert!(saved.is_none(), "a checkpoint of another header was resumed");
+        append(&mut j, &[20], 4);
+        drop(j);
+
+        // Only the mtime changed (a copy without -p, or a rewrite of the same bytes).
+        let f = OpenOptions::new().write(true).open(&model).unwrap();
+        f.set_modified(mtime + std::time::Duration::from_secs(5)).unwrap();
+        drop(f);
+        let (_, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert!(saved.is_none(), "a checkpoint of weights with another mtime was resumed");
+    }
+
+    fn identity_modified(t: &std::time::SystemTime) -> u128 {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
     }
 
     #[test]
