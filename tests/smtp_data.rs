@@ -1,6 +1,6 @@
-//! DATA's dot rules (RFC 5321 §4.5.2) on the first line of a message, where smtp-proto 0.2.5's
-//! receiver applies neither: a raw Python socket sends the bytes, Python's imaplib reads back
-//! what was stored.
+//! What DATA stores: the dot rules (RFC 5321 §4.5.2) on the first line of a message, where
+//! smtp-proto 0.2.5's receiver applies neither, and resends from the null sender. Python's raw
+//! sockets and smtplib send, its imaplib reads back what was stored.
 
 mod common;
 
@@ -61,4 +61,35 @@ for n in (b"1", b"2"):
     assert_eq!(out.matches("end 250").count(), 2, "{out}");
     // The second message as sent, each leading ".." unstuffed to ".", the first line too.
     assert!(out.contains(r#"stored 2 [b'.first line', b'Subject: dots', b'', b'.body line', b'']"#), "{out}");
+}
+
+/// Dedupe marks are keyed on the envelope sender, which every user may leave null (`<>`): then
+/// the user who sent it counts instead, so one user's bounce never makes another's vanish, while
+/// a user's own resend is still a resend.
+#[test]
+fn a_null_sender_does_not_share_one_dedupe_key_across_users() {
+    let daemon = Daemon::start();
+    let out = python(
+        &daemon,
+        r#"
+import imaplib, os, smtplib
+msg = b"From: postmaster\r\nTo: me@nightmail.test\r\nSubject: bounce\r\nMessage-ID: <same@x>\r\n\r\nundeliverable\r\n"
+for user in ("ann", "me", "me"):
+    c = smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]), timeout=10)
+    c.login(user, os.environ["PASSWORD"])
+    print(user, "mail", c.mail("")[0])
+    c.rcpt("me@nightmail.test")
+    code, text = c.data(msg)
+    print(user, "data", code, text.decode())
+    c.quit()
+m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
+m.login("me", os.environ["PASSWORD"])
+print("inbox", m.select("INBOX")[1][0].decode())
+"#,
+    );
+    assert_eq!(out.matches("mail 250").count(), 3, "{out}");
+    assert!(out.contains("ann data 250 2.0.0 queued as"), "{out}");
+    assert!(out.contains("me data 250 2.0.0 queued as"), "{out}");
+    assert!(out.contains("me data 250 2.0.0 Already queued"), "{out}");
+    assert!(out.contains("inbox 2"), "{out}");
 }

@@ -510,3 +510,21 @@ async fn a_lease_survives_a_suspend_and_expires_on_awake_time() {
     assert!(stale.job().attempts == 1);
     assert!(matches!(store.complete(stale).await, Err(StoreError::LeaseLost(_))));
 }
+
+/// The sweep deletes the marks past the window and keeps the others, which still dedupe.
+#[tokio::test]
+async fn the_dedupe_sweep_deletes_only_expired_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let long_ago = Timestamp(Timestamp::now().0 - DEDUPE_WINDOW_MS - 1);
+    store.deliver_at(&incoming(&store, "<old@x>", vec![to_model(), to_me()]), long_ago).await.unwrap();
+    store.deliver(&incoming(&store, "<new@x>", vec![to_model()])).await.unwrap();
+    assert_eq!(store.trees.dedupe.len(), 3);
+    assert_eq!(store.sweep_dedupe().await.unwrap(), 2);
+    assert_eq!(store.trees.dedupe.len(), 1);
+    assert_eq!(store.sweep_dedupe().await.unwrap(), 0);
+    let again = store.deliver(&incoming(&store, "<new@x>", vec![to_model()])).await.unwrap();
+    assert_eq!(again.duplicates.len(), 1, "a live mark was swept");
+    let old = store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap();
+    assert_eq!((old.jobs.len(), old.duplicates.len()), (1, 0));
+}

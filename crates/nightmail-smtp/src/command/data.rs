@@ -55,7 +55,15 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
         user: session.user.as_ref().map(|u| u.name.as_str()).unwrap_or(""),
         key,
     };
-    let Checked { raw, summary, dedupe_id } = message::prepare(raw, &trace);
+    let Checked { raw, summary, mut dedupe_id } = message::prepare(raw, &trace);
+    // The store keys dedupe marks on the envelope sender, but every user may send with the null
+    // one (`<>`, RFC 5321 §4.5.5): then the user who sent it stands in, so that one user's
+    // bounce never makes another's "already queued".
+    if transaction.sender.is_none()
+        && let Some(user) = &session.user
+    {
+        dedupe_id = format!("{}\0{dedupe_id}", user.name);
+    }
     let incoming = nightmail_store::Incoming {
         key,
         raw,
