@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Daemon, PASSWORD, external};
+use common::{Daemon, python};
 
 /// The test configuration with `smtp` and `imap` keys added to those sections, and `auth`
 /// replacing the `[auth]` section's keys.
@@ -16,21 +16,6 @@ fn limited(dir: &Path, smtp: &str, imap: &str, auth: &str) -> String {
         .replacen("timeout_secs = 30\n", &format!("timeout_secs = 30\n{smtp}\n"), 1)
         .replacen("[imap]\nlisten = \"127.0.0.1:0\"\n", &format!("[imap]\nlisten = \"127.0.0.1:0\"\n{imap}\n"), 1)
         .replacen("[auth]\nfailure_delay_ms = 100\n", &format!("[auth]\nfailure_delay_ms = 100\n{auth}\n"), 1)
-}
-
-/// Runs a Python script with SMTP, IMAP and PASSWORD in its environment; returns its stdout.
-fn python(daemon: &Daemon, script: &str) -> String {
-    let out = external("python3", "python3")
-        .arg("-c")
-        .arg(script)
-        .env("SMTP", daemon.smtp.port().to_string())
-        .env("IMAP", daemon.imap.port().to_string())
-        .env("PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "python failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    stdout
 }
 
 /// Helpers every script starts with: `greeting(port)` opens a socket and returns it with the
@@ -56,6 +41,19 @@ def until_closed(s, limit):
         if not chunk:
             return got.decode(errors="replace"), time.monotonic() - start
         got += chunk
+def cut(s, data):
+    """Sends `data` a byte every half second from a thread; returns the last line the server
+    sent before it closed the connection, and how long that took."""
+    def trickle():
+        try:
+            for b in data:
+                s.send(bytes([b]))
+                time.sleep(0.5)
+        except OSError:
+            pass
+    threading.Thread(target=trickle, daemon=True).start()
+    got, took = until_closed(s, 15)
+    return got.strip().splitlines()[-1], took
 "#;
 
 #[test]
@@ -112,19 +110,6 @@ fn smtp_deadlines_hold_for_a_trickled_command_message_and_handshake() {
         &daemon,
         &format!(
             r#"{PRELUDE}
-def trickle(s, data, result):
-    try:
-        for b in data:
-            s.send(bytes([b]))
-            time.sleep(0.5)
-    except OSError:
-        pass
-def cut(s, data):
-    t = threading.Thread(target=trickle, args=(s, data, None), daemon=True)
-    t.start()
-    got, took = until_closed(s, 15)
-    return got.strip().splitlines()[-1], took
-
 s, _ = greeting(SMTP)
 line, took = cut(s, b"NOOP and on and on and on and on and on and on")
 print("command", line, took < 5)
@@ -157,17 +142,9 @@ fn imap_deadlines_hold_for_a_trickled_command_and_handshake() {
         &daemon,
         &format!(
             r#"{PRELUDE}
-def trickle(s, data):
-    try:
-        for b in data:
-            s.send(bytes([b]))
-            time.sleep(0.5)
-    except OSError:
-        pass
 s, _ = greeting(IMAP)
-threading.Thread(target=trickle, args=(s, b"a1 NOOP and on and on and on and on and on"), daemon=True).start()
-got, took = until_closed(s, 15)
-print("command", got.strip().splitlines()[-1], took < 5)
+line, took = cut(s, b"a1 NOOP and on and on and on and on and on")
+print("command", line, took < 5)
 
 s, _ = greeting(IMAP)
 s.sendall(b"a1 STARTTLS\r\n")

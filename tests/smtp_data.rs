@@ -4,21 +4,7 @@
 
 mod common;
 
-use common::{Daemon, PASSWORD, external};
-
-fn python(daemon: &Daemon, script: &str) -> String {
-    let out = external("python3", "python3")
-        .arg("-c")
-        .arg(script)
-        .env("SMTP", daemon.smtp.port().to_string())
-        .env("IMAP", daemon.imap.port().to_string())
-        .env("PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "python failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    stdout
-}
+use common::{Daemon, python};
 
 #[test]
 fn a_dot_on_the_first_line_ends_an_empty_message_and_a_leading_double_dot_is_unstuffed() {

