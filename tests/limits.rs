@@ -285,3 +285,35 @@ print("next client", line[:4], round(time.monotonic() - start) >= 1)
     assert!(out.contains("append OK"), "{out}");
     assert!(out.contains("next client * OK True"), "{out}");
 }
+
+/// Every client here shares 127.0.0.1, as behind Docker's port publishing: guesses at one user's
+/// password lock out that user, not the others, until the address's total reaches its limit.
+#[test]
+fn guesses_at_one_user_do_not_lock_out_another_on_a_shared_address() {
+    let daemon = Daemon::start_with(|dir| limited(dir, "", "", "max_failures = 2\nmax_client_failures = 4"));
+    let out = python(
+        &daemon,
+        &format!(
+            r#"{PRELUDE}
+def login(user, password):
+    m = imaplib.IMAP4("127.0.0.1", IMAP)
+    try:
+        m.login(user, password)
+        m.logout()
+        return "ok"
+    except imaplib.IMAP4.error as e:
+        return "throttled" if "too many" in str(e) else "invalid"
+print("guess me", login("me", "wrong"), login("me", "wrong"))
+print("me now", login("me", PASSWORD))
+print("ann now", login("ann", PASSWORD))
+print("spray", login("ghost1", "x"), login("ghost2", "x"))
+print("ann after", login("ann", PASSWORD))
+"#
+        ),
+    );
+    assert!(out.contains("guess me invalid invalid"), "{out}");
+    assert!(out.contains("me now throttled"), "{out}");
+    assert!(out.contains("ann now ok"), "{out}");
+    assert!(out.contains("spray invalid invalid"), "{out}");
+    assert!(out.contains("ann after throttled"), "{out}");
+}

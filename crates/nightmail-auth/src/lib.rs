@@ -1,8 +1,9 @@
 //! Who may log in, shared by the SMTP and IMAP servers: password checks against the configured
 //! users, a fixed delay on every failure, and a per-client limit on failures (the slow-down that
 //! makes guessing impractical; RFC 4954 §4 and RFC 3501 §6.2.3 leave the policy to the server).
-//! Attempts still being checked count against the limit, so parallel connections get no more
-//! guesses than one; a client is an IPv4 address or an IPv6 /64 (`peers.rs`, which also counts
+//! Failures count per login name from a client, and per client in all (so guesses at one user
+//! from an address everyone shares do not lock out the others there). Attempts still being
+//! checked count against the limits, so parallel connections get no more guesses than one; a client is an IPv4 address or an IPv6 /64 (`peers.rs`, which also counts
 //! connections per client); and only so many argon2 hashes run at once.
 
 mod peers;
@@ -42,7 +43,7 @@ pub enum AuthError {
 pub struct Authenticator {
     users: Arc<Vec<User>>,
     config: AuthConfig,
-    clients: Arc<Mutex<HashMap<IpAddr, Attempts>>>,
+    attempts: Arc<Mutex<HashMap<Counted, Attempts>>>,
     /// Permits to run an argon2 hash.
     hashing: Arc<Semaphore>,
     /// Hashes running now, and the most that ever ran at once.
@@ -50,7 +51,17 @@ pub struct Authenticator {
     hashing_gauge: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
 }
 
-/// One client's recent failures and its attempts still being checked.
+/// What failures are counted against: one login name from one client (`auth.max_failures`),
+/// so that guesses at one user's password, from an address everyone shares (Docker's port
+/// publishing, a NAT), do not lock out the other users there; and all logins from one client
+/// together (`auth.max_client_failures`), so that guessing across user names stops too.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Counted {
+    Login(IpAddr, String),
+    Client(IpAddr),
+}
+
+/// Recent failures and attempts still being checked, of one [`Counted`].
 #[derive(Default)]
 struct Attempts {
     failures: Vec<Instant>,
@@ -60,16 +71,18 @@ struct Attempts {
 /// An attempt being checked; dropping it ends it.
 struct InFlight<'a> {
     auth: &'a Authenticator,
-    client: IpAddr,
+    counted: [Counted; 2],
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let mut clients = self.auth.clients();
-        if let Some(a) = clients.get_mut(&self.client) {
-            a.in_flight -= 1;
-            if a.in_flight == 0 && a.failures.is_empty() {
-                clients.remove(&self.client);
+        let mut attempts = self.auth.attempts();
+        for counted in &self.counted {
+            if let Some(a) = attempts.get_mut(counted) {
+                a.in_flight -= 1;
+                if a.in_flight == 0 && a.failures.is_empty() {
+                    attempts.remove(counted);
+                }
             }
         }
     }
@@ -81,22 +94,23 @@ impl Authenticator {
             users: Arc::new(users),
             hashing: Arc::new(Semaphore::new(config.max_concurrent_hashes.max(1))),
             config,
-            clients: Arc::default(),
+            attempts: Arc::default(),
             #[cfg(test)]
             hashing_gauge: Arc::default(),
         }
     }
 
-    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Attempts>> {
-        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Counted, Attempts>> {
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checks `login` (a user name or address) and `password` for a client at `ip`.
     /// Failures are answered only after the configured delay.
     pub async fn authenticate(&self, ip: IpAddr, login: &str, password: &str) -> Result<AuthUser, AuthError> {
-        let client = client_of(ip);
-        let attempt = self.begin(client)?;
         let login = login.trim();
+        let client = client_of(ip);
+        let counted = [Counted::Login(client, login.to_lowercase()), Counted::Client(client)];
+        let attempt = self.begin(counted)?;
         let user = self
             .users
             .iter()
@@ -125,7 +139,7 @@ impl Authenticator {
         match ok {
             Some(user) => Ok(user),
             None => {
-                self.record_failure(client);
+                self.record_failure(&attempt.counted);
                 // Counted as a failure now, no longer as an attempt.
                 drop(attempt);
                 tracing::warn!(%ip, login, "failed login");
@@ -135,34 +149,42 @@ impl Authenticator {
         }
     }
 
-    /// Starts an attempt by `client`, unless its failures and the attempts it has in flight
-    /// already reach the limit.
-    fn begin(&self, client: IpAddr) -> Result<InFlight<'_>, AuthError> {
-        let mut clients = self.clients();
+    /// Starts an attempt counted against `counted` (its login and its client), unless the
+    /// failures and attempts in flight of either already reach its limit.
+    fn begin(&self, counted: [Counted; 2]) -> Result<InFlight<'_>, AuthError> {
+        let mut attempts = self.attempts();
         let now = Instant::now();
         let window = self.config.failure_window;
-        let a = clients.entry(client).or_default();
-        a.failures.retain(|t| now.duration_since(*t) < window);
-        if (a.failures.len() as u32).saturating_add(a.in_flight) >= self.config.max_failures {
-            // With only attempts in flight, they end within the failure delay.
-            let retry_after = a
-                .failures
-                .first()
-                .map_or(self.config.failure_delay, |oldest| window.saturating_sub(now.duration_since(*oldest)));
-            return Err(AuthError::Throttled { retry_after });
+        for c in &counted {
+            let limit = match c {
+                Counted::Login(..) => self.config.max_failures,
+                Counted::Client(..) => self.config.max_client_failures,
+            };
+            let a = attempts.entry(c.clone()).or_default();
+            a.failures.retain(|t| now.duration_since(*t) < window);
+            if (a.failures.len() as u32).saturating_add(a.in_flight) >= limit {
+                // With only attempts in flight, they end within the failure delay.
+                let retry_after = a
+                    .failures
+                    .first()
+                    .map_or(self.config.failure_delay, |oldest| window.saturating_sub(now.duration_since(*oldest)));
+                return Err(AuthError::Throttled { retry_after });
+            }
         }
-        a.in_flight += 1;
-        Ok(InFlight { auth: self, client })
+        for c in &counted {
+            attempts.entry(c.clone()).or_default().in_flight += 1;
+        }
+        Ok(InFlight { auth: self, counted })
     }
 
-    fn record_failure(&self, client: IpAddr) {
-        let mut clients = self.clients();
+    fn record_failure(&self, counted: &[Counted; 2]) {
+        let mut attempts = self.attempts();
         let now = Instant::now();
         let window = self.config.failure_window;
-        clients.retain(|c, a| {
-            *c == client || a.in_flight > 0 || a.failures.last().is_some_and(|t| now.duration_since(*t) < window)
-        });
-        clients.entry(client).or_default().failures.push(now);
+        attempts.retain(|_, a| a.in_flight > 0 || a.failures.last().is_some_and(|t| now.duration_since(*t) < window));
+        for c in counted {
+            attempts.entry(c.clone()).or_default().failures.push(now);
+        }
     }
 
     /// Counts a hash running until the value returned is dropped, keeping the peak.
@@ -234,6 +256,7 @@ mod tests {
         AuthConfig {
             failure_delay: Duration::from_millis(50),
             max_failures,
+            max_client_failures: 100,
             failure_window: Duration::from_secs(60),
             max_concurrent_hashes: 4,
         }
@@ -285,6 +308,26 @@ mod tests {
             }
         }
         assert_eq!(invalid, 3, "guesses checked past the limit of 3");
+    }
+
+    /// Behind Docker's port publishing every client has the same address: guesses at one
+    /// user's password lock out that user there, not the others, until the client's total
+    /// reaches its own limit.
+    #[tokio::test]
+    async fn guesses_at_one_login_do_not_lock_out_another_on_a_shared_address() {
+        let mut c = config(2);
+        c.max_client_failures = 4;
+        let auth = Authenticator::new(users(), c);
+        let shared: IpAddr = "172.17.0.1".parse().unwrap();
+        for _ in 0..2 {
+            assert_eq!(auth.authenticate(shared, "you", "guess").await, Err(AuthError::Invalid));
+        }
+        assert!(matches!(auth.authenticate(shared, "YOU", "pw").await, Err(AuthError::Throttled { .. })));
+        assert_eq!(auth.authenticate(shared, "me", "s3cret").await.unwrap().name, "me");
+        for name in ["ghost1", "ghost2"] {
+            assert_eq!(auth.authenticate(shared, name, "guess").await, Err(AuthError::Invalid));
+        }
+        assert!(matches!(auth.authenticate(shared, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
     }
 
     #[tokio::test]

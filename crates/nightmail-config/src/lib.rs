@@ -87,9 +87,12 @@ pub enum TlsConfig {
 pub struct AuthConfig {
     /// Every failed attempt is answered only after this delay.
     pub failure_delay: Duration,
-    /// After this many failures from one IP within `failure_window`, that IP is refused until
-    /// the window passes.
+    /// After this many failures for one login name from one client (an IPv4 address or IPv6
+    /// /64) within `failure_window`, that login is refused to that client until the window
+    /// passes; other users at the same address (a NAT, Docker) are not.
     pub max_failures: u32,
+    /// After this many failures from one client for all logins together, the client is refused.
+    pub max_client_failures: u32,
     pub failure_window: Duration,
     /// argon2 hashes computed at once (each takes 19 MiB and tens of milliseconds of CPU); more
     /// logins wait their turn.

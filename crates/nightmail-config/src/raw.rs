@@ -136,13 +136,20 @@ struct RawTls {
 struct RawAuth {
     failure_delay_ms: u64,
     max_failures: u32,
+    max_client_failures: u32,
     failure_window_secs: u64,
     max_concurrent_hashes: usize,
 }
 
 impl Default for RawAuth {
     fn default() -> Self {
-        RawAuth { failure_delay_ms: 2000, max_failures: 10, failure_window_secs: 900, max_concurrent_hashes: 4 }
+        RawAuth {
+            failure_delay_ms: 2000,
+            max_failures: 10,
+            max_client_failures: 100,
+            failure_window_secs: 900,
+            max_concurrent_hashes: 4,
+        }
     }
 }
 
@@ -269,6 +276,7 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
     let auth = AuthConfig {
         failure_delay: Duration::from_millis(raw.auth.failure_delay_ms),
         max_failures: raw.auth.max_failures.max(1),
+        max_client_failures: raw.auth.max_client_failures.max(1),
         failure_window: Duration::from_secs(raw.auth.failure_window_secs),
         max_concurrent_hashes: raw.auth.max_concurrent_hashes.max(1),
     };
