@@ -317,3 +317,39 @@ print("ann after", login("ann", PASSWORD))
     assert!(out.contains("spray invalid invalid"), "{out}");
     assert!(out.contains("ann after throttled"), "{out}");
 }
+
+/// The same for SMTP: a client that pipelines commands and never reads their replies loses its
+/// connection (and frees its place) once a write has waited `smtp.timeout_secs`.
+#[test]
+fn an_smtp_client_that_stops_reading_loses_its_connection_at_the_write_deadline() {
+    let daemon = Daemon::start_with(|dir| {
+        limited(dir, "max_connections_per_ip = 1", "", "").replacen("timeout_secs = 30\n", "timeout_secs = 2\n", 1)
+    });
+    let out = python(
+        &daemon,
+        &format!(
+            r#"{PRELUDE}
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(("127.0.0.1", SMTP))
+def flood():
+    try:
+        # Each HELP is answered with ~90 bytes: far more than the socket buffers hold.
+        s.sendall(b"HELP\r\n" * 200000)
+    except OSError:
+        pass
+threading.Thread(target=flood, daemon=True).start()
+start = time.monotonic()
+deadline = start + 20
+while True:
+    other, line = greeting(SMTP)
+    if line.startswith("220") or time.monotonic() > deadline:
+        break
+    other.close()
+    time.sleep(0.05)
+print("next client", line[:3], round(time.monotonic() - start, 1) >= 1.5)
+"#
+        ),
+    );
+    assert!(out.contains("next client 220 True"), "{out}");
+}
