@@ -80,8 +80,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for warning in &config.warnings {
                 eprintln!("warning: {warning}");
             }
+            // The password is read as `serve` will read it, so a missing variable or file shows
+            // here and not at the first outgoing message.
+            if let Some((_, source)) = config.relay.as_ref().and_then(|r| r.user.as_ref()) {
+                source.read().map_err(|e| anyhow::anyhow!("{}: {e}", config.source_name()))?;
+            }
+            let relay = match &config.relay {
+                Some(relay) => format!("relay via {}", relay.describe()),
+                None => "no relay: mail stays local".to_string(),
+            };
             println!(
-                "{}: ok ({} users, {} models, smtp on {}, data in {})",
+                "{}: ok ({} users, {} models, smtp on {}, {relay}, data in {})",
                 config.source_name(),
                 config.users.len(),
                 config.models.len(),
