@@ -117,17 +117,6 @@ fn send(daemon: &Daemon, rcpts: &[&str], message: &str) -> String {
     c.reply()
 }
 
-fn inbox(daemon: &Daemon, user: &str) -> Vec<String> {
-    let store = Store::open(&daemon.data_dir().join("store")).unwrap();
-    let Some(inbox) = store.mailbox(user, "INBOX").unwrap() else { return Vec::new() };
-    store
-        .mail(inbox.id)
-        .unwrap()
-        .iter()
-        .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
-        .collect()
-}
-
 fn header(message: &str, name: &str) -> Option<String> {
     let parsed = mail_parser::MessageParser::default().parse(message.as_bytes())?;
     parsed.header_raw(name).map(|v| v.trim().replace("\r\n", "").replace('\t', " "))
@@ -182,10 +171,10 @@ fn a_cc_thread_reaches_outside_people_once_and_so_does_the_models_reply_all() {
 
     daemon.stop();
     // The local people: ann has the question and the reply, me the reply; the model's job is done.
-    let ann = inbox(&daemon, "ann");
+    let ann = daemon.inbox("ann");
     assert_eq!(ann.len(), 2, "{ann:?}");
     assert!(ann[0].contains("Where shall we eat?"));
-    let mine = inbox(&daemon, "me");
+    let mine = daemon.inbox("me");
     assert_eq!(mine.len(), 1);
     assert_eq!(header(&mine[0], "In-Reply-To").as_deref(), Some("<lunch@client.test>"));
     assert_eq!(header(&mine[0], "Message-ID"), header(answer, "Message-ID"), "the same reply inside and out");
@@ -220,7 +209,7 @@ fn a_models_reply_reaches_only_so_many_outside_people_and_names_the_rest() {
     let got = smarthost.messages();
     assert_eq!(to_set(&got[0]["rcpt_tos"]), ["a@example.org", "b@example.org"]);
     daemon.stop();
-    let mine = inbox(&daemon, "me");
+    let mine = daemon.inbox("me");
     assert_eq!(mine.len(), 1);
     let body =
         mail_parser::MessageParser::default().parse(mine[0].as_bytes()).unwrap().body_text(0).unwrap().to_string();
@@ -235,7 +224,7 @@ fn a_models_reply_reaches_only_so_many_outside_people_and_names_the_rest() {
     assert!(send(&island, &["kimi@nightmail.test"], question).starts_with("250 "));
     until(Duration::from_secs(120), "the job done", || island.jobs().iter().all(|j| j["state"] == "done"));
     island.stop();
-    let body = body_text(&inbox(&island, "me")[0]);
+    let body = body_text(&island.inbox("me")[0]);
     assert!(
         body.contains(
             "no [relay] in its configuration): <a@example.org>, <b@example.org>, <c@example.org>, <d@example.org>"
@@ -299,7 +288,7 @@ fn a_permanent_refusal_bounces_one_recipient_with_a_delivery_status_report() {
     assert_eq!(to_set(&got[0]["rcpt_tos"]), ["carol@example.org"], "one bad address does not hold back the other");
     daemon.stop();
 
-    let mail = inbox(&daemon, "me");
+    let mail = daemon.inbox("me");
     assert_eq!(mail.len(), 1, "the bounce");
     let dsn = &mail[0];
     let parsed = mail_parser::MessageParser::default().parse(dsn.as_bytes()).unwrap();
@@ -342,7 +331,7 @@ fn mail_not_delivered_in_time_bounces_as_expired() {
     assert!(error.starts_with("gave up after 72 hours") && error.contains("421 4.4.2 Overloaded"), "{entry}");
     let mut daemon = daemon;
     daemon.stop();
-    let mail = inbox(&daemon, "me");
+    let mail = daemon.inbox("me");
     assert_eq!(mail.len(), 1);
     assert!(mail[0].contains("Status: 4.4.7"), "RFC 3463 4.4.7, delivery time expired: {}", mail[0]);
     assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<old@client.test>"));
@@ -466,6 +455,25 @@ fn starttls_and_auth_work_and_a_certificate_that_does_not_verify_is_refused() {
     until(Duration::from_secs(20), "sent", || outbound(&right)[0]["state"] == "sent");
     assert_eq!(smarthost.messages().len(), 1);
     assert!(smarthost.messages()[0]["data"].as_str().unwrap().contains("over TLS"));
+}
+
+#[test]
+fn implicit_tls_is_spoken_from_the_first_byte() {
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca(certs.path());
+    let smarthost = Smarthost::start(json!({"implicit_tls": {"cert": cert, "key": key}}));
+    let daemon = Daemon::start_with(|dir| {
+        format!(
+            "{}\n[relay]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"implicit\"\nca_file = \"{}\"\n",
+            common::config(dir, ""),
+            smarthost.port,
+            ca.display()
+        )
+    });
+    let message = "From: me@nightmail.test\r\nSubject: tls\r\n\r\nimplicit";
+    assert!(send(&daemon, &["bob@example.org"], message).starts_with("250 "));
+    until(Duration::from_secs(20), "sent", || outbound(&daemon)[0]["state"] == "sent");
+    assert!(smarthost.messages()[0]["data"].as_str().unwrap().contains("implicit"));
 }
 
 #[test]

@@ -268,7 +268,11 @@ fn describe(e: &lettre::transport::smtp::Error) -> String {
         text.push_str(&s.to_string());
         source = s.source();
     }
-    text
+    // lettre nests its kinds ("Connection error: Connection error: invalid peer certificate"):
+    // say each once.
+    let mut parts: Vec<&str> = text.split(": ").collect();
+    parts.dedup();
+    parts.join(": ")
 }
 
 fn connect_error(route: &Route, e: &lettre::transport::smtp::Error) -> String {

@@ -186,11 +186,15 @@ fn print_jobs(report: &Report) {
     }
 }
 
-/// Outbound mail still waiting, each with its last error; settled entries only as counts.
+/// Outbound mail still waiting, each with its last error; settled entries only as counts;
+/// nothing at all when there has been none.
 fn print_outbound(report: &Report) {
     let waiting: Vec<&OutboundView> =
         report.outbound.iter().filter(|o| o.state == "queued" || o.state == "sending").collect();
     let settled = |state: &str| report.outbound.iter().filter(|o| o.state == state).count();
+    if report.outbound.is_empty() {
+        return;
+    }
     println!();
     if waiting.is_empty() {
         println!("no outbound mail waiting");
