@@ -7,7 +7,6 @@ mod common;
 use std::time::Duration;
 
 use common::{Daemon, eventually, external};
-use nightmail_store::Store;
 
 /// Sends `message` (headers and body, CRLF) from me@ to the model with smtplib-like raw SMTP.
 fn send(daemon: &Daemon, message: &str) {
@@ -32,14 +31,7 @@ fn wait_for_jobs(daemon: &Daemon, count: usize, limit: Duration) -> Vec<serde_js
 
 /// The messages in `user`'s INBOX, read from the store once the daemon has stopped.
 fn inbox(daemon: &Daemon, user: &str) -> Vec<String> {
-    let store = Store::open(&daemon.data_dir().join("store")).unwrap();
-    let Some(inbox) = store.mailbox(user, "INBOX").unwrap() else { return Vec::new() };
-    store
-        .mail(inbox.id)
-        .unwrap()
-        .iter()
-        .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
-        .collect()
+    daemon.inbox(user)
 }
 
 /// A header's value, unfolded (RFC 5322 §2.2.3).

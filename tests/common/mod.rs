@@ -144,6 +144,18 @@ impl Daemon {
         self.status()["jobs"].as_array().unwrap().clone()
     }
 
+    /// The messages in `user`'s INBOX, read from the store (once the daemon has stopped).
+    pub fn inbox(&self, user: &str) -> Vec<String> {
+        let store = nightmail_store::Store::open(&self.data_dir().join("store")).unwrap();
+        let Some(inbox) = store.mailbox(user, "INBOX").unwrap() else { return Vec::new() };
+        store
+            .mail(inbox.id)
+            .unwrap()
+            .iter()
+            .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
+            .collect()
+    }
+
     /// A raw SMTP connection, for the conversations no well-behaved client would have.
     pub fn connect(&self) -> Raw {
         Raw::connect(self.smtp)

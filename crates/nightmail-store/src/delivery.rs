@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
+use crate::outbound::{Outbound, OutboundId, OutboundState};
 use crate::queue::{Job, JobState, write_job};
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
@@ -63,22 +64,6 @@ pub struct Receipt {
     pub outbound: Vec<OutboundId>,
     /// Recipients that already had this message (a client resending after a lost connection).
     pub duplicates: Vec<Address>,
-}
-
-crate::ids::id_u64!(
-    /// A message waiting for the relay, for one remote recipient.
-    OutboundId
-);
-
-/// Mail for a remote recipient. The relay (a later issue) takes these; until then they wait,
-/// never dropped.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Outbound {
-    pub id: OutboundId,
-    pub message: MessageKey,
-    pub sender: Option<Address>,
-    pub recipient: Address,
-    pub created_at: Timestamp,
 }
 
 /// One stored message carrying a given Message-ID, and the addresses that took part in it (its
@@ -208,6 +193,9 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     sender: incoming.sender.clone(),
                     recipient: address.clone(),
                     created_at: now,
+                    attempts: 0,
+                    state: OutboundState::Queued { not_before: now },
+                    last_error: None,
                 };
                 tx.outbound.insert(&outbound.id.to_be_bytes(), encode(&outbound))?;
                 receipt.outbound.push(outbound.id);
@@ -267,10 +255,5 @@ impl Store {
         let Some(v) = self.trees.message_ids.get(message_id.as_bytes())? else { return Ok(None) };
         let refs: Vec<MessageRef> = decode(MESSAGE_IDS, &v)?;
         Ok(refs.into_iter().find(|r| r.participants.contains(participant)).map(|r| r.key))
-    }
-
-    /// Mail waiting for the relay, oldest first.
-    pub fn outbound(&self) -> Result<Vec<Outbound>, StoreError> {
-        self.trees.outbound.iter().values().map(|v| decode(crate::schema::OUTBOUND, &v?)).collect()
     }
 }

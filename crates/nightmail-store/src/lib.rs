@@ -18,6 +18,7 @@ mod ids;
 mod mail_ops;
 mod mailbox;
 mod mailbox_ops;
+mod outbound;
 mod queue;
 mod refs;
 mod schema;
@@ -29,14 +30,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use changes::MailboxChange;
-pub use delivery::{
-    DEDUPE_WINDOW_MS, Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary, stable_digest,
-};
+pub use delivery::{DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, stable_digest};
 pub use error::StoreError;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
+pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
 pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 

@@ -4,7 +4,7 @@
 //! removes one. When EXPUNGE or DELETE drops the last holder, the bytes go in that transaction.
 //!
 //! Jobs are never removed (status and the thread of a later follow-up read them), so a message a
-//! job holds is kept for good; so is one awaiting the relay, until the relay releases it. A job's
+//! job holds is kept for good; so is one awaiting the relay, until it is sent, bounced or dropped (`outbound.rs`). A job's
 //! `reply` names the reply but does not hold it: the reply lives as long as the entries it was
 //! delivered to, so what its readers delete is deleted.
 //!

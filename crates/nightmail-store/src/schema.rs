@@ -11,7 +11,7 @@
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
-//! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for remote recipients awaiting the relay (schema 3) |
+//! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for one remote recipient, leased by the relay (schema 3; its `attempts`, `state`, `last_error` came with the relay and default to queued-and-due, so no migration) |
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
 
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};

@@ -477,3 +477,111 @@ async fn a_schema_5_store_drops_its_senderless_marks() {
     let again = store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap();
     assert_eq!(again.duplicates.len(), 1);
 }
+
+fn to_bob() -> Recipient {
+    Recipient::Remote { address: addr("bob@elsewhere.org") }
+}
+
+fn to_carol() -> Recipient {
+    Recipient::Remote { address: addr("carol@elsewhere.org") }
+}
+
+#[tokio::test]
+async fn outbound_entries_are_leased_settled_per_recipient_and_release_their_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t0 = Timestamp(1_000_000);
+    let receipt = store.deliver_at(&incoming(&store, "<o@x>", vec![to_bob(), to_carol()]), t0).await.unwrap();
+    let key = receipt.message.unwrap();
+    assert_eq!(receipt.outbound.len(), 2);
+
+    let leased = store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(leased.len(), 2);
+    assert!(store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap().is_empty(), "leased, not due");
+    let mut leased = leased.into_iter();
+    let (bob, carol) = (leased.next().unwrap(), leased.next().unwrap());
+    let (bob_id, carol_id) = (bob.entry().id, carol.entry().id);
+    let later = t0.plus(Duration::from_secs(300));
+    let settled = vec![
+        (bob, Settle::Sent { reply: "250 ok".into() }),
+        (carol, Settle::Retry { error: "451 try later".into(), not_before: later }),
+    ];
+    store.settle_outbound(settled, None, t0).await.unwrap();
+    let bob = store.outbound_entry(bob_id).unwrap().unwrap();
+    assert_eq!(bob.state.name(), "sent");
+    let carol = store.outbound_entry(carol_id).unwrap().unwrap();
+    assert_eq!((carol.state.name(), carol.attempts), ("queued", 1));
+    assert_eq!(carol.last_error.as_deref(), Some("451 try later"));
+    assert!(store.message(key).unwrap().is_some(), "carol's entry still holds the message");
+    assert!(store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap().is_empty(), "not due before 5 min");
+
+    // `outbound retry` makes it due now.
+    store.retry_outbound(carol_id, t0).await.unwrap();
+    let again = store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].entry().attempts, 2);
+    let notice = reply_to_sender(&store);
+    let settled = vec![(again.into_iter().next().unwrap(), Settle::Bounced { error: "550 no such user".into() })];
+    let receipt = store.settle_outbound(settled, Some(&notice), t0).await.unwrap().unwrap();
+    assert_eq!(receipt.mail.len(), 1, "the notice went to the sender's INBOX");
+    assert_eq!(store.outbound_entry(carol_id).unwrap().unwrap().state.name(), "bounced");
+    assert!(store.message(key).unwrap().is_none(), "sent and bounced: nothing holds the message");
+    assert!(matches!(store.retry_outbound(carol_id, t0).await, Err(OutboundOpError::Settled { .. })));
+
+    // The quota counts what the sender relayed, settled or not; a week after, it is purged.
+    assert_eq!(store.relayed_since(&addr("me@nightmail.local"), t0).unwrap(), 2);
+    assert_eq!(store.relayed_since(&addr("me@nightmail.local"), later).unwrap(), 0);
+    assert_eq!(store.purge_outbound(t0.plus(Duration::from_secs(1))).await.unwrap(), 2);
+    assert!(store.outbound().unwrap().is_empty());
+}
+
+fn reply_to_sender(store: &Store) -> Incoming {
+    Incoming {
+        key: store.new_message_key().unwrap(),
+        raw: b"Subject: Undelivered\r\n\r\nbounce\r\n".to_vec(),
+        sender: None,
+        recipients: vec![to_me()],
+        summary: Summary { from: "MAILER-DAEMON".into(), subject: "Undelivered".into(), message_id: "<dsn@x>".into() },
+        dedupe_id: "<dsn@x>".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_lost_outbound_lease_is_recovered_and_cannot_settle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t0 = Timestamp(1_000_000);
+    store.deliver_at(&incoming(&store, "<o@x>", vec![to_bob()]), t0).await.unwrap();
+    let stale = store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap();
+    let id = stale[0].entry().id;
+    // Not yet expired: the periodic sweep leaves it; at start-up every lease goes back.
+    assert_eq!(store.recover_outbound(false, t0).await.unwrap(), 0);
+    assert_eq!(store.recover_outbound(true, t0).await.unwrap(), 1);
+    let fresh = store.lease_outbound(t0, Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(fresh.len(), 1);
+    let settled = stale.into_iter().map(|l| (l, Settle::Sent { reply: "250".into() })).collect();
+    store.settle_outbound(settled, None, t0).await.unwrap();
+    assert_eq!(store.outbound_entry(id).unwrap().unwrap().state.name(), "sending", "the stale lease settled nothing");
+    // Expired leases go back on the sweep.
+    assert_eq!(store.recover_outbound(false, t0.plus(Duration::from_secs(61))).await.unwrap(), 1);
+    assert!(matches!(store.retry_outbound(OutboundId(u64::MAX), t0).await, Err(OutboundOpError::NoSuch(_))));
+    let dropped = store.drop_outbound(id, t0).await.unwrap();
+    assert_eq!(dropped.state.name(), "dropped");
+    assert!(store.message(dropped.message).unwrap().is_none(), "dropping released the message");
+}
+
+#[tokio::test]
+async fn an_outbound_entry_from_before_the_relay_is_queued_and_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let key = store.new_message_key().unwrap();
+    // Written as schema 3-6 wrote it: no attempts, state or last_error.
+    let old = serde_json::json!({
+        "id": 42, "message": key.0, "sender": "me@nightmail.local",
+        "recipient": "bob@elsewhere.org", "created_at": 5,
+    });
+    store.trees.outbound.insert(OutboundId(42).to_be_bytes(), serde_json::to_vec(&old).unwrap()).unwrap();
+    let leased = store.lease_outbound(Timestamp(6), Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!((leased[0].entry().id, leased[0].entry().attempts), (OutboundId(42), 1));
+}

@@ -595,6 +595,23 @@ impl Worker {
     ) -> Result<Incoming, StoreError> {
         let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
         let subject = compose::reply_subject(&parent.subject);
+        // Outside people are reached only through the relay, and only so many per reply.
+        let mut audience = audience.clone();
+        let is_outside = |a: &Address| self.config.user_by_address(a).is_none() && !self.is_model(a);
+        let (max, why) = match &self.config.relay {
+            Some(relay) => (
+                relay.max_recipients_per_reply,
+                format!(
+                    "at most {} outside recipients per reply: relay.max_recipients_per_reply",
+                    relay.max_recipients_per_reply
+                ),
+            ),
+            None => (0, "this nightmail sends nothing outside: no [relay] in its configuration".to_string()),
+        };
+        let left_out = audience.limit_outside(is_outside, max);
+        let body =
+            if left_out.is_empty() { body } else { compose::with_note(body, &compose::left_out_note(&left_out, &why)) };
+        let audience = &audience;
         let raw = compose::write(Draft {
             from: (&name, &model.address),
             audience,

@@ -42,7 +42,13 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
         user: session.user.as_ref().map(|u| u.name.as_str()).unwrap_or(""),
         key,
     };
-    let Checked { raw, summary, dedupe_id } = message::prepare(raw, &trace);
+    let Checked { raw, summary, dedupe_id, from_addresses } = message::prepare(raw, &trace);
+    if transaction.recipients.iter().any(|r| matches!(r, nightmail_store::Recipient::Remote { .. }))
+        && let Some(user) = &session.user
+        && let Err(reply) = message::check_relayed_from(&from_addresses, &user.address)
+    {
+        return session.reply(reply);
+    }
     let incoming = nightmail_store::Incoming {
         key,
         raw,
