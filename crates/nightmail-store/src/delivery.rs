@@ -230,7 +230,8 @@ impl Store {
     }
 
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
-    /// mailbox copies, its jobs and its outbound entries are on disk.
+    /// mailbox copies, its jobs and its outbound entries are on disk. While the disk is short of
+    /// space it writes nothing and returns [`StoreError::Full`] (see `space.rs`).
     pub async fn deliver(&self, incoming: &Incoming) -> Result<Receipt, StoreError> {
         self.deliver_at(incoming, Timestamp::now()).await
     }
@@ -238,6 +239,7 @@ impl Store {
     /// [`Store::deliver`] as if at `now` (tests of expiring marks).
     #[doc(hidden)]
     pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
+        self.ensure_room(incoming.raw.len() as u64)?;
         let ids = self.recipient_ids(incoming)?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;

@@ -22,6 +22,7 @@ mod outbound;
 mod queue;
 mod refs;
 mod schema;
+mod space;
 
 #[path = "../../../migrations/mod.rs"]
 mod migrations;
@@ -39,6 +40,7 @@ pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
 pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
+pub use space::MIN_FREE_BYTES;
 
 /// The open store. Cheap to clone: clones share one database.
 #[derive(Clone)]
