@@ -8,13 +8,17 @@
 //! record:  "NMRC" | length u64 | crc32 u32 | payload
 //! payload: tokens before u64 | count u32 | token ids u32 × count
 //!          | sampler position u128 | first position u64 | end position u64
-//!          | per layer: keys, values (each: dtype u8 | heads u32 | dim u32 | length u64 | bytes)
+//!          | per layer: kind u8, then
+//!              rows (0):  keys, values (each: dtype u8 | heads u32 | dim u32 | length u64 | bytes)
+//!              state (1): conv, recurrent (each: rows u64 | dtype u8 | heads u32 | dim u32 | length u64 | bytes)
 //!          | logits length u32 | logits f32 × length
 //! ```
 //!
 //! A record holds only what is new since the one before it: the tokens generated and the
 //! key/value rows computed since, the sampler's position, and the pending logits row (the one the
-//! next token will be drawn from). Restoring replays the records in order and stops at the first
+//! next token will be drawn from). A recurrent layer (KDA) has no rows: its record holds its
+//! whole state, fixed in size, and the last one replayed is the one restored. Version 1 files
+//! (before recurrent layers; no kind bytes) are still read. Restoring replays the records in order and stops at the first
 //! one that is short, fails its checksum or does not follow on from the one before: a torn write
 //! loses that record only, and the file is cut back to the last good one before anything more is
 //! appended. The state restored is exactly the state saved, so greedy decoding after a resume
@@ -32,11 +36,16 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::model::LayerSnapshot;
 use crate::sampling::Sampling;
 
 const MAGIC: &[u8; 8] = b"NMRESUME";
-/// Bumped whenever the layout changes; an older file is then discarded, not misread.
-const VERSION: u32 = 1;
+/// Bumped whenever the layout changes; an older file is then read by its own layout, or
+/// discarded, never misread.
+const VERSION: u32 = 2;
+/// Each layer's snapshot in a record is preceded by its kind.
+const ROWS: u8 = 0;
+const STATE: u8 = 1;
 const RECORD: &[u8; 4] = b"NMRC";
 /// Header: magic, version, length; record: magic, length, checksum.
 const HEADER_FIXED: usize = 8 + 4 + 4;
@@ -58,8 +67,11 @@ pub(crate) struct Identity {
 pub(crate) struct Saved {
     pub tokens: Vec<u32>,
     pub sampler_position: u128,
-    /// Per layer, the keys and values of every position, `[1, heads, positions, dim]`.
-    pub kv: Vec<(Tensor, Tensor)>,
+    /// Per layer, the keys and values of every position, `[1, heads, positions, dim]`, or the
+    /// latest recurrent state.
+    pub kv: Vec<LayerSnapshot>,
+    /// Positions run (the end of the last record).
+    pub position: usize,
     pub logits: Vec<f32>,
 }
 
@@ -67,8 +79,9 @@ pub(crate) struct Saved {
 pub(crate) struct Delta<'a> {
     pub tokens: &'a [u32],
     pub sampler_position: u128,
-    /// Per layer, the key/value rows from the file's end position to now.
-    pub kv: Vec<(Tensor, Tensor)>,
+    /// Per layer, the key/value rows from the file's end position to now, or the recurrent
+    /// state now.
+    pub kv: Vec<LayerSnapshot>,
     pub end_position: usize,
     pub logits: &'a [f32],
 }
@@ -94,8 +107,8 @@ impl Journal {
         if let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) {
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
-            if let Some(header_end) = read_header(&bytes, identity) {
-                let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
+            if let Some((header_end, version)) = read_header(&bytes, identity) {
+                let (saved, good_end) = replay(&bytes[header_end..], layers, version).map_err(|e| bad(path, e))?;
                 let good_end = (header_end + good_end) as u64;
                 // Cut a torn tail so the next record follows the last good one.
                 if good_end < bytes.len() as u64 {
@@ -103,8 +116,7 @@ impl Journal {
                     file.sync_data().map_err(|e| bad(path, e))?;
                 }
                 file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
-                let (tokens, position) =
-                    saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
+                let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
                 let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
                 return Ok((journal, saved));
             }
@@ -160,9 +172,21 @@ impl Journal {
         p.extend_from_slice(&delta.sampler_position.to_le_bytes());
         p.extend_from_slice(&(self.position as u64).to_le_bytes());
         p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
-        for (k, v) in &delta.kv {
-            put_tensor(&mut p, k)?;
-            put_tensor(&mut p, v)?;
+        for snapshot in &delta.kv {
+            match snapshot {
+                LayerSnapshot::Rows(k, v) => {
+                    p.push(ROWS);
+                    put_tensor(&mut p, k)?;
+                    put_tensor(&mut p, v)?;
+                }
+                LayerSnapshot::State(conv, recurrent) => {
+                    p.push(STATE);
+                    for t in [conv, recurrent] {
+                        p.extend_from_slice(&(t.dim(2)? as u64).to_le_bytes());
+                        put_tensor(&mut p, t)?;
+                    }
+                }
+            }
         }
         p.extend_from_slice(&(delta.logits.len() as u32).to_le_bytes());
         for l in delta.logits {
@@ -182,19 +206,16 @@ impl Journal {
     }
 }
 
-fn dim2(t: &Tensor) -> usize {
-    t.dims().get(2).copied().unwrap_or(0)
-}
-
-/// The end of the header if it is whole and names this generation.
-fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
+/// The end of the header and the file's version, if the header is whole, of a version this
+/// build reads, and names this generation.
+fn read_header(bytes: &[u8], identity: &Identity) -> Option<(usize, u32)> {
     if bytes.len() < HEADER_FIXED || &bytes[..8] != MAGIC {
         return None;
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
     let len = u32::from_le_bytes(bytes[12..16].try_into().ok()?) as usize;
     let end = HEADER_FIXED + len;
-    if version != VERSION || bytes.len() < end + 4 {
+    if !(1..=VERSION).contains(&version) || bytes.len() < end + 4 {
         return None;
     }
     let crc = u32::from_le_bytes(bytes[end..end + 4].try_into().ok()?);
@@ -202,19 +223,19 @@ fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
         return None;
     }
     let found: Identity = serde_json::from_slice(&bytes[HEADER_FIXED..end]).ok()?;
-    (found == *identity).then_some(end + 4)
+    (found == *identity).then_some((end + 4, version))
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
-fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, usize), String> {
+fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<(Option<Saved>, usize), String> {
     let mut at = 0;
     let mut tokens: Vec<u32> = Vec::new();
     let mut position = 0usize;
-    let mut chunks: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
+    let mut chunks: Vec<Vec<LayerSnapshot>> = Vec::new();
     let mut last: Option<(u128, Vec<f32>)> = None;
     while let Some(payload) = record_at(bytes, at) {
         let mut r = Reader { bytes: payload, at: 0 };
-        let Some(parsed) = r.record(layers) else { break };
+        let Some(parsed) = r.record(layers, version) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
             break;
         }
@@ -227,11 +248,26 @@ fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, us
     let Some((sampler_position, logits)) = last else { return Ok((None, at)) };
     let mut kv = Vec::with_capacity(layers);
     for l in 0..layers {
-        let ks: Vec<&Tensor> = chunks.iter().map(|c| &c[l].0).collect();
-        let vs: Vec<&Tensor> = chunks.iter().map(|c| &c[l].1).collect();
-        kv.push((Tensor::cat(&ks, 2).map_err(|e| e.to_string())?, Tensor::cat(&vs, 2).map_err(|e| e.to_string())?));
+        let (mut ks, mut vs, mut state) = (Vec::new(), Vec::new(), None);
+        for chunk in &chunks {
+            match &chunk[l] {
+                LayerSnapshot::Rows(k, v) => {
+                    ks.push(k);
+                    vs.push(v);
+                }
+                LayerSnapshot::State(conv, recurrent) => state = Some((conv, recurrent)),
+            }
+        }
+        kv.push(match (state, ks.is_empty()) {
+            (Some((conv, recurrent)), true) => LayerSnapshot::State(conv.clone(), recurrent.clone()),
+            (None, false) => LayerSnapshot::Rows(
+                Tensor::cat(&ks, 2).map_err(|e| e.to_string())?,
+                Tensor::cat(&vs, 2).map_err(|e| e.to_string())?,
+            ),
+            _ => return Err(format!("layer {l} changes kind between records")),
+        });
     }
-    Ok((Some(Saved { tokens, sampler_position, kv, logits }), at))
+    Ok((Some(Saved { tokens, sampler_position, kv, position, logits }), at))
 }
 
 /// The payload of a whole, intact record at `at`.
@@ -252,7 +288,7 @@ struct Record {
     sampler_position: u128,
     from: usize,
     to: usize,
-    kv: Vec<(Tensor, Tensor)>,
+    kv: Vec<LayerSnapshot>,
     logits: Vec<f32>,
 }
 
@@ -276,7 +312,7 @@ impl Reader<'_> {
         usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()
     }
 
-    fn record(&mut self, layers: usize) -> Option<Record> {
+    fn record(&mut self, layers: usize, version: u32) -> Option<Record> {
         let tokens_before = self.u64()?;
         let count = self.u32()? as usize;
         let tokens =
@@ -287,7 +323,15 @@ impl Reader<'_> {
         let rows = to.checked_sub(from)?;
         let mut kv = Vec::with_capacity(layers);
         for _ in 0..layers {
-            kv.push((self.tensor(rows)?, self.tensor(rows)?));
+            let kind = if version >= 2 { self.take(1)?[0] } else { ROWS };
+            kv.push(match kind {
+                ROWS => LayerSnapshot::Rows(self.tensor(rows)?, self.tensor(rows)?),
+                STATE => {
+                    let conv = self.u64().and_then(|n| self.tensor(n))?;
+                    LayerSnapshot::State(conv, self.u64().and_then(|n| self.tensor(n))?)
+                }
+                _ => return None,
+            });
         }
         let n = self.u32()? as usize;
         let logits =
@@ -385,7 +429,7 @@ mod tests {
         j.append(&Delta {
             tokens,
             sampler_position: tokens.len() as u128 * 7,
-            kv: rows(from, to),
+            kv: rows(from, to).into_iter().map(|(k, v)| LayerSnapshot::Rows(k, v)).collect(),
             end_position: to,
             logits: &logits,
         })
@@ -417,7 +461,9 @@ mod tests {
         assert_eq!(j.saved(), (3, 6));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record is cut off");
         let all = rows(0, 4).into_iter().zip(rows(4, 6));
-        for ((k, v), ((k0, v0), (k1, v1))) in saved.kv.iter().zip(all) {
+        assert_eq!(saved.position, 6);
+        for (snapshot, ((k0, v0), (k1, v1))) in saved.kv.iter().zip(all) {
+            let LayerSnapshot::Rows(k, v) = snapshot else { panic!("attention layers restore rows") };
             let want_k = Tensor::cat(&[&k0, &k1], 2).unwrap();
             let want_v = Tensor::cat(&[&v0, &v1], 2).unwrap();
             let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();

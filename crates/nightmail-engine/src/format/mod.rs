@@ -90,8 +90,21 @@ impl Checkpoint {
         }
     }
 
+    /// A tensor the model must have; the error names it as the file would (a Hugging Face
+    /// directory's transformers name beside the GGUF one) and the file or directory.
     pub fn require(&self, name: &str) -> Result<TensorView<'_>> {
-        self.tensor(name)?.ok_or_else(|| EngineError::MissingTensor { name: name.to_string() })
+        self.tensor(name)?.ok_or_else(|| match self {
+            Checkpoint::Gguf(g) => {
+                EngineError::MissingTensorIn { name: name.to_string(), path: g.path().to_path_buf() }
+            }
+            Checkpoint::Hf(h) => EngineError::MissingTensorIn {
+                name: match h.transformers_name(name) {
+                    Some(hf) => format!("{hf}` (GGUF `{name}"),
+                    None => name.to_string(),
+                },
+                path: h.dir().to_path_buf(),
+            },
+        })
     }
 
     /// One matrix of one routed expert: a slice of the stacked GGUF tensor, or the Hugging Face
