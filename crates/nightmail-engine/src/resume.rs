@@ -94,6 +94,8 @@ pub(crate) struct Journal {
     tokens: usize,
     position: usize,
     bytes: u64,
+    /// The layout the file's header declares: records appended follow it.
+    version: u32,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -117,7 +119,7 @@ impl Journal {
                 }
                 file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
                 let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
-                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
+                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end, version };
                 return Ok((journal, saved));
             }
         }
@@ -147,7 +149,14 @@ impl Journal {
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
             let _ = dir.sync_all();
         }
-        Ok(Journal { path: path.to_path_buf(), file, tokens: 0, position: 0, bytes: header.len() as u64 })
+        Ok(Journal {
+            path: path.to_path_buf(),
+            file,
+            tokens: 0,
+            position: 0,
+            bytes: header.len() as u64,
+            version: VERSION,
+        })
     }
 
     /// Tokens and key/value positions already saved.
@@ -175,9 +184,17 @@ impl Journal {
         for snapshot in &delta.kv {
             match snapshot {
                 LayerSnapshot::Rows(k, v) => {
-                    p.push(ROWS);
+                    // A version 1 file (resumed after an upgrade) goes on in its own layout.
+                    if self.version >= 2 {
+                        p.push(ROWS);
+                    }
                     put_tensor(&mut p, k)?;
                     put_tensor(&mut p, v)?;
+                }
+                // Version 1 files were written only for models without recurrent layers, whose
+                // network shape differs from any model with them.
+                LayerSnapshot::State(..) if self.version < 2 => {
+                    return Err(bad(&self.path, "a recurrent state in a version 1 checkpoint"));
                 }
                 LayerSnapshot::State(conv, recurrent) => {
                     p.push(STATE);
@@ -511,5 +528,85 @@ mod tests {
         std::fs::write(&path, b"NMRESUME\x01\x00\x00\x00\xff\xff\xff\xffnonsense").unwrap();
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         assert!(saved.is_none());
+    }
+
+    fn flat(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// A recurrent layer's state `[1, 1, 3, 4]` and `[1, 2, 4, 4]` filled with `x`.
+    fn state(x: f32) -> LayerSnapshot {
+        LayerSnapshot::State(
+            Tensor::full(x, (1, 1, 3, 4), &Device::Cpu).unwrap(),
+            Tensor::full(-x, (1, 2, 4, 4), &Device::Cpu).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_recurrent_layer_restores_its_latest_state_beside_an_attention_layers_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        for (tokens, from, to, x) in [(&[10u32][..], 0, 4, 1.0), (&[10, 11][..], 4, 5, 2.0)] {
+            let (k, v) = rows(from, to).remove(0);
+            let kv = vec![LayerSnapshot::Rows(k, v), state(x)];
+            j.append(&Delta { tokens, sampler_position: 0, kv, end_position: to, logits: &[0.5] }).unwrap();
+        }
+        drop(j);
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.position, j.saved()), (5, (2, 5)));
+        let LayerSnapshot::Rows(k, _) = &saved.kv[0] else { panic!("layer 0 holds rows") };
+        assert_eq!(k.dims(), [1, 2, 5, 3], "the rows of both records, appended");
+        let LayerSnapshot::State(conv, recurrent) = &saved.kv[1] else { panic!("layer 1 holds a state") };
+        assert_eq!((conv.dims(), recurrent.dims()), ([1, 1, 3, 4].as_slice(), [1, 2, 4, 4].as_slice()));
+        assert!(flat(conv).iter().all(|x| *x == 2.0) && flat(recurrent).iter().all(|x| *x == -2.0), "the latest state");
+    }
+
+    #[test]
+    fn a_version_1_file_without_layer_kinds_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        // Version 1's header and one record: the same fields, no kind byte before each layer.
+        let id = serde_json::to_vec(&identity()).unwrap();
+        let mut file = Vec::new();
+        file.extend_from_slice(MAGIC);
+        file.extend_from_slice(&1u32.to_le_bytes());
+        file.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        file.extend_from_slice(&id);
+        file.extend_from_slice(&crc32fast::hash(&file).to_le_bytes());
+        let mut p = Vec::new();
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&10u32.to_le_bytes());
+        p.extend_from_slice(&7u128.to_le_bytes());
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&4u64.to_le_bytes());
+        for (k, v) in rows(0, 4) {
+            put_tensor(&mut p, &k).unwrap();
+            put_tensor(&mut p, &v).unwrap();
+        }
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&0.25f32.to_le_bytes());
+        file.extend_from_slice(RECORD);
+        file.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        file.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+        file.extend_from_slice(&p);
+        std::fs::write(&path, &file).unwrap();
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.expect("a version 1 record");
+        assert_eq!((saved.tokens, saved.sampler_position, saved.position), (vec![10], 7, 4));
+        assert_eq!(j.saved(), (1, 4));
+        for (got, (k, _)) in saved.kv.iter().zip(rows(0, 4)) {
+            let LayerSnapshot::Rows(got, _) = got else { panic!("version 1 holds rows") };
+            assert_eq!(flat(got), flat(&k));
+        }
+        // Resumed after an upgrade, the generation goes on in the file's own layout.
+        let mut j = j;
+        append(&mut j, &[10, 11], 6);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.tokens, saved.position), (vec![10, 11], 6));
     }
 }

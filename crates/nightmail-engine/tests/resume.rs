@@ -97,6 +97,15 @@ fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
 }
 
 #[test]
+fn a_recurrent_kda_state_checkpoints_and_resumes_identically() {
+    // kimi_linear: three KDA layers whose state (convolution tail and delta-rule state) is
+    // replaced, not appended, by each record, beside a latent-attention layer's rows.
+    let model = Model::load(fixture("kimi_linear")).unwrap();
+    check_resumes_identically(&model, Sampling::greedy());
+    check_resumes_identically(&model, sampled());
+}
+
+#[test]
 fn a_sliding_window_model_with_sinks_checkpoints_and_resumes_identically() {
     // gpt_oss: the 24 positions run past its window of 5 on the sliding layers.
     for path in ["gpt_oss", "gpt_oss/model.gguf"] {
