@@ -30,9 +30,13 @@ pub enum EngineError {
     #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]
     MissingTensor { name: String },
     #[error(
-        "tensor `{name}` is missing from {path}: the model file is incomplete or not of the architecture its metadata names"
+        "tensor {name} is missing from {path}: the model file is incomplete or not of the architecture its metadata names"
     )]
-    MissingTensorIn { name: String, path: PathBuf },
+    MissingTensorIn {
+        /// Quoted, with the other format's name where there is one.
+        name: String,
+        path: PathBuf,
+    },
     #[error(
         "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4"
     )]

@@ -766,6 +766,77 @@ mod tests {
         }
     }
 
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    #[test]
+    fn kimi_linear_reads_its_layer_kinds_kda_widths_nope_latents_and_routing() {
+        // As transformers saves it: `layer_types` and `linear_attn_config`, Kimi's key spellings.
+        let s = ModelSpec::read(&Checkpoint::open(&fixture("kimi_linear")).unwrap()).unwrap();
+        assert_eq!(s.architecture, Architecture::KimiLinear);
+        let kda = s.kda.as_ref().expect("KDA layers");
+        assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (4, 16, 4, &[0, 1, 3][..]));
+        assert!(s.is_kda(0) && !s.is_kda(2));
+        let mla = s.attention.mla.expect("latent attention");
+        assert!(mla.nope && mla.q_lora_rank.is_none());
+        assert_eq!((mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim), (16, 16, 8, 16));
+        assert_eq!(s.attention.rope_scaling, None);
+        assert_eq!(s.context_length, 1048576, "model_max_length");
+        let moe = s.moe.expect("experts");
+        let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
+        assert_eq!((moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn), (8, routing, 16, Some(16)));
+        assert_eq!(s.moe_layers, vec![false, true, true, true], "the first layer is dense");
+    }
+
+    fn kda_of(config: &str) -> Result<KdaSpec> {
+        kda_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("/m/config.json"), 4)
+    }
+
+    #[test]
+    fn kda_layers_come_from_the_checkpoints_1_based_lists_or_transformers_default() {
+        // Kimi-Linear-48B's own config.json has only linear_attn_config, numbered from 1.
+        let k = kda_of(
+            r#"{"linear_attn_config": {"kda_layers": [1, 3, 4], "full_attn_layers": [2], "num_heads": 2,
+               "head_dim": 8, "short_conv_kernel_size": 3}}"#,
+        )
+        .unwrap();
+        assert_eq!(k, KdaSpec { heads: 2, head_dim: 8, conv_kernel: 3, layers: vec![0, 2, 3] });
+        // Neither: every 4th layer after the first is full attention (KimiLinearConfig).
+        let k = kda_of(r#"{"linear_num_heads": 2, "linear_head_dim": 8}"#).unwrap();
+        assert_eq!(k.layers, vec![0, 1, 2, 3]);
+        let k = kda_from_hf(&serde_json::json!({}), std::path::Path::new("c"), 9).unwrap();
+        assert_eq!((k.heads, k.head_dim, k.conv_kernel, k.layers), (32, 128, 4, vec![0, 1, 2, 3, 5, 6, 7]));
+    }
+
+    #[test]
+    fn an_unknown_layer_kind_or_a_layer_of_no_kind_is_refused_naming_the_config() {
+        let err = kda_of(r#"{"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 1") && err.contains("\"mamba\""), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [4]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 3 is in neither"), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [5]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names layer 5"), "{err}");
+        let err = kda_of(r#"{"mla_use_nope": false}"#).unwrap_err().to_string();
+        assert!(err.contains("mla_use_nope"), "{err}");
+        // And through a whole load: the fixture with one layer renamed to an unknown kind.
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["model.safetensors", "config.json"] {
+            std::fs::copy(fixture("kimi_linear").join(f), dir.path().join(f)).unwrap();
+        }
+        let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let config = config.replacen("\"full_attention\"", "\"sliding_attention\"", 1);
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let err = crate::Model::load(dir.path()).err().expect("an unknown layer kind").to_string();
+        assert!(err.contains("config.json") && err.contains("sliding_attention"), "{err}");
+    }
+
     fn yarn(config: &str) -> Option<Yarn> {
         yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
     }

@@ -95,12 +95,12 @@ impl Checkpoint {
     pub fn require(&self, name: &str) -> Result<TensorView<'_>> {
         self.tensor(name)?.ok_or_else(|| match self {
             Checkpoint::Gguf(g) => {
-                EngineError::MissingTensorIn { name: name.to_string(), path: g.path().to_path_buf() }
+                EngineError::MissingTensorIn { name: format!("`{name}`"), path: g.path().to_path_buf() }
             }
             Checkpoint::Hf(h) => EngineError::MissingTensorIn {
                 name: match h.transformers_name(name) {
-                    Some(hf) => format!("{hf}` (GGUF `{name}"),
-                    None => name.to_string(),
+                    Some(hf) => format!("`{hf}` (GGUF `{name}`)"),
+                    None => format!("`{name}`"),
                 },
                 path: h.dir().to_path_buf(),
             },

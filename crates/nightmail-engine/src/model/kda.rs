@@ -482,4 +482,24 @@ mod tests {
         let worst = o.iter().zip(&o1).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-5, "{worst:e}");
     }
+
+    #[test]
+    fn a_missing_a_log_is_named_with_the_directory() {
+        // The fixture with layer 1's A_log renamed in the safetensors header (same length, so
+        // the offsets hold).
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_linear");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+        let (from, to) = (b"model.layers.1.self_attn.A_log", b"model.layers.1.self_attn.X_log");
+        let at = bytes.windows(from.len()).position(|w| w == from).expect("the fixture has it");
+        bytes[at..at + to.len()].copy_from_slice(to);
+        std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+        let err = crate::Model::load(dir.path()).err().expect("A_log is missing").to_string();
+        let want = format!(
+            "tensor `model.layers.1.self_attn.A_log` (GGUF `blk.1.ssm_a`) is missing from {}",
+            dir.path().display()
+        );
+        assert!(err.starts_with(&want), "{err}");
+    }
 }
