@@ -241,17 +241,23 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("qwen3moe", _) => Architecture::Qwen3Moe,
         ("gpt-oss", _) => Architecture::GptOss,
         ("deepseek2", _) => Architecture::DeepseekV3,
+        ("kimi-linear", _) => Architecture::KimiLinear,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
-    let mla = (architecture == Architecture::DeepseekV3).then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    let latent = matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear);
+    let mla = latent.then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    // llama.cpp's kimi-linear graph rotates nothing in its MLA layers, as transformers' does not.
+    let mla = mla.map(|m| MlaSpec { nope: architecture == Architecture::KimiLinear, ..m });
+    let kda =
+        (architecture == Architecture::KimiLinear).then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
     };
-    let rope_scaling = yarn_from_gguf(g, &arch_name)?;
+    let rope_scaling = if kda.is_some() { None } else { yarn_from_gguf(g, &arch_name)? };
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let sliding_window = (0..layers)
         .map(|l| match architecture {
@@ -270,6 +276,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
         // (unless told) do not.
         let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
+        // (Kimi Linear's converter writes it.)
         let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
         let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
             Some(f) => f as usize,
@@ -284,13 +291,13 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             },
             _ => Activation::SwiGlu,
         };
-        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+        let (routing, shared_expert_ffn) = if latent {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
             // gating with its max-scored groups is another router.
             let gating = g.uint(&key("expert_gating_func")).unwrap_or(1);
             if gating != 2 {
                 return Err(EngineError::Unsupported {
-                    what: format!("deepseek2 expert gating function {gating}"),
+                    what: format!("{arch_name} expert gating function {gating}"),
                     hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
                 });
             }
@@ -355,7 +362,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         },
         moe,
         moe_layers: Vec::new(),
-        kda: None,
+        kda,
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
     })
@@ -628,6 +635,28 @@ fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpe
     Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers })
 }
 
+/// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
+/// `attention.head_count_kv` that is 0 for a KDA layer, `kda.head_dim`, `ssm.conv_kernel`; the
+/// KDA heads are the attention heads (llama.cpp's kimi-linear sizes them by `n_head`).
+fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Result<KdaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let kv = key("attention.head_count_kv");
+    let per_layer = match g.value(&kv) {
+        Some(candle_core::quantized::gguf_file::Value::Array(a)) if a.len() == layers => {
+            a.iter().map(crate::format::gguf_value_as_u64).collect::<Option<Vec<u64>>>()
+        }
+        _ => None,
+    };
+    let per_layer = per_layer.ok_or_else(|| missing(&format!("{kv} (one entry per layer, 0 for a KDA layer)")))?;
+    Ok(KdaSpec {
+        heads,
+        head_dim: need("kda.head_dim")?,
+        conv_kernel: need("ssm.conv_kernel")?,
+        layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
+    })
+}
+
 /// MLA's widths as llama.cpp's converter writes them: since it stores MLA as MQA over the latent,
 /// `key_length`/`value_length` are the latent's and the per-head widths are the `_mla` keys;
 /// older files have no `_mla` keys and the per-head widths in `key_length`/`value_length`.
@@ -771,22 +800,31 @@ mod tests {
     }
 
     #[test]
-    fn kimi_linear_reads_its_layer_kinds_kda_widths_nope_latents_and_routing() {
-        // As transformers saves it: `layer_types` and `linear_attn_config`, Kimi's key spellings.
-        let s = ModelSpec::read(&Checkpoint::open(&fixture("kimi_linear")).unwrap()).unwrap();
-        assert_eq!(s.architecture, Architecture::KimiLinear);
-        let kda = s.kda.as_ref().expect("KDA layers");
-        assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (4, 16, 4, &[0, 1, 3][..]));
-        assert!(s.is_kda(0) && !s.is_kda(2));
-        let mla = s.attention.mla.expect("latent attention");
-        assert!(mla.nope && mla.q_lora_rank.is_none());
-        assert_eq!((mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim), (16, 16, 8, 16));
-        assert_eq!(s.attention.rope_scaling, None);
-        assert_eq!(s.context_length, 1048576, "model_max_length");
-        let moe = s.moe.expect("experts");
-        let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
-        assert_eq!((moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn), (8, routing, 16, Some(16)));
-        assert_eq!(s.moe_layers, vec![false, true, true, true], "the first layer is dense");
+    fn kimi_linear_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        // config.json as transformers saves it (`layer_types`, `linear_attn_config`, Kimi's key
+        // spellings); the GGUF as llama.cpp's converter writes it (zeros in head_count_kv).
+        for path in [fixture("kimi_linear"), fixture("kimi_linear/model.gguf")] {
+            let at = path.display();
+            let s = ModelSpec::read(&Checkpoint::open(&path).unwrap()).unwrap();
+            assert_eq!(s.architecture, Architecture::KimiLinear, "{at}");
+            let kda = s.kda.as_ref().expect("KDA layers");
+            assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (4, 8, 4, &[0, 1, 3][..]), "{at}");
+            assert!(s.is_kda(0) && !s.is_kda(2), "{at}");
+            let mla = s.attention.mla.expect("latent attention");
+            assert!(mla.nope && mla.q_lora_rank.is_none(), "{at}");
+            let widths = (mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim);
+            assert_eq!(widths, (16, 16, 8, 16), "{at}");
+            assert_eq!((s.attention.heads, s.attention.kv_heads, s.attention.rope_scaling), (4, 1, None), "{at}");
+            assert_eq!((s.context_length, s.ffn), (1048576, 64), "{at}: model_max_length, intermediate_size");
+            let moe = s.moe.expect("experts");
+            let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
+            assert_eq!(
+                (moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn),
+                (8, routing, 16, Some(16)),
+                "{at}"
+            );
+            assert_eq!(s.moe_layers, vec![false, true, true, true], "{at}: the first layer is dense");
+        }
     }
 
     fn kda_of(config: &str) -> Result<KdaSpec> {

@@ -100,9 +100,11 @@ fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
 fn a_recurrent_kda_state_checkpoints_and_resumes_identically() {
     // kimi_linear: three KDA layers whose state (convolution tail and delta-rule state) is
     // replaced, not appended, by each record, beside a latent-attention layer's rows.
-    let model = Model::load(fixture("kimi_linear")).unwrap();
-    check_resumes_identically(&model, Sampling::greedy());
-    check_resumes_identically(&model, sampled());
+    for path in ["kimi_linear", "kimi_linear/model.gguf"] {
+        let model = Model::load(fixture(path)).unwrap();
+        check_resumes_identically(&model, Sampling::greedy());
+        check_resumes_identically(&model, sampled());
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 pub use dtype::WeightDType;
 pub(crate) use gguf::GgufFile;
+pub(crate) use gguf::value_as_u64 as gguf_value_as_u64;
 pub(crate) use hf::HfDir;
 pub use view::TensorView;
 
