@@ -362,14 +362,16 @@ impl TokenStream<'_> {
         if from == to {
             return Ok(Some(tokens));
         }
-        let kv = (0..self.cache.layers()).map(|l| self.cache.snapshot(l, from, to)).collect::<Result<Vec<_>>>()?;
-        journal.append(&Delta {
-            tokens: &self.tokens,
-            sampler_position: self.sampler.position(),
-            kv,
-            end_position: to,
-            logits,
-        })?;
+        let delta = |from: usize| -> Result<Delta<'_>> {
+            let kv = (0..self.cache.layers()).map(|l| self.cache.snapshot(l, from, to)).collect::<Result<Vec<_>>>()?;
+            Ok(Delta { tokens: &self.tokens, sampler_position: self.sampler.position(), kv, end_position: to, logits })
+        };
+        journal.append(&delta(from)?)?;
+        // Recurrent layers (KDA) save their whole state in each record: once the replaced ones
+        // outweigh the rest, the file is rewritten as one record of everything.
+        if journal.wants_compaction() {
+            journal.compact(&delta(0)?)?;
+        }
         Ok(Some(self.tokens.len()))
     }
 

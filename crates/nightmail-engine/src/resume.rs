@@ -96,6 +96,11 @@ pub(crate) struct Journal {
     bytes: u64,
     /// The layout the file's header declares: records appended follow it.
     version: u32,
+    identity: Identity,
+    /// Bytes of recurrent states in the file that a later record replaces, and of the last
+    /// record's: once the replaced ones outweigh the rest, [`Journal::compact`] is due.
+    superseded: u64,
+    last_state: u64,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -110,7 +115,8 @@ impl Journal {
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
             if let Some((header_end, version)) = read_header(&bytes, identity) {
-                let (saved, good_end) = replay(&bytes[header_end..], layers, version).map_err(|e| bad(path, e))?;
+                let (saved, good_end, (superseded, last_state)) =
+                    replay(&bytes[header_end..], layers, version).map_err(|e| bad(path, e))?;
                 let good_end = (header_end + good_end) as u64;
                 // Cut a torn tail so the next record follows the last good one.
                 if good_end < bytes.len() as u64 {
@@ -119,7 +125,17 @@ impl Journal {
                 }
                 file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
                 let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
-                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end, version };
+                let journal = Journal {
+                    path: path.to_path_buf(),
+                    file,
+                    tokens,
+                    position,
+                    bytes: good_end,
+                    version,
+                    identity: identity.clone(),
+                    superseded,
+                    last_state,
+                };
                 return Ok((journal, saved));
             }
         }
@@ -130,13 +146,7 @@ impl Journal {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| bad(path, e))?;
         }
-        let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
-        let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&VERSION.to_le_bytes());
-        header.extend_from_slice(&(id.len() as u32).to_le_bytes());
-        header.extend_from_slice(&id);
-        header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
+        let header = header(path, identity)?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -156,6 +166,9 @@ impl Journal {
             position: 0,
             bytes: header.len() as u64,
             version: VERSION,
+            identity: identity.clone(),
+            superseded: 0,
+            last_state: 0,
         })
     }
 
@@ -171,15 +184,63 @@ impl Journal {
 
     /// Appends what is new in `delta` and makes it durable (`fdatasync`) before returning.
     pub fn append(&mut self, delta: &Delta<'_>) -> Result<()> {
+        let (record, state) = self.record(delta, self.tokens, self.position)?;
+        let path = &self.path;
+        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
+        self.tokens = delta.tokens.len();
+        self.position = delta.end_position;
+        self.bytes += record.len() as u64;
+        self.superseded += std::mem::replace(&mut self.last_state, state);
+        Ok(())
+    }
+
+    /// Whether the recurrent states later records replaced take more than half the file (each
+    /// record holds a recurrent layer's whole state, so without compaction the file would grow
+    /// by it at every checkpoint).
+    pub fn wants_compaction(&self) -> bool {
+        2 * self.superseded > self.bytes
+    }
+
+    /// Replaces the file with one holding `delta` alone, which must cover every position from
+    /// the first: written beside it, made durable, then renamed over it, so a crash leaves
+    /// either file whole.
+    pub fn compact(&mut self, delta: &Delta<'_>) -> Result<()> {
+        let path = self.path.clone();
+        let io = |e| bad(&path, e);
+        let mut bytes = header(&path, &self.identity)?;
+        self.version = VERSION;
+        let (record, state) = self.record(delta, 0, 0)?;
+        bytes.extend_from_slice(&record);
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(".compacting");
+        let tmp = path.with_file_name(name);
+        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(io)?;
+        file.write_all(&bytes).and_then(|_| file.sync_all()).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
+            let _ = dir.sync_all();
+        }
+        self.file = file;
+        self.tokens = delta.tokens.len();
+        self.position = delta.end_position;
+        self.bytes = bytes.len() as u64;
+        self.superseded = 0;
+        self.last_state = state;
+        Ok(())
+    }
+
+    /// One record of what `delta` holds past `tokens_before` tokens and position `from`, and
+    /// the bytes of recurrent state in it.
+    fn record(&self, delta: &Delta<'_>, tokens_before: usize, from: usize) -> Result<(Vec<u8>, u64)> {
         let mut p = Vec::new();
-        let new = &delta.tokens[self.tokens..];
-        p.extend_from_slice(&(self.tokens as u64).to_le_bytes());
+        let new = &delta.tokens[tokens_before..];
+        p.extend_from_slice(&(tokens_before as u64).to_le_bytes());
         p.extend_from_slice(&(new.len() as u32).to_le_bytes());
         for t in new {
             p.extend_from_slice(&t.to_le_bytes());
         }
         p.extend_from_slice(&delta.sampler_position.to_le_bytes());
-        p.extend_from_slice(&(self.position as u64).to_le_bytes());
+        p.extend_from_slice(&(from as u64).to_le_bytes());
         p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
         for snapshot in &delta.kv {
             match snapshot {
@@ -214,13 +275,31 @@ impl Journal {
         record.extend_from_slice(&(p.len() as u64).to_le_bytes());
         record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
         record.extend_from_slice(&p);
-        let path = &self.path;
-        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
-        self.tokens = delta.tokens.len();
-        self.position = delta.end_position;
-        self.bytes += record.len() as u64;
-        Ok(())
+        Ok((record, state_bytes(&delta.kv)))
     }
+}
+
+/// The bytes the recurrent states among `kv` take in a record.
+fn state_bytes(kv: &[LayerSnapshot]) -> u64 {
+    let tensor = |t: &Tensor| (8 + 1 + 4 + 4 + 8 + t.elem_count() * t.dtype().size_in_bytes()) as u64;
+    kv.iter()
+        .map(|s| match s {
+            LayerSnapshot::State(conv, recurrent) => 1 + tensor(conv) + tensor(recurrent),
+            LayerSnapshot::Rows(..) => 0,
+        })
+        .sum()
+}
+
+/// A new file's header: magic, version, the identity's length, the identity, its checksum.
+fn header(path: &Path, identity: &Identity) -> Result<Vec<u8>> {
+    let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
+    let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    header.extend_from_slice(&id);
+    header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
+    Ok(header)
 }
 
 /// The end of the header and the file's version, if the header is whole, of a version this
@@ -244,8 +323,13 @@ fn read_header(bytes: &[u8], identity: &Identity) -> Option<(usize, u32)> {
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
-fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<(Option<Saved>, usize), String> {
+/// What [`replay`] found: the state, the length of the good prefix, and the recurrent-state
+/// bytes of all records but the last and of the last.
+type Replayed = (Option<Saved>, usize, (u64, u64));
+
+fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<Replayed, String> {
     let mut at = 0;
+    let (mut superseded, mut last_state) = (0, 0);
     let mut tokens: Vec<u32> = Vec::new();
     let mut position = 0usize;
     let mut chunks: Vec<Vec<LayerSnapshot>> = Vec::new();
@@ -258,11 +342,12 @@ fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<(Opt
         }
         tokens.extend(parsed.tokens);
         position = parsed.to;
+        superseded += std::mem::replace(&mut last_state, state_bytes(&parsed.kv));
         chunks.push(parsed.kv);
         last = Some((parsed.sampler_position, parsed.logits));
         at += RECORD_FIXED + payload.len();
     }
-    let Some((sampler_position, logits)) = last else { return Ok((None, at)) };
+    let Some((sampler_position, logits)) = last else { return Ok((None, at, (0, 0))) };
     let mut kv = Vec::with_capacity(layers);
     for l in 0..layers {
         let (mut ks, mut vs, mut state) = (Vec::new(), Vec::new(), None);
@@ -284,7 +369,7 @@ fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<(Opt
             _ => return Err(format!("layer {l} changes kind between records")),
         });
     }
-    Ok((Some(Saved { tokens, sampler_position, kv, position, logits }), at))
+    Ok((Some(Saved { tokens, sampler_position, kv, position, logits }), at, (superseded, last_state)))
 }
 
 /// The payload of a whole, intact record at `at`.
@@ -608,5 +693,61 @@ mod tests {
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         let saved = saved.unwrap();
         assert_eq!((saved.tokens, saved.position), (vec![10, 11], 6));
+    }
+
+    #[test]
+    fn replaced_recurrent_states_are_compacted_away_and_the_state_survives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        let mut tokens = Vec::new();
+        let (mut compactions, mut appended) = (0, j.bytes());
+        for step in 0..40usize {
+            tokens.push(step as u32);
+            let (from, to) = (j.saved().1, step + 1);
+            let all = |from: usize| -> Vec<LayerSnapshot> {
+                // Row values that depend on the position alone, so any split concatenates alike.
+                let values: Vec<f32> = (0..2)
+                    .flat_map(|h| (from..to).flat_map(move |p| (0..3).map(move |d| (p * 100 + h * 10 + d) as f32)))
+                    .collect();
+                let k = Tensor::from_vec(values, (1, 2, to - from, 3), &Device::Cpu).unwrap();
+                let v = k.neg().unwrap();
+                // A recurrent state far larger than a token's rows, as KDA's is.
+                let x = step as f32;
+                let conv = Tensor::full(x, (1, 1, 3, 16), &Device::Cpu).unwrap();
+                let s = Tensor::full(-x, (1, 4, 16, 16), &Device::Cpu).unwrap();
+                vec![LayerSnapshot::Rows(k, v), LayerSnapshot::State(conv, s)]
+            };
+            let delta = Delta {
+                tokens: &tokens,
+                sampler_position: step as u128,
+                kv: all(from),
+                end_position: to,
+                logits: &[1.0],
+            };
+            let before = j.bytes();
+            j.append(&delta).unwrap();
+            appended += j.bytes() - before;
+            if j.wants_compaction() {
+                j.compact(&Delta { kv: all(0), ..delta }).unwrap();
+                compactions += 1;
+            }
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), j.bytes());
+            // Never more than twice what the live state needs (plus the record just added).
+            assert!(j.bytes() <= 2 * (j.bytes() - j.superseded) + 1024, "step {step}: {} bytes", j.bytes());
+        }
+        assert!(compactions >= 2, "{compactions} compactions");
+        assert!(j.bytes() * 4 < appended, "{} bytes kept of {appended} appended", j.bytes());
+        drop(j);
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.tokens.len(), saved.position, saved.sampler_position, j.saved()), (40, 40, 39, (40, 40)));
+        let LayerSnapshot::Rows(k, _) = &saved.kv[0] else { panic!("rows") };
+        let want: Vec<f32> = (0..2)
+            .flat_map(|h| (0..40).flat_map(move |p| (0..3).map(move |d| (p * 100 + h * 10 + d) as f32)))
+            .collect();
+        assert_eq!(flat(k), want, "every position's rows, across compactions");
+        let LayerSnapshot::State(conv, _) = &saved.kv[1] else { panic!("a state") };
+        assert!(flat(conv).iter().all(|x| *x == 39.0), "the latest state");
     }
 }
