@@ -218,7 +218,7 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         (latent.q_lora, latent.groups, latent.top_groups) = (0, 1, 1);
     }
     // Kimi Linear's layers (from 1) 4, 8, ... are latent attention, the rest KDA.
-    let is_kda = |l: usize| spec.arch == SynthArch::KimiLinear && (l + 1) % 4 != 0;
+    let is_kda = |l: usize| spec.arch == SynthArch::KimiLinear && !(l + 1).is_multiple_of(4);
     // DeepSeek-V3 keeps its first layers dense (3 of 61), Kimi Linear its first; here the
     // first, when there are more.
     let dense_layers = match spec.arch {

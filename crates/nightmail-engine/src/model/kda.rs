@@ -238,9 +238,10 @@ impl Kda {
             for head in 0..h {
                 let o = &out[(head * t + i) * d..(head * t + i + 1) * d];
                 let r = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / d as f32 + self.eps).sqrt();
-                for j in 0..d {
-                    let at = i * w + head * d + j;
-                    y[at] = self.norm[j] * (o[j] * r) * sigmoid(gate[at]);
+                let at = i * w + head * d;
+                let (ys, gs) = (&mut y[at..at + d], &gate[at..at + d]);
+                for (((y, x), n), g) in ys.iter_mut().zip(o).zip(&self.norm).zip(gs) {
+                    *y = n * (x * r) * sigmoid(*g);
                 }
             }
         }
