@@ -258,6 +258,24 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         ],
     );
     let l = latent;
+    // DeepSeek-V3's latent widths and routing, which Kimi Linear shares.
+    let latent_keys = |scale: f32| {
+        vec![
+            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
+            (k("attention.value_length"), u32v(l.kv_lora)),
+            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
+            (k("attention.value_length_mla"), u32v(l.v)),
+            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
+            (k("rope.dimension_count"), u32v(l.rope)),
+            (k("leading_dense_block_count"), u32v(dense_layers)),
+            (k("expert_shared_count"), u32v(1)),
+            (k("expert_weights_scale"), Value::F32(scale)),
+            (k("expert_weights_norm"), Value::Bool(true)),
+            (k("expert_gating_func"), u32v(2)),
+            (k("expert_group_count"), u32v(l.groups)),
+            (k("expert_group_used_count"), u32v(l.top_groups)),
+        ]
+    };
     let arch_keys = match spec.arch {
         SynthArch::Qwen3Moe => vec![
             (k("attention.head_count_kv"), u32v(spec.kv_heads)),
@@ -266,46 +284,23 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         ],
         // convert_hf_to_gguf.py DeepseekV2Model: MLA as MQA over the latent, per-head widths in
         // the `_mla` keys; sigmoid routing in groups with DeepSeek-V3's scale and one shared expert.
-        SynthArch::DeepseekV3 => vec![
-            (k("attention.head_count_kv"), u32v(1)),
-            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
-            (k("attention.value_length"), u32v(l.kv_lora)),
-            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
-            (k("attention.value_length_mla"), u32v(l.v)),
-            (k("attention.q_lora_rank"), u32v(l.q_lora)),
-            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
-            (k("rope.dimension_count"), u32v(l.rope)),
-            (k("leading_dense_block_count"), u32v(dense_layers)),
-            (k("expert_shared_count"), u32v(1)),
-            (k("expert_weights_scale"), Value::F32(2.5)),
-            (k("expert_weights_norm"), Value::Bool(true)),
-            (k("expert_gating_func"), u32v(2)),
-            (k("expert_group_count"), u32v(l.groups)),
-            (k("expert_group_used_count"), u32v(l.top_groups)),
-        ],
+        SynthArch::DeepseekV3 => {
+            let mut keys = vec![(k("attention.head_count_kv"), u32v(1)), (k("attention.q_lora_rank"), u32v(l.q_lora))];
+            keys.extend(latent_keys(2.5));
+            keys
+        }
         // convert_hf_to_gguf.py KimiLinearModel: zeros in head_count_kv mark the KDA layers;
         // the KDA heads are the attention heads (llama.cpp sizes them so); Kimi's scale 2.446.
-        SynthArch::KimiLinear => vec![
-            (
-                k("attention.head_count_kv"),
-                Value::Array((0..spec.layers).map(|i| Value::U32(u32::from(!is_kda(i)))).collect()),
-            ),
-            (k("kda.head_dim"), u32v(spec.head_dim)),
-            (k("ssm.conv_kernel"), u32v(KDA_CONV_KERNEL)),
-            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
-            (k("attention.value_length"), u32v(l.kv_lora)),
-            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
-            (k("attention.value_length_mla"), u32v(l.v)),
-            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
-            (k("rope.dimension_count"), u32v(l.rope)),
-            (k("leading_dense_block_count"), u32v(dense_layers)),
-            (k("expert_shared_count"), u32v(1)),
-            (k("expert_weights_scale"), Value::F32(2.446)),
-            (k("expert_weights_norm"), Value::Bool(true)),
-            (k("expert_gating_func"), u32v(2)),
-            (k("expert_group_count"), u32v(1)),
-            (k("expert_group_used_count"), u32v(1)),
-        ],
+        SynthArch::KimiLinear => {
+            let kv_heads = (0..spec.layers).map(|i| Value::U32(u32::from(!is_kda(i)))).collect();
+            let mut keys = vec![
+                (k("attention.head_count_kv"), Value::Array(kv_heads)),
+                (k("kda.head_dim"), u32v(spec.head_dim)),
+                (k("ssm.conv_kernel"), u32v(KDA_CONV_KERNEL)),
+            ];
+            keys.extend(latent_keys(2.446));
+            keys
+        }
     };
     metadata.extend(arch_keys);
     if spec.tokenizer_from.is_none() {
@@ -356,16 +351,6 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 add(b("ssm_norm.weight"), f32, &[d], Fill::Ones, false);
                 add(b("attn_output.weight"), f16, &[h, w], Fill::Uniform(attn_out), false);
             }
-            SynthArch::KimiLinear => {
-                let (m, heads) = (latent, spec.heads);
-                add(b("attn_q.weight"), f16, &[heads * (m.nope + m.rope), h], Fill::Uniform(inv(h)), false);
-                add(b("attn_kv_a_mqa.weight"), f16, &[m.kv_lora + m.rope, h], Fill::Uniform(inv(h)), false);
-                add(b("attn_kv_a_norm.weight"), WeightDType::F32, &[m.kv_lora], Fill::Ones, false);
-                add(b("attn_k_b.weight"), f16, &[heads, m.kv_lora, m.nope], Fill::Uniform(inv(m.kv_lora)), false);
-                add(b("attn_v_b.weight"), f16, &[heads, m.v, m.kv_lora], Fill::Uniform(inv(m.kv_lora)), false);
-                let out = inv(heads * m.v) / layers;
-                add(b("attn_output.weight"), f16, &[h, heads * m.v], Fill::Uniform(out), false);
-            }
             SynthArch::Qwen3Moe => {
                 add(b("attn_q.weight"), f16, &[q_dim, h], Fill::Uniform(inv(h)), false);
                 add(b("attn_k.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
@@ -374,17 +359,17 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
                 add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
             }
-            SynthArch::DeepseekV3 => {
+            // Latent attention: DeepSeek-V3's through a query latent, Kimi Linear's without.
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear => {
                 let (m, heads) = (latent, spec.heads);
-                add(b("attn_q_a.weight"), f16, &[m.q_lora, h], Fill::Uniform(inv(h)), false);
-                add(b("attn_q_a_norm.weight"), WeightDType::F32, &[m.q_lora], Fill::Ones, false);
-                add(
-                    b("attn_q_b.weight"),
-                    f16,
-                    &[heads * (m.nope + m.rope), m.q_lora],
-                    Fill::Uniform(inv(m.q_lora)),
-                    false,
-                );
+                let q = heads * (m.nope + m.rope);
+                if m.q_lora == 0 {
+                    add(b("attn_q.weight"), f16, &[q, h], Fill::Uniform(inv(h)), false);
+                } else {
+                    add(b("attn_q_a.weight"), f16, &[m.q_lora, h], Fill::Uniform(inv(h)), false);
+                    add(b("attn_q_a_norm.weight"), WeightDType::F32, &[m.q_lora], Fill::Ones, false);
+                    add(b("attn_q_b.weight"), f16, &[q, m.q_lora], Fill::Uniform(inv(m.q_lora)), false);
+                }
                 add(b("attn_kv_a_mqa.weight"), f16, &[m.kv_lora + m.rope, h], Fill::Uniform(inv(h)), false);
                 add(b("attn_kv_a_norm.weight"), WeightDType::F32, &[m.kv_lora], Fill::Ones, false);
                 add(b("attn_k_b.weight"), f16, &[heads, m.kv_lora, m.nope], Fill::Uniform(inv(m.kv_lora)), false);
