@@ -19,6 +19,8 @@ mod m0003_threads_and_outbound;
 mod m0004_message_refs;
 #[path = "0005_utf8_mailbox_names.rs"]
 mod m0005_utf8_mailbox_names;
+#[path = "0008_ask_jobs.rs"]
+mod m0008_ask_jobs;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -29,6 +31,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (3, "threads_and_outbound", m0003_threads_and_outbound::apply),
     (4, "message_refs", m0004_message_refs::apply),
     (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
+    (8, "ask_jobs", m0008_ask_jobs::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

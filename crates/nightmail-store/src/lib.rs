@@ -12,6 +12,7 @@
 mod changes;
 mod delivery;
 mod error;
+mod filing;
 mod ids;
 mod mail_ops;
 mod mailbox;
@@ -28,11 +29,12 @@ use std::path::{Path, PathBuf};
 pub use changes::MailboxChange;
 pub use delivery::{Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary};
 pub use error::StoreError;
+pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
-pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
+pub use queue::{Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 
 /// The open store. Cheap to clone: clones share one database.
