@@ -46,7 +46,10 @@ impl Summary {
     pub fn read(raw: &[u8]) -> Option<Summary> {
         std::panic::catch_unwind(|| {
             let message = mail_parser::MessageParser::new().parse_headers(raw)?;
-            if message.headers().is_empty() {
+            // RFC 5322 §2.2: a field name is printable ASCII without spaces or colons; a line of
+            // text that mail-parser reads as a nameless header is no header at all.
+            let field = |name: &str| !name.is_empty() && name.bytes().all(|b| (33..=126).contains(&b) && b != b':');
+            if !message.headers().iter().any(|h| field(h.name())) {
                 return None;
             }
             let from = message

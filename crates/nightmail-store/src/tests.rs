@@ -502,3 +502,12 @@ async fn a_schema_5_store_reads_its_jobs_as_mail() {
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
     assert_eq!(store.job(id).unwrap().unwrap().origin, Origin::Mail);
 }
+
+#[test]
+fn a_summary_needs_a_header_field() {
+    let s = Summary::read(b"From: Ann <ann@x.org>\r\nSubject: hi\r\nMessage-ID: <1@x>\r\n\r\nbody").unwrap();
+    assert_eq!((s.from.as_str(), s.subject.as_str(), s.message_id.as_str()), ("Ann <ann@x.org>", "hi", "<1@x>"));
+    assert!(Summary::read(b"X-Note: draft\r\n\r\nbody").is_some());
+    assert_eq!(Summary::read(b"just some words, no header at all"), None);
+    assert_eq!(Summary::read(b""), None);
+}
