@@ -280,3 +280,47 @@ print("COPY", m._simple_command("UID", "COPY", uid_of(m, "<reply@ann.test>"), "A
     assert_eq!(replies_to(&inbox, "<reply@ann.test>").len(), 1);
     assert!(mailbox(&daemon, "ann", "INBOX").is_empty(), "Ann gets neither answer");
 }
+
+/// mutt, as a user would: `s` saves Ann's message into `=Ask/Kimi` (a server-side COPY), and the
+/// answer shows up in INBOX's thread view right under her message.
+#[test]
+fn mutt_saves_a_message_into_ask_and_sees_the_answer_in_the_thread() {
+    let daemon = Daemon::start_with(|dir| local_config(dir, 1));
+    python(&daemon, &format!("{PRELUDE}from_ann(\"Offsite plans\", \"<mutt@ann.test>\", \"Lisbon or Porto?\")\n"));
+    let dir = daemon.dir.path();
+    let rc = dir.join("muttrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{}\"\nset ssl_starttls=no\nset ssl_force_tls=no\n\
+set sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\nset mail_check=1\nset confirmappend=no\nset delete=no\nset hide_thread_subject=no\n",
+            daemon.imap.port(),
+            common::PASSWORD
+        ),
+    )
+    .unwrap();
+    external("mutt", "mutt");
+    let tmux = common::Tmux::start(&format!("ask{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    tmux.wait_for("Offsite plans");
+    tmux.keys(&["s"]);
+    tmux.wait_for("Save to mailbox");
+    tmux.keys(&["C-u", "=Ask/Kimi", "Enter"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut screen = tmux.screen();
+    while !screen.contains("Re: Offsite plans") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer in mutt's INBOX; jobs {:#?}, screen:\n{screen}",
+            daemon.jobs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        screen = tmux.screen();
+    }
+    let lines: Vec<&str> = screen.lines().collect();
+    let question = lines.iter().position(|l| l.contains(" Offsite plans")).unwrap_or_else(|| panic!("{screen}"));
+    let answer = lines.iter().position(|l| l.contains("->Re: Offsite plans") || l.contains("─>Re: Offsite plans"));
+    let answer = answer.unwrap_or_else(|| panic!("no thread arrow to the answer: {screen}"));
+    assert_eq!(answer, question + 1, "the answer is drawn right under the question:\n{screen}");
+    tmux.keys(&["q"]);
+    assert_eq!(daemon.jobs().len(), 1, "one save, one question");
+}
