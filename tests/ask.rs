@@ -8,8 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Daemon, eventually, external};
-use nightmail_store::Store;
+use common::{Daemon, header, python, wait_for_jobs};
 
 /// The test configuration with `Kimi` answered by nightmail's engine from the demo model.
 fn local_config(dir: &std::path::Path, concurrency: usize) -> String {
@@ -18,21 +17,6 @@ fn local_config(dir: &std::path::Path, concurrency: usize) -> String {
         common::demo_model().display()
     );
     common::config_answering(dir, "", "unused", concurrency).replace("backend = \"openai\"\nurl = \"unused\"", &model)
-}
-
-/// Runs a Python script with the daemon's ports and the test password in its environment.
-fn python(daemon: &Daemon, script: &str) -> String {
-    let out = external("python3", "python3")
-        .arg("-c")
-        .arg(script)
-        .env("SMTP", daemon.smtp.port().to_string())
-        .env("IMAP", daemon.imap.port().to_string())
-        .env("PASSWORD", common::PASSWORD)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "python failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    stdout
 }
 
 /// Python helpers the scripts share: Ann mails `me` over SMTP; `me` logs in over IMAP.
@@ -62,37 +46,6 @@ def uid_of(m, mid):
     (uid,) = data[0].split()
     return uid.decode()
 "#;
-
-/// Waits until `count` jobs exist and all have ended.
-fn wait_for_jobs(daemon: &Daemon, count: usize, limit: Duration) -> Vec<serde_json::Value> {
-    let mut jobs = Vec::new();
-    eventually(limit, &format!("{count} finished jobs"), || {
-        jobs = daemon.jobs();
-        jobs.len() == count && jobs.iter().all(|j| j["state"] == "done" || j["state"] == "failed")
-    });
-    jobs
-}
-
-/// The raw messages of `user`'s mailbox, read from the store once the daemon has stopped.
-fn mailbox(daemon: &Daemon, user: &str, name: &str) -> Vec<String> {
-    let store = Store::open(&daemon.data_dir().join("store")).unwrap();
-    let Some(mailbox) = store.mailbox(user, name).unwrap() else { return Vec::new() };
-    store
-        .mail(mailbox.id)
-        .unwrap()
-        .iter()
-        .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
-        .collect()
-}
-
-/// A header's value, unfolded (RFC 5322 §2.2.3).
-fn header(message: &str, name: &str) -> Option<String> {
-    let head = message.split("\r\n\r\n").next().unwrap_or("").replace("\r\n\t", " ").replace("\r\n ", " ");
-    head.split("\r\n").find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-    })
-}
 
 /// The replies in `inbox` threaded under `parent`.
 fn replies_to<'a>(inbox: &'a [String], parent: &str) -> Vec<&'a String> {
@@ -140,7 +93,7 @@ m.logout()
     let jobs = wait_for_jobs(&daemon, 3, Duration::from_secs(300));
     assert!(jobs.iter().all(|j| j["state"] == "done"), "{jobs:#?}");
     daemon.stop();
-    let inbox = mailbox(&daemon, "me", "INBOX");
+    let inbox = daemon.mailbox("me", "INBOX");
     for asked in ["<offsite@ann.test>", "<budget@ann.test>", "<order@shop.test>"] {
         let replies = replies_to(&inbox, asked);
         assert_eq!(replies.len(), 1, "one answer to {asked} in INBOX: {inbox:#?}");
@@ -151,8 +104,8 @@ m.logout()
         assert!(header(reply, "References").unwrap().ends_with(asked), "{reply}");
     }
     assert_eq!(inbox.len(), 4, "Ann's offsite mail, and the three answers (the budget mail was moved out)");
-    assert_eq!(mailbox(&daemon, "me", "Ask/Kimi").len(), 3, "the asked messages stay in the folder");
-    assert!(mailbox(&daemon, "ann", "INBOX").is_empty(), "the thread's author never sees the private answer");
+    assert_eq!(daemon.mailbox("me", "Ask/Kimi").len(), 3, "the asked messages stay in the folder");
+    assert!(daemon.mailbox("ann", "INBOX").is_empty(), "the thread's author never sees the private answer");
 }
 
 #[test]
@@ -177,7 +130,7 @@ print("COPY", m._simple_command("UID", "COPY", uid_of(m, "<crash@ann.test>"), "A
     let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(300));
     assert_eq!(jobs[0]["state"], "done", "{jobs:#?}");
     daemon.stop();
-    let inbox = mailbox(&daemon, "me", "INBOX");
+    let inbox = daemon.mailbox("me", "INBOX");
     assert_eq!(replies_to(&inbox, "<crash@ann.test>").len(), 1, "{inbox:#?}");
     assert_eq!(inbox.len(), 2);
 }
@@ -276,9 +229,9 @@ print("COPY", m._simple_command("UID", "COPY", uid_of(m, "<reply@ann.test>"), "A
     let mailed = prompts.iter().find(|p| p.contains("What place did I propose?")).expect("the mailed follow-up");
     assert!(mailed.contains("I propose Thursday at the harbour cafe."), "{mailed}");
     daemon.stop();
-    let inbox = mailbox(&daemon, "me", "INBOX");
+    let inbox = daemon.mailbox("me", "INBOX");
     assert_eq!(replies_to(&inbox, "<reply@ann.test>").len(), 1);
-    assert!(mailbox(&daemon, "ann", "INBOX").is_empty(), "Ann gets neither answer");
+    assert!(daemon.mailbox("ann", "INBOX").is_empty(), "Ann gets neither answer");
 }
 
 /// mutt, as a user would: `s` saves Ann's message into `=Ask/Kimi` (a server-side COPY), and the
@@ -287,20 +240,7 @@ print("COPY", m._simple_command("UID", "COPY", uid_of(m, "<reply@ann.test>"), "A
 fn mutt_saves_a_message_into_ask_and_sees_the_answer_in_the_thread() {
     let daemon = Daemon::start_with(|dir| local_config(dir, 1));
     python(&daemon, &format!("{PRELUDE}from_ann(\"Offsite plans\", \"<mutt@ann.test>\", \"Lisbon or Porto?\")\n"));
-    let dir = daemon.dir.path();
-    let rc = dir.join("muttrc");
-    std::fs::write(
-        &rc,
-        format!(
-            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{}\"\nset ssl_starttls=no\nset ssl_force_tls=no\n\
-set sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\nset mail_check=1\nset confirmappend=no\nset delete=no\nset hide_thread_subject=no\n",
-            daemon.imap.port(),
-            common::PASSWORD
-        ),
-    )
-    .unwrap();
-    external("mutt", "mutt");
-    let tmux = common::Tmux::start(&format!("ask{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    let tmux = common::mutt_threads(&daemon, "ask");
     tmux.wait_for("Offsite plans");
     tmux.keys(&["s"]);
     tmux.wait_for("Save to mailbox");
@@ -316,11 +256,7 @@ set sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1
         std::thread::sleep(Duration::from_millis(100));
         screen = tmux.screen();
     }
-    let lines: Vec<&str> = screen.lines().collect();
-    let question = lines.iter().position(|l| l.contains(" Offsite plans")).unwrap_or_else(|| panic!("{screen}"));
-    let answer = lines.iter().position(|l| l.contains("->Re: Offsite plans") || l.contains("─>Re: Offsite plans"));
-    let answer = answer.unwrap_or_else(|| panic!("no thread arrow to the answer: {screen}"));
-    assert_eq!(answer, question + 1, "the answer is drawn right under the question:\n{screen}");
+    common::assert_drawn_under(&screen, "Offsite plans", "Re: Offsite plans");
     tmux.keys(&["q"]);
     assert_eq!(daemon.jobs().len(), 1, "one save, one question");
 }

@@ -81,6 +81,13 @@ fn has(flags: &[String], flag: &str) -> bool {
     flags.iter().any(|f| f.eq_ignore_ascii_case(flag))
 }
 
+/// Whether a transfer keeps the originals (COPY: one more holder each) or removes them (MOVE).
+#[derive(Clone, Copy)]
+enum Transfer {
+    Copy,
+    Move,
+}
+
 /// Files each of `entries` (see [`Filing`]); returns the jobs made, one per entry for an Ask folder.
 fn file_all(
     tx: &Tx<'_>,
@@ -234,22 +241,7 @@ impl Store {
         to: MailboxId,
         filing: Option<&Filing<'_>>,
     ) -> Result<Copied, MailboxOpError> {
-        let ids = self.job_ids(filing, uids.len())?;
-        let now = Timestamp::now();
-        let copied = self.trees.transaction(|tx| {
-            read_mailbox(tx.mailboxes, from)?;
-            let mut entries = Vec::with_capacity(uids.len());
-            for &uid in uids {
-                entries.extend(read_entry(tx.mail, from, uid)?);
-            }
-            for entry in &entries {
-                hold(tx.message_refs, entry.message, 1, "")?;
-            }
-            let mut copied = put_copies(tx.mailboxes, tx.mail, to, &entries)?;
-            copied.jobs = file_all(tx, filing, &entries, &ids, now)?;
-            Ok(copied)
-        })?;
-        self.flush().await?;
+        let copied = self.transfer(from, uids, to, filing, Transfer::Copy).await?;
         self.notify(to);
         Ok(copied)
     }
@@ -264,24 +256,41 @@ impl Store {
         to: MailboxId,
         filing: Option<&Filing<'_>>,
     ) -> Result<Copied, MailboxOpError> {
+        let copied = self.transfer(from, uids, to, filing, Transfer::Move).await?;
+        self.notify(from);
+        self.notify(to);
+        Ok(copied)
+    }
+
+    /// The one transaction of COPY or MOVE, flushed.
+    async fn transfer(
+        &self,
+        from: MailboxId,
+        uids: &[Uid],
+        to: MailboxId,
+        filing: Option<&Filing<'_>>,
+        how: Transfer,
+    ) -> Result<Copied, MailboxOpError> {
         let ids = self.job_ids(filing, uids.len())?;
         let now = Timestamp::now();
         let copied = self.trees.transaction(|tx| {
             read_mailbox(tx.mailboxes, from)?;
             let mut entries = Vec::with_capacity(uids.len());
             for &uid in uids {
-                if let Some(entry) = read_entry(tx.mail, from, uid)? {
-                    tx.mail.remove(&mail_key(from, uid)[..])?;
-                    entries.push(entry);
+                let Some(entry) = read_entry(tx.mail, from, uid)? else { continue };
+                match how {
+                    Transfer::Copy => hold(tx.message_refs, entry.message, 1, "")?,
+                    Transfer::Move => {
+                        tx.mail.remove(&mail_key(from, uid)[..])?;
+                    }
                 }
+                entries.push(entry);
             }
             let mut copied = put_copies(tx.mailboxes, tx.mail, to, &entries)?;
             copied.jobs = file_all(tx, filing, &entries, &ids, now)?;
             Ok(copied)
         })?;
         self.flush().await?;
-        self.notify(from);
-        self.notify(to);
         Ok(copied)
     }
 
