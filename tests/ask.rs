@@ -260,3 +260,27 @@ fn mutt_saves_a_message_into_ask_and_sees_the_answer_in_the_thread() {
     tmux.keys(&["q"]);
     assert_eq!(daemon.jobs().len(), 1, "one save, one question");
 }
+
+/// Filing the same message twice asks twice (docs/MAIL.md): a second answer may be what the user
+/// wants, and nothing about a COPY says it was a mistake.
+#[test]
+fn asking_twice_is_two_questions() {
+    let mut daemon = Daemon::start_with(|dir| local_config(dir, 1));
+    let script = format!(
+        "{PRELUDE}{}",
+        r#"
+from_ann("Twice", "<twice@ann.test>", "Is Porto far from Lisbon?")
+m = imap()
+m.select("INBOX")
+uid = uid_of(m, "<twice@ann.test>")
+print("FIRST", m._simple_command("UID", "COPY", uid, "Ask/Kimi"))
+print("SECOND", m._simple_command("UID", "COPY", uid, "Ask/Kimi"))
+"#
+    );
+    let out = python(&daemon, &script);
+    assert_eq!(out.matches("asked kimi@nightmail.test (job").count(), 2, "{out}");
+    let jobs = wait_for_jobs(&daemon, 2, Duration::from_secs(300));
+    assert!(jobs.iter().all(|j| j["state"] == "done"), "{jobs:#?}");
+    daemon.stop();
+    assert_eq!(replies_to(&daemon.mailbox("me", "INBOX"), "<twice@ann.test>").len(), 2);
+}
