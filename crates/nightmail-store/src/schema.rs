@@ -7,7 +7,7 @@
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
 //! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
-//! | `jobs`          | JobId                            | JSON `Job`                   |
+//! | `jobs`          | JobId                            | JSON `Job` (its `origin`, mail or Ask folder: schema 7) |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
@@ -19,7 +19,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
