@@ -205,7 +205,8 @@ set confirmappend=no\nset sort=threads\nset index_format=\"%4C %s\"\nset hide_th
     )
     .unwrap();
     common::external("mutt", "mutt");
-    let tmux = common::Tmux::start(&format!("muttcc{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    let tmux =
+        common::Tmux::start(&format!("muttcc{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
     tmux.wait_for("Mutt");
     tmux.keys(&["m"]);
     tmux.wait_for("To:");
@@ -235,7 +236,10 @@ set confirmappend=no\nset sort=threads\nset index_format=\"%4C %s\"\nset hide_th
     assert!(question.contains("Where shall we eat on Friday?"), "{question}");
     assert!(header(question, "Cc").unwrap().contains("kimi@nightmail.test"), "{question}");
     let answer = got[1]["data"].as_str().unwrap();
-    assert_eq!((got[1]["mail_from"].as_str(), to_set(&got[1]["rcpt_tos"])), (Some("kimi@nightmail.test"), vec!["alice@example.com".to_string()]));
+    assert_eq!(
+        (got[1]["mail_from"].as_str(), to_set(&got[1]["rcpt_tos"])),
+        (Some("kimi@nightmail.test"), vec!["alice@example.com".to_string()])
+    );
     assert_eq!(header(answer, "In-Reply-To"), header(question, "Message-ID"));
     assert_eq!(daemon.jobs().len(), 1, "one question, one job");
 }
@@ -586,7 +590,10 @@ fn a_kill_after_the_smarthosts_250_sends_once_more_and_never_loses() {
     });
     let got = smarthost.messages();
     assert_eq!(got.len(), 2, "the hand-over the daemon never saw is repeated once");
-    assert_eq!(got[0]["data"], got[1]["data"], "the same message both times (its Message-ID lets the far side drop it)");
+    assert_eq!(
+        got[0]["data"], got[1]["data"],
+        "the same message both times (its Message-ID lets the far side drop it)"
+    );
     assert!(got[1]["data"].as_str().unwrap().contains("<once@client.test>"));
     assert_eq!(outbound(&daemon)[0]["attempts"], 2);
 }
