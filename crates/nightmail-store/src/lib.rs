@@ -14,11 +14,13 @@ mod changes;
 mod delivery;
 mod durable;
 mod error;
+mod filing;
 mod ids;
 mod lease_clock;
 mod mail_ops;
 mod mailbox;
 mod mailbox_ops;
+mod outbound;
 mod queue;
 mod refs;
 mod schema;
@@ -31,15 +33,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use changes::MailboxChange;
-pub use delivery::{
-    DEDUPE_WINDOW_MS, Incoming, MessageRef, Outbound, OutboundId, Receipt, Recipient, Summary, stable_digest,
-};
+pub use delivery::{DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, stable_digest};
 pub use error::StoreError;
+pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
-pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
+pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
+pub use queue::{Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;
 

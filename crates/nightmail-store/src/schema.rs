@@ -7,11 +7,11 @@
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
 //! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
-//! | `jobs`          | JobId                            | JSON `Job`                   |
+//! | `jobs`          | JobId                            | JSON `Job` (its `origin`, mail or Ask folder: schema 7) |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
-//! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for remote recipients awaiting the relay (schema 3) |
+//! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for one remote recipient, leased by the relay (schema 3; its `attempts`, `state`, `last_error` came with the relay and default to queued-and-due, so no migration) |
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
 
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
@@ -19,7 +19,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";

@@ -48,6 +48,45 @@ impl Audience {
     pub fn everyone(&self) -> impl Iterator<Item = &Person> {
         self.to.iter().chain(&self.cc)
     }
+
+    /// Keeps at most `max` outside people (To first, then Cc) and returns the others. Once mail
+    /// leaves the machine, one message naming thousands of addresses must not make thousands of
+    /// replies: the people left out are named in the reply instead (`left_out_note`).
+    pub fn limit_outside(&mut self, is_outside: impl Fn(&Address) -> bool, max: usize) -> Vec<Person> {
+        let mut kept = 0;
+        let mut left_out = Vec::new();
+        let mut keep = |p: &Person| {
+            if !is_outside(&p.address) {
+                return true;
+            }
+            kept += 1;
+            if kept > max {
+                left_out.push(p.clone());
+            }
+            kept <= max
+        };
+        self.to.retain(&mut keep);
+        self.cc.retain(&mut keep);
+        left_out
+    }
+}
+
+/// The paragraph that names the people a reply was not sent to, and why.
+pub fn left_out_note(left_out: &[Person], why: &str) -> String {
+    let names: Vec<String> = left_out.iter().map(|p| format!("<{}>", p.address)).collect();
+    format!(
+        "[Not sent to {} ({why}): {}]",
+        if left_out.len() == 1 { "1 person" } else { "these people" },
+        names.join(", ")
+    )
+}
+
+/// `body` with `note` as its last paragraph before the signature separator (RFC 3676 §4.3).
+pub fn with_note(body: String, note: &str) -> String {
+    match body.find("\n-- \n") {
+        Some(at) => format!("{}\n\n{note}\n{}", body[..at].trim_end(), &body[at..]),
+        None => format!("{}\n\n{note}\n", body.trim_end()),
+    }
 }
 
 /// `Re: ` once, however deep the thread (no `Re: Re: Re:`).
@@ -200,6 +239,22 @@ mod tests {
 
     fn kimi(a: &Address) -> bool {
         a.as_str() == "kimi@n.local"
+    }
+
+    #[test]
+    fn outside_recipients_are_capped_and_named() {
+        let p = |a: &str| Person { address: Address::parse(a).unwrap(), name: None };
+        let mut audience = Audience {
+            to: vec![p("me@n.local")],
+            cc: vec![p("a@x.org"), p("ann@n.local"), p("b@x.org"), p("c@x.org")],
+        };
+        let left_out = audience.limit_outside(|a| a.domain() != "n.local", 2);
+        let kept: Vec<String> = audience.everyone().map(|p| p.address.to_string()).collect();
+        assert_eq!(kept, ["me@n.local", "a@x.org", "ann@n.local", "b@x.org"]);
+        assert_eq!(left_out, vec![p("c@x.org")]);
+        let note = left_out_note(&left_out, "limit");
+        assert_eq!(note, "[Not sent to 1 person (limit): <c@x.org>]");
+        assert_eq!(with_note("Answer.\n\n-- \nfooter\n".into(), &note), format!("Answer.\n\n{note}\n\n-- \nfooter\n"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! the job done. Loops are refused, failures retried with backoff, and a job that finally fails
 //! sends its asker a notice: never silence.
 
+pub mod ask;
 pub mod backend;
 pub mod checkpoints;
 pub mod compose;
@@ -19,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::{Config, Model, ReasoningOutput};
 use nightmail_store::{
-    Finish, Incoming, Job, JobState, LeasedJob, Progress, Recipient, Retry, RetryPolicy, Store, StoreError, Summary,
+    Finish, Incoming, Job, JobState, LeasedJob, Origin, Progress, Recipient, Retry, RetryPolicy, Store, StoreError,
+    Summary,
 };
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::{mpsc, watch};
@@ -154,7 +156,7 @@ impl Worker {
             tracing::info!(job = %job.id, "not answering: {reason}");
             return self.give_up(leased, &format!("not answered: {reason}"), notice).await;
         }
-        if let Some(command) = control::classify(&question) {
+        if let Some(command) = command_in(&job, &question) {
             return self.command(leased, &model, &question, command).await;
         }
         if !job.triaged {
@@ -163,8 +165,11 @@ impl Worker {
         }
 
         let thread = self.thread(&question, job.sender.as_ref())?;
-        let conversation =
-            conversation::build(model.system_prompt.as_deref(), &thread, &question, |a| self.is_model(a));
+        let system_prompt = model.system_prompt.as_deref();
+        let conversation = match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::build(system_prompt, &thread, &question, asker, |a| self.is_model(a)),
+            _ => conversation::build(system_prompt, &thread, &question, |a| self.is_model(a)),
+        };
         let options = &conversation.options;
         let request = Request {
             turns: conversation.turns.clone(),
@@ -278,7 +283,7 @@ impl Worker {
                 self.store.triage(job.id, None).await?;
                 continue;
             }
-            if let Some(command) = control::classify(&question) {
+            if let Some(command) = command_in(&job, &question) {
                 if let Some(leased) = self.store.lease(job.id, self.config.worker.lease).await? {
                     self.command(leased, &model, &question, command).await?;
                 }
@@ -292,7 +297,8 @@ impl Worker {
 
     /// The acknowledgement of a new question, if the model sends them.
     fn acknowledgement(&self, job: &Job, model: &Model, question: &Mail) -> Result<Option<Incoming>, StoreError> {
-        if !model.ack || job.sender.is_none() {
+        // An Ask job was acknowledged by the IMAP command's OK, which names it.
+        if !model.ack || job.sender.is_none() || job.origin == Origin::Ask {
             return Ok(None);
         }
         let jobs = self.store.jobs()?;
@@ -482,7 +488,9 @@ impl Worker {
         Ok(Some((leased, result)))
     }
 
-    /// Why this message must not be answered, if so: loop rules, then the per-sender limit.
+    /// Why this message must not be answered, if so: loop rules (not for an Ask job: the user
+    /// asked about this message on purpose, and the answer goes to them alone), then the
+    /// per-sender limit.
     fn refusal(&self, job: &Job, question: &Mail) -> Result<Option<Refusal>, StoreError> {
         let signs = loop_guard::Signs {
             envelope_sender: job.sender.as_ref(),
@@ -493,7 +501,9 @@ impl Worker {
             list_id: question.list_id,
             auto_response_suppress: question.auto_response_suppress.as_deref(),
         };
-        if let Some(reason) = loop_guard::refuse(&signs, |a| self.is_model(a)) {
+        if job.origin == Origin::Mail
+            && let Some(reason) = loop_guard::refuse(&signs, |a| self.is_model(a))
+        {
             return Ok(Some(Refusal::Automatic(reason)));
         }
         let limit = self.config.worker.max_replies_per_sender_per_hour;
@@ -533,7 +543,8 @@ impl Worker {
         Ok(thread)
     }
 
-    /// A message from the model to the question's audience (reply-all), threaded under it.
+    /// A message from the model to the question's audience (reply-all; the asker alone for an Ask
+    /// job), threaded under it.
     #[allow(clippy::too_many_arguments)]
     fn message(
         &self,
@@ -545,7 +556,10 @@ impl Worker {
         attachment: Option<(&'static str, String)>,
         message_id: Option<String>,
     ) -> Result<Incoming, StoreError> {
-        let audience = Audience::reply_all(question, job.sender.as_ref(), |a| self.is_model(a));
+        let audience = match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::audience(asker),
+            _ => Audience::reply_all(question, job.sender.as_ref(), |a| self.is_model(a)),
+        };
         let message_id =
             message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.config.hostname));
         self.outgoing(model, &audience, question, body, headers, attachment, message_id)
@@ -595,6 +609,23 @@ impl Worker {
     ) -> Result<Incoming, StoreError> {
         let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
         let subject = compose::reply_subject(&parent.subject);
+        // Outside people are reached only through the relay, and only so many per reply.
+        let mut audience = audience.clone();
+        let is_outside = |a: &Address| self.config.user_by_address(a).is_none() && !self.is_model(a);
+        let (max, why) = match &self.config.relay {
+            Some(relay) => (
+                relay.max_recipients_per_reply,
+                format!(
+                    "at most {} outside recipients per reply: relay.max_recipients_per_reply",
+                    relay.max_recipients_per_reply
+                ),
+            ),
+            None => (0, "this nightmail sends nothing outside: no [relay] in its configuration".to_string()),
+        };
+        let left_out = audience.limit_outside(is_outside, max);
+        let body =
+            if left_out.is_empty() { body } else { compose::with_note(body, &compose::left_out_note(&left_out, &why)) };
+        let audience = &audience;
         let raw = compose::write(Draft {
             from: (&name, &model.address),
             audience,
@@ -637,6 +668,15 @@ enum Refusal {
     Automatic(String),
     /// The sender's hourly reply limit: with a notice.
     RateLimited(String),
+}
+
+/// The command a job's mail gives (`status`, `cancel`), if any. A message filed into an Ask folder
+/// is asked about, never obeyed: its words may be anyone's.
+fn command_in(job: &Job, question: &Mail) -> Option<control::Command> {
+    match job.origin {
+        Origin::Mail => control::classify(question),
+        Origin::Ask => None,
+    }
 }
 
 /// A store error while generating: a lost lease ends the attempt quietly (`None`); anything else

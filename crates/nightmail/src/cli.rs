@@ -24,11 +24,16 @@ enum Command {
     Serve,
     /// Check the configuration file and say what is wrong with it.
     CheckConfig,
-    /// Show the queue: each job's id, state, sender, subject, Message-ID and age.
+    /// Show the queue: each job's id, state, sender, subject, Message-ID and age, and outbound mail with its last error.
     Status {
-        /// One JSON object with a `jobs` array.
+        /// One JSON object with `jobs` and `outbound` arrays.
         #[arg(long)]
         json: bool,
+    },
+    /// Act on outbound mail waiting for the relay (ids from `nightmail status`).
+    Outbound {
+        #[command(subcommand)]
+        command: OutboundCommand,
     },
     /// Manage users.
     User {
@@ -40,6 +45,14 @@ enum Command {
         #[command(subcommand)]
         command: crate::model::ModelCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum OutboundCommand {
+    /// Try it again now instead of at its next scheduled attempt.
+    Retry { id: u64 },
+    /// Give up on it without a bounce.
+    Drop { id: u64 },
 }
 
 #[derive(Subcommand)]
@@ -80,8 +93,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for warning in &config.warnings {
                 eprintln!("warning: {warning}");
             }
+            // The password is read as `serve` will read it, so a missing variable or file shows
+            // here and not at the first outgoing message.
+            if let Some((_, source)) = config.relay.as_ref().and_then(|r| r.user.as_ref()) {
+                source.read().map_err(|e| anyhow::anyhow!("{}: {e}", config.source_name()))?;
+            }
+            let relay = match &config.relay {
+                Some(relay) => format!("relay via {}", relay.describe()),
+                None => "no relay: mail stays local".to_string(),
+            };
             println!(
-                "{}: ok ({} users, {} models, smtp on {}, data in {})",
+                "{}: ok ({} users, {} models, smtp on {}, {relay}, data in {})",
                 config.source_name(),
                 config.users.len(),
                 config.models.len(),
@@ -92,6 +114,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { json } => {
             let config = load(path.as_deref())?;
             crate::status::print(&config, json)?;
+        }
+        Command::Outbound { command } => {
+            let config = load(path.as_deref())?;
+            let (action, id) = match command {
+                OutboundCommand::Retry { id } => (crate::outbound::Action::Retry, id),
+                OutboundCommand::Drop { id } => (crate::outbound::Action::Drop, id),
+            };
+            crate::outbound::run(&config, action, id)?;
         }
         Command::User { command: UserCommand::Add { name, address } } => {
             let address = Address::parse(&address).context("--address")?;

@@ -13,9 +13,17 @@ use tokio::sync::watch;
 use crate::status::Report;
 
 #[derive(Serialize, Deserialize)]
-#[serde(tag = "command", rename_all = "lowercase")]
+#[serde(tag = "command", rename_all = "kebab-case")]
 pub enum Request {
     Status,
+    /// Make a waiting outbound entry due now.
+    OutboundRetry {
+        id: u64,
+    },
+    /// Give up on a waiting outbound entry.
+    OutboundDrop {
+        id: u64,
+    },
 }
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {
@@ -60,6 +68,8 @@ async fn answer(stream: UnixStream, store: &Store, data_dir: &Path) -> anyhow::R
     BufReader::new(read).take_line(&mut line).await?;
     let response = match serde_json::from_str::<Request>(&line) {
         Ok(Request::Status) => serde_json::to_value(Report::from_store(store, data_dir, "daemon")?)?,
+        Ok(Request::OutboundRetry { id }) => crate::outbound::answer(store, crate::outbound::Action::Retry, id).await,
+        Ok(Request::OutboundDrop { id }) => crate::outbound::answer(store, crate::outbound::Action::Drop, id).await,
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
     };
     let mut text = serde_json::to_vec(&response)?;

@@ -4,6 +4,7 @@
 mod cli;
 mod control;
 mod model;
+mod outbound;
 mod serve;
 mod status;
 

@@ -8,6 +8,7 @@ use anyhow::Context;
 use nightmail_auth::Authenticator;
 use nightmail_config::Config;
 use nightmail_store::Store;
+use nightmail_types::Timestamp;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -30,6 +31,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if recovered > 0 {
         tracing::info!(recovered, "requeued jobs that were running when nightmail last stopped");
     }
+    let recovered = store.recover_outbound(true, Timestamp::now()).await?;
+    if recovered > 0 {
+        tracing::info!(recovered, "requeued outbound mail that was being sent when nightmail last stopped");
+    }
 
     let tls = match &config.tls {
         Some(tls) => Some(nightmail_tls::acceptor(tls, &config.data_dir, &config.hostname)?),
@@ -42,6 +47,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let control = crate::control::bind(&config.data_dir)?;
 
     let config = Arc::new(config);
+    let relay = nightmail_relay::Relay::new(store.clone(), config.clone())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", config.source_name()))?;
     let auth = Authenticator::new(config.users.clone(), config.auth.clone());
     let imap_shared = Arc::new(nightmail_imap::Shared {
         config: config.clone(),
@@ -58,6 +65,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tokio::spawn(crate::control::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
     let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
+    let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_rx.clone())));
     let sweeper = {
         let store = store.clone();
         let mut stop = stop_rx.clone();
@@ -78,6 +86,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                 }
                 if let Err(e) = store.recover_leases(false).await {
                     tracing::error!("lease sweep failed: {e}");
+                }
+                if let Err(e) = store.recover_outbound(false, Timestamp::now()).await {
+                    tracing::error!("outbound lease sweep failed: {e}");
                 }
             }
         })
@@ -101,6 +112,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         let _ = smtp_task.await;
         let _ = imap_task.await;
         let _ = worker_task.await;
+        if let Some(relay_task) = relay_task {
+            let _ = relay_task.await;
+        }
         let _ = control_task.await;
         let _ = sweeper.await;
     })

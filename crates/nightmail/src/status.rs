@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use nightmail_config::Config;
-use nightmail_store::{Job, JobState, Store};
+use nightmail_store::{Job, JobState, Outbound, OutboundState, Store};
 use nightmail_types::Timestamp;
 use nightmail_worker::checkpoints;
 use serde::{Deserialize, Serialize};
@@ -19,6 +19,53 @@ pub struct Report {
     /// Disk used by generation checkpoints, all jobs together.
     #[serde(default)]
     pub checkpoint_bytes: u64,
+    /// Mail for outside recipients: waiting, and settled within the last week.
+    #[serde(default)]
+    pub outbound: Vec<OutboundView>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct OutboundView {
+    pub id: u64,
+    /// queued, sending, sent, bounced or dropped.
+    pub state: String,
+    pub sender: String,
+    pub recipient: String,
+    pub message: u64,
+    pub age_secs: u64,
+    pub attempts: u32,
+    /// Seconds until the next attempt, while queued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_in_secs: Option<u64>,
+    /// What the smarthost or the connection to it last said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The smarthost's answer once sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+}
+
+impl OutboundView {
+    pub fn of(entry: &Outbound, now: Timestamp) -> OutboundView {
+        OutboundView {
+            id: entry.id.0,
+            state: entry.state.name().to_string(),
+            sender: entry.sender.as_ref().map_or_else(|| "<>".to_string(), |s| s.to_string()),
+            recipient: entry.recipient.to_string(),
+            message: entry.message.0,
+            age_secs: now.since(entry.created_at).as_secs(),
+            attempts: entry.attempts,
+            next_attempt_in_secs: match entry.state {
+                OutboundState::Queued { not_before } => Some(not_before.since(now).as_secs()),
+                _ => None,
+            },
+            last_error: entry.last_error.clone(),
+            reply: match &entry.state {
+                OutboundState::Sent { reply, .. } => Some(reply.clone()),
+                _ => None,
+            },
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -76,7 +123,8 @@ impl Report {
         let now = Timestamp::now();
         let jobs = store.jobs()?.iter().map(|j| JobView::of(j, data_dir, now)).collect();
         let checkpoint_bytes = checkpoints::total_bytes(data_dir);
-        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes })
+        let outbound = store.outbound()?.iter().map(|o| OutboundView::of(o, now)).collect();
+        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound })
     }
 }
 
@@ -91,7 +139,7 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
         None => {
             let dir = config.data_dir.join("store");
             if !dir.exists() {
-                Report { source: "store".into(), jobs: Vec::new(), checkpoint_bytes: 0 }
+                Report { source: "store".into(), jobs: Vec::new(), checkpoint_bytes: 0, outbound: Vec::new() }
             } else {
                 let store = Store::open(&dir).with_context(|| {
                     format!(
@@ -107,9 +155,15 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
+    print_jobs(&report);
+    print_outbound(&report);
+    Ok(())
+}
+
+fn print_jobs(report: &Report) {
     if report.jobs.is_empty() {
         println!("no jobs");
-        return Ok(());
+        return;
     }
     println!(
         "{:>20}  {:<9}  {:>7}  {:>13}  {:<28}  {:<32}  MESSAGE-ID",
@@ -130,7 +184,43 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
     if report.checkpoint_bytes > 0 {
         println!("checkpoints on disk: {:.1} MiB", report.checkpoint_bytes as f64 / (1024.0 * 1024.0));
     }
-    Ok(())
+}
+
+/// Outbound mail still waiting, each with its last error; settled entries only as counts;
+/// nothing at all when there has been none.
+fn print_outbound(report: &Report) {
+    let waiting: Vec<&OutboundView> =
+        report.outbound.iter().filter(|o| o.state == "queued" || o.state == "sending").collect();
+    let settled = |state: &str| report.outbound.iter().filter(|o| o.state == state).count();
+    if report.outbound.is_empty() {
+        return;
+    }
+    println!();
+    if waiting.is_empty() {
+        println!("no outbound mail waiting");
+    } else {
+        println!("outbound mail waiting (`nightmail outbound retry|drop ID`):");
+        println!(
+            "{:>20}  {:<8}  {:>7}  {:>8}  {:>7}  {:<28}  LAST ERROR",
+            "ID", "STATE", "AGE", "ATTEMPTS", "NEXT", "TO"
+        );
+        for o in waiting {
+            println!(
+                "{:>20}  {:<8}  {:>7}  {:>8}  {:>7}  {:<28}  {}",
+                o.id,
+                o.state,
+                age(o.age_secs),
+                o.attempts,
+                o.next_attempt_in_secs.map_or_else(|| "-".to_string(), age),
+                clip(&o.recipient, 28),
+                o.last_error.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    let (sent, bounced, dropped) = (settled("sent"), settled("bounced"), settled("dropped"));
+    if sent + bounced + dropped > 0 {
+        println!("outbound in the last week: {sent} sent, {bounced} bounced, {dropped} dropped");
+    }
 }
 
 fn age(secs: u64) -> String {

@@ -55,7 +55,13 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
         user: session.user.as_ref().map(|u| u.name.as_str()).unwrap_or(""),
         key,
     };
-    let Checked { raw, summary, mut dedupe_id } = message::prepare(raw, &trace);
+    let Checked { raw, summary, mut dedupe_id, from_addresses } = message::prepare(raw, &trace);
+    if transaction.recipients.iter().any(|r| matches!(r, nightmail_store::Recipient::Remote { .. }))
+        && let Some(user) = &session.user
+        && let Err(reply) = message::check_relayed_from(&from_addresses, &user.address)
+    {
+        return session.reply(reply);
+    }
     // The store keys dedupe marks on the envelope sender, but every user may send with the null
     // one (`<>`, RFC 5321 §4.5.5): then the user who sent it stands in, so that one user's
     // bounce never makes another's "already queued".

@@ -1,12 +1,17 @@
-//! RCPT TO (RFC 5321 §4.1.1.3). Only this server's users and model addresses are accepted: this
-//! is not an open relay (RFC 5321 §7.1).
+//! RCPT TO (RFC 5321 §4.1.1.3). This server's users and model addresses are accepted; an outside
+//! address only from an authenticated user, and only with a `[relay]` smarthost configured, within
+//! that user's daily relay quota: this is never an open relay (RFC 5321 §7.1).
+
+use std::time::Duration;
 
 use nightmail_store::Recipient;
-use nightmail_types::Address;
+use nightmail_types::{Address, Timestamp};
 use smtp_proto::RcptTo;
 
 use crate::reply::{self, Reply};
 use crate::session::Session;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
 
 pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
     let config = session.shared.config.clone();
@@ -25,7 +30,37 @@ pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
     } else if config.model(&address).is_some() {
         Recipient::Model { address }
     } else {
-        return session.reply(reply::RELAY_DENIED);
+        let Some(relay) = &config.relay else {
+            return session.reply(reply::RELAY_DENIED);
+        };
+        // MAIL FROM is the user's own address (mail.rs) or <>; relayed mail must say who sent it,
+        // so that bounces have somewhere to go and the quota someone to count.
+        let Some(sender) = &transaction.sender else {
+            return session.reply(reply::RELAY_NULL_SENDER);
+        };
+        let recipient = Recipient::Remote { address };
+        if !transaction.recipients.contains(&recipient) {
+            let since = Timestamp(Timestamp::now().0.saturating_sub(DAY.as_millis() as u64));
+            let relayed = match session.shared.store.relayed_since(sender, since) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("cannot count relayed mail: {e}");
+                    return session.reply(reply::STORE_FAILED);
+                }
+            };
+            let pending = transaction.recipients.iter().filter(|r| matches!(r, Recipient::Remote { .. })).count();
+            let quota = relay.max_relay_recipients_per_user_per_day;
+            if relayed + pending >= quota {
+                // RFC 3463 §3.8: X.7.1, delivery not authorized. Permanent for this message, as
+                // Gmail's daily sending limit is; the user may send again tomorrow.
+                let text = format!(
+                    "Daily relay quota reached: <{sender}> sent to {} outside recipients in the last 24 hours (relay.max_relay_recipients_per_user_per_day = {quota}); try again later",
+                    relayed + pending
+                );
+                return session.reply(Reply::owned(550, [5, 7, 1], text));
+            }
+        }
+        recipient
     };
     if !transaction.recipients.contains(&recipient) {
         transaction.recipients.push(recipient);
