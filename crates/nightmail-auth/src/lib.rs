@@ -1,11 +1,20 @@
 //! Who may log in, shared by the SMTP and IMAP servers: password checks against the configured
-//! users, a fixed delay on every failure, and a per-IP limit on failures (the slow-down that
+//! users, a fixed delay on every failure, and a per-client limit on failures (the slow-down that
 //! makes guessing impractical; RFC 4954 §4 and RFC 3501 §6.2.3 leave the policy to the server).
+//! Failures count per login name from a client, and per client in all (so guesses at one user
+//! from an address everyone shares do not lock out the others there). Attempts still being
+//! checked count against the limits, so parallel connections get no more guesses than one; a client is an IPv4 address or an IPv6 /64 (`peers.rs`, which also counts
+//! connections per client); and only so many argon2 hashes run at once.
+
+mod peers;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+pub use peers::{Admitted, ConnectionLimit, client_of};
+use tokio::sync::Semaphore;
 
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
@@ -34,27 +43,83 @@ pub enum AuthError {
 pub struct Authenticator {
     users: Arc<Vec<User>>,
     config: AuthConfig,
-    failures: Arc<Mutex<HashMap<IpAddr, Vec<Instant>>>>,
+    attempts: Arc<Mutex<HashMap<Counted, Attempts>>>,
+    /// Permits to run an argon2 hash.
+    hashing: Arc<Semaphore>,
+    /// Hashes running now, and the most that ever ran at once.
+    #[cfg(test)]
+    hashing_gauge: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
+}
+
+/// What failures are counted against: one login name from one client (`auth.max_failures`),
+/// so that guesses at one user's password, from an address everyone shares (Docker's port
+/// publishing, a NAT), do not lock out the other users there; and all logins from one client
+/// together (`auth.max_client_failures`), so that guessing across user names stops too.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Counted {
+    Login(IpAddr, String),
+    Client(IpAddr),
+}
+
+/// Recent failures and attempts still being checked, of one [`Counted`].
+#[derive(Default)]
+struct Attempts {
+    failures: Vec<Instant>,
+    in_flight: u32,
+}
+
+/// An attempt being checked; dropping it ends it.
+struct InFlight<'a> {
+    auth: &'a Authenticator,
+    counted: [Counted; 2],
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut attempts = self.auth.attempts();
+        for counted in &self.counted {
+            if let Some(a) = attempts.get_mut(counted) {
+                a.in_flight -= 1;
+                if a.in_flight == 0 && a.failures.is_empty() {
+                    attempts.remove(counted);
+                }
+            }
+        }
+    }
 }
 
 impl Authenticator {
     pub fn new(users: Vec<User>, config: AuthConfig) -> Authenticator {
-        Authenticator { users: Arc::new(users), config, failures: Arc::default() }
+        Authenticator {
+            users: Arc::new(users),
+            hashing: Arc::new(Semaphore::new(config.max_concurrent_hashes.max(1))),
+            config,
+            attempts: Arc::default(),
+            #[cfg(test)]
+            hashing_gauge: Arc::default(),
+        }
+    }
+
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Counted, Attempts>> {
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checks `login` (a user name or address) and `password` for a client at `ip`.
     /// Failures are answered only after the configured delay.
     pub async fn authenticate(&self, ip: IpAddr, login: &str, password: &str) -> Result<AuthUser, AuthError> {
-        if let Some(retry_after) = self.throttled(ip) {
-            return Err(AuthError::Throttled { retry_after });
-        }
         let login = login.trim();
+        let client = client_of(ip);
+        let counted = [Counted::Login(client, login.to_lowercase()), Counted::Client(client)];
+        let attempt = self.begin(counted)?;
         let user = self
             .users
             .iter()
             .find(|u| u.name.eq_ignore_ascii_case(login) || u.address.as_str().eq_ignore_ascii_case(login))
             .cloned();
         let password = password.to_string();
+        let _permit = self.hashing.acquire().await.expect("the hashing semaphore is never closed");
+        #[cfg(test)]
+        let hashing = self.count_hashing();
         // argon2 costs tens of milliseconds of CPU: keep it off the async threads.
         let ok = tokio::task::spawn_blocking(move || match &user {
             Some(u) => {
@@ -68,10 +133,15 @@ impl Authenticator {
         })
         .await
         .unwrap_or(None);
+        #[cfg(test)]
+        drop(hashing);
+        drop(_permit);
         match ok {
             Some(user) => Ok(user),
             None => {
-                self.record_failure(ip);
+                self.record_failure(&attempt.counted);
+                // Counted as a failure now, no longer as an attempt.
+                drop(attempt);
                 tracing::warn!(%ip, login, "failed login");
                 tokio::time::sleep(self.config.failure_delay).await;
                 Err(AuthError::Invalid)
@@ -79,26 +149,57 @@ impl Authenticator {
         }
     }
 
-    fn throttled(&self, ip: IpAddr) -> Option<Duration> {
-        let mut failures = self.failures.lock().expect("limiter lock");
+    /// Starts an attempt counted against `counted` (its login and its client), unless the
+    /// failures and attempts in flight of either already reach its limit.
+    fn begin(&self, counted: [Counted; 2]) -> Result<InFlight<'_>, AuthError> {
+        let mut attempts = self.attempts();
         let now = Instant::now();
         let window = self.config.failure_window;
-        let list = failures.get_mut(&ip)?;
-        list.retain(|t| now.duration_since(*t) < window);
-        if list.len() as u32 >= self.config.max_failures {
-            let oldest = list[0];
-            Some(window.saturating_sub(now.duration_since(oldest)))
-        } else {
-            None
+        for c in &counted {
+            let limit = match c {
+                Counted::Login(..) => self.config.max_failures,
+                Counted::Client(..) => self.config.max_client_failures,
+            };
+            let a = attempts.entry(c.clone()).or_default();
+            a.failures.retain(|t| now.duration_since(*t) < window);
+            if (a.failures.len() as u32).saturating_add(a.in_flight) >= limit {
+                // With only attempts in flight, they end within the failure delay.
+                let retry_after = a
+                    .failures
+                    .first()
+                    .map_or(self.config.failure_delay, |oldest| window.saturating_sub(now.duration_since(*oldest)));
+                return Err(AuthError::Throttled { retry_after });
+            }
+        }
+        for c in &counted {
+            attempts.entry(c.clone()).or_default().in_flight += 1;
+        }
+        Ok(InFlight { auth: self, counted })
+    }
+
+    fn record_failure(&self, counted: &[Counted; 2]) {
+        let mut attempts = self.attempts();
+        let now = Instant::now();
+        let window = self.config.failure_window;
+        attempts.retain(|_, a| a.in_flight > 0 || a.failures.last().is_some_and(|t| now.duration_since(*t) < window));
+        for c in counted {
+            attempts.entry(c.clone()).or_default().failures.push(now);
         }
     }
 
-    fn record_failure(&self, ip: IpAddr) {
-        let mut failures = self.failures.lock().expect("limiter lock");
-        let now = Instant::now();
-        let window = self.config.failure_window;
-        failures.retain(|_, list| list.last().is_some_and(|t| now.duration_since(*t) < window));
-        failures.entry(ip).or_default().push(now);
+    /// Counts a hash running until the value returned is dropped, keeping the peak.
+    #[cfg(test)]
+    fn count_hashing(&self) -> impl Drop + use<> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Running(Arc<(AtomicUsize, AtomicUsize)>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let now = self.hashing_gauge.0.fetch_add(1, Ordering::SeqCst) + 1;
+        self.hashing_gauge.1.fetch_max(now, Ordering::SeqCst);
+        Running(self.hashing_gauge.clone())
     }
 }
 
@@ -152,7 +253,13 @@ mod tests {
     }
 
     fn config(max_failures: u32) -> AuthConfig {
-        AuthConfig { failure_delay: Duration::from_millis(50), max_failures, failure_window: Duration::from_secs(60) }
+        AuthConfig {
+            failure_delay: Duration::from_millis(50),
+            max_failures,
+            max_client_failures: 100,
+            failure_window: Duration::from_secs(60),
+            max_concurrent_hashes: 4,
+        }
     }
 
     #[tokio::test]
@@ -179,6 +286,80 @@ mod tests {
         assert!(matches!(auth.authenticate(bad, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
         let good: IpAddr = "10.0.0.2".parse().unwrap();
         assert!(auth.authenticate(good, "me", "s3cret").await.is_ok());
+    }
+
+    /// N parallel connections get no more guesses than one: attempts still being checked count.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn attempts_in_flight_count_against_the_limit() {
+        let auth = Authenticator::new(users(), config(3));
+        let ip: IpAddr = "10.0.0.9".parse().unwrap();
+        let tries: Vec<_> = (0..12)
+            .map(|_| {
+                let auth = auth.clone();
+                tokio::spawn(async move { auth.authenticate(ip, "me", "wrong").await })
+            })
+            .collect();
+        let mut invalid = 0;
+        for t in tries {
+            match t.await.unwrap() {
+                Err(AuthError::Invalid) => invalid += 1,
+                Err(AuthError::Throttled { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(invalid, 3, "guesses checked past the limit of 3");
+    }
+
+    /// Behind Docker's port publishing every client has the same address: guesses at one
+    /// user's password lock out that user there, not the others, until the client's total
+    /// reaches its own limit.
+    #[tokio::test]
+    async fn guesses_at_one_login_do_not_lock_out_another_on_a_shared_address() {
+        let mut c = config(2);
+        c.max_client_failures = 4;
+        let auth = Authenticator::new(users(), c);
+        let shared: IpAddr = "172.17.0.1".parse().unwrap();
+        for _ in 0..2 {
+            assert_eq!(auth.authenticate(shared, "you", "guess").await, Err(AuthError::Invalid));
+        }
+        assert!(matches!(auth.authenticate(shared, "YOU", "pw").await, Err(AuthError::Throttled { .. })));
+        assert_eq!(auth.authenticate(shared, "me", "s3cret").await.unwrap().name, "me");
+        for name in ["ghost1", "ghost2"] {
+            assert_eq!(auth.authenticate(shared, name, "guess").await, Err(AuthError::Invalid));
+        }
+        assert!(matches!(auth.authenticate(shared, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_slash_64_is_one_client() {
+        let auth = Authenticator::new(users(), config(2));
+        for i in 1..=2 {
+            let ip: IpAddr = format!("2001:db8:5:6::{i}").parse().unwrap();
+            assert_eq!(auth.authenticate(ip, "me", "wrong").await, Err(AuthError::Invalid));
+        }
+        let fresh_address: IpAddr = "2001:db8:5:6:ffff::3".parse().unwrap();
+        assert!(matches!(auth.authenticate(fresh_address, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
+        let next_net: IpAddr = "2001:db8:5:7::1".parse().unwrap();
+        assert!(auth.authenticate(next_net, "me", "s3cret").await.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn no_more_hashes_run_at_once_than_configured() {
+        let mut c = config(100);
+        c.max_concurrent_hashes = 2;
+        let auth = Authenticator::new(users(), c);
+        let tries: Vec<_> = (0..8)
+            .map(|i| {
+                let auth = auth.clone();
+                let ip: IpAddr = format!("10.1.0.{i}").parse().unwrap();
+                tokio::spawn(async move { auth.authenticate(ip, "me", "s3cret").await })
+            })
+            .collect();
+        for t in tries {
+            assert!(t.await.unwrap().is_ok());
+        }
+        let peak = auth.hashing_gauge.1.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=2).contains(&peak), "{peak} hashes ran at once");
     }
 
     #[test]

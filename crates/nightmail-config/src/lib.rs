@@ -44,17 +44,33 @@ pub struct SmtpConfig {
     /// RFC 5321 §4.5.3.1.8 asks servers to accept at least 100.
     pub max_recipients: usize,
     pub max_connections: usize,
+    /// Connections from one client (an IPv4 address or an IPv6 /64) at once.
+    pub max_connections_per_ip: usize,
     /// RFC 5321 §4.5.3.1.6 limits a text line to 1000 octets; we refuse lines longer than this.
     pub max_line_bytes: usize,
     /// Header fields (physical lines) allowed before the body.
     pub max_header_lines: usize,
-    /// RFC 5321 §4.5.3.2: how long to wait for the client's next command or data.
+    /// RFC 5321 §4.5.3.2: how long a whole command line may take to arrive (counted from its
+    /// first byte, so a client trickling bytes does not reset it), a TLS handshake and a write.
     pub timeout: Duration,
+    /// How long a whole message (DATA to the final dot) may take to arrive.
+    pub data_timeout: Duration,
 }
 
 #[derive(Clone, Debug)]
 pub struct ImapConfig {
     pub listen: SocketAddr,
+    /// Connections served at once; more are greeted with BYE (RFC 3501 §7.1.5).
+    pub max_connections: usize,
+    /// Connections from one client (an IPv4 address or an IPv6 /64) at once.
+    pub max_connections_per_ip: usize,
+    /// How long a whole command (with its literals) may take to arrive, counted from its first
+    /// byte; also the deadline of a TLS handshake and of a write.
+    pub command_timeout: Duration,
+    /// Mailboxes one user may have.
+    pub max_mailboxes: usize,
+    /// The longest mailbox name, in bytes of UTF-8.
+    pub max_mailbox_name_bytes: usize,
 }
 
 /// Where the TLS certificate comes from.
@@ -73,10 +89,16 @@ pub enum TlsConfig {
 pub struct AuthConfig {
     /// Every failed attempt is answered only after this delay.
     pub failure_delay: Duration,
-    /// After this many failures from one IP within `failure_window`, that IP is refused until
-    /// the window passes.
+    /// After this many failures for one login name from one client (an IPv4 address or IPv6
+    /// /64) within `failure_window`, that login is refused to that client until the window
+    /// passes; other users at the same address (a NAT, Docker) are not.
     pub max_failures: u32,
+    /// After this many failures from one client for all logins together, the client is refused.
+    pub max_client_failures: u32,
     pub failure_window: Duration,
+    /// argon2 hashes computed at once (each takes 19 MiB and tens of milliseconds of CPU); more
+    /// logins wait their turn.
+    pub max_concurrent_hashes: usize,
 }
 
 #[derive(Clone, PartialEq, Eq)]

@@ -117,9 +117,11 @@ struct RawSmtp {
     max_message_bytes: Spanned<usize>,
     max_recipients: Spanned<usize>,
     max_connections: Spanned<usize>,
+    max_connections_per_ip: Spanned<usize>,
     max_line_bytes: Spanned<usize>,
     max_header_lines: Spanned<usize>,
     timeout_secs: Spanned<u64>,
+    data_timeout_secs: Spanned<u64>,
 }
 
 impl Default for RawSmtp {
@@ -130,9 +132,11 @@ impl Default for RawSmtp {
             max_message_bytes: s(25 * 1024 * 1024),
             max_recipients: s(100),
             max_connections: s(64),
+            max_connections_per_ip: s(10),
             max_line_bytes: s(8192),
             max_header_lines: s(1000),
             timeout_secs: Spanned::new(0..0, 300),
+            data_timeout_secs: Spanned::new(0..0, 1800),
         }
     }
 }
@@ -141,11 +145,24 @@ impl Default for RawSmtp {
 #[serde(deny_unknown_fields, default)]
 struct RawImap {
     listen: SocketAddr,
+    max_connections: Spanned<usize>,
+    max_connections_per_ip: Spanned<usize>,
+    command_timeout_secs: Spanned<u64>,
+    max_mailboxes: Spanned<usize>,
+    max_mailbox_name_bytes: Spanned<usize>,
 }
 
 impl Default for RawImap {
     fn default() -> Self {
-        RawImap { listen: "127.0.0.1:1143".parse().unwrap() }
+        RawImap {
+            listen: "127.0.0.1:1143".parse().unwrap(),
+            max_connections: Spanned::new(0..0, 256),
+            // Desktop clients open up to five per account; a household behind one NAT more.
+            max_connections_per_ip: Spanned::new(0..0, 20),
+            command_timeout_secs: Spanned::new(0..0, 600),
+            max_mailboxes: Spanned::new(0..0, 1000),
+            max_mailbox_name_bytes: Spanned::new(0..0, 255),
+        }
     }
 }
 
@@ -163,12 +180,20 @@ struct RawTls {
 struct RawAuth {
     failure_delay_ms: u64,
     max_failures: u32,
+    max_client_failures: u32,
     failure_window_secs: u64,
+    max_concurrent_hashes: usize,
 }
 
 impl Default for RawAuth {
     fn default() -> Self {
-        RawAuth { failure_delay_ms: 2000, max_failures: 10, failure_window_secs: 900 }
+        RawAuth {
+            failure_delay_ms: 2000,
+            max_failures: 10,
+            max_client_failures: 100,
+            failure_window_secs: 900,
+            max_concurrent_hashes: 4,
+        }
     }
 }
 
@@ -295,7 +320,9 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
     let auth = AuthConfig {
         failure_delay: Duration::from_millis(raw.auth.failure_delay_ms),
         max_failures: raw.auth.max_failures.max(1),
+        max_client_failures: raw.auth.max_client_failures.max(1),
         failure_window: Duration::from_secs(raw.auth.failure_window_secs),
+        max_concurrent_hashes: raw.auth.max_concurrent_hashes.max(1),
     };
 
     let relay = raw.relay.as_ref().map(|r| check_relay(r, &loc)).transpose()?;
@@ -350,7 +377,7 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
         hostname,
         data_dir: raw.data_dir,
         smtp,
-        imap: ImapConfig { listen: raw.imap.listen },
+        imap: check_imap(&raw.imap, &loc)?,
         tls,
         auth,
         users,
@@ -390,14 +417,37 @@ fn check_smtp(raw: &RawSmtp, loc: &Locator<'_>) -> Result<SmtpConfig, ConfigErro
     if *raw.timeout_secs.get_ref() == 0 {
         return Err(loc.spanned(&raw.timeout_secs, "smtp.timeout_secs must be greater than 0".into()));
     }
+    if *raw.data_timeout_secs.get_ref() == 0 {
+        return Err(loc.spanned(&raw.data_timeout_secs, "smtp.data_timeout_secs must be greater than 0".into()));
+    }
     Ok(SmtpConfig {
         listen: raw.listen,
         max_message_bytes: positive(&raw.max_message_bytes, "max_message_bytes")?,
         max_recipients: positive(&raw.max_recipients, "max_recipients")?,
         max_connections: positive(&raw.max_connections, "max_connections")?,
+        max_connections_per_ip: positive(&raw.max_connections_per_ip, "max_connections_per_ip")?,
         max_line_bytes,
         max_header_lines: positive(&raw.max_header_lines, "max_header_lines")?,
         timeout: Duration::from_secs(*raw.timeout_secs.get_ref()),
+        data_timeout: Duration::from_secs(*raw.data_timeout_secs.get_ref()),
+    })
+}
+
+fn check_imap(raw: &RawImap, loc: &Locator<'_>) -> Result<ImapConfig, ConfigError> {
+    let positive = |v: &Spanned<usize>, key: &str| match *v.get_ref() {
+        0 => Err(loc.spanned(v, format!("imap.{key} must be greater than 0"))),
+        n => Ok(n),
+    };
+    if *raw.command_timeout_secs.get_ref() == 0 {
+        return Err(loc.spanned(&raw.command_timeout_secs, "imap.command_timeout_secs must be greater than 0".into()));
+    }
+    Ok(ImapConfig {
+        listen: raw.listen,
+        max_connections: positive(&raw.max_connections, "max_connections")?,
+        max_connections_per_ip: positive(&raw.max_connections_per_ip, "max_connections_per_ip")?,
+        command_timeout: Duration::from_secs(*raw.command_timeout_secs.get_ref()),
+        max_mailboxes: positive(&raw.max_mailboxes, "max_mailboxes")?,
+        max_mailbox_name_bytes: positive(&raw.max_mailbox_name_bytes, "max_mailbox_name_bytes")?,
     })
 }
 

@@ -75,6 +75,10 @@ pub enum EngineError {
     ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
     #[error("checkpoint {path}: {reason}: check that the data directory is writable and has space")]
     Checkpoint { path: PathBuf, reason: String },
+    #[error(
+        "checkpoint {path} is being written by another generation of the same job: wait for it to end (this attempt is retried later)"
+    )]
+    CheckpointBusy { path: PathBuf },
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

@@ -12,7 +12,7 @@ use crate::chat::ChatMessage;
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
-use crate::resume::{Delta, Identity, Journal, Saved};
+use crate::resume::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::sampling::{Sampler, Sampling};
 
 /// What to continue.
@@ -195,6 +195,7 @@ impl Model {
                 let identity = Identity {
                     model: self.path().display().to_string(),
                     network: self.network_shape(),
+                    weights: WeightsFile::of(self.path())?,
                     prompt: prompt_tokens.clone(),
                     sampling: request.sampling,
                     stop: request.stop.clone(),

@@ -26,14 +26,20 @@
 //! of the state).
 //!
 //! A file whose header does not match the generation asked for (another prompt, sampling,
-//! model, or a format version this build does not read) is discarded and generation starts over.
+//! model, weights, or a format version this build does not read) is discarded and generation
+//! starts over. The weights count by each file's size, mtime and a SHA-256 of its first MiB (the
+//! header: GGUF metadata, safetensors JSON), so a model re-downloaded or re-quantized in place
+//! does not resume a generation of the old one. Replay reads the file record by record: the
+//! restored state is all it holds in RAM, not the file's bytes besides. A journal holds an
+//! advisory lock on its file: one writer at a time.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, Result};
 use crate::model::LayerSnapshot;
@@ -57,10 +63,56 @@ pub(crate) struct Identity {
     /// The model file or directory, and the shape of its network.
     pub model: String,
     pub network: Vec<usize>,
+    pub weights: Vec<WeightsFile>,
     pub prompt: Vec<u32>,
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stop_at_eos: bool,
+}
+
+/// One file of a model's weights, as a checkpoint's identity knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WeightsFile {
+    pub name: String,
+    pub size: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub modified: u128,
+    /// SHA-256 of the first [`HEADER_DIGEST_BYTES`], hex.
+    pub header_sha256: String,
+}
+
+/// Enough for the header of every format we read; reading more would cost each resume.
+const HEADER_DIGEST_BYTES: u64 = 1 << 20;
+
+impl WeightsFile {
+    /// The files of the model at `path` (one file, or the files of a directory, by name).
+    pub fn of(path: &Path) -> Result<Vec<WeightsFile>> {
+        let meta = std::fs::metadata(path).map_err(|e| bad(path, e))?;
+        if !meta.is_dir() {
+            return Ok(vec![WeightsFile::one(path)?]);
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| bad(path, e))? {
+            let entry = entry.map_err(|e| bad(path, e))?;
+            if entry.file_type().map_err(|e| bad(path, e))?.is_file() {
+                files.push(WeightsFile::one(&entry.path())?);
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(files)
+    }
+
+    fn one(path: &Path) -> Result<WeightsFile> {
+        let file = File::open(path).map_err(|e| bad(path, e))?;
+        let meta = file.metadata().map_err(|e| bad(path, e))?;
+        let modified = meta.modified().map_err(|e| bad(path, e))?;
+        let modified = modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mut head = Vec::new();
+        file.take(HEADER_DIGEST_BYTES).read_to_end(&mut head).map_err(|e| bad(path, e))?;
+        let header_sha256 = Sha256::digest(&head).iter().map(|b| format!("{b:02x}")).collect();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        Ok(WeightsFile { name, size: meta.len(), modified, header_sha256 })
+    }
 }
 
 /// The state a checkpoint file holds, as restored.
@@ -101,6 +153,8 @@ pub(crate) struct Journal {
     /// record's: once the replaced ones outweigh the rest, [`Journal::compact`] is due.
     superseded: u64,
     last_state: u64,
+    /// A failed append could not be cut back yet: the next append cuts first.
+    torn: bool,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -109,51 +163,56 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
 
 impl Journal {
     /// Opens the checkpoint at `path` for the generation `identity`: with its saved state if the
-    /// file holds one for this generation, else a new file (replacing any other).
+    /// file holds one for this generation, else a new file (replacing any other). The file is
+    /// locked for as long as the journal lives: a second writer gets [`EngineError::CheckpointBusy`].
     pub fn open(path: &Path, identity: &Identity, layers: usize) -> Result<(Journal, Option<Saved>)> {
-        if let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) {
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
-            if let Some((header_end, version)) = read_header(&bytes, identity) {
-                let (saved, good_end, (superseded, last_state)) =
-                    replay(&bytes[header_end..], layers, version).map_err(|e| bad(path, e))?;
-                let good_end = (header_end + good_end) as u64;
-                // Cut a torn tail so the next record follows the last good one.
-                if good_end < bytes.len() as u64 {
-                    file.set_len(good_end).map_err(|e| bad(path, e))?;
-                    file.sync_data().map_err(|e| bad(path, e))?;
-                }
-                file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
-                let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
-                let journal = Journal {
-                    path: path.to_path_buf(),
-                    file,
-                    tokens,
-                    position,
-                    bytes: good_end,
-                    version,
-                    identity: identity.clone(),
-                    superseded,
-                    last_state,
-                };
-                return Ok((journal, saved));
-            }
-        }
-        Ok((Journal::create(path, identity)?, None))
-    }
-
-    fn create(path: &Path, identity: &Identity) -> Result<Journal> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| bad(path, e))?;
         }
-        let header = header(path, identity)?;
+        // Opened without truncating, so that a file another writer holds is locked before
+        // anything of it changes.
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .open(path)
             .map_err(|e| bad(path, e))?;
+        lock(&file, path)?;
+        let len = file.metadata().map_err(|e| bad(path, e))?.len();
+        let mut reader = Bounded { inner: BufReader::new(&mut file), left: len };
+        if let Some((header_end, version)) = read_header(&mut reader, identity) {
+            let (saved, good_end, (superseded, last_state)) =
+                replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+            let good_end = header_end + good_end;
+            // Cut a torn tail so the next record follows the last good one.
+            if good_end < len {
+                file.set_len(good_end).map_err(|e| bad(path, e))?;
+                file.sync_data().map_err(|e| bad(path, e))?;
+            }
+            file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
+            let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
+            let journal = Journal {
+                path: path.to_path_buf(),
+                file,
+                tokens,
+                position,
+                bytes: good_end,
+                version,
+                identity: identity.clone(),
+                superseded,
+                last_state,
+                torn: false,
+            };
+            return Ok((journal, saved));
+        }
+        Ok((Journal::create(path, file, identity)?, None))
+    }
+
+    /// Starts `file` (locked) over with a header for `identity`.
+    fn create(path: &Path, mut file: File, identity: &Identity) -> Result<Journal> {
+        let header = header(path, identity)?;
+        file.set_len(0).and_then(|_| file.seek(SeekFrom::Start(0))).map_err(|e| bad(path, e))?;
         file.write_all(&header).and_then(|_| file.sync_all()).map_err(|e| bad(path, e))?;
         // The file's directory entry is durable too (a new file after a crash).
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
@@ -169,6 +228,7 @@ impl Journal {
             identity: identity.clone(),
             superseded: 0,
             last_state: 0,
+            torn: false,
         })
     }
 
@@ -182,11 +242,28 @@ impl Journal {
         self.bytes
     }
 
+    /// Cuts the file back to its last whole record.
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        self.file.set_len(self.bytes)?;
+        self.file.seek(SeekFrom::Start(self.bytes))?;
+        self.file.sync_data()
+    }
+
     /// Appends what is new in `delta` and makes it durable (`fdatasync`) before returning.
     pub fn append(&mut self, delta: &Delta<'_>) -> Result<()> {
         let (record, state) = self.record(delta, self.tokens, self.position)?;
-        let path = &self.path;
-        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
+        if self.torn {
+            self.cut_back().map_err(|e| bad(&self.path, e))?;
+        }
+        if let Err(e) = self.file.write_all(&record).and_then(|_| self.file.sync_data()) {
+            // A part of the record may be on disk: cut it off, or every later record would
+            // follow a torn one and be lost at replay while the file grew.
+            self.torn = true;
+            if self.cut_back().is_ok() {
+                self.torn = false;
+            }
+            return Err(bad(&self.path, e));
+        }
         self.tokens = delta.tokens.len();
         self.position = delta.end_position;
         self.bytes += record.len() as u64;
@@ -215,6 +292,9 @@ impl Journal {
         name.push(".compacting");
         let tmp = path.with_file_name(name);
         let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(io)?;
+        // Locked before it takes the name: a writer opening the path after the rename finds
+        // the new file already ours.
+        lock(&file, &tmp)?;
         file.write_all(&bytes).and_then(|_| file.sync_all()).map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)?;
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
@@ -226,6 +306,7 @@ impl Journal {
         self.bytes = bytes.len() as u64;
         self.superseded = 0;
         self.last_state = state;
+        self.torn = false;
         Ok(())
     }
 
@@ -279,6 +360,18 @@ impl Journal {
     }
 }
 
+/// Takes the checkpoint's advisory lock (flock(2) on Unix, LockFileEx on Windows): one writer
+/// per file, so a job whose lease expired while its holder slept cannot have two attempts
+/// appending to the same journal. The lock goes with the file descriptor, so a crashed writer
+/// holds none.
+fn lock(file: &File, path: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(EngineError::CheckpointBusy { path: path.to_path_buf() }),
+        Err(std::fs::TryLockError::Error(e)) => Err(bad(path, e)),
+    }
+}
+
 /// The bytes the recurrent states among `kv` take in a record.
 fn state_bytes(kv: &[LayerSnapshot]) -> u64 {
     let tensor = |t: &Tensor| (8 + 1 + 4 + 4 + 8 + t.elem_count() * t.dtype().size_in_bytes()) as u64;
@@ -302,40 +395,64 @@ fn header(path: &Path, identity: &Identity) -> Result<Vec<u8>> {
     Ok(header)
 }
 
+/// A reader that knows how many bytes of the file are left, so that no length read from a
+/// damaged file makes us allocate more than the file holds.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Bounded<R> {
+    /// The next `n` bytes, or `None` if the file ends first.
+    fn bytes(&mut self, n: usize) -> Option<Vec<u8>> {
+        if n as u64 > self.left {
+            return None;
+        }
+        let mut buf = vec![0; n];
+        self.inner.read_exact(&mut buf).ok()?;
+        self.left -= n as u64;
+        Some(buf)
+    }
+}
+
 /// The end of the header and the file's version, if the header is whole, of a version this
 /// build reads, and names this generation.
-fn read_header(bytes: &[u8], identity: &Identity) -> Option<(usize, u32)> {
-    if bytes.len() < HEADER_FIXED || &bytes[..8] != MAGIC {
+fn read_header(r: &mut Bounded<impl Read>, identity: &Identity) -> Option<(u64, u32)> {
+    let fixed = r.bytes(HEADER_FIXED)?;
+    if &fixed[..8] != MAGIC {
         return None;
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
-    let len = u32::from_le_bytes(bytes[12..16].try_into().ok()?) as usize;
-    let end = HEADER_FIXED + len;
-    if !(1..=VERSION).contains(&version) || bytes.len() < end + 4 {
+    let version = u32::from_le_bytes(fixed[8..12].try_into().ok()?);
+    let len = u32::from_le_bytes(fixed[12..16].try_into().ok()?) as usize;
+    if !(1..=VERSION).contains(&version) {
         return None;
     }
-    let crc = u32::from_le_bytes(bytes[end..end + 4].try_into().ok()?);
-    if crc32fast::hash(&bytes[..end]) != crc {
+    let id = r.bytes(len)?;
+    let crc = u32::from_le_bytes(r.bytes(4)?.try_into().ok()?);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&fixed);
+    hasher.update(&id);
+    if hasher.finalize() != crc {
         return None;
     }
-    let found: Identity = serde_json::from_slice(&bytes[HEADER_FIXED..end]).ok()?;
-    (found == *identity).then_some((end + 4, version))
+    let found: Identity = serde_json::from_slice(&id).ok()?;
+    (found == *identity).then_some(((HEADER_FIXED + len + 4) as u64, version))
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
 /// What [`replay`] found: the state, the length of the good prefix, and the recurrent-state
 /// bytes of all records but the last and of the last.
-type Replayed = (Option<Saved>, usize, (u64, u64));
+type Replayed = (Option<Saved>, u64, (u64, u64));
 
-fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<Replayed, String> {
+fn replay(r: &mut Bounded<impl Read>, layers: usize, version: u32) -> std::result::Result<Replayed, String> {
     let mut at = 0;
     let (mut superseded, mut last_state) = (0, 0);
     let mut tokens: Vec<u32> = Vec::new();
     let mut position = 0usize;
     let mut chunks: Vec<Vec<LayerSnapshot>> = Vec::new();
     let mut last: Option<(u128, Vec<f32>)> = None;
-    while let Some(payload) = record_at(bytes, at) {
-        let mut r = Reader { bytes: payload, at: 0 };
+    while let Some(payload) = next_record(r) {
+        let mut r = Reader { bytes: &payload, at: 0 };
         let Some(parsed) = r.record(layers, version) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
             break;
@@ -345,7 +462,7 @@ fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<Repl
         superseded += std::mem::replace(&mut last_state, state_bytes(&parsed.kv));
         chunks.push(parsed.kv);
         last = Some((parsed.sampler_position, parsed.logits));
-        at += RECORD_FIXED + payload.len();
+        at += (RECORD_FIXED + payload.len()) as u64;
     }
     let Some((sampler_position, logits)) = last else { return Ok((None, at, (0, 0))) };
     let mut kv = Vec::with_capacity(layers);
@@ -372,16 +489,16 @@ fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<Repl
     Ok((Some(Saved { tokens, sampler_position, kv, position, logits }), at, (superseded, last_state)))
 }
 
-/// The payload of a whole, intact record at `at`.
-fn record_at(bytes: &[u8], at: usize) -> Option<&[u8]> {
-    let head = bytes.get(at..at + RECORD_FIXED)?;
+/// The payload of the next record if it is whole and intact.
+fn next_record(r: &mut Bounded<impl Read>) -> Option<Vec<u8>> {
+    let head = r.bytes(RECORD_FIXED)?;
     if &head[..4] != RECORD {
         return None;
     }
     let len = usize::try_from(u64::from_le_bytes(head[4..12].try_into().ok()?)).ok()?;
     let crc = u32::from_le_bytes(head[12..16].try_into().ok()?);
-    let payload = bytes.get(at + RECORD_FIXED..(at + RECORD_FIXED).checked_add(len)?)?;
-    (crc32fast::hash(payload) == crc).then_some(payload)
+    let payload = r.bytes(len)?;
+    (crc32fast::hash(&payload) == crc).then_some(payload)
 }
 
 struct Record {
@@ -498,12 +615,15 @@ fn put_tensor(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
 
     fn identity() -> Identity {
         Identity {
             model: "m".into(),
             network: vec![2, 4],
+            weights: Vec::new(),
             prompt: vec![1, 2, 3],
             sampling: Sampling::greedy(),
             stop: Vec::new(),
@@ -601,9 +721,132 @@ mod tests {
         let (j, saved) = Journal::open(&path, &other, 2).unwrap();
         assert!(saved.is_none());
         assert_eq!(j.saved(), (0, 0));
+        drop(j);
         // ... and the file now belongs to the new generation.
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         assert!(saved.is_none());
+    }
+
+    /// Two attempts of one job (the first's lease expired while it still ran) must not append
+    /// to one journal: the second is refused, and the file is the first's, untouched.
+    #[test]
+    fn a_second_writer_is_refused_while_the_first_holds_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut first, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut first, &[10], 4);
+        let before = std::fs::read(&path).unwrap();
+        // Even one for another generation, which would otherwise start the file over.
+        let other = Identity { prompt: vec![9], ..identity() };
+        let Err(e) = Journal::open(&path, &other, 2) else { panic!("a second writer opened the checkpoint") };
+        assert!(matches!(e, EngineError::CheckpointBusy { .. }), "{e}");
+        assert!(e.to_string().contains("being written by another generation"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the refused writer changed the file");
+        append(&mut first, &[10, 11], 5);
+        drop(first);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert_eq!(saved.unwrap().tokens, vec![10, 11]);
+    }
+
+    /// Set in the child process that [`a_failed_append_is_cut_back_to_the_last_whole_record`]
+    /// starts, to the directory it works in.
+    const FSIZE_CHILD: &str = "NIGHTMAIL_TEST_FSIZE_CHILD";
+
+    /// A write that fails half-way (here: past `RLIMIT_FSIZE`, which writes what fits and then
+    /// fails with `EFBIG`, as a full disk does) must not leave a torn record for the next ones to
+    /// follow. The limit is a process's, so the test runs in a child: this test binary again,
+    /// filtered to this test.
+    #[test]
+    fn a_failed_append_is_cut_back_to_the_last_whole_record() {
+        if let Some(dir) = std::env::var_os(FSIZE_CHILD) {
+            return failed_append_in_child(Path::new(&dir));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let name = concat!(module_path!(), "::a_failed_append_is_cut_back_to_the_last_whole_record");
+        let name = name.split_once("::").unwrap().1;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(FSIZE_CHILD, dir.path())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert!(log.contains("1 passed"), "the child ran no test: {log}");
+    }
+
+    fn failed_append_in_child(dir: &Path) {
+        let path = dir.join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        let good = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(j.bytes(), good);
+        let set_limit = |soft: libc::rlim_t| {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: plain libc calls on a valid rlimit; the signal is ignored so that a write
+            // past the limit fails with EFBIG instead of killing the process.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim), 0);
+                lim.rlim_cur = soft.min(lim.rlim_max);
+                assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+            }
+        };
+        // Room for a part of the next record only.
+        set_limit((good + 40) as libc::rlim_t);
+        let logits = vec![2.0; 5];
+        let kv = rows(4, 5).into_iter().map(|(k, v)| LayerSnapshot::Rows(k, v)).collect();
+        let delta = Delta { tokens: &[10, 11], sampler_position: 14, kv, end_position: 5, logits: &logits };
+        let Err(e) = j.append(&delta) else { panic!("the append past RLIMIT_FSIZE succeeded") };
+        assert!(e.to_string().contains("job.ckpt"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record was left in the file");
+        assert_eq!((j.bytes(), j.saved()), (good, (1, 4)));
+
+        // Space again: the next append follows the last whole record and is replayed.
+        set_limit(libc::RLIM_INFINITY);
+        append(&mut j, &[10, 11, 12], 6);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        assert_eq!(saved.expect("both records").tokens, vec![10, 11, 12]);
+    }
+
+    /// The same path and shape with other weights (re-downloaded, re-quantized, edited) is
+    /// another model: its size, mtime or header digest tells.
+    #[test]
+    fn a_checkpoint_of_other_weights_at_the_same_path_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.gguf");
+        std::fs::write(&model, [b"GGUF".as_slice(), &[7u8; 4096]].concat()).unwrap();
+        let with_weights = || Identity { weights: WeightsFile::of(&model).unwrap(), ..identity() };
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &with_weights(), 2).unwrap();
+        append(&mut j, &[10], 4);
+        drop(j);
+        let (j, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert_eq!(saved.expect("the same weights resume").tokens, vec![10]);
+        drop(j);
+
+        // One byte of the header changed, with the size and mtime as they were.
+        let f = OpenOptions::new().write(true).open(&model).unwrap();
+        let mtime = f.metadata().unwrap().modified().unwrap();
+        f.write_all_at(b"X", 10).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        assert_eq!(with_weights().weights[0].modified, identity_modified(&mtime));
+        let (mut j, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert!(saved.is_none(), "a checkpoint of another header was resumed");
+        append(&mut j, &[20], 4);
+        drop(j);
+
+        // Only the mtime changed (a copy without -p, or a rewrite of the same bytes).
+        let f = OpenOptions::new().write(true).open(&model).unwrap();
+        f.set_modified(mtime + std::time::Duration::from_secs(5)).unwrap();
+        drop(f);
+        let (_, saved) = Journal::open(&path, &with_weights(), 2).unwrap();
+        assert!(saved.is_none(), "a checkpoint of weights with another mtime was resumed");
+    }
+
+    fn identity_modified(t: &std::time::SystemTime) -> u128 {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
     }
 
     #[test]
@@ -738,6 +981,8 @@ mod tests {
         }
         assert!(compactions >= 2, "{compactions} compactions");
         assert!(j.bytes() * 4 < appended, "{} bytes kept of {appended} appended", j.bytes());
+        // The file compaction renamed into place is locked as the old one was.
+        assert!(matches!(Journal::open(&path, &identity(), 2), Err(EngineError::CheckpointBusy { .. })));
         drop(j);
         let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
         let saved = saved.unwrap();

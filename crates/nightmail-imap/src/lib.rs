@@ -16,7 +16,7 @@ mod view;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nightmail_auth::Authenticator;
+use nightmail_auth::{Authenticator, ConnectionLimit};
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
@@ -33,12 +33,11 @@ pub struct Shared {
     pub tls: Option<TlsAcceptor>,
 }
 
-/// Connections served at once; more are greeted with BYE (RFC 3501 §7.1.5).
-const MAX_CONNECTIONS: usize = 256;
-
 /// Serves IMAP on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // More connections than these are greeted with BYE (RFC 3501 §7.1.5).
+    let slots = Arc::new(Semaphore::new(shared.config.imap.max_connections));
+    let per_client = ConnectionLimit::new(shared.config.imap.max_connections_per_ip);
     let local = listener.local_addr().ok();
     loop {
         let (stream, peer) = tokio::select! {
@@ -55,15 +54,20 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         };
         let shared = shared.clone();
         let permit = slots.clone().try_acquire_owned();
+        let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            match permit {
-                Ok(_permit) => {
+            match (permit, admitted) {
+                (Ok(_permit), Some(_admitted)) => {
                     let _ = stream.set_nodelay(true);
                     session::run(stream, peer, local, shared, stop).await
                 }
-                Err(_) => session::refuse_busy(stream).await,
+                (Err(_), _) => session::refuse(stream, "too many connections, try again later").await,
+                (_, None) => {
+                    tracing::info!(%peer, "imap: too many connections from this client");
+                    session::refuse(stream, "too many connections from your address, close some and try again").await
+                }
             }
         });
     }

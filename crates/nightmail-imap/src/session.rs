@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use imap_next::imap_types::core::Tag;
 use imap_next::imap_types::response::{Code, Data, Greeting, Status, StatusKind};
@@ -31,6 +31,17 @@ enum Transport {
     Gone,
 }
 
+/// `io` within `limit`, else a `TimedOut` error naming `what`.
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(limit, io).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} took longer than {limit:?}")))
+    })
+}
+
 impl Transport {
     async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
@@ -39,11 +50,15 @@ impl Transport {
         }
     }
 
-    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    /// Writes `bytes` within `limit`: a client that stops reading does not hold the session.
+    async fn write_all(&mut self, bytes: &[u8], limit: Duration) -> std::io::Result<()> {
         match self {
             Transport::Plain(s) | Transport::Tls(s) => {
-                s.write_all(bytes).await?;
-                s.flush().await
+                within(limit, "writing a response", async {
+                    s.write_all(bytes).await?;
+                    s.flush().await
+                })
+                .await
             }
             Transport::Gone => Ok(()),
         }
@@ -108,8 +123,10 @@ enum Limits {
 /// The largest literal accepted before login: room for any user name and password, nothing more.
 pub(crate) const PREAUTH_MAX_LITERAL: u32 = 8 * 1024;
 
-pub(crate) async fn refuse_busy(mut stream: TcpStream) {
-    let _ = stream.write_all(b"* BYE [UNAVAILABLE] too many connections, try again later\r\n").await;
+/// Greets a connection that will not be served with BYE [UNAVAILABLE] (RFC 5530 §3) and closes it.
+pub(crate) async fn refuse(mut stream: TcpStream, why: &str) {
+    let bye = format!("* BYE [UNAVAILABLE] {why}\r\n");
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(bye.as_bytes())).await;
 }
 
 fn options(shared: &Shared, limits: Limits) -> Options {
@@ -227,27 +244,36 @@ impl Session {
         let mut buf = vec![0u8; 64 * 1024];
         // Read from the client but not yet given to the flow.
         let mut pending = Vec::new();
+        let limit = self.shared.config.imap.command_timeout;
+        // When the first byte of the command being received arrived: the whole command (with
+        // its literals) must arrive within `limit` of it, however the client trickles it.
+        let mut command_since: Option<Instant> = None;
         loop {
             match self.server.next() {
-                Ok(event) => match self.handle(event).await {
-                    Flow::Continue => {
-                        self.lift_limits_after_login(&mut out);
-                        continue;
+                Ok(event) => {
+                    if !matches!(event, Event::GreetingSent { .. } | Event::ResponseSent { .. }) {
+                        command_since = None;
                     }
-                    Flow::Close => {
-                        self.drain_output(&mut out);
-                        return transport.write_all(&out).await;
+                    match self.handle(event).await {
+                        Flow::Continue => {
+                            self.lift_limits_after_login(&mut out);
+                            continue;
+                        }
+                        Flow::Close => {
+                            self.drain_output(&mut out);
+                            return transport.write_all(&out, limit).await;
+                        }
+                        Flow::StartTls => {
+                            self.drain_output(&mut out);
+                            transport.write_all(&out, limit).await?;
+                            out.clear();
+                            // RFC 2595 §3.1: nothing sent in plain text after STARTTLS is obeyed.
+                            pending.clear();
+                            self.start_tls(transport).await?;
+                            continue;
+                        }
                     }
-                    Flow::StartTls => {
-                        self.drain_output(&mut out);
-                        transport.write_all(&out).await?;
-                        out.clear();
-                        // RFC 2595 §3.1: nothing sent in plain text after STARTTLS is obeyed.
-                        pending.clear();
-                        self.start_tls(transport).await?;
-                        continue;
-                    }
-                },
+                }
                 Err(Interrupt::Io(Io::Output(bytes))) => {
                     out.extend_from_slice(&bytes);
                     continue;
@@ -260,19 +286,19 @@ impl Session {
                 Err(Interrupt::Error(e)) => {
                     if self.protocol_error(e) == Flow::Close {
                         self.drain_output(&mut out);
-                        return transport.write_all(&out).await;
+                        return transport.write_all(&out, limit).await;
                     }
                     continue;
                 }
             }
             if !out.is_empty() {
-                transport.write_all(&out).await?;
+                transport.write_all(&out, limit).await?;
                 out.clear();
             }
             let idling = self.idle.is_some();
             let store = self.shared.store.clone();
             let read = tokio::select! {
-                read = tokio::time::timeout(AUTOLOGOUT, transport.read(&mut buf)) => read,
+                read = tokio::time::timeout_at(read_deadline(command_since, limit).into(), transport.read(&mut buf)) => read,
                 () = idle_wait(&mut self.state, &store), if idling => {
                     if let Err(e) = self.sync(true) {
                         tracing::warn!("imap: idle update failed: {e}");
@@ -282,20 +308,26 @@ impl Session {
                 _ = stop.changed() => {
                     self.untagged_bye("server shutting down");
                     self.drain_output(&mut out);
-                    return transport.write_all(&out).await;
+                    return transport.write_all(&out, limit).await;
                 }
             };
             let n = match read {
+                Err(_) if command_since.is_some() => {
+                    self.untagged_bye("the command did not arrive in time");
+                    self.drain_output(&mut out);
+                    return transport.write_all(&out, limit).await;
+                }
                 Err(_) => {
                     self.untagged_bye("autologout: idle for too long");
                     self.drain_output(&mut out);
-                    return transport.write_all(&out).await;
+                    return transport.write_all(&out, limit).await;
                 }
                 Ok(n) => n?,
             };
             if n == 0 {
                 return Ok(());
             }
+            command_since.get_or_insert_with(Instant::now);
             pending.extend_from_slice(&buf[..n]);
         }
     }
@@ -323,7 +355,7 @@ impl Session {
         let Transport::Plain(tcp) = std::mem::replace(transport, Transport::Gone) else {
             return Err(std::io::Error::other("STARTTLS on a TLS connection"));
         };
-        let tls = acceptor.accept(tcp).await?;
+        let tls = within(self.shared.config.imap.command_timeout, "the TLS handshake", acceptor.accept(tcp)).await?;
         *transport = Transport::Tls(Box::new(tls));
         self.tls_active = true;
         self.server = flow_without_greeting(&self.shared, self.flow_limits);
@@ -402,6 +434,13 @@ fn tag_of(bytes: &[u8]) -> Option<Tag<'static>> {
     let first = bytes.split(|&b| b == b' ' || b == b'\r' || b == b'\n').next()?;
     let first = std::str::from_utf8(first).ok()?;
     Tag::try_from(first.to_string()).ok()
+}
+
+/// When the next read must have returned: the command's deadline while one is arriving, else
+/// the autologout.
+fn read_deadline(command_since: Option<Instant>, limit: Duration) -> Instant {
+    let idle = Instant::now() + AUTOLOGOUT;
+    command_since.map_or(idle, |since| (since + limit).min(idle))
 }
 
 /// Resolves when the selected mailbox changes; never, when none is selected.

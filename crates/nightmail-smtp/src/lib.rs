@@ -13,7 +13,7 @@ mod session;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nightmail_auth::Authenticator;
+use nightmail_auth::{Authenticator, ConnectionLimit};
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
@@ -33,6 +33,7 @@ pub struct Shared {
 /// Serves SMTP on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(shared.config.smtp.max_connections));
+    let per_client = ConnectionLimit::new(shared.config.smtp.max_connections_per_ip);
     let local = listener.local_addr().ok();
     loop {
         let (stream, peer) = tokio::select! {
@@ -49,11 +50,16 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         };
         let shared = shared.clone();
         let permit = slots.clone().try_acquire_owned();
+        let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);
         tokio::spawn(async move {
-            match permit {
-                Ok(_permit) => session::run(stream, peer, local, shared).await,
-                Err(_) => session::refuse_busy(stream).await,
+            match (permit, admitted) {
+                (Ok(_permit), Some(_admitted)) => session::run(stream, peer, local, shared).await,
+                (Err(_), _) => session::refuse(stream, reply::BUSY).await,
+                (_, None) => {
+                    tracing::info!(%peer, "smtp: too many connections from this client");
+                    session::refuse(stream, reply::BUSY_CLIENT).await
+                }
             }
         });
     }

@@ -78,3 +78,5 @@ pub const STORE_FAILED: Reply = Reply::new(451, [4, 3, 0], "Could not store the 
 pub const TIMEOUT: Reply = Reply::new(421, [4, 4, 2], "Timeout: closing connection");
 pub const TOO_MANY_ERRORS: Reply = Reply::new(421, [4, 7, 0], "Too many errors: closing connection");
 pub const BUSY: Reply = Reply::new(421, [4, 7, 0], "Too many connections; try again later");
+pub const BUSY_CLIENT: Reply =
+    Reply::new(421, [4, 7, 0], "Too many connections from your address; close some and try again");

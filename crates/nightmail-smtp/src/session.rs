@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nightmail_auth::AuthUser;
 use nightmail_store::Recipient;
@@ -55,6 +56,10 @@ pub(crate) struct Session {
     last_was_error: bool,
     /// Bytes of a command line received so far without its LF.
     partial_command: usize,
+    /// When the first byte of what the client is sending now (a command line, an AUTH line, a
+    /// message) arrived; `None` while nothing is pending. Its deadline is not moved by later
+    /// bytes, so a client trickling a byte at a time cannot hold the connection forever.
+    pending_since: Option<Instant>,
 }
 
 /// What the session does after a step.
@@ -67,10 +72,22 @@ pub(crate) enum Flow {
 /// RFC 5321 §4.5.3.2 has no error budget; after this many bad commands we hang up, as Postfix does.
 const MAX_ERRORS: u32 = 20;
 
-pub(crate) async fn refuse_busy(mut stream: TcpStream) {
+/// Answers a connection that will not be served with `reply` (421) and closes it.
+pub(crate) async fn refuse(mut stream: TcpStream, reply: Reply) {
     let mut out = Vec::new();
-    reply::BUSY.write(&mut out);
-    let _ = stream.write_all(&out).await;
+    reply.write(&mut out);
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(&out)).await;
+}
+
+/// `io` within `limit`, else a `TimedOut` error naming `what`.
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(limit, io).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} took longer than {limit:?}")))
+    })
 }
 
 pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>) {
@@ -87,6 +104,7 @@ pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, 
         errors: 0,
         last_was_error: false,
         partial_command: 0,
+        pending_since: None,
     };
     let greeting = format!("{} ESMTP nightmail ready", session.shared.config.hostname);
     Reply::owned(220, [0, 0, 0], greeting).write(&mut session.out);
@@ -99,17 +117,23 @@ impl Session {
     async fn serve(&mut self, mut io: Box<dyn Stream>) -> std::io::Result<()> {
         let mut commands = RequestReceiver::default();
         let mut buf = vec![0u8; 16 * 1024];
+        let timeout = self.shared.config.smtp.timeout;
         loop {
             if !self.out.is_empty() {
-                io.write_all(&self.out).await?;
-                io.flush().await?;
+                within(timeout, "writing a reply", async {
+                    io.write_all(&self.out).await?;
+                    io.flush().await
+                })
+                .await?;
                 self.out.clear();
+                // A reply ends what the client was sending.
+                self.pending_since = None;
             }
-            let read = tokio::time::timeout(self.shared.config.smtp.timeout, io.read(&mut buf)).await;
+            let read = tokio::time::timeout_at(self.read_deadline().into(), io.read(&mut buf)).await;
             let n = match read {
                 Err(_) => {
                     reply::TIMEOUT.write(&mut self.out);
-                    io.write_all(&self.out).await?;
+                    within(timeout, "writing a reply", io.write_all(&self.out)).await?;
                     return Ok(());
                 }
                 Ok(result) => result?,
@@ -117,23 +141,27 @@ impl Session {
             if n == 0 {
                 return Ok(());
             }
+            self.pending_since.get_or_insert_with(Instant::now);
             let mut bytes = buf[..n].iter();
             while !bytes.as_slice().is_empty() {
                 match self.step(&mut commands, &mut bytes).await {
                     Flow::Continue => {}
                     Flow::Close => {
-                        io.write_all(&self.out).await?;
-                        io.shutdown().await.ok();
+                        within(timeout, "writing a reply", io.write_all(&self.out)).await?;
+                        within(timeout, "closing", io.shutdown()).await.ok();
                         return Ok(());
                     }
                     Flow::StartTls => {
-                        io.write_all(&self.out).await?;
-                        io.flush().await?;
+                        within(timeout, "writing a reply", async {
+                            io.write_all(&self.out).await?;
+                            io.flush().await
+                        })
+                        .await?;
                         self.out.clear();
                         // RFC 3207 §4.2 / CVE-2011-0411: bytes pipelined after STARTTLS were sent in
                         // the clear and must not be acted on inside TLS. They are dropped here.
                         let acceptor = self.shared.tls.clone().expect("STARTTLS is only accepted with TLS configured");
-                        io = Box::new(acceptor.accept(io).await?);
+                        io = Box::new(within(timeout, "the TLS handshake", acceptor.accept(io)).await?);
                         commands = RequestReceiver::default();
                         self.reset_after_tls();
                         break;
@@ -141,6 +169,17 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// When the client must have finished what it is sending: `smtp.timeout` after its first
+    /// byte (or from now, when nothing is pending), `smtp.data_timeout` for a message.
+    fn read_deadline(&self) -> Instant {
+        let smtp = &self.shared.config.smtp;
+        let limit = match self.input {
+            Input::Data(..) | Input::DiscardData(..) => smtp.data_timeout,
+            _ => smtp.timeout,
+        };
+        self.pending_since.unwrap_or_else(Instant::now) + limit
     }
 
     /// Consumes some of `bytes` according to the current input state.
@@ -319,6 +358,7 @@ impl Session {
         self.transaction = None;
         self.input = Input::Command;
         self.partial_command = 0;
+        self.pending_since = None;
     }
 
     /// Whether AUTH may be offered and used now: after STARTTLS, or on a loopback listener.

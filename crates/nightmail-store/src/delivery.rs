@@ -263,6 +263,29 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
 }
 
 impl Store {
+    /// Deletes the dedupe marks older than [`DEDUPE_WINDOW_MS`]: they no longer mark anything (a
+    /// delivery overwrites an expired one), and without a sweep the tree would grow by one mark
+    /// per recipient of every message ever received. Returns how many were deleted.
+    pub async fn sweep_dedupe(&self) -> Result<usize, StoreError> {
+        let now = Timestamp::now();
+        let mut removed = 0;
+        for entry in self.trees.dedupe.iter() {
+            let (key, value) = entry?;
+            let mark: Mark = decode(DEDUPE, &value)?;
+            if now.0.saturating_sub(mark.at.0) < DEDUPE_WINDOW_MS {
+                continue;
+            }
+            // Only if unchanged: a delivery may have renewed the mark since it was read.
+            if self.trees.dedupe.compare_and_swap(&key, Some(&value), None::<&[u8]>)?.is_ok() {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            self.flush().await?;
+        }
+        Ok(removed)
+    }
+
     /// A fresh key for a message about to be delivered.
     pub fn new_message_key(&self) -> Result<MessageKey, StoreError> {
         Ok(MessageKey(self.db.generate_id()?))

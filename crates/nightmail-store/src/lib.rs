@@ -16,6 +16,7 @@ mod durable;
 mod error;
 mod filing;
 mod ids;
+mod lease_clock;
 mod mail_ops;
 mod mailbox;
 mod mailbox_ops;
@@ -52,6 +53,8 @@ pub struct Store {
     path: PathBuf,
     /// The fsyncs that make a flush survive a power cut.
     durability: Arc<durable::Durability>,
+    /// When this process's leases expire, on a clock that stops during a suspend.
+    leases: Arc<lease_clock::LeaseClock>,
     /// Announces every change to a mailbox's contents, so IMAP sessions (IDLE) learn of it at once.
     changes: changes::Changes,
 }
@@ -81,7 +84,14 @@ impl Store {
         );
         migrations::migrate(&db, version)?;
         let trees = schema::Trees::open(&db)?;
-        Ok(Store { db, trees, path: dir.to_path_buf(), durability, changes: changes::Changes::default() })
+        Ok(Store {
+            db,
+            trees,
+            path: dir.to_path_buf(),
+            durability,
+            leases: Arc::default(),
+            changes: changes::Changes::default(),
+        })
     }
 
     /// The schema version recorded in the store.

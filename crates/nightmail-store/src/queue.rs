@@ -1,7 +1,8 @@
 //! The job queue. A job is leased, never popped: `queued -> running(lease) -> done | failed`, and
 //! a lease that is not renewed expires and puts the job back. So a crash at any point loses no job
 //! (it is still on disk, queued or running) and duplicates none (the lease token guards completion:
-//! a worker whose lease was lost cannot complete the job a second time).
+//! a worker whose lease was lost cannot complete the job a second time). Expiry is judged on a
+//! clock that stops while the machine is suspended (`lease_clock.rs`).
 
 use std::time::Duration;
 
@@ -288,6 +289,7 @@ impl Store {
                 }
             })
             .await?;
+        self.leases.hold(leased.job.id, leased.token, lease_for);
         Ok(())
     }
 
@@ -300,7 +302,9 @@ impl Store {
     /// Marks a leased job done, with no reply.
     pub async fn complete(&self, leased: LeasedJob) -> Result<Job, StoreError> {
         let at = Timestamp::now();
-        self.with_lease(&leased, |job| job.state = JobState::Done { at }).await
+        let job = self.with_lease(&leased, |job| job.state = JobState::Done { at }).await?;
+        self.leases.release(job.id);
+        Ok(job)
     }
 
     /// Ends an attempt that failed, with no notice: back to the queue after a backoff, or failed
@@ -364,6 +368,7 @@ impl Store {
             write_job(tx.jobs, tx.queue, Some(&old), &job)?;
             Ok((job, receipt))
         })?;
+        self.leases.release(id);
         self.flush().await?;
         // IMAP sessions in IDLE learn of the reply (or notice) now.
         if let Some(receipt) = &result.1 {
@@ -419,6 +424,9 @@ impl Store {
             write_job(jobs, queue, Some(&old), &job)?;
             Ok(Some(job))
         })?;
+        if leased.is_some() {
+            self.leases.hold(id, token, lease_for);
+        }
         self.flush().await?;
         Ok(leased.map(|job| LeasedJob { job, token }))
     }
@@ -435,11 +443,13 @@ impl Store {
             }
             Ok(job)
         })?;
+        self.leases.release(id);
         self.flush().await?;
         Ok(job)
     }
 
-    /// Puts back in the queue every running job whose lease has expired, or, with `all`, every
+    /// Puts back in the queue every running job whose lease has expired (on the awake-time clock
+    /// for the leases this process granted, else on the wall clock), or, with `all`, every
     /// running job (at start-up: the process that held those leases is gone, since sled admits
     /// one process). A job already leased `max_attempts` times goes back too: the worker, which can
     /// write the notice, ends it with one on its next lease before running any of it, so a message
@@ -448,16 +458,20 @@ impl Store {
     pub async fn recover_leases(&self, all: bool) -> Result<usize, StoreError> {
         let now = Timestamp::now();
         let mut recovered = 0;
+        let expired = |id: JobId, state: &JobState| match state {
+            JobState::Running { lease_token, lease_expires, .. } => {
+                all || self.leases.expired(id, *lease_token).unwrap_or(*lease_expires <= now)
+            }
+            _ => false,
+        };
         for job in self.jobs()? {
-            let JobState::Running { lease_expires, .. } = job.state else { continue };
-            if !all && lease_expires > now {
+            if !expired(job.id, &job.state) {
                 continue;
             }
             let id = job.id;
             let changed = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
                 let mut job = read_job(jobs, id)?;
-                let JobState::Running { lease_expires, .. } = job.state else { return Ok(false) };
-                if !all && lease_expires > now {
+                if !expired(id, &job.state) {
                     return Ok(false);
                 }
                 let old = job.state.clone();
@@ -465,6 +479,9 @@ impl Store {
                 write_job(jobs, queue, Some(&old), &job)?;
                 Ok(true)
             })?;
+            if changed {
+                self.leases.release(id);
+            }
             recovered += usize::from(changed);
         }
         if recovered > 0 {

@@ -479,6 +479,57 @@ async fn a_schema_5_store_drops_its_senderless_marks() {
     assert_eq!(again.duplicates.len(), 1);
 }
 
+/// A laptop suspended for longer than a lease wakes with the wall clock past the lease's stored
+/// expiry; the holder is alive and about to renew, so the sweep must not requeue its job. Only
+/// awake time without a renewal expires a lease this process granted.
+#[tokio::test]
+async fn a_lease_survives_a_suspend_and_expires_on_awake_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+    let mut held = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+
+    // What a suspend of an hour looks like from the store: the wall clock moved past the expiry
+    // written in the job; the awake-time clock did not move.
+    let mut job = store.job(held.job().id).unwrap().unwrap();
+    let JobState::Running { lease_token, heartbeat_at, .. } = job.state else { panic!("{:?}", job.state) };
+    let an_hour_ago = Timestamp(Timestamp::now().0 - 3_600_000);
+    job.state = JobState::Running { lease_token, lease_expires: an_hour_ago, heartbeat_at };
+    store.trees.jobs.insert(job.id.to_be_bytes(), encode(&job)).unwrap();
+    assert_eq!(store.recover_leases(false).await.unwrap(), 0, "a sleeping holder's job was requeued");
+    store.renew(&mut held, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.complete(held).await.unwrap().state.name(), "done");
+
+    // Awake time without a renewal does expire a lease, whatever the wall clock says.
+    store.deliver(&incoming(&store, "<b@x>", vec![to_model()])).await.unwrap();
+    let stale = store.lease_next(Duration::from_millis(200)).await.unwrap().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.recover_leases(false).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stale.job().attempts == 1);
+    assert!(matches!(store.complete(stale).await, Err(StoreError::LeaseLost(_))));
+}
+
+/// The sweep deletes the marks past the window and keeps the others, which still dedupe.
+#[tokio::test]
+async fn the_dedupe_sweep_deletes_only_expired_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let long_ago = Timestamp(Timestamp::now().0 - DEDUPE_WINDOW_MS - 1);
+    store.deliver_at(&incoming(&store, "<old@x>", vec![to_model(), to_me()]), long_ago).await.unwrap();
+    store.deliver(&incoming(&store, "<new@x>", vec![to_model()])).await.unwrap();
+    assert_eq!(store.trees.dedupe.len(), 3);
+    assert_eq!(store.sweep_dedupe().await.unwrap(), 2);
+    assert_eq!(store.trees.dedupe.len(), 1);
+    assert_eq!(store.sweep_dedupe().await.unwrap(), 0);
+    let again = store.deliver(&incoming(&store, "<new@x>", vec![to_model()])).await.unwrap();
+    assert_eq!(again.duplicates.len(), 1, "a live mark was swept");
+    let old = store.deliver(&incoming(&store, "<old@x>", vec![to_model()])).await.unwrap();
+    assert_eq!((old.jobs.len(), old.duplicates.len()), (1, 0));
+}
+
 fn to_bob() -> Recipient {
     Recipient::Remote { address: addr("bob@elsewhere.org") }
 }

@@ -15,6 +15,8 @@ use tokio::sync::watch;
 
 /// How often leases that nobody renewed are put back in the queue.
 const LEASE_SWEEP: Duration = Duration::from_secs(30);
+/// How often expired dedupe marks are deleted (by the lease sweeper, at start-up and then so often).
+const DEDUPE_SWEEP: Duration = Duration::from_secs(3600);
 
 pub fn run(config: Config) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
@@ -68,7 +70,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         let store = store.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
+            let mut dedupe_swept: Option<tokio::time::Instant> = None;
             loop {
+                if dedupe_swept.is_none_or(|at| at.elapsed() >= DEDUPE_SWEEP) {
+                    dedupe_swept = Some(tokio::time::Instant::now());
+                    match store.sweep_dedupe().await {
+                        Ok(0) => {}
+                        Ok(removed) => tracing::info!(removed, "deleted expired dedupe marks"),
+                        Err(e) => tracing::error!("dedupe sweep failed: {e}"),
+                    }
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(LEASE_SWEEP) => {}
                     _ = stop.changed() => break,

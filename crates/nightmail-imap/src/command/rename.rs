@@ -10,9 +10,7 @@ use crate::session::Session;
 pub(crate) async fn run(s: &mut Session, from: Mailbox<'static>, to: Mailbox<'static>) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
     let (from, to) = (mailbox_name(&from)?, mailbox_name(&to)?);
-    if to.contains(['*', '%']) {
-        return Err(ImapError::no("mailbox names cannot contain * or %"));
-    }
+    super::create::check_new_name(s, &to)?;
     s.shared.store.rename_mailbox(&user.name, &from, &to).await?;
     Ok(Done::ok("RENAME completed"))
 }

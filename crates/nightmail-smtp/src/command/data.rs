@@ -1,5 +1,5 @@
 //! DATA (RFC 5321 §4.1.1.4): the message is read by smtp-proto's receiver (dot-unstuffing, the
-//! end marker), checked, given its trace and missing headers, and stored.
+//! end marker; primed so that it applies them to the first line too), checked, given its trace and missing headers, and stored.
 
 use smtp_proto::request::receiver::DataReceiver;
 
@@ -13,9 +13,22 @@ pub(crate) fn start(session: &mut Session) {
         Some(t) if t.recipients.is_empty() => session.reply(reply::NO_RECIPIENTS),
         Some(_) => {
             session.reply(reply::START_DATA);
-            session.input = Input::Data(DataReceiver::new(), Vec::with_capacity(64 * 1024));
+            session.input = Input::Data(receiver(), Vec::with_capacity(64 * 1024));
         }
     }
+}
+
+/// A receiver for a new message. RFC 5321 §4.5.2's dot rules apply to every line, the first
+/// too, but smtp-proto 0.2.5's `DataReceiver` starts as if in the middle of a line: a "." that
+/// ends an empty message is taken as content (the client then waits for a reply that never
+/// comes) and a ".." opening the first line is kept whole. Fed the CRLF that ended the DATA
+/// command first, it is at the start of a line; those two bytes are dropped.
+fn receiver() -> DataReceiver {
+    let mut receiver = DataReceiver::new();
+    let mut primed = Vec::with_capacity(2);
+    let done = receiver.ingest(&mut b"\r\n".iter(), &mut primed);
+    debug_assert!(!done && primed == b"\r\n");
+    receiver
 }
 
 pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
@@ -42,12 +55,20 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
         user: session.user.as_ref().map(|u| u.name.as_str()).unwrap_or(""),
         key,
     };
-    let Checked { raw, summary, dedupe_id, from_addresses } = message::prepare(raw, &trace);
+    let Checked { raw, summary, mut dedupe_id, from_addresses } = message::prepare(raw, &trace);
     if transaction.recipients.iter().any(|r| matches!(r, nightmail_store::Recipient::Remote { .. }))
         && let Some(user) = &session.user
         && let Err(reply) = message::check_relayed_from(&from_addresses, &user.address)
     {
         return session.reply(reply);
+    }
+    // The store keys dedupe marks on the envelope sender, but every user may send with the null
+    // one (`<>`, RFC 5321 §4.5.5): then the user who sent it stands in, so that one user's
+    // bounce never makes another's "already queued".
+    if transaction.sender.is_none()
+        && let Some(user) = &session.user
+    {
+        dedupe_id = format!("{}\0{dedupe_id}", user.name);
     }
     let incoming = nightmail_store::Incoming {
         key,

@@ -1,0 +1,92 @@
+//! Who a client is, for the limits that count per client, and how many connections each has open.
+//!
+//! An IPv4 address is one client. An IPv6 host is handed a whole /64 (RFC 4291 §2.5.1: interface
+//! identifiers are 64 bits; RFC 8981 has hosts rotate among them at will), so per-address counts
+//! would give it 2^64 budgets: an IPv6 client is its /64.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
+
+/// The client `ip` counts as: itself for IPv4 (also when written IPv4-mapped), its /64 for IPv6.
+pub fn client_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+/// Connections open per client, at most `per_client` each. Cheap to clone; clones share counts.
+#[derive(Clone)]
+pub struct ConnectionLimit {
+    per_client: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One admitted connection; dropping it frees its place.
+pub struct Admitted {
+    client: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl ConnectionLimit {
+    pub fn new(per_client: usize) -> ConnectionLimit {
+        ConnectionLimit { per_client, open: Arc::default() }
+    }
+
+    /// A place for a connection from `ip`, or `None` when its client has `per_client` open.
+    pub fn admit(&self, ip: IpAddr) -> Option<Admitted> {
+        let client = client_of(ip);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(client).or_default();
+        if *count >= self.per_client {
+            return None;
+        }
+        *count += 1;
+        Some(Admitted { client, open: self.open.clone() })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_client_is_its_slash_64_and_a_mapped_ipv4_is_the_ipv4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_of(a), client_of(b));
+        assert_eq!(client_of(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        assert_ne!(client_of(a), client_of(other));
+        assert_eq!(client_of("::ffff:10.0.0.1".parse().unwrap()), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn connections_are_counted_per_client_and_freed_on_drop() {
+        let limit = ConnectionLimit::new(2);
+        let a: IpAddr = "2001:db8::1".parse().unwrap();
+        let a2: IpAddr = "2001:db8::2".parse().unwrap();
+        let first = limit.admit(a).unwrap();
+        let _second = limit.admit(a2).unwrap();
+        assert!(limit.admit(a).is_none(), "a third connection from the same /64");
+        assert!(limit.admit("2001:db9::1".parse().unwrap()).is_some(), "another /64 is another client");
+        drop(first);
+        assert!(limit.admit(a2).is_some());
+    }
+}
