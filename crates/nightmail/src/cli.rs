@@ -35,6 +35,14 @@ enum Command {
         #[command(subcommand)]
         command: OutboundCommand,
     },
+    /// Print a working configuration for a mail client and one local account (mutt: save it and
+    /// run `mutt -F FILE`).
+    ClientConfig {
+        client: crate::client_config::Client,
+        /// The account (default: the first user).
+        #[arg(long)]
+        user: Option<String>,
+    },
     /// Manage users.
     User {
         #[command(subcommand)]
@@ -110,6 +118,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config.smtp.listen,
                 config.data_dir.display()
             );
+        }
+        Command::ClientConfig { client, user } => {
+            let config = load(path.as_deref())?;
+            print!("{}", crate::client_config::render(&config, client, user.as_deref())?);
         }
         Command::Status { json } => {
             let config = load(path.as_deref())?;

@@ -2,6 +2,7 @@
 //! done by the library crates.
 
 mod cli;
+mod client_config;
 mod control;
 mod model;
 mod outbound;
