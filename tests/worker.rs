@@ -245,6 +245,52 @@ fn a_markdown_answer_comes_as_text_and_sanitized_html_with_its_cost() {
     assert!(!html.contains("alert("), "{html}");
 }
 
+/// `status --watch` in a terminal (tmux): while a model writes an answer, the job's
+/// bar shows its tokens of the limit growing, with its pace; when the answer is sent, the bar goes
+/// and the header counts it done.
+#[test]
+fn status_watch_draws_a_bar_that_moves_while_the_answer_is_written() {
+    // A model server writing 40 pieces, 150 ms apart: an answer that takes 6 s.
+    let pieces: Vec<String> = (0..40).map(|i| format!("word{i} ")).collect();
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let backend = common::RecordingBackend::streaming(&pieces, Duration::from_millis(150));
+    let daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "", &backend.url, 1).replace("[worker]\n", "max_tokens = 160\n\n[worker]\n")
+    });
+    send(
+        &daemon,
+        "From: me@nightmail.test\r\nSubject: a long story\r\nMessage-ID: <watch@t>\r\n\r\nWrite a long story about a lighthouse keeper and her cat.",
+    );
+    let command = format!("{} --config {} status --watch", common::BIN, daemon.config.display());
+    let tmux = common::Tmux::start(&format!("watch{}", std::process::id()), &command, daemon.dir.path());
+    // The tokens written, as the bar shows them: "] N/160 tokens".
+    let shown = |screen: &str| -> Option<u64> {
+        let at = screen.find("/160 tokens")?;
+        screen[..at].rsplit([' ', ']']).next()?.parse().ok()
+    };
+    let mut first = None;
+    let mut moved = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    while std::time::Instant::now() < deadline && !moved {
+        let screen = tmux.screen();
+        if let Some(n) = shown(&screen) {
+            assert!(screen.contains("job ") && screen.contains("a long story"), "{screen}");
+            assert!(screen.contains("s/token now"), "{screen}");
+            match first {
+                None => first = Some(n),
+                Some(f) => moved = n > f,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(moved, "the bar never moved (first {first:?}): {}", tmux.screen());
+    wait_for_jobs(&daemon, 1, Duration::from_secs(300));
+    eventually(Duration::from_secs(10), "the bar gone, the job counted done", || {
+        let screen = tmux.screen();
+        screen.contains("0 running, 0 queued, 1 done") && shown(&screen).is_none()
+    });
+}
+
 /// A job interrupted `max_attempts` times (here one `kill -9` mid-answer, with max_attempts = 1)
 /// ends with a threaded notice, never silently.
 #[test]

@@ -585,8 +585,22 @@ impl RecordingBackend {
     }
 
     pub fn answering(answer: &str) -> RecordingBackend {
-        let chunk = serde_json::json!({"choices": [{"delta": {"content": answer}, "finish_reason": "stop"}]});
-        let events = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        RecordingBackend::streaming(&[answer], Duration::ZERO)
+    }
+
+    /// Streams `pieces` as SSE chunks, `gap` apart: an answer written at a known pace.
+    pub fn streaming(pieces: &[&str], gap: Duration) -> RecordingBackend {
+        let last = pieces.len() - 1;
+        let events: Vec<String> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                let finish = if i == last { serde_json::json!("stop") } else { serde_json::Value::Null };
+                let chunk = serde_json::json!({"choices": [{"delta": {"content": piece}, "finish_reason": finish}]});
+                format!("data: {chunk}\n\n")
+            })
+            .chain(std::iter::once("data: [DONE]\n\n".to_string()))
+            .collect();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -612,13 +626,18 @@ impl RecordingBackend {
                     continue;
                 }
                 log.lock().unwrap().extend(serde_json::from_slice::<serde_json::Value>(&body).ok());
-                let _ = stream.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{events}",
-                        events.len()
-                    )
-                    .as_bytes(),
-                );
+                // No Content-Length: the body ends when the connection closes (RFC 9112 §6.3).
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                let events = events.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.write_all(head.as_bytes());
+                    for event in &events {
+                        std::thread::sleep(gap);
+                        if stream.write_all(event.as_bytes()).and_then(|()| stream.flush()).is_err() {
+                            break;
+                        }
+                    }
+                });
             }
         });
         RecordingBackend { url, requests }

@@ -226,6 +226,7 @@ impl Worker {
                     partial_text: String::new(),
                     updated_at: Timestamp::now(),
                     checkpoint_tokens: 0,
+                    max_tokens: u64::from(request.max_tokens),
                 };
                 self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
@@ -456,7 +457,7 @@ impl Worker {
         let (halt_tx, halt) = watch::channel(false);
         let generation = backend.generate(request, events_tx, halt);
         tokio::pin!(generation);
-        let mut progress = Progress::default();
+        let mut progress = Progress { max_tokens: u64::from(request.max_tokens), ..Progress::default() };
         let mut last_save = Instant::now();
         let mut save_now = false;
         let mut last_renew = Instant::now();

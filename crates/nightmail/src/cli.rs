@@ -26,9 +26,12 @@ enum Command {
     CheckConfig,
     /// Show the queue: each job's id, state, sender, subject, Message-ID and age, and outbound mail with its last error.
     Status {
-        /// One JSON object with `jobs` and `outbound` arrays.
-        #[arg(long)]
+        /// One JSON object with `jobs` and `outbound` arrays (docs/STATUS.md).
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// A live view: a progress bar per answer being written, its pace and the time left.
+        #[arg(long)]
+        watch: bool,
     },
     /// Act on outbound mail waiting for the relay (ids from `nightmail status`).
     Outbound {
@@ -123,8 +126,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = load(path.as_deref())?;
             print!("{}", crate::client_config::render(&config, client, user.as_deref())?);
         }
-        Command::Status { json } => {
+        Command::Status { json, watch } => {
             let config = load(path.as_deref())?;
+            if watch {
+                crate::watch::run(&config)?;
+            }
             crate::status::print(&config, json)?;
         }
         Command::Outbound { command } => {

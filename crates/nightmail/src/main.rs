@@ -8,6 +8,7 @@ mod model;
 mod outbound;
 mod serve;
 mod status;
+mod watch;
 
 use std::process::ExitCode;
 
