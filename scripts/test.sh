@@ -16,6 +16,7 @@ tools=(
   strace:strace
   mkfs.ext4:e2fsprogs
   mount:mount
+  systemd-analyze:systemd
 )
 packages=()
 for entry in "${tools[@]}"; do

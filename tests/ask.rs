@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Daemon, header, python, wait_for_jobs};
+use common::{Daemon, RecordingBackend, header, python, wait_for_jobs};
 
 /// The test configuration with `Kimi` answered by nightmail's engine from the demo model.
 fn local_config(dir: &std::path::Path, concurrency: usize) -> String {
@@ -133,59 +131,6 @@ print("COPY", m._simple_command("UID", "COPY", uid_of(m, "<crash@ann.test>"), "A
     let inbox = daemon.mailbox("me", "INBOX");
     assert_eq!(replies_to(&inbox, "<crash@ann.test>").len(), 1, "{inbox:#?}");
     assert_eq!(inbox.len(), 2);
-}
-
-/// An OpenAI-compatible server on loopback that answers every chat request with "Noted." and
-/// keeps the requests, so a test can read the prompt nightmail built.
-struct RecordingBackend {
-    url: String,
-    requests: Arc<Mutex<Vec<serde_json::Value>>>,
-}
-
-impl RecordingBackend {
-    fn start() -> RecordingBackend {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/v1", listener.local_addr().unwrap());
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let log = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':')
-                        && name.eq_ignore_ascii_case("content-length")
-                    {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; length];
-                if reader.read_exact(&mut body).is_err() {
-                    continue;
-                }
-                log.lock().unwrap().extend(serde_json::from_slice::<serde_json::Value>(&body).ok());
-                let events = "data: {\"choices\":[{\"delta\":{\"content\":\"Noted.\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
-                let _ = stream.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{events}",
-                        events.len()
-                    )
-                    .as_bytes(),
-                );
-            }
-        });
-        RecordingBackend { url, requests }
-    }
-
-    /// The text of every message of every request so far, one string per request.
-    fn prompts(&self) -> Vec<String> {
-        self.requests.lock().unwrap().iter().map(|r| r["messages"].to_string()).collect()
-    }
 }
 
 #[test]

@@ -29,6 +29,113 @@ fn the_shipped_config_checks_clean() {
     assert!(!stderr(&out).contains("warning"), "the shipped config has no warnings: {}", stderr(&out));
 }
 
+/// The newcomer's path: `client-config mutt` into a file, `mutt -F` it, and the only question mutt
+/// asks is the password (no "create ~/Mail?", no certificate prompt); then the INBOX is open.
+#[test]
+fn mutt_with_client_config_asks_only_for_the_password() {
+    let daemon = Daemon::start();
+    let mut smtp = Raw::login(daemon.smtp);
+    assert!(smtp.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(smtp.cmd("RCPT TO:<me@nightmail.test>").starts_with("250"));
+    assert!(smtp.cmd("DATA").starts_with("354"));
+    smtp.send(b"From: me@nightmail.test\r\nSubject: Hello newcomer\r\n\r\nwelcome\r\n.\r\n");
+    assert!(smtp.reply().starts_with("250"));
+
+    // The test daemon listens on ports the system picked; the user's configuration names fixed ones.
+    let fixed = daemon.dir.path().join("fixed.toml");
+    let text = std::fs::read_to_string(&daemon.config).unwrap();
+    let text =
+        text.replacen("127.0.0.1:0", &daemon.smtp.to_string(), 1).replacen("127.0.0.1:0", &daemon.imap.to_string(), 1);
+    std::fs::write(&fixed, text).unwrap();
+    let out = Command::new(BIN).arg("--config").arg(&fixed).args(["client-config", "mutt"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rc = daemon.dir.path().join("client.muttrc");
+    std::fs::write(&rc, &out.stdout).unwrap();
+
+    common::external("mutt", "mutt");
+    // HOME is a fresh directory: no ~/.muttrc, no ~/Mail, no accepted certificates.
+    let home = tempfile::tempdir().unwrap();
+    let command = format!("env HOME={} mutt -n -F {}", home.path().display(), rc.display());
+    let tmux = common::Tmux::start(&format!("newcomer{}", std::process::id()), &command, daemon.dir.path());
+    tmux.wait_for("Password for me@127.0.0.1");
+    let screen = tmux.screen();
+    assert!(!screen.contains("Create") && !screen.contains("eject"), "a question before the password:\n{screen}");
+    tmux.keys(&[common::PASSWORD, "Enter"]);
+    tmux.wait_for("Hello newcomer");
+    assert!(!home.path().join("Mail").exists(), "mutt made no local folder");
+}
+
+/// The demo password is in the README: on an address other machines reach, `serve` refuses it
+/// (the Docker image listens on 0.0.0.0 inside its container). On loopback it starts.
+#[test]
+fn serve_refuses_the_demo_password_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("nm.toml");
+    let text = common::config(dir.path(), "").replace("correct horse", "nightmail");
+    std::fs::write(
+        &config,
+        text.replace("listen = \"127.0.0.1:0\"\nmax_message_bytes", "listen = \"0.0.0.0:0\"\nmax_message_bytes"),
+    )
+    .unwrap();
+    let out = Command::new(BIN).arg("--config").arg(&config).arg("serve").output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("user `me` has the demo password and smtp.listen = 0.0.0.0:0 is not loopback")
+            && err.contains("nightmail user add me --address me@nightmail.test"),
+        "{err}"
+    );
+    // The same users on loopback: the quick start.
+    let mut daemon = Daemon::start_with(|dir| common::config(dir, "").replace("correct horse", "nightmail"));
+    let mut raw = Raw::connect(daemon.smtp);
+    assert!(raw.reply().starts_with("220 "));
+    assert!(raw.cmd("EHLO test").starts_with("250"));
+    let token = common::base64_plain("me", "nightmail");
+    assert!(raw.cmd(&format!("AUTH PLAIN {token}")).starts_with("235"));
+    daemon.stop();
+}
+
+/// The service files in config/: systemd's own checker finds nothing to say about the unit (run
+/// against this build's binary), the unit runs `serve` as an unprivileged user, and the launchd
+/// plist parses (Python's plistlib reads Apple's format) and runs `serve` too.
+#[test]
+fn the_systemd_unit_and_launchd_plist_are_valid() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let unit = std::fs::read_to_string(format!("{root}/config/nightmail.service")).unwrap();
+    assert!(unit.contains("\nUser=nightmail\n") && unit.contains("\nExecStart=/usr/local/bin/nightmail serve\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("nightmail.service");
+    std::fs::write(&copy, unit.replace("/usr/local/bin/nightmail", BIN)).unwrap();
+    let out = common::external("systemd-analyze", "systemd").arg("verify").arg(&copy).output().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "systemd-analyze: {}", stderr(&out));
+
+    let plist = format!("{root}/config/local.nightmail.plist");
+    let script = format!(
+        "import plistlib; p = plistlib.load(open({plist:?}, 'rb')); print(p['Label'], p['ProgramArguments'], p['KeepAlive'])"
+    );
+    let out = common::external("python3", "python3").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "local.nightmail ['/usr/local/bin/nightmail', 'serve'] {'SuccessfulExit': False}"
+    );
+}
+
+#[test]
+fn client_config_names_an_unknown_user() {
+    let daemon = Daemon::start();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&daemon.config)
+        .args(["client-config", "aerc", "--user", "bob"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no user `bob` in the configuration (users: me, ann)"), "{}", stderr(&out));
+    let out = nightmail(&["client-config", "outlook"]);
+    assert!(stderr(&out).contains("possible values: mutt, neomutt, aerc, thunderbird"), "{}", stderr(&out));
+}
+
 #[test]
 fn config_mistakes_name_the_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();

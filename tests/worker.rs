@@ -198,6 +198,99 @@ fn a_question_over_the_rate_limit_gets_a_notice() {
     fails_with_one_notice(&mut daemon, "<rate@t>", "(limit 0)");
 }
 
+/// A model's Markdown arrives as `multipart/alternative`: the text part exactly as the model wrote
+/// it, and an HTML part that a browser's parser (html5ever) reads without error, with the table
+/// and the code block rendered and the model's script gone. The footer and the `X-Nightmail-*`
+/// headers state the cost at the configured draw and API price.
+#[test]
+fn a_markdown_answer_comes_as_text_and_sanitized_html_with_its_cost() {
+    let answer = "Two places:\n\n| Place | Walk |\n|---|---|\n| Harbour cafe | 5 min |\n| Old market | 12 min |\n\n```sh\necho book a table\n```\n\n<script>alert('hi')</script>";
+    let backend = common::RecordingBackend::answering(answer);
+    let mut daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "", &backend.url, 1)
+            .replace("[worker]\n", "watts = 36\nprice_in_per_mtok = 3\nprice_out_per_mtok = 15\n\n[worker]\n")
+    });
+    send(&daemon, "From: me@nightmail.test\r\nSubject: lunch\r\nMessage-ID: <md@t>\r\n\r\nWhere shall we eat?");
+    wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    daemon.stop();
+    let mail = inbox(&daemon, "me");
+    assert_eq!(mail.len(), 1);
+    let parsed = mail_parser::MessageParser::default().parse(mail[0].as_bytes()).unwrap();
+    assert!(header(&mail[0], "Content-Type").unwrap().starts_with("multipart/alternative"), "{}", mail[0]);
+
+    let text = parsed.body_text(0).unwrap().replace("\r\n", "\n");
+    assert!(text.starts_with(&format!("{answer}\n\n-- \n")), "the text part is the answer as written: {text}");
+    // RAPL where this machine lets us read it, else the configured 36 W.
+    let source = header(&mail[0], "X-Nightmail-Energy-Source").unwrap();
+    assert!(source == "at the configured 36 W" || source == "measured by RAPL", "{source}");
+    assert!(text.contains(&format!("Wh ({source}); the same tokens: $")), "{text}");
+    let energy: f64 = header(&mail[0], "X-Nightmail-Energy-Wh").unwrap().parse().unwrap();
+    assert!((0.0..0.1).contains(&energy), "{energy}");
+    let usd: f64 = header(&mail[0], "X-Nightmail-Api-Equivalent-Usd").unwrap().parse().unwrap();
+    // This backend reports no usage: no prompt tokens, the streamed chunks counted as output.
+    assert_eq!(header(&mail[0], "X-Nightmail-Prompt-Tokens"), None);
+    let expected = number(&mail[0], "X-Nightmail-Output-Tokens") as f64 * 15.0 / 1e6;
+    assert!(expected > 0.0);
+    assert!((usd - expected).abs() < 1e-6, "{usd} vs {expected}");
+
+    let html = parsed.body_html(0).unwrap().to_string();
+    let document = scraper::Html::parse_document(&html);
+    assert!(document.errors.is_empty(), "{:?} in {html}", document.errors);
+    let select = |css: &str| scraper::Selector::parse(css).unwrap();
+    let cells: Vec<String> = document.select(&select("table td")).map(|td| td.text().collect()).collect();
+    assert_eq!(cells, ["Harbour cafe", "5 min", "Old market", "12 min"]);
+    let code: String = document.select(&select("pre code")).flat_map(|c| c.text()).collect();
+    assert_eq!(code, "echo book a table\n");
+    assert_eq!(document.select(&select("script")).count(), 0);
+    assert!(!html.contains("alert("), "{html}");
+}
+
+/// `status --watch` in a terminal (tmux): while a model writes an answer, the job's
+/// bar shows its tokens of the limit growing, with its pace; when the answer is sent, the bar goes
+/// and the header counts it done.
+#[test]
+fn status_watch_draws_a_bar_that_moves_while_the_answer_is_written() {
+    // A model server writing 40 pieces, 150 ms apart: an answer that takes 6 s.
+    let pieces: Vec<String> = (0..40).map(|i| format!("word{i} ")).collect();
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let backend = common::RecordingBackend::streaming(&pieces, Duration::from_millis(150));
+    let daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "", &backend.url, 1).replace("[worker]\n", "max_tokens = 160\n\n[worker]\n")
+    });
+    send(
+        &daemon,
+        "From: me@nightmail.test\r\nSubject: a long story\r\nMessage-ID: <watch@t>\r\n\r\nWrite a long story about a lighthouse keeper and her cat.",
+    );
+    let command = format!("{} --config {} status --watch", common::BIN, daemon.config.display());
+    let tmux = common::Tmux::start(&format!("watch{}", std::process::id()), &command, daemon.dir.path());
+    // The tokens written, as the bar shows them: "] N/160 tokens".
+    let shown = |screen: &str| -> Option<u64> {
+        let at = screen.find("/160 tokens")?;
+        screen[..at].rsplit([' ', ']']).next()?.parse().ok()
+    };
+    let mut first = None;
+    let mut moved = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    while std::time::Instant::now() < deadline && !moved {
+        let screen = tmux.screen();
+        if let Some(n) = shown(&screen) {
+            assert!(screen.contains("job ") && screen.contains("a long story"), "{screen}");
+            assert!(screen.contains("s/token now"), "{screen}");
+            match first {
+                None => first = Some(n),
+                Some(f) => moved = n > f,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(moved, "the bar never moved (first {first:?}): {}", tmux.screen());
+    wait_for_jobs(&daemon, 1, Duration::from_secs(300));
+    eventually(Duration::from_secs(10), "the bar gone, the job counted done", || {
+        let screen = tmux.screen();
+        screen.contains("0 running, 0 queued, 1 done") && shown(&screen).is_none()
+    });
+}
+
 /// A job interrupted `max_attempts` times (here one `kill -9` mid-answer, with max_attempts = 1)
 /// ends with a threaded notice, never silently.
 #[test]

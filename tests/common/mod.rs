@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 pub const PASSWORD: &str = "correct horse";
@@ -567,5 +567,84 @@ impl Tmux {
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).status();
+    }
+}
+
+/// An OpenAI-compatible server on loopback that answers every chat request with one fixed text
+/// (streamed as one SSE chunk) and keeps the requests, so a test can read the prompt nightmail
+/// built. It stands in for a model server, never for a part of nightmail.
+pub struct RecordingBackend {
+    pub url: String,
+    requests: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+impl RecordingBackend {
+    /// Answers "Noted.".
+    pub fn start() -> RecordingBackend {
+        RecordingBackend::answering("Noted.")
+    }
+
+    pub fn answering(answer: &str) -> RecordingBackend {
+        RecordingBackend::streaming(&[answer], Duration::ZERO)
+    }
+
+    /// Streams `pieces` as SSE chunks, `gap` apart: an answer written at a known pace.
+    pub fn streaming(pieces: &[&str], gap: Duration) -> RecordingBackend {
+        let last = pieces.len() - 1;
+        let events: Vec<String> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                let finish = if i == last { serde_json::json!("stop") } else { serde_json::Value::Null };
+                let chunk = serde_json::json!({"choices": [{"delta": {"content": piece}, "finish_reason": finish}]});
+                format!("data: {chunk}\n\n")
+            })
+            .chain(std::iter::once("data: [DONE]\n\n".to_string()))
+            .collect();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let log = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                log.lock().unwrap().extend(serde_json::from_slice::<serde_json::Value>(&body).ok());
+                // No Content-Length: the body ends when the connection closes (RFC 9112 §6.3).
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                let events = events.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.write_all(head.as_bytes());
+                    for event in &events {
+                        std::thread::sleep(gap);
+                        if stream.write_all(event.as_bytes()).and_then(|()| stream.flush()).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        RecordingBackend { url, requests }
+    }
+
+    /// The text of every message of every request so far, one string per request.
+    pub fn prompts(&self) -> Vec<String> {
+        self.requests.lock().unwrap().iter().map(|r| r["messages"].to_string()).collect()
     }
 }

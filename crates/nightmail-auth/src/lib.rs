@@ -203,6 +203,15 @@ impl Authenticator {
     }
 }
 
+/// The password of the shipped configuration's demo user (README's quick start).
+pub const DEMO_PASSWORD: &str = "nightmail";
+
+/// Whether `user` still has the demo password: `serve` refuses that on a listener other people
+/// can reach.
+pub fn has_demo_password(user: &User) -> bool {
+    verify(&user.password, DEMO_PASSWORD)
+}
+
 /// A valid argon2id hash of a random string, verified against for unknown users.
 const DUMMY_HASH: &str =
     "$argon2id$v=19$m=19456,t=2,p=1$bmlnaHRtYWlsZHVtbXk$2vKyyb8Rqc1OvyvlJPiXx2K5l1dGZ8v4iKzUPCvrjz4";

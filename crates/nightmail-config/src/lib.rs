@@ -198,6 +198,26 @@ pub struct Model {
     pub temperature: f32,
     /// Send an immediate acknowledgement (queue position, estimate) when a question arrives.
     pub ack: bool,
+    /// What an answer costs, stated in each reply.
+    pub cost: Cost,
+}
+
+/// The figures a reply's cost line is computed from (`[[model]]` keys `watts`,
+/// `price_in_per_mtok`, `price_out_per_mtok`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// The machine's draw while answering, used when RAPL's energy counters cannot be read.
+    pub watts: Option<f64>,
+    /// What the same tokens would cost at a hosted API.
+    pub api_price: Option<ApiPrice>,
+}
+
+/// A hosted API's price, in US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ApiPrice {
+    pub input_per_mtok: f64,
+    /// Output tokens; reasoning tokens are billed as output, as hosted APIs bill them.
+    pub output_per_mtok: f64,
 }
 
 /// The worker that answers jobs.

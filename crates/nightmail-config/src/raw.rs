@@ -8,8 +8,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Address, AuthConfig, BackendConfig, Config, ConfigError, DEFAULTS_NAME, ImapConfig, Model, Password,
-    PasswordSource, ReasoningOutput, RelayConfig, RelayTls, SmtpConfig, TlsConfig, User, WorkerConfig,
+    Address, ApiPrice, AuthConfig, BackendConfig, Config, ConfigError, Cost, DEFAULTS_NAME, ImapConfig, Model,
+    Password, PasswordSource, ReasoningOutput, RelayConfig, RelayTls, SmtpConfig, TlsConfig, User, WorkerConfig,
 };
 
 #[derive(Deserialize)]
@@ -222,6 +222,9 @@ struct RawModel {
     temperature: f32,
     #[serde(default)]
     ack: bool,
+    watts: Option<Spanned<f64>>,
+    price_in_per_mtok: Option<Spanned<f64>>,
+    price_out_per_mtok: Option<Spanned<f64>>,
     // backend = "openai"
     url: Option<Spanned<String>>,
     model: Option<String>,
@@ -607,6 +610,7 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
     if !(0.0..=2.0).contains(&m.temperature) {
         return Err(loc.spanned(spanned, format!("model {address}: temperature must be between 0 and 2")));
     }
+    let cost = check_cost(spanned, loc, &address)?;
     Ok(Model {
         address,
         name: m.name.clone(),
@@ -617,7 +621,37 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
         reasoning_output,
         temperature: m.temperature,
         ack: m.ack,
+        cost,
     })
+}
+
+/// `watts` and the API price: positive numbers, the price's two halves together.
+fn check_cost(spanned: &Spanned<RawModel>, loc: &Locator<'_>, address: &Address) -> Result<Cost, ConfigError> {
+    let m = spanned.get_ref();
+    let positive = |value: &Option<Spanned<f64>>, key: &str| -> Result<Option<f64>, ConfigError> {
+        match value {
+            Some(v) if !(v.get_ref().is_finite() && *v.get_ref() >= 0.0) => {
+                Err(loc.spanned(v, format!("model.{key} must be a number of at least 0")))
+            }
+            Some(v) => Ok(Some(*v.get_ref())),
+            None => Ok(None),
+        }
+    };
+    let watts = positive(&m.watts, "watts")?;
+    let api_price = match (
+        positive(&m.price_in_per_mtok, "price_in_per_mtok")?,
+        positive(&m.price_out_per_mtok, "price_out_per_mtok")?,
+    ) {
+        (Some(input_per_mtok), Some(output_per_mtok)) => Some(ApiPrice { input_per_mtok, output_per_mtok }),
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(loc.spanned(
+                spanned,
+                format!("model {address}: give both price_in_per_mtok and price_out_per_mtok (US dollars per million tokens), or neither"),
+            ));
+        }
+    };
+    Ok(Cost { watts, api_price })
 }
 
 fn check_user(spanned: &Spanned<RawUser>, loc: &Locator<'_>) -> Result<User, ConfigError> {
@@ -727,6 +761,20 @@ mod tests {
         assert!(err(twice).contains("used twice"));
         assert!(err("[smtp]\nlisten = \"nowhere\"\n").contains("nm.toml:2:"));
         assert!(err("[tls]\nself_signed = true\ncert = \"c.pem\"\n").contains("[tls]"));
+    }
+
+    #[test]
+    fn cost_keys_are_checked() {
+        let model = "[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = \"http://h/v1\"\n";
+        let c =
+            parse(&format!("{model}watts = 45.5\nprice_in_per_mtok = 3\nprice_out_per_mtok = 15.0\n"), None).unwrap();
+        let price = ApiPrice { input_per_mtok: 3.0, output_per_mtok: 15.0 };
+        assert_eq!(c.models[0].cost, Cost { watts: Some(45.5), api_price: Some(price) });
+        assert_eq!(parse(model, None).unwrap().models[0].cost, Cost::default());
+        let e = err(&format!("{model}watts = -1\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("model.watts must be a number of at least 0"), "{e}");
+        let e = err(&format!("{model}price_out_per_mtok = 15\n"));
+        assert!(e.contains("give both price_in_per_mtok and price_out_per_mtok"), "{e}");
     }
 
     #[test]

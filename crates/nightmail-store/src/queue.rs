@@ -110,6 +110,9 @@ pub struct Progress {
     /// Generated tokens the job's last checkpoint covers: a restart resumes from there.
     #[serde(default)]
     pub checkpoint_tokens: u64,
+    /// The answer's length limit, in tokens (0: written before the limit was recorded).
+    #[serde(default)]
+    pub max_tokens: u64,
 }
 
 /// How a leased job ends.

@@ -9,8 +9,36 @@ use mail_builder::headers::address::Address as MbAddress;
 use mail_builder::headers::text::Text;
 use nightmail_types::Address;
 
+use nightmail_config::ApiPrice;
+
 use crate::backend::Outcome;
+use crate::cost::{self, Energy};
+use crate::html;
 use crate::mail::{Mail, Person};
+
+/// A message's text: a model's answer is Markdown and gets an HTML alternative; what nightmail
+/// itself writes (acknowledgements, notices, status) is plain text and goes as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    Plain(String),
+    Markdown(String),
+}
+
+impl Body {
+    pub fn text(&self) -> &str {
+        match self {
+            Body::Plain(t) | Body::Markdown(t) => t,
+        }
+    }
+
+    /// The same kind of body with its text changed.
+    pub fn map(self, f: impl FnOnce(String) -> String) -> Body {
+        match self {
+            Body::Plain(t) => Body::Plain(f(t)),
+            Body::Markdown(t) => Body::Markdown(f(t)),
+        }
+    }
+}
 
 /// Who a reply goes to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -134,12 +162,40 @@ pub struct Stats<'a> {
     pub outcome: &'a Outcome,
     pub wall: Duration,
     pub job: u64,
+    /// The energy the answer took, when measured or configured.
+    pub energy: Option<Energy>,
+    /// A hosted API's price, to state what the same tokens would have cost there.
+    pub api_price: Option<ApiPrice>,
 }
 
 impl Stats<'_> {
     fn seconds_per_token(&self) -> f64 {
         let tokens = (self.outcome.output_tokens + self.outcome.reasoning_tokens).max(1);
         self.wall.as_secs_f64() / tokens as f64
+    }
+
+    /// US dollars at the configured API price, when one is configured.
+    fn api_equivalent(&self) -> Option<f64> {
+        let o = self.outcome;
+        self.api_price
+            .map(|p| cost::api_equivalent(&p, o.prompt_tokens.unwrap_or(0), o.output_tokens + o.reasoning_tokens))
+    }
+
+    /// The footer's cost line, if there is anything to say.
+    fn cost_line(&self) -> Option<String> {
+        let energy = self.energy.map(|e| format!("{:.2} Wh ({})", e.watt_hours, e.source));
+        let api = self.api_price.zip(self.api_equivalent()).map(|(p, usd)| {
+            format!(
+                "${usd:.4} at a hosted API's ${} / ${} per million tokens in / out",
+                p.input_per_mtok, p.output_per_mtok
+            )
+        });
+        match (energy, api) {
+            (None, None) => None,
+            (Some(e), None) => Some(format!("energy {e}")),
+            (None, Some(a)) => Some(format!("the same tokens: {a}")),
+            (Some(e), Some(a)) => Some(format!("energy {e}; the same tokens: {a}")),
+        }
     }
 
     fn footer(&self) -> String {
@@ -150,14 +206,19 @@ impl Stats<'_> {
             Some(n) => format!("{n} prompt tokens"),
             None => "prompt tokens not reported".to_string(),
         };
-        format!(
+        let mut footer = format!(
             "-- \nnightmail: {} via {}\n{prompt}, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
             self.model_address,
             self.backend,
             o.output_tokens,
             self.wall.as_secs_f64(),
             self.seconds_per_token()
-        )
+        );
+        if let Some(line) = self.cost_line() {
+            footer.push_str(&line);
+            footer.push('\n');
+        }
+        footer
     }
 }
 
@@ -168,7 +229,7 @@ pub struct Draft<'a> {
     pub subject: String,
     pub message_id: String,
     pub parent: &'a Mail,
-    pub body: String,
+    pub body: Body,
     pub headers: Vec<(&'static str, String)>,
     pub attachment: Option<(&'static str, String)>,
 }
@@ -196,7 +257,13 @@ pub fn write(draft: Draft<'_>) -> Vec<u8> {
     for (name, value) in draft.headers {
         builder = builder.header(name, Text::new(value));
     }
-    builder = builder.text_body(draft.body);
+    builder = match draft.body {
+        Body::Plain(text) => builder.text_body(text),
+        Body::Markdown(text) => {
+            let rendered = html::alternative(&text);
+            builder.text_body(text).html_body(rendered)
+        }
+    };
     if let Some((name, text)) = draft.attachment {
         builder = builder.attachment("text/plain; charset=utf-8", name, text.into_bytes());
     }
@@ -204,7 +271,7 @@ pub fn write(draft: Draft<'_>) -> Vec<u8> {
 }
 
 /// The body and headers of an answer.
-pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (String, Vec<(&'static str, String)>) {
+pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, String)>) {
     let mut body = stats.outcome.content.trim().to_string();
     if body.is_empty() {
         body = "(The model gave no answer text; its reasoning is attached if reasoning output is on.)".into();
@@ -229,7 +296,14 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (String, Vec<(&'static str
     if let Some(n) = o.prompt_tokens {
         headers.push(("X-Nightmail-Prompt-Tokens", n.to_string()));
     }
-    (body, headers)
+    if let Some(energy) = stats.energy {
+        headers.push(("X-Nightmail-Energy-Wh", format!("{:.4}", energy.watt_hours)));
+        headers.push(("X-Nightmail-Energy-Source", energy.source.to_string()));
+    }
+    if let Some(usd) = stats.api_equivalent() {
+        headers.push(("X-Nightmail-Api-Equivalent-Usd", format!("{usd:.6}")));
+    }
+    (Body::Markdown(body), headers)
 }
 
 #[cfg(test)]
@@ -307,6 +381,8 @@ mod tests {
             outcome: &outcome,
             wall: Duration::from_secs(3),
             job: 7,
+            energy: Some(Energy { watt_hours: 0.25, source: crate::cost::EnergySource::Configured { watts: 300.0 } }),
+            api_price: Some(ApiPrice { input_per_mtok: 3.0, output_per_mtok: 15.0 }),
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
         let audience = Audience::reply_all(&parent, None, kimi);
@@ -327,10 +403,16 @@ mod tests {
         assert_eq!(reply.references, ["<1@x>"]);
         assert_eq!(reply.auto_submitted.as_deref(), Some("auto-replied"));
         assert_eq!(reply.to[0].address.as_str(), "ann@x.org");
-        assert!(reply.body.starts_with("Hello Ann.\n\n[I did not understand: @colour blue]\n\n-- \nnightmail: kimi@n.local via openai m at http://h\n10 prompt tokens, 4 output tokens (+2 reasoning); 3.0 s, 0.50 s/token"), "{:?}", reply.body);
+        assert!(reply.body.starts_with("Hello Ann.\n\n[I did not understand: @colour blue]\n\n-- \nnightmail: kimi@n.local via openai m at http://h\n10 prompt tokens, 4 output tokens (+2 reasoning); 3.0 s, 0.50 s/token\nenergy 0.25 Wh (at the configured 300 W); the same tokens: $0.0001 at a hosted API's $3 / $15 per million tokens in / out\n"), "{:?}", reply.body);
         assert_eq!(reply.text_attachments, [("reasoning.txt".to_string(), "thinking...".to_string())]);
-        let text = String::from_utf8(raw).unwrap();
+        let text = String::from_utf8(raw.clone()).unwrap();
         assert!(text.contains("X-Nightmail-Output-Tokens: 4\r\n"), "{text}");
         assert!(text.contains("X-Nightmail-Seconds-Per-Token: 0.5000\r\n"), "{text}");
+        // 10 prompt tokens at $3/M and 6 output (4 + 2 reasoning) at $15/M.
+        assert!(text.contains("X-Nightmail-Api-Equivalent-Usd: 0.000120\r\n"), "{text}");
+        assert!(text.contains("X-Nightmail-Energy-Wh: 0.2500\r\n"), "{text}");
+        assert!(text.contains("Content-Type: multipart/alternative"), "{text}");
+        let html = mail_parser::MessageParser::default().parse(&raw).unwrap().body_html(0).unwrap().to_string();
+        assert!(html.contains("<p>Hello Ann.</p>"), "{html}");
     }
 }

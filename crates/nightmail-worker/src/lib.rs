@@ -9,6 +9,8 @@ pub mod checkpoints;
 pub mod compose;
 pub mod control;
 pub mod conversation;
+pub mod cost;
+pub mod html;
 pub mod loop_guard;
 pub mod mail;
 pub mod options;
@@ -27,7 +29,8 @@ use nightmail_types::{Address, Timestamp};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{Backend, BackendError, Event, Outcome, Request};
-use crate::compose::{Audience, Draft, Stats};
+use crate::compose::{Audience, Body, Draft, Stats};
+use crate::cost::EnergyMeter;
 use crate::mail::Mail;
 
 /// How often the worker looks for due jobs when none is waiting.
@@ -180,6 +183,7 @@ impl Worker {
             checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
         };
         let backend = self.backends.get(&job.model).cloned().expect("every model address has a backend");
+        let meter = EnergyMeter::start();
         let started = Instant::now();
         let Some((leased, result)) = self.generate(leased, backend.as_ref(), &request, stop).await? else {
             // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
@@ -206,6 +210,8 @@ impl Worker {
                     outcome: &outcome,
                     wall: started.elapsed(),
                     job: job.id.0,
+                    energy: meter.finish(started.elapsed(), model.cost.watts),
+                    api_price: model.cost.api_price,
                 };
                 let (body, headers) = compose::answer(&stats, &notes);
                 let attachment = (model.reasoning_output == ReasoningOutput::Attach
@@ -220,6 +226,7 @@ impl Worker {
                     partial_text: String::new(),
                     updated_at: Timestamp::now(),
                     checkpoint_tokens: 0,
+                    max_tokens: u64::from(request.max_tokens),
                 };
                 self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
@@ -338,8 +345,8 @@ impl Worker {
             question.subject, model.address, job.id
         );
         let message_id = control::ack_message_id(job.id, &self.config.hostname);
-        self.message(job, model, question, body, vec![("X-Nightmail-Job", job.id.to_string())], None, Some(message_id))
-            .map(Some)
+        let headers = vec![("X-Nightmail-Job", job.id.to_string())];
+        self.message(job, model, question, Body::Plain(body), headers, None, Some(message_id)).map(Some)
     }
 
     /// Answers a command mail and ends its job.
@@ -374,8 +381,15 @@ impl Worker {
             },
         };
         let body = format!("{text}\n\n-- \nnightmail\n");
-        let reply =
-            self.message(&job, model, question, body, vec![("X-Nightmail-Job", job.id.to_string())], None, None)?;
+        let reply = self.message(
+            &job,
+            model,
+            question,
+            Body::Plain(body),
+            vec![("X-Nightmail-Job", job.id.to_string())],
+            None,
+            None,
+        )?;
         self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
         Ok(())
     }
@@ -443,7 +457,7 @@ impl Worker {
         let (halt_tx, halt) = watch::channel(false);
         let generation = backend.generate(request, events_tx, halt);
         tokio::pin!(generation);
-        let mut progress = Progress::default();
+        let mut progress = Progress { max_tokens: u64::from(request.max_tokens), ..Progress::default() };
         let mut last_save = Instant::now();
         let mut save_now = false;
         let mut last_renew = Instant::now();
@@ -551,7 +565,7 @@ impl Worker {
         job: &Job,
         model: &Model,
         question: &Mail,
-        body: String,
+        body: Body,
         headers: Vec<(&'static str, String)>,
         attachment: Option<(&'static str, String)>,
         message_id: Option<String>,
@@ -592,7 +606,7 @@ impl Worker {
             job.id, model.address,
         );
         let headers = vec![("X-Nightmail-Job", job.id.to_string()), ("X-Nightmail-Failure", why.to_string())];
-        Ok(Some(self.outgoing(model, &audience, question, body, headers, None, message_id)?))
+        Ok(Some(self.outgoing(model, &audience, question, Body::Plain(body), headers, None, message_id)?))
     }
 
     /// Writes a message from `model` to `audience`, threaded under `parent`, ready to deliver.
@@ -602,7 +616,7 @@ impl Worker {
         model: &Model,
         audience: &Audience,
         parent: &Mail,
-        body: String,
+        body: Body,
         headers: Vec<(&'static str, String)>,
         attachment: Option<(&'static str, String)>,
         message_id: String,
@@ -623,8 +637,11 @@ impl Worker {
             None => (0, "this nightmail sends nothing outside: no [relay] in its configuration".to_string()),
         };
         let left_out = audience.limit_outside(is_outside, max);
-        let body =
-            if left_out.is_empty() { body } else { compose::with_note(body, &compose::left_out_note(&left_out, &why)) };
+        let body = if left_out.is_empty() {
+            body
+        } else {
+            body.map(|text| compose::with_note(text, &compose::left_out_note(&left_out, &why)))
+        };
         let audience = &audience;
         let raw = compose::write(Draft {
             from: (&name, &model.address),

@@ -26,14 +26,25 @@ enum Command {
     CheckConfig,
     /// Show the queue: each job's id, state, sender, subject, Message-ID and age, and outbound mail with its last error.
     Status {
-        /// One JSON object with `jobs` and `outbound` arrays.
-        #[arg(long)]
+        /// One JSON object with `jobs` and `outbound` arrays (docs/STATUS.md).
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// A live view: a progress bar per answer being written, its pace and the time left.
+        #[arg(long)]
+        watch: bool,
     },
     /// Act on outbound mail waiting for the relay (ids from `nightmail status`).
     Outbound {
         #[command(subcommand)]
         command: OutboundCommand,
+    },
+    /// Print a working configuration for a mail client and one local account (mutt: save it and
+    /// run `mutt -F FILE`).
+    ClientConfig {
+        client: crate::client_config::Client,
+        /// The account (default: the first user).
+        #[arg(long)]
+        user: Option<String>,
     },
     /// Manage users.
     User {
@@ -111,8 +122,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config.data_dir.display()
             );
         }
-        Command::Status { json } => {
+        Command::ClientConfig { client, user } => {
             let config = load(path.as_deref())?;
+            print!("{}", crate::client_config::render(&config, client, user.as_deref())?);
+        }
+        Command::Status { json, watch } => {
+            let config = load(path.as_deref())?;
+            if watch {
+                crate::watch::run(&config)?;
+            }
             crate::status::print(&config, json)?;
         }
         Command::Outbound { command } => {

@@ -2,11 +2,13 @@
 //! done by the library crates.
 
 mod cli;
+mod client_config;
 mod control;
 mod model;
 mod outbound;
 mod serve;
 mod status;
+mod watch;
 
 use std::process::ExitCode;
 

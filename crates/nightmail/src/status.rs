@@ -87,6 +87,12 @@ pub struct JobView {
     /// Disk used by the job's checkpoint.
     #[serde(default)]
     pub checkpoint_bytes: u64,
+    /// The answer's length limit in tokens, once the job has started writing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// When the running attempt last reported progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The Message-ID of the acknowledgement sent for this job.
@@ -109,6 +115,8 @@ impl JobView {
             tokens_generated: job.progress.as_ref().map_or(0, |p| p.output_tokens + p.reasoning_tokens),
             checkpoint_tokens: job.progress.as_ref().map_or(0, |p| p.checkpoint_tokens),
             checkpoint_bytes: checkpoints::bytes(data_dir, job.id),
+            max_tokens: job.progress.as_ref().map(|p| p.max_tokens).filter(|&m| m > 0),
+            updated_at_ms: job.progress.as_ref().map(|p| p.updated_at.0),
             ack: job.ack.clone(),
             reason: match &job.state {
                 JobState::Failed { reason, .. } => Some(reason.clone()),
@@ -129,7 +137,19 @@ impl Report {
 }
 
 pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
-    let report = match ask(&config.data_dir, &Request::Status)? {
+    let report = fetch(config)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print_jobs(&report);
+    print_outbound(&report);
+    Ok(())
+}
+
+/// The report from the running daemon, else read from the store.
+pub fn fetch(config: &Config) -> anyhow::Result<Report> {
+    Ok(match ask(&config.data_dir, &Request::Status)? {
         Some(value) => {
             if let Some(error) = value.get("error") {
                 bail!("the daemon refused the request: {error}");
@@ -150,14 +170,7 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
                 Report::from_store(&store, &config.data_dir, "store")?
             }
         }
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    print_jobs(&report);
-    print_outbound(&report);
-    Ok(())
+    })
 }
 
 fn print_jobs(report: &Report) {
@@ -223,7 +236,7 @@ fn print_outbound(report: &Report) {
     }
 }
 
-fn age(secs: u64) -> String {
+pub(crate) fn age(secs: u64) -> String {
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
@@ -232,7 +245,7 @@ fn age(secs: u64) -> String {
     }
 }
 
-fn clip(text: &str, width: usize) -> String {
+pub(crate) fn clip(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
     } else {
