@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use nightmail_engine::{
-    Activation, ChatMessage, GenerateRequest, LoadOptions, Model, Prompt, Routing, Sampling, StreamConfig,
+    Activation, ChatMessage, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Routing, Sampling, StreamConfig,
 };
 
 #[derive(Subcommand)]
@@ -60,8 +60,12 @@ pub enum ModelCommand {
         json: bool,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
         /// them all.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "memory_mb")]
         cache_mb: Option<usize>,
+        /// One memory budget for the whole model: what does not fit (dense layers too) streams
+        /// from disk.
+        #[arg(long)]
+        memory_mb: Option<usize>,
     },
     /// Write a random-weight mixture-of-experts GGUF of any size (llama.cpp loads it too), for
     /// benchmarks.
@@ -105,8 +109,12 @@ pub enum ModelCommand {
         #[arg(long)]
         model: PathBuf,
         /// The expert cache's budget.
+        #[arg(long, required_unless_present = "memory_mb", conflicts_with = "memory_mb")]
+        cache_mb: Option<usize>,
+        /// One memory budget for the whole model (dense layers stream too; the plan sizes the
+        /// expert cache).
         #[arg(long)]
-        cache_mb: usize,
+        memory_mb: Option<usize>,
         /// Decode steps to time.
         #[arg(long, default_value_t = 16)]
         tokens: usize,
@@ -186,6 +194,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             logits,
             json,
             cache_mb,
+            memory_mb,
         } => {
             let prompt = match (prompt, prompt_tokens, chat) {
                 (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)]),
@@ -202,7 +211,11 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.sampling = Sampling { temperature, top_k, top_p, seed };
             request.stop = stop;
             request.record_logits = logits;
-            generate(model, request, json, cache_mb)
+            let options = LoadOptions {
+                stream: cache_mb.map(StreamConfig::with_cache_mb),
+                memory: memory_mb.map(MemoryBudget::mb),
+            };
+            generate(model, request, json, &options)
         }
         ModelCommand::Synth {
             arch,
@@ -252,6 +265,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::Bench {
             model,
             cache_mb,
+            memory_mb,
             tokens,
             policy,
             prefetch,
@@ -264,7 +278,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             batch,
             json,
         } => {
-            let mut stream = StreamConfig::with_cache_mb(cache_mb);
+            let mut stream = StreamConfig::with_cache_mb(cache_mb.unwrap_or(0));
             stream.policy = policy;
             stream.prefetch_depth = prefetch;
             stream.max_prefetch_in_flight = prefetch_in_flight;
@@ -272,6 +286,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             let opts = nightmail_engine::BenchOptions {
                 model,
                 stream,
+                memory: memory_mb.map(MemoryBudget::mb),
                 tokens,
                 prompt_tokens,
                 probe_bytes: probe_mb << 20,
@@ -349,10 +364,29 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
         if r.direct_io { "" } else { ", expert reads buffered (no O_DIRECT here)" }
     );
     println!(
-        "disk/token      {} (experts needed {})",
+        "disk/token      {} (dense {}, experts {}; experts needed {})",
         bytes(r.disk_bytes_per_token as u64),
+        bytes(r.dense_disk_bytes_per_token as u64),
+        bytes(r.expert_disk_bytes_per_token as u64),
         bytes(r.expert_bytes_per_token as u64)
     );
+    if let Some(budget) = r.memory_budget_bytes {
+        println!(
+            "memory budget   {}: {} dense layers resident, {} streamed",
+            bytes(budget),
+            r.resident_layers,
+            r.streamed_layers
+        );
+    }
+    if let Some(d) = &r.dense_stats {
+        println!(
+            "dense stream    waited {:.1}% of the decode for layers ({} of {} asked for), window {}",
+            100.0 * d.wait_s / (r.s_per_token * r.tokens.max(1) as f64),
+            d.waits,
+            d.requests,
+            bytes(d.window_budget_bytes)
+        );
+    }
     println!("I/O floor       {:.3} s/token; measured / floor = {:.2}", r.floor_s_per_token, r.ratio_to_floor);
     println!(
         "cache           hit rate {:.1}%, prefetch hits {:.1}%, budget {}",
@@ -500,9 +534,8 @@ fn routing(r: &Routing) -> String {
     }
 }
 
-fn generate(path: PathBuf, request: GenerateRequest, json: bool, cache_mb: Option<usize>) -> anyhow::Result<()> {
-    let options = LoadOptions { stream: cache_mb.map(StreamConfig::with_cache_mb) };
-    let model = Model::load_with(&path, &options).with_context(|| format!("loading {}", path.display()))?;
+fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadOptions) -> anyhow::Result<()> {
+    let model = Model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))?;
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();
     let completion = model.generate(request, |event| {

@@ -3,6 +3,7 @@
 //! an [`ExpertStore`] keyed by [`ExpertId`].
 
 mod attention;
+mod dense;
 mod expert;
 mod f16;
 mod ggml;
@@ -16,9 +17,12 @@ mod q4_1;
 mod q8_0;
 mod rope;
 mod router;
+mod source;
 mod transformer;
 
 pub use attention::Attention;
+pub(crate) use dense::LayerBuilder;
+pub use dense::LayerStore;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
 pub use f16::F16Matrix;
 pub use ggml::Numerics;
@@ -31,4 +35,5 @@ pub use q4_1::Q4_1Matrix;
 pub use q8_0::Q8_0Matrix;
 pub use rope::Rope;
 pub use router::{Route, Router};
+pub(crate) use source::{Recorded, WeightSource};
 pub use transformer::{DecoderLayer, FeedForward, KvCache, LayerRecall, Transformer};
