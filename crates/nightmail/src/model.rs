@@ -115,6 +115,9 @@ pub enum ModelCommand {
         /// expert cache).
         #[arg(long)]
         memory_mb: Option<usize>,
+        /// With --memory-mb: tokens of key/value cache to reserve.
+        #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
+        kv_tokens: usize,
         /// Decode steps to time.
         #[arg(long, default_value_t = 16)]
         tokens: usize,
@@ -168,6 +171,28 @@ pub enum ModelCommand {
         /// Timed passes over the working set (the median counts).
         #[arg(long, default_value_t = 5)]
         passes: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a memory budget keeps resident for a model, the bytes each token reads from disk, and
+    /// the time per token and batch size that predicts on this machine (or with --disk-gbps).
+    Plan {
+        /// A .gguf file or a Hugging Face model directory.
+        model: PathBuf,
+        #[arg(long)]
+        memory_mb: usize,
+        /// The disk's sequential read rate; measured on the model file when absent.
+        #[arg(long)]
+        disk_gbps: Option<f64>,
+        /// Tokens of key/value cache to reserve.
+        #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
+        kv_tokens: usize,
+        /// MiB read to measure the disk.
+        #[arg(long, default_value_t = 1024)]
+        probe_mb: u64,
+        /// Batch sizes to predict a step for.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        batch: Vec<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -266,6 +291,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             model,
             cache_mb,
             memory_mb,
+            kv_tokens,
             tokens,
             policy,
             prefetch,
@@ -286,7 +312,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             let opts = nightmail_engine::BenchOptions {
                 model,
                 stream,
-                memory: memory_mb.map(MemoryBudget::mb),
+                memory: memory_mb.map(|mb| MemoryBudget { kv_tokens, ..MemoryBudget::mb(mb) }),
                 tokens,
                 prompt_tokens,
                 probe_bytes: probe_mb << 20,
@@ -323,6 +349,22 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 print_kernel_bench(&r);
+            }
+            Ok(())
+        }
+        ModelCommand::Plan { model, memory_mb, disk_gbps, kv_tokens, probe_mb, batch, json } => {
+            let opts = nightmail_engine::PlanOptions {
+                model,
+                budget: MemoryBudget { kv_tokens, ..MemoryBudget::mb(memory_mb) },
+                disk_gbps,
+                probe_bytes: probe_mb << 20,
+                batches: batch,
+            };
+            let r = nightmail_engine::plan(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_plan(&r);
             }
             Ok(())
         }
@@ -411,6 +453,65 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
     );
     let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
     println!("distinct experts per layer over the timed tokens: {}", distinct.join(" "));
+}
+
+fn print_plan(r: &nightmail_engine::PlanReport) {
+    let p = &r.plan;
+    let layers = p.sizes.layers.len();
+    println!(
+        "budget          {} (the least that runs: {})",
+        bytes(p.budget_bytes as u64),
+        bytes(p.minimum_bytes as u64)
+    );
+    println!(
+        "resident        embedding and head {}, key/value cache {}, {} of {layers} dense layers ({})",
+        bytes(p.fixed_bytes as u64),
+        bytes(p.kv_bytes as u64),
+        p.resident_layers.len(),
+        bytes(p.resident_layer_bytes as u64)
+    );
+    if !p.streamed_layers.is_empty() {
+        println!(
+            "streamed        {} dense layers, read ahead through a window of {}",
+            p.streamed_layers.len(),
+            bytes(p.window_bytes as u64)
+        );
+    }
+    match (p.experts_resident, p.sizes.expert_bytes) {
+        (_, 0) => {}
+        (true, n) => println!("experts         all resident ({})", bytes(n as u64)),
+        (false, n) => println!(
+            "experts         cache {} of {} (expected hit rate {:.1}%)",
+            bytes(p.expert_cache_bytes as u64),
+            bytes(n as u64),
+            100.0 * r.expert_hit_rate
+        ),
+    }
+    println!(
+        "disk/token      {} (dense {}), at {:.2} GB/s{}",
+        bytes(r.disk_bytes_per_token as u64),
+        bytes(p.dense_disk_bytes_per_token as u64),
+        r.disk_gbps,
+        if r.disk_measured { " measured here" } else { " given" }
+    );
+    for k in std::iter::once(&r.dense_kernel).chain(&r.expert_kernel) {
+        println!(
+            "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
+            k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
+        );
+    }
+    println!("predicted       {:.3} s/token", r.predicted_s_per_token);
+    println!("batch  s/step  disk s  compute s  tokens/s");
+    for s in &r.steps {
+        println!(
+            "{:>5}  {:>6.3}  {:>6.3}  {:>9.3}  {:>8.2}",
+            s.batch, s.s_per_step, s.disk_s_per_step, s.compute_s_per_step, s.tokens_per_s
+        );
+    }
+    match r.disk_bound_until_batch {
+        Some(b) => println!("the disk stops being the limit at batch {b}"),
+        None => println!("the disk stays the limit up to batch 256"),
+    }
 }
 
 fn print_kernel_bench(r: &nightmail_engine::KernelBenchReport) {

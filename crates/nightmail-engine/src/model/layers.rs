@@ -66,7 +66,9 @@ impl Linear {
                 Weight::Q8_0(Box::new(super::q8_0::Q8_0Matrix::from_ggml(weight.bytes, rows, cols)))
             }
             (WeightDType::F16, &[rows, cols]) => {
-                Weight::F16(Box::new(super::f16::F16Matrix::from_bytes(weight.bytes, rows, cols)))
+                // F16 too: read as halves where the bytes lie.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::F16(Box::new(super::f16::F16Matrix::new(bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };

@@ -69,21 +69,25 @@ impl LayerExtent {
 }
 
 /// Bytes a built tensor keeps besides its file bytes: a matrix whose kernel computes from the
-/// file's blocks (Q4_0, MXFP4) keeps them (`in_place`: in the read buffer itself, no copy); the
-/// others are copied or converted (`Linear::new`, `RmsNorm::new`): f16 and bf16 vectors and
+/// file's bytes (Q4_0, MXFP4, F16) keeps them (`in_place`: in the read buffer itself, no copy);
+/// the others are copied or converted (`Linear::new`, `RmsNorm::new`): f16 and bf16 vectors and
 /// bf16 matrices become f32.
 pub(crate) fn copied_bytes(dtype: WeightDType, shape: &[usize], len: usize, in_place: bool) -> usize {
-    let matrix = shape.len() == 2 && shape[1].is_multiple_of(32);
+    let blocks = shape.len() == 2 && shape[1].is_multiple_of(32);
+    let kept_as_read = match dtype {
+        WeightDType::Ggml(GgmlDType::Q4_0) | WeightDType::Mxfp4 => blocks,
+        WeightDType::Ggml(GgmlDType::F16) => shape.len() == 2,
+        _ => false,
+    };
     match dtype {
-        WeightDType::Ggml(GgmlDType::Q4_0) | WeightDType::Mxfp4 if matrix => {
+        _ if kept_as_read => {
             if in_place {
                 0
             } else {
                 len
             }
         }
-        WeightDType::BF16 => 2 * len,
-        WeightDType::F16 if shape.len() < 2 => 2 * len,
+        WeightDType::Ggml(GgmlDType::BF16 | GgmlDType::F16) => 2 * len,
         _ => len,
     }
 }
