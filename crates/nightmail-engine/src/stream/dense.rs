@@ -20,6 +20,9 @@ use crate::error::{EngineError, Result};
 use crate::format::{TensorView, WeightDType};
 use crate::model::{DecoderLayer, LayerBuilder, LayerStore, Linear, Recorded, WeightSource};
 
+/// Pieces of one layer's read in flight: the disk's full rate needs a deep queue.
+const PARALLEL_READS: usize = 8;
+
 /// Where one streamed layer's tensors lie, and the reads that fetch them.
 #[derive(Debug, Clone)]
 pub struct LayerExtent {
@@ -442,7 +445,7 @@ impl Shared {
         for run in &extent.runs {
             let file = &self.files[run.file];
             let ReadRange { buf, skip, disk_bytes } =
-                file.read(run.offset, run.len).map_err(|e| self.error(l, e.to_string()))?;
+                file.read_parallel(run.offset, run.len, PARALLEL_READS).map_err(|e| self.error(l, e.to_string()))?;
             disk += disk_bytes;
             for &t in &run.matrices {
                 let start = skip + (extent.tensors[t].offset - run.offset) as usize;

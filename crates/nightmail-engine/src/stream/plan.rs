@@ -225,11 +225,19 @@ impl MemoryPlan {
         } else {
             let window = if left >= 2 * largest + largest / 2 { 2 * largest } else { largest };
             left -= window;
-            // Most disk bytes saved per resident byte first; then the smaller (more of them fit).
+            // Most disk bytes saved per resident byte first; then the smaller (more of them fit);
+            // then spread over the stack (0, L/2, L/4, 3L/4...: bit-reversed order), so that the
+            // resident layers computed between two streamed ones are few and the reader, at most
+            // a window ahead, never idles through a long resident run.
             let mut order: Vec<&LayerSize> = sizes.layers.iter().collect();
+            let bits = usize::BITS - sizes.layers.len().saturating_sub(1).leading_zeros();
+            let spread = |l: usize| l.reverse_bits().checked_shr(usize::BITS - bits).unwrap_or(0);
             order.sort_by(|a, b| {
                 let gain = |s: &LayerSize| s.disk_bytes as f64 / s.resident_bytes.max(1) as f64;
-                gain(b).total_cmp(&gain(a)).then(a.resident_bytes.cmp(&b.resident_bytes)).then(a.layer.cmp(&b.layer))
+                gain(b)
+                    .total_cmp(&gain(a))
+                    .then(a.resident_bytes.cmp(&b.resident_bytes))
+                    .then(spread(a.layer).cmp(&spread(b.layer)))
             });
             for s in order {
                 if s.resident_bytes <= left {
@@ -310,10 +318,11 @@ mod tests {
         assert_eq!(plan.window_bytes, 10_000);
         let plan =
             MemoryPlan::new(s.clone(), MemoryBudget { bytes: 75_000, kv_tokens: 100, stream_layers: None }).unwrap();
-        // 71_000 left after the fixed parts: a two-layer window (20_000), five layers resident.
+        // 71_000 left after the fixed parts: a two-layer window (20_000), five layers resident,
+        // spread over the stack.
         assert_eq!(plan.window_bytes, 20_000);
-        assert_eq!(plan.resident_layers, vec![0, 1, 2, 3, 4]);
-        assert_eq!(plan.streamed_layers, vec![5, 6, 7]);
+        assert_eq!(plan.resident_layers, vec![0, 1, 2, 4, 6]);
+        assert_eq!(plan.streamed_layers, vec![3, 5, 7]);
         assert_eq!(plan.dense_disk_bytes_per_token, 30_000);
         assert_eq!(plan.expert_cache_bytes, 1000 + 2000);
         assert!(!plan.experts_resident);
