@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn a_plan_with_every_layer_streamed_reads_them_each_token_and_predicts_from_the_given_disk() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
-        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, stream_layers: Some(vec![0, 1, 2]) };
+        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, stream_layers: Some(vec![0, 1, 2]) };
         let opts = PlanOptions { model, budget, disk_gbps: Some(0.001), probe_bytes: 0, batches: vec![1, 8] };
         let r = plan(&opts).unwrap();
         assert!(!r.disk_measured && r.plan.resident_layers.is_empty());

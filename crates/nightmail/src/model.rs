@@ -115,7 +115,7 @@ pub enum ModelCommand {
         /// expert cache).
         #[arg(long)]
         memory_mb: Option<usize>,
-        /// With --memory-mb: tokens of key/value cache to reserve.
+        /// With --memory-mb: tokens of key/value cache to reserve per sequence.
         #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
         kv_tokens: usize,
         /// Decode steps to time.
@@ -184,7 +184,7 @@ pub enum ModelCommand {
         /// The disk's sequential read rate; measured on the model file when absent.
         #[arg(long)]
         disk_gbps: Option<f64>,
-        /// Tokens of key/value cache to reserve.
+        /// Tokens of key/value cache to reserve per sequence (the largest --batch has as many caches).
         #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
         kv_tokens: usize,
         /// MiB read to measure the disk.
@@ -312,7 +312,12 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             let opts = nightmail_engine::BenchOptions {
                 model,
                 stream,
-                memory: memory_mb.map(|mb| MemoryBudget { kv_tokens, ..MemoryBudget::mb(mb) }),
+                // Room for the largest batch's caches and experts.
+                memory: memory_mb.map(|mb| MemoryBudget {
+                    kv_tokens,
+                    batch: batch.iter().copied().max().unwrap_or(1),
+                    ..MemoryBudget::mb(mb)
+                }),
                 tokens,
                 prompt_tokens,
                 probe_bytes: probe_mb << 20,
@@ -355,7 +360,11 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::Plan { model, memory_mb, disk_gbps, kv_tokens, probe_mb, batch, json } => {
             let opts = nightmail_engine::PlanOptions {
                 model,
-                budget: MemoryBudget { kv_tokens, ..MemoryBudget::mb(memory_mb) },
+                budget: MemoryBudget {
+                    kv_tokens,
+                    batch: batch.iter().copied().max().unwrap_or(1),
+                    ..MemoryBudget::mb(memory_mb)
+                },
                 disk_gbps,
                 probe_bytes: probe_mb << 20,
                 batches: batch,

@@ -20,8 +20,11 @@ use crate::spec::ModelSpec;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryBudget {
     pub bytes: usize,
-    /// Tokens of key/value cache reserved (all sequences together).
+    /// Tokens of key/value cache reserved per sequence.
     pub kv_tokens: usize,
+    /// Sequences decoded together: each has its cache, and a step reads the union of their
+    /// routes' experts at once.
+    pub batch: usize,
     /// Stream exactly these dense layers (the others resident) instead of the plan's choice:
     /// to measure the stream itself, or test it on models small enough to keep whole.
     pub stream_layers: Option<Vec<usize>>,
@@ -30,7 +33,7 @@ pub struct MemoryBudget {
 impl MemoryBudget {
     /// `mb` MiB, with the cache reserved for 4096 tokens (or the model's context, if shorter).
     pub fn mb(mb: usize) -> Self {
-        MemoryBudget { bytes: mb << 20, kv_tokens: DEFAULT_KV_TOKENS, stream_layers: None }
+        MemoryBudget { bytes: mb << 20, kv_tokens: DEFAULT_KV_TOKENS, batch: 1, stream_layers: None }
     }
 }
 
@@ -166,8 +169,10 @@ pub struct MemoryPlan {
 
 impl MemoryPlan {
     pub fn new(sizes: ModelSizes, budget: MemoryBudget) -> Result<Self> {
-        let kv = budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token;
-        let in_flight = sizes.top_k * sizes.expert_max_bytes;
+        let batch = budget.batch.max(1);
+        let kv = budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token * batch;
+        // A step's experts are all read and alive at once: the union of the batch's routes.
+        let in_flight = (sizes.top_k * batch).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
         let all_layers: usize = sizes.layers.iter().map(|l| l.resident_bytes).sum();
         let forced = budget.stream_layers.as_ref().map(|set| {
             let streams = |l: &&LayerSize| set.contains(&l.layer);
@@ -191,13 +196,13 @@ impl MemoryPlan {
                 budget_mb: budget.bytes as f64 / MIB,
                 minimum_mb: (minimum as f64 / MIB).ceil() as usize,
                 detail: format!(
-                    "embedding and head {:.1} MiB, key/value cache for {} tokens {:.1} MiB, dense layers \
-                     {:.1} MiB (the largest streamed), {} routed experts in flight {:.1} MiB",
+                    "embedding and head {:.1} MiB, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
+                     layers {:.1} MiB (the largest streamed), {} routed experts in flight {:.1} MiB",
                     sizes.fixed_bytes as f64 / MIB,
                     budget.kv_tokens.min(sizes.context_length.max(1)),
                     kv as f64 / MIB,
                     dense_minimum as f64 / MIB,
-                    sizes.top_k,
+                    (sizes.top_k * batch).min(sizes.experts_per_layer),
                     in_flight as f64 / MIB
                 ),
             });
@@ -312,12 +317,14 @@ mod tests {
         s.layers.iter_mut().for_each(|l| l.stream_bytes = 10_000);
         // minimum: 1000 fixed + 1000 kv + 10_000 largest streamed + 2000 in flight.
         let plan =
-            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 14_000, kv_tokens: 100, stream_layers: None }).unwrap();
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 14_000, kv_tokens: 100, batch: 1, stream_layers: None })
+                .unwrap();
         assert_eq!(plan.minimum_bytes, 14_000);
         assert_eq!((plan.resident_layers.len(), plan.streamed_layers.len()), (0, 8));
         assert_eq!(plan.window_bytes, 10_000);
         let plan =
-            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 75_000, kv_tokens: 100, stream_layers: None }).unwrap();
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 75_000, kv_tokens: 100, batch: 1, stream_layers: None })
+                .unwrap();
         // 71_000 left after the fixed parts: a two-layer window (20_000), five layers resident,
         // spread over the stack.
         assert_eq!(plan.window_bytes, 20_000);
@@ -326,7 +333,8 @@ mod tests {
         assert_eq!(plan.dense_disk_bytes_per_token, 30_000);
         assert_eq!(plan.expert_cache_bytes, 1000 + 2000);
         assert!(!plan.experts_resident);
-        let plan = MemoryPlan::new(s, MemoryBudget { bytes: 200_000, kv_tokens: 100, stream_layers: None }).unwrap();
+        let plan =
+            MemoryPlan::new(s, MemoryBudget { bytes: 200_000, kv_tokens: 100, batch: 1, stream_layers: None }).unwrap();
         assert_eq!(plan.resident_layers.len(), 8);
         assert!(plan.streamed_layers.is_empty() && plan.experts_resident && plan.window_bytes == 0);
     }
@@ -335,11 +343,12 @@ mod tests {
     fn small_layers_stay_resident_when_that_takes_less_than_streaming_one() {
         let mut s = sizes(2, 10_000);
         s.layers.iter_mut().for_each(|l| l.stream_bytes = 30_000);
-        let plan = MemoryPlan::new(s.clone(), MemoryBudget { bytes: 24_000, kv_tokens: 100, stream_layers: None });
+        let plan =
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 24_000, kv_tokens: 100, batch: 1, stream_layers: None });
         let plan = plan.unwrap();
         assert_eq!((plan.minimum_bytes, plan.resident_layers.len(), plan.window_bytes), (24_000, 2, 0));
         // Unless told which to stream.
-        let forced = MemoryBudget { bytes: 100_000, kv_tokens: 100, stream_layers: Some(vec![1]) };
+        let forced = MemoryBudget { bytes: 100_000, kv_tokens: 100, batch: 1, stream_layers: Some(vec![1]) };
         let plan = MemoryPlan::new(s, forced).unwrap();
         assert_eq!((plan.resident_layers, plan.streamed_layers), (vec![0], vec![1]));
         assert_eq!(plan.minimum_bytes, 4000 + 10_000 + 30_000);
@@ -347,12 +356,22 @@ mod tests {
 
     #[test]
     fn a_budget_below_one_layer_and_the_cache_is_refused_with_the_minimum() {
-        let err =
-            MemoryPlan::new(sizes(4, 10_000), MemoryBudget { bytes: 23_999, kv_tokens: 100, stream_layers: None })
-                .unwrap_err();
+        let err = MemoryPlan::new(
+            sizes(4, 10_000),
+            MemoryBudget { bytes: 23_999, kv_tokens: 100, batch: 1, stream_layers: None },
+        )
+        .unwrap_err();
         let EngineError::MemoryBudget { minimum_mb, .. } = &err else { panic!("{err}") };
         assert_eq!(*minimum_mb, 1, "{err}");
         assert!(err.to_string().contains("at least 1 MiB"), "{err}");
+        // Four sequences: four caches (4 x 1000) and all eight experts of a layer in flight.
+        let four = MemoryBudget { bytes: 0, kv_tokens: 100, batch: 4, stream_layers: None };
+        let EngineError::MemoryBudget { detail, .. } = MemoryPlan::new(sizes(4, 10_000), four).unwrap_err() else {
+            panic!("a budget of nothing was taken")
+        };
+        assert!(detail.contains("4 x 100 tokens") && detail.contains("8 routed experts"), "{detail}");
+        let four = MemoryBudget { bytes: 33_000, kv_tokens: 100, batch: 4, stream_layers: None };
+        assert_eq!(MemoryPlan::new(sizes(4, 10_000), four).unwrap().minimum_bytes, 1000 + 4000 + 20_000 + 8000);
     }
 
     #[test]

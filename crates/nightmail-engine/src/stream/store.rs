@@ -332,6 +332,11 @@ impl ExpertStore for StreamingExperts {
         {
             let mut st = self.shared.state.lock().expect("expert cache lock");
             for &id in ids {
+                // A batch's sequences each guess the next layer: keep one sequence's worth of
+                // guesses queued, not one per sequence (they would crowd out the demand reads).
+                if st.prefetch.len() >= self.shared.config.prefetch_depth.max(1) {
+                    break;
+                }
                 if st.entries.contains_key(&id) {
                     continue;
                 }

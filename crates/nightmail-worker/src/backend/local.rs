@@ -100,11 +100,8 @@ impl Inner {
 fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &EngineSlot) {
     let options = LoadOptions {
         stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb),
-        // The key/value cache is reserved for every job of a batch.
-        memory: config.memory_mb.map(|mb| MemoryBudget {
-            kv_tokens: nightmail_engine::stream::DEFAULT_KV_TOKENS * config.max_batch,
-            ..MemoryBudget::mb(mb)
-        }),
+        // A key/value cache for every job of a batch, and the union of their experts.
+        memory: config.memory_mb.map(|mb| MemoryBudget { batch: config.max_batch, ..MemoryBudget::mb(mb) }),
     };
     let model = match Model::load_with(&config.path, &options) {
         Ok(m) => m,
