@@ -83,7 +83,8 @@ macro_rules! streaming_tests {
     )*};
 }
 
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3);
+// kimi_linear's routed experts stream while its KDA layers keep their recurrent state.
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.
@@ -239,12 +240,13 @@ mod dense {
         )*};
     }
 
-    dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss);
+    dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
 
     #[test]
     fn safetensors_and_packed_dense_layers_stream_bit_identical() {
         assert_streamed_dense_is_bit_identical("qwen3_moe", &fixture("qwen3_moe"), None);
         assert_streamed_dense_is_bit_identical("deepseek_v3", &fixture("deepseek_v3"), None);
+        assert_streamed_dense_is_bit_identical("kimi_linear", &fixture("kimi_linear"), None);
         let dir = tempfile::tempdir().unwrap();
         let packed = dir.path().join("packed.gguf");
         nightmail_engine::pack(&fixture("mixtral").join("model.gguf"), &packed).unwrap();

@@ -27,6 +27,11 @@ impl WeightSource for Checkpoint {
     fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
         Checkpoint::tensor(self, name)
     }
+
+    /// The error names the file, and a Hugging Face tensor by its transformers name.
+    fn require(&self, name: &str) -> Result<TensorView<'_>> {
+        Checkpoint::require(self, name)
+    }
 }
 
 /// One tensor a layer's build asked for: its GGUF name, and the view it got.
@@ -72,5 +77,12 @@ impl WeightSource for Recording<'_> {
             }
         }
         Ok(view)
+    }
+
+    fn require(&self, name: &str) -> Result<TensorView<'_>> {
+        match self.tensor(name)? {
+            Some(view) => Ok(view),
+            None => self.ck.require(name),
+        }
     }
 }

@@ -9,14 +9,16 @@ use super::attention::{Attention, F16Cache, LayerCache};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
+use super::kda::{Kda, KdaState};
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
 use super::source::{Recorded, Recording, WeightSource};
+use super::state::{LayerState, SequenceState};
 use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, TensorView};
+use crate::format::{Checkpoint, Format, TensorView};
 use crate::spec::{MlaSpec, ModelSpec};
 
 pub enum FeedForward {
@@ -24,11 +26,13 @@ pub enum FeedForward {
     Moe(MoeBlock),
 }
 
-/// The attention an architecture picks: grouped-query heads with their own keys and values, or
-/// DeepSeek's latent attention with one compressed latent per token.
+/// How a layer mixes tokens: grouped-query heads with their own keys and values, DeepSeek's
+/// latent attention with one compressed latent per token, or Kimi Linear's KDA with a fixed-size
+/// recurrent state.
 pub enum SelfAttention {
     Grouped(Attention),
     Latent(Mla),
+    Kda(Kda),
 }
 
 impl SelfAttention {
@@ -43,18 +47,20 @@ impl SelfAttention {
                 let (q, kv) = m.project(x)?;
                 vec![q, kv]
             }
+            SelfAttention::Kda(k) => k.project(x)?,
         })
     }
 
-    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        match (self, rows, cache) {
-            (SelfAttention::Grouped(a), [q, k, v], cache) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv], LayerCache::F32(cache)) => m.attend(q, kv, start, cache),
-            // The transformer gives latent attention an f32 cache (it never takes ggml numerics).
-            (SelfAttention::Latent(_), _, LayerCache::F16(_)) => {
-                Err(EngineError::Compute(candle_core::Error::Msg("latent attention over an f16 cache".into())))
+    fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
+        match (self, rows, state) {
+            (SelfAttention::Grouped(a), [q, k, v], LayerState::Attention(cache)) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv], LayerState::Attention(LayerCache::F32(cache))) => {
+                m.attend(q, kv, start, cache)
             }
-            _ => unreachable!("rows come from the same attention's project"),
+            (SelfAttention::Kda(k), rows, LayerState::Kda(state)) => k.attend(rows, state),
+            // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
+            // and each layer the state of its kind.
+            _ => Err(EngineError::Compute(candle_core::Error::Msg("a layer's state is not of its kind".into()))),
         }
     }
 
@@ -62,16 +68,18 @@ impl SelfAttention {
         match self {
             SelfAttention::Grouped(a) => a.output(attended),
             SelfAttention::Latent(m) => m.output(attended),
+            SelfAttention::Kda(k) => k.output(attended),
         }
     }
 }
 
-/// The key/value cache a layer's attention keeps: ggml's f16 rows for grouped attention under
-/// ggml numerics, f32 otherwise.
+/// The state a layer keeps per sequence: ggml's f16 key/value rows for grouped attention under
+/// ggml numerics, f32 rows otherwise, or KDA's recurrent state of these dimensions.
 #[derive(Debug, Clone, Copy)]
 enum CacheKind {
     F16 { kv_heads: usize, head_dim: usize },
     F32,
+    Kda { heads: usize, head_dim: usize, kernel: usize },
 }
 
 impl CacheKind {
@@ -79,6 +87,10 @@ impl CacheKind {
         match (attention, numerics) {
             (SelfAttention::Grouped(a), Numerics::Ggml) => {
                 CacheKind::F16 { kv_heads: a.kv_heads, head_dim: a.head_dim }
+            }
+            (SelfAttention::Kda(k), _) => {
+                let (heads, head_dim, kernel) = k.dims();
+                CacheKind::Kda { heads, head_dim, kernel }
             }
             _ => CacheKind::F32,
         }
@@ -123,46 +135,6 @@ impl Embedding {
     }
 }
 
-/// The attention keys and values of one sequence so far (for latent attention, each layer's
-/// latents and rotary keys), and the routes of its last token (the fallback predictor of the
-/// next token's experts).
-pub struct KvCache {
-    layers: Vec<LayerCache>,
-    position: usize,
-    last_routes: Vec<Vec<usize>>,
-    /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
-    guesses: Vec<Option<(Vec<usize>, Vec<usize>)>>,
-}
-
-impl KvCache {
-    /// Tokens already in the cache.
-    pub fn position(&self) -> usize {
-        self.position
-    }
-
-    pub(crate) fn layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
-    pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
-        self.layers[l].rows(from, to)
-    }
-
-    /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
-    /// the position past them.
-    pub(crate) fn extend(&mut self, rows: &[(Tensor, Tensor)]) -> Result<()> {
-        debug_assert_eq!(rows.len(), self.layers.len());
-        let mut added = None;
-        for (cache, (k, v)) in self.layers.iter_mut().zip(rows) {
-            cache.append(k, v)?;
-            added = Some(k.dim(2)?);
-        }
-        self.position += added.unwrap_or(0);
-        Ok(())
-    }
-}
-
 /// gpt-oss's attention sinks `[heads]`, as f32.
 fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
     view.expect_shape(&[heads])?;
@@ -171,6 +143,8 @@ fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
 
 pub struct Transformer {
     numerics: Numerics,
+    /// The file format the layers are built from (a streamed layer is built again later).
+    format: Format,
     embedding: Embedding,
     /// Resident layers; `None` where the layer streams from `streamed`.
     layers: Vec<Option<Arc<DecoderLayer>>>,
@@ -244,12 +218,12 @@ impl Transformer {
             // the build notes the extents it will be read from again.
             let layer = if streamed.get(l).copied().unwrap_or(false) {
                 let source = Recording::new(ck);
-                let layer = Self::load_layer(&source, spec, numerics, &experts, l)?;
+                let layer = Self::load_layer(&source, spec, numerics, ck.format(), &experts, l)?;
                 recorded.push(Some(source.take()));
                 layer
             } else {
                 recorded.push(None);
-                Self::load_layer(ck, spec, numerics, &experts, l)?
+                Self::load_layer(ck, spec, numerics, ck.format(), &experts, l)?
             };
             caches.push(CacheKind::of(&layer.attention, numerics));
             layers.push(recorded[l].is_none().then(|| Arc::new(layer)));
@@ -258,6 +232,7 @@ impl Transformer {
         }
         let t = Transformer {
             numerics,
+            format: ck.format(),
             embedding,
             layers,
             streamed: None,
@@ -273,8 +248,8 @@ impl Transformer {
 
     /// The build of one layer from a source of its tensors, for a store that streams layers.
     pub(crate) fn layer_builder(&self, spec: &ModelSpec) -> LayerBuilder {
-        let (spec, numerics, experts) = (spec.clone(), self.numerics, self.experts.clone());
-        Arc::new(move |source, l| Self::load_layer(source, &spec, numerics, &experts, l))
+        let (spec, numerics, format, experts) = (spec.clone(), self.numerics, self.format, self.experts.clone());
+        Arc::new(move |source, l| Self::load_layer(source, &spec, numerics, format, &experts, l))
     }
 
     /// Take the layers [`Transformer::load`] did not keep from `store`.
@@ -307,6 +282,7 @@ impl Transformer {
         ck: &dyn WeightSource,
         spec: &ModelSpec,
         numerics: Numerics,
+        format: Format,
         experts: &Arc<dyn ExpertStore>,
         l: usize,
     ) -> Result<DecoderLayer> {
@@ -318,9 +294,10 @@ impl Transformer {
             w.expect_shape(&[rows, cols])?;
             ck.linear(&w, opt(&format!("{name}.bias"))?.as_ref())
         };
-        let attention = match &a.mla {
-            Some(dims) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
-            None => {
+        let attention = match (&spec.kda, &a.mla) {
+            (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, format, spec, kda, l)?),
+            (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
+            (_, None) => {
                 let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
                 let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
                     (Some(q), Some(k)) => Some((
@@ -397,7 +374,7 @@ impl Transformer {
 
     /// At a decode step, layer `l` (MoE) has routed; `h` is its post-attention hidden state.
     /// Score the guesses made for `l`, then guess layer l+1 and prefetch it.
-    fn look_ahead(&self, l: usize, h: &Tensor, route: &[usize], cache: &mut KvCache) -> Result<()> {
+    fn look_ahead(&self, l: usize, h: &Tensor, route: &[usize], cache: &mut SequenceState) -> Result<()> {
         let mut recall = self.prefetch.recall.lock().expect("recall lock");
         if recall.len() < self.layers.len() {
             *recall = (0..self.layers.len()).map(|layer| LayerRecall { layer, ..LayerRecall::default() }).collect();
@@ -428,22 +405,21 @@ impl Transformer {
         Ok(())
     }
 
-    pub fn new_cache(&self) -> KvCache {
-        let n = self.layers.len();
+    /// A new sequence's state: an empty cache or a zero recurrent state per layer (known for a
+    /// streamed layer without its weights in memory).
+    pub fn new_cache(&self) -> SequenceState {
         let layer = |c: &CacheKind| match *c {
-            CacheKind::F16 { kv_heads, head_dim } => LayerCache::F16(F16Cache::new(kv_heads, head_dim)),
-            CacheKind::F32 => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
+            CacheKind::F16 { kv_heads, head_dim } => {
+                LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
+            }
+            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::Kda { heads, head_dim, kernel } => LayerState::Kda(KdaState::new(heads, head_dim, kernel)),
         };
-        KvCache {
-            layers: self.caches.iter().map(layer).collect(),
-            position: 0,
-            last_routes: vec![Vec::new(); n],
-            guesses: vec![None; n],
-        }
+        SequenceState::new(self.caches.iter().map(layer).collect())
     }
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut SequenceState) -> Result<Tensor> {
         Ok(self.forward_groups(&mut [(cache, tokens)])?.squeeze(0)?)
     }
 
@@ -452,7 +428,7 @@ impl Transformer {
     /// prefills). Each dense weight is read once for the step and each layer's experts once for
     /// the union of the groups' routes; each group gets the results it would get alone. Returns
     /// the logits of each group's last token, `[groups, vocab]`.
-    pub fn forward_groups(&self, groups: &mut [(&mut KvCache, &[u32])]) -> Result<Tensor> {
+    pub fn forward_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Tensor> {
         if groups.is_empty() || groups.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::EmptyPrompt);
         }

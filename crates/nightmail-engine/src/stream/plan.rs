@@ -64,7 +64,11 @@ pub struct ModelSizes {
     pub top_k: usize,
     pub experts_per_layer: usize,
     pub moe_layers: usize,
+    /// Key/value bytes per token of one sequence (attention layers only).
     pub kv_bytes_per_token: usize,
+    /// Bytes of one sequence's fixed-size state (KDA layers' recurrent state and convolution
+    /// tail), whatever its length.
+    pub state_bytes: usize,
     pub context_length: usize,
 }
 
@@ -113,6 +117,12 @@ impl ModelSizes {
             (None, Numerics::Ggml) => 2 * a.kv_heads * a.head_dim * 2,
             (None, Numerics::Reference) => 2 * a.kv_heads * a.head_dim * 4,
         };
+        // A KDA layer keeps f32 S per head and its convolution's last inputs instead of rows.
+        let kda_layers = (0..spec.layers).filter(|&l| spec.is_kda(l)).count();
+        let state_bytes = spec.kda.as_ref().map_or(0, |k| {
+            let width = k.heads * k.head_dim;
+            (k.heads * k.head_dim * k.head_dim + (k.conv_kernel - 1) * 3 * width) * 4 * kda_layers
+        });
         let moe_layers = spec.moe_layers.iter().filter(|m| **m).count();
         let (top_k, experts_per_layer) = spec.moe.as_ref().map_or((0, 0), |m| (m.routing.top_k(), m.experts));
         let expert_count = moe_layers * experts_per_layer;
@@ -126,7 +136,8 @@ impl ModelSizes {
             top_k,
             experts_per_layer,
             moe_layers,
-            kv_bytes_per_token: kv_per_layer * spec.layers,
+            kv_bytes_per_token: kv_per_layer * (spec.layers - kda_layers),
+            state_bytes,
             context_length: spec.context_length,
         })
     }
@@ -170,7 +181,8 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     pub fn new(sizes: ModelSizes, budget: MemoryBudget) -> Result<Self> {
         let batch = budget.batch.max(1);
-        let kv = budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token * batch;
+        let kv =
+            (budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token + sizes.state_bytes) * batch;
         // A step's experts are all read and alive at once: the union of the batch's routes.
         let in_flight = (sizes.top_k * batch).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
         let all_layers: usize = sizes.layers.iter().map(|l| l.resident_bytes).sum();
@@ -306,6 +318,7 @@ mod tests {
             experts_per_layer: 8,
             moe_layers: layers,
             kv_bytes_per_token: 10,
+            state_bytes: 0,
             context_length: 100,
         }
     }
@@ -372,6 +385,22 @@ mod tests {
         assert!(detail.contains("4 x 100 tokens") && detail.contains("8 routed experts"), "{detail}");
         let four = MemoryBudget { bytes: 33_000, kv_tokens: 100, batch: 4, stream_layers: None };
         assert_eq!(MemoryPlan::new(sizes(4, 10_000), four).unwrap().minimum_bytes, 1000 + 4000 + 20_000 + 8000);
+    }
+
+    #[test]
+    fn kimi_linears_kda_layers_reserve_a_fixed_state_and_only_its_latent_attention_layer_rows() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_linear");
+        for file in [path.join("model.gguf"), path.clone()] {
+            let ck = Checkpoint::open(&file).unwrap();
+            let spec = ModelSpec::read(&ck).unwrap();
+            let sizes = ModelSizes::read(&ck, &spec).unwrap();
+            // One MLA layer: a latent of 16 and a rotary key of 8, f32. Three KDA layers of
+            // 4 heads x 8: S (4 x 8 x 8) and the convolution's last 3 inputs of q, k and v (3 x 96).
+            assert_eq!(sizes.kv_bytes_per_token, (16 + 8) * 4, "{}", file.display());
+            assert_eq!(sizes.state_bytes, 3 * (4 * 8 * 8 + 3 * 96) * 4, "{}", file.display());
+            let two = MemoryBudget { bytes: usize::MAX / 2, kv_tokens: 10, batch: 2, stream_layers: None };
+            assert_eq!(MemoryPlan::new(sizes.clone(), two).unwrap().kv_bytes, 2 * (10 * 96 + sizes.state_bytes));
+        }
     }
 
     #[test]
