@@ -38,7 +38,7 @@ pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, To
 pub use inspect::{DtypeUse, ModelInfo, inspect};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
 pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
-pub use pack::pack;
+pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};
 pub use plan::{KernelRate, PlanOptions, PlanReport, PredictedStep, plan};
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;

@@ -251,6 +251,13 @@ mod dense {
         let packed = dir.path().join("packed.gguf");
         nightmail_engine::pack(&fixture("mixtral").join("model.gguf"), &packed).unwrap();
         assert_streamed_dense_is_bit_identical("mixtral", &packed, None);
+        // An int8 spine (`pack --dense q8_0`) streams as it computes resident.
+        for arch in ["qwen3_moe", "kimi_linear"] {
+            let spine = dir.path().join(format!("{arch}-q8_0.gguf"));
+            let opts = nightmail_engine::PackOptions { dense: Some(nightmail_engine::DenseQuant::Q8_0) };
+            nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &spine, &opts).unwrap();
+            assert_streamed_dense_is_bit_identical(arch, &spine, None);
+        }
     }
 
     #[test]

@@ -198,7 +198,14 @@ pub enum ModelCommand {
     },
     /// Rewrite a GGUF expert-major: each expert's three matrices contiguous and 4 KiB aligned
     /// (one read per expert), dense tensors together.
-    Pack { src: PathBuf, dst: PathBuf },
+    Pack {
+        src: PathBuf,
+        dst: PathBuf,
+        /// Requantize the non-expert weights (attention, shared experts, dense layers, head) to
+        /// q8_0 or q4_0; routed experts are copied as they are.
+        #[arg(long)]
+        dense: Option<nightmail_engine::DenseQuant>,
+    },
 }
 
 pub fn run(command: ModelCommand) -> anyhow::Result<()> {
@@ -377,9 +384,20 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Pack { src, dst } => {
-            let n = nightmail_engine::pack(&src, &dst).with_context(|| format!("packing {}", src.display()))?;
-            println!("{}: {} (expert-major)", dst.display(), bytes(n));
+        ModelCommand::Pack { src, dst, dense } => {
+            let opts = nightmail_engine::PackOptions { dense };
+            let r =
+                nightmail_engine::pack_with(&src, &dst, &opts).with_context(|| format!("packing {}", src.display()))?;
+            println!("{}: {} (expert-major)", dst.display(), bytes(r.bytes));
+            if let Some(q) = dense {
+                println!(
+                    "{} non-expert tensors requantized to {}: {} -> {}",
+                    r.requantized,
+                    q.name(),
+                    bytes(r.requantized_from_bytes),
+                    bytes(r.requantized_to_bytes)
+                );
+            }
             Ok(())
         }
     }
