@@ -29,7 +29,7 @@ pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
 pub use f16::F16Matrix;
 pub use ggml::Numerics;
 pub use kda::{Kda, KdaState};
-pub use layers::{Linear, RmsNorm};
+pub use layers::{Linear, MATVEC_ENV, MatVecPath, RmsNorm, matvec_path};
 pub use mla::{Mla, MlaQuery};
 pub use moe::{MoeBlock, SharedExpert};
 pub use mxfp4::Mxfp4Matrix;
