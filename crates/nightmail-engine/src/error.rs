@@ -13,6 +13,10 @@ pub enum EngineError {
     UnknownFormat { path: PathBuf },
     #[error("{path} is not a readable GGUF file ({reason}): re-download or re-convert it")]
     BadGguf { path: PathBuf, reason: String },
+    #[error(
+        "{model} is striped and its part {part} cannot be read ({source}): mount the disk that holds it, or pack the model again"
+    )]
+    MissingStripe { model: PathBuf, part: PathBuf, source: std::io::Error },
     #[error("{path} is not a readable safetensors file ({reason}): re-download it")]
     BadSafetensors { path: PathBuf, reason: String },
     #[error("{path}: {reason}: fix the file or re-download the model")]

@@ -101,7 +101,7 @@ fn check_fixture(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
     for q in [DenseQuant::Q8_0, DenseQuant::Q4_0] {
         let packed = dir.path().join(format!("{}.gguf", q.name()));
-        nightmail_engine::pack_with(&gguf, &packed, &PackOptions { dense: Some(q) }).unwrap();
+        nightmail_engine::pack_with(&gguf, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
         check_quantized(&format!("{arch} --dense {}", q.name()), &packed, &r.prompt_tokens, then);
     }
 }

@@ -49,7 +49,8 @@ fn error(arch: &str, q: DenseQuant) -> Error {
     let src = fixture(arch).join("model.gguf");
     let dir = tempfile::tempdir().unwrap();
     let packed = dir.path().join("dense.gguf");
-    let report = nightmail_engine::pack_with(&src, &packed, &PackOptions { dense: Some(q) }).unwrap();
+    let report =
+        nightmail_engine::pack_with(&src, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
     assert!(report.requantized > 0 && report.requantized_to_bytes < report.requantized_from_bytes, "{arch}");
     let r = reference(arch);
     let want = logit_rows(&Model::load(&src).unwrap(), &r);

@@ -197,7 +197,7 @@ mod dense {
         ask(nightmail_engine::memory_plan(path, ask(usize::MAX / 2)).unwrap().minimum_bytes)
     }
 
-    fn assert_streamed_dense_is_bit_identical(arch: &str, path: &Path, streamed: Option<Vec<usize>>) {
+    pub(super) fn assert_streamed_dense_is_bit_identical(arch: &str, path: &Path, streamed: Option<Vec<usize>>) {
         let r = reference(arch);
         let memory = budget(path, streamed);
         let resident = Model::load(path).unwrap();
@@ -254,7 +254,8 @@ mod dense {
         // An int8 spine (`pack --dense q8_0`) streams as it computes resident.
         for arch in ["qwen3_moe", "kimi_linear"] {
             let spine = dir.path().join(format!("{arch}-q8_0.gguf"));
-            let opts = nightmail_engine::PackOptions { dense: Some(nightmail_engine::DenseQuant::Q8_0) };
+            let opts =
+                nightmail_engine::PackOptions { dense: Some(nightmail_engine::DenseQuant::Q8_0), ..Default::default() };
             nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &spine, &opts).unwrap();
             assert_streamed_dense_is_bit_identical(arch, &spine, None);
         }
@@ -284,5 +285,79 @@ mod dense {
         let all = MemoryBudget { bytes: 1 << 30, kv_tokens: KV_TOKENS, batch: 1, stream_layers: None };
         let model = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(all) }).unwrap();
         assert!(model.dense_stream().is_none() && model.streaming().is_none());
+    }
+}
+
+/// `model pack --stripe DIR1,DIR2`: the experts in one file per directory (a disk each), the
+/// dense tensors in the main file that lists them.
+mod stripe {
+    use super::*;
+    use nightmail_engine::{EngineError, PackOptions};
+
+    /// `arch`'s fixture packed with its experts striped over two directories: the main file
+    /// and the two parts.
+    fn striped(arch: &str, root: &Path) -> (PathBuf, [PathBuf; 2]) {
+        let dirs = [root.join("disk1"), root.join("disk2")];
+        dirs.iter().for_each(|d| std::fs::create_dir_all(d).unwrap());
+        let main = root.join("model.gguf");
+        let opts = PackOptions { stripe: dirs.to_vec(), ..PackOptions::default() };
+        nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &main, &opts).unwrap();
+        let parts = dirs.map(|d| {
+            let files: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+            assert_eq!(files.len(), 1, "{arch}: {files:?}");
+            files[0].clone()
+        });
+        (main, parts)
+    }
+
+    #[test]
+    fn a_striped_model_reads_its_experts_from_both_parts_bit_identical_to_the_original() {
+        for arch in ["qwen3_moe", "gpt_oss", "kimi_linear"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (main, parts) = striped(arch, dir.path());
+            // The experts left the main file and split about evenly between the parts.
+            let plain = dir.path().join("plain.gguf");
+            nightmail_engine::pack(&fixture(arch).join("model.gguf"), &plain).unwrap();
+            let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+            let (a, b) = (size(&parts[0]), size(&parts[1]));
+            assert!(a.abs_diff(b) * 4 < a + b, "{arch}: parts of {a} and {b} bytes");
+            // Every expert is in one file only: the three files hold what the plain pack does,
+            // plus two more headers' padding.
+            let (all, plain) = (size(&main) + a + b, size(&plain));
+            assert!(all >= plain && all <= plain + 2 * 65536, "{arch}: {all} bytes striped, {plain} plain");
+            let r = reference(arch);
+            let want = logit_rows(&Model::load(fixture(arch).join("model.gguf")).unwrap(), &r.prompt_tokens, 4);
+            let got = logit_rows(&Model::load(&main).unwrap(), &r.prompt_tokens, 4);
+            assert!(want == got, "{arch}: the striped model's resident logits differ from the original's");
+            // Streamed through a cache smaller than a layer's experts, and with every dense layer
+            // streamed too.
+            assert_bit_identical(arch, &main, 2);
+            dense::assert_streamed_dense_is_bit_identical(arch, &main, None);
+        }
+    }
+
+    #[test]
+    fn a_missing_part_is_named_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (main, parts) = striped("qwen3_moe", dir.path());
+        std::fs::remove_file(&parts[1]).unwrap();
+        let err = match Model::load(&main) {
+            Ok(_) => panic!("a striped model without its second part loaded"),
+            Err(e) => e,
+        };
+        assert!(matches!(err, EngineError::MissingStripe { .. }), "{err}");
+        let text = err.to_string();
+        let part = std::fs::canonicalize(dir.path().join("disk2")).unwrap();
+        assert!(text.contains(&part.display().to_string()) && text.contains("mount the disk"), "{text}");
+    }
+
+    #[test]
+    fn striping_a_model_without_experts_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PackOptions { stripe: vec![dir.path().to_path_buf()], ..PackOptions::default() };
+        let err = nightmail_engine::pack_with(&fixture("llama").join("model.gguf"), &dir.path().join("x.gguf"), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--stripe") && err.contains("none"), "{err}");
     }
 }

@@ -205,6 +205,10 @@ pub enum ModelCommand {
         /// q8_0 or q4_0; routed experts are copied as they are.
         #[arg(long)]
         dense: Option<nightmail_engine::DenseQuant>,
+        /// Spread the experts over one file in each of these directories (a disk each, read in
+        /// parallel); DST keeps the dense tensors and lists the parts.
+        #[arg(long, value_delimiter = ',')]
+        stripe: Vec<PathBuf>,
     },
 }
 
@@ -384,8 +388,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Pack { src, dst, dense } => {
-            let opts = nightmail_engine::PackOptions { dense };
+        ModelCommand::Pack { src, dst, dense, stripe } => {
+            let opts = nightmail_engine::PackOptions { dense, stripe };
             let r =
                 nightmail_engine::pack_with(&src, &dst, &opts).with_context(|| format!("packing {}", src.display()))?;
             println!("{}: {} (expert-major)", dst.display(), bytes(r.bytes));

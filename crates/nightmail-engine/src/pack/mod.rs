@@ -3,13 +3,15 @@
 //! aligned, so one direct read fetches a whole expert. The result is a GGUF with the source's
 //! metadata plus `nightmail.packed`; llama.cpp does not read its per-expert tensors, nightmail
 //! reads both layouts. `--dense q8_0|q4_0` also requantizes the non-expert weights
-//! (`requantize.rs`).
+//! (`requantize.rs`); `--stripe DIR1,DIR2,...` puts the experts in one file per directory (a
+//! disk each), in turn, which the main file lists (`nightmail.stripe.parts`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 
 use crate::error::{EngineError, Result};
+use crate::format::STRIPE_PARTS;
 use crate::format::gguf_write::{TensorHeader, write_gguf};
 use crate::format::{
     Checkpoint, ExpertMatrix, TensorView, WeightDType, is_expert_tensor, packed_expert_bias_name, packed_expert_name,
@@ -29,6 +31,9 @@ pub const PACK_VERSION: u32 = 1;
 pub struct PackOptions {
     /// Requantize the non-expert weights to this type (experts are copied as they are).
     pub dense: Option<DenseQuant>,
+    /// Spread the experts over files in these directories (one per disk); the dense tensors
+    /// and the metadata stay in the main file, which lists the parts.
+    pub stripe: Vec<PathBuf>,
 }
 
 /// What a pack wrote.
@@ -51,6 +56,8 @@ struct Packed<'a> {
     view: TensorView<'a>,
     /// Requantized from `view` when written.
     requantize: bool,
+    /// The routed expert it belongs to.
+    expert: Option<ExpertId>,
 }
 
 pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackReport> {
@@ -62,6 +69,12 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         });
     };
     let spec = ModelSpec::read(&ck)?;
+    if spec.moe.is_none() && !opts.stripe.is_empty() {
+        return Err(EngineError::Unsupported {
+            what: format!("striping {}", src.display()),
+            hint: "--stripe spreads routed experts over disks, and the model has none".into(),
+        });
+    }
     // Without experts there is nothing to lay out, but a spine to requantize.
     if spec.moe.is_none() && opts.dense.is_none() {
         return Err(EngineError::Unsupported {
@@ -89,7 +102,7 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
             report.requantized_from_bytes += t.bytes.len() as u64;
             report.requantized_to_bytes += header.byte_len() as u64;
         }
-        tensors.push(Packed { header, view: t, requantize: to.is_some() });
+        tensors.push(Packed { header, view: t, requantize: to.is_some(), expert: None });
     }
     if let Some(moe) = &spec.moe {
         for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
@@ -100,6 +113,7 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
                         header: TensorHeader::new(packed_expert_name(id, m), v.dtype, &v.shape),
                         view: v,
                         requantize: false,
+                        expert: Some(id),
                     });
                 }
                 // gpt-oss's biases follow their expert's matrices, inside the same read.
@@ -109,15 +123,59 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
                             header: TensorHeader::new(packed_expert_bias_name(id, m), b.dtype, &b.shape),
                             view: b,
                             requantize: false,
+                            expert: Some(id),
                         });
                     }
                 }
             }
         }
     }
+    let (main, parts) = stripe(tensors, &opts.stripe);
+    let mut part_paths = Vec::with_capacity(parts.len());
+    for (i, (dir, part)) in opts.stripe.iter().zip(&parts).enumerate() {
+        let stem = dst.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        let path = dir.join(format!("{stem}.stripe-{}-of-{}.gguf", i + 1, parts.len()));
+        let meta = vec![("nightmail.stripe.part".to_string(), Value::U32(i as u32 + 1))];
+        report.bytes += write(&ck, &path, &meta, part)?;
+        let path = std::fs::canonicalize(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+        part_paths.push(Value::String(path.to_string_lossy().into_owned()));
+    }
+    if !part_paths.is_empty() {
+        metadata.push((STRIPE_PARTS.into(), Value::Array(part_paths)));
+    }
+    report.bytes += write(&ck, dst, &metadata, &main)?;
+    Ok(report)
+}
+
+/// The main file's tensors and each stripe part's: with no stripe directories, all in the main
+/// file; otherwise the dense tensors stay there and the experts (a whole expert's matrices and
+/// biases together, one read) go to the parts in turn.
+fn stripe<'a>(tensors: Vec<Packed<'a>>, dirs: &[PathBuf]) -> (Vec<Packed<'a>>, Vec<Vec<Packed<'a>>>) {
+    if dirs.is_empty() {
+        return (tensors, Vec::new());
+    }
+    let mut parts: Vec<Vec<Packed<'a>>> = (0..dirs.len()).map(|_| Vec::new()).collect();
+    let (mut main, mut expert, mut last) = (Vec::new(), 0usize, None);
+    for t in tensors {
+        match t.expert {
+            Some(id) => {
+                if last.is_some_and(|l| l != id) {
+                    expert += 1;
+                }
+                last = Some(id);
+                parts[expert % dirs.len()].push(t);
+            }
+            None => main.push(t),
+        }
+    }
+    (main, parts)
+}
+
+/// Writes `tensors` as one GGUF at `path`; its size.
+fn write(ck: &Checkpoint, path: &Path, metadata: &[(String, Value)], tensors: &[Packed<'_>]) -> Result<u64> {
     let headers: Vec<TensorHeader> = tensors.iter().map(|t| t.header.clone()).collect();
     let mut since_release = 0usize;
-    write_gguf(dst, &metadata, &headers, 4096, |i, w| {
+    write_gguf(path, metadata, &headers, 4096, |i, w| {
         let t = &tensors[i];
         if t.requantize {
             let WeightDType::Ggml(dtype) = t.header.dtype else { unreachable!("requantized to a ggml type") };
@@ -134,10 +192,9 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         }
         Ok(())
     })
-    .map_err(|source| EngineError::Io { path: dst.to_path_buf(), source })?;
+    .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
     ck.release_pages();
-    report.bytes = std::fs::metadata(dst).map_err(|source| EngineError::Io { path: dst.to_path_buf(), source })?.len();
-    Ok(report)
+    Ok(std::fs::metadata(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?.len())
 }
 
 #[cfg(test)]
@@ -156,7 +213,12 @@ mod tests {
         for arch in ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_linear"] {
             let (plain, dense) = (dir.path().join("plain.gguf"), dir.path().join("dense.gguf"));
             pack(&fixture(arch), &plain).unwrap();
-            let report = pack_with(&fixture(arch), &dense, &PackOptions { dense: Some(DenseQuant::Q4_0) }).unwrap();
+            let report = pack_with(
+                &fixture(arch),
+                &dense,
+                &PackOptions { dense: Some(DenseQuant::Q4_0), ..PackOptions::default() },
+            )
+            .unwrap();
             let (a, b) = (Checkpoint::open(&plain).unwrap(), Checkpoint::open(&dense).unwrap());
             let (ta, tb) = (a.all_tensors().unwrap(), b.all_tensors().unwrap());
             assert_eq!(ta.len(), tb.len(), "{arch}");
@@ -183,7 +245,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = pack(&fixture("llama"), &dir.path().join("x.gguf")).unwrap_err().to_string();
         assert!(err.contains("no routed experts") && err.contains("--dense"), "{err}");
-        let opts = PackOptions { dense: Some(DenseQuant::Q8_0) };
+        let opts = PackOptions { dense: Some(DenseQuant::Q8_0), ..PackOptions::default() };
         assert!(pack_with(&fixture("llama"), &dir.path().join("y.gguf"), &opts).unwrap().requantized > 0);
     }
 }
