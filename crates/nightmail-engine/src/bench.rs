@@ -62,6 +62,9 @@ pub struct BenchReport {
     pub disk_gbps_before: f64,
     pub disk_gbps_after: f64,
     pub direct_io: bool,
+    /// Per expert file (one per disk for a striped model): bytes read over the decode and the
+    /// rate while its reads were in flight.
+    pub disks: Vec<DiskRate>,
     pub tokens: usize,
     pub prefill_s: f64,
     pub dense_bytes: u64,
@@ -77,6 +80,13 @@ pub struct BenchReport {
     pub recall_per_layer: Vec<LayerRecall>,
     pub stats: StreamStats,
     pub dense_stats: Option<DenseStats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskRate {
+    pub path: PathBuf,
+    pub disk_bytes: u64,
+    pub busy_gbps: f64,
 }
 
 /// Where the expert data of a model starts (or, without experts, its first tensor: to probe
@@ -331,6 +341,11 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         disk_gbps_before: before / 1e9,
         disk_gbps_after: after / 1e9,
         direct_io,
+        disks: stats
+            .files
+            .iter()
+            .map(|f| DiskRate { path: f.path.clone(), disk_bytes: f.disk_bytes, busy_gbps: f.busy_gbps() })
+            .collect(),
         tokens: opts.tokens,
         prefill_s,
         dense_bytes: dense,

@@ -30,7 +30,7 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, Rss, bench, bench_batch, rss};
+pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, bench, bench_batch, rss};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{EngineError, Result};
 pub use format::Format;
@@ -44,7 +44,8 @@ pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
 pub use spec::{Activation, Architecture, AttentionSpec, MlaSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
 pub use stream::{
-    CachePolicy, DenseStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts, StreamingLayers,
+    CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
+    StreamingLayers,
 };
 pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
 pub use tokenizer::TextTokenizer;

@@ -333,6 +333,15 @@ mod stripe {
             // streamed too.
             assert_bit_identical(arch, &main, 2);
             dense::assert_streamed_dense_is_bit_identical(arch, &main, None);
+            // Each part (disk) is read, by the I/O threads dealt out to it, and counted apart.
+            let streamed = Model::load_with(&main, &tiny_cache(2)).unwrap();
+            logit_rows(&streamed, &r.prompt_tokens, 4);
+            let s = streamed.streaming().unwrap().stats();
+            let files: Vec<&Path> = s.files.iter().map(|f| f.path.as_path()).collect();
+            let canonical = parts.clone().map(|p| std::fs::canonicalize(p).unwrap());
+            assert_eq!(files, canonical.iter().map(PathBuf::as_path).collect::<Vec<_>>(), "{arch}");
+            assert!(s.files.iter().all(|f| f.disk_reads > 0 && f.disk_bytes > 0 && f.busy_s > 0.0), "{arch}: {s:?}");
+            assert_eq!(s.files.iter().map(|f| f.disk_bytes).sum::<u64>(), s.disk_bytes, "{arch}");
         }
     }
 

@@ -460,6 +460,17 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
             bytes(d.window_budget_bytes)
         );
     }
+    // A striped model: each part's disk on its own line.
+    if r.disks.len() > 1 {
+        for d in &r.disks {
+            println!(
+                "per disk        {}: {} read, {:.2} GB/s while busy",
+                d.path.display(),
+                bytes(d.disk_bytes),
+                d.busy_gbps
+            );
+        }
+    }
     println!("I/O floor       {:.3} s/token; measured / floor = {:.2}", r.floor_s_per_token, r.ratio_to_floor);
     println!(
         "cache           hit rate {:.1}%, prefetch hits {:.1}%, budget {}",

@@ -16,4 +16,4 @@ pub use dense::{DenseStats, LayerExtent, StreamingLayers};
 pub use index::{ExpertExtent, ExpertIndex, MatrixExtent, aligned_span};
 pub(crate) use index::{expert_biases, expert_views};
 pub use plan::{DEFAULT_KV_TOKENS, LayerSize, MemoryBudget, MemoryPlan, ModelSizes};
-pub use store::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};
+pub use store::{CachePolicy, FileStats, StreamConfig, StreamStats, StreamingExperts};
