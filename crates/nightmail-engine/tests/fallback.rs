@@ -7,10 +7,13 @@
 //! (`NIGHTMAIL_MATVEC=f32`): both candle's kernels and ours round the activations to 8 bits
 //! (each its own way), so candle's path is held to within 1e-3 plus twice our own kernels' error.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Mutex;
 
 use candle_core::quantized::GgmlDType;
+use common::{fed_logit_rows, fixture, reference};
 use nightmail_engine::format::WeightDType;
 use nightmail_engine::model::{MATVEC_ENV, MatVecPath, matvec_path};
 use nightmail_engine::{DenseQuant, Model, PackOptions, SynthArch, SynthDtype, SynthSpec};
@@ -20,21 +23,6 @@ const TOLERANCE: f32 = 1e-3;
 /// The switch is read from the environment when a model loads: every test here holds this
 /// while it changes the environment and loads, so no other thread reads it meanwhile.
 static ENV: Mutex<()> = Mutex::new(());
-
-#[derive(serde::Deserialize)]
-struct Reference {
-    prompt_tokens: Vec<u32>,
-    greedy_tokens: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(arch)
-}
-
-fn reference(arch: &str) -> Reference {
-    serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("reference.json")).unwrap()).unwrap()
-}
 
 /// `path` loaded with the mat-vecs `NIGHTMAIL_MATVEC` names (`None`: this CPU's choice).
 fn load(path: &Path, switch: Option<&str>) -> Model {
@@ -61,16 +49,6 @@ fn load(path: &Path, switch: Option<&str>) -> Model {
     model
 }
 
-/// Logits after the prompt and after each given token.
-fn logit_rows(model: &Model, prompt: &[u32], then: &[u32]) -> Vec<Vec<f32>> {
-    let mut cache = model.new_cache();
-    let mut rows = vec![model.logits(prompt, &mut cache).unwrap()];
-    for &t in then {
-        rows.push(model.logits(&[t], &mut cache).unwrap());
-    }
-    rows
-}
-
 fn max_error(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
     assert_eq!(want.len(), got.len());
     let mut worst = 0f32;
@@ -83,9 +61,9 @@ fn max_error(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
 
 /// candle's path against the f32 reference, held to 1e-3 plus twice our kernels' error.
 fn check_quantized(what: &str, path: &Path, prompt: &[u32], then: &[u32]) {
-    let reference = logit_rows(&load(path, Some("f32")), prompt, then);
-    let ours = max_error(&reference, &logit_rows(&load(path, None), prompt, then));
-    let candle = max_error(&reference, &logit_rows(&load(path, Some("candle")), prompt, then));
+    let reference = fed_logit_rows(&load(path, Some("f32")), prompt, then);
+    let ours = max_error(&reference, &fed_logit_rows(&load(path, None), prompt, then));
+    let candle = max_error(&reference, &fed_logit_rows(&load(path, Some("candle")), prompt, then));
     println!("{what:<28} max |dlogit| against f32: candle {candle:.2e}, ours {ours:.2e}");
     assert!(candle <= TOLERANCE + 2.0 * ours, "{what}: candle's path is off by {candle:e} (ours {ours:e})");
 }
@@ -95,7 +73,7 @@ fn check_fixture(arch: &str) {
     // The reference's logits: the prompt's, then after each greedy token but the last.
     let then = &r.greedy_tokens[..r.logits.len() - 1];
     let gguf = fixture(arch).join("model.gguf");
-    let worst = max_error(&r.logits, &logit_rows(&load(&gguf, Some("candle")), &r.prompt_tokens, then));
+    let worst = max_error(&r.logits, &fed_logit_rows(&load(&gguf, Some("candle")), &r.prompt_tokens, then));
     println!("{arch:<28} max |dlogit| against transformers through candle's path: {worst:.2e}");
     assert!(worst < TOLERANCE, "{arch}: {worst:e}");
     let dir = tempfile::tempdir().unwrap();

@@ -3,37 +3,13 @@
 //! continuation (that the experts are copied byte for byte is a unit test of `pack`). Each run
 //! prints its figures (`cargo test -p nightmail-engine --test requantize -- --nocapture`).
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fed_logit_rows, fixture, reference};
 use nightmail_engine::{DenseQuant, Model, PackOptions};
-
-fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(arch)
-}
-
-#[derive(serde::Deserialize)]
-struct Reference {
-    prompt_tokens: Vec<u32>,
-    greedy_tokens: Vec<u32>,
-}
-
-fn reference(arch: &str) -> Reference {
-    serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("reference.json")).unwrap()).unwrap()
-}
 
 fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))).unwrap().0
-}
-
-/// Logits after the prompt and after each of the reference's greedy tokens (the same inputs
-/// for both models, so that steps compare like with like).
-fn logit_rows(model: &Model, r: &Reference) -> Vec<Vec<f32>> {
-    let mut cache = model.new_cache();
-    let mut rows = vec![model.logits(&r.prompt_tokens, &mut cache).unwrap()];
-    for &t in &r.greedy_tokens {
-        rows.push(model.logits(&[t], &mut cache).unwrap());
-    }
-    rows
 }
 
 struct Error {
@@ -53,8 +29,9 @@ fn error(arch: &str, q: DenseQuant) -> Error {
         nightmail_engine::pack_with(&src, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
     assert!(report.requantized > 0 && report.requantized_to_bytes < report.requantized_from_bytes, "{arch}");
     let r = reference(arch);
-    let want = logit_rows(&Model::load(&src).unwrap(), &r);
-    let got = logit_rows(&Model::load(&packed).unwrap(), &r);
+    // The same inputs for both models: the prompt, then the reference's greedy tokens.
+    let want = fed_logit_rows(&Model::load(&src).unwrap(), &r.prompt_tokens, &r.greedy_tokens);
+    let got = fed_logit_rows(&Model::load(&packed).unwrap(), &r.prompt_tokens, &r.greedy_tokens);
     let (mut max_abs, mut scale, mut agree) = (0f32, 0f32, 0);
     for (a, b) in want.iter().zip(&got) {
         max_abs = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(max_abs, f32::max);
