@@ -154,3 +154,43 @@ fn synth_writes_deepseek_v3_and_mxfp4_experts_that_load() {
     let info = inspect();
     assert_eq!(info["dtypes"]["MXFP4"]["tensors"], 3, "{info}");
 }
+
+/// `model pack --dense q8_0 --stripe A,B` with the binary: the spine requantized, the experts in
+/// one file per directory, the same greedy tokens resident and streamed; and `model bench --json`
+/// reports bytes and GB/s per disk.
+#[test]
+fn a_striped_int8_spine_pack_generates_and_benches_per_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
+    let (a, b, main) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("m.gguf"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let stripe = format!("{},{}", a.display(), b.display());
+    let out = run(Command::new(BIN)
+        .args(["model", "pack", fixture.to_str().unwrap(), main.to_str().unwrap()])
+        .args(["--dense", "q8_0", "--stripe", &stripe]));
+    assert!(out.contains("requantized to q8_0"), "{out}");
+    let info: serde_json::Value =
+        serde_json::from_str(&run(Command::new(BIN).args(["model", "inspect", "--json", main.to_str().unwrap()])))
+            .unwrap();
+    assert!(info["dtypes"]["Q8_0"]["tensors"].as_u64().unwrap() > 0, "{info}");
+    let generate = |cache: &[&str]| -> serde_json::Value {
+        let out = run(Command::new(BIN)
+            .args(["model", "generate", "--json", "--greedy", "--model", main.to_str().unwrap()])
+            .args(["--prompt-tokens", "1,2,3,4,5", "--max-new-tokens", "6"])
+            .args(cache));
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    };
+    let (resident, streamed) = (generate(&[]), generate(&["--cache-mb", "0"]));
+    assert_eq!(resident["tokens"], streamed["tokens"], "{resident} vs {streamed}");
+    let args = ["model", "bench", "--model", main.to_str().unwrap(), "--cache-mb", "0", "--tokens", "4"];
+    let r: serde_json::Value =
+        serde_json::from_str(&run(Command::new(BIN).args(args).args(["--probe-mb", "1", "--json"]))).unwrap();
+    let disks = r["disks"].as_array().unwrap();
+    assert_eq!(disks.len(), 2, "{r}");
+    for (d, dir) in disks.iter().zip([&a, &b]) {
+        let path = d["path"].as_str().unwrap();
+        assert!(path.starts_with(std::fs::canonicalize(dir).unwrap().to_str().unwrap()), "{d}");
+        assert!(d["disk_bytes"].as_u64().unwrap() > 0 && d["busy_gbps"].as_f64().unwrap() > 0.0, "{d}");
+    }
+}

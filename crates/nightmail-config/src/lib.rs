@@ -156,6 +156,10 @@ pub struct LocalBackend {
     /// Stream the model's routed experts from disk through a RAM cache of this many MiB
     /// (dense weights stay resident); `None` loads every expert.
     pub expert_cache_mb: Option<usize>,
+    /// One memory budget for the whole model, in MiB: the engine keeps what fits resident
+    /// (dense layers first, then the expert cache) and streams the rest from disk. Replaces
+    /// `expert_cache_mb`.
+    pub memory_mb: Option<usize>,
     /// Save a running answer's state after this many new tokens or this long, whichever comes
     /// first, so a crash or restart resumes it instead of starting over.
     pub checkpoint_every_tokens: u32,

@@ -240,6 +240,8 @@ struct RawModel {
     seed: Option<u64>,
     /// Stream routed experts from disk through a cache of this many MiB.
     expert_cache_mb: Option<usize>,
+    /// One memory budget for the whole model (dense layers stream too).
+    memory_mb: Option<Spanned<usize>>,
     #[serde(default = "default_checkpoint_every_tokens")]
     checkpoint_every_tokens: u32,
     #[serde(default = "default_checkpoint_every_secs")]
@@ -582,12 +584,26 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
             if *m.max_batch.get_ref() == 0 {
                 return Err(loc.spanned(&m.max_batch, "model.max_batch must be at least 1".to_string()));
             }
+            if let Some(mb) = &m.memory_mb {
+                if *mb.get_ref() == 0 {
+                    return Err(loc.spanned(mb, "model.memory_mb must be at least 1 (MiB)".to_string()));
+                }
+                if m.expert_cache_mb.is_some() {
+                    return Err(loc.spanned(
+                        mb,
+                        "model.memory_mb and model.expert_cache_mb are both set: keep memory_mb, which sizes \
+                         the expert cache itself"
+                            .to_string(),
+                    ));
+                }
+            }
             BackendConfig::Local(crate::LocalBackend {
                 path: path.clone(),
                 top_p: m.top_p,
                 top_k: m.top_k,
                 seed: m.seed,
                 expert_cache_mb: m.expert_cache_mb,
+                memory_mb: m.memory_mb.as_ref().map(|mb| *mb.get_ref()),
                 checkpoint_every_tokens: m.checkpoint_every_tokens.max(1),
                 checkpoint_every: Duration::from_secs(m.checkpoint_every_secs.max(1)),
                 max_batch: *m.max_batch.get_ref(),
@@ -820,6 +836,18 @@ mod tests {
         assert!(missing.contains("NIGHTMAIL_TEST_SURELY_UNSET") && missing.contains("relay.password_env"), "{missing}");
         std::fs::write(&file, "").unwrap();
         assert!(PasswordSource::File(file).read().unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn a_memory_budget_is_read_and_its_mistakes_are_named() {
+        let local = "[[model]]\naddress = \"k@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
+        let c = parse(&format!("{local}memory_mb = 512\n"), None).unwrap();
+        let BackendConfig::Local(b) = &c.models[0].backend else { panic!("a local model") };
+        assert_eq!((b.memory_mb, b.expert_cache_mb), (Some(512), None));
+        let e = err(&format!("{local}memory_mb = 0\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("at least 1"), "{e}");
+        let e = err(&format!("{local}expert_cache_mb = 64\nmemory_mb = 512\n"));
+        assert!(e.starts_with("nm.toml:6:") && e.contains("keep memory_mb"), "{e}");
     }
 
     #[test]

@@ -12,13 +12,16 @@ use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, is_expert_tensor};
 use crate::model::LayerRecall;
 use crate::sampling::argmax;
-use crate::stream::{StreamConfig, StreamStats, io::sequential_bandwidth};
-use crate::{LoadOptions, Model};
+use crate::stream::{DenseStats, MemoryBudget, StreamConfig, StreamStats, io::sequential_bandwidth};
+use crate::{LoadOptions, Model, StreamingExperts};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     pub model: PathBuf,
     pub stream: StreamConfig,
+    /// One budget for the whole model (dense layers may stream too); the expert cache's size
+    /// then comes from the plan, not `stream.cache_bytes`.
+    pub memory: Option<MemoryBudget>,
     /// Decode steps to time (after the prompt's prefill).
     pub tokens: usize,
     pub prompt_tokens: Vec<u32>,
@@ -35,7 +38,10 @@ pub struct BenchOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub s_per_token: f64,
+    /// Dense and expert bytes read per token.
     pub disk_bytes_per_token: f64,
+    pub dense_disk_bytes_per_token: f64,
+    pub expert_disk_bytes_per_token: f64,
     /// Asked-for experts already cached from an earlier step.
     pub hit_rate: f64,
     /// Asked-for experts that a prefetch had read or was reading.
@@ -56,35 +62,57 @@ pub struct BenchReport {
     pub disk_gbps_before: f64,
     pub disk_gbps_after: f64,
     pub direct_io: bool,
+    /// Per expert file (one per disk for a striped model): bytes read over the decode and the
+    /// rate while its reads were in flight.
+    pub disks: Vec<DiskRate>,
     pub tokens: usize,
     pub prefill_s: f64,
     pub dense_bytes: u64,
     pub cache_budget_bytes: u64,
+    pub memory_budget_bytes: Option<u64>,
+    /// Dense layers resident and streamed under the memory budget.
+    pub resident_layers: usize,
+    pub streamed_layers: usize,
     #[serde(flatten)]
     pub rss: Rss,
     /// Per MoE layer: distinct experts routed to over the timed tokens.
     pub distinct_experts: Vec<(usize, usize)>,
     pub recall_per_layer: Vec<LayerRecall>,
     pub stats: StreamStats,
+    pub dense_stats: Option<DenseStats>,
 }
 
-/// Where the expert data of a model starts (to probe the disk on the same file region), and the
-/// bytes of its dense weights.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskRate {
+    pub path: PathBuf,
+    pub disk_bytes: u64,
+    pub busy_gbps: f64,
+}
+
+/// Where the expert data of a model starts (or, without experts, its first tensor: to probe
+/// the disk on the same file region), and the bytes of its dense weights.
 fn expert_region_and_dense_bytes(path: &Path) -> Result<((PathBuf, u64), u64)> {
     let ck = Checkpoint::open(path)?;
-    let (mut first, mut dense): (Option<(PathBuf, u64)>, u64) = (None, 0);
+    type At = Option<(PathBuf, u64)>;
+    let (mut first, mut first_dense, mut dense): (At, At, u64) = (None, None, 0);
+    let earlier = |slot: &mut At, at: At| {
+        if let Some((p, o)) = at
+            && slot.as_ref().is_none_or(|(_, f)| o < *f)
+        {
+            *slot = Some((p, o));
+        }
+    };
     for t in ck.all_tensors()? {
         if !is_expert_tensor(&t.name) {
             dense += t.bytes.len() as u64;
-        } else if let Some((p, o)) = ck.locate(&t)
-            && first.as_ref().is_none_or(|(_, f)| o < *f)
-        {
-            first = Some((p, o));
+            earlier(&mut first_dense, ck.locate(&t));
+        } else {
+            earlier(&mut first, ck.locate(&t));
         }
     }
-    let first = first.ok_or_else(|| EngineError::Unsupported {
+    let first = first.or(first_dense).ok_or_else(|| EngineError::Unsupported {
         what: format!("benchmarking {}", path.display()),
-        hint: "the model has no routed experts to stream".into(),
+        hint: "no tensor of the model lies in a file to read it from".into(),
     })?;
     Ok((first, dense))
 }
@@ -123,16 +151,26 @@ fn probe_disk(opts: &BenchOptions, file: &Path, start: u64, what: &str) -> Resul
         .inspect(|bw| eprintln!("disk {what}: {:.2} GB/s sequential direct reads", bw / 1e9))
 }
 
-/// The model loaded with its experts streamed; an error for a model without routed experts.
+/// The model loaded with its experts (and, under a memory budget, dense layers) streamed; an
+/// error when nothing streams.
 fn load_streamed(opts: &BenchOptions) -> Result<Model> {
-    let model = Model::load_with(&opts.model, &LoadOptions { stream: Some(opts.stream.clone()) })?;
-    if model.streaming().is_none() {
+    let options = LoadOptions { stream: Some(opts.stream.clone()), memory: opts.memory.clone() };
+    let model = Model::load_with(&opts.model, &options)?;
+    if model.streaming().is_none() && model.dense_stream().is_none() {
         return Err(EngineError::Unsupported {
             what: format!("benchmarking {}", opts.model.display()),
-            hint: "the model has no routed experts to stream".into(),
+            hint: match &opts.memory {
+                Some(_) => "the whole model fits in the memory budget: nothing streams (lower --memory-mb)".into(),
+                None => "the model has no routed experts to stream (give --memory-mb to stream dense layers)".into(),
+            },
         });
     }
     Ok(model)
+}
+
+/// Counters of both streams, zeros for the one that does not run.
+fn stream_stats(model: &Model) -> (StreamStats, Option<DenseStats>) {
+    (model.streaming().map(StreamingExperts::stats).unwrap_or_default(), model.dense_stream().map(|d| d.stats()))
 }
 
 /// One batch size of [`bench_batch`].
@@ -170,9 +208,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
     let ((file, start), _) = expert_region_and_dense_bytes(&opts.model)?;
     let before = probe_disk(opts, &file, start, "before")?;
     let model = load_streamed(opts)?;
-    let store = model.streaming().expect("load_streamed returns only models with streamed experts");
-    let moe = model.spec().moe.as_ref().expect("a model with streamed experts has an MoE spec");
-    let (experts, k) = (moe.experts, moe.routing.top_k());
+    let (experts, k) = model.spec().moe.as_ref().map_or((0, 0), |m| (m.experts, m.routing.top_k()));
     let moe_layers = model.spec().moe_layers.iter().filter(|m| **m).count().max(1);
     let vocab = model.spec().vocab_size as u32;
     let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
@@ -190,20 +226,37 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
             let mut refs: Vec<&mut crate::SequenceState> = caches.iter_mut().collect();
             model.logits_batch(&tokens, &mut refs)?;
         }
-        measured.push((batch, t0.elapsed().as_secs_f64(), store.stats()));
+        measured.push((batch, t0.elapsed().as_secs_f64(), stream_stats(&model)));
         eprintln!("batch {batch}: {:.3} s/step", measured.last().map_or(0.0, |m| m.1) / opts.tokens.max(1) as f64);
     }
     drop(model);
     let bw = (before + probe_disk(opts, &file, start, "after")?) / 2.0;
     let steps = opts.tokens.max(1) as f64;
     let base = measured.first().map(|(b, t, _)| *b as f64 * steps / t).unwrap_or(0.0);
+    // The shared stream's bytes per step (the same at every batch size), and one expert's.
+    let dense_step =
+        measured.first().and_then(|(_, _, (_, d))| d.as_ref()).map_or(0.0, |d| d.disk_bytes as f64 / steps);
+    let expert_bytes = measured
+        .iter()
+        .map(|(_, _, (s, _))| (s.disk_bytes, s.disk_reads))
+        .fold((0, 0), |(b, r), (x, y)| (b + x, r + y));
+    let one_expert = if expert_bytes.1 > 0 { expert_bytes.0 as f64 / expert_bytes.1 as f64 } else { 0.0 };
     let points = measured
         .into_iter()
-        .map(|(batch, t, stats)| {
+        .map(|(batch, t, (stats, dense))| {
             let tokens_per_s = batch as f64 * steps / t;
-            let disk = stats.disk_bytes as f64 / steps;
+            let disk = (stats.disk_bytes + dense.map_or(0, |d| d.disk_bytes)) as f64 / steps;
             let floor = disk / bw;
-            let expected_union = experts as f64 * (1.0 - (1.0 - k as f64 / experts as f64).powi(batch as i32));
+            let expected_union = if experts > 0 {
+                experts as f64 * (1.0 - (1.0 - k as f64 / experts as f64).powi(batch as i32))
+            } else {
+                0.0
+            };
+            // Alone, each sequence reads the dense stream and its k experts per layer; together,
+            // the stream once and the union of their experts.
+            let per_layer = one_expert * moe_layers as f64;
+            let alone = batch as f64 * (dense_step + k as f64 * per_layer);
+            let together = dense_step + expected_union * per_layer;
             BatchPoint {
                 batch,
                 s_per_step: t / steps,
@@ -213,7 +266,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
                 floor_s_per_step: floor,
                 ratio_to_floor: if floor > 0.0 { t / steps / floor } else { f64::INFINITY },
                 experts_per_layer_step: stats.requests as f64 / steps / moe_layers as f64,
-                union_bound_speedup: (batch * k) as f64 / expected_union,
+                union_bound_speedup: if together > 0.0 { alone / together } else { batch as f64 },
                 hit_rate: stats.hits as f64 / stats.requests.max(1) as f64,
             }
         })
@@ -237,7 +290,6 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let ((file, start), dense) = expert_region_and_dense_bytes(&opts.model)?;
     let before = probe_disk(opts, &file, start, "before")?;
     let model = load_streamed(opts)?;
-    let store = model.streaming().expect("load_streamed returns only models with streamed experts");
     let vocab = model.spec().vocab_size as u32;
     let prompt: Vec<u32> = opts.prompt_tokens.iter().map(|t| t % vocab).collect();
     let mut cache = model.new_cache();
@@ -252,16 +304,19 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         logits = model.logits(&[next], &mut cache)?;
     }
     let decode_s = t0.elapsed().as_secs_f64();
-    let stats = store.stats();
+    let (stats, dense_stats) = stream_stats(&model);
     let recall = model.prefetch_recall();
     let rss = rss();
-    let direct_io = store.is_direct();
+    let direct_io = model.streaming().is_none_or(StreamingExperts::is_direct)
+        && model.dense_stream().is_none_or(crate::StreamingLayers::is_direct);
+    let plan = model.memory_plan().cloned();
     drop(model);
     let after = probe_disk(opts, &file, start, "after")?;
 
     let n = opts.tokens.max(1) as f64;
     let bw = (before + after) / 2.0;
-    let disk_bytes_per_token = stats.disk_bytes as f64 / n;
+    let dense_disk = dense_stats.as_ref().map_or(0, |d| d.disk_bytes) as f64 / n;
+    let disk_bytes_per_token = stats.disk_bytes as f64 / n + dense_disk;
     let floor = disk_bytes_per_token / bw;
     let s_per_token = decode_s / n;
     let req = stats.requests.max(1) as f64;
@@ -271,6 +326,8 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     Ok(BenchReport {
         s_per_token,
         disk_bytes_per_token,
+        dense_disk_bytes_per_token: dense_disk,
+        expert_disk_bytes_per_token: stats.disk_bytes as f64 / n,
         hit_rate: stats.hits as f64 / req,
         prefetch_hit_rate: stats.prefetch_hits as f64 / req,
         prefetch_recall: if chosen > 0 { used as f64 / chosen as f64 } else { 0.0 },
@@ -284,13 +341,22 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         disk_gbps_before: before / 1e9,
         disk_gbps_after: after / 1e9,
         direct_io,
+        disks: stats
+            .files
+            .iter()
+            .map(|f| DiskRate { path: f.path.clone(), disk_bytes: f.disk_bytes, busy_gbps: f.busy_gbps() })
+            .collect(),
         tokens: opts.tokens,
         prefill_s,
         dense_bytes: dense,
-        cache_budget_bytes: opts.stream.cache_bytes as u64,
+        cache_budget_bytes: stats.cache_budget_bytes,
+        memory_budget_bytes: opts.memory.as_ref().map(|m| m.bytes as u64),
+        resident_layers: plan.as_ref().map_or(0, |p| p.resident_layers.len()),
+        streamed_layers: plan.as_ref().map_or(0, |p| p.streamed_layers.len()),
         rss,
         distinct_experts: stats.distinct_experts.clone(),
         recall_per_layer: recall,
         stats,
+        dense_stats,
     })
 }

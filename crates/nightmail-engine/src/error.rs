@@ -13,6 +13,10 @@ pub enum EngineError {
     UnknownFormat { path: PathBuf },
     #[error("{path} is not a readable GGUF file ({reason}): re-download or re-convert it")]
     BadGguf { path: PathBuf, reason: String },
+    #[error(
+        "{model} is striped and its part {part} cannot be read ({source}): mount the disk that holds it, or pack the model again"
+    )]
+    MissingStripe { model: PathBuf, part: PathBuf, source: std::io::Error },
     #[error("{path} is not a readable safetensors file ({reason}): re-download it")]
     BadSafetensors { path: PathBuf, reason: String },
     #[error("{path}: {reason}: fix the file or re-download the model")]
@@ -73,6 +77,14 @@ pub enum EngineError {
         "cannot read expert {expert} of layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
     )]
     ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
+    #[error(
+        "cannot read layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
+    )]
+    LayerRead { path: PathBuf, layer: usize, reason: String },
+    #[error(
+        "a memory budget of {budget_mb:.1} MiB cannot run this model: it needs at least {minimum_mb} MiB ({detail}): raise memory_mb (--memory-mb), or shorten the reserved context"
+    )]
+    MemoryBudget { budget_mb: f64, minimum_mb: usize, detail: String },
     #[error("checkpoint {path}: {reason}: check that the data directory is writable and has space")]
     Checkpoint { path: PathBuf, reason: String },
     #[error(

@@ -18,6 +18,7 @@ mod inspect;
 mod kernel_bench;
 pub mod model;
 mod pack;
+mod plan;
 mod reasoning;
 mod resume;
 mod sampling;
@@ -29,7 +30,7 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, Rss, bench, bench_batch, rss};
+pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, bench, bench_batch, rss};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{EngineError, Result};
 pub use format::Format;
@@ -37,11 +38,15 @@ pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, To
 pub use inspect::{DtypeUse, ModelInfo, inspect};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
 pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
-pub use pack::pack;
+pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};
+pub use plan::{KernelRate, PlanOptions, PlanReport, PredictedStep, plan};
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
 pub use spec::{Activation, Architecture, AttentionSpec, MlaSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
-pub use stream::{CachePolicy, StreamConfig, StreamStats, StreamingExperts};
+pub use stream::{
+    CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
+    StreamingLayers,
+};
 pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
 pub use tokenizer::TextTokenizer;
 
@@ -58,6 +63,8 @@ pub struct Model {
     tokenizer: Option<TextTokenizer>,
     chat_template: Option<ChatTemplate>,
     streaming: Option<Arc<StreamingExperts>>,
+    dense: Option<Arc<StreamingLayers>>,
+    plan: Option<MemoryPlan>,
 }
 
 /// How to load a model.
@@ -65,7 +72,14 @@ pub struct Model {
 pub struct LoadOptions {
     /// Stream routed experts from disk through a cache instead of loading them all.
     pub stream: Option<StreamConfig>,
+    /// One budget for the whole model: the engine keeps what fits resident (dense layers first,
+    /// then the expert cache, [`MemoryPlan`]) and streams the rest; `stream`, if given, sets the
+    /// expert streaming's other knobs (its cache size comes from the plan).
+    pub memory: Option<MemoryBudget>,
 }
+
+/// Reader threads of the dense layer stream: two layers in flight when the window holds two.
+const LAYER_READERS: usize = 2;
 
 impl Model {
     /// Load a `.gguf` file or a Hugging Face model directory.
@@ -79,7 +93,19 @@ impl Model {
         let path = path.as_ref();
         let ck = Checkpoint::open(path)?;
         let spec = ModelSpec::read(&ck)?;
-        let (experts, streaming, prefetch_depth): (Arc<dyn ExpertStore>, _, _) = match &options.stream {
+        let plan = match &options.memory {
+            Some(budget) => Some(MemoryPlan::new(stream::ModelSizes::read(&ck, &spec)?, budget.clone())?),
+            None => None,
+        };
+        let stream = match &plan {
+            Some(p) if p.experts_resident => None,
+            Some(p) => Some(StreamConfig {
+                cache_bytes: p.expert_cache_bytes,
+                ..options.stream.clone().unwrap_or_else(|| StreamConfig::with_cache_mb(0))
+            }),
+            None => options.stream.clone(),
+        };
+        let (experts, streaming, prefetch_depth): (Arc<dyn ExpertStore>, _, _) = match &stream {
             Some(config) if spec.moe.is_some() => {
                 let index = stream::ExpertIndex::build(&ck, &spec)?;
                 let store = Arc::new(StreamingExperts::new(index, config.clone())?);
@@ -87,12 +113,51 @@ impl Model {
             }
             _ => (Arc::new(ResidentExperts::load(&ck, &spec)?), None, 0),
         };
-        let net = Transformer::load(&ck, &spec, experts, prefetch_depth)?;
+        let streamed = plan.as_ref().map(MemoryPlan::streamed_mask).unwrap_or_default();
+        let (mut net, recorded) = Transformer::load(&ck, &spec, experts, prefetch_depth, &streamed)?;
+        let mut dense = None;
+        if let Some(p) = &plan
+            && !p.streamed_layers.is_empty()
+        {
+            let mut files = Vec::new();
+            let extents = recorded
+                .into_iter()
+                .enumerate()
+                .filter_map(|(l, r)| r.map(|r| stream::LayerExtent::new(l, r, &mut files)))
+                .collect::<Result<Vec<_>>>()?;
+            // The plan sized the window from tensor headers; the build's own extents decide.
+            let largest = extents.iter().map(stream::LayerExtent::cost).max().unwrap_or(0);
+            let window = p.window_bytes.max(largest);
+            let store =
+                Arc::new(StreamingLayers::new(extents, &files, window, LAYER_READERS, net.layer_builder(&spec))?);
+            net.stream_layers(store.clone());
+            dense = Some(store);
+        }
         let (tokenizer, chat_template) = match &ck {
             Checkpoint::Gguf(g) => (tokenizer::TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
             Checkpoint::Hf(h) => (tokenizer::TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
         };
-        Ok(Model { path: path.to_path_buf(), format: ck.format(), spec, net, tokenizer, chat_template, streaming })
+        Ok(Model {
+            path: path.to_path_buf(),
+            format: ck.format(),
+            spec,
+            net,
+            tokenizer,
+            chat_template,
+            streaming,
+            dense,
+            plan,
+        })
+    }
+
+    /// The dense layer stream, when a memory budget left some layers on disk.
+    pub fn dense_stream(&self) -> Option<&StreamingLayers> {
+        self.dense.as_deref()
+    }
+
+    /// What the memory budget kept resident and what streams, when loaded with one.
+    pub fn memory_plan(&self) -> Option<&MemoryPlan> {
+        self.plan.as_ref()
     }
 
     /// The streaming store, when experts are streamed.
@@ -109,6 +174,9 @@ impl Model {
     pub fn reset_stats(&self) {
         if let Some(s) = &self.streaming {
             s.reset_stats();
+        }
+        if let Some(d) = &self.dense {
+            d.reset_stats();
         }
         self.net.reset_prefetch_recall();
     }
@@ -156,6 +224,14 @@ impl Model {
         let logits = rayon::scope(|_| self.net.forward_groups(&mut groups))?;
         Ok(logits.to_vec2::<f32>()?)
     }
+}
+
+/// What a memory budget would keep resident and stream for the model at `path`, from its tensor
+/// headers alone (nothing is loaded); an error names the least budget that runs it.
+pub fn memory_plan(path: impl AsRef<Path>, budget: MemoryBudget) -> Result<MemoryPlan> {
+    let ck = Checkpoint::open(path.as_ref())?;
+    let spec = ModelSpec::read(&ck)?;
+    MemoryPlan::new(stream::ModelSizes::read(&ck, &spec)?, budget)
 }
 
 #[cfg(all(feature = "metal", target_os = "macos"))]

@@ -95,7 +95,7 @@ fn sequences_decoded_together_get_exactly_what_they_get_alone() {
     // Streamed experts through a cache smaller than one layer's: the same bits.
     let mut c = StreamConfig::with_cache_mb(0);
     c.cache_bytes = 4 * 4096;
-    let streamed = Model::load_with(&path, &LoadOptions { stream: Some(c) }).unwrap();
+    let streamed = Model::load_with(&path, &LoadOptions { stream: Some(c), memory: None }).unwrap();
     assert_eq!(together(&streamed, &prompts()), want);
     let stats = streamed.streaming().unwrap().stats();
     assert!(stats.misses > 0, "{stats:?}");

@@ -27,7 +27,7 @@ fn tiny_cache(prefetch: usize) -> LoadOptions {
     let mut c = StreamConfig::with_cache_mb(0);
     c.cache_bytes = 2 * 4096;
     c.prefetch_depth = prefetch;
-    LoadOptions { stream: Some(c) }
+    LoadOptions { stream: Some(c), memory: None }
 }
 
 /// The logits of every step of a greedy run of `steps` tokens after the prompt.
@@ -174,4 +174,199 @@ fn a_file_truncated_while_running_fails_the_step_naming_the_expert() {
     // The model keeps answering errors, not hanging or panicking.
     let mut cache = model.new_cache();
     assert!(model.logits(&[1], &mut cache).is_err());
+}
+
+/// Dense layers streamed too (issue 17): at the least budget that streams every dense layer, no
+/// layer is resident, the window holds one layer and the expert cache one step's experts in
+/// flight (less than one layer's experts), and the logits stay bit-identical to the resident
+/// model's; so they do with one layer resident and the others streamed.
+mod dense {
+    use super::*;
+    use nightmail_engine::{EngineError, MemoryBudget};
+
+    /// The reference prompt and a few greedy steps need far less than the default reservation.
+    const KV_TOKENS: usize = 64;
+
+    /// The least budget that streams `streamed` (every layer: `None`).
+    fn budget(path: &Path, streamed: Option<Vec<usize>>) -> MemoryBudget {
+        let layers = nightmail_engine::inspect(path).unwrap().spec.layers;
+        let stream_layers = Some(streamed.unwrap_or_else(|| (0..layers).collect()));
+        let ask = |bytes| MemoryBudget { bytes, kv_tokens: KV_TOKENS, batch: 1, stream_layers: stream_layers.clone() };
+        let err = nightmail_engine::memory_plan(path, ask(0)).unwrap_err();
+        assert!(matches!(err, EngineError::MemoryBudget { .. }), "{err}");
+        ask(nightmail_engine::memory_plan(path, ask(usize::MAX / 2)).unwrap().minimum_bytes)
+    }
+
+    pub(super) fn assert_streamed_dense_is_bit_identical(arch: &str, path: &Path, streamed: Option<Vec<usize>>) {
+        let r = reference(arch);
+        let memory = budget(path, streamed);
+        let resident = Model::load(path).unwrap();
+        let streamed = Model::load_with(path, &LoadOptions { stream: None, memory: Some(memory) }).unwrap();
+        let plan = streamed.memory_plan().expect("loaded with a budget");
+        assert!(!plan.streamed_layers.is_empty(), "{arch}: no layer streams under {plan:?}");
+        let want = logit_rows(&resident, &r.prompt_tokens, r.greedy_tokens.len());
+        let got = logit_rows(&streamed, &r.prompt_tokens, r.greedy_tokens.len());
+        for (step, (a, b)) in want.iter().zip(&got).enumerate() {
+            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{arch} {}: step {step} logits differ between resident and streamed", path.display());
+        }
+        let dense = streamed.dense_stream().expect("dense layers stream").stats();
+        let steps = 1 + r.greedy_tokens.len() as u64;
+        assert_eq!(dense.requests, steps * plan.streamed_layers.len() as u64, "{arch}: {dense:?}");
+        assert!(dense.layer_reads >= dense.requests && dense.disk_bytes > 0, "{arch}: {dense:?}");
+        assert!(dense.window_used_bytes <= dense.window_budget_bytes, "{arch}: {dense:?}");
+        if streamed.spec().moe.is_some() {
+            let s = streamed.streaming().expect("experts stream at the least budget").stats();
+            assert!(s.evictions > 0 && s.misses > 0, "{arch}: the expert cache held a layer's experts ({s:?})");
+        }
+    }
+
+    macro_rules! dense_streaming_tests {
+        ($($arch:ident),*) => {$(
+            mod $arch {
+                #[test]
+                fn every_dense_layer_and_expert_streamed_at_the_least_budget_is_bit_identical_to_resident() {
+                    let path = super::fixture(stringify!($arch)).join("model.gguf");
+                    super::assert_streamed_dense_is_bit_identical(stringify!($arch), &path, None);
+                }
+
+                #[test]
+                fn one_resident_layer_and_the_last_streamed_are_bit_identical_to_resident() {
+                    let path = super::fixture(stringify!($arch)).join("model.gguf");
+                    let last = nightmail_engine::inspect(&path).unwrap().spec.layers - 1;
+                    super::assert_streamed_dense_is_bit_identical(stringify!($arch), &path, Some(vec![last]));
+                }
+            }
+        )*};
+    }
+
+    dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+
+    #[test]
+    fn safetensors_and_packed_dense_layers_stream_bit_identical() {
+        assert_streamed_dense_is_bit_identical("qwen3_moe", &fixture("qwen3_moe"), None);
+        assert_streamed_dense_is_bit_identical("deepseek_v3", &fixture("deepseek_v3"), None);
+        assert_streamed_dense_is_bit_identical("kimi_linear", &fixture("kimi_linear"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let packed = dir.path().join("packed.gguf");
+        nightmail_engine::pack(&fixture("mixtral").join("model.gguf"), &packed).unwrap();
+        assert_streamed_dense_is_bit_identical("mixtral", &packed, None);
+        // An int8 spine (`pack --dense q8_0`) streams as it computes resident.
+        for arch in ["qwen3_moe", "kimi_linear"] {
+            let spine = dir.path().join(format!("{arch}-q8_0.gguf"));
+            let opts =
+                nightmail_engine::PackOptions { dense: Some(nightmail_engine::DenseQuant::Q8_0), ..Default::default() };
+            nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &spine, &opts).unwrap();
+            assert_streamed_dense_is_bit_identical(arch, &spine, None);
+        }
+    }
+
+    #[test]
+    fn a_budget_below_one_layer_and_the_cache_is_refused_naming_the_minimum() {
+        let path = fixture("qwen3_moe").join("model.gguf");
+        let enough = budget(&path, None);
+        let short = MemoryBudget { bytes: enough.bytes - 1, ..enough.clone() };
+        let err = match Model::load_with(&path, &LoadOptions { stream: None, memory: Some(short) }) {
+            Ok(_) => panic!("a model loaded in less than its minimum"),
+            Err(e) => e,
+        };
+        let EngineError::MemoryBudget { minimum_mb, .. } = &err else { panic!("{err}") };
+        let text = err.to_string();
+        assert!(text.contains(&format!("at least {minimum_mb} MiB")) && text.contains("--memory-mb"), "{text}");
+        assert!(*minimum_mb as u64 * (1 << 20) >= enough.bytes as u64, "{text}");
+        // The planner's own choice needs no more than streaming every layer.
+        let planned = MemoryBudget { stream_layers: None, ..enough };
+        assert!(Model::load_with(&path, &LoadOptions { stream: None, memory: Some(planned) }).is_ok());
+    }
+
+    #[test]
+    fn a_budget_that_holds_everything_streams_nothing() {
+        let path = fixture("qwen3_moe").join("model.gguf");
+        let all = MemoryBudget { bytes: 1 << 30, kv_tokens: KV_TOKENS, batch: 1, stream_layers: None };
+        let model = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(all) }).unwrap();
+        assert!(model.dense_stream().is_none() && model.streaming().is_none());
+    }
+}
+
+/// `model pack --stripe DIR1,DIR2`: the experts in one file per directory (a disk each), the
+/// dense tensors in the main file that lists them.
+mod stripe {
+    use super::*;
+    use nightmail_engine::{EngineError, PackOptions};
+
+    /// `arch`'s fixture packed with its experts striped over two directories: the main file
+    /// and the two parts.
+    fn striped(arch: &str, root: &Path) -> (PathBuf, [PathBuf; 2]) {
+        let dirs = [root.join("disk1"), root.join("disk2")];
+        dirs.iter().for_each(|d| std::fs::create_dir_all(d).unwrap());
+        let main = root.join("model.gguf");
+        let opts = PackOptions { stripe: dirs.to_vec(), ..PackOptions::default() };
+        nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &main, &opts).unwrap();
+        let parts = dirs.map(|d| {
+            let files: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+            assert_eq!(files.len(), 1, "{arch}: {files:?}");
+            files[0].clone()
+        });
+        (main, parts)
+    }
+
+    #[test]
+    fn a_striped_model_reads_its_experts_from_both_parts_bit_identical_to_the_original() {
+        for arch in ["qwen3_moe", "gpt_oss", "kimi_linear"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (main, parts) = striped(arch, dir.path());
+            // The experts left the main file and split about evenly between the parts.
+            let plain = dir.path().join("plain.gguf");
+            nightmail_engine::pack(&fixture(arch).join("model.gguf"), &plain).unwrap();
+            let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+            let (a, b) = (size(&parts[0]), size(&parts[1]));
+            assert!(a.abs_diff(b) * 4 < a + b, "{arch}: parts of {a} and {b} bytes");
+            // Every expert is in one file only: the three files hold what the plain pack does,
+            // plus two more headers' padding.
+            let (all, plain) = (size(&main) + a + b, size(&plain));
+            assert!(all >= plain && all <= plain + 2 * 65536, "{arch}: {all} bytes striped, {plain} plain");
+            let r = reference(arch);
+            let want = logit_rows(&Model::load(fixture(arch).join("model.gguf")).unwrap(), &r.prompt_tokens, 4);
+            let got = logit_rows(&Model::load(&main).unwrap(), &r.prompt_tokens, 4);
+            assert!(want == got, "{arch}: the striped model's resident logits differ from the original's");
+            // Streamed through a cache smaller than a layer's experts, and with every dense layer
+            // streamed too.
+            assert_bit_identical(arch, &main, 2);
+            dense::assert_streamed_dense_is_bit_identical(arch, &main, None);
+            // Each part (disk) is read, by the I/O threads dealt out to it, and counted apart.
+            let streamed = Model::load_with(&main, &tiny_cache(2)).unwrap();
+            logit_rows(&streamed, &r.prompt_tokens, 4);
+            let s = streamed.streaming().unwrap().stats();
+            let files: Vec<&Path> = s.files.iter().map(|f| f.path.as_path()).collect();
+            let canonical = parts.clone().map(|p| std::fs::canonicalize(p).unwrap());
+            assert_eq!(files, canonical.iter().map(PathBuf::as_path).collect::<Vec<_>>(), "{arch}");
+            assert!(s.files.iter().all(|f| f.disk_reads > 0 && f.disk_bytes > 0 && f.busy_s > 0.0), "{arch}: {s:?}");
+            assert_eq!(s.files.iter().map(|f| f.disk_bytes).sum::<u64>(), s.disk_bytes, "{arch}");
+        }
+    }
+
+    #[test]
+    fn a_missing_part_is_named_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (main, parts) = striped("qwen3_moe", dir.path());
+        std::fs::remove_file(&parts[1]).unwrap();
+        let err = match Model::load(&main) {
+            Ok(_) => panic!("a striped model without its second part loaded"),
+            Err(e) => e,
+        };
+        assert!(matches!(err, EngineError::MissingStripe { .. }), "{err}");
+        let text = err.to_string();
+        let part = std::fs::canonicalize(dir.path().join("disk2")).unwrap();
+        assert!(text.contains(&part.display().to_string()) && text.contains("mount the disk"), "{text}");
+    }
+
+    #[test]
+    fn striping_a_model_without_experts_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PackOptions { stripe: vec![dir.path().to_path_buf()], ..PackOptions::default() };
+        let err = nightmail_engine::pack_with(&fixture("llama").join("model.gguf"), &dir.path().join("x.gguf"), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--stripe") && err.contains("none"), "{err}");
+    }
 }

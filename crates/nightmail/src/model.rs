@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use nightmail_engine::{
-    Activation, ChatMessage, GenerateRequest, LoadOptions, Model, Prompt, Routing, Sampling, StreamConfig,
+    Activation, ChatMessage, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Routing, Sampling, StreamConfig,
 };
 
 #[derive(Subcommand)]
@@ -60,8 +60,12 @@ pub enum ModelCommand {
         json: bool,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
         /// them all.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "memory_mb")]
         cache_mb: Option<usize>,
+        /// One memory budget for the whole model: what does not fit (dense layers too) streams
+        /// from disk.
+        #[arg(long)]
+        memory_mb: Option<usize>,
     },
     /// Write a random-weight mixture-of-experts GGUF of any size (llama.cpp loads it too), for
     /// benchmarks.
@@ -105,8 +109,15 @@ pub enum ModelCommand {
         #[arg(long)]
         model: PathBuf,
         /// The expert cache's budget.
+        #[arg(long, required_unless_present = "memory_mb", conflicts_with = "memory_mb")]
+        cache_mb: Option<usize>,
+        /// One memory budget for the whole model (dense layers stream too; the plan sizes the
+        /// expert cache).
         #[arg(long)]
-        cache_mb: usize,
+        memory_mb: Option<usize>,
+        /// With --memory-mb: tokens of key/value cache to reserve per sequence.
+        #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
+        kv_tokens: usize,
         /// Decode steps to time.
         #[arg(long, default_value_t = 16)]
         tokens: usize,
@@ -163,9 +174,42 @@ pub enum ModelCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What a memory budget keeps resident for a model, the bytes each token reads from disk, and
+    /// the time per token and batch size that predicts on this machine (or with --disk-gbps).
+    Plan {
+        /// A .gguf file or a Hugging Face model directory.
+        model: PathBuf,
+        #[arg(long)]
+        memory_mb: usize,
+        /// The disk's sequential read rate; measured on the model file when absent.
+        #[arg(long)]
+        disk_gbps: Option<f64>,
+        /// Tokens of key/value cache to reserve per sequence (the largest --batch has as many caches).
+        #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
+        kv_tokens: usize,
+        /// MiB read to measure the disk.
+        #[arg(long, default_value_t = 1024)]
+        probe_mb: u64,
+        /// Batch sizes to predict a step for.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        batch: Vec<usize>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Rewrite a GGUF expert-major: each expert's three matrices contiguous and 4 KiB aligned
     /// (one read per expert), dense tensors together.
-    Pack { src: PathBuf, dst: PathBuf },
+    Pack {
+        src: PathBuf,
+        dst: PathBuf,
+        /// Requantize the non-expert weights (attention, shared experts, dense layers, head) to
+        /// q8_0 or q4_0; routed experts are copied as they are.
+        #[arg(long)]
+        dense: Option<nightmail_engine::DenseQuant>,
+        /// Spread the experts over one file in each of these directories (a disk each, read in
+        /// parallel); DST keeps the dense tensors and lists the parts.
+        #[arg(long, value_delimiter = ',')]
+        stripe: Vec<PathBuf>,
+    },
 }
 
 pub fn run(command: ModelCommand) -> anyhow::Result<()> {
@@ -186,6 +230,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             logits,
             json,
             cache_mb,
+            memory_mb,
         } => {
             let prompt = match (prompt, prompt_tokens, chat) {
                 (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)]),
@@ -202,7 +247,11 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.sampling = Sampling { temperature, top_k, top_p, seed };
             request.stop = stop;
             request.record_logits = logits;
-            generate(model, request, json, cache_mb)
+            let options = LoadOptions {
+                stream: cache_mb.map(StreamConfig::with_cache_mb),
+                memory: memory_mb.map(MemoryBudget::mb),
+            };
+            generate(model, request, json, &options)
         }
         ModelCommand::Synth {
             arch,
@@ -252,6 +301,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::Bench {
             model,
             cache_mb,
+            memory_mb,
+            kv_tokens,
             tokens,
             policy,
             prefetch,
@@ -264,7 +315,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             batch,
             json,
         } => {
-            let mut stream = StreamConfig::with_cache_mb(cache_mb);
+            let mut stream = StreamConfig::with_cache_mb(cache_mb.unwrap_or(0));
             stream.policy = policy;
             stream.prefetch_depth = prefetch;
             stream.max_prefetch_in_flight = prefetch_in_flight;
@@ -272,6 +323,12 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             let opts = nightmail_engine::BenchOptions {
                 model,
                 stream,
+                // Room for the largest batch's caches and experts.
+                memory: memory_mb.map(|mb| MemoryBudget {
+                    kv_tokens,
+                    batch: batch.iter().copied().max().unwrap_or(1),
+                    ..MemoryBudget::mb(mb)
+                }),
                 tokens,
                 prompt_tokens,
                 probe_bytes: probe_mb << 20,
@@ -311,9 +368,40 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Pack { src, dst } => {
-            let n = nightmail_engine::pack(&src, &dst).with_context(|| format!("packing {}", src.display()))?;
-            println!("{}: {} (expert-major)", dst.display(), bytes(n));
+        ModelCommand::Plan { model, memory_mb, disk_gbps, kv_tokens, probe_mb, batch, json } => {
+            let opts = nightmail_engine::PlanOptions {
+                model,
+                budget: MemoryBudget {
+                    kv_tokens,
+                    batch: batch.iter().copied().max().unwrap_or(1),
+                    ..MemoryBudget::mb(memory_mb)
+                },
+                disk_gbps,
+                probe_bytes: probe_mb << 20,
+                batches: batch,
+            };
+            let r = nightmail_engine::plan(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_plan(&r);
+            }
+            Ok(())
+        }
+        ModelCommand::Pack { src, dst, dense, stripe } => {
+            let opts = nightmail_engine::PackOptions { dense, stripe };
+            let r =
+                nightmail_engine::pack_with(&src, &dst, &opts).with_context(|| format!("packing {}", src.display()))?;
+            println!("{}: {} (expert-major)", dst.display(), bytes(r.bytes));
+            if let Some(q) = dense {
+                println!(
+                    "{} non-expert tensors requantized to {}: {} -> {}",
+                    r.requantized,
+                    q.name(),
+                    bytes(r.requantized_from_bytes),
+                    bytes(r.requantized_to_bytes)
+                );
+            }
             Ok(())
         }
     }
@@ -349,10 +437,40 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
         if r.direct_io { "" } else { ", expert reads buffered (no O_DIRECT here)" }
     );
     println!(
-        "disk/token      {} (experts needed {})",
+        "disk/token      {} (dense {}, experts {}; experts needed {})",
         bytes(r.disk_bytes_per_token as u64),
+        bytes(r.dense_disk_bytes_per_token as u64),
+        bytes(r.expert_disk_bytes_per_token as u64),
         bytes(r.expert_bytes_per_token as u64)
     );
+    if let Some(budget) = r.memory_budget_bytes {
+        println!(
+            "memory budget   {}: {} dense layers resident, {} streamed",
+            bytes(budget),
+            r.resident_layers,
+            r.streamed_layers
+        );
+    }
+    if let Some(d) = &r.dense_stats {
+        println!(
+            "dense stream    waited {:.1}% of the decode for layers ({} of {} asked for), window {}",
+            100.0 * d.wait_s / (r.s_per_token * r.tokens.max(1) as f64),
+            d.waits,
+            d.requests,
+            bytes(d.window_budget_bytes)
+        );
+    }
+    // A striped model: each part's disk on its own line.
+    if r.disks.len() > 1 {
+        for d in &r.disks {
+            println!(
+                "per disk        {}: {} read, {:.2} GB/s while busy",
+                d.path.display(),
+                bytes(d.disk_bytes),
+                d.busy_gbps
+            );
+        }
+    }
     println!("I/O floor       {:.3} s/token; measured / floor = {:.2}", r.floor_s_per_token, r.ratio_to_floor);
     println!(
         "cache           hit rate {:.1}%, prefetch hits {:.1}%, budget {}",
@@ -377,6 +495,65 @@ fn print_bench(r: &nightmail_engine::BenchReport) {
     );
     let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
     println!("distinct experts per layer over the timed tokens: {}", distinct.join(" "));
+}
+
+fn print_plan(r: &nightmail_engine::PlanReport) {
+    let p = &r.plan;
+    let layers = p.sizes.layers.len();
+    println!(
+        "budget          {} (the least that runs: {})",
+        bytes(p.budget_bytes as u64),
+        bytes(p.minimum_bytes as u64)
+    );
+    println!(
+        "resident        embedding and head {}, key/value cache {}, {} of {layers} dense layers ({})",
+        bytes(p.fixed_bytes as u64),
+        bytes(p.kv_bytes as u64),
+        p.resident_layers.len(),
+        bytes(p.resident_layer_bytes as u64)
+    );
+    if !p.streamed_layers.is_empty() {
+        println!(
+            "streamed        {} dense layers, read ahead through a window of {}",
+            p.streamed_layers.len(),
+            bytes(p.window_bytes as u64)
+        );
+    }
+    match (p.experts_resident, p.sizes.expert_bytes) {
+        (_, 0) => {}
+        (true, n) => println!("experts         all resident ({})", bytes(n as u64)),
+        (false, n) => println!(
+            "experts         cache {} of {} (expected hit rate {:.1}%)",
+            bytes(p.expert_cache_bytes as u64),
+            bytes(n as u64),
+            100.0 * r.expert_hit_rate
+        ),
+    }
+    println!(
+        "disk/token      {} (dense {}), at {:.2} GB/s{}",
+        bytes(r.disk_bytes_per_token as u64),
+        bytes(p.dense_disk_bytes_per_token as u64),
+        r.disk_gbps,
+        if r.disk_measured { " measured here" } else { " given" }
+    );
+    for k in std::iter::once(&r.dense_kernel).chain(&r.expert_kernel) {
+        println!(
+            "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
+            k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
+        );
+    }
+    println!("predicted       {:.3} s/token", r.predicted_s_per_token);
+    println!("batch  s/step  disk s  compute s  tokens/s");
+    for s in &r.steps {
+        println!(
+            "{:>5}  {:>6.3}  {:>6.3}  {:>9.3}  {:>8.2}",
+            s.batch, s.s_per_step, s.disk_s_per_step, s.compute_s_per_step, s.tokens_per_s
+        );
+    }
+    match r.disk_bound_until_batch {
+        Some(b) => println!("the disk stops being the limit at batch {b}"),
+        None => println!("the disk stays the limit up to batch 256"),
+    }
 }
 
 fn print_kernel_bench(r: &nightmail_engine::KernelBenchReport) {
@@ -500,9 +677,8 @@ fn routing(r: &Routing) -> String {
     }
 }
 
-fn generate(path: PathBuf, request: GenerateRequest, json: bool, cache_mb: Option<usize>) -> anyhow::Result<()> {
-    let options = LoadOptions { stream: cache_mb.map(StreamConfig::with_cache_mb) };
-    let model = Model::load_with(&path, &options).with_context(|| format!("loading {}", path.display()))?;
+fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadOptions) -> anyhow::Result<()> {
+    let model = Model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))?;
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();
     let completion = model.generate(request, |event| {

@@ -20,7 +20,13 @@ pub(crate) struct GgufFile {
     /// The metadata, in candle's type (its tokenizer reads it); its `tensor_infos` stay empty.
     meta: Content,
     tensors: HashMap<String, TensorInfo>,
+    /// A model packed with `--stripe`: the files on other disks that hold its experts
+    /// (`nightmail.stripe.parts` in this, the main file). A tensor is looked up here, then in them.
+    parts: Vec<GgufFile>,
 }
+
+/// The metadata key listing a striped model's part files, in the main file.
+pub(crate) const STRIPE_PARTS: &str = "nightmail.stripe.parts";
 
 /// One tensor's entry in the header: type, shape (outermost first) and offset into the data.
 struct TensorInfo {
@@ -41,7 +47,28 @@ impl GgufFile {
         }
         let (meta, tensors) =
             read_header(&map).map_err(|reason| EngineError::BadGguf { path: path.to_path_buf(), reason })?;
-        Ok(GgufFile { path: path.to_path_buf(), map, meta, tensors })
+        let mut g = GgufFile { path: path.to_path_buf(), map, meta, tensors, parts: Vec::new() };
+        let parts: Vec<PathBuf> = match g.value(STRIPE_PARTS) {
+            Some(Value::Array(list)) => list.iter().filter_map(|v| v.to_string().ok()).map(PathBuf::from).collect(),
+            _ => Vec::new(),
+        };
+        for part in parts {
+            if let Err(source) = std::fs::metadata(&part) {
+                return Err(EngineError::MissingStripe { model: path.to_path_buf(), part, source });
+            }
+            g.parts.push(GgufFile::open(&part)?);
+        }
+        Ok(g)
+    }
+
+    /// This file and its stripe parts.
+    fn files(&self) -> impl Iterator<Item = &GgufFile> {
+        std::iter::once(self).chain(&self.parts)
+    }
+
+    /// The file whose header lists `name`.
+    fn holder(&self, name: &str) -> Option<&GgufFile> {
+        self.files().find(|f| f.tensors.contains_key(name))
     }
 
     /// The metadata as candle's `Content` (for candle's GGUF tokenizer), without tensor infos.
@@ -55,7 +82,7 @@ impl GgufFile {
 
     /// A tensor's shape, outermost dimension first, without checking its bytes.
     pub fn tensor_shape(&self, name: &str) -> Option<&[usize]> {
-        self.tensors.get(name).map(|t| t.shape.as_slice())
+        self.holder(name)?.tensors.get(name).map(|t| t.shape.as_slice())
     }
 
     pub fn value(&self, key: &str) -> Option<&Value> {
@@ -83,6 +110,13 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
+        match self.holder(name) {
+            Some(f) => f.own_tensor(name),
+            None => Ok(None),
+        }
+    }
+
+    fn own_tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
         let Some(info) = self.tensors.get(name) else { return Ok(None) };
         let shape = info.shape.clone();
         let len = info.dtype.byte_len(shape.iter().product());
@@ -134,18 +168,19 @@ impl GgufFile {
         &self.path
     }
 
-    /// The byte offset in the file of bytes borrowed from this map.
-    pub fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
-        offset_in(&self.map, bytes)
+    /// The file (this one or a stripe part) and byte offset of bytes borrowed from its map.
+    pub fn locate(&self, bytes: &[u8]) -> Option<(PathBuf, u64)> {
+        self.files().find_map(|f| offset_in(&f.map, bytes).map(|o| (f.path.clone(), o)))
     }
 
-    /// Let the kernel drop the map's pages from this process (they were copied out).
+    /// Let the kernel drop the maps' pages from this process (they were copied out).
     pub fn release_pages(&self) {
-        release(&self.map)
+        self.files().for_each(|f| release(&f.map))
     }
 
+    /// Every tensor of the model, the stripe parts' too, by name.
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
-        let mut names: Vec<&String> = self.tensors.keys().collect();
+        let mut names: Vec<&String> = self.files().flat_map(|f| f.tensors.keys()).collect();
         names.sort();
         names.into_iter().map(|n| self.tensor(n).map(|t| t.expect("listed tensor"))).collect()
     }

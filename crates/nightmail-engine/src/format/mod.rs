@@ -12,8 +12,8 @@ mod view;
 use std::path::{Path, PathBuf};
 
 pub use dtype::WeightDType;
-pub(crate) use gguf::GgufFile;
 pub(crate) use gguf::value_as_u64 as gguf_value_as_u64;
+pub(crate) use gguf::{GgufFile, STRIPE_PARTS};
 pub(crate) use hf::HfDir;
 pub use view::TensorView;
 
@@ -143,7 +143,7 @@ impl Checkpoint {
     /// The file a view's bytes come from, and their offset in it.
     pub fn locate(&self, view: &TensorView<'_>) -> Option<(PathBuf, u64)> {
         match self {
-            Checkpoint::Gguf(g) => g.offset_of(view.bytes).map(|o| (g.path().to_path_buf(), o)),
+            Checkpoint::Gguf(g) => g.locate(view.bytes),
             Checkpoint::Hf(h) => h.locate(view.bytes),
         }
     }

@@ -7,18 +7,51 @@ use half::f16;
 
 use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
 use crate::error::Result;
+use crate::stream::WeightBytes;
 
 pub struct F16Matrix {
     rows: usize,
     cols: usize,
-    w: Vec<f16>,
+    w: Halves,
+}
+
+/// The halves: the file's own bytes where they can be read as `f16` in place (a little-endian
+/// machine, 2-byte aligned: a streamed layer's read buffer, no copy), else decoded once.
+enum Halves {
+    InPlace(WeightBytes),
+    Decoded(Vec<f16>),
 }
 
 impl F16Matrix {
     /// `bytes`: `rows · cols` little-endian halves.
     pub fn from_bytes(bytes: &[u8], rows: usize, cols: usize) -> Self {
-        let w = bytes.chunks_exact(2).take(rows * cols).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        Self::new(WeightBytes::from(bytes), rows, cols)
+    }
+
+    /// Over bytes already in memory (computed from in place where the machine allows).
+    pub fn new(bytes: WeightBytes, rows: usize, cols: usize) -> Self {
+        let b = bytes.as_slice();
+        let in_place = cfg!(target_endian = "little")
+            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f16>())
+            && b.len() >= 2 * rows * cols;
+        let w = if in_place {
+            Halves::InPlace(bytes)
+        } else {
+            Halves::Decoded(b.chunks_exact(2).take(rows * cols).map(|b| f16::from_le_bytes([b[0], b[1]])).collect())
+        };
         F16Matrix { rows, cols, w }
+    }
+
+    fn halves(&self) -> &[f16] {
+        match &self.w {
+            Halves::InPlace(bytes) => {
+                let b = bytes.as_slice();
+                // SAFETY: `new` checked the alignment, the length and that the machine is
+                // little-endian, so these bytes are `rows · cols` valid f16 (any bit pattern is).
+                unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f16>(), self.rows * self.cols) }
+            }
+            Halves::Decoded(w) => w,
+        }
     }
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
@@ -26,8 +59,9 @@ impl F16Matrix {
         let tokens = x.dim(0)?;
         let xs = activations(x)?;
         let fast = has_avx2_f16c();
+        let w = self.halves();
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
-            let row = &self.w[r * self.cols..(r + 1) * self.cols];
+            let row = &w[r * self.cols..(r + 1) * self.cols];
             for (t, y) in out.iter_mut().enumerate() {
                 let x = &xs[t * self.cols..(t + 1) * self.cols];
                 // SAFETY: AVX2, FMA and F16C were detected at run time.

@@ -22,8 +22,9 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::layers::Linear;
+use super::source::WeightSource;
 use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, Format};
+use crate::format::Format;
 use crate::spec::{KdaSpec, ModelSpec};
 
 /// transformers' and fla's chunk length.
@@ -75,6 +76,18 @@ pub struct KdaState {
 }
 
 impl KdaState {
+    /// Zeros: no input yet.
+    pub(crate) fn new(heads: usize, head_dim: usize, kernel: usize) -> Self {
+        let w = heads * head_dim;
+        KdaState {
+            conv: vec![0.0; (kernel - 1) * 3 * w],
+            recurrent: vec![0.0; heads * head_dim * head_dim],
+            heads,
+            head_dim,
+            kernel,
+        }
+    }
+
     fn channels(&self) -> usize {
         3 * self.heads * self.head_dim
     }
@@ -116,15 +129,22 @@ struct HeadRows<'a> {
 
 impl Kda {
     /// Layer `l`'s KDA weights, under llama.cpp's `kimi-linear` names (a Hugging Face directory
-    /// translates them).
-    pub(crate) fn load(ck: &Checkpoint, spec: &ModelSpec, kda: &KdaSpec, l: usize) -> Result<Self> {
+    /// translates them), from the mapped file or a streamed layer's buffers (`format` is the
+    /// file's: the two store A differently).
+    pub(crate) fn load(
+        ck: &dyn WeightSource,
+        format: Format,
+        spec: &ModelSpec,
+        kda: &KdaSpec,
+        l: usize,
+    ) -> Result<Self> {
         let (hidden, h, d, kernel) = (spec.hidden_size, kda.heads, kda.head_dim, kda.conv_kernel);
         let w = h * d;
         let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
         let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
             let m = t(&format!("{name}.weight"))?;
             m.expect_shape(&[rows, cols])?;
-            Linear::new(&m, None)
+            ck.linear(&m, None)
         };
         // A vector stored in any shape of `n` elements ([1, 1, heads, 1] for A_log, [w, 1, k] for
         // a convolution).
@@ -141,7 +161,7 @@ impl Kda {
         }
         // llama.cpp's converter stores A = -exp(A_log); transformers keeps A_log.
         let a = vector("ssm_a", h)?;
-        let decay_rate = match ck.format() {
+        let decay_rate = match format {
             Format::Gguf => a.iter().map(|a| -a).collect(),
             Format::Safetensors => a.iter().map(|a| a.exp()).collect(),
         };
@@ -166,15 +186,9 @@ impl Kda {
         })
     }
 
-    pub(crate) fn new_state(&self) -> KdaState {
-        let (w, d) = (self.heads * self.head_dim, self.head_dim);
-        KdaState {
-            conv: vec![0.0; (self.kernel - 1) * 3 * w],
-            recurrent: vec![0.0; self.heads * d * d],
-            heads: self.heads,
-            head_dim: d,
-            kernel: self.kernel,
-        }
+    /// (heads, head_dim, convolution kernel): what a sequence's state for this layer needs.
+    pub(crate) fn dims(&self) -> (usize, usize, usize) {
+        (self.heads, self.head_dim, self.kernel)
     }
 
     /// The per-token projections of `x` (`[tokens, hidden]`): q|k|v before the convolution

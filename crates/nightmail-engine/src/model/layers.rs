@@ -48,6 +48,11 @@ impl Linear {
             weight.shape.insert(0, 1);
         }
         let bias = bias.map(|b| b.to_f32()).transpose()?;
+        match matvec_path(weight.dtype) {
+            MatVecPath::Candle => return Ok(Linear { weight: candle_matmul(&weight)?, bias }),
+            MatVecPath::F32 => return Ok(Linear { weight: Weight::Candle(QMatMul::Tensor(weight.to_f32()?)), bias }),
+            MatVecPath::Native => {}
+        }
         let w = match (weight.dtype, &weight.shape[..]) {
             (WeightDType::Ggml(GgmlDType::Q4_0), &[rows, cols]) if cols % 32 == 0 => {
                 // Q4_0 computes from the blocks as they are: one copy of them, or none.
@@ -66,7 +71,9 @@ impl Linear {
                 Weight::Q8_0(Box::new(super::q8_0::Q8_0Matrix::from_ggml(weight.bytes, rows, cols)))
             }
             (WeightDType::F16, &[rows, cols]) => {
-                Weight::F16(Box::new(super::f16::F16Matrix::from_bytes(weight.bytes, rows, cols)))
+                // F16 too: read as halves where the bytes lie.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::F16(Box::new(super::f16::F16Matrix::new(bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };
@@ -94,6 +101,48 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Who computes a matrix: our kernel, candle-core's, or an f32 product of the dequantized
+/// weights (the same weights without activation rounding: a reference for the other two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatVecPath {
+    Native,
+    Candle,
+    F32,
+}
+
+/// The environment switch read when a model loads: `NIGHTMAIL_MATVEC=candle` sends every type
+/// candle has to its kernels on any CPU (to test on x86_64 the path Apple Silicon takes);
+/// `NIGHTMAIL_MATVEC=f32` computes every matrix in f32 from its dequantized weights.
+pub const MATVEC_ENV: &str = "NIGHTMAIL_MATVEC";
+
+/// The path a matrix of `dtype` takes on this CPU. Our Q4_0, Q4_1, Q8_0 and F16 kernels have
+/// only x86_64 SIMD (AVX2, F16C) besides a scalar loop; where that is missing (Apple Silicon),
+/// candle's quantized mat-vec, which has NEON kernels for its types (k_quants.rs
+/// `vec_dot_q4_0_q8_0` and friends), and for F16 candle's half-precision matmul, do the work.
+/// MXFP4 is not a candle type: it keeps its own kernels everywhere. F32 always goes to candle.
+pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
+    let switch = std::env::var(MATVEC_ENV).unwrap_or_default().to_ascii_lowercase();
+    if switch == "f32" {
+        return MatVecPath::F32;
+    }
+    let ours = match dtype {
+        WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16) => super::matvec::has_avx2_f16c(),
+        WeightDType::Ggml(GgmlDType::Q8_0) => super::q4_1::has_avx2(),
+        WeightDType::Mxfp4 => return MatVecPath::Native,
+        _ => return MatVecPath::Candle,
+    };
+    if ours && switch != "candle" { MatVecPath::Native } else { MatVecPath::Candle }
+}
+
+/// candle's matrix for `weight`: its quantized blocks as they are, F16 as a half tensor.
+fn candle_matmul(weight: &TensorView<'_>) -> Result<Weight> {
+    if weight.dtype == WeightDType::F16 {
+        let halves = weight.to_qtensor()?.dequantize_f16(&candle_core::Device::Cpu)?;
+        return Ok(Weight::Candle(QMatMul::TensorF16(halves)));
+    }
+    Ok(Weight::Candle(weight.to_matmul()?))
 }
 
 /// Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467), over the last axis.

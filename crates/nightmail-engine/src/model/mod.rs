@@ -3,6 +3,7 @@
 //! an [`ExpertStore`] keyed by [`ExpertId`].
 
 mod attention;
+mod dense;
 mod expert;
 mod f16;
 mod ggml;
@@ -17,15 +18,18 @@ mod q4_1;
 mod q8_0;
 mod rope;
 mod router;
+mod source;
 mod state;
 mod transformer;
 
 pub use attention::Attention;
+pub(crate) use dense::LayerBuilder;
+pub use dense::LayerStore;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
 pub use f16::F16Matrix;
 pub use ggml::Numerics;
 pub use kda::{Kda, KdaState};
-pub use layers::{Linear, RmsNorm};
+pub use layers::{Linear, MATVEC_ENV, MatVecPath, RmsNorm, matvec_path};
 pub use mla::{Mla, MlaQuery};
 pub use moe::{MoeBlock, SharedExpert};
 pub use mxfp4::Mxfp4Matrix;
@@ -34,6 +38,7 @@ pub use q4_1::Q4_1Matrix;
 pub use q8_0::Q8_0Matrix;
 pub use rope::Rope;
 pub use router::{Route, Router};
+pub(crate) use source::{Recorded, WeightSource};
 pub(crate) use state::LayerSnapshot;
 pub use state::SequenceState;
 pub use transformer::{DecoderLayer, FeedForward, LayerRecall, Transformer};

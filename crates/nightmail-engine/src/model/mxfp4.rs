@@ -439,7 +439,7 @@ mod model_tests {
 
         let mut config = StreamConfig::with_cache_mb(0);
         config.cache_bytes = 2 * 4096;
-        let streamed = Model::load_with(&mxfp4, &LoadOptions { stream: Some(config) }).unwrap();
+        let streamed = Model::load_with(&mxfp4, &LoadOptions { stream: Some(config), memory: None }).unwrap();
         let (streamed_rows, _) = greedy(&streamed, 16);
         for (step, (a, b)) in rows.iter().zip(&streamed_rows).enumerate() {
             assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "step {step}: streamed differs");

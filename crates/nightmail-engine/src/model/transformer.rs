@@ -6,17 +6,19 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 
 use super::attention::{Attention, F16Cache, LayerCache};
+use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
-use super::kda::Kda;
+use super::kda::{Kda, KdaState};
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
+use super::source::{Recorded, Recording, WeightSource};
 use super::state::{LayerState, SequenceState};
 use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, TensorView};
+use crate::format::{Checkpoint, Format, TensorView};
 use crate::spec::{MlaSpec, ModelSpec};
 
 pub enum FeedForward {
@@ -71,6 +73,30 @@ impl SelfAttention {
     }
 }
 
+/// The state a layer keeps per sequence: ggml's f16 key/value rows for grouped attention under
+/// ggml numerics, f32 rows otherwise, or KDA's recurrent state of these dimensions.
+#[derive(Debug, Clone, Copy)]
+enum CacheKind {
+    F16 { kv_heads: usize, head_dim: usize },
+    F32,
+    Kda { heads: usize, head_dim: usize, kernel: usize },
+}
+
+impl CacheKind {
+    fn of(attention: &SelfAttention, numerics: Numerics) -> Self {
+        match (attention, numerics) {
+            (SelfAttention::Grouped(a), Numerics::Ggml) => {
+                CacheKind::F16 { kv_heads: a.kv_heads, head_dim: a.head_dim }
+            }
+            (SelfAttention::Kda(k), _) => {
+                let (heads, head_dim, kernel) = k.dims();
+                CacheKind::Kda { heads, head_dim, kernel }
+            }
+            _ => CacheKind::F32,
+        }
+    }
+}
+
 /// Transformers' DeepseekV3RMSNorm default: the latent norms (`q_a_layernorm`,
 /// `kv_a_layernorm`) use 1e-6 whatever `rms_norm_eps` says, as DeepSeek-V3's reference does.
 const LATENT_NORM_EPS: f64 = 1e-6;
@@ -117,8 +143,14 @@ fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
 
 pub struct Transformer {
     numerics: Numerics,
+    /// The file format the layers are built from (a streamed layer is built again later).
+    format: Format,
     embedding: Embedding,
-    layers: Vec<DecoderLayer>,
+    /// Resident layers; `None` where the layer streams from `streamed`.
+    layers: Vec<Option<Arc<DecoderLayer>>>,
+    streamed: Option<Arc<dyn LayerStore>>,
+    /// Each layer's key/value cache, known without its weights in memory.
+    caches: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Linear,
     experts: Arc<dyn ExpertStore>,
@@ -162,7 +194,8 @@ impl Transformer {
         spec: &ModelSpec,
         experts: Arc<dyn ExpertStore>,
         prefetch_depth: usize,
-    ) -> Result<Self> {
+        streamed: &[bool],
+    ) -> Result<(Self, Vec<Option<Vec<Recorded>>>)> {
         let (hidden, a) = (spec.hidden_size, &spec.attention);
         // ggml's numerics cover grouped attention with plain RoPE (its f16 cache and rope
         // angles); latent attention, YaRN and attention sinks compute the reference way.
@@ -178,98 +211,156 @@ impl Transformer {
         let head = ck.tensor("output.weight")?.unwrap_or(embd);
         head.expect_shape(&[spec.vocab_size, hidden])?;
         let mut layers = Vec::with_capacity(spec.layers);
+        let mut recorded = Vec::with_capacity(spec.layers);
+        let mut caches = Vec::with_capacity(spec.layers);
         for l in 0..spec.layers {
-            let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
-            let opt = |name: &str| ck.tensor(&format!("blk.{l}.{name}"));
-            let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
-                let w = t(&format!("{name}.weight"))?;
-                w.expect_shape(&[rows, cols])?;
-                Linear::new(&w, opt(&format!("{name}.bias"))?.as_ref())
+            // A streamed layer is built once here too, so that a bad tensor fails the load and
+            // the build notes the extents it will be read from again.
+            let layer = if streamed.get(l).copied().unwrap_or(false) {
+                let source = Recording::new(ck);
+                let layer = Self::load_layer(&source, spec, numerics, ck.format(), &experts, l)?;
+                recorded.push(Some(source.take()));
+                layer
+            } else {
+                recorded.push(None);
+                Self::load_layer(ck, spec, numerics, ck.format(), &experts, l)?
             };
-            let attention = match (&spec.kda, &a.mla) {
-                (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, spec, kda, l)?),
-                (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
-                (_, None) => {
-                    let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
-                    let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                        (Some(q), Some(k)) => Some((
-                            RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
-                            RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
-                        )),
-                        _ => None,
-                    };
-                    SelfAttention::Grouped(Attention {
-                        q: linear("attn_q", q_dim, hidden)?,
-                        k: linear("attn_k", kv_dim, hidden)?,
-                        v: linear("attn_v", kv_dim, hidden)?,
-                        o: linear("attn_output", hidden, q_dim)?,
-                        qk_norm,
-                        rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
-                        heads: a.heads,
-                        kv_heads: a.kv_heads,
-                        head_dim: a.head_dim,
-                        window: a.sliding_window[l],
-                        sinks: if a.sinks { Some(sinks(&t("attn_sinks.weight")?, a.heads)?) } else { None },
-                    })
-                }
-            };
-            let ffn = match (&spec.moe, spec.moe_layers[l]) {
-                (Some(moe), true) => {
-                    let choice_bias = match opt("exp_probs_b.bias")? {
-                        Some(b) => {
-                            b.expect_shape(&[moe.experts])?;
-                            Some(b.to_f32()?.to_vec1::<f32>()?)
-                        }
-                        None => None,
-                    };
-                    let router = Router {
-                        gate: linear("ffn_gate_inp", moe.experts, hidden)?,
-                        routing: moe.routing,
-                        choice_bias,
-                    };
-                    let shared = match moe.shared_expert_ffn {
-                        Some(f) => Some(SharedExpert {
-                            expert: Expert::new(
-                                linear("ffn_gate_shexp", f, hidden)?,
-                                linear("ffn_up_shexp", f, hidden)?,
-                                linear("ffn_down_shexp", hidden, f)?,
-                            ),
-                            gate: opt("ffn_gate_inp_shexp.weight")?.map(|g| Linear::new(&g, None)).transpose()?,
-                        }),
-                        None => None,
-                    };
-                    FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
-                }
-                _ => FeedForward::Dense(Expert::new(
-                    linear("ffn_gate", spec.ffn, hidden)?,
-                    linear("ffn_up", spec.ffn, hidden)?,
-                    linear("ffn_down", hidden, spec.ffn)?,
-                )),
-            };
-            layers.push(DecoderLayer {
-                attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
-                attention,
-                // llama.cpp names gpt-oss's norm before the feed-forward `post_attention_norm`.
-                ffn_norm: match opt("ffn_norm.weight")? {
-                    Some(w) => RmsNorm::new(&w, spec.rms_norm_eps, numerics)?,
-                    None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
-                },
-                ffn,
-            });
+            caches.push(CacheKind::of(&layer.attention, numerics));
+            layers.push(recorded[l].is_none().then(|| Arc::new(layer)));
             // Each layer's weights were copied out of the map: drop its pages as we go.
             ck.release_pages();
         }
         let t = Transformer {
             numerics,
+            format: ck.format(),
             embedding,
             layers,
+            streamed: None,
+            caches,
             norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
         };
         ck.release_pages();
-        Ok(t)
+        Ok((t, recorded))
+    }
+
+    /// The build of one layer from a source of its tensors, for a store that streams layers.
+    pub(crate) fn layer_builder(&self, spec: &ModelSpec) -> LayerBuilder {
+        let (spec, numerics, format, experts) = (spec.clone(), self.numerics, self.format, self.experts.clone());
+        Arc::new(move |source, l| Self::load_layer(source, &spec, numerics, format, &experts, l))
+    }
+
+    /// Take the layers [`Transformer::load`] did not keep from `store`.
+    pub(crate) fn stream_layers(&mut self, store: Arc<dyn LayerStore>) {
+        self.streamed = Some(store);
+    }
+
+    /// Layer `l` for this step: resident, or from the store (waiting for its read).
+    fn hold(&self, l: usize) -> Result<HeldLayer<'_>> {
+        match (&self.layers[l], &self.streamed) {
+            (Some(layer), _) => Ok(HeldLayer { layer: layer.clone(), release: None }),
+            (None, Some(store)) => Ok(HeldLayer { layer: store.layer(l)?, release: Some((store.as_ref(), l)) }),
+            (None, None) => unreachable!("a layer that is not resident streams"),
+        }
+    }
+
+    /// Layer `l` if it is in memory now (the prefetcher does not wait for a streamed one).
+    fn peek(&self, l: usize) -> Option<Arc<DecoderLayer>> {
+        match (self.layers.get(l)?, &self.streamed) {
+            (Some(layer), _) => Some(layer.clone()),
+            (None, Some(store)) => store.peek(l),
+            (None, None) => None,
+        }
+    }
+
+    /// Layer `l`'s dense weights (its routed experts come from `experts`), from a mapped file
+    /// at load or from a streamed layer's read buffers: the same build either way, so the same
+    /// kernels over the same bytes.
+    pub(crate) fn load_layer(
+        ck: &dyn WeightSource,
+        spec: &ModelSpec,
+        numerics: Numerics,
+        format: Format,
+        experts: &Arc<dyn ExpertStore>,
+        l: usize,
+    ) -> Result<DecoderLayer> {
+        let (hidden, a) = (spec.hidden_size, &spec.attention);
+        let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
+        let opt = |name: &str| ck.tensor(&format!("blk.{l}.{name}"));
+        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+            let w = t(&format!("{name}.weight"))?;
+            w.expect_shape(&[rows, cols])?;
+            ck.linear(&w, opt(&format!("{name}.bias"))?.as_ref())
+        };
+        let attention = match (&spec.kda, &a.mla) {
+            (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, format, spec, kda, l)?),
+            (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
+            (_, None) => {
+                let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+                let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
+                    (Some(q), Some(k)) => Some((
+                        RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
+                        RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
+                    )),
+                    _ => None,
+                };
+                SelfAttention::Grouped(Attention {
+                    q: linear("attn_q", q_dim, hidden)?,
+                    k: linear("attn_k", kv_dim, hidden)?,
+                    v: linear("attn_v", kv_dim, hidden)?,
+                    o: linear("attn_output", hidden, q_dim)?,
+                    qk_norm,
+                    rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+                    heads: a.heads,
+                    kv_heads: a.kv_heads,
+                    head_dim: a.head_dim,
+                    window: a.sliding_window[l],
+                    sinks: if a.sinks { Some(sinks(&t("attn_sinks.weight")?, a.heads)?) } else { None },
+                })
+            }
+        };
+        let ffn = match (&spec.moe, spec.moe_layers[l]) {
+            (Some(moe), true) => {
+                let choice_bias = match opt("exp_probs_b.bias")? {
+                    Some(b) => {
+                        b.expect_shape(&[moe.experts])?;
+                        Some(b.to_f32()?.to_vec1::<f32>()?)
+                    }
+                    None => None,
+                };
+                let router =
+                    Router { gate: linear("ffn_gate_inp", moe.experts, hidden)?, routing: moe.routing, choice_bias };
+                let shared = match moe.shared_expert_ffn {
+                    Some(f) => Some(SharedExpert {
+                        expert: Expert::new(
+                            linear("ffn_gate_shexp", f, hidden)?,
+                            linear("ffn_up_shexp", f, hidden)?,
+                            linear("ffn_down_shexp", hidden, f)?,
+                        ),
+                        gate: opt("ffn_gate_inp_shexp.weight")?.map(|g| ck.linear(&g, None)).transpose()?,
+                    }),
+                    None => None,
+                };
+                FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
+            }
+            _ => FeedForward::Dense(Expert::new(
+                linear("ffn_gate", spec.ffn, hidden)?,
+                linear("ffn_up", spec.ffn, hidden)?,
+                linear("ffn_down", hidden, spec.ffn)?,
+            )),
+        };
+        Ok(DecoderLayer {
+            attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
+            attention,
+            // llama.cpp names gpt-oss's norm before the feed-forward `post_attention_norm`.
+            ffn_norm: match opt("ffn_norm.weight")? {
+                Some(w) => RmsNorm::new(&w, spec.rms_norm_eps, numerics)?,
+                None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
+            },
+            ffn,
+        })
     }
 
     /// Per MoE layer, how well the prefetch guesses matched (decode steps only).
@@ -300,8 +391,9 @@ impl Transformer {
         }
         cache.last_routes[l] = route.to_vec();
         let next = l + 1;
-        let Some(FeedForward::Moe(moe)) = self.layers.get(next).map(|x| &x.ffn) else { return Ok(()) };
-        let n = self.layers[next].ffn_norm.forward(h)?;
+        let Some(layer) = self.peek(next) else { return Ok(()) };
+        let FeedForward::Moe(moe) = &layer.ffn else { return Ok(()) };
+        let n = layer.ffn_norm.forward(h)?;
         let ahead: Vec<usize> = moe.router.route(&n)?[0].experts.iter().map(|(e, _)| *e).collect();
         let last = cache.last_routes[next].clone();
         let guess = if recall[next].prefers_last_token() && !last.is_empty() { &last } else { &ahead };
@@ -313,16 +405,17 @@ impl Transformer {
         Ok(())
     }
 
-    /// A new sequence's state: an empty cache or a zero recurrent state per layer.
+    /// A new sequence's state: an empty cache or a zero recurrent state per layer (known for a
+    /// streamed layer without its weights in memory).
     pub fn new_cache(&self) -> SequenceState {
-        let layer = |a: &SelfAttention| match (a, self.numerics) {
-            (SelfAttention::Grouped(a), Numerics::Ggml) => {
-                LayerState::Attention(LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)))
+        let layer = |c: &CacheKind| match *c {
+            CacheKind::F16 { kv_heads, head_dim } => {
+                LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
             }
-            (SelfAttention::Kda(k), _) => LayerState::Kda(k.new_state()),
-            _ => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::Kda { heads, head_dim, kernel } => LayerState::Kda(KdaState::new(heads, head_dim, kernel)),
         };
-        SequenceState::new(self.layers.iter().map(|l| layer(&l.attention)).collect())
+        SequenceState::new(self.caches.iter().map(layer).collect())
     }
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
@@ -348,7 +441,9 @@ impl Transformer {
         }
         let mut x = self.embedding.rows(&tokens)?;
         let prefetching = self.prefetch.depth > 0;
-        for (l, layer) in self.layers.iter().enumerate() {
+        for l in 0..self.layers.len() {
+            let held = self.hold(l)?;
+            let layer = held.layer.as_ref();
             let xn = layer.attn_norm.forward(&x)?;
             let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
@@ -390,13 +485,13 @@ impl Transformer {
 /// `kv_b_proj` (`[heads · (nope + v), kv_lora_rank]`, GGUF `attn_kv_b` in older conversions) or
 /// as llama.cpp's split `attn_k_b` (`[heads, kv_lora_rank, nope]`, transposed for the absorbed
 /// query) and `attn_v_b` (`[heads, v, kv_lora_rank]`).
-fn load_mla(ck: &Checkpoint, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<Mla> {
+fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> Result<Mla> {
     let (a, hidden, heads) = (&spec.attention, spec.hidden_size, spec.attention.heads);
     let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
     let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
         let w = t(&format!("{name}.weight"))?;
         w.expect_shape(&[rows, cols])?;
-        Linear::new(&w, None)
+        ck.linear(&w, None)
     };
     let qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
     let query = match d.q_lora_rank {

@@ -30,8 +30,8 @@ pub struct Run {
     pub file: usize,
     pub offset: u64,
     pub len: usize,
-    /// The expert's parts the run covers ([`ExpertExtent::part`]: 0-2 the gate, up and down
-    /// matrices, 3-5 their biases).
+    /// The parts the run covers (an expert's [`ExpertExtent::part`]: 0-2 the gate, up and down
+    /// matrices, 3-5 their biases; a streamed layer's tensors in the order its build asked).
     pub matrices: Vec<usize>,
 }
 
@@ -154,7 +154,7 @@ impl ExpertIndex {
                     *slot = b.map(|b| extent(&b)).transpose()?;
                 }
                 let mut e = ExpertExtent { matrices, biases, runs: Vec::new() };
-                e.runs = runs(&e);
+                e.runs = runs(e.parts());
                 experts.insert(id, e);
             }
         }
@@ -170,9 +170,10 @@ impl ExpertIndex {
     }
 }
 
-/// Group parts that lie in one file within one aligned block of each other into one read.
-fn runs(extent: &ExpertExtent) -> Vec<Run> {
-    let mut order: Vec<(usize, &MatrixExtent)> = extent.parts().collect();
+/// Group parts (an expert's matrices, a layer's tensors: index and extent) that lie in one file
+/// within one aligned block of each other into one read.
+pub(crate) fn runs<'a>(parts: impl Iterator<Item = (usize, &'a MatrixExtent)>) -> Vec<Run> {
+    let mut order: Vec<(usize, &MatrixExtent)> = parts.collect();
     order.sort_by_key(|(_, m)| (m.file, m.offset));
     let mut runs: Vec<Run> = Vec::new();
     for (i, m) in order {

@@ -93,6 +93,25 @@ pub struct StreamStats {
     pub cache_budget_bytes: u64,
     /// Per MoE layer (in layer order), the distinct experts asked for.
     pub distinct_experts: Vec<(usize, usize)>,
+    /// Per expert file (a striped model's parts, each on its own disk): what was read from it.
+    pub files: Vec<FileStats>,
+}
+
+/// The reads of one expert file.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FileStats {
+    pub path: std::path::PathBuf,
+    pub disk_reads: u64,
+    pub disk_bytes: u64,
+    /// Seconds during which at least one read of this file was in flight.
+    pub busy_s: f64,
+}
+
+impl FileStats {
+    /// The rate its reads achieved while any was in flight.
+    pub fn busy_gbps(&self) -> f64 {
+        if self.busy_s > 0.0 { self.disk_bytes as f64 / self.busy_s / 1e9 } else { 0.0 }
+    }
 }
 
 enum Slot {
@@ -140,6 +159,8 @@ struct State {
     /// Reads in flight, and since when the disk has been busy.
     reading: usize,
     busy_since: Option<std::time::Instant>,
+    /// The same per expert file.
+    file_reading: Vec<(usize, Option<std::time::Instant>)>,
     shutdown: bool,
 }
 
@@ -185,7 +206,7 @@ impl StreamingExperts {
                 }
             }
         }
-        let state = State {
+        let mut state = State {
             entries: HashMap::new(),
             demand: VecDeque::new(),
             prefetch: VecDeque::new(),
@@ -196,8 +217,11 @@ impl StreamingExperts {
             seen: HashMap::new(),
             reading: 0,
             busy_since: None,
+            file_reading: vec![(0, None); files.len()],
             shutdown: false,
         };
+        state.stats.files =
+            files.iter().map(|f| FileStats { path: f.path().to_path_buf(), ..FileStats::default() }).collect();
         let threads = config.io_threads.max(1);
         let shared = Arc::new(Shared { index, files, config, state: Mutex::new(state), work: Condvar::new() });
         let workers = (0..threads)
@@ -205,7 +229,7 @@ impl StreamingExperts {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("expert-io-{i}"))
-                    .spawn(move || shared.serve())
+                    .spawn(move || shared.serve(i))
                     .expect("spawn an expert I/O thread")
             })
             .collect();
@@ -219,6 +243,9 @@ impl StreamingExperts {
         if let Some(since) = st.busy_since {
             s.disk_busy_s += since.elapsed().as_secs_f64();
         }
+        for (f, (_, since)) in s.files.iter_mut().zip(&st.file_reading) {
+            f.busy_s += since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        }
         let mut distinct: Vec<(usize, usize)> = st.seen.iter().map(|(l, e)| (*l, e.len())).collect();
         distinct.sort();
         s.distinct_experts = distinct;
@@ -227,10 +254,15 @@ impl StreamingExperts {
 
     pub fn reset_stats(&self) {
         let mut st = self.shared.state.lock().expect("expert cache lock");
-        st.stats = StreamStats { cache_budget_bytes: self.shared.config.cache_bytes as u64, ..StreamStats::default() };
+        let files = st.stats.files.iter().map(|f| FileStats { path: f.path.clone(), ..FileStats::default() }).collect();
+        st.stats =
+            StreamStats { cache_budget_bytes: self.shared.config.cache_bytes as u64, files, ..StreamStats::default() };
         st.seen.clear();
         if st.busy_since.is_some() {
             st.busy_since = Some(std::time::Instant::now());
+        }
+        for (_, since) in st.file_reading.iter_mut().filter(|(_, s)| s.is_some()) {
+            *since = Some(std::time::Instant::now());
         }
     }
 
@@ -332,6 +364,11 @@ impl ExpertStore for StreamingExperts {
         {
             let mut st = self.shared.state.lock().expect("expert cache lock");
             for &id in ids {
+                // A batch's sequences each guess the next layer: keep one sequence's worth of
+                // guesses queued, not one per sequence (they would crowd out the demand reads).
+                if st.prefetch.len() >= self.shared.config.prefetch_depth.max(1) {
+                    break;
+                }
                 if st.entries.contains_key(&id) {
                     continue;
                 }
@@ -374,18 +411,32 @@ impl Shared {
         self.index.files[file].clone()
     }
 
-    /// An I/O thread: take the next read (demand first), read and build the expert, hand it to
-    /// its waiters and the cache.
-    fn serve(&self) {
+    /// The file an expert is read from (its first matrix's).
+    fn file_of(&self, id: ExpertId) -> usize {
+        self.index.get(id).map_or(0, |x| x.matrices[0].file)
+    }
+
+    /// The first queued expert that lives in file `home`, else the first of any.
+    fn take(&self, queue: &mut VecDeque<ExpertId>, home: usize) -> Option<ExpertId> {
+        let at = queue.iter().position(|&id| self.file_of(id) == home).unwrap_or(0);
+        queue.remove(at)
+    }
+
+    /// I/O thread `i`: take the next read (demand first), read and build the expert, hand it
+    /// to its waiters and the cache. With several files (a striped model's disks) the threads
+    /// are dealt out among them, each reading its own file's experts first, so every disk has
+    /// its own reads in flight; an idle one helps with the others'.
+    fn serve(&self, i: usize) {
+        let home = i % self.files.len().max(1);
         let mut st = self.state.lock().expect("expert cache lock");
         loop {
             if st.shutdown {
                 return;
             }
-            let job = match st.demand.pop_front() {
+            let job = match self.take(&mut st.demand, home) {
                 Some(id) => Some((id, false)),
                 None if st.prefetch_in_flight < self.config.max_prefetch_in_flight => {
-                    st.prefetch.pop_front().map(|id| (id, true))
+                    self.take(&mut st.prefetch, home).map(|id| (id, true))
                 }
                 None => None,
             };
@@ -402,9 +453,23 @@ impl Shared {
                 st.busy_since = Some(std::time::Instant::now());
             }
             st.reading += 1;
+            let file = self.file_of(id);
+            if let Some((reading, since)) = st.file_reading.get_mut(file) {
+                if *reading == 0 {
+                    *since = Some(std::time::Instant::now());
+                }
+                *reading += 1;
+            }
             drop(st);
             let result = self.read(id);
             st = self.state.lock().expect("expert cache lock");
+            if let Some((reading, since)) = st.file_reading.get_mut(file) {
+                *reading -= 1;
+                let ended = if *reading == 0 { since.take() } else { None };
+                if let (Some(t), Some(f)) = (ended, st.stats.files.get_mut(file)) {
+                    f.busy_s += t.elapsed().as_secs_f64();
+                }
+            }
             if prefetch {
                 st.prefetch_in_flight -= 1;
             }
@@ -425,6 +490,10 @@ impl Shared {
                     entry.slot = Slot::Ready(expert);
                     st.stats.disk_reads += 1;
                     st.stats.disk_bytes += disk_bytes as u64;
+                    if let Some(f) = st.stats.files.get_mut(file) {
+                        f.disk_reads += 1;
+                        f.disk_bytes += disk_bytes as u64;
+                    }
                     if prefetch {
                         st.stats.prefetch_reads += 1;
                         st.stats.prefetch_bytes += disk_bytes as u64;

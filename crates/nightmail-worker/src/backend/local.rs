@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
-    ChatMessage, EngineError, GenerateRequest, LoadOptions, Model, Prompt, Sampling, StopReason, StreamConfig,
-    TokenEvent, TokenStream,
+    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StopReason,
+    StreamConfig, TokenEvent, TokenStream,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -98,7 +98,11 @@ impl Inner {
 /// Loads the model, then serves jobs until every sender is gone. A model that cannot be loaded
 /// fails every job given to it (permanently: it will not load on a retry either).
 fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &EngineSlot) {
-    let options = LoadOptions { stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb) };
+    let options = LoadOptions {
+        stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb),
+        // A key/value cache for every job of a batch, and the union of their experts.
+        memory: config.memory_mb.map(|mb| MemoryBudget { batch: config.max_batch, ..MemoryBudget::mb(mb) }),
+    };
     let model = match Model::load_with(&config.path, &options) {
         Ok(m) => m,
         Err(e) => {

@@ -1,0 +1,39 @@
+//! Where the transformer gets a layer's dense weights (attention, norms, router, shared and
+//! dense feed-forwards) when they do not all stay in RAM: a [`LayerStore`] hands out each
+//! streamed layer in turn. The math does not see whether a layer was resident or read just now.
+
+use std::sync::Arc;
+
+use super::source::WeightSource;
+use super::transformer::DecoderLayer;
+use crate::error::Result;
+
+/// Builds layer `l` from a source of its tensors: the one build the transformer uses at load.
+pub(crate) type LayerBuilder = Arc<dyn Fn(&dyn WeightSource, usize) -> Result<DecoderLayer> + Send + Sync>;
+
+/// Streamed layers, asked for in layer order once per step.
+pub trait LayerStore: Send + Sync {
+    /// Layer `l`, waiting for its bytes if they are not in yet.
+    fn layer(&self, l: usize) -> Result<Arc<DecoderLayer>>;
+
+    /// Layer `l` if it is in memory now (read ahead), without waiting.
+    fn peek(&self, l: usize) -> Option<Arc<DecoderLayer>>;
+
+    /// The step is done with layer `l`: its memory can take the next read-ahead.
+    fn done(&self, l: usize);
+}
+
+/// A layer held by a step: streamed ones are handed back to their store when the step is done
+/// with them (or fails), so the read-ahead window never waits on a step that went away.
+pub(crate) struct HeldLayer<'a> {
+    pub layer: Arc<DecoderLayer>,
+    pub release: Option<(&'a dyn LayerStore, usize)>,
+}
+
+impl Drop for HeldLayer<'_> {
+    fn drop(&mut self) {
+        if let Some((store, l)) = self.release {
+            store.done(l);
+        }
+    }
+}

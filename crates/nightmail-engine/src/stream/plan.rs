@@ -1,0 +1,412 @@
+//! One memory budget for a whole model: what stays resident and what streams. Tensors read for
+//! every token come first, the most disk bytes saved per byte of RAM first (every dense layer
+//! saves its whole size each token; a routed expert only when chosen, k/E of the tokens), so
+//! dense layers go before the expert cache. The dense layers left over stream in layer order
+//! through a window of two layers (one read while the other computes), or one where two do not
+//! fit; the experts get the rest as their cache.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::dense::copied_bytes;
+use super::index::aligned_span;
+use crate::error::{EngineError, Result};
+use crate::format::{Checkpoint, is_expert_tensor};
+use crate::model::Numerics;
+use crate::spec::ModelSpec;
+
+/// The memory a model may take, and the context its key/value cache is kept for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryBudget {
+    pub bytes: usize,
+    /// Tokens of key/value cache reserved per sequence.
+    pub kv_tokens: usize,
+    /// Sequences decoded together: each has its cache, and a step reads the union of their
+    /// routes' experts at once.
+    pub batch: usize,
+    /// Stream exactly these dense layers (the others resident) instead of the plan's choice:
+    /// to measure the stream itself, or test it on models small enough to keep whole.
+    pub stream_layers: Option<Vec<usize>>,
+}
+
+impl MemoryBudget {
+    /// `mb` MiB, with the cache reserved for 4096 tokens (or the model's context, if shorter).
+    pub fn mb(mb: usize) -> Self {
+        MemoryBudget { bytes: mb << 20, kv_tokens: DEFAULT_KV_TOKENS, batch: 1, stream_layers: None }
+    }
+}
+
+pub const DEFAULT_KV_TOKENS: usize = 4096;
+
+/// One dense layer's sizes.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerSize {
+    pub layer: usize,
+    /// Bytes in the file (what streaming it reads per token, widened to aligned blocks).
+    pub disk_bytes: usize,
+    /// Memory it takes resident (`Linear::new` copies, f32 conversions).
+    pub resident_bytes: usize,
+    /// Memory it takes while streamed: read buffers plus the copies its kernels make.
+    pub stream_bytes: usize,
+}
+
+/// A model's sizes, from its tensor headers alone.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSizes {
+    pub layers: Vec<LayerSize>,
+    /// Embedding, output head and final norm: always resident.
+    pub fixed_bytes: usize,
+    pub expert_bytes: usize,
+    /// The largest expert's read buffers.
+    pub expert_max_bytes: usize,
+    /// Experts each MoE layer runs per token, and MoE layers.
+    pub top_k: usize,
+    pub experts_per_layer: usize,
+    pub moe_layers: usize,
+    /// Key/value bytes per token of one sequence (attention layers only).
+    pub kv_bytes_per_token: usize,
+    /// Bytes of one sequence's fixed-size state (KDA layers' recurrent state and convolution
+    /// tail), whatever its length.
+    pub state_bytes: usize,
+    pub context_length: usize,
+}
+
+impl ModelSizes {
+    pub(crate) fn read(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
+        let mut layers: BTreeMap<usize, LayerSize> = (0..spec.layers)
+            .map(|l| (l, LayerSize { layer: l, disk_bytes: 0, resident_bytes: 0, stream_bytes: 0 }))
+            .collect();
+        let (mut fixed, mut experts) = (0, 0);
+        let mut has_output = false;
+        let mut embedding = 0;
+        for t in ck.all_tensors()? {
+            let len = t.bytes.len();
+            if is_expert_tensor(&t.name) {
+                experts += len;
+                continue;
+            }
+            let resident = copied_bytes(t.dtype, &t.shape, len, false);
+            match layer_of(&t.name).and_then(|l| layers.get_mut(&l)) {
+                Some(size) => {
+                    let disk = aligned_span(0, len);
+                    size.disk_bytes += disk;
+                    size.resident_bytes += resident;
+                    size.stream_bytes += disk + copied_bytes(t.dtype, &t.shape, len, true);
+                }
+                None => {
+                    fixed += resident;
+                    has_output |= t.name == "output.weight" || t.name == "lm_head.weight";
+                    if t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight") {
+                        embedding = resident;
+                    }
+                }
+            }
+        }
+        // Tied embeddings: the head is a second copy of the embedding.
+        if !has_output {
+            fixed += embedding;
+        }
+        let a = &spec.attention;
+        let numerics = match ck.tensor("blk.0.attn_q.weight")? {
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks => Numerics::for_weights(q.dtype),
+            _ => Numerics::Reference,
+        };
+        let kv_per_layer = match (&a.mla, numerics) {
+            (Some(m), _) => (m.kv_lora_rank + m.qk_rope_head_dim) * 4,
+            (None, Numerics::Ggml) => 2 * a.kv_heads * a.head_dim * 2,
+            (None, Numerics::Reference) => 2 * a.kv_heads * a.head_dim * 4,
+        };
+        // A KDA layer keeps f32 S per head and its convolution's last inputs instead of rows.
+        let kda_layers = (0..spec.layers).filter(|&l| spec.is_kda(l)).count();
+        let state_bytes = spec.kda.as_ref().map_or(0, |k| {
+            let width = k.heads * k.head_dim;
+            (k.heads * k.head_dim * k.head_dim + (k.conv_kernel - 1) * 3 * width) * 4 * kda_layers
+        });
+        let moe_layers = spec.moe_layers.iter().filter(|m| **m).count();
+        let (top_k, experts_per_layer) = spec.moe.as_ref().map_or((0, 0), |m| (m.routing.top_k(), m.experts));
+        let expert_count = moe_layers * experts_per_layer;
+        // Each expert's matrices and biases (up to six reads) are widened to aligned blocks.
+        let expert_max_bytes = experts.checked_div(expert_count).map_or(0, |b| b + 6 * 2 * super::ALIGN);
+        Ok(ModelSizes {
+            layers: layers.into_values().collect(),
+            fixed_bytes: fixed,
+            expert_bytes: experts,
+            expert_max_bytes,
+            top_k,
+            experts_per_layer,
+            moe_layers,
+            kv_bytes_per_token: kv_per_layer * (spec.layers - kda_layers),
+            state_bytes,
+            context_length: spec.context_length,
+        })
+    }
+}
+
+/// The layer index of a dense tensor (`blk.N.` in GGUF, `model.layers.N.` in transformers).
+fn layer_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "blk" || p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// What stays in RAM and what streams, for one budget.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    pub budget_bytes: usize,
+    /// The least budget the model runs in: embedding and head, the key/value cache, the largest
+    /// layer streamed, and one layer's routed experts in flight.
+    pub minimum_bytes: usize,
+    pub fixed_bytes: usize,
+    pub kv_bytes: usize,
+    pub resident_layers: Vec<usize>,
+    pub resident_layer_bytes: usize,
+    pub streamed_layers: Vec<usize>,
+    /// The read-ahead window of streamed layers (0 when none streams).
+    pub window_bytes: usize,
+    /// The expert cache, or every expert when `experts_resident`.
+    pub expert_cache_bytes: usize,
+    pub experts_resident: bool,
+    /// Dense bytes read from disk per step (the streamed layers).
+    pub dense_disk_bytes_per_token: usize,
+    /// Routed-expert bytes a token needs (top-k in every MoE layer), before the cache.
+    pub expert_bytes_per_token: usize,
+    pub sizes: ModelSizes,
+}
+
+impl MemoryPlan {
+    pub fn new(sizes: ModelSizes, budget: MemoryBudget) -> Result<Self> {
+        let batch = budget.batch.max(1);
+        let kv =
+            (budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token + sizes.state_bytes) * batch;
+        // A step's experts are all read and alive at once: the union of the batch's routes.
+        let in_flight = (sizes.top_k * batch).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
+        let all_layers: usize = sizes.layers.iter().map(|l| l.resident_bytes).sum();
+        let forced = budget.stream_layers.as_ref().map(|set| {
+            let streams = |l: &&LayerSize| set.contains(&l.layer);
+            let pinned: usize = sizes.layers.iter().filter(|l| !streams(l)).map(|l| l.resident_bytes).sum();
+            let largest = sizes.layers.iter().filter(streams).map(|l| l.stream_bytes).max().unwrap_or(0);
+            (pinned, largest)
+        });
+        let largest = match forced {
+            Some((_, largest)) => largest,
+            None => sizes.layers.iter().map(|l| l.stream_bytes).max().unwrap_or(0),
+        };
+        // The dense part at its smallest: one layer streamed, or every layer kept when that is
+        // less (small models, whose read buffers' alignment outweighs them).
+        let dense_minimum = match forced {
+            Some((pinned, largest)) => pinned + largest,
+            None => largest.min(all_layers),
+        };
+        let minimum = sizes.fixed_bytes + kv + dense_minimum + in_flight;
+        if budget.bytes < minimum {
+            return Err(EngineError::MemoryBudget {
+                budget_mb: budget.bytes as f64 / MIB,
+                minimum_mb: (minimum as f64 / MIB).ceil() as usize,
+                detail: format!(
+                    "embedding and head {:.1} MiB, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
+                     layers {:.1} MiB (the largest streamed), {} routed experts in flight {:.1} MiB",
+                    sizes.fixed_bytes as f64 / MIB,
+                    budget.kv_tokens.min(sizes.context_length.max(1)),
+                    kv as f64 / MIB,
+                    dense_minimum as f64 / MIB,
+                    (sizes.top_k * batch).min(sizes.experts_per_layer),
+                    in_flight as f64 / MIB
+                ),
+            });
+        }
+        let mut left = budget.bytes - sizes.fixed_bytes - kv - in_flight;
+        let (mut resident, mut streamed) = (Vec::new(), Vec::new());
+        let window = if let (Some(set), Some((pinned, _))) = (&budget.stream_layers, forced) {
+            left -= pinned;
+            for s in &sizes.layers {
+                (if set.contains(&s.layer) { &mut streamed } else { &mut resident }).push(s.layer);
+            }
+            let window = if streamed.is_empty() {
+                0
+            } else if left >= 2 * largest + largest / 2 {
+                2 * largest
+            } else {
+                largest
+            };
+            left -= window;
+            window
+        } else if all_layers <= left {
+            resident = sizes.layers.iter().map(|l| l.layer).collect();
+            left -= all_layers;
+            0
+        } else {
+            let window = if left >= 2 * largest + largest / 2 { 2 * largest } else { largest };
+            left -= window;
+            // Most disk bytes saved per resident byte first; then the smaller (more of them fit);
+            // then spread over the stack (0, L/2, L/4, 3L/4...: bit-reversed order), so that the
+            // resident layers computed between two streamed ones are few and the reader, at most
+            // a window ahead, never idles through a long resident run.
+            let mut order: Vec<&LayerSize> = sizes.layers.iter().collect();
+            let bits = usize::BITS - sizes.layers.len().saturating_sub(1).leading_zeros();
+            let spread = |l: usize| l.reverse_bits().checked_shr(usize::BITS - bits).unwrap_or(0);
+            order.sort_by(|a, b| {
+                let gain = |s: &LayerSize| s.disk_bytes as f64 / s.resident_bytes.max(1) as f64;
+                gain(b)
+                    .total_cmp(&gain(a))
+                    .then(a.resident_bytes.cmp(&b.resident_bytes))
+                    .then(spread(a.layer).cmp(&spread(b.layer)))
+            });
+            for s in order {
+                if s.resident_bytes <= left {
+                    left -= s.resident_bytes;
+                    resident.push(s.layer);
+                } else {
+                    streamed.push(s.layer);
+                }
+            }
+            resident.sort_unstable();
+            streamed.sort_unstable();
+            window
+        };
+        let expert_cache = left + in_flight;
+        let experts_resident = expert_cache >= sizes.expert_bytes;
+        let resident_layer_bytes = resident.iter().map(|&l| sizes.layers[l].resident_bytes).sum();
+        let dense_disk = streamed.iter().map(|&l| sizes.layers[l].disk_bytes).sum();
+        let expert_per_token = (sizes.expert_bytes * sizes.top_k).checked_div(sizes.experts_per_layer).unwrap_or(0);
+        Ok(MemoryPlan {
+            budget_bytes: budget.bytes,
+            minimum_bytes: minimum,
+            fixed_bytes: sizes.fixed_bytes,
+            kv_bytes: kv,
+            resident_layers: resident,
+            resident_layer_bytes,
+            streamed_layers: streamed,
+            window_bytes: window,
+            expert_cache_bytes: if experts_resident { sizes.expert_bytes } else { expert_cache },
+            experts_resident,
+            dense_disk_bytes_per_token: dense_disk,
+            expert_bytes_per_token: expert_per_token,
+            sizes,
+        })
+    }
+
+    /// Per layer, whether it streams.
+    pub fn streamed_mask(&self) -> Vec<bool> {
+        let mut mask = vec![false; self.sizes.layers.len()];
+        for &l in &self.streamed_layers {
+            mask[l] = true;
+        }
+        mask
+    }
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes(layers: usize, layer: usize) -> ModelSizes {
+        ModelSizes {
+            layers: (0..layers)
+                .map(|l| LayerSize { layer: l, disk_bytes: layer, resident_bytes: layer, stream_bytes: 2 * layer })
+                .collect(),
+            fixed_bytes: 1000,
+            expert_bytes: 64_000,
+            expert_max_bytes: 1000,
+            top_k: 2,
+            experts_per_layer: 8,
+            moe_layers: layers,
+            kv_bytes_per_token: 10,
+            state_bytes: 0,
+            context_length: 100,
+        }
+    }
+
+    #[test]
+    fn dense_layers_go_resident_before_the_expert_cache_and_the_rest_stream() {
+        // Eight layers that stream without copies (Q4_0): 10_000 bytes resident or in flight.
+        let mut s = sizes(8, 10_000);
+        s.layers.iter_mut().for_each(|l| l.stream_bytes = 10_000);
+        // minimum: 1000 fixed + 1000 kv + 10_000 largest streamed + 2000 in flight.
+        let plan =
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 14_000, kv_tokens: 100, batch: 1, stream_layers: None })
+                .unwrap();
+        assert_eq!(plan.minimum_bytes, 14_000);
+        assert_eq!((plan.resident_layers.len(), plan.streamed_layers.len()), (0, 8));
+        assert_eq!(plan.window_bytes, 10_000);
+        let plan =
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 75_000, kv_tokens: 100, batch: 1, stream_layers: None })
+                .unwrap();
+        // 71_000 left after the fixed parts: a two-layer window (20_000), five layers resident,
+        // spread over the stack.
+        assert_eq!(plan.window_bytes, 20_000);
+        assert_eq!(plan.resident_layers, vec![0, 1, 2, 4, 6]);
+        assert_eq!(plan.streamed_layers, vec![3, 5, 7]);
+        assert_eq!(plan.dense_disk_bytes_per_token, 30_000);
+        assert_eq!(plan.expert_cache_bytes, 1000 + 2000);
+        assert!(!plan.experts_resident);
+        let plan =
+            MemoryPlan::new(s, MemoryBudget { bytes: 200_000, kv_tokens: 100, batch: 1, stream_layers: None }).unwrap();
+        assert_eq!(plan.resident_layers.len(), 8);
+        assert!(plan.streamed_layers.is_empty() && plan.experts_resident && plan.window_bytes == 0);
+    }
+
+    #[test]
+    fn small_layers_stay_resident_when_that_takes_less_than_streaming_one() {
+        let mut s = sizes(2, 10_000);
+        s.layers.iter_mut().for_each(|l| l.stream_bytes = 30_000);
+        let plan =
+            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 24_000, kv_tokens: 100, batch: 1, stream_layers: None });
+        let plan = plan.unwrap();
+        assert_eq!((plan.minimum_bytes, plan.resident_layers.len(), plan.window_bytes), (24_000, 2, 0));
+        // Unless told which to stream.
+        let forced = MemoryBudget { bytes: 100_000, kv_tokens: 100, batch: 1, stream_layers: Some(vec![1]) };
+        let plan = MemoryPlan::new(s, forced).unwrap();
+        assert_eq!((plan.resident_layers, plan.streamed_layers), (vec![0], vec![1]));
+        assert_eq!(plan.minimum_bytes, 4000 + 10_000 + 30_000);
+    }
+
+    #[test]
+    fn a_budget_below_one_layer_and_the_cache_is_refused_with_the_minimum() {
+        let err = MemoryPlan::new(
+            sizes(4, 10_000),
+            MemoryBudget { bytes: 23_999, kv_tokens: 100, batch: 1, stream_layers: None },
+        )
+        .unwrap_err();
+        let EngineError::MemoryBudget { minimum_mb, .. } = &err else { panic!("{err}") };
+        assert_eq!(*minimum_mb, 1, "{err}");
+        assert!(err.to_string().contains("at least 1 MiB"), "{err}");
+        // Four sequences: four caches (4 x 1000) and all eight experts of a layer in flight.
+        let four = MemoryBudget { bytes: 0, kv_tokens: 100, batch: 4, stream_layers: None };
+        let EngineError::MemoryBudget { detail, .. } = MemoryPlan::new(sizes(4, 10_000), four).unwrap_err() else {
+            panic!("a budget of nothing was taken")
+        };
+        assert!(detail.contains("4 x 100 tokens") && detail.contains("8 routed experts"), "{detail}");
+        let four = MemoryBudget { bytes: 33_000, kv_tokens: 100, batch: 4, stream_layers: None };
+        assert_eq!(MemoryPlan::new(sizes(4, 10_000), four).unwrap().minimum_bytes, 1000 + 4000 + 20_000 + 8000);
+    }
+
+    #[test]
+    fn kimi_linears_kda_layers_reserve_a_fixed_state_and_only_its_latent_attention_layer_rows() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_linear");
+        for file in [path.join("model.gguf"), path.clone()] {
+            let ck = Checkpoint::open(&file).unwrap();
+            let spec = ModelSpec::read(&ck).unwrap();
+            let sizes = ModelSizes::read(&ck, &spec).unwrap();
+            // One MLA layer: a latent of 16 and a rotary key of 8, f32. Three KDA layers of
+            // 4 heads x 8: S (4 x 8 x 8) and the convolution's last 3 inputs of q, k and v (3 x 96).
+            assert_eq!(sizes.kv_bytes_per_token, (16 + 8) * 4, "{}", file.display());
+            assert_eq!(sizes.state_bytes, 3 * (4 * 8 * 8 + 3 * 96) * 4, "{}", file.display());
+            let two = MemoryBudget { bytes: usize::MAX / 2, kv_tokens: 10, batch: 2, stream_layers: None };
+            assert_eq!(MemoryPlan::new(sizes.clone(), two).unwrap().kv_bytes, 2 * (10 * 96 + sizes.state_bytes));
+        }
+    }
+
+    #[test]
+    fn layer_indices_come_from_gguf_and_transformers_names() {
+        assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(layer_of("model.layers.3.self_attn.q_proj.weight"), Some(3));
+        assert_eq!(layer_of("token_embd.weight"), None);
+    }
+}
