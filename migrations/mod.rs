@@ -21,6 +21,9 @@ mod m0004_message_refs;
 mod m0005_utf8_mailbox_names;
 #[path = "0006_dedupe_by_sender.rs"]
 mod m0006_dedupe_by_sender;
+// 7 and 8 belong to the Ask folder (a branch landing separately); the bridge took 9.
+#[path = "0009_bridges.rs"]
+mod m0009_bridges;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -32,6 +35,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (4, "message_refs", m0004_message_refs::apply),
     (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
     (6, "dedupe_by_sender", m0006_dedupe_by_sender::apply),
+    (9, "bridges", m0009_bridges::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -316,7 +316,7 @@ fn mail_not_delivered_in_time_bounces_as_expired() {
             key,
             raw: b"From: me@nightmail.test\r\nTo: bob@example.org\r\nSubject: Old news\r\nMessage-ID: <old@client.test>\r\n\r\nstale\r\n".to_vec(),
             sender: Some(Address::parse("me@nightmail.test").unwrap()),
-            recipients: vec![Recipient::Remote { address: Address::parse("bob@example.org").unwrap() }],
+            recipients: vec![Recipient::Remote { address: Address::parse("bob@example.org").unwrap(), via: None }],
             summary: Summary { from: "me@nightmail.test".into(), subject: "Old news".into(), message_id: "<old@client.test>".into() },
             dedupe_id: "<old@client.test>".into(),
         };

@@ -47,6 +47,10 @@ pub struct Job {
     /// The Message-ID of the acknowledgement sent for this job, if any.
     #[serde(default)]
     pub ack: Option<String>,
+    /// The bridge (its upstream address) the question came in through: the answer goes out by
+    /// its SMTP server, from its address. `None`: local mail.
+    #[serde(default)]
+    pub via: Option<Address>,
 }
 
 /// How far generation has got, saved as it streams so `status` can show it and a crash loses
