@@ -1,5 +1,5 @@
 //! Where each bridge's reading of its upstream mailbox stands: the mailbox's UIDVALIDITY (RFC
-//! 3501 §2.3.1.1), the last UID taken and the newest INTERNALDATE seen. A new upstream message
+//! 3501 §2.3.1.1), the last UID taken, and the INTERNALDATE before which mail is old. A new upstream message
 //! becomes a job in the same transaction that moves the mark past its UID, so a crash either
 //! leaves both undone (the message is read again) or both done (it is never read again): nothing
 //! is answered twice, nothing is skipped. Flagging the upstream message comes after, from
@@ -20,8 +20,10 @@ pub struct BridgeState {
     pub uidvalidity: u32,
     /// Every message up to this UID has been taken (answered, refused or older than the bridge).
     pub last_uid: u32,
-    /// The newest INTERNALDATE taken (or the bridge's first start): after a UIDVALIDITY change
-    /// only later messages are new.
+    /// Messages whose INTERNALDATE is not after this are old, whatever their UID: the bridge's
+    /// first start, or the newest INTERNALDATE taken before a UIDVALIDITY change.
+    pub floor: Timestamp,
+    /// The newest INTERNALDATE taken: the floor after a UIDVALIDITY change.
     pub last_internal_date: Timestamp,
     /// UIDs whose job is queued but whose upstream flag is not yet known to be set.
     #[serde(default)]
