@@ -14,6 +14,7 @@ tools=(
   tmux:tmux
   mbsync:isync
   strace:strace
+  dovecot:dovecot-imapd
 )
 packages=()
 for entry in "${tools[@]}"; do

@@ -36,6 +36,18 @@ impl Store {
         self.trees.bridges.get(address.as_str().as_bytes())?.map(|v| decode(BRIDGES, &v)).transpose()
     }
 
+    /// Every bridge's mark, by upstream address (for `status`).
+    pub fn bridge_states(&self) -> Result<Vec<(String, BridgeState)>, StoreError> {
+        self.trees
+            .bridges
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), decode(BRIDGES, &v)?))
+            })
+            .collect()
+    }
+
     /// Records `state` for the bridge for `address`, and flushes.
     pub async fn set_bridge_state(&self, address: &Address, state: &BridgeState) -> Result<(), StoreError> {
         self.trees.bridges.insert(address.as_str().as_bytes(), encode(state))?;

@@ -22,6 +22,20 @@ pub struct Report {
     /// Mail for outside recipients: waiting, and settled within the last week.
     #[serde(default)]
     pub outbound: Vec<OutboundView>,
+    /// Where each bridge's reading of its upstream mailbox stands.
+    #[serde(default)]
+    pub bridges: Vec<BridgeView>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct BridgeView {
+    /// The upstream address.
+    pub address: String,
+    pub uidvalidity: u32,
+    /// Every upstream message up to this UID has been taken.
+    pub last_uid: u32,
+    /// Upstream messages whose job is queued but whose flag is not set yet.
+    pub unflagged: usize,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -124,7 +138,17 @@ impl Report {
         let jobs = store.jobs()?.iter().map(|j| JobView::of(j, data_dir, now)).collect();
         let checkpoint_bytes = checkpoints::total_bytes(data_dir);
         let outbound = store.outbound()?.iter().map(|o| OutboundView::of(o, now)).collect();
-        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound })
+        let bridges = store
+            .bridge_states()?
+            .into_iter()
+            .map(|(address, s)| BridgeView {
+                address,
+                uidvalidity: s.uidvalidity,
+                last_uid: s.last_uid,
+                unflagged: s.unflagged.len(),
+            })
+            .collect();
+        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound, bridges })
     }
 }
 
@@ -139,7 +163,13 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
         None => {
             let dir = config.data_dir.join("store");
             if !dir.exists() {
-                Report { source: "store".into(), jobs: Vec::new(), checkpoint_bytes: 0, outbound: Vec::new() }
+                Report {
+                    source: "store".into(),
+                    jobs: Vec::new(),
+                    checkpoint_bytes: 0,
+                    outbound: Vec::new(),
+                    bridges: Vec::new(),
+                }
             } else {
                 let store = Store::open(&dir).with_context(|| {
                     format!(
@@ -157,6 +187,9 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
     }
     print_jobs(&report);
     print_outbound(&report);
+    for b in &report.bridges {
+        println!("bridge {}: UIDVALIDITY {}, taken up to UID {}", b.address, b.uidvalidity, b.last_uid);
+    }
     Ok(())
 }
 
