@@ -1,6 +1,6 @@
 //! The copy of each reply in the upstream Sent folder, so the bot's mailbox at the provider shows
 //! the whole conversation: APPEND (RFC 3501 §6.3.11) over a connection of its own (the reader's
-//! is in IDLE), `\Seen`, creating the folder if the server says TRYCREATE.
+//! is in IDLE), `\Seen`, creating the folder if it is missing.
 
 use crate::connect::{ImapSession, Login};
 
@@ -16,14 +16,15 @@ async fn try_append(login: &Login, mailbox: &str, raw: &[u8]) -> Result<(), Stri
     let timeout = login.timeout;
     let result = match once(&mut session, mailbox, raw, timeout).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if e.to_string().contains("TRYCREATE") || e.to_string().contains("exist") => {
+        // async-imap reports a refused APPEND without the server's text, so TRYCREATE (RFC 3501
+        // §6.3.11) cannot be told from other refusals: CREATE (harmless if it exists) and retry.
+        Ok(Err(_)) => {
             let _ = tokio::time::timeout(timeout, session.create(mailbox)).await;
             match once(&mut session, mailbox, raw, timeout).await {
                 Ok(r) => r.map_err(|e| format!("APPEND: {e}")),
                 Err(_) => Err("APPEND: no answer".into()),
             }
         }
-        Ok(Err(e)) => Err(format!("APPEND: {e}")),
         Err(_) => Err("APPEND: no answer".into()),
     };
     let _ = tokio::time::timeout(timeout, session.logout()).await;
