@@ -611,7 +611,13 @@ async fn a_bridged_job_and_the_mark_are_one_transaction_and_routes_lease_apart()
     let store = Store::open(dir.path()).unwrap();
     let bridge = addr("bot@fastmail.test");
     let model = Recipient::Model { address: addr("kimi@nightmail.local"), via: Some(bridge.clone()) };
-    let state = BridgeState { uidvalidity: 7, last_uid: 3, last_internal_date: Timestamp(5_000), unflagged: vec![3] };
+    let state = BridgeState {
+        uidvalidity: 7,
+        last_uid: 3,
+        floor: Timestamp(1_000),
+        last_internal_date: Timestamp(5_000),
+        unflagged: vec![3],
+    };
     let receipt =
         store.take_bridged(&bridge, Some(&incoming(&store, "<b@x>", vec![model.clone()])), &state).await.unwrap();
     assert_eq!(receipt.jobs.len(), 1);
