@@ -22,6 +22,8 @@ const PASS: &str = "fastmail.test; spf=pass smtp.mailfrom=example.com;\r\n dkim=
 struct Dovecot {
     dir: tempfile::TempDir,
     port: u16,
+    /// imaps only, with a certificate from this CA (which the test's own client trusts).
+    ca: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -32,6 +34,15 @@ impl Dovecot {
 
     /// `prepare` may fill the maildir (`mail/bot`) before the server starts.
     fn start_with(prepare: impl FnOnce(&Path)) -> Dovecot {
+        Dovecot::start_full(prepare, None)
+    }
+
+    /// TLS from the first byte (imaps) with this certificate and key, and nothing else.
+    fn start_tls(ca: &Path, cert: &Path, key: &Path) -> Dovecot {
+        Dovecot::start_full(|_| {}, Some((ca, cert, key)))
+    }
+
+    fn start_full(prepare: impl FnOnce(&Path), tls: Option<(&Path, &Path, &Path)>) -> Dovecot {
         common::external("dovecot", "dovecot-imapd");
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -40,6 +51,16 @@ impl Dovecot {
             std::fs::create_dir_all(root.join(sub)).unwrap();
         }
         let (user, group) = Dovecot::identity();
+        let (ssl, plain_port, imaps) = match tls {
+            Some((_, cert, key)) => {
+                std::fs::copy(cert, root.join("cert.pem")).unwrap();
+                std::fs::copy(key, root.join("key.pem")).unwrap();
+                let ssl =
+                    format!("ssl = required\nssl_cert = <{r}/cert.pem\nssl_key = <{r}/key.pem", r = root.display());
+                (ssl, 0, format!("  inet_listener imaps {{\n    port = {port}\n    ssl = yes\n  }}\n"))
+            }
+            None => ("ssl = no".to_string(), port, String::new()),
+        };
         std::fs::write(
             root.join("dovecot.conf"),
             format!(
@@ -48,7 +69,7 @@ state_dir = {r}/run
 log_path = {r}/dovecot.log
 protocols = imap
 listen = 127.0.0.1
-ssl = no
+{ssl}
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 default_internal_user = {user}
@@ -59,9 +80,9 @@ mail_location = maildir:{r}/mail/%u
 service imap-login {{
   chroot =
   inet_listener imap {{
-    port = {port}
+    port = {plain_port}
   }}
-}}
+{imaps}}}
 service anvil {{
   chroot =
 }}
@@ -84,7 +105,7 @@ userdb {{
             let status = Command::new("chown").args(["-R", "dovecot:dovecot"]).arg(root).status().unwrap();
             assert!(status.success());
         }
-        let mut dovecot = Dovecot { dir, port, child: None };
+        let mut dovecot = Dovecot { dir, port, ca: tls.map(|(ca, _, _)| ca.to_path_buf()), child: None };
         dovecot.run();
         dovecot
     }
@@ -129,6 +150,9 @@ userdb {{
     fn answers(&self) -> bool {
         use std::io::Read;
         let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        if self.ca.is_some() {
+            return true;
+        }
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let mut greeting = [0u8; 4];
         s.read_exact(&mut greeting).is_ok() && &greeting == b"* OK"
@@ -149,7 +173,11 @@ userdb {{
 
     fn upstream(&self, args: &[&str]) -> String {
         let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/upstream.py");
-        let out = Command::new("python3").arg(fixture).arg(self.port.to_string()).args(args).output().unwrap();
+        let mut command = Command::new("python3");
+        if let Some(ca) = &self.ca {
+            command.env("UPSTREAM_CA", ca);
+        }
+        let out = command.arg(fixture).arg(self.port.to_string()).args(args).output().unwrap();
         assert!(out.status.success(), "upstream.py {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     }
@@ -259,6 +287,11 @@ struct Rig {
 
 impl Rig {
     fn start(dovecot: Dovecot) -> Rig {
+        Rig::start_with(dovecot, "imap_tls = \"none\"\n")
+    }
+
+    /// `imap` holds the bridge's IMAP TLS keys.
+    fn start_with(dovecot: Dovecot, imap: &str) -> Rig {
         let llama = common::LlamaServer::start();
         let submission = Submission::start();
         let (imap_port, smtp_port) = (dovecot.port, submission.port);
@@ -267,7 +300,7 @@ impl Rig {
             let base = common::config_answering(dir, "", &llama.url, 1)
                 .replace("url = ", "name = \"Kimi\"\nmax_tokens = 8\ntemperature = 0\nurl = ");
             format!(
-                "{base}\n[[bridge]]\nmodel = \"kimi@nightmail.test\"\naddress = \"{BOT}\"\nimap_host = \"127.0.0.1\"\nimap_port = {imap_port}\nimap_tls = \"none\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = {smtp_port}\nsmtp_tls = \"none\"\nuser = \"bot\"\npassword_file = \"{}\"\nallow = [\"me@example.com\", \"*@team.example\"]\nauth_serv_id = \"fastmail.test\"\npoll_secs = 2\ntimeout_secs = 10\n",
+                "{base}\n[[bridge]]\nmodel = \"kimi@nightmail.test\"\naddress = \"{BOT}\"\nimap_host = \"127.0.0.1\"\nimap_port = {imap_port}\n{imap}smtp_host = \"127.0.0.1\"\nsmtp_port = {smtp_port}\nsmtp_tls = \"none\"\nuser = \"bot\"\npassword_file = \"{}\"\nallow = [\"me@example.com\", \"*@team.example\"]\nauth_serv_id = \"fastmail.test\"\npoll_secs = 2\ntimeout_secs = 10\n",
                 dir.join("bot.pw").display()
             )
         });
@@ -404,16 +437,21 @@ fn forged_and_unlisted_senders_get_no_answer_and_broken_mime_does_not_stop_the_b
         .replace("Date:", "MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\"zz\r\nDate:")
         + "--zz\r\nContent-Type: text/plain\r\n\r\nSay hi.\r\n--zz";
     rig.dovecot.deliver(&broken, None);
-    rig.dovecot.deliver(
-        &question(
-            "ann@team.example",
-            &[PASS.replace("example.com", "team.example").as_str()],
-            "good",
-            "<f6@example.com>",
-        ),
-        None,
-    );
-    rig.reply_to("<f6@example.com>");
+    // An allowed sender naming 30 more people: the reply reaches at most 20, and names the rest.
+    let crowd: Vec<String> = (0..30).map(|n| format!("p{n}@team.example")).collect();
+    let good = question(
+        "ann@team.example",
+        &[PASS.replace("example.com", "team.example").as_str()],
+        "good",
+        "<f6@example.com>",
+    )
+    .replace("Cc: Carol <carol@team.example>", &format!("Cc: {}", crowd.join(",\r\n ")));
+    rig.dovecot.deliver(&good, None);
+    let reply = rig.reply_to("<f6@example.com>");
+    assert_eq!(reply["rcpt_tos"].as_array().unwrap().len(), 20, "bridge.max_recipients_per_reply");
+    // Quoted-printable: soft line breaks joined.
+    let text = reply["data"].as_str().unwrap().replace("=\r\n", "").replace("\r\n", " ");
+    assert!(text.contains("Not sent to these people") && text.contains("p29@team.example"), "{text}");
     rig.reply_to("<f5@example.com>");
     // The bridge takes mail in UID order, and the last one is answered: every one before it has
     // been looked at.
@@ -474,4 +512,30 @@ fn a_uidvalidity_change_answers_only_newer_mail() {
     });
     assert_eq!(rig.submission.replies_to("<v1@example.com>").len(), 1, "the old message is not answered again");
     assert_eq!(rig.daemon.jobs().len(), 2);
+}
+
+/// IMAP over TLS from the first byte: a certificate that does not verify is refused, with the
+/// reason in `status`; with the CA given in `ca_file`, the bridge reads and answers.
+#[test]
+fn the_upstream_certificate_is_verified() {
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = common::test_ca(certs.path());
+    let mut rig = Rig::start_with(Dovecot::start_tls(&ca, &cert, &key), "imap_tls = \"implicit\"\n");
+    until(Duration::from_secs(30), "the TLS failure in status", || {
+        rig.daemon.status()["bridges"][0]["last_error"].as_str().is_some_and(|e| e.contains("TLS failed"))
+    });
+    let error = rig.daemon.status()["bridges"][0]["last_error"].as_str().unwrap().to_string();
+    assert!(error.contains("bridge.ca_file") && error.to_lowercase().contains("certificate"), "{error}");
+    assert!(!serde_json::to_string(&rig.daemon.status()).unwrap().contains("secret"), "no password in status");
+
+    rig.daemon.stop();
+    let text = std::fs::read_to_string(&rig.daemon.config).unwrap();
+    let trusted = text
+        .replace("imap_tls = \"implicit\"\n", &format!("imap_tls = \"implicit\"\nca_file = \"{}\"\n", ca.display()));
+    std::fs::write(&rig.daemon.config, trusted).unwrap();
+    rig.daemon.restart();
+    rig.until_taken(0);
+    rig.dovecot.deliver(&question("me@example.com", &[PASS], "tls", "<t1@example.com>"), None);
+    rig.reply_to("<t1@example.com>");
+    assert!(rig.daemon.status()["bridges"][0].get("last_error").is_none(), "the error is cleared once connected");
 }

@@ -380,24 +380,6 @@ fn relaying_needs_a_login_a_sender_the_users_from_and_quota() {
     assert_eq!(to_set(&smarthost.messages()[0]["rcpt_tos"]), ["a@example.org", "b@example.org"]);
 }
 
-/// A CA and a certificate it signed for 127.0.0.1, written as PEM files: (ca, cert, key).
-fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, cert.pem()).unwrap();
-    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
-    paths
-}
-
 /// The one entry has been tried once and is waiting for its next attempt.
 fn failed_once(daemon: &Daemon) -> bool {
     let entry = &outbound(daemon)[0];
@@ -416,7 +398,7 @@ fn starttls_config(dir: &Path, smarthost: &Smarthost, extra: &str) -> String {
 #[test]
 fn starttls_and_auth_work_and_a_certificate_that_does_not_verify_is_refused() {
     let certs = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca(certs.path());
+    let (ca, cert, key) = common::test_ca(certs.path());
     let script = json!({"tls": {"cert": cert, "key": key}, "auth": {"user": "relay-login", "password": "s3cret"}});
     let smarthost = Smarthost::start(script);
     std::fs::write(certs.path().join("pw"), "s3cret\n").unwrap();
@@ -460,7 +442,7 @@ fn starttls_and_auth_work_and_a_certificate_that_does_not_verify_is_refused() {
 #[test]
 fn implicit_tls_is_spoken_from_the_first_byte() {
     let certs = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca(certs.path());
+    let (ca, cert, key) = common::test_ca(certs.path());
     let smarthost = Smarthost::start(json!({"implicit_tls": {"cert": cert, "key": key}}));
     let daemon = Daemon::start_with(|dir| {
         format!(

@@ -495,3 +495,23 @@ impl Drop for Tmux {
         let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).status();
     }
 }
+
+/// A CA and a certificate it signed for 127.0.0.1, written as PEM files: (ca, cert, key).
+pub fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A name of its own: with rcgen's default for both, OpenSSL takes the leaf for self-signed.
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nightmail test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}

@@ -26,7 +26,8 @@ impl Start {
 
 /// `uid_next` is the mailbox's UIDNEXT at SELECT; `now` the time of the first start.
 pub fn start(stored: Option<BridgeState>, uidvalidity: u32, uid_next: u32, now: Timestamp) -> Start {
-    match stored {
+    match stored.filter(|s| s.uidvalidity != 0) {
+        // Never read (at most an error was recorded).
         None => {
             // INTERNALDATE has whole seconds: a floor a second back keeps a message that arrives
             // in the second the bridge starts.
@@ -37,6 +38,7 @@ pub fn start(stored: Option<BridgeState>, uidvalidity: u32, uid_next: u32, now: 
                 floor,
                 last_internal_date: floor,
                 unflagged: Vec::new(),
+                last_error: None,
             })
         }
         Some(state) if state.uidvalidity == uidvalidity => Start::Resume(state),
@@ -49,6 +51,7 @@ pub fn start(stored: Option<BridgeState>, uidvalidity: u32, uid_next: u32, now: 
                 last_internal_date: state.last_internal_date,
                 // Their UIDs belong to the old numbering.
                 unflagged: Vec::new(),
+                last_error: None,
             },
         },
     }
@@ -67,5 +70,8 @@ mod tests {
         assert_eq!(start(Some(taken.clone()), 7, 510, now), Start::Resume(taken.clone()));
         let Start::Renumbered { old, state } = start(Some(taken), 9, 3, now) else { panic!() };
         assert_eq!((old, state.uidvalidity, state.last_uid, state.floor), (7, 9, 0, Timestamp(1_700_000_100_000)));
+        // A mark holding only a connection error is a first start.
+        let error_only = BridgeState { last_error: Some("TLS failed".into()), ..BridgeState::default() };
+        assert!(matches!(start(Some(error_only), 7, 501, now), Start::Fresh(s) if s.last_uid == 500));
     }
 }

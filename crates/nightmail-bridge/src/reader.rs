@@ -43,11 +43,12 @@ impl Reader {
             };
             match result {
                 Ok(()) => break,
-                Err(e) => tracing::warn!(
-                    bridge = %self.bridge.address,
-                    "{e}; connecting again in {} ms",
-                    backoff.as_millis()
-                ),
+                Err(e) => {
+                    tracing::warn!(bridge = %self.bridge.address, "{e}; connecting again in {} ms", backoff.as_millis());
+                    if let Err(e) = self.store.set_bridge_error(&self.bridge.address, Some(e.to_string())).await {
+                        tracing::error!(bridge = %self.bridge.address, "recording the error: {e}");
+                    }
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
@@ -79,9 +80,9 @@ impl Reader {
             }
             Start::Resume(_) => {}
         }
-        let fresh_or_renumbered = !matches!(start, Start::Resume(_));
+        let resume = matches!(start, Start::Resume(_));
         let mut state = start.state();
-        if fresh_or_renumbered {
+        if state.last_error.take().is_some() || !resume {
             self.store.set_bridge_state(&self.bridge.address, &state).await?;
         }
         tracing::info!(bridge = %self.bridge.address, server = ?self.login, idle, "bridge connected");

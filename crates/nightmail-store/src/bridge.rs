@@ -28,6 +28,11 @@ pub struct BridgeState {
     /// UIDs whose job is queued but whose upstream flag is not yet known to be set.
     #[serde(default)]
     pub unflagged: Vec<u32>,
+    /// Why the last connection failed, until one succeeds (for `status`). A mark with
+    /// `uidvalidity` 0 (never a valid one, RFC 3501 §9 `nz-number`) holds only this: the bridge
+    /// has not read its mailbox yet.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 impl Store {
@@ -52,6 +57,17 @@ impl Store {
     pub async fn set_bridge_state(&self, address: &Address, state: &BridgeState) -> Result<(), StoreError> {
         self.trees.bridges.insert(address.as_str().as_bytes(), encode(state))?;
         self.flush().await
+    }
+
+    /// Records why the bridge for `address` cannot read its mailbox (`None`: it can again),
+    /// keeping the rest of its mark.
+    pub async fn set_bridge_error(&self, address: &Address, error: Option<String>) -> Result<(), StoreError> {
+        let mut state = self.bridge_state(address)?.unwrap_or_default();
+        if state.last_error == error {
+            return Ok(());
+        }
+        state.last_error = error;
+        self.set_bridge_state(address, &state).await
     }
 
     /// Delivers `incoming` (the job for an upstream message; `None` for one that is not answered)

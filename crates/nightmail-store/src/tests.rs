@@ -617,6 +617,7 @@ async fn a_bridged_job_and_the_mark_are_one_transaction_and_routes_lease_apart()
         floor: Timestamp(1_000),
         last_internal_date: Timestamp(5_000),
         unflagged: vec![3],
+        last_error: None,
     };
     let receipt =
         store.take_bridged(&bridge, Some(&incoming(&store, "<b@x>", vec![model.clone()])), &state).await.unwrap();

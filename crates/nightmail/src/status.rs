@@ -36,6 +36,9 @@ pub struct BridgeView {
     pub last_uid: u32,
     /// Upstream messages whose job is queued but whose flag is not set yet.
     pub unflagged: usize,
+    /// Why the last connection failed, until one succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -146,6 +149,7 @@ impl Report {
                 uidvalidity: s.uidvalidity,
                 last_uid: s.last_uid,
                 unflagged: s.unflagged.len(),
+                last_error: s.last_error,
             })
             .collect();
         Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound, bridges })
@@ -188,7 +192,10 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
     print_jobs(&report);
     print_outbound(&report);
     for b in &report.bridges {
-        println!("bridge {}: UIDVALIDITY {}, taken up to UID {}", b.address, b.uidvalidity, b.last_uid);
+        match &b.last_error {
+            Some(error) => println!("bridge {}: cannot read its mailbox: {error}", b.address),
+            None => println!("bridge {}: UIDVALIDITY {}, taken up to UID {}", b.address, b.uidvalidity, b.last_uid),
+        }
     }
     Ok(())
 }
