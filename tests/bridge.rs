@@ -282,6 +282,8 @@ struct Rig {
     daemon: Daemon,
     dovecot: Dovecot,
     submission: Submission,
+    /// Between the daemon and llama.cpp's server: what the model was asked.
+    proxy: common::RecordingProxy,
     _llama: common::LlamaServer,
 }
 
@@ -293,18 +295,22 @@ impl Rig {
     /// `imap` holds the bridge's IMAP TLS keys.
     fn start_with(dovecot: Dovecot, imap: &str) -> Rig {
         let llama = common::LlamaServer::start();
+        let proxy = common::RecordingProxy::start(
+            llama.url.trim_start_matches("http://").trim_end_matches("/v1").parse().unwrap(),
+        );
+        let url = format!("http://{}/v1", proxy.addr);
         let submission = Submission::start();
         let (imap_port, smtp_port) = (dovecot.port, submission.port);
         let daemon = Daemon::start_with(|dir| {
             std::fs::write(dir.join("bot.pw"), "secret\n").unwrap();
-            let base = common::config_answering(dir, "", &llama.url, 1)
-                .replace("url = ", "name = \"Kimi\"\nmax_tokens = 8\ntemperature = 0\nurl = ");
+            let base = common::config_answering(dir, "", &url, 1)
+                .replace("url = ", "name = \"Kimi\"\nmax_tokens = 4\ntemperature = 0\nurl = ");
             format!(
                 "{base}\n[[bridge]]\nmodel = \"kimi@nightmail.test\"\naddress = \"{BOT}\"\nimap_host = \"127.0.0.1\"\nimap_port = {imap_port}\n{imap}smtp_host = \"127.0.0.1\"\nsmtp_port = {smtp_port}\nsmtp_tls = \"none\"\nuser = \"bot\"\npassword_file = \"{}\"\nallow = [\"me@example.com\", \"*@team.example\"]\nauth_serv_id = \"fastmail.test\"\npoll_secs = 2\ntimeout_secs = 10\n",
                 dir.join("bot.pw").display()
             )
         });
-        Rig { daemon, dovecot, submission, _llama: llama }
+        Rig { daemon, dovecot, submission, proxy, _llama: llama }
     }
 
     /// Waits for the bridge to have read its mailbox up to `uid`.
@@ -391,11 +397,19 @@ fn a_question_is_answered_once_threaded_and_kept_in_sent_across_restarts() {
     });
     assert!(!flags(&rig.dovecot, 500).contains(&"\\Seen".to_string()), "old mail is left alone");
 
-    // Mail that arrives while nightmail is stopped is answered after the restart.
+    // Mail that arrives while nightmail is stopped is answered after the restart. It follows up
+    // the first answer, which the model sees as its own earlier turn (kept in the store, though
+    // the reply left by SMTP).
     rig.daemon.stop();
-    rig.dovecot.deliver(&question("me@example.com", &[PASS], "second", "<q2@example.com>"), None);
+    let follow_up = question("me@example.com", &[PASS], "Re: first", "<q2@example.com>")
+        .replace("Date:", &format!("In-Reply-To: {reply_id}\r\nReferences: <q1@example.com> {reply_id}\r\nDate:"));
+    rig.dovecot.deliver(&follow_up, None);
     rig.daemon.restart();
     rig.reply_to("<q2@example.com>");
+    let asked = rig.proxy.chat_requests();
+    let turns: Vec<&str> =
+        asked[1]["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(turns, ["user", "assistant", "user"], "the thread's question and answer come first: {asked:#?}");
 
     // SIGKILL as soon as the third question's job is queued.
     rig.dovecot.deliver(&question("me@example.com", &[PASS], "third", "<q3@example.com>"), None);

@@ -620,8 +620,12 @@ impl Worker {
             headers,
             attachment,
         });
-        let recipients =
-            audience.everyone().filter(|p| !self.is_model(&p.address)).map(|p| outlet.recipient(&p.address)).collect();
+        let recipients = audience
+            .everyone()
+            .filter(|p| !self.is_model(&p.address))
+            .map(|p| outlet.recipient(&p.address))
+            .chain(outlet.archive())
+            .collect();
         Ok(Incoming {
             key: self.store.new_message_key()?,
             raw,

@@ -49,6 +49,14 @@ impl<'a> Outlet<'a> {
         }
     }
 
+    /// A copy kept in the store for a bridged answer, so that a follow-up finds it as the thread's
+    /// earlier turn (the outbound entries let go of the message once it is sent). It is kept in a
+    /// mailbox of its own, whose owner has a space in its name: no configured user can be it.
+    pub fn archive(&self) -> Option<Recipient> {
+        let via = self.via?;
+        Some(Recipient::User { user: format!("bridge {via}"), address: via.clone() })
+    }
+
     /// Where the copy for `address` goes.
     pub fn recipient(&self, address: &Address) -> Recipient {
         match (self.via, self.config.user_by_address(address)) {
