@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, Smarthost};
 use serde_json::{Value, json};
 
 const BOT: &str = "bot@fastmail.test";
@@ -212,60 +212,13 @@ fn is_root() -> bool {
     String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap().trim() == "0"
 }
 
-/// aiosmtpd as the provider's submission server, requiring the bot's login.
-struct Submission {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Submission {
-    fn start() -> Submission {
-        let probe = Command::new("python3").args(["-c", "import aiosmtpd"]).output().unwrap();
-        assert!(probe.status.success(), "aiosmtpd is needed: pip install aiosmtpd (scripts/test.sh installs it)");
-        let dir = tempfile::tempdir().unwrap();
-        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/smarthost.py");
-        let script = json!({"auth": {"user": "bot", "password": "secret"}, "auth_require_tls": false});
-        let mut child = Command::new("python3")
-            .arg(fixture)
-            .arg(dir.path())
-            .arg(script.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
-        let port =
-            line.trim().strip_prefix("port ").unwrap_or_else(|| panic!("smarthost said {line:?}")).parse().unwrap();
-        Submission { port, dir, child }
-    }
-
-    /// Messages accepted so far, in order.
-    fn messages(&self) -> Vec<Value> {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-        names.sort();
-        names.iter().map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()).collect()
-    }
-
-    /// The accepted replies whose In-Reply-To is `id`.
-    fn replies_to(&self, id: &str) -> Vec<Value> {
-        self.messages()
-            .into_iter()
-            .filter(|m| header(m["data"].as_str().unwrap(), "In-Reply-To").as_deref() == Some(id))
-            .collect()
-    }
-}
-
-impl Drop for Submission {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The replies `smarthost` accepted whose In-Reply-To is `id`.
+fn replies_to(smarthost: &Smarthost, id: &str) -> Vec<Value> {
+    smarthost
+        .messages()
+        .into_iter()
+        .filter(|m| header(m["data"].as_str().unwrap(), "In-Reply-To").as_deref() == Some(id))
+        .collect()
 }
 
 fn header(message: &str, name: &str) -> Option<String> {
@@ -281,7 +234,8 @@ fn header(message: &str, name: &str) -> Option<String> {
 struct Rig {
     daemon: Daemon,
     dovecot: Dovecot,
-    submission: Submission,
+    /// aiosmtpd as the provider's submission server, requiring the bot's login.
+    submission: Smarthost,
     /// Between the daemon and llama.cpp's server: what the model was asked.
     proxy: common::RecordingProxy,
     _llama: common::LlamaServer,
@@ -299,7 +253,8 @@ impl Rig {
             llama.url.trim_start_matches("http://").trim_end_matches("/v1").parse().unwrap(),
         );
         let url = format!("http://{}/v1", proxy.addr);
-        let submission = Submission::start();
+        let submission =
+            Smarthost::start(json!({"auth": {"user": "bot", "password": "secret"}, "auth_require_tls": false}));
         let (imap_port, smtp_port) = (dovecot.port, submission.port);
         let daemon = Daemon::start_with(|dir| {
             std::fs::write(dir.join("bot.pw"), "secret\n").unwrap();
@@ -324,8 +279,8 @@ impl Rig {
 
     /// Waits for exactly one reply to `id` at the submission server, and returns it.
     fn reply_to(&self, id: &str) -> Value {
-        until(Duration::from_secs(60), &format!("a reply to {id}"), || !self.submission.replies_to(id).is_empty());
-        let replies = self.submission.replies_to(id);
+        until(Duration::from_secs(60), &format!("a reply to {id}"), || !replies_to(&self.submission, id).is_empty());
+        let replies = replies_to(&self.submission, id);
         assert_eq!(replies.len(), 1, "one reply to {id}: {replies:#?}");
         replies[0].clone()
     }
@@ -415,12 +370,12 @@ fn a_question_is_answered_once_threaded_and_kept_in_sent_across_restarts() {
     rig.dovecot.deliver(&question("me@example.com", &[PASS], "third", "<q3@example.com>"), None);
     until(Duration::from_secs(30), "the third job", || rig.daemon.jobs().len() == 3);
     rig.daemon.kill9();
-    let sent_before_restart = rig.submission.replies_to("<q3@example.com>").len();
+    let sent_before_restart = replies_to(&rig.submission, "<q3@example.com>").len();
     rig.daemon.restart();
     rig.dovecot.deliver(&question("me@example.com", &[PASS], "fourth", "<q4@example.com>"), None);
     rig.reply_to("<q4@example.com>");
-    until(Duration::from_secs(30), "the third reply", || !rig.submission.replies_to("<q3@example.com>").is_empty());
-    let third = rig.submission.replies_to("<q3@example.com>").len();
+    until(Duration::from_secs(30), "the third reply", || !replies_to(&rig.submission, "<q3@example.com>").is_empty());
+    let third = replies_to(&rig.submission, "<q3@example.com>").len();
     if sent_before_restart == 0 {
         assert_eq!(third, 1, "killed before the reply was sent: it is sent once, after the restart");
     } else {
@@ -428,7 +383,7 @@ fn a_question_is_answered_once_threaded_and_kept_in_sent_across_restarts() {
         assert!(third <= 2, "at most one duplicate: {third}");
     }
     for id in ["<q1@example.com>", "<q2@example.com>"] {
-        assert_eq!(rig.submission.replies_to(id).len(), 1, "nothing answered twice across restarts: {id}");
+        assert_eq!(replies_to(&rig.submission, id).len(), 1, "nothing answered twice across restarts: {id}");
     }
     assert_eq!(rig.daemon.jobs().len(), 4, "one job per new question, none for the 500 old ones");
     assert!(rig.submission.messages().iter().all(|m| !m["data"].as_str().unwrap().contains("Subject: Re: old")));
@@ -471,7 +426,7 @@ fn forged_and_unlisted_senders_get_no_answer_and_broken_mime_does_not_stop_the_b
     // been looked at.
     rig.until_taken(6);
     for id in ["<f1@example.com>", "<f2@example.com>", "<f3@example.com>", "<f4@example.com>"] {
-        assert!(rig.submission.replies_to(id).is_empty(), "{id} was answered");
+        assert!(replies_to(&rig.submission, id).is_empty(), "{id} was answered");
     }
     assert_eq!(rig.daemon.jobs().len(), 2, "jobs only for the two admitted messages");
     for uid in 1..=4 {
@@ -493,7 +448,7 @@ fn the_bridge_reconnects_when_the_server_dies_mid_idle() {
     rig.dovecot.run();
     rig.dovecot.deliver(&question("me@example.com", &[PASS], "after", "<i2@example.com>"), None);
     rig.reply_to("<i2@example.com>");
-    assert_eq!(rig.submission.replies_to("<i1@example.com>").len(), 1);
+    assert_eq!(replies_to(&rig.submission, "<i1@example.com>").len(), 1);
     assert_eq!(rig.daemon.jobs().len(), 2);
 }
 
@@ -524,7 +479,7 @@ fn a_uidvalidity_change_answers_only_newer_mail() {
     until(Duration::from_secs(20), "the bridge on the new UIDVALIDITY", || {
         rig.daemon.status()["bridges"][0]["uidvalidity"].as_u64() == Some(after)
     });
-    assert_eq!(rig.submission.replies_to("<v1@example.com>").len(), 1, "the old message is not answered again");
+    assert_eq!(replies_to(&rig.submission, "<v1@example.com>").len(), 1, "the old message is not answered again");
     assert_eq!(rig.daemon.jobs().len(), 2);
 }
 
