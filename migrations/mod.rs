@@ -21,7 +21,9 @@ mod m0004_message_refs;
 mod m0005_utf8_mailbox_names;
 #[path = "0006_dedupe_by_sender.rs"]
 mod m0006_dedupe_by_sender;
-// 7 and 8 belong to the Ask folder (a branch landing separately); the bridge took 9.
+#[path = "0007_ask_jobs.rs"]
+mod m0007_ask_jobs;
+// 8 is left unused: the bridge was given 9 while the Ask folder was expected to take 7 and 8.
 #[path = "0009_bridges.rs"]
 mod m0009_bridges;
 
@@ -35,6 +37,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (4, "message_refs", m0004_message_refs::apply),
     (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
     (6, "dedupe_by_sender", m0006_dedupe_by_sender::apply),
+    (7, "ask_jobs", m0007_ask_jobs::apply),
     (9, "bridges", m0009_bridges::apply),
 ];
 

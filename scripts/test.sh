@@ -14,6 +14,8 @@ tools=(
   tmux:tmux
   mbsync:isync
   strace:strace
+  mkfs.ext4:e2fsprogs
+  mount:mount
   dovecot:dovecot-imapd
 )
 packages=()

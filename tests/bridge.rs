@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Smarthost};
+use common::{Daemon, Smarthost, header};
 use serde_json::{Value, json};
 
 const BOT: &str = "bot@fastmail.test";
@@ -219,15 +219,6 @@ fn replies_to(smarthost: &Smarthost, id: &str) -> Vec<Value> {
         .into_iter()
         .filter(|m| header(m["data"].as_str().unwrap(), "In-Reply-To").as_deref() == Some(id))
         .collect()
-}
-
-fn header(message: &str, name: &str) -> Option<String> {
-    let head = &message[..message.find("\r\n\r\n").or_else(|| message.find("\n\n")).unwrap_or(message.len())];
-    let unfolded = head.replace("\r\n ", " ").replace("\r\n\t", " ").replace("\n ", " ");
-    unfolded.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-    })
 }
 
 /// The llama.cpp server, the bridge's Dovecot and submission server, and the daemon wired to them.

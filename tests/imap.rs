@@ -75,7 +75,9 @@ async fn login_capability_id_namespace_enable_and_special_use_list() {
     s.run_command_and_check_ok("ENABLE UTF8=ACCEPT").await.unwrap();
     let names: Vec<async_imap::types::Name> = s.list(Some(""), Some("*")).await.unwrap().try_collect().await.unwrap();
     let listed: HashSet<String> = names.iter().map(|n| n.name().to_string()).collect();
-    assert_eq!(listed, ["INBOX", "Sent", "Drafts", "Trash", "Archive"].iter().map(|s| s.to_string()).collect());
+    // The defaults, and the model's Ask folder under its parent (docs/MAIL.md).
+    let expected = ["INBOX", "Sent", "Drafts", "Trash", "Archive", "Ask", "Ask/kimi"];
+    assert_eq!(listed, expected.iter().map(|s| s.to_string()).collect());
     let sent = names.iter().find(|n| n.name() == "Sent").unwrap();
     assert!(format!("{:?}", sent.attributes()).contains("Sent"), "{:?}", sent.attributes());
     assert_eq!(sent.delimiter(), Some("/"));
@@ -515,7 +517,10 @@ async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
     let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
     let mut stored: Vec<String> = store.mailboxes("me").unwrap().into_iter().map(|m| m.name).collect();
     stored.sort();
-    assert_eq!(stored, ["Archive", "Drafts", "Entwürfe (alt)", "INBOX", "Sent", "Tom & Jerry", "Trash", "Ä/Unter"]);
+    assert_eq!(
+        stored,
+        ["Archive", "Ask", "Ask/kimi", "Drafts", "Entwürfe (alt)", "INBOX", "Sent", "Tom & Jerry", "Trash", "Ä/Unter"]
+    );
 }
 
 #[test]
@@ -710,7 +715,7 @@ print("UID", typ, data[0].decode())
 m.logout()
 "#,
     );
-    assert!(out.contains("LIST OK ['Archive', 'Drafts', 'INBOX', 'Sent', 'Trash']"), "{out}");
+    assert!(out.contains("LIST OK ['Archive', 'Ask', 'Ask/kimi', 'Drafts', 'INBOX', 'Sent', 'Trash']"), "{out}");
     assert!(out.contains("SELECT OK 1"), "{out}");
     assert!(out.contains("SEARCH OK 1"), "{out}");
     assert!(out.contains("FETCH OK hello imaplib"), "{out}");

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Raw, Smarthost};
+use common::{Daemon, Raw, Smarthost, header};
 use nightmail_store::{Incoming, Recipient, Store, Summary};
 use nightmail_types::{Address, Timestamp};
 use serde_json::{Value, json};
@@ -61,11 +61,6 @@ fn send(daemon: &Daemon, rcpts: &[&str], message: &str) -> String {
     c.reply()
 }
 
-fn header(message: &str, name: &str) -> Option<String> {
-    let parsed = mail_parser::MessageParser::default().parse(message.as_bytes())?;
-    parsed.header_raw(name).map(|v| v.trim().replace("\r\n", "").replace('\t', " "))
-}
-
 /// The decoded text body (mail-builder may quote-print long lines).
 fn body_text(message: &str) -> String {
     let parsed = mail_parser::MessageParser::default().parse(message.as_bytes()).unwrap();
@@ -115,13 +110,82 @@ fn a_cc_thread_reaches_outside_people_once_and_so_does_the_models_reply_all() {
 
     daemon.stop();
     // The local people: ann has the question and the reply, me the reply; the model's job is done.
-    let ann = daemon.inbox("ann");
+    let ann = daemon.mailbox("ann", "INBOX");
     assert_eq!(ann.len(), 2, "{ann:?}");
     assert!(ann[0].contains("Where shall we eat?"));
-    let mine = daemon.inbox("me");
+    let mine = daemon.mailbox("me", "INBOX");
     assert_eq!(mine.len(), 1);
     assert_eq!(header(&mine[0], "In-Reply-To").as_deref(), Some("<lunch@client.test>"));
     assert_eq!(header(&mine[0], "Message-ID"), header(answer, "Message-ID"), "the same reply inside and out");
+}
+
+/// mutt, as a user would: compose to an outside person with the model in Cc, send through
+/// nightmail, and find the model's answer in INBOX; Alice gets the question and the reply-all
+/// through the smarthost, threaded.
+#[test]
+fn mutt_ccs_the_model_on_mail_to_an_outside_person_and_sees_the_reply() {
+    let smarthost = Smarthost::start(json!({}));
+    let model = common::demo_model();
+    let relay = format!("[relay]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"", smarthost.port);
+    let daemon = Daemon::start_with(|dir| local_model_config(dir, &model, &relay));
+    let dir = daemon.dir.path();
+    let editor = dir.join("write-body");
+    std::fs::write(&editor, "#!/bin/sh\nprintf 'Where shall we eat on Friday?\\n' >> \"$1\"\n").unwrap();
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rc = dir.join("muttrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset record=+Sent\nset imap_pass=\"{pw}\"\n\
+set ssl_starttls=no\nset ssl_force_tls=no\nset from=me@nightmail.test\nset realname=Me\n\
+set smtp_url=smtp://me@127.0.0.1:{}/\nset smtp_pass=\"{pw}\"\nset copy=yes\nset mail_check=1\nset timeout=1\n\
+set askcc=yes\nset editor=\"{}\"\nset edit_headers=no\nset autoedit=no\nset abort_unmodified=no\n\
+set confirmappend=no\nset sort=threads\nset index_format=\"%4C %s\"\nset hide_thread_subject=no\n",
+            daemon.imap.port(),
+            daemon.smtp.port(),
+            editor.display(),
+            pw = common::PASSWORD,
+        ),
+    )
+    .unwrap();
+    common::external("mutt", "mutt");
+    let tmux =
+        common::Tmux::start(&format!("muttcc{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    tmux.wait_for("Mutt");
+    tmux.keys(&["m"]);
+    tmux.wait_for("To:");
+    tmux.keys(&["alice@example.com", "Enter"]);
+    tmux.wait_for("Cc:");
+    tmux.keys(&["kimi@nightmail.test", "Enter"]);
+    tmux.wait_for("Subject:");
+    tmux.keys(&["Lunch with Alice", "Enter"]);
+    tmux.wait_for("y:Send");
+    tmux.keys(&["y"]);
+
+    // The answer shows up in mutt's INBOX.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut screen = tmux.screen();
+    while !screen.contains("Re: Lunch with Alice") {
+        assert!(Instant::now() < deadline, "no answer in mutt; jobs {:#?}, screen:\n{screen}", daemon.jobs());
+        std::thread::sleep(Duration::from_millis(100));
+        screen = tmux.screen();
+    }
+    tmux.keys(&["q"]);
+
+    // Alice, outside, got the question and then the model's reply-all, threaded under it.
+    until(Duration::from_secs(30), "both messages at the smarthost", || smarthost.messages().len() == 2);
+    let got = smarthost.messages();
+    let question = got[0]["data"].as_str().unwrap();
+    assert_eq!(to_set(&got[0]["rcpt_tos"]), ["alice@example.com"]);
+    assert!(question.contains("Where shall we eat on Friday?"), "{question}");
+    assert!(header(question, "Cc").unwrap().contains("kimi@nightmail.test"), "{question}");
+    let answer = got[1]["data"].as_str().unwrap();
+    assert_eq!(
+        (got[1]["mail_from"].as_str(), to_set(&got[1]["rcpt_tos"])),
+        (Some("kimi@nightmail.test"), vec!["alice@example.com".to_string()])
+    );
+    assert_eq!(header(answer, "In-Reply-To"), header(question, "Message-ID"));
+    assert_eq!(daemon.jobs().len(), 1, "one question, one job");
 }
 
 /// The test configuration answering with the local engine and the demo model, plus `relay`.
@@ -153,7 +217,7 @@ fn a_models_reply_reaches_only_so_many_outside_people_and_names_the_rest() {
     let got = smarthost.messages();
     assert_eq!(to_set(&got[0]["rcpt_tos"]), ["a@example.org", "b@example.org"]);
     daemon.stop();
-    let mine = daemon.inbox("me");
+    let mine = daemon.mailbox("me", "INBOX");
     assert_eq!(mine.len(), 1);
     let body =
         mail_parser::MessageParser::default().parse(mine[0].as_bytes()).unwrap().body_text(0).unwrap().to_string();
@@ -168,7 +232,7 @@ fn a_models_reply_reaches_only_so_many_outside_people_and_names_the_rest() {
     assert!(send(&island, &["kimi@nightmail.test"], question).starts_with("250 "));
     until(Duration::from_secs(120), "the job done", || island.jobs().iter().all(|j| j["state"] == "done"));
     island.stop();
-    let body = body_text(&island.inbox("me")[0]);
+    let body = body_text(&island.mailbox("me", "INBOX")[0]);
     assert!(
         body.contains(
             "no [relay] in its configuration): <a@example.org>, <b@example.org>, <c@example.org>, <d@example.org>"
@@ -232,7 +296,7 @@ fn a_permanent_refusal_bounces_one_recipient_with_a_delivery_status_report() {
     assert_eq!(to_set(&got[0]["rcpt_tos"]), ["carol@example.org"], "one bad address does not hold back the other");
     daemon.stop();
 
-    let mail = daemon.inbox("me");
+    let mail = daemon.mailbox("me", "INBOX");
     assert_eq!(mail.len(), 1, "the bounce");
     let dsn = &mail[0];
     let parsed = mail_parser::MessageParser::default().parse(dsn.as_bytes()).unwrap();
@@ -275,7 +339,7 @@ fn mail_not_delivered_in_time_bounces_as_expired() {
     assert!(error.starts_with("gave up after 72 hours") && error.contains("421 4.4.2 Overloaded"), "{entry}");
     let mut daemon = daemon;
     daemon.stop();
-    let mail = daemon.inbox("me");
+    let mail = daemon.mailbox("me", "INBOX");
     assert_eq!(mail.len(), 1);
     assert!(mail[0].contains("Status: 4.4.7"), "RFC 3463 4.4.7, delivery time expired: {}", mail[0]);
     assert_eq!(header(&mail[0], "In-Reply-To").as_deref(), Some("<old@client.test>"));
@@ -425,6 +489,38 @@ fn a_kill_between_lease_and_the_smarthosts_reply_loses_nothing() {
     until(Duration::from_secs(20), "sent after the restart", || states(&daemon)[0].1 == "sent");
     let copies = smarthost.messages().len();
     assert!((1..=2).contains(&copies), "{copies} copies at the smarthost");
+    assert_eq!(outbound(&daemon)[0]["attempts"], 2);
+}
+
+/// The other side of the window: the smarthost has taken the message and said 250, but the daemon
+/// dies before it reads the reply, so nothing records the hand-over. The lease comes back at the
+/// restart and the message goes again: the one duplicate the at-least-once design allows, never a
+/// loss. (Settling first and sending after would turn this duplicate into a loss.)
+#[test]
+fn a_kill_after_the_smarthosts_250_sends_once_more_and_never_loses() {
+    let flag = tempfile::tempdir().unwrap();
+    let pid_file = flag.path().join("pid");
+    let smarthost = Smarthost::start(json!({"stop_sender": pid_file}));
+    let mut daemon = Daemon::start_with(|dir| relay_config(dir, &smarthost, ""));
+    std::fs::write(&pid_file, daemon.pid().to_string()).unwrap();
+    let message = "From: me@nightmail.test\r\nSubject: once\r\nMessage-ID: <once@client.test>\r\n\r\nafter the 250";
+    assert!(send(&daemon, &["bob@example.org"], message).starts_with("250 "));
+    // The smarthost keeps the message, stops the daemon, then writes its 250.
+    until(Duration::from_secs(20), "the message at the smarthost", || smarthost.messages().len() == 1);
+    daemon.kill9();
+    std::fs::remove_file(&pid_file).unwrap();
+
+    daemon.restart();
+    until(Duration::from_secs(20), "sent after the restart", || {
+        states(&daemon).first().is_some_and(|(_, s)| s == "sent")
+    });
+    let got = smarthost.messages();
+    assert_eq!(got.len(), 2, "the hand-over the daemon never saw is repeated once");
+    assert_eq!(
+        got[0]["data"], got[1]["data"],
+        "the same message both times (its Message-ID lets the far side drop it)"
+    );
+    assert!(got[1]["data"].as_str().unwrap().contains("<once@client.test>"));
     assert_eq!(outbound(&daemon)[0]["attempts"], 2);
 }
 

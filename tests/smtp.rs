@@ -452,3 +452,115 @@ fn a_250_follows_an_fsync_of_every_file_holding_the_message() {
         assert!(synced_after(dir, last), "{dir}, holding the new {path}, was not fsynced before the 250");
     }
 }
+
+/// A small ext4 file system on a loop device, unmounted on drop: a disk that a test can fill.
+/// Needs root and a loop device; without them the test fails and says so, it does not skip.
+struct LoopDisk {
+    _dir: tempfile::TempDir,
+    mount: std::path::PathBuf,
+}
+
+impl LoopDisk {
+    fn new(bytes: u64) -> LoopDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image).unwrap().set_len(bytes).unwrap();
+        let mkfs = external("mkfs.ext4", "e2fsprogs").args(["-q", "-F"]).arg(&image).output().unwrap();
+        assert!(mkfs.status.success(), "mkfs.ext4 failed: {}", String::from_utf8_lossy(&mkfs.stderr));
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let out = external("mount", "mount").args(["-o", "loop"]).arg(&image).arg(&mount).output().unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a loop device failed ({}): this test needs root and /dev/loop* (a privileged container)",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        LoopDisk { _dir: dir, mount }
+    }
+
+    /// Bytes an unprivileged writer may still use (what the store looks at: statvfs's f_bavail).
+    fn available(&self) -> u64 {
+        let out = external("stat", "coreutils").args(["-f", "-c", "%a %S"]).arg(&self.mount).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().unwrap());
+        fields.next().unwrap() * fields.next().unwrap()
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+/// The IMAP view of `user`'s INBOX, through Python's imaplib: the Subject of every message.
+fn imap_subjects(daemon: &Daemon, user: &str) -> Vec<String> {
+    let script = format!(
+        "import imaplib\n\
+         c = imaplib.IMAP4('127.0.0.1', {port})\n\
+         c.login('{user}', '{PASSWORD}')\n\
+         typ, data = c.select('INBOX')\n\
+         assert typ == 'OK', data\n\
+         if int(data[0]) > 0:\n\
+         \x20   typ, data = c.fetch('1:*', '(BODY.PEEK[HEADER.FIELDS (SUBJECT)])')\n\
+         \x20   for part in data:\n\
+         \x20       if isinstance(part, tuple):\n\
+         \x20           print(part[1].decode().strip())\n\
+         c.logout()\n",
+        port = daemon.imap.port()
+    );
+    let out = external("python3", "python3").arg("-c").arg(script).output().unwrap();
+    assert!(out.status.success(), "imaplib failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+}
+
+/// RFC 1870 §6.1 / RFC 3463 X.3.1: while the disk holding the store is nearly full, MAIL and
+/// DATA get `452 4.3.1` and nothing of the refused message is stored; once space returns, the same
+/// daemon (no restart) accepts mail again, and IMAP shows only the accepted message.
+#[test]
+fn a_full_disk_gets_452_and_the_daemon_recovers_when_space_returns() {
+    let disk = LoopDisk::new(64 << 20);
+    let data = disk.mount.join("data");
+    let daemon = Daemon::start_with(|dir| {
+        common::config(dir, "").replace(
+            &format!("data_dir = \"{}\"", dir.join("data").display()),
+            &format!("data_dir = \"{}\"", data.display()),
+        )
+    });
+    let mut c = Raw::login(daemon.smtp);
+    starts(&c.cmd("MAIL FROM:<me@nightmail.test>"), "250 ");
+    starts(&c.cmd("RCPT TO:<ann@nightmail.test>"), "250 ");
+
+    // Leave half the store's floor free: below what it keeps for itself.
+    let filler = disk.mount.join("filler");
+    let target = nightmail_store::MIN_FREE_BYTES / 2;
+    {
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        while disk.available() > target + chunk.len() as u64 {
+            std::io::Write::write_all(&mut file, &chunk).unwrap();
+            file.sync_data().unwrap();
+        }
+    }
+    assert!(disk.available() < nightmail_store::MIN_FREE_BYTES);
+
+    starts(&c.cmd("DATA"), "354 ");
+    c.send(b"Subject: lost in a full disk\r\n\r\nnot stored\r\n.\r\n");
+    starts(&c.reply(), "452 4.3.1 ");
+    starts(&c.cmd("MAIL FROM:<me@nightmail.test> SIZE=500"), "452 4.3.1 ");
+    starts(&c.cmd("MAIL FROM:<me@nightmail.test>"), "452 4.3.1 ");
+    assert_eq!(imap_subjects(&daemon, "ann"), Vec::<String>::new(), "a refused message is visible over IMAP");
+
+    std::fs::remove_file(&filler).unwrap();
+    eventually(Duration::from_secs(10), "the filler's space to come back", || {
+        disk.available() > nightmail_store::MIN_FREE_BYTES * 3 / 2
+    });
+    starts(&c.cmd("MAIL FROM:<me@nightmail.test>"), "250 ");
+    starts(&c.cmd("RCPT TO:<ann@nightmail.test>"), "250 ");
+    starts(&c.cmd("DATA"), "354 ");
+    c.send(b"Subject: after the cleanup\r\n\r\nstored\r\n.\r\n");
+    starts(&c.reply(), "250 2.0.0 queued as ");
+    assert_eq!(imap_subjects(&daemon, "ann"), vec!["Subject: after the cleanup".to_string()]);
+    drop(c);
+    drop(daemon);
+}

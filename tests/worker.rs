@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, eventually, external};
+use common::{Daemon, eventually, header, wait_for_jobs};
 
 /// Sends `message` (headers and body, CRLF) from me@ to the model with smtplib-like raw SMTP.
 fn send(daemon: &Daemon, message: &str) {
@@ -19,28 +19,9 @@ fn send(daemon: &Daemon, message: &str) {
     assert!(reply.starts_with("250 2.0.0 queued as"), "{reply}");
 }
 
-/// Waits until every job has ended (done or failed), up to `limit`.
-fn wait_for_jobs(daemon: &Daemon, count: usize, limit: Duration) -> Vec<serde_json::Value> {
-    let mut jobs = Vec::new();
-    eventually(limit, &format!("{count} finished jobs"), || {
-        jobs = daemon.jobs();
-        jobs.len() == count && jobs.iter().all(|j| j["state"] == "done" || j["state"] == "failed")
-    });
-    jobs
-}
-
 /// The messages in `user`'s INBOX, read from the store once the daemon has stopped.
 fn inbox(daemon: &Daemon, user: &str) -> Vec<String> {
-    daemon.inbox(user)
-}
-
-/// A header's value, unfolded (RFC 5322 §2.2.3).
-fn header(message: &str, name: &str) -> Option<String> {
-    let head = message.split("\r\n\r\n").next().unwrap_or("").replace("\r\n\t", " ").replace("\r\n ", " ");
-    head.split("\r\n").find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-    })
+    daemon.mailbox(user, "INBOX")
 }
 
 /// The decoded text body of a message (mail-builder may quote-print long lines).
@@ -405,7 +386,7 @@ typ, data = m.fetch(num, "(BODY.PEEK[HEADER.FIELDS (SUBJECT IN-REPLY-TO REFERENC
 print(data[0][1].decode().replace("\r\n", "\n").strip())
 m.logout()
 "#;
-    let out = external_python(&daemon, script);
+    let out = common::python(&daemon, script);
     assert!(out.contains("Subject: Re: Loop question"), "{out}");
     assert!(out.contains("In-Reply-To: <loop-q@client.test>"), "{out}");
     assert!(out.contains("References: <loop-q@client.test>"), "{out}");
@@ -434,49 +415,10 @@ m.logout()
     assert_eq!(envelope, Some(("<loop-q@client.test>".to_string(), Some("Re: Loop question".to_string()))));
 
     // mutt, sorting by thread, draws the reply beneath the question.
-    let dir = daemon.dir.path();
-    let rc = dir.join("muttrc");
-    std::fs::write(
-        &rc,
-        format!(
-            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{}\"\nset ssl_starttls=no\nset ssl_force_tls=no\n\
-set sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\n",
-            daemon.imap.port(),
-            common::PASSWORD
-        ),
-    )
-    .unwrap();
-    external("mutt", "mutt");
-    let tmux =
-        common::Tmux::start(&format!("loop{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir);
+    let tmux = common::mutt_threads(&daemon, "loop");
     tmux.wait_for("Loop question");
-    let screen = tmux.screen();
-    let lines: Vec<&str> = screen.lines().collect();
-    let question = lines.iter().position(|l| l.contains(" Loop question")).unwrap_or_else(|| panic!("{screen}"));
-    let reply = lines
-        .iter()
-        .position(|l| l.contains("->") || l.contains("─>"))
-        .unwrap_or_else(|| panic!("no thread arrow: {screen}"));
-    assert_eq!(reply, question + 1, "the reply is drawn right under the question:\n{screen}");
+    common::assert_drawn_under(&tmux.screen(), "Loop question", "Re: Loop question");
     tmux.keys(&["q"]);
-}
-
-fn external_python(daemon: &Daemon, script: &str) -> String {
-    let out = external("python3", "python3")
-        .arg("-c")
-        .arg(script)
-        .env("SMTP", daemon.smtp.port().to_string())
-        .env("IMAP", daemon.imap.port().to_string())
-        .env("PASSWORD", common::PASSWORD)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The answer part of a reply's body (what the model wrote), without the footer's timings.

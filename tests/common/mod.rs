@@ -102,6 +102,11 @@ impl Daemon {
         self.imap = imap;
     }
 
+    /// The daemon's process id (the wrapper's, when it runs under one).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no chance to flush or clean up.
     pub fn kill9(&mut self) {
         self.kill_group();
@@ -144,12 +149,12 @@ impl Daemon {
         self.status()["jobs"].as_array().unwrap().clone()
     }
 
-    /// The messages in `user`'s INBOX, read from the store (once the daemon has stopped).
-    pub fn inbox(&self, user: &str) -> Vec<String> {
+    /// The messages of `user`'s mailbox `name`, read from the store (once the daemon has stopped).
+    pub fn mailbox(&self, user: &str, name: &str) -> Vec<String> {
         let store = nightmail_store::Store::open(&self.data_dir().join("store")).unwrap();
-        let Some(inbox) = store.mailbox(user, "INBOX").unwrap() else { return Vec::new() };
+        let Some(mailbox) = store.mailbox(user, name).unwrap() else { return Vec::new() };
         store
-            .mail(inbox.id)
+            .mail(mailbox.id)
             .unwrap()
             .iter()
             .map(|m| String::from_utf8_lossy(&store.message(m.message).unwrap().unwrap()).into_owned())
@@ -313,6 +318,75 @@ pub fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) 
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until `count` jobs exist and all have ended (done or failed), up to `limit`.
+pub fn wait_for_jobs(daemon: &Daemon, count: usize, limit: Duration) -> Vec<serde_json::Value> {
+    let mut jobs = Vec::new();
+    eventually(limit, &format!("{count} finished jobs"), || {
+        jobs = daemon.jobs();
+        jobs.len() == count && jobs.iter().all(|j| j["state"] == "done" || j["state"] == "failed")
+    });
+    jobs
+}
+
+/// A header's value, unfolded (RFC 5322 §2.2.3).
+pub fn header(message: &str, name: &str) -> Option<String> {
+    let head = message.split("\r\n\r\n").next().unwrap_or("").replace("\r\n\t", " ").replace("\r\n ", " ");
+    head.split("\r\n").find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+/// Runs a Python script with the daemon's ports (`SMTP`, `IMAP`) and the test password
+/// (`PASSWORD`) in its environment; returns what it printed.
+pub fn python(daemon: &Daemon, script: &str) -> String {
+    let out = external("python3", "python3")
+        .arg("-c")
+        .arg(script)
+        .env("SMTP", daemon.smtp.port().to_string())
+        .env("IMAP", daemon.imap.port().to_string())
+        .env("PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// mutt under tmux reading `me`'s INBOX sorted by thread, one line per message (`%4C %s`), subjects
+/// shown on replies too.
+pub fn mutt_threads(daemon: &Daemon, session: &str) -> Tmux {
+    let dir = daemon.dir.path();
+    let rc = dir.join("muttrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "set folder=imap://me@127.0.0.1:{}/\nset spoolfile=+INBOX\nset imap_pass=\"{PASSWORD}\"\nset ssl_starttls=no\n\
+set ssl_force_tls=no\nset sort=threads\nset index_format=\"%4C %s\"\nset narrow_tree=no\nset timeout=1\nset mail_check=1\n\
+set confirmappend=no\nset delete=no\nset hide_thread_subject=no\n",
+            daemon.imap.port()
+        ),
+    )
+    .unwrap();
+    external("mutt", "mutt");
+    Tmux::start(&format!("{session}{}", std::process::id()), &format!("mutt -n -F {}", rc.display()), dir)
+}
+
+/// Asserts that mutt's thread view draws `reply` (its arrow and subject) right under `question`.
+pub fn assert_drawn_under(screen: &str, question: &str, reply: &str) {
+    let lines: Vec<&str> = screen.lines().collect();
+    let above = lines.iter().position(|l| l.contains(&format!(" {question}"))).unwrap_or_else(|| panic!("{screen}"));
+    let below = lines
+        .iter()
+        .position(|l| l.contains(&format!("->{reply}")) || l.contains(&format!("─>{reply}")))
+        .unwrap_or_else(|| panic!("no thread arrow to {reply:?}: {screen}"));
+    assert_eq!(below, above + 1, "{reply:?} is drawn right under {question:?}:\n{screen}");
 }
 
 /// Runs an external client; fails the test with an install hint if it is missing.

@@ -318,6 +318,9 @@ pub enum ConfigError {
     Semantic { path: String, message: String },
 }
 
+/// The parent of the Ask folders: a message filed into `Ask/<model>` asks that model about it.
+pub const ASK_FOLDER: &str = "Ask";
+
 /// Where a config with no file says it came from.
 pub const DEFAULTS_NAME: &str = "<built-in defaults>";
 
@@ -357,6 +360,27 @@ impl Config {
     /// The bridge whose upstream address is `address`.
     pub fn bridge(&self, address: &Address) -> Option<&BridgeConfig> {
         self.bridges.iter().find(|b| &b.address == address)
+    }
+
+    /// Each model's Ask folder, `Ask/<name>` (its `name` key, or the local part of its address),
+    /// in configuration order. A `/` in the name would make another level and becomes `-`; a
+    /// name two models share goes to the first, and the second's folder is named by address.
+    pub fn ask_folders(&self) -> Vec<(String, &Model)> {
+        let mut folders: Vec<(String, &Model)> = Vec::with_capacity(self.models.len());
+        for model in &self.models {
+            let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
+            let mut folder = format!("{ASK_FOLDER}/{}", name.trim().replace('/', "-"));
+            if folders.iter().any(|(taken, _)| taken.eq_ignore_ascii_case(&folder)) {
+                folder = format!("{ASK_FOLDER}/{}", model.address.as_str().replace('/', "-"));
+            }
+            folders.push((folder, model));
+        }
+        folders
+    }
+
+    /// The model whose Ask folder is the mailbox `name`, if it is one.
+    pub fn ask_folder(&self, name: &str) -> Option<&Model> {
+        self.ask_folders().into_iter().find(|(folder, _)| folder == name).map(|(_, model)| model)
     }
 
     /// The name used in messages about the source of this configuration.

@@ -668,6 +668,33 @@ mod tests {
     }
 
     #[test]
+    fn each_model_gets_one_ask_folder() {
+        let model = |address: &str, name: &str| {
+            format!("[[model]]\naddress = \"{address}\"\n{name}backend = \"openai\"\nurl = \"http://x\"\n")
+        };
+        let text = [
+            model("kimi@n.local", "name = \"Kimi\"\n"),
+            model("qwen@n.local", ""),
+            model("k2@n.local", "name = \"kimi\"\n"),
+            model("gpt@n.local", "name = \"GPT/OSS\"\n"),
+        ]
+        .concat();
+        let c = parse(&text, None).unwrap();
+        let folders: Vec<(String, &str)> = c.ask_folders().into_iter().map(|(f, m)| (f, m.address.as_str())).collect();
+        assert_eq!(
+            folders,
+            [
+                ("Ask/Kimi".to_string(), "kimi@n.local"),
+                ("Ask/qwen".to_string(), "qwen@n.local"),
+                ("Ask/k2@n.local".to_string(), "k2@n.local"),
+                ("Ask/GPT-OSS".to_string(), "gpt@n.local"),
+            ]
+        );
+        assert_eq!(c.ask_folder("Ask/qwen").map(|m| m.address.as_str()), Some("qwen@n.local"));
+        assert!(c.ask_folder("Ask").is_none() && c.ask_folder("INBOX").is_none());
+    }
+
+    #[test]
     fn an_unknown_key_names_its_line() {
         let e = err("hostname = \"a.b\"\n[smtp]\nlisten = \"127.0.0.1:1\"\nmax_mesage_bytes = 5\n");
         assert!(e.starts_with("nm.toml:4:"), "{e}");

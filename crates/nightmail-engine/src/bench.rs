@@ -187,7 +187,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
         let t0 = Instant::now();
         for _ in 0..opts.tokens {
             let tokens: Vec<u32> = (0..batch).map(|_| rng.next() % vocab).collect();
-            let mut refs: Vec<&mut crate::KvCache> = caches.iter_mut().collect();
+            let mut refs: Vec<&mut crate::SequenceState> = caches.iter_mut().collect();
             model.logits_batch(&tokens, &mut refs)?;
         }
         measured.push((batch, t0.elapsed().as_secs_f64(), store.stats()));

@@ -18,7 +18,7 @@ pub enum EngineError {
     #[error("{path}: {reason}: fix the file or re-download the model")]
     BadConfig { path: PathBuf, reason: String },
     #[error(
-        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe and deepseek_v3 / kimi_k2 (GGUF: llama, qwen2moe, qwen3moe, deepseek2)"
+        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2 and kimi_linear (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2)"
     )]
     UnsupportedArchitecture(String),
     #[error(
@@ -29,6 +29,14 @@ pub enum EngineError {
     Unsupported { what: String, hint: String },
     #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]
     MissingTensor { name: String },
+    #[error(
+        "tensor {name} is missing from {path}: the model file is incomplete or not of the architecture its metadata names"
+    )]
+    MissingTensorIn {
+        /// Quoted, with the other format's name where there is one.
+        name: String,
+        path: PathBuf,
+    },
     #[error(
         "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4"
     )]

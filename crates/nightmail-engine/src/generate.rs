@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::Model;
 use crate::chat::ChatMessage;
 use crate::error::{EngineError, Result};
-use crate::model::KvCache;
+use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
 use crate::resume::{Delta, Identity, Journal, Saved};
 use crate::sampling::{Sampler, Sampling};
@@ -97,7 +97,7 @@ pub struct Completion {
 
 pub struct TokenStream<'m> {
     model: &'m Model,
-    cache: KvCache,
+    cache: SequenceState,
     sampler: Sampler,
     request: GenerateRequest,
     prompt_tokens: Vec<u32>,
@@ -157,7 +157,7 @@ impl Model {
                 feeds[i] = feed.map(|id| vec![id]);
             }
         }
-        let mut groups: Vec<(&mut KvCache, &[u32])> =
+        let mut groups: Vec<(&mut SequenceState, &[u32])> =
             streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_deref().map(|t| (&mut s.cache, t))).collect();
         if groups.is_empty() {
             return Ok(events);
@@ -230,6 +230,11 @@ impl Model {
         if let Some(m) = &a.mla {
             shape.extend([m.kv_lora_rank, m.qk_rope_head_dim]);
         }
+        // KDA layers hold a state of their own shape, at their own places.
+        if let Some(k) = &s.kda {
+            shape.extend([k.heads, k.head_dim, k.conv_kernel, k.layers.len()]);
+            shape.extend(&k.layers);
+        }
         shape
     }
 
@@ -251,7 +256,7 @@ impl Model {
         let (logits, stop, restored, prompt_fed) = match saved {
             Some(saved) => {
                 sampler.set_position(saved.sampler_position);
-                cache.extend(&saved.kv)?;
+                cache.restore(&saved.kv, saved.position)?;
                 (Some(saved.logits), None, saved.tokens, prompt_tokens.len())
             }
             None if prefill && nothing.is_none() => {
@@ -357,14 +362,16 @@ impl TokenStream<'_> {
         if from == to {
             return Ok(Some(tokens));
         }
-        let kv = (0..self.cache.layers()).map(|l| self.cache.rows(l, from, to)).collect::<Result<Vec<_>>>()?;
-        journal.append(&Delta {
-            tokens: &self.tokens,
-            sampler_position: self.sampler.position(),
-            kv,
-            end_position: to,
-            logits,
-        })?;
+        let delta = |from: usize| -> Result<Delta<'_>> {
+            let kv = (0..self.cache.layers()).map(|l| self.cache.snapshot(l, from, to)).collect::<Result<Vec<_>>>()?;
+            Ok(Delta { tokens: &self.tokens, sampler_position: self.sampler.position(), kv, end_position: to, logits })
+        };
+        journal.append(&delta(from)?)?;
+        // Recurrent layers (KDA) save their whole state in each record: once the replaced ones
+        // outweigh the rest, the file is rewritten as one record of everything.
+        if journal.wants_compaction() {
+            journal.compact(&delta(0)?)?;
+        }
         Ok(Some(self.tokens.len()))
     }
 

@@ -36,7 +36,7 @@ pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
 pub use inspect::{DtypeUse, ModelInfo, inspect};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
-pub use model::{ExpertId, ExpertStore, KvCache, LayerRecall};
+pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
 pub use pack::pack;
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
@@ -49,7 +49,7 @@ use format::Checkpoint;
 use model::{ResidentExperts, Transformer};
 
 /// A loaded model: the network, its tokenizer and chat template. Immutable and `Send + Sync`:
-/// one instance serves any number of concurrent generations, each with its own [`KvCache`].
+/// one instance serves any number of concurrent generations, each with its own [`SequenceState`].
 pub struct Model {
     path: PathBuf,
     format: Format,
@@ -134,12 +134,12 @@ impl Model {
     }
 
     /// An empty key/value cache for one sequence.
-    pub fn new_cache(&self) -> KvCache {
+    pub fn new_cache(&self) -> SequenceState {
         self.net.new_cache()
     }
 
     /// Run `tokens` after what `cache` holds and return the next-token logits of the last one.
-    pub fn logits(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+    pub fn logits(&self, tokens: &[u32], cache: &mut SequenceState) -> Result<Vec<f32>> {
         // Run the step on a rayon worker, so that the kernels' parallel loops start from inside
         // the pool (the caller joins the work) instead of handing off and sleeping at each one.
         let logits = rayon::scope(|_| self.net.forward(tokens, cache))?;
@@ -150,8 +150,8 @@ impl Model {
 impl Model {
     /// One decode step of several sequences: `tokens[i]` runs after what `caches[i]` holds.
     /// Returns each sequence's next-token logits (those it would get alone).
-    pub fn logits_batch(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Vec<Vec<f32>>> {
-        let mut groups: Vec<(&mut KvCache, &[u32])> =
+    pub fn logits_batch(&self, tokens: &[u32], caches: &mut [&mut SequenceState]) -> Result<Vec<Vec<f32>>> {
+        let mut groups: Vec<(&mut SequenceState, &[u32])> =
             caches.iter_mut().zip(tokens.chunks(1)).map(|(c, t)| (&mut **c, t)).collect();
         let logits = rayon::scope(|_| self.net.forward_groups(&mut groups))?;
         Ok(logits.to_vec2::<f32>()?)

@@ -8,13 +8,17 @@
 //! record:  "NMRC" | length u64 | crc32 u32 | payload
 //! payload: tokens before u64 | count u32 | token ids u32 × count
 //!          | sampler position u128 | first position u64 | end position u64
-//!          | per layer: keys, values (each: dtype u8 | heads u32 | dim u32 | length u64 | bytes)
+//!          | per layer: kind u8, then
+//!              rows (0):  keys, values (each: dtype u8 | heads u32 | dim u32 | length u64 | bytes)
+//!              state (1): conv, recurrent (each: rows u64 | dtype u8 | heads u32 | dim u32 | length u64 | bytes)
 //!          | logits length u32 | logits f32 × length
 //! ```
 //!
 //! A record holds only what is new since the one before it: the tokens generated and the
 //! key/value rows computed since, the sampler's position, and the pending logits row (the one the
-//! next token will be drawn from). Restoring replays the records in order and stops at the first
+//! next token will be drawn from). A recurrent layer (KDA) has no rows: its record holds its
+//! whole state, fixed in size, and the last one replayed is the one restored. Version 1 files
+//! (before recurrent layers; no kind bytes) are still read. Restoring replays the records in order and stops at the first
 //! one that is short, fails its checksum or does not follow on from the one before: a torn write
 //! loses that record only, and the file is cut back to the last good one before anything more is
 //! appended. The state restored is exactly the state saved, so greedy decoding after a resume
@@ -32,11 +36,16 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::model::LayerSnapshot;
 use crate::sampling::Sampling;
 
 const MAGIC: &[u8; 8] = b"NMRESUME";
-/// Bumped whenever the layout changes; an older file is then discarded, not misread.
-const VERSION: u32 = 1;
+/// Bumped whenever the layout changes; an older file is then read by its own layout, or
+/// discarded, never misread.
+const VERSION: u32 = 2;
+/// Each layer's snapshot in a record is preceded by its kind.
+const ROWS: u8 = 0;
+const STATE: u8 = 1;
 const RECORD: &[u8; 4] = b"NMRC";
 /// Header: magic, version, length; record: magic, length, checksum.
 const HEADER_FIXED: usize = 8 + 4 + 4;
@@ -58,8 +67,11 @@ pub(crate) struct Identity {
 pub(crate) struct Saved {
     pub tokens: Vec<u32>,
     pub sampler_position: u128,
-    /// Per layer, the keys and values of every position, `[1, heads, positions, dim]`.
-    pub kv: Vec<(Tensor, Tensor)>,
+    /// Per layer, the keys and values of every position, `[1, heads, positions, dim]`, or the
+    /// latest recurrent state.
+    pub kv: Vec<LayerSnapshot>,
+    /// Positions run (the end of the last record).
+    pub position: usize,
     pub logits: Vec<f32>,
 }
 
@@ -67,8 +79,9 @@ pub(crate) struct Saved {
 pub(crate) struct Delta<'a> {
     pub tokens: &'a [u32],
     pub sampler_position: u128,
-    /// Per layer, the key/value rows from the file's end position to now.
-    pub kv: Vec<(Tensor, Tensor)>,
+    /// Per layer, the key/value rows from the file's end position to now, or the recurrent
+    /// state now.
+    pub kv: Vec<LayerSnapshot>,
     pub end_position: usize,
     pub logits: &'a [f32],
 }
@@ -81,6 +94,13 @@ pub(crate) struct Journal {
     tokens: usize,
     position: usize,
     bytes: u64,
+    /// The layout the file's header declares: records appended follow it.
+    version: u32,
+    identity: Identity,
+    /// Bytes of recurrent states in the file that a later record replaces, and of the last
+    /// record's: once the replaced ones outweigh the rest, [`Journal::compact`] is due.
+    superseded: u64,
+    last_state: u64,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -94,8 +114,9 @@ impl Journal {
         if let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) {
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(|e| bad(path, e))?;
-            if let Some(header_end) = read_header(&bytes, identity) {
-                let (saved, good_end) = replay(&bytes[header_end..], layers).map_err(|e| bad(path, e))?;
+            if let Some((header_end, version)) = read_header(&bytes, identity) {
+                let (saved, good_end, (superseded, last_state)) =
+                    replay(&bytes[header_end..], layers, version).map_err(|e| bad(path, e))?;
                 let good_end = (header_end + good_end) as u64;
                 // Cut a torn tail so the next record follows the last good one.
                 if good_end < bytes.len() as u64 {
@@ -103,9 +124,18 @@ impl Journal {
                     file.sync_data().map_err(|e| bad(path, e))?;
                 }
                 file.seek(SeekFrom::Start(good_end)).map_err(|e| bad(path, e))?;
-                let (tokens, position) =
-                    saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.kv.first().map_or(0, |(k, _)| dim2(k))));
-                let journal = Journal { path: path.to_path_buf(), file, tokens, position, bytes: good_end };
+                let (tokens, position) = saved.as_ref().map_or((0, 0), |s| (s.tokens.len(), s.position));
+                let journal = Journal {
+                    path: path.to_path_buf(),
+                    file,
+                    tokens,
+                    position,
+                    bytes: good_end,
+                    version,
+                    identity: identity.clone(),
+                    superseded,
+                    last_state,
+                };
                 return Ok((journal, saved));
             }
         }
@@ -116,13 +146,7 @@ impl Journal {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| bad(path, e))?;
         }
-        let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
-        let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&VERSION.to_le_bytes());
-        header.extend_from_slice(&(id.len() as u32).to_le_bytes());
-        header.extend_from_slice(&id);
-        header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
+        let header = header(path, identity)?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -135,7 +159,17 @@ impl Journal {
         if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
             let _ = dir.sync_all();
         }
-        Ok(Journal { path: path.to_path_buf(), file, tokens: 0, position: 0, bytes: header.len() as u64 })
+        Ok(Journal {
+            path: path.to_path_buf(),
+            file,
+            tokens: 0,
+            position: 0,
+            bytes: header.len() as u64,
+            version: VERSION,
+            identity: identity.clone(),
+            superseded: 0,
+            last_state: 0,
+        })
     }
 
     /// Tokens and key/value positions already saved.
@@ -150,19 +184,87 @@ impl Journal {
 
     /// Appends what is new in `delta` and makes it durable (`fdatasync`) before returning.
     pub fn append(&mut self, delta: &Delta<'_>) -> Result<()> {
+        let (record, state) = self.record(delta, self.tokens, self.position)?;
+        let path = &self.path;
+        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
+        self.tokens = delta.tokens.len();
+        self.position = delta.end_position;
+        self.bytes += record.len() as u64;
+        self.superseded += std::mem::replace(&mut self.last_state, state);
+        Ok(())
+    }
+
+    /// Whether the recurrent states later records replaced take more than half the file (each
+    /// record holds a recurrent layer's whole state, so without compaction the file would grow
+    /// by it at every checkpoint).
+    pub fn wants_compaction(&self) -> bool {
+        2 * self.superseded > self.bytes
+    }
+
+    /// Replaces the file with one holding `delta` alone, which must cover every position from
+    /// the first: written beside it, made durable, then renamed over it, so a crash leaves
+    /// either file whole.
+    pub fn compact(&mut self, delta: &Delta<'_>) -> Result<()> {
+        let path = self.path.clone();
+        let io = |e| bad(&path, e);
+        let mut bytes = header(&path, &self.identity)?;
+        self.version = VERSION;
+        let (record, state) = self.record(delta, 0, 0)?;
+        bytes.extend_from_slice(&record);
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(".compacting");
+        let tmp = path.with_file_name(name);
+        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(io)?;
+        file.write_all(&bytes).and_then(|_| file.sync_all()).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
+            let _ = dir.sync_all();
+        }
+        self.file = file;
+        self.tokens = delta.tokens.len();
+        self.position = delta.end_position;
+        self.bytes = bytes.len() as u64;
+        self.superseded = 0;
+        self.last_state = state;
+        Ok(())
+    }
+
+    /// One record of what `delta` holds past `tokens_before` tokens and position `from`, and
+    /// the bytes of recurrent state in it.
+    fn record(&self, delta: &Delta<'_>, tokens_before: usize, from: usize) -> Result<(Vec<u8>, u64)> {
         let mut p = Vec::new();
-        let new = &delta.tokens[self.tokens..];
-        p.extend_from_slice(&(self.tokens as u64).to_le_bytes());
+        let new = &delta.tokens[tokens_before..];
+        p.extend_from_slice(&(tokens_before as u64).to_le_bytes());
         p.extend_from_slice(&(new.len() as u32).to_le_bytes());
         for t in new {
             p.extend_from_slice(&t.to_le_bytes());
         }
         p.extend_from_slice(&delta.sampler_position.to_le_bytes());
-        p.extend_from_slice(&(self.position as u64).to_le_bytes());
+        p.extend_from_slice(&(from as u64).to_le_bytes());
         p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
-        for (k, v) in &delta.kv {
-            put_tensor(&mut p, k)?;
-            put_tensor(&mut p, v)?;
+        for snapshot in &delta.kv {
+            match snapshot {
+                LayerSnapshot::Rows(k, v) => {
+                    // A version 1 file (resumed after an upgrade) goes on in its own layout.
+                    if self.version >= 2 {
+                        p.push(ROWS);
+                    }
+                    put_tensor(&mut p, k)?;
+                    put_tensor(&mut p, v)?;
+                }
+                // Version 1 files were written only for models without recurrent layers, whose
+                // network shape differs from any model with them.
+                LayerSnapshot::State(..) if self.version < 2 => {
+                    return Err(bad(&self.path, "a recurrent state in a version 1 checkpoint"));
+                }
+                LayerSnapshot::State(conv, recurrent) => {
+                    p.push(STATE);
+                    for t in [conv, recurrent] {
+                        p.extend_from_slice(&(t.dim(2)? as u64).to_le_bytes());
+                        put_tensor(&mut p, t)?;
+                    }
+                }
+            }
         }
         p.extend_from_slice(&(delta.logits.len() as u32).to_le_bytes());
         for l in delta.logits {
@@ -173,28 +275,43 @@ impl Journal {
         record.extend_from_slice(&(p.len() as u64).to_le_bytes());
         record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
         record.extend_from_slice(&p);
-        let path = &self.path;
-        self.file.write_all(&record).and_then(|_| self.file.sync_data()).map_err(|e| bad(path, e))?;
-        self.tokens = delta.tokens.len();
-        self.position = delta.end_position;
-        self.bytes += record.len() as u64;
-        Ok(())
+        Ok((record, state_bytes(&delta.kv)))
     }
 }
 
-fn dim2(t: &Tensor) -> usize {
-    t.dims().get(2).copied().unwrap_or(0)
+/// The bytes the recurrent states among `kv` take in a record.
+fn state_bytes(kv: &[LayerSnapshot]) -> u64 {
+    let tensor = |t: &Tensor| (8 + 1 + 4 + 4 + 8 + t.elem_count() * t.dtype().size_in_bytes()) as u64;
+    kv.iter()
+        .map(|s| match s {
+            LayerSnapshot::State(conv, recurrent) => 1 + tensor(conv) + tensor(recurrent),
+            LayerSnapshot::Rows(..) => 0,
+        })
+        .sum()
 }
 
-/// The end of the header if it is whole and names this generation.
-fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
+/// A new file's header: magic, version, the identity's length, the identity, its checksum.
+fn header(path: &Path, identity: &Identity) -> Result<Vec<u8>> {
+    let id = serde_json::to_vec(identity).map_err(|e| bad(path, e))?;
+    let mut header = Vec::with_capacity(HEADER_FIXED + id.len() + 4);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    header.extend_from_slice(&id);
+    header.extend_from_slice(&crc32fast::hash(&header).to_le_bytes());
+    Ok(header)
+}
+
+/// The end of the header and the file's version, if the header is whole, of a version this
+/// build reads, and names this generation.
+fn read_header(bytes: &[u8], identity: &Identity) -> Option<(usize, u32)> {
     if bytes.len() < HEADER_FIXED || &bytes[..8] != MAGIC {
         return None;
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().ok()?);
     let len = u32::from_le_bytes(bytes[12..16].try_into().ok()?) as usize;
     let end = HEADER_FIXED + len;
-    if version != VERSION || bytes.len() < end + 4 {
+    if !(1..=VERSION).contains(&version) || bytes.len() < end + 4 {
         return None;
     }
     let crc = u32::from_le_bytes(bytes[end..end + 4].try_into().ok()?);
@@ -202,36 +319,57 @@ fn read_header(bytes: &[u8], identity: &Identity) -> Option<usize> {
         return None;
     }
     let found: Identity = serde_json::from_slice(&bytes[HEADER_FIXED..end]).ok()?;
-    (found == *identity).then_some(end + 4)
+    (found == *identity).then_some((end + 4, version))
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
-fn replay(bytes: &[u8], layers: usize) -> std::result::Result<(Option<Saved>, usize), String> {
+/// What [`replay`] found: the state, the length of the good prefix, and the recurrent-state
+/// bytes of all records but the last and of the last.
+type Replayed = (Option<Saved>, usize, (u64, u64));
+
+fn replay(bytes: &[u8], layers: usize, version: u32) -> std::result::Result<Replayed, String> {
     let mut at = 0;
+    let (mut superseded, mut last_state) = (0, 0);
     let mut tokens: Vec<u32> = Vec::new();
     let mut position = 0usize;
-    let mut chunks: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
+    let mut chunks: Vec<Vec<LayerSnapshot>> = Vec::new();
     let mut last: Option<(u128, Vec<f32>)> = None;
     while let Some(payload) = record_at(bytes, at) {
         let mut r = Reader { bytes: payload, at: 0 };
-        let Some(parsed) = r.record(layers) else { break };
+        let Some(parsed) = r.record(layers, version) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
             break;
         }
         tokens.extend(parsed.tokens);
         position = parsed.to;
+        superseded += std::mem::replace(&mut last_state, state_bytes(&parsed.kv));
         chunks.push(parsed.kv);
         last = Some((parsed.sampler_position, parsed.logits));
         at += RECORD_FIXED + payload.len();
     }
-    let Some((sampler_position, logits)) = last else { return Ok((None, at)) };
+    let Some((sampler_position, logits)) = last else { return Ok((None, at, (0, 0))) };
     let mut kv = Vec::with_capacity(layers);
     for l in 0..layers {
-        let ks: Vec<&Tensor> = chunks.iter().map(|c| &c[l].0).collect();
-        let vs: Vec<&Tensor> = chunks.iter().map(|c| &c[l].1).collect();
-        kv.push((Tensor::cat(&ks, 2).map_err(|e| e.to_string())?, Tensor::cat(&vs, 2).map_err(|e| e.to_string())?));
+        let (mut ks, mut vs, mut state) = (Vec::new(), Vec::new(), None);
+        for chunk in &chunks {
+            match &chunk[l] {
+                LayerSnapshot::Rows(k, v) => {
+                    ks.push(k);
+                    vs.push(v);
+                }
+                LayerSnapshot::State(conv, recurrent) => state = Some((conv, recurrent)),
+            }
+        }
+        kv.push(match (state, ks.is_empty()) {
+            (Some((conv, recurrent)), true) => LayerSnapshot::State(conv.clone(), recurrent.clone()),
+            (None, false) => LayerSnapshot::Rows(
+                Tensor::cat(&ks, 2).map_err(|e| e.to_string())?,
+                Tensor::cat(&vs, 2).map_err(|e| e.to_string())?,
+            ),
+            _ => return Err(format!("layer {l} changes kind between records")),
+        });
     }
-    Ok((Some(Saved { tokens, sampler_position, kv, logits }), at))
+    Ok((Some(Saved { tokens, sampler_position, kv, position, logits }), at, (superseded, last_state)))
 }
 
 /// The payload of a whole, intact record at `at`.
@@ -252,7 +390,7 @@ struct Record {
     sampler_position: u128,
     from: usize,
     to: usize,
-    kv: Vec<(Tensor, Tensor)>,
+    kv: Vec<LayerSnapshot>,
     logits: Vec<f32>,
 }
 
@@ -276,7 +414,7 @@ impl Reader<'_> {
         usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()
     }
 
-    fn record(&mut self, layers: usize) -> Option<Record> {
+    fn record(&mut self, layers: usize, version: u32) -> Option<Record> {
         let tokens_before = self.u64()?;
         let count = self.u32()? as usize;
         let tokens =
@@ -287,7 +425,15 @@ impl Reader<'_> {
         let rows = to.checked_sub(from)?;
         let mut kv = Vec::with_capacity(layers);
         for _ in 0..layers {
-            kv.push((self.tensor(rows)?, self.tensor(rows)?));
+            let kind = if version >= 2 { self.take(1)?[0] } else { ROWS };
+            kv.push(match kind {
+                ROWS => LayerSnapshot::Rows(self.tensor(rows)?, self.tensor(rows)?),
+                STATE => {
+                    let conv = self.u64().and_then(|n| self.tensor(n))?;
+                    LayerSnapshot::State(conv, self.u64().and_then(|n| self.tensor(n))?)
+                }
+                _ => return None,
+            });
         }
         let n = self.u32()? as usize;
         let logits =
@@ -385,7 +531,7 @@ mod tests {
         j.append(&Delta {
             tokens,
             sampler_position: tokens.len() as u128 * 7,
-            kv: rows(from, to),
+            kv: rows(from, to).into_iter().map(|(k, v)| LayerSnapshot::Rows(k, v)).collect(),
             end_position: to,
             logits: &logits,
         })
@@ -417,7 +563,9 @@ mod tests {
         assert_eq!(j.saved(), (3, 6));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record is cut off");
         let all = rows(0, 4).into_iter().zip(rows(4, 6));
-        for ((k, v), ((k0, v0), (k1, v1))) in saved.kv.iter().zip(all) {
+        assert_eq!(saved.position, 6);
+        for (snapshot, ((k0, v0), (k1, v1))) in saved.kv.iter().zip(all) {
+            let LayerSnapshot::Rows(k, v) = snapshot else { panic!("attention layers restore rows") };
             let want_k = Tensor::cat(&[&k0, &k1], 2).unwrap();
             let want_v = Tensor::cat(&[&v0, &v1], 2).unwrap();
             let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -465,5 +613,141 @@ mod tests {
         std::fs::write(&path, b"NMRESUME\x01\x00\x00\x00\xff\xff\xff\xffnonsense").unwrap();
         let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
         assert!(saved.is_none());
+    }
+
+    fn flat(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// A recurrent layer's state `[1, 1, 3, 4]` and `[1, 2, 4, 4]` filled with `x`.
+    fn state(x: f32) -> LayerSnapshot {
+        LayerSnapshot::State(
+            Tensor::full(x, (1, 1, 3, 4), &Device::Cpu).unwrap(),
+            Tensor::full(-x, (1, 2, 4, 4), &Device::Cpu).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_recurrent_layer_restores_its_latest_state_beside_an_attention_layers_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        for (tokens, from, to, x) in [(&[10u32][..], 0, 4, 1.0), (&[10, 11][..], 4, 5, 2.0)] {
+            let (k, v) = rows(from, to).remove(0);
+            let kv = vec![LayerSnapshot::Rows(k, v), state(x)];
+            j.append(&Delta { tokens, sampler_position: 0, kv, end_position: to, logits: &[0.5] }).unwrap();
+        }
+        drop(j);
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.position, j.saved()), (5, (2, 5)));
+        let LayerSnapshot::Rows(k, _) = &saved.kv[0] else { panic!("layer 0 holds rows") };
+        assert_eq!(k.dims(), [1, 2, 5, 3], "the rows of both records, appended");
+        let LayerSnapshot::State(conv, recurrent) = &saved.kv[1] else { panic!("layer 1 holds a state") };
+        assert_eq!((conv.dims(), recurrent.dims()), ([1, 1, 3, 4].as_slice(), [1, 2, 4, 4].as_slice()));
+        assert!(flat(conv).iter().all(|x| *x == 2.0) && flat(recurrent).iter().all(|x| *x == -2.0), "the latest state");
+    }
+
+    #[test]
+    fn a_version_1_file_without_layer_kinds_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        // Version 1's header and one record: the same fields, no kind byte before each layer.
+        let id = serde_json::to_vec(&identity()).unwrap();
+        let mut file = Vec::new();
+        file.extend_from_slice(MAGIC);
+        file.extend_from_slice(&1u32.to_le_bytes());
+        file.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        file.extend_from_slice(&id);
+        file.extend_from_slice(&crc32fast::hash(&file).to_le_bytes());
+        let mut p = Vec::new();
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&10u32.to_le_bytes());
+        p.extend_from_slice(&7u128.to_le_bytes());
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&4u64.to_le_bytes());
+        for (k, v) in rows(0, 4) {
+            put_tensor(&mut p, &k).unwrap();
+            put_tensor(&mut p, &v).unwrap();
+        }
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&0.25f32.to_le_bytes());
+        file.extend_from_slice(RECORD);
+        file.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        file.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+        file.extend_from_slice(&p);
+        std::fs::write(&path, &file).unwrap();
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.expect("a version 1 record");
+        assert_eq!((saved.tokens, saved.sampler_position, saved.position), (vec![10], 7, 4));
+        assert_eq!(j.saved(), (1, 4));
+        for (got, (k, _)) in saved.kv.iter().zip(rows(0, 4)) {
+            let LayerSnapshot::Rows(got, _) = got else { panic!("version 1 holds rows") };
+            assert_eq!(flat(got), flat(&k));
+        }
+        // Resumed after an upgrade, the generation goes on in the file's own layout.
+        let mut j = j;
+        append(&mut j, &[10, 11], 6);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.tokens, saved.position), (vec![10, 11], 6));
+    }
+
+    #[test]
+    fn replaced_recurrent_states_are_compacted_away_and_the_state_survives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let (mut j, _) = Journal::open(&path, &identity(), 2).unwrap();
+        let mut tokens = Vec::new();
+        let (mut compactions, mut appended) = (0, j.bytes());
+        for step in 0..40usize {
+            tokens.push(step as u32);
+            let (from, to) = (j.saved().1, step + 1);
+            let all = |from: usize| -> Vec<LayerSnapshot> {
+                // Row values that depend on the position alone, so any split concatenates alike.
+                let values: Vec<f32> = (0..2)
+                    .flat_map(|h| (from..to).flat_map(move |p| (0..3).map(move |d| (p * 100 + h * 10 + d) as f32)))
+                    .collect();
+                let k = Tensor::from_vec(values, (1, 2, to - from, 3), &Device::Cpu).unwrap();
+                let v = k.neg().unwrap();
+                // A recurrent state far larger than a token's rows, as KDA's is.
+                let x = step as f32;
+                let conv = Tensor::full(x, (1, 1, 3, 16), &Device::Cpu).unwrap();
+                let s = Tensor::full(-x, (1, 4, 16, 16), &Device::Cpu).unwrap();
+                vec![LayerSnapshot::Rows(k, v), LayerSnapshot::State(conv, s)]
+            };
+            let delta = Delta {
+                tokens: &tokens,
+                sampler_position: step as u128,
+                kv: all(from),
+                end_position: to,
+                logits: &[1.0],
+            };
+            let before = j.bytes();
+            j.append(&delta).unwrap();
+            appended += j.bytes() - before;
+            if j.wants_compaction() {
+                j.compact(&Delta { kv: all(0), ..delta }).unwrap();
+                compactions += 1;
+            }
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), j.bytes());
+            // Never more than twice what the live state needs (plus the record just added).
+            assert!(j.bytes() <= 2 * (j.bytes() - j.superseded) + 1024, "step {step}: {} bytes", j.bytes());
+        }
+        assert!(compactions >= 2, "{compactions} compactions");
+        assert!(j.bytes() * 4 < appended, "{} bytes kept of {appended} appended", j.bytes());
+        drop(j);
+        let (j, saved) = Journal::open(&path, &identity(), 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.tokens.len(), saved.position, saved.sampler_position, j.saved()), (40, 40, 39, (40, 40)));
+        let LayerSnapshot::Rows(k, _) = &saved.kv[0] else { panic!("rows") };
+        let want: Vec<f32> = (0..2)
+            .flat_map(|h| (0..40).flat_map(move |p| (0..3).map(move |d| (p * 100 + h * 10 + d) as f32)))
+            .collect();
+        assert_eq!(flat(k), want, "every position's rows, across compactions");
+        let LayerSnapshot::State(conv, _) = &saved.kv[1] else { panic!("a state") };
+        assert!(flat(conv).iter().all(|x| *x == 39.0), "the latest state");
     }
 }

@@ -22,6 +22,9 @@ pub enum Architecture {
     /// DeepSeek-V3 and Kimi K2 (GGUF `deepseek2`): multi-head latent attention and grouped
     /// sigmoid routing.
     DeepseekV3,
+    /// Moonshot's Kimi Linear (transformers `KimiLinearForCausalLM`, llama.cpp `kimi-linear`):
+    /// KDA linear-attention layers between NoPE latent-attention layers, DeepSeek-V3's MoE.
+    KimiLinear,
 }
 
 /// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
@@ -93,6 +96,22 @@ pub struct MlaSpec {
     pub qk_nope_head_dim: usize,
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
+    /// The `qk_rope_head_dim` part is not rotated (Kimi Linear's `mla_use_nope`: transformers'
+    /// `KimiLinearAttention` keeps the shared key part but applies no position encoding).
+    pub nope: bool,
+}
+
+/// Kimi Delta Attention (Kimi Linear, arXiv 2510.26692; fla `naive_recurrent_kda`): a linear
+/// attention whose per-head state is updated by the gated delta rule with a per-channel decay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KdaSpec {
+    pub heads: usize,
+    /// Key and value width per head (the state is `head_dim × head_dim` per head).
+    pub head_dim: usize,
+    /// The causal depthwise convolution over q, k and v (`short_conv_kernel_size`).
+    pub conv_kernel: usize,
+    /// The layers (from 0) that are KDA; the others are full (latent) attention.
+    pub layers: Vec<usize>,
 }
 
 /// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
@@ -177,8 +196,17 @@ pub struct ModelSpec {
     pub moe: Option<MoeSpec>,
     /// Per layer: whether its feed-forward is a routed MoE block (router weights present).
     pub moe_layers: Vec<bool>,
+    /// Kimi Linear's linear-attention layers, where the model has them.
+    pub kda: Option<KdaSpec>,
     pub bos_token: Option<u32>,
     pub eos_tokens: Vec<u32>,
+}
+
+impl ModelSpec {
+    /// Whether layer `l` mixes tokens with KDA rather than attention.
+    pub fn is_kda(&self, l: usize) -> bool {
+        self.kda.as_ref().is_some_and(|k| k.layers.contains(&l))
+    }
 }
 
 impl ModelSpec {
@@ -213,17 +241,23 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("qwen3moe", _) => Architecture::Qwen3Moe,
         ("gpt-oss", _) => Architecture::GptOss,
         ("deepseek2", _) => Architecture::DeepseekV3,
+        ("kimi-linear", _) => Architecture::KimiLinear,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
-    let mla = (architecture == Architecture::DeepseekV3).then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    let latent = matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear);
+    let mla = latent.then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    // llama.cpp's kimi-linear graph rotates nothing in its MLA layers, as transformers' does not.
+    let mla = mla.map(|m| MlaSpec { nope: architecture == Architecture::KimiLinear, ..m });
+    let kda =
+        (architecture == Architecture::KimiLinear).then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
     };
-    let rope_scaling = yarn_from_gguf(g, &arch_name)?;
+    let rope_scaling = if kda.is_some() { None } else { yarn_from_gguf(g, &arch_name)? };
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let sliding_window = (0..layers)
         .map(|l| match architecture {
@@ -242,6 +276,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
         // (unless told) do not.
         let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
+        // (Kimi Linear's converter writes it.)
         let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
         let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
             Some(f) => f as usize,
@@ -256,13 +291,13 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             },
             _ => Activation::SwiGlu,
         };
-        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
+        let (routing, shared_expert_ffn) = if latent {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
             // gating with its max-scored groups is another router.
             let gating = g.uint(&key("expert_gating_func")).unwrap_or(1);
             if gating != 2 {
                 return Err(EngineError::Unsupported {
-                    what: format!("deepseek2 expert gating function {gating}"),
+                    what: format!("{arch_name} expert gating function {gating}"),
                     hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
                 });
             }
@@ -315,7 +350,9 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
             // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
             rope_style: match architecture {
-                Architecture::Llama | Architecture::Mixtral | Architecture::DeepseekV3 => RopeStyle::Interleaved,
+                Architecture::Llama | Architecture::Mixtral | Architecture::DeepseekV3 | Architecture::KimiLinear => {
+                    RopeStyle::Interleaved
+                }
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::GptOss => RopeStyle::HalfSplit,
             },
             rope_scaling,
@@ -325,6 +362,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         },
         moe,
         moe_layers: Vec::new(),
+        kda,
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
     })
@@ -333,7 +371,19 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
 fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let c = h.config();
     let path = h.dir().join("config.json");
-    let get = |k: &str| c.get(k).filter(|v| !v.is_null());
+    // Kimi Linear's checkpoints spell some keys their own way (transformers'
+    // `KimiLinearConfig.attribute_map`); either spelling is read.
+    let get = |k: &str| {
+        let alias = match k {
+            "max_position_embeddings" => Some("model_max_length"),
+            "norm_topk_prob" => Some("moe_renormalize"),
+            "n_group" => Some("num_expert_group"),
+            "num_experts_per_tok" => Some("num_experts_per_token"),
+            "n_shared_experts" => Some("num_shared_experts"),
+            _ => None,
+        };
+        c.get(k).filter(|v| !v.is_null()).or_else(|| alias.and_then(|a| c.get(a)).filter(|v| !v.is_null()))
+    };
     let uint = |k: &str| get(k).and_then(Json::as_u64).map(|v| v as usize);
     let need = |k: &str| {
         uint(k).ok_or_else(|| EngineError::BadConfig {
@@ -351,6 +401,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout; any
         // other name that declares DeepSeek-V3's class is taken as it.
         "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
+        "kimi_linear" => Architecture::KimiLinear,
         _ if get("architectures")
             .and_then(Json::as_array)
             .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
@@ -366,7 +417,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let rope = get("rope_parameters");
     let rope_theta =
         rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
-    let rope_scaling = yarn_from_hf(c, &path)?;
+    // Kimi Linear has no position encoding at all (transformers removes its rope settings).
+    let rope_scaling = if architecture == Architecture::KimiLinear { None } else { yarn_from_hf(c, &path)? };
     // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
     // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
     let window = uint("sliding_window").filter(|w| *w > 0);
@@ -378,7 +430,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 let from = uint("max_window_layers").unwrap_or(0);
                 window.filter(|_| on && l >= from)
             }
-            Architecture::Llama | Architecture::DeepseekV3 => None,
+            Architecture::Llama | Architecture::DeepseekV3 | Architecture::KimiLinear => None,
             // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
             // sliding first.
             Architecture::GptOss => {
@@ -394,7 +446,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         let top_k = need("num_experts_per_tok")?;
         let normalize = match architecture {
             Architecture::Mixtral => true,
-            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(false),
+            // KimiLinearConfig's default renormalizes; the others' do not.
+            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(architecture == Architecture::KimiLinear),
         };
         let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
         let activation = match architecture {
@@ -404,43 +457,53 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             },
             _ => Activation::SwiGlu,
         };
-        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV3 {
-            // transformers `DeepseekV3TopkRouter`; the shared experts are one DeepseekV3MLP of
-            // moe_intermediate_size · n_shared_experts.
-            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sigmoid");
-            if scoring != "sigmoid" {
-                return Err(EngineError::Unsupported {
-                    what: format!("deepseek_v3 scoring_func `{scoring}`"),
-                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
-                });
-            }
-            let routing = Routing::GroupedSigmoid {
-                top_k,
-                groups: uint("n_group").unwrap_or(1).max(1),
-                top_groups: uint("topk_group").unwrap_or(1).max(1),
-                normalize,
-                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+        let (routing, shared_expert_ffn) =
+            if matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear) {
+                // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`, the same); the
+                // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
+                // Kimi's checkpoints name the scoring `moe_router_activation_func`.
+                let scoring = get("scoring_func")
+                    .or_else(|| get("moe_router_activation_func"))
+                    .and_then(Json::as_str)
+                    .unwrap_or("sigmoid");
+                if scoring != "sigmoid" {
+                    return Err(EngineError::Unsupported {
+                        what: format!("{model_type} scoring function `{scoring}`"),
+                        hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
+                    });
+                }
+                let routing = Routing::GroupedSigmoid {
+                    top_k,
+                    groups: uint("n_group").unwrap_or(1).max(1),
+                    top_groups: uint("topk_group").unwrap_or(1).max(1),
+                    normalize,
+                    scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+                };
+                (routing, Some(uint("n_shared_experts").unwrap_or(0) * expert_ffn).filter(|v| *v > 0))
+            } else {
+                let routing = match architecture {
+                    Architecture::GptOss => Routing::TopKSoftmax { top_k },
+                    _ => Routing::SoftmaxTopK { top_k, normalize },
+                };
+                (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
             };
-            (routing, Some(uint("n_shared_experts").unwrap_or(0) * expert_ffn).filter(|v| *v > 0))
-        } else {
-            let routing = match architecture {
-                Architecture::GptOss => Routing::TopKSoftmax { top_k },
-                _ => Routing::SoftmaxTopK { top_k, normalize },
-            };
-            (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
-        };
         Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation })
     } else {
         None
     };
     let mla = match architecture {
-        Architecture::DeepseekV3 => Some(MlaSpec {
+        Architecture::DeepseekV3 | Architecture::KimiLinear => Some(MlaSpec {
             q_lora_rank: uint("q_lora_rank"),
             kv_lora_rank: need("kv_lora_rank")?,
             qk_nope_head_dim: need("qk_nope_head_dim")?,
             qk_rope_head_dim: need("qk_rope_head_dim")?,
             v_head_dim: need("v_head_dim")?,
+            nope: architecture == Architecture::KimiLinear,
         }),
+        _ => None,
+    };
+    let kda = match architecture {
+        Architecture::KimiLinear => Some(kda_from_hf(c, &path, layers)?),
         _ => None,
     };
     let generation = crate::format::read_json_opt(&h.dir().join("generation_config.json"));
@@ -485,8 +548,112 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         },
         moe,
         moe_layers: Vec::new(),
+        kda,
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
+    })
+}
+
+/// Kimi Linear's layer kinds and KDA widths, with transformers' `KimiLinearConfig` precedence:
+/// `layer_types` (`linear_attention` / `full_attention`), else the checkpoint's
+/// `linear_attn_config` lists (`kda_layers`, `full_attn_layers`, numbered from 1), else every
+/// 4th layer after the first full. Widths from `linear_attn_config` or the flat `linear_*` keys.
+fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpec> {
+    let bad = |reason: String| EngineError::BadConfig { path: path.to_path_buf(), reason };
+    let lin = c.get("linear_attn_config").filter(|v| v.is_object());
+    let width = |nested: &str, flat: &str, default: u64| -> Result<usize> {
+        let v = lin.and_then(|l| l.get(nested)).or_else(|| c.get(flat)).filter(|v| !v.is_null());
+        match v {
+            None => Ok(default as usize),
+            Some(v) => v.as_u64().filter(|n| *n > 0).map(|n| n as usize).ok_or_else(|| {
+                bad(format!("`linear_attn_config.{nested}` (or `{flat}`) is {v}, not a positive number"))
+            }),
+        }
+    };
+    let (heads, head_dim) = (width("num_heads", "linear_num_heads", 32)?, width("head_dim", "linear_head_dim", 128)?);
+    let conv_kernel = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
+    let kda_layers: Vec<usize> = if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
+        let types = types.as_array().ok_or_else(|| bad("`layer_types` is not a list".into()))?;
+        if types.len() != layers {
+            return Err(bad(format!("`layer_types` names {} layers, `num_hidden_layers` is {layers}", types.len())));
+        }
+        let mut kda = Vec::new();
+        for (l, t) in types.iter().enumerate() {
+            match t.as_str() {
+                Some("linear_attention") => kda.push(l),
+                Some("full_attention") => {}
+                _ => {
+                    return Err(bad(format!(
+                        "layer {l}'s kind {t} in `layer_types` is not one nightmail runs \
+                         (`linear_attention` or `full_attention`)"
+                    )));
+                }
+            }
+        }
+        kda
+    } else if let Some((kda, full)) =
+        lin.and_then(|l| Some((l.get("kda_layers")?.as_array()?, l.get("full_attn_layers")?.as_array()?)))
+    {
+        let mut kind: Vec<Option<bool>> = vec![None; layers];
+        for (list, is_kda, key) in [(full, false, "full_attn_layers"), (kda, true, "kda_layers")] {
+            for n in list {
+                match n.as_u64().map(|n| n as usize) {
+                    Some(n) if (1..=layers).contains(&n) => kind[n - 1] = Some(is_kda),
+                    _ => {
+                        return Err(bad(format!(
+                            "`linear_attn_config.{key}` names layer {n}: layers are numbered 1 to {layers}"
+                        )));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (l, k) in kind.iter().enumerate() {
+            match k {
+                Some(true) => out.push(l),
+                Some(false) => {}
+                None => {
+                    return Err(bad(format!(
+                        "layer {} is in neither `linear_attn_config.kda_layers` nor `full_attn_layers`",
+                        l + 1
+                    )));
+                }
+            }
+        }
+        out
+    } else {
+        (0..layers).filter(|i| !(*i > 0 && i % 4 == 0)).collect()
+    };
+    // transformers' KimiLinearAttention never rotates; a checkpoint asking for rotary MLA is
+    // something its reference does not run.
+    if c.get("mla_use_nope").and_then(Json::as_bool) == Some(false) {
+        return Err(EngineError::Unsupported {
+            what: "Kimi Linear with `mla_use_nope: false`".into(),
+            hint: "its reference (transformers' KimiLinearAttention) applies no rotary encoding".into(),
+        });
+    }
+    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers })
+}
+
+/// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
+/// `attention.head_count_kv` that is 0 for a KDA layer, `kda.head_dim`, `ssm.conv_kernel`; the
+/// KDA heads are the attention heads (llama.cpp's kimi-linear sizes them by `n_head`).
+fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Result<KdaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let kv = key("attention.head_count_kv");
+    let per_layer = match g.value(&kv) {
+        Some(candle_core::quantized::gguf_file::Value::Array(a)) if a.len() == layers => {
+            a.iter().map(crate::format::gguf_value_as_u64).collect::<Option<Vec<u64>>>()
+        }
+        _ => None,
+    };
+    let per_layer = per_layer.ok_or_else(|| missing(&format!("{kv} (one entry per layer, 0 for a KDA layer)")))?;
+    Ok(KdaSpec {
+        heads,
+        head_dim: need("kda.head_dim")?,
+        conv_kernel: need("ssm.conv_kernel")?,
+        layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
     })
 }
 
@@ -512,6 +679,7 @@ fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
         qk_nope_head_dim: k_len - rope,
         qk_rope_head_dim: rope,
         v_head_dim: v_len,
+        nope: false,
     })
 }
 
@@ -625,6 +793,86 @@ mod tests {
             assert_eq!((moe.experts, moe.expert_ffn), (4, 64), "{at}");
             assert_eq!(s.moe_layers, vec![true, true], "{at}");
         }
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    #[test]
+    fn kimi_linear_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        // config.json as transformers saves it (`layer_types`, `linear_attn_config`, Kimi's key
+        // spellings); the GGUF as llama.cpp's converter writes it (zeros in head_count_kv).
+        for path in [fixture("kimi_linear"), fixture("kimi_linear/model.gguf")] {
+            let at = path.display();
+            let s = ModelSpec::read(&Checkpoint::open(&path).unwrap()).unwrap();
+            assert_eq!(s.architecture, Architecture::KimiLinear, "{at}");
+            let kda = s.kda.as_ref().expect("KDA layers");
+            assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (4, 8, 4, &[0, 1, 3][..]), "{at}");
+            assert!(s.is_kda(0) && !s.is_kda(2), "{at}");
+            let mla = s.attention.mla.expect("latent attention");
+            assert!(mla.nope && mla.q_lora_rank.is_none(), "{at}");
+            let widths = (mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim);
+            assert_eq!(widths, (16, 16, 8, 16), "{at}");
+            assert_eq!((s.attention.heads, s.attention.kv_heads, s.attention.rope_scaling), (4, 1, None), "{at}");
+            assert_eq!((s.context_length, s.ffn), (1048576, 64), "{at}: model_max_length, intermediate_size");
+            let moe = s.moe.expect("experts");
+            let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
+            assert_eq!(
+                (moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn),
+                (8, routing, 16, Some(16)),
+                "{at}"
+            );
+            assert_eq!(s.moe_layers, vec![false, true, true, true], "{at}: the first layer is dense");
+        }
+    }
+
+    fn kda_of(config: &str) -> Result<KdaSpec> {
+        kda_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("/m/config.json"), 4)
+    }
+
+    #[test]
+    fn kda_layers_come_from_the_checkpoints_1_based_lists_or_transformers_default() {
+        // Kimi-Linear-48B's own config.json has only linear_attn_config, numbered from 1.
+        let k = kda_of(
+            r#"{"linear_attn_config": {"kda_layers": [1, 3, 4], "full_attn_layers": [2], "num_heads": 2,
+               "head_dim": 8, "short_conv_kernel_size": 3}}"#,
+        )
+        .unwrap();
+        assert_eq!(k, KdaSpec { heads: 2, head_dim: 8, conv_kernel: 3, layers: vec![0, 2, 3] });
+        // Neither: every 4th layer after the first is full attention (KimiLinearConfig).
+        let k = kda_of(r#"{"linear_num_heads": 2, "linear_head_dim": 8}"#).unwrap();
+        assert_eq!(k.layers, vec![0, 1, 2, 3]);
+        let k = kda_from_hf(&serde_json::json!({}), std::path::Path::new("c"), 9).unwrap();
+        assert_eq!((k.heads, k.head_dim, k.conv_kernel, k.layers), (32, 128, 4, vec![0, 1, 2, 3, 5, 6, 7]));
+    }
+
+    #[test]
+    fn an_unknown_layer_kind_or_a_layer_of_no_kind_is_refused_naming_the_config() {
+        let err = kda_of(r#"{"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 1") && err.contains("\"mamba\""), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [4]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 3 is in neither"), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [5]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names layer 5"), "{err}");
+        let err = kda_of(r#"{"mla_use_nope": false}"#).unwrap_err().to_string();
+        assert!(err.contains("mla_use_nope"), "{err}");
+        // And through a whole load: the fixture with one layer renamed to an unknown kind.
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["model.safetensors", "config.json"] {
+            std::fs::copy(fixture("kimi_linear").join(f), dir.path().join(f)).unwrap();
+        }
+        let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let config = config.replacen("\"full_attention\"", "\"sliding_attention\"", 1);
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let err = crate::Model::load(dir.path()).err().expect("an unknown layer kind").to_string();
+        assert!(err.contains("config.json") && err.contains("sliding_attention"), "{err}");
     }
 
     fn yarn(config: &str) -> Option<Yarn> {

@@ -1,6 +1,6 @@
 //! Synthetic mixture-of-experts models: random weights in a real layout (llama.cpp's GGUF
-//! `qwen3moe`, or `deepseek2` as its converter writes DeepSeek-V3), of any size, for streaming
-//! benchmarks.
+//! `qwen3moe`, `deepseek2` as its converter writes DeepSeek-V3, or `kimi-linear` as it writes
+//! Kimi Linear), of any size, for streaming benchmarks.
 //!
 //! Random quantized bytes must decode to values symmetric around zero: uniform nibbles would
 //! make Q4_0 weights average −0.5·d, every router logit would share that bias, and routing would
@@ -27,6 +27,8 @@ use crate::format::{GgufFile, WeightDType};
 pub enum SynthArch {
     Qwen3Moe,
     DeepseekV3,
+    /// Kimi Linear: three KDA layers to one NoPE latent-attention layer, DeepSeek-V3's MoE.
+    KimiLinear,
 }
 
 impl std::str::FromStr for SynthArch {
@@ -35,7 +37,8 @@ impl std::str::FromStr for SynthArch {
         match s {
             "qwen3_moe" => Ok(SynthArch::Qwen3Moe),
             "deepseek_v3" => Ok(SynthArch::DeepseekV3),
-            other => Err(format!("unknown architecture `{other}`: use qwen3_moe or deepseek_v3")),
+            "kimi_linear" => Ok(SynthArch::KimiLinear),
+            other => Err(format!("unknown architecture `{other}`: use qwen3_moe, deepseek_v3 or kimi_linear")),
         }
     }
 }
@@ -130,6 +133,8 @@ impl Rng {
 #[derive(Clone, Copy)]
 enum Fill {
     Ones,
+    /// Every value this one (KDA's decay and its bias).
+    Constant(f32),
     /// Uniform with this standard deviation.
     Uniform(f32),
 }
@@ -179,6 +184,9 @@ impl LatentShape {
     }
 }
 
+/// Kimi Linear's short convolution (`short_conv_kernel_size`).
+const KDA_CONV_KERNEL: usize = 4;
+
 /// Write the model to `out`.
 pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     let expert_dtype = match spec.dtype {
@@ -201,11 +209,20 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     let arch = match spec.arch {
         SynthArch::Qwen3Moe => "qwen3moe",
         SynthArch::DeepseekV3 => "deepseek2",
+        SynthArch::KimiLinear => "kimi-linear",
     };
-    let latent = LatentShape::new(spec);
-    // DeepSeek-V3 keeps its first layers dense (3 of 61); here the first, when there are more.
+    let mut latent = LatentShape::new(spec);
+    // Kimi Linear: no query latent, and its experts in one group (Kimi-Linear-48B's
+    // num_expert_group 1).
+    if spec.arch == SynthArch::KimiLinear {
+        (latent.q_lora, latent.groups, latent.top_groups) = (0, 1, 1);
+    }
+    // Kimi Linear's layers (from 1) 4, 8, ... are latent attention, the rest KDA.
+    let is_kda = |l: usize| spec.arch == SynthArch::KimiLinear && !(l + 1).is_multiple_of(4);
+    // DeepSeek-V3 keeps its first layers dense (3 of 61), Kimi Linear its first; here the
+    // first, when there are more.
     let dense_layers = match spec.arch {
-        SynthArch::DeepseekV3 if spec.layers > 1 => 1,
+        SynthArch::DeepseekV3 | SynthArch::KimiLinear if spec.layers > 1 => 1,
         _ => 0,
     };
     let mut metadata: Vec<(String, Value)> = Vec::new();
@@ -241,6 +258,24 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         ],
     );
     let l = latent;
+    // DeepSeek-V3's latent widths and routing, which Kimi Linear shares.
+    let latent_keys = |scale: f32| {
+        vec![
+            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
+            (k("attention.value_length"), u32v(l.kv_lora)),
+            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
+            (k("attention.value_length_mla"), u32v(l.v)),
+            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
+            (k("rope.dimension_count"), u32v(l.rope)),
+            (k("leading_dense_block_count"), u32v(dense_layers)),
+            (k("expert_shared_count"), u32v(1)),
+            (k("expert_weights_scale"), Value::F32(scale)),
+            (k("expert_weights_norm"), Value::Bool(true)),
+            (k("expert_gating_func"), u32v(2)),
+            (k("expert_group_count"), u32v(l.groups)),
+            (k("expert_group_used_count"), u32v(l.top_groups)),
+        ]
+    };
     let arch_keys = match spec.arch {
         SynthArch::Qwen3Moe => vec![
             (k("attention.head_count_kv"), u32v(spec.kv_heads)),
@@ -249,23 +284,23 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         ],
         // convert_hf_to_gguf.py DeepseekV2Model: MLA as MQA over the latent, per-head widths in
         // the `_mla` keys; sigmoid routing in groups with DeepSeek-V3's scale and one shared expert.
-        SynthArch::DeepseekV3 => vec![
-            (k("attention.head_count_kv"), u32v(1)),
-            (k("attention.key_length"), u32v(l.kv_lora + l.rope)),
-            (k("attention.value_length"), u32v(l.kv_lora)),
-            (k("attention.key_length_mla"), u32v(l.nope + l.rope)),
-            (k("attention.value_length_mla"), u32v(l.v)),
-            (k("attention.q_lora_rank"), u32v(l.q_lora)),
-            (k("attention.kv_lora_rank"), u32v(l.kv_lora)),
-            (k("rope.dimension_count"), u32v(l.rope)),
-            (k("leading_dense_block_count"), u32v(dense_layers)),
-            (k("expert_shared_count"), u32v(1)),
-            (k("expert_weights_scale"), Value::F32(2.5)),
-            (k("expert_weights_norm"), Value::Bool(true)),
-            (k("expert_gating_func"), u32v(2)),
-            (k("expert_group_count"), u32v(l.groups)),
-            (k("expert_group_used_count"), u32v(l.top_groups)),
-        ],
+        SynthArch::DeepseekV3 => {
+            let mut keys = vec![(k("attention.head_count_kv"), u32v(1)), (k("attention.q_lora_rank"), u32v(l.q_lora))];
+            keys.extend(latent_keys(2.5));
+            keys
+        }
+        // convert_hf_to_gguf.py KimiLinearModel: zeros in head_count_kv mark the KDA layers;
+        // the KDA heads are the attention heads (llama.cpp sizes them so); Kimi's scale 2.446.
+        SynthArch::KimiLinear => {
+            let kv_heads = (0..spec.layers).map(|i| Value::U32(u32::from(!is_kda(i)))).collect();
+            let mut keys = vec![
+                (k("attention.head_count_kv"), Value::Array(kv_heads)),
+                (k("kda.head_dim"), u32v(spec.head_dim)),
+                (k("ssm.conv_kernel"), u32v(KDA_CONV_KERNEL)),
+            ];
+            keys.extend(latent_keys(2.446));
+            keys
+        }
     };
     metadata.extend(arch_keys);
     if spec.tokenizer_from.is_none() {
@@ -296,6 +331,26 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         let b = |n: &str| format!("blk.{l}.{n}");
         add(b("attn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
         match spec.arch {
+            SynthArch::KimiLinear if is_kda(l) => {
+                let (d, w, kernel) = (spec.head_dim, q_dim, KDA_CONV_KERNEL);
+                let f32 = WeightDType::F32;
+                for x in ["q", "k", "v"] {
+                    add(b(&format!("attn_{x}.weight")), f16, &[w, h], Fill::Uniform(inv(h)), false);
+                    let conv = &[1, w, 1, kernel];
+                    add(b(&format!("ssm_conv1d_{x}.weight")), f32, conv, Fill::Uniform(inv(kernel)), false);
+                }
+                add(b("ssm_f_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
+                add(b("ssm_f_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
+                add(b("ssm_beta.weight"), f16, &[spec.heads, h], Fill::Uniform(inv(h)), false);
+                // A = −exp(A_log) at decay rate 1, and a dt bias near fla's initial ones (the
+                // inverse softplus of 0.05): per-token decays of about 0.95.
+                add(b("ssm_a"), f32, &[1, 1, spec.heads, 1], Fill::Constant(-1.0), false);
+                add(b("ssm_dt.bias"), f32, &[w], Fill::Constant(-2.97), false);
+                add(b("ssm_g_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
+                add(b("ssm_g_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
+                add(b("ssm_norm.weight"), f32, &[d], Fill::Ones, false);
+                add(b("attn_output.weight"), f16, &[h, w], Fill::Uniform(attn_out), false);
+            }
             SynthArch::Qwen3Moe => {
                 add(b("attn_q.weight"), f16, &[q_dim, h], Fill::Uniform(inv(h)), false);
                 add(b("attn_k.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
@@ -304,17 +359,17 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
                 add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
             }
-            SynthArch::DeepseekV3 => {
+            // Latent attention: DeepSeek-V3's through a query latent, Kimi Linear's without.
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear => {
                 let (m, heads) = (latent, spec.heads);
-                add(b("attn_q_a.weight"), f16, &[m.q_lora, h], Fill::Uniform(inv(h)), false);
-                add(b("attn_q_a_norm.weight"), WeightDType::F32, &[m.q_lora], Fill::Ones, false);
-                add(
-                    b("attn_q_b.weight"),
-                    f16,
-                    &[heads * (m.nope + m.rope), m.q_lora],
-                    Fill::Uniform(inv(m.q_lora)),
-                    false,
-                );
+                let q = heads * (m.nope + m.rope);
+                if m.q_lora == 0 {
+                    add(b("attn_q.weight"), f16, &[q, h], Fill::Uniform(inv(h)), false);
+                } else {
+                    add(b("attn_q_a.weight"), f16, &[m.q_lora, h], Fill::Uniform(inv(h)), false);
+                    add(b("attn_q_a_norm.weight"), WeightDType::F32, &[m.q_lora], Fill::Ones, false);
+                    add(b("attn_q_b.weight"), f16, &[q, m.q_lora], Fill::Uniform(inv(m.q_lora)), false);
+                }
                 add(b("attn_kv_a_mqa.weight"), f16, &[m.kv_lora + m.rope, h], Fill::Uniform(inv(h)), false);
                 add(b("attn_kv_a_norm.weight"), WeightDType::F32, &[m.kv_lora], Fill::Ones, false);
                 add(b("attn_k_b.weight"), f16, &[heads, m.kv_lora, m.nope], Fill::Uniform(inv(m.kv_lora)), false);
@@ -331,7 +386,7 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
             continue;
         }
         add(b("ffn_gate_inp.weight"), WeightDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
-        if spec.arch == SynthArch::DeepseekV3 {
+        if spec.arch != SynthArch::Qwen3Moe {
             // A correction bias about as large as trained ones (DeepSeek-V3's are ~0.1 of its
             // sigmoid scores' spread), and the shared expert.
             add(b("exp_probs_b.bias"), WeightDType::F32, &[e], Fill::Uniform(0.02), false);
@@ -393,13 +448,14 @@ fn write_tensor(p: &Planned, seed: u64, index: u64, w: &mut dyn Write) -> std::i
 
 fn random_rows(dtype: WeightDType, fill: Fill, elems: usize, rng: &mut Rng) -> Vec<u8> {
     let sigma = match fill {
-        Fill::Ones => 0.0,
+        Fill::Ones | Fill::Constant(_) => 0.0,
         Fill::Uniform(s) => s,
     };
     // Uniform on [−a, a] has standard deviation a/√3.
     let a = sigma * 3f32.sqrt();
     let mut uniform = || match fill {
         Fill::Ones => 1.0,
+        Fill::Constant(v) => v,
         Fill::Uniform(_) => (rng.unit() * 2.0 - 1.0) * a,
     };
     let dtype = match dtype {
@@ -554,5 +610,25 @@ mod tests {
         let sd = (w.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
         assert!(mean.abs() < 0.02 * sd, "mean {mean} for deviation {sd}");
         assert!(sd > sigma as f64 / 2f64.sqrt() * 0.95 && sd < sigma as f64 * 2f64.sqrt() * 1.05, "deviation {sd}");
+    }
+
+    #[test]
+    fn a_kimi_linear_is_written_in_the_kimi_linear_layout_loaded_and_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("kimi.gguf");
+        synth(&SynthSpec { layers: 5, ..tiny(SynthDtype::Q4_0, SynthArch::KimiLinear) }, &out).unwrap();
+        let info = crate::inspect(&out).unwrap();
+        assert_eq!(info.spec.architecture, crate::Architecture::KimiLinear);
+        let kda = info.spec.kda.as_ref().expect("KDA layers");
+        assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (1, 64, 4, &[0, 1, 2, 4][..]));
+        assert_eq!(info.spec.moe_layers, vec![false, true, true, true, true], "the first layer is dense");
+        let mla = info.spec.attention.mla.expect("latent attention");
+        assert!(mla.nope && mla.q_lora_rank.is_none());
+        let model = crate::Model::load(&out).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
+        let next = model.logits(&[4], &mut cache).unwrap();
+        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
     }
 }

@@ -118,6 +118,13 @@ fn sliding_window_and_sink_sequences_decoded_together_get_what_they_get_alone() 
     same_tokens_together_as_alone("gpt_oss");
 }
 
+#[test]
+fn kda_sequences_decoded_together_each_keep_their_own_recurrent_state() {
+    // kimi_linear: each sequence's KDA state and convolution tail are its own; the 40-token
+    // prompt joins 32 tokens at a time, so its second chunk starts from the first's state.
+    same_tokens_together_as_alone("kimi_linear");
+}
+
 /// A fixture's four sequences decoded together: each gets its tokens alone, logits within 1e-5.
 fn same_tokens_together_as_alone(fixture: &str) {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);

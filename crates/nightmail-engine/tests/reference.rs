@@ -76,7 +76,9 @@ macro_rules! reference_tests {
     )*};
 }
 
-reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss);
+// kimi_linear: KDA layers (a 72-token prompt, so transformers' chunked prefill crosses a chunk
+// boundary, then recurrent decoding) around a NoPE latent-attention layer.
+reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
 
 /// gpt_oss with MXFP4 experts (gpt-oss's `_blocks`/`_scales` pairs) and its twin, the same model
 /// with those experts dequantized to F32 by transformers' `convert_moe_packed_tensors`.

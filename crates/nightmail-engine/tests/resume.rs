@@ -97,6 +97,35 @@ fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
 }
 
 #[test]
+fn a_recurrent_kda_state_checkpoints_and_resumes_identically() {
+    // kimi_linear: three KDA layers whose state (convolution tail and delta-rule state) is
+    // replaced, not appended, by each record, beside a latent-attention layer's rows.
+    for path in ["kimi_linear", "kimi_linear/model.gguf"] {
+        let model = Model::load(fixture(path)).unwrap();
+        check_resumes_identically(&model, Sampling::greedy());
+        check_resumes_identically(&model, sampled());
+    }
+    // A checkpoint at every token: the replaced states soon outweigh the rest and the file is
+    // compacted to one record, from which the generation resumes as well.
+    let model = Model::load(fixture("kimi_linear")).unwrap();
+    let want = uninterrupted(&model, Sampling::greedy());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.ckpt");
+    run_until_crash(&model, Sampling::greedy(), &path, 1, &[1]);
+    let one = std::fs::metadata(&path).unwrap().len();
+    std::fs::remove_file(&path).unwrap();
+    let every: Vec<usize> = (1..=24).collect();
+    let (_, ran) = run_until_crash(&model, Sampling::greedy(), &path, 10, &every);
+    assert_eq!(ran, want[..10]);
+    let (restored, ran) = run_until_crash(&model, Sampling::greedy(), &path, 5, &every);
+    assert_eq!((restored.len(), &ran[..]), (10, &want[10..15]));
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len < 6 * one, "15 checkpoints kept in {len} bytes; the first alone took {one}");
+    let (restored, ran) = run_until_crash(&model, Sampling::greedy(), &path, 100, &[]);
+    assert_eq!((restored, &ran[..]), (want[..15].iter().map(|s| s.0).collect(), &want[15..]));
+}
+
+#[test]
 fn a_sliding_window_model_with_sinks_checkpoints_and_resumes_identically() {
     // gpt_oss: the 24 positions run past its window of 5 on the sliding layers.
     for path in ["gpt_oss", "gpt_oss/model.gguf"] {

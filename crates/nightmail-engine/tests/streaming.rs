@@ -83,7 +83,8 @@ macro_rules! streaming_tests {
     )*};
 }
 
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3);
+// kimi_linear's routed experts stream while its KDA layers keep their recurrent state.
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.

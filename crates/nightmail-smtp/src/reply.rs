@@ -70,6 +70,10 @@ pub const RELAY_NULL_SENDER: Reply = Reply::new(
 );
 pub const TOO_MANY_RECIPIENTS: Reply = Reply::new(452, [4, 5, 3], "Too many recipients");
 pub const TOO_BIG: Reply = Reply::new(552, [5, 3, 4], "Message size exceeds the fixed maximum message size");
+/// RFC 3463 §3.4 X.3.1 "mail system full", with RFC 5321's 452 (insufficient system storage):
+/// temporary, so the client keeps the message and retries.
+pub const STORAGE_FULL: Reply =
+    Reply::new(452, [4, 3, 1], "Insufficient system storage: the disk is nearly full; try again later");
 pub const STORE_FAILED: Reply = Reply::new(451, [4, 3, 0], "Could not store the message; try again later");
 pub const TIMEOUT: Reply = Reply::new(421, [4, 4, 2], "Timeout: closing connection");
 pub const TOO_MANY_ERRORS: Reply = Reply::new(421, [4, 7, 0], "Too many errors: closing connection");

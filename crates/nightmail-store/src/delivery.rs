@@ -8,7 +8,7 @@ use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::outbound::{Outbound, OutboundId, OutboundState};
-use crate::queue::{Job, JobState, write_job};
+use crate::queue::{Job, Origin, write_job};
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
 
@@ -41,6 +41,44 @@ pub struct Summary {
     pub from: String,
     pub subject: String,
     pub message_id: String,
+}
+
+impl Summary {
+    /// From, Subject and Message-ID as the header gives them, for a message filed over IMAP.
+    /// mail-parser runs behind `catch_unwind` (it has panicked on crafted input, mail-parser
+    /// #145): a panic costs the summary, never the server. `None` when the bytes hold no header
+    /// field at all, so are no RFC 5322 message.
+    pub fn read(raw: &[u8]) -> Option<Summary> {
+        std::panic::catch_unwind(|| {
+            let message = mail_parser::MessageParser::new().parse_headers(raw)?;
+            // RFC 5322 §2.2: a field name is printable ASCII without spaces or colons; a line of
+            // text that mail-parser reads as a nameless header is no header at all.
+            let field = |name: &str| !name.is_empty() && name.bytes().all(|b| (33..=126).contains(&b) && b != b':');
+            if !message.headers().iter().any(|h| field(h.name())) {
+                return None;
+            }
+            let from = message
+                .from()
+                .and_then(|a| a.first())
+                .map(|a| match (a.name(), a.address()) {
+                    (Some(name), Some(addr)) => format!("{name} <{addr}>"),
+                    (None, Some(addr)) => addr.to_string(),
+                    (Some(name), None) => name.to_string(),
+                    (None, None) => String::new(),
+                })
+                .unwrap_or_default();
+            Some(Summary {
+                from,
+                subject: message.subject().unwrap_or_default().to_string(),
+                message_id: message
+                    .message_id()
+                    .filter(|id| !id.trim().is_empty())
+                    .map(|id| format!("<{}>", id.trim()))
+                    .unwrap_or_default(),
+            })
+        })
+        .unwrap_or_else(|_| Some(Summary::default()))
+    }
 }
 
 /// A message to store: accepted by SMTP, or written by the worker.
@@ -121,18 +159,33 @@ fn dedupe_key(sender: Option<&Address>, recipient: &Address, dedupe_id: &str) ->
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
 
-/// Adds `reference` to the copies of `message_id` in the index.
-pub(crate) fn index_message_id(tx: &Tx<'_>, message_id: &str, reference: MessageRef) -> TxResult<()> {
+/// Adds `reference` to the copies of `message_id` in the index; a copy already there gains the
+/// participants it lacked (a user filing a message over IMAP has taken part in it).
+pub(crate) fn index_message_id<E: From<StoreError>>(
+    message_ids: &sled::transaction::TransactionalTree,
+    message_id: &str,
+    reference: MessageRef,
+) -> Result<(), ConflictableTransactionError<E>> {
     if message_id.is_empty() {
         return Ok(());
     }
-    let mut refs: Vec<MessageRef> = match tx.message_ids.get(message_id.as_bytes())? {
-        Some(v) => decode(MESSAGE_IDS, &v).map_err(ConflictableTransactionError::Abort)?,
+    let mut refs: Vec<MessageRef> = match message_ids.get(message_id.as_bytes())? {
+        Some(v) => decode(MESSAGE_IDS, &v).map_err(|e| ConflictableTransactionError::Abort(e.into()))?,
         None => Vec::new(),
     };
-    if !refs.iter().any(|r| r.key == reference.key) {
-        refs.push(reference);
-        tx.message_ids.insert(message_id.as_bytes(), encode(&refs))?;
+    let before = refs.clone();
+    match refs.iter_mut().find(|r| r.key == reference.key) {
+        Some(known) => {
+            for p in reference.participants {
+                if !known.participants.contains(&p) {
+                    known.participants.push(p);
+                }
+            }
+        }
+        None => refs.push(reference),
+    }
+    if refs != before {
+        message_ids.insert(message_id.as_bytes(), encode(&refs))?;
     }
     Ok(())
 }
@@ -169,24 +222,16 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                 Made::Mail(mailbox_id, uid)
             }
             Recipient::Model { address, via } => {
-                let job = Job {
-                    id: JobId(id),
-                    model: address.clone(),
-                    message: message_key,
-                    sender: incoming.sender.clone(),
-                    from: incoming.summary.from.clone(),
-                    subject: incoming.summary.subject.clone(),
-                    message_id: incoming.summary.message_id.clone(),
-                    created_at: now,
-                    attempts: 0,
-                    state: JobState::Queued { not_before: now },
-                    progress: None,
-                    reply: None,
-                    started_at: None,
-                    triaged: false,
-                    ack: None,
-                    via: via.clone(),
-                };
+                let mut job = Job::queued(
+                    JobId(id),
+                    address.clone(),
+                    message_key,
+                    incoming.sender.clone(),
+                    &incoming.summary,
+                    Origin::Mail,
+                    now,
+                );
+                job.via = via.clone();
                 write_job(tx.jobs, tx.queue, None, &job)?;
                 receipt.jobs.push(job.id);
                 Made::Job(job.id)
@@ -218,7 +263,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
         let mut participants: Vec<Address> = incoming.sender.iter().cloned().collect();
         participants.extend(incoming.recipients.iter().map(|r| r.address().clone()));
         participants.dedup();
-        index_message_id(tx, &incoming.summary.message_id, MessageRef { key: message_key, participants })?;
+        index_message_id(tx.message_ids, &incoming.summary.message_id, MessageRef { key: message_key, participants })?;
     }
     Ok(receipt)
 }
@@ -236,7 +281,8 @@ impl Store {
     }
 
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
-    /// mailbox copies, its jobs and its outbound entries are on disk.
+    /// mailbox copies, its jobs and its outbound entries are on disk. While the disk is short of
+    /// space it writes nothing and returns [`StoreError::Full`] (see `space.rs`).
     pub async fn deliver(&self, incoming: &Incoming) -> Result<Receipt, StoreError> {
         self.deliver_at(incoming, Timestamp::now()).await
     }
@@ -244,6 +290,7 @@ impl Store {
     /// [`Store::deliver`] as if at `now` (tests of expiring marks).
     #[doc(hidden)]
     pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
+        self.ensure_room(incoming.raw.len() as u64)?;
         let ids = self.recipient_ids(incoming)?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;

@@ -9,6 +9,10 @@ pub enum StoreError {
     Locked { path: PathBuf },
     #[error("{path}: {message}")]
     Io { path: PathBuf, message: String },
+    #[error(
+        "the disk holding {path} is nearly full ({free} bytes free; new mail needs {needed}): free some space, and senders will retry"
+    )]
+    Full { path: PathBuf, free: u64, needed: u64 },
     #[error("storage engine error: {0}")]
     Engine(String),
     #[error("the store holds a corrupt record in {tree}: {message}")]

@@ -15,6 +15,7 @@ mod changes;
 mod delivery;
 mod durable;
 mod error;
+mod filing;
 mod ids;
 mod mail_ops;
 mod mailbox;
@@ -23,6 +24,7 @@ mod outbound;
 mod queue;
 mod refs;
 mod schema;
+mod space;
 
 #[path = "../../../migrations/mod.rs"]
 mod migrations;
@@ -34,13 +36,15 @@ pub use bridge::BridgeState;
 pub use changes::MailboxChange;
 pub use delivery::{DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, stable_digest};
 pub use error::StoreError;
+pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
-pub use queue::{Finish, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy};
+pub use queue::{Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
+pub use space::MIN_FREE_BYTES;
 
 /// The open store. Cheap to clone: clones share one database.
 #[derive(Clone)]

@@ -12,12 +12,14 @@ use nightmail_types::Timestamp;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
+use crate::filing::{Filing, file_in};
+
 use crate::ids::mail_key;
 use crate::mailbox::MailEntry;
 use crate::mailbox_ops::MailboxOpError;
 use crate::refs::{RefTrees, hold};
-use crate::schema::{MAIL, MAILBOXES, decode, encode};
-use crate::{MailboxId, MailboxInfo, Store, Uid};
+use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
+use crate::{JobId, MailboxId, MailboxInfo, Store, StoreError, Uid};
 
 /// The flag IMAP sets on mail new to the first session that selects its mailbox (RFC 3501 §2.3.2).
 const RECENT: &str = "\\Recent";
@@ -43,6 +45,8 @@ pub struct FlagChange {
 pub struct Copied {
     pub uid_validity: u32,
     pub pairs: Vec<(Uid, Uid)>,
+    /// The jobs made when the destination is an Ask folder, one per message.
+    pub jobs: Vec<JobId>,
 }
 
 /// What APPEND made (RFC 4315 §3 APPENDUID).
@@ -50,6 +54,8 @@ pub struct Copied {
 pub struct Appended {
     pub uid_validity: u32,
     pub uid: Uid,
+    /// The job made when the mailbox is an Ask folder.
+    pub job: Option<JobId>,
 }
 
 type Abort = ConflictableTransactionError<MailboxOpError>;
@@ -75,6 +81,31 @@ fn has(flags: &[String], flag: &str) -> bool {
     flags.iter().any(|f| f.eq_ignore_ascii_case(flag))
 }
 
+/// Whether a transfer keeps the originals (COPY: one more holder each) or removes them (MOVE).
+#[derive(Clone, Copy)]
+enum Transfer {
+    Copy,
+    Move,
+}
+
+/// Files each of `entries` (see [`Filing`]); returns the jobs made, one per entry for an Ask folder.
+fn file_all(
+    tx: &Tx<'_>,
+    filing: Option<&Filing<'_>>,
+    entries: &[MailEntry],
+    ids: &[JobId],
+    now: Timestamp,
+) -> Result<Vec<JobId>, Abort> {
+    let Some(filing) = filing else { return Ok(Vec::new()) };
+    let mut jobs = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        // `ids` is empty unless the folder asks, and then holds one id per entry.
+        let id = ids.get(i).copied().unwrap_or(JobId(0));
+        jobs.extend(file_in(tx, filing, entry.message, id, now)?);
+    }
+    Ok(jobs)
+}
+
 /// Puts `entries` into mailbox `to`, each under the next UID, marked `\Recent`.
 fn put_copies(
     mailboxes: &TransactionalTree,
@@ -83,7 +114,8 @@ fn put_copies(
     entries: &[MailEntry],
 ) -> Result<Copied, Abort> {
     let mut dest = read_mailbox(mailboxes, to)?;
-    let mut copied = Copied { uid_validity: dest.uid_validity, pairs: Vec::with_capacity(entries.len()) };
+    let mut copied =
+        Copied { uid_validity: dest.uid_validity, pairs: Vec::with_capacity(entries.len()), jobs: Vec::new() };
     for entry in entries {
         let uid = dest.uid_next;
         dest.uid_next = Uid(uid.0 + 1);
@@ -192,72 +224,103 @@ impl Store {
         Ok(removed)
     }
 
+    /// Fresh job ids, one per message that filing into an Ask folder may ask about. Taken outside
+    /// the transaction, which may run more than once; unused ids are skipped.
+    fn job_ids(&self, filing: Option<&Filing<'_>>, n: usize) -> Result<Vec<JobId>, StoreError> {
+        let asks = filing.is_some_and(|f| f.ask.is_some());
+        (0..if asks { n } else { 0 }).map(|_| Ok(JobId(self.db.generate_id()?))).collect()
+    }
+
     /// COPY: copies the messages `uids` (those that still exist) into `to`, sharing their bytes.
-    pub async fn copy_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
-        let t = &self.trees;
-        let copied = (&t.mailboxes, &t.mail, &t.message_refs).transaction(|(mailboxes, mail, refs)| {
-            read_mailbox(mailboxes, from)?;
-            let mut entries = Vec::with_capacity(uids.len());
-            for &uid in uids {
-                entries.extend(read_entry(mail, from, uid)?);
-            }
-            for entry in &entries {
-                hold(refs, entry.message, 1, "")?;
-            }
-            put_copies(mailboxes, mail, to, &entries)
-        })?;
-        self.flush().await?;
+    /// With `filing`, each copy is filed by that user (see [`Filing`]): indexed, and asked about
+    /// if `to` is an Ask folder, in the same transaction.
+    pub async fn copy_mail(
+        &self,
+        from: MailboxId,
+        uids: &[Uid],
+        to: MailboxId,
+        filing: Option<&Filing<'_>>,
+    ) -> Result<Copied, MailboxOpError> {
+        let copied = self.transfer(from, uids, to, filing, Transfer::Copy).await?;
         self.notify(to);
         Ok(copied)
     }
 
     /// MOVE (RFC 6851 §3.1): COPY then EXPUNGE of the originals, as one atomic step, so no other
     /// session ever sees the message in both mailboxes or in neither. Each message keeps its
-    /// holder count: one entry goes, one comes.
-    pub async fn move_mail(&self, from: MailboxId, uids: &[Uid], to: MailboxId) -> Result<Copied, MailboxOpError> {
-        let t = &self.trees;
-        let copied = (&t.mailboxes, &t.mail).transaction(|(mailboxes, mail)| {
-            read_mailbox(mailboxes, from)?;
-            let mut entries = Vec::with_capacity(uids.len());
-            for &uid in uids {
-                if let Some(entry) = read_entry(mail, from, uid)? {
-                    mail.remove(&mail_key(from, uid)[..])?;
-                    entries.push(entry);
-                }
-            }
-            put_copies(mailboxes, mail, to, &entries)
-        })?;
-        self.flush().await?;
+    /// holder count: one entry goes, one comes. `filing` as for [`Store::copy_mail`].
+    pub async fn move_mail(
+        &self,
+        from: MailboxId,
+        uids: &[Uid],
+        to: MailboxId,
+        filing: Option<&Filing<'_>>,
+    ) -> Result<Copied, MailboxOpError> {
+        let copied = self.transfer(from, uids, to, filing, Transfer::Move).await?;
         self.notify(from);
         self.notify(to);
         Ok(copied)
     }
 
+    /// The one transaction of COPY or MOVE, flushed.
+    async fn transfer(
+        &self,
+        from: MailboxId,
+        uids: &[Uid],
+        to: MailboxId,
+        filing: Option<&Filing<'_>>,
+        how: Transfer,
+    ) -> Result<Copied, MailboxOpError> {
+        let ids = self.job_ids(filing, uids.len())?;
+        let now = Timestamp::now();
+        let copied = self.trees.transaction(|tx| {
+            read_mailbox(tx.mailboxes, from)?;
+            let mut entries = Vec::with_capacity(uids.len());
+            for &uid in uids {
+                let Some(entry) = read_entry(tx.mail, from, uid)? else { continue };
+                match how {
+                    Transfer::Copy => hold(tx.message_refs, entry.message, 1, "")?,
+                    Transfer::Move => {
+                        tx.mail.remove(&mail_key(from, uid)[..])?;
+                    }
+                }
+                entries.push(entry);
+            }
+            let mut copied = put_copies(tx.mailboxes, tx.mail, to, &entries)?;
+            copied.jobs = file_all(tx, filing, &entries, &ids, now)?;
+            Ok(copied)
+        })?;
+        self.flush().await?;
+        Ok(copied)
+    }
+
     /// APPEND: stores `raw` as a new message in `mailbox` with `flags` and `internal_date`.
+    /// `filing` as for [`Store::copy_mail`].
     pub async fn append_mail(
         &self,
         mailbox: MailboxId,
         raw: &[u8],
         flags: Vec<String>,
         internal_date: Timestamp,
+        filing: Option<&Filing<'_>>,
     ) -> Result<Appended, MailboxOpError> {
         let key = self.new_message_key()?;
+        let ids = self.job_ids(filing, 1)?;
+        let now = Timestamp::now();
         let mut flags: Vec<String> = flags.into_iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
         flags.push(RECENT.into());
         let entry = MailEntry { uid: Uid(0), message: key, flags, internal_date, size: raw.len() as u64 };
-        let t = &self.trees;
-        let appended = (&t.messages, &t.mailboxes, &t.mail, &t.message_refs).transaction(
-            |(messages, mailboxes, mail, refs)| {
-                let mut info = read_mailbox(mailboxes, mailbox)?;
-                let uid = info.uid_next;
-                info.uid_next = Uid(uid.0 + 1);
-                messages.insert(&key.to_be_bytes(), raw)?;
-                hold(refs, key, 1, "")?;
-                mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
-                mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
-                Ok(Appended { uid_validity: info.uid_validity, uid })
-            },
-        )?;
+        let appended = self.trees.transaction(|tx| {
+            let mut info = read_mailbox(tx.mailboxes, mailbox)?;
+            let uid = info.uid_next;
+            info.uid_next = Uid(uid.0 + 1);
+            tx.messages.insert(&key.to_be_bytes(), raw)?;
+            hold(tx.message_refs, key, 1, "")?;
+            tx.mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+            tx.mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
+            let job = file_all(tx, filing, std::slice::from_ref(&entry), &ids, now)?.pop();
+            Ok(Appended { uid_validity: info.uid_validity, uid, job })
+        })?;
         self.flush().await?;
         self.notify(mailbox);
         Ok(appended)
@@ -315,8 +378,10 @@ mod tests {
                         tokio::spawn(async move {
                             for i in 0..40 {
                                 let raw = format!("Subject: {w}-{i}\r\n\r\nbody\r\n");
-                                let made =
-                                    store.append_mail(inbox, raw.as_bytes(), vec![], Timestamp::now()).await.unwrap();
+                                let made = store
+                                    .append_mail(inbox, raw.as_bytes(), vec![], Timestamp::now(), None)
+                                    .await
+                                    .unwrap();
                                 store
                                     .update_flags(inbox, &[made.uid], FlagUpdate::Add, &["\\Seen".into()])
                                     .await

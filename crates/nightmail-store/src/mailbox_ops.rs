@@ -76,7 +76,13 @@ impl Store {
     /// Makes INBOX and the special-use mailboxes (Sent, Drafts, Trash, Archive) for `owner` if
     /// they are missing. Cheap when they exist: the IMAP server calls it at every login.
     pub async fn ensure_default_mailboxes(&self, owner: &str) -> Result<(), StoreError> {
-        let names = std::iter::once("INBOX").chain(SpecialUse::ALL.iter().map(|s| s.name()));
+        let mut names = vec!["INBOX".to_string()];
+        names.extend(SpecialUse::ALL.iter().map(|s| s.name().to_string()));
+        self.ensure_mailboxes(owner, &names).await
+    }
+
+    /// Makes each of `owner`'s mailboxes `names` that is missing.
+    pub async fn ensure_mailboxes(&self, owner: &str, names: &[String]) -> Result<(), StoreError> {
         for name in names {
             if self.mailbox(owner, name)?.is_none() {
                 self.create_mailbox(owner, name).await?;
@@ -180,7 +186,7 @@ impl Store {
     async fn rename_inbox(&self, owner: &str, inbox: MailboxInfo, to: &str) -> Result<MailboxInfo, MailboxOpError> {
         let created = self.create_new_mailbox(owner, to).await?;
         let uids: Vec<crate::Uid> = self.mail(inbox.id)?.iter().map(|m| m.uid).collect();
-        self.move_mail(inbox.id, &uids, created.id).await?;
+        self.move_mail(inbox.id, &uids, created.id, None).await?;
         self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
     }
 

@@ -13,7 +13,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
 use crate::schema::{JOBS, decode, encode};
-use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError};
+use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
 
 /// One message for one model address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +51,54 @@ pub struct Job {
     /// its SMTP server, from its address. `None`: local mail.
     #[serde(default)]
     pub via: Option<Address>,
+    /// How the question came (schema 7; mail before).
+    #[serde(default)]
+    pub origin: Origin,
+}
+
+/// How a question reached its model, which decides who the answer goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Mail sent to the model's address: the reply goes to everyone the message went to.
+    #[default]
+    Mail,
+    /// A message the user filed into their `Ask/<model>` folder over IMAP: `sender` is that
+    /// user, who asks about a message they may not have written; the reply goes to them alone.
+    Ask,
+}
+
+impl Job {
+    /// A new job, due now, for `model` to answer the stored message `message`.
+    pub(crate) fn queued(
+        id: JobId,
+        model: Address,
+        message: MessageKey,
+        sender: Option<Address>,
+        summary: &Summary,
+        origin: Origin,
+        now: Timestamp,
+    ) -> Job {
+        Job {
+            id,
+            model,
+            message,
+            sender,
+            from: summary.from.clone(),
+            subject: summary.subject.clone(),
+            message_id: summary.message_id.clone(),
+            created_at: now,
+            attempts: 0,
+            state: JobState::Queued { not_before: now },
+            progress: None,
+            reply: None,
+            started_at: None,
+            triaged: false,
+            ack: None,
+            origin,
+            via: None,
+        }
+    }
 }
 
 /// How far generation has got, saved as it streams so `status` can show it and a crash loses

@@ -38,7 +38,10 @@ pub(crate) struct RefTrees<'a> {
 
 type TxResult<T, E> = Result<T, ConflictableTransactionError<E>>;
 
-fn read<E: From<StoreError>>(refs: &TransactionalTree, key: MessageKey) -> TxResult<Option<Holders>, E> {
+pub(crate) fn read_holders<E: From<StoreError>>(
+    refs: &TransactionalTree,
+    key: MessageKey,
+) -> TxResult<Option<Holders>, E> {
     match refs.get(key.to_be_bytes())? {
         None => Ok(None),
         Some(v) => decode(MESSAGE_REFS, &v).map(Some).map_err(|e| ConflictableTransactionError::Abort(e.into())),
@@ -52,7 +55,7 @@ pub(crate) fn hold<E: From<StoreError>>(
     n: u64,
     message_id: &str,
 ) -> TxResult<(), E> {
-    let mut holders = read(refs, key)?.unwrap_or_default();
+    let mut holders = read_holders(refs, key)?.unwrap_or_default();
     holders.count += n;
     if holders.message_id.is_empty() {
         holders.message_id = message_id.to_string();
@@ -66,7 +69,7 @@ impl RefTrees<'_> {
     /// Returns whether the message was collected. A message with no record is kept: nothing
     /// is deleted on a count this build did not keep.
     pub fn release<E: From<StoreError>>(&self, key: MessageKey) -> TxResult<bool, E> {
-        let Some(mut holders) = read(self.refs, key)? else { return Ok(false) };
+        let Some(mut holders) = read_holders(self.refs, key)? else { return Ok(false) };
         holders.count = holders.count.saturating_sub(1);
         if holders.count > 0 {
             self.refs.insert(&key.to_be_bytes(), encode(&holders))?;

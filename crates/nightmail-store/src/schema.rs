@@ -7,7 +7,7 @@
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
 //! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
-//! | `jobs`          | JobId                            | JSON `Job`                   |
+//! | `jobs`          | JobId                            | JSON `Job` (its `origin`, mail or Ask folder: schema 7) |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
@@ -21,7 +21,8 @@ use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
 ///
-/// Schema 7 and 8 are taken by the Ask folder's branch; the bridge's tree is 9.
+/// Schema 7 is the Ask folder's; 8 is unused (the bridge was given 9 when the Ask folder was
+/// expected to take 7 and 8); the bridge's tree is 9.
 pub const SCHEMA_VERSION: u32 = 9;
 
 pub(crate) const META: &str = "meta";

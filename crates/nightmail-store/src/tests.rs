@@ -199,6 +199,7 @@ async fn a_schema_1_store_is_migrated() {
             started_at: None,
             triaged: false,
             ack: None,
+            origin: Origin::Mail,
             via: None,
         };
         let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
@@ -326,13 +327,13 @@ async fn expunging_the_last_copy_deletes_the_bytes_and_the_index_entry() {
     let inbox = store.mailbox("me", "INBOX").unwrap().unwrap().id;
     let archive = store.create_mailbox("me", "Archive").await.unwrap().id;
     let trash = store.create_mailbox("me", "Trash").await.unwrap().id;
-    store.copy_mail(inbox, &[Uid(1)], archive).await.unwrap();
+    store.copy_mail(inbox, &[Uid(1)], archive, None).await.unwrap();
 
     assert_eq!(expunge_all(&store, inbox).await, vec![Uid(1)]);
     assert!(store.message(key).unwrap().is_some(), "the copy in Archive still holds the bytes");
     assert_eq!(store.find_by_message_id("<gc@x>", &me).unwrap(), Some(key));
     // MOVE hands the hold from one entry to the next.
-    store.move_mail(archive, &[Uid(1)], trash).await.unwrap();
+    store.move_mail(archive, &[Uid(1)], trash, None).await.unwrap();
     assert!(store.message(key).unwrap().is_some());
 
     assert_eq!(expunge_all(&store, trash).await, vec![Uid(1)]);
@@ -359,9 +360,9 @@ async fn deleting_a_mailbox_releases_its_messages() {
     let store = Store::open(dir.path()).unwrap();
     let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
     let work = store.create_mailbox("me", "Work").await.unwrap().id;
-    let only = store.append_mail(work, b"Subject: a\r\n\r\na\r\n", vec![], Timestamp(1)).await.unwrap();
-    store.append_mail(work, b"Subject: b\r\n\r\nb\r\n", vec![], Timestamp(1)).await.unwrap();
-    store.copy_mail(work, &[Uid(2)], inbox).await.unwrap();
+    let only = store.append_mail(work, b"Subject: a\r\n\r\na\r\n", vec![], Timestamp(1), None).await.unwrap();
+    store.append_mail(work, b"Subject: b\r\n\r\nb\r\n", vec![], Timestamp(1), None).await.unwrap();
+    store.copy_mail(work, &[Uid(2)], inbox, None).await.unwrap();
     let keys: Vec<MessageKey> = store.mail(work).unwrap().iter().map(|m| m.message).collect();
     assert_eq!(store.mail_entry(work, only.uid).unwrap().unwrap().message, keys[0]);
     store.delete_mailbox("me", "Work").await.unwrap();
@@ -375,8 +376,8 @@ async fn a_schema_3_store_gets_holder_counts_and_loses_unheld_bytes() {
     let (kept, orphan) = {
         let store = Store::open_to(dir.path(), 3).unwrap();
         let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
-        store.append_mail(inbox, b"Subject: kept\r\n\r\n", vec![], Timestamp(1)).await.unwrap();
-        store.append_mail(inbox, b"Subject: gone\r\n\r\n", vec![], Timestamp(1)).await.unwrap();
+        store.append_mail(inbox, b"Subject: kept\r\n\r\n", vec![], Timestamp(1), None).await.unwrap();
+        store.append_mail(inbox, b"Subject: gone\r\n\r\n", vec![], Timestamp(1), None).await.unwrap();
         let mail = store.mail(inbox).unwrap();
         // Schema 3 kept no counts, and its EXPUNGE left the bytes behind.
         store.trees.mail.remove(ids::mail_key(inbox, Uid(2))).unwrap();
@@ -587,7 +588,7 @@ async fn an_outbound_entry_from_before_the_relay_is_queued_and_due() {
     assert_eq!((leased[0].entry().id, leased[0].entry().attempts), (OutboundId(42), 1));
 }
 
-/// A schema-6 store opens at schema 9 (the bridge's tree), its jobs and outbound entries read
+/// A schema-6 store opens at schema 9 (through the Ask folder's 7 to the bridge's tree), its jobs and outbound entries read
 /// with no bridge (`via: None`), and a bridge's mark starts empty.
 #[tokio::test]
 async fn a_schema_6_store_gains_the_bridges_tree() {
@@ -634,4 +635,103 @@ async fn a_bridged_job_and_the_mark_are_one_transaction_and_routes_lease_apart()
     assert_eq!(relay.iter().map(|l| l.entry().recipient.as_str()).collect::<Vec<_>>(), ["bob@elsewhere.org"]);
     let bridged = store.lease_outbound_via(now, Duration::from_secs(60), 10, Some(&bridge)).await.unwrap();
     assert_eq!(bridged.iter().map(|l| l.entry().recipient.as_str()).collect::<Vec<_>>(), ["carol@elsewhere.org"]);
+}
+
+#[tokio::test]
+async fn filing_into_an_ask_folder_queues_a_job_held_with_the_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let me = addr("me@nightmail.local");
+    let kimi = addr("kimi@nightmail.local");
+    let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
+    let ask = store.create_mailbox("me", "Ask/Kimi").await.unwrap().id;
+    let raw = b"From: Ann <ann@x.org>\r\nSubject: lunch?\r\nMessage-ID: <ann1@x.org>\r\n\r\nTuesday?\r\n";
+    store.append_mail(inbox, raw, vec![], Timestamp(1), None).await.unwrap();
+    let asking = Filing { by: &me, ask: Some(&kimi) };
+
+    let copied = store.copy_mail(inbox, &[Uid(1)], ask, Some(&asking)).await.unwrap();
+    assert_eq!(copied.jobs.len(), 1);
+    let job = store.job(copied.jobs[0]).unwrap().unwrap();
+    assert_eq!((job.origin, job.sender.as_ref(), &job.model), (Origin::Ask, Some(&me), &kimi));
+    assert_eq!(
+        (job.from.as_str(), job.subject.as_str(), job.message_id.as_str()),
+        ("Ann <ann@x.org>", "lunch?", "<ann1@x.org>")
+    );
+    assert_eq!(job.state.name(), "queued");
+    // Asking again is a second question, not a duplicate.
+    let again = store.copy_mail(inbox, &[Uid(1)], ask, Some(&asking)).await.unwrap();
+    assert_eq!(again.jobs.len(), 1);
+    assert_ne!(again.jobs[0], copied.jobs[0]);
+
+    let appended = store.append_mail(ask, raw, vec![], Timestamp(1), Some(&asking)).await.unwrap();
+    let moved = store.move_mail(inbox, &[Uid(1)], ask, Some(&asking)).await.unwrap();
+    assert!(appended.job.is_some() && moved.jobs.len() == 1);
+    assert_eq!(store.jobs().unwrap().len(), 4);
+    // The jobs hold the message: emptying the mailboxes keeps the bytes the questions need.
+    expunge_all(&store, ask).await;
+    assert!(store.message(job.message).unwrap().is_some());
+    // Filing elsewhere asks nothing.
+    let sent = store.create_mailbox("me", "Sent").await.unwrap().id;
+    let filed = store.append_mail(sent, raw, vec![], Timestamp(1), Some(&Filing { by: &me, ask: None })).await.unwrap();
+    assert_eq!(filed.job, None);
+    assert_eq!(store.jobs().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn filed_mail_is_thread_context_for_its_filer_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let me = addr("me@nightmail.local");
+    let sent = store.create_mailbox("me", "Sent").await.unwrap().id;
+    let archive = store.create_mailbox("me", "Archive").await.unwrap().id;
+    let raw =
+        b"From: me@nightmail.local\r\nTo: bob@x.org\r\nMessage-ID: <mine@n>\r\nSubject: plan\r\n\r\nThe plan.\r\n";
+    let filing = Filing { by: &me, ask: None };
+    store.append_mail(sent, raw, vec![], Timestamp(1), Some(&filing)).await.unwrap();
+    let key = store.find_by_message_id("<mine@n>", &me).unwrap().expect("the user's sent mail is indexed for them");
+    assert_eq!(
+        store.find_by_message_id("<mine@n>", &addr("bob@x.org")).unwrap(),
+        None,
+        "the header's To is not a participant"
+    );
+
+    // Mail appended before filing fed the index (or by a client no one vouched for) joins it when copied.
+    store.append_mail(sent, b"Message-ID: <old@n>\r\n\r\nold\r\n", vec![], Timestamp(1), None).await.unwrap();
+    assert_eq!(store.find_by_message_id("<old@n>", &me).unwrap(), None);
+    store.copy_mail(sent, &[Uid(2)], archive, Some(&filing)).await.unwrap();
+    assert!(store.find_by_message_id("<old@n>", &me).unwrap().is_some());
+
+    // The index entry goes with the last copy.
+    store.update_flags(sent, &[Uid(1)], FlagUpdate::Add, &["\\Deleted".into()]).await.unwrap();
+    store.expunge(sent, None).await.unwrap();
+    assert!(store.message(key).unwrap().is_none());
+    assert_eq!(store.find_by_message_id("<mine@n>", &me).unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_schema_5_store_reads_its_jobs_as_mail() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = {
+        let store = Store::open_to(dir.path(), 5).unwrap();
+        let receipt = store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+        // As schema 5 wrote it: no `origin`.
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&store.trees.jobs.get(receipt.jobs[0].to_be_bytes()).unwrap().unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("origin");
+        store.trees.jobs.insert(receipt.jobs[0].to_be_bytes(), serde_json::to_vec(&json).unwrap()).unwrap();
+        store.db.flush().unwrap();
+        receipt.jobs[0]
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.job(id).unwrap().unwrap().origin, Origin::Mail);
+}
+
+#[test]
+fn a_summary_needs_a_header_field() {
+    let s = Summary::read(b"From: Ann <ann@x.org>\r\nSubject: hi\r\nMessage-ID: <1@x>\r\n\r\nbody").unwrap();
+    assert_eq!((s.from.as_str(), s.subject.as_str(), s.message_id.as_str()), ("Ann <ann@x.org>", "hi", "<1@x>"));
+    assert!(Summary::read(b"X-Note: draft\r\n\r\nbody").is_some());
+    assert_eq!(Summary::read(b"just some words, no header at all"), None);
+    assert_eq!(Summary::read(b""), None);
 }

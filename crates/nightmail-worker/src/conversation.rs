@@ -75,7 +75,7 @@ pub fn build(
 
 /// The text a message contributes: its own words (quotes of the thread and the signature
 /// removed), then what it forwards and attaches.
-fn content(mail: &Mail, body: &str, earlier: &[String], name_author: bool) -> String {
+pub(crate) fn content(mail: &Mail, body: &str, earlier: &[String], name_author: bool) -> String {
     let mut out = String::new();
     if name_author && let Some(author) = mail.from.first() {
         out.push_str(&format!("From: {}\n\n", author.display()));
@@ -104,7 +104,7 @@ fn content(mail: &Mail, body: &str, earlier: &[String], name_author: bool) -> St
 
 /// Adds a turn, merging it into the previous one if the role repeats (chat templates want
 /// alternating roles).
-fn push(turns: &mut Vec<Turn>, role: Role, content: String) {
+pub(crate) fn push(turns: &mut Vec<Turn>, role: Role, content: String) {
     if content.is_empty() {
         return;
     }

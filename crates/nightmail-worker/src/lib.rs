@@ -3,6 +3,7 @@
 //! the job done. Loops are refused, failures retried with backoff, and a job that finally fails
 //! sends its asker a notice: never silence.
 
+pub mod ask;
 pub mod backend;
 pub mod checkpoints;
 pub mod compose;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::{Config, Model, ReasoningOutput};
 use nightmail_store::{
-    Finish, Incoming, Job, JobState, LeasedJob, Progress, Retry, RetryPolicy, Store, StoreError, Summary,
+    Finish, Incoming, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy, Store, StoreError, Summary,
 };
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::{mpsc, watch};
@@ -157,7 +158,7 @@ impl Worker {
             tracing::info!(job = %job.id, "not answering: {reason}");
             return self.give_up(leased, &format!("not answered: {reason}"), notice).await;
         }
-        if let Some(command) = control::classify(&question) {
+        if let Some(command) = command_in(&job, &question) {
             return self.command(leased, &model, &question, command).await;
         }
         if !job.triaged {
@@ -166,8 +167,11 @@ impl Worker {
         }
 
         let thread = self.thread(&question, job.sender.as_ref())?;
-        let conversation =
-            conversation::build(model.system_prompt.as_deref(), &thread, &question, |a| self.is_model(a));
+        let system_prompt = model.system_prompt.as_deref();
+        let conversation = match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::build(system_prompt, &thread, &question, asker, |a| self.is_model(a)),
+            _ => conversation::build(system_prompt, &thread, &question, |a| self.is_model(a)),
+        };
         let options = &conversation.options;
         let request = Request {
             turns: conversation.turns.clone(),
@@ -281,7 +285,7 @@ impl Worker {
                 self.store.triage(job.id, None).await?;
                 continue;
             }
-            if let Some(command) = control::classify(&question) {
+            if let Some(command) = command_in(&job, &question) {
                 if let Some(leased) = self.store.lease(job.id, self.config.worker.lease).await? {
                     self.command(leased, &model, &question, command).await?;
                 }
@@ -295,7 +299,8 @@ impl Worker {
 
     /// The acknowledgement of a new question, if the model sends them.
     fn acknowledgement(&self, job: &Job, model: &Model, question: &Mail) -> Result<Option<Incoming>, StoreError> {
-        if !model.ack || job.sender.is_none() {
+        // An Ask job was acknowledged by the IMAP command's OK, which names it.
+        if !model.ack || job.sender.is_none() || job.origin == Origin::Ask {
             return Ok(None);
         }
         let jobs = self.store.jobs()?;
@@ -485,7 +490,9 @@ impl Worker {
         Ok(Some((leased, result)))
     }
 
-    /// Why this message must not be answered, if so: loop rules, then the per-sender limit.
+    /// Why this message must not be answered, if so: loop rules (not for an Ask job: the user
+    /// asked about this message on purpose, and the answer goes to them alone), then the
+    /// per-sender limit.
     fn refusal(&self, job: &Job, question: &Mail) -> Result<Option<Refusal>, StoreError> {
         let signs = loop_guard::Signs {
             envelope_sender: job.sender.as_ref(),
@@ -496,7 +503,9 @@ impl Worker {
             list_id: question.list_id,
             auto_response_suppress: question.auto_response_suppress.as_deref(),
         };
-        if let Some(reason) = loop_guard::refuse(&signs, |a| self.is_model(a)) {
+        if job.origin == Origin::Mail
+            && let Some(reason) = loop_guard::refuse(&signs, |a| self.is_model(a))
+        {
             return Ok(Some(Refusal::Automatic(reason)));
         }
         let limit = self.config.worker.max_replies_per_sender_per_hour;
@@ -536,7 +545,8 @@ impl Worker {
         Ok(thread)
     }
 
-    /// A message from the model to the question's audience (reply-all), threaded under it.
+    /// A message from the model to the question's audience (reply-all; the asker alone for an Ask
+    /// job), threaded under it.
     #[allow(clippy::too_many_arguments)]
     fn message(
         &self,
@@ -548,7 +558,10 @@ impl Worker {
         attachment: Option<(&'static str, String)>,
         message_id: Option<String>,
     ) -> Result<Incoming, StoreError> {
-        let audience = Audience::reply_all(question, job.sender.as_ref(), |a| self.is_model(a));
+        let audience = match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::audience(asker),
+            _ => Audience::reply_all(question, job.sender.as_ref(), |a| self.is_model(a)),
+        };
         let message_id =
             message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.config.hostname));
         self.outgoing(model, job, &audience, question, body, headers, attachment, message_id)
@@ -650,6 +663,15 @@ enum Refusal {
     Automatic(String),
     /// The sender's hourly reply limit: with a notice.
     RateLimited(String),
+}
+
+/// The command a job's mail gives (`status`, `cancel`), if any. A message filed into an Ask folder
+/// is asked about, never obeyed: its words may be anyone's.
+fn command_in(job: &Job, question: &Mail) -> Option<control::Command> {
+    match job.origin {
+        Origin::Mail => control::classify(question),
+        Origin::Ask => None,
+    }
 }
 
 /// A store error while generating: a lost lease ends the attempt quietly (`None`); anything else

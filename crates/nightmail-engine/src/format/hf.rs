@@ -114,6 +114,11 @@ impl HfDir {
         Ok(None)
     }
 
+    /// The first transformers name a GGUF tensor name translates to, for messages.
+    pub fn transformers_name(&self, gguf_name: &str) -> Option<String> {
+        hf_names(gguf_name).into_iter().next()
+    }
+
     pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
         let (l, e) = (id.layer, id.expert);
         // qwen2_moe / qwen3_moe (`mlp.experts.E.gate_proj`) and mixtral (`block_sparse_moe.experts.E.w1`,
@@ -290,16 +295,30 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "attn_output.bias" => &["self_attn.o_proj.bias"],
         "attn_q_norm.weight" => &["self_attn.q_norm.weight"],
         "attn_k_norm.weight" => &["self_attn.k_norm.weight"],
-        "ffn_gate.weight" => &["mlp.gate_proj.weight"],
-        "ffn_up.weight" => &["mlp.up_proj.weight"],
-        "ffn_down.weight" => &["mlp.down_proj.weight"],
+        // Kimi Linear's checkpoints keep every feed-forward under `block_sparse_moe` as
+        // transformers saves them (its dense first layer too).
+        "ffn_gate.weight" => &["mlp.gate_proj.weight", "block_sparse_moe.gate_proj.weight"],
+        "ffn_up.weight" => &["mlp.up_proj.weight", "block_sparse_moe.up_proj.weight"],
+        "ffn_down.weight" => &["mlp.down_proj.weight", "block_sparse_moe.down_proj.weight"],
         "ffn_gate_inp.weight" => &["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight"],
         "ffn_gate_inp.bias" => &["mlp.router.bias"],
         "ffn_gate_inp_shexp.weight" => &["mlp.shared_expert_gate.weight"],
         // Qwen2-MoE's `shared_expert`, DeepSeek's `shared_experts`.
-        "ffn_gate_shexp.weight" => &["mlp.shared_expert.gate_proj.weight", "mlp.shared_experts.gate_proj.weight"],
-        "ffn_up_shexp.weight" => &["mlp.shared_expert.up_proj.weight", "mlp.shared_experts.up_proj.weight"],
-        "ffn_down_shexp.weight" => &["mlp.shared_expert.down_proj.weight", "mlp.shared_experts.down_proj.weight"],
+        "ffn_gate_shexp.weight" => &[
+            "mlp.shared_expert.gate_proj.weight",
+            "mlp.shared_experts.gate_proj.weight",
+            "block_sparse_moe.shared_experts.gate_proj.weight",
+        ],
+        "ffn_up_shexp.weight" => &[
+            "mlp.shared_expert.up_proj.weight",
+            "mlp.shared_experts.up_proj.weight",
+            "block_sparse_moe.shared_experts.up_proj.weight",
+        ],
+        "ffn_down_shexp.weight" => &[
+            "mlp.shared_expert.down_proj.weight",
+            "mlp.shared_experts.down_proj.weight",
+            "block_sparse_moe.shared_experts.down_proj.weight",
+        ],
         // DeepSeek's latent attention and router bias.
         "attn_q_a.weight" => &["self_attn.q_a_proj.weight"],
         "attn_q_a_norm.weight" => &["self_attn.q_a_layernorm.weight"],
@@ -307,7 +326,21 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "attn_kv_a_mqa.weight" => &["self_attn.kv_a_proj_with_mqa.weight"],
         "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight"],
         "attn_kv_b.weight" => &["self_attn.kv_b_proj.weight"],
-        "exp_probs_b.bias" => &["mlp.gate.e_score_correction_bias"],
+        "exp_probs_b.bias" => &["mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias"],
+        // Kimi Linear's KDA layers, under llama.cpp's `kimi-linear` names. `ssm_a` is the same
+        // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader
+        // converts by the file's format (model/kda.rs).
+        "ssm_conv1d_q.weight" => &["self_attn.q_conv1d.weight"],
+        "ssm_conv1d_k.weight" => &["self_attn.k_conv1d.weight"],
+        "ssm_conv1d_v.weight" => &["self_attn.v_conv1d.weight"],
+        "ssm_f_a.weight" => &["self_attn.f_a_proj.weight", "self_attn.forget_gate.f_a_proj.weight"],
+        "ssm_f_b.weight" => &["self_attn.f_b_proj.weight", "self_attn.forget_gate.f_b_proj.weight"],
+        "ssm_dt.bias" => &["self_attn.dt_bias", "self_attn.forget_gate.dt_bias"],
+        "ssm_a" => &["self_attn.A_log", "self_attn.forget_gate.A_log"],
+        "ssm_beta.weight" => &["self_attn.b_proj.weight"],
+        "ssm_g_a.weight" => &["self_attn.g_a_proj.weight"],
+        "ssm_g_b.weight" => &["self_attn.g_b_proj.weight"],
+        "ssm_norm.weight" => &["self_attn.o_norm.weight"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 pub use dtype::WeightDType;
 pub(crate) use gguf::GgufFile;
+pub(crate) use gguf::value_as_u64 as gguf_value_as_u64;
 pub(crate) use hf::HfDir;
 pub use view::TensorView;
 
@@ -90,8 +91,21 @@ impl Checkpoint {
         }
     }
 
+    /// A tensor the model must have; the error names it as the file would (a Hugging Face
+    /// directory's transformers name beside the GGUF one) and the file or directory.
     pub fn require(&self, name: &str) -> Result<TensorView<'_>> {
-        self.tensor(name)?.ok_or_else(|| EngineError::MissingTensor { name: name.to_string() })
+        self.tensor(name)?.ok_or_else(|| match self {
+            Checkpoint::Gguf(g) => {
+                EngineError::MissingTensorIn { name: format!("`{name}`"), path: g.path().to_path_buf() }
+            }
+            Checkpoint::Hf(h) => EngineError::MissingTensorIn {
+                name: match h.transformers_name(name) {
+                    Some(hf) => format!("`{hf}` (GGUF `{name}`)"),
+                    None => format!("`{name}`"),
+                },
+                path: h.dir().to_path_buf(),
+            },
+        })
     }
 
     /// One matrix of one routed expert: a slice of the stacked GGUF tensor, or the Hugging Face

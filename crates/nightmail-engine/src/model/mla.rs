@@ -111,10 +111,14 @@ impl Mla {
         let q = q.reshape((t, self.heads, d.qk_nope_head_dim + d.qk_rope_head_dim))?.transpose(0, 1)?;
         let q_nope = q.narrow(D::Minus1, 0, d.qk_nope_head_dim)?.contiguous()?;
         let q_pe = q.narrow(D::Minus1, d.qk_nope_head_dim, d.qk_rope_head_dim)?.unsqueeze(0)?;
-        let q_pe = self.rope.apply(&q_pe, start)?.squeeze(0)?;
         let c = self.kv_norm.forward(&kv.narrow(1, 0, d.kv_lora_rank)?)?;
         let k_pe = kv.narrow(1, d.kv_lora_rank, d.qk_rope_head_dim)?.reshape((1, 1, t, d.qk_rope_head_dim))?;
-        let k_pe = self.rope.apply(&k_pe, start)?;
+        // Kimi Linear (NoPE) keeps the shared key part but rotates nothing.
+        let (q_pe, k_pe) = if d.nope {
+            (q_pe.squeeze(0)?.contiguous()?, k_pe.contiguous()?)
+        } else {
+            (self.rope.apply(&q_pe, start)?.squeeze(0)?, self.rope.apply(&k_pe, start)?)
+        };
         Ok((Prepared { q_nope, q_pe }, c.reshape((1, 1, t, d.kv_lora_rank))?, k_pe))
     }
 
@@ -191,8 +195,14 @@ mod tests {
     }
 
     fn mla() -> Mla {
-        let dims =
-            MlaSpec { q_lora_rank: None, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 6 };
+        let dims = MlaSpec {
+            q_lora_rank: None,
+            kv_lora_rank: 16,
+            qk_nope_head_dim: 8,
+            qk_rope_head_dim: 4,
+            v_head_dim: 6,
+            nope: false,
+        };
         let (hidden, heads) = (32, 3);
         let norm = RmsNorm::from_tensor(Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(), 1e-6);
         Mla {
@@ -251,6 +261,7 @@ mod tests {
                 qk_nope_head_dim: 128,
                 qk_rope_head_dim: 64,
                 v_head_dim: 128,
+                nope: false,
             },
             ..mla()
         };

@@ -8,11 +8,13 @@ use candle_core::{Device, Tensor};
 use super::attention::{Attention, F16Cache, LayerCache};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
+use super::kda::Kda;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
+use super::state::{LayerState, SequenceState};
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, TensorView};
 use crate::spec::{MlaSpec, ModelSpec};
@@ -22,11 +24,13 @@ pub enum FeedForward {
     Moe(MoeBlock),
 }
 
-/// The attention an architecture picks: grouped-query heads with their own keys and values, or
-/// DeepSeek's latent attention with one compressed latent per token.
+/// How a layer mixes tokens: grouped-query heads with their own keys and values, DeepSeek's
+/// latent attention with one compressed latent per token, or Kimi Linear's KDA with a fixed-size
+/// recurrent state.
 pub enum SelfAttention {
     Grouped(Attention),
     Latent(Mla),
+    Kda(Kda),
 }
 
 impl SelfAttention {
@@ -41,18 +45,20 @@ impl SelfAttention {
                 let (q, kv) = m.project(x)?;
                 vec![q, kv]
             }
+            SelfAttention::Kda(k) => k.project(x)?,
         })
     }
 
-    fn attend(&self, rows: &[Tensor], start: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        match (self, rows, cache) {
-            (SelfAttention::Grouped(a), [q, k, v], cache) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv], LayerCache::F32(cache)) => m.attend(q, kv, start, cache),
-            // The transformer gives latent attention an f32 cache (it never takes ggml numerics).
-            (SelfAttention::Latent(_), _, LayerCache::F16(_)) => {
-                Err(EngineError::Compute(candle_core::Error::Msg("latent attention over an f16 cache".into())))
+    fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
+        match (self, rows, state) {
+            (SelfAttention::Grouped(a), [q, k, v], LayerState::Attention(cache)) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Latent(m), [q, kv], LayerState::Attention(LayerCache::F32(cache))) => {
+                m.attend(q, kv, start, cache)
             }
-            _ => unreachable!("rows come from the same attention's project"),
+            (SelfAttention::Kda(k), rows, LayerState::Kda(state)) => k.attend(rows, state),
+            // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
+            // and each layer the state of its kind.
+            _ => Err(EngineError::Compute(candle_core::Error::Msg("a layer's state is not of its kind".into()))),
         }
     }
 
@@ -60,6 +66,7 @@ impl SelfAttention {
         match self {
             SelfAttention::Grouped(a) => a.output(attended),
             SelfAttention::Latent(m) => m.output(attended),
+            SelfAttention::Kda(k) => k.output(attended),
         }
     }
 }
@@ -99,46 +106,6 @@ impl Embedding {
             data.extend(view.row(t as usize)?);
         }
         Ok(Tensor::from_vec(data, (tokens.len(), self.cols), &Device::Cpu)?)
-    }
-}
-
-/// The attention keys and values of one sequence so far (for latent attention, each layer's
-/// latents and rotary keys), and the routes of its last token (the fallback predictor of the
-/// next token's experts).
-pub struct KvCache {
-    layers: Vec<LayerCache>,
-    position: usize,
-    last_routes: Vec<Vec<usize>>,
-    /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
-    guesses: Vec<Option<(Vec<usize>, Vec<usize>)>>,
-}
-
-impl KvCache {
-    /// Tokens already in the cache.
-    pub fn position(&self) -> usize {
-        self.position
-    }
-
-    pub(crate) fn layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Layer `l`'s keys and values at positions `from..to`, each `[1, kv_heads, to - from, head_dim]`.
-    pub(crate) fn rows(&self, l: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
-        self.layers[l].rows(from, to)
-    }
-
-    /// Appends saved keys and values (as [`KvCache::rows`] gives them) to every layer, then moves
-    /// the position past them.
-    pub(crate) fn extend(&mut self, rows: &[(Tensor, Tensor)]) -> Result<()> {
-        debug_assert_eq!(rows.len(), self.layers.len());
-        let mut added = None;
-        for (cache, (k, v)) in self.layers.iter_mut().zip(rows) {
-            cache.append(k, v)?;
-            added = Some(k.dim(2)?);
-        }
-        self.position += added.unwrap_or(0);
-        Ok(())
     }
 }
 
@@ -219,9 +186,10 @@ impl Transformer {
                 w.expect_shape(&[rows, cols])?;
                 Linear::new(&w, opt(&format!("{name}.bias"))?.as_ref())
             };
-            let attention = match &a.mla {
-                Some(dims) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
-                None => {
+            let attention = match (&spec.kda, &a.mla) {
+                (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, spec, kda, l)?),
+                (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
+                (_, None) => {
                     let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
                     let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
                         (Some(q), Some(k)) => Some((
@@ -315,7 +283,7 @@ impl Transformer {
 
     /// At a decode step, layer `l` (MoE) has routed; `h` is its post-attention hidden state.
     /// Score the guesses made for `l`, then guess layer l+1 and prefetch it.
-    fn look_ahead(&self, l: usize, h: &Tensor, route: &[usize], cache: &mut KvCache) -> Result<()> {
+    fn look_ahead(&self, l: usize, h: &Tensor, route: &[usize], cache: &mut SequenceState) -> Result<()> {
         let mut recall = self.prefetch.recall.lock().expect("recall lock");
         if recall.len() < self.layers.len() {
             *recall = (0..self.layers.len()).map(|layer| LayerRecall { layer, ..LayerRecall::default() }).collect();
@@ -345,22 +313,20 @@ impl Transformer {
         Ok(())
     }
 
-    pub fn new_cache(&self) -> KvCache {
-        let n = self.layers.len();
+    /// A new sequence's state: an empty cache or a zero recurrent state per layer.
+    pub fn new_cache(&self) -> SequenceState {
         let layer = |a: &SelfAttention| match (a, self.numerics) {
-            (SelfAttention::Grouped(a), Numerics::Ggml) => LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)),
-            _ => LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256)),
+            (SelfAttention::Grouped(a), Numerics::Ggml) => {
+                LayerState::Attention(LayerCache::F16(F16Cache::new(a.kv_heads, a.head_dim)))
+            }
+            (SelfAttention::Kda(k), _) => LayerState::Kda(k.new_state()),
+            _ => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
         };
-        KvCache {
-            layers: self.layers.iter().map(|l| layer(&l.attention)).collect(),
-            position: 0,
-            last_routes: vec![Vec::new(); n],
-            guesses: vec![None; n],
-        }
+        SequenceState::new(self.layers.iter().map(|l| layer(&l.attention)).collect())
     }
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut SequenceState) -> Result<Tensor> {
         Ok(self.forward_groups(&mut [(cache, tokens)])?.squeeze(0)?)
     }
 
@@ -369,7 +335,7 @@ impl Transformer {
     /// prefills). Each dense weight is read once for the step and each layer's experts once for
     /// the union of the groups' routes; each group gets the results it would get alone. Returns
     /// the logits of each group's last token, `[groups, vocab]`.
-    pub fn forward_groups(&self, groups: &mut [(&mut KvCache, &[u32])]) -> Result<Tensor> {
+    pub fn forward_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Tensor> {
         if groups.is_empty() || groups.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::EmptyPrompt);
         }

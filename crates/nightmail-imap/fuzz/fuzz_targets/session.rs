@@ -55,7 +55,7 @@ async fn session(data: &[u8]) {
     let store = Store::open(dir.path()).expect("a store");
     let inbox = store.create_mailbox("me", "INBOX").await.expect("INBOX");
     for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME] {
-        store.append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000)).await.expect("seed");
+        store.append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000), None).await.expect("seed");
     }
     let config = CONFIG_PARSED.clone();
     let auth = Authenticator::new(config.users.clone(), config.auth.clone());

@@ -1,5 +1,7 @@
 //! APPEND (RFC 3501 §6.3.11) with flags and internal date, answered with APPENDUID (RFC 4315
 //! §3). The literal's size was checked against the limit before it was read (see `session`).
+//! Filed as the user (see `copy`); into an Ask folder, only a message with a header is accepted,
+//! since anything else has nothing a model could be asked about: NO [CANNOT] (RFC 5530) says so.
 
 use std::num::NonZeroU32;
 
@@ -8,11 +10,13 @@ use imap_next::imap_types::extensions::binary::LiteralOrLiteral8;
 use imap_next::imap_types::flag::Flag;
 use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::Code;
+use nightmail_store::{Filing, Summary};
 use nightmail_types::Timestamp;
 
-use super::copy::destination;
+use super::copy::{destination, done_text, filer};
 use super::{Done, flag_names};
 use crate::ImapError;
+use crate::error::other_code;
 use crate::session::Session;
 
 pub(crate) async fn run(
@@ -34,9 +38,18 @@ pub(crate) async fn run(
         Some(d) => Timestamp(d.as_ref().timestamp_millis().max(0) as u64),
         None => Timestamp::now(),
     };
-    let appended = s.shared.store.append_mail(to.id, bytes, flag_names(&flags), when).await?;
+    let (by, ask) = filer(s, &to)?;
+    if ask.is_some() && Summary::read(bytes).is_none() {
+        return Err(ImapError::no_with(
+            other_code("CANNOT"),
+            "not a mail message (no header fields): nothing to ask the model about",
+        ));
+    }
+    let filing = Filing { by: &by, ask: ask.as_ref() };
+    let appended = s.shared.store.append_mail(to.id, bytes, flag_names(&flags), when, Some(&filing)).await?;
+    let text = done_text("APPEND completed", ask.as_ref(), appended.job.as_slice());
     Ok(match (NonZeroU32::new(appended.uid_validity), NonZeroU32::new(appended.uid.0)) {
-        (Some(uid_validity), Some(uid)) => Done::with_code(Code::AppendUid { uid_validity, uid }, "APPEND completed"),
-        _ => Done::ok("APPEND completed"),
+        (Some(uid_validity), Some(uid)) => Done::with_code(Code::AppendUid { uid_validity, uid }, text),
+        _ => Done::ok(text),
     })
 }

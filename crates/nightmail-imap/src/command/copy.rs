@@ -1,5 +1,9 @@
 //! COPY and UID COPY (RFC 3501 §6.4.7) with the COPYUID response code (RFC 4315 §3). A missing
 //! destination gets NO [TRYCREATE]. The copies share the stored message bytes.
+//!
+//! COPY, MOVE and APPEND file mail as the logged-in user (`Filing`): the user joins each message's
+//! participants in the thread index, and a message filed into an `Ask/<model>` folder becomes a
+//! job for that model in the same store transaction; the tagged OK names the jobs.
 
 use std::num::NonZeroU32;
 
@@ -8,7 +12,8 @@ use imap_next::imap_types::extensions::uidplus::{UidElement, UidSet};
 use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::Code;
 use imap_next::imap_types::sequence::SequenceSet;
-use nightmail_store::{Copied, MailboxInfo, Uid};
+use nightmail_store::{Copied, Filing, JobId, MailboxInfo, Uid};
+use nightmail_types::Address;
 
 use super::{Done, mailbox_name};
 use crate::ImapError;
@@ -45,6 +50,23 @@ pub(crate) fn destination(s: &Session, mailbox: &Mailbox<'_>) -> Result<MailboxI
     s.shared.store.mailbox(&user.name, &name)?.ok_or_else(ImapError::try_create)
 }
 
+/// Who files into `to`: the user's address, and the model whose Ask folder `to` is, if it is one.
+pub(crate) fn filer(s: &Session, to: &MailboxInfo) -> Result<(Address, Option<Address>), ImapError> {
+    let by = s.user()?.address.clone();
+    Ok((by, s.shared.config.ask_folder(&to.name).map(|m| m.address.clone())))
+}
+
+/// The tagged OK's text: `done`, and what was asked of whom.
+pub(crate) fn done_text(done: &'static str, model: Option<&Address>, jobs: &[JobId]) -> String {
+    match (model, jobs) {
+        (Some(model), [_, ..]) => {
+            let ids: Vec<String> = jobs.iter().map(|j| j.to_string()).collect();
+            format!("{done}; asked {model} (job {}); the answer will arrive in INBOX", ids.join(", "))
+        }
+        _ => done.to_string(),
+    }
+}
+
 /// The UIDs a COPY or MOVE names in the selected mailbox.
 pub(crate) fn sources(selected: &Selected, set: &SequenceSet, uid: bool) -> Result<Vec<Uid>, ImapError> {
     Ok(selected.resolve(set, Numbers::of(uid))?.into_iter().map(|i| selected.messages[i].uid).collect())
@@ -57,11 +79,13 @@ pub(crate) async fn run(
     uid: bool,
 ) -> Result<Done, ImapError> {
     let to = destination(s, &mailbox)?;
+    let (by, ask) = filer(s, &to)?;
     let store = s.shared.store.clone();
     let selected = s.selected()?;
     let uids = sources(selected, &set, uid)?;
-    let copied = store.copy_mail(selected.info.id, &uids, to.id).await?;
-    let text = if uid { "UID COPY completed" } else { "COPY completed" };
+    let filing = Filing { by: &by, ask: ask.as_ref() };
+    let copied = store.copy_mail(selected.info.id, &uids, to.id, Some(&filing)).await?;
+    let text = done_text(if uid { "UID COPY completed" } else { "COPY completed" }, ask.as_ref(), &copied.jobs);
     Ok(match copy_uid(&copied) {
         Some(code) => Done::with_code(code, text),
         None => Done::ok(text),

@@ -6,6 +6,7 @@ use imap_next::imap_types::core::AString;
 use imap_next::imap_types::response::Code;
 use imap_next::imap_types::secret::Secret;
 use nightmail_auth::AuthError;
+use nightmail_config::ASK_FOLDER;
 
 use super::{Done, capability};
 use crate::ImapError;
@@ -33,6 +34,14 @@ pub(crate) async fn check(s: &mut Session, login: &str, password: &str) -> Resul
     match s.shared.auth.authenticate(s.peer.ip(), login, password).await {
         Ok(user) => {
             s.shared.store.ensure_default_mailboxes(&user.name).await?;
+            // Each model's Ask folder, under a real (selectable, empty) `Ask` parent so LIST
+            // shows the hierarchy to clients that browse it with `%` (RFC 3501 §6.3.8).
+            let folders = s.shared.config.ask_folders();
+            if !folders.is_empty() {
+                let mut names = vec![ASK_FOLDER.to_string()];
+                names.extend(folders.into_iter().map(|(name, _)| name));
+                s.shared.store.ensure_mailboxes(&user.name, &names).await?;
+            }
             s.state = State::Authenticated(user);
             Ok(Done::with_code(Code::Capability(capability::list(s)), "logged in"))
         }

@@ -6,7 +6,9 @@ use imap_next::imap_types::response::{Data, StatusKind};
 use imap_next::imap_types::sequence::SequenceSet;
 
 use super::Done;
-use super::copy::{copy_uid, destination, sources};
+use nightmail_store::Filing;
+
+use super::copy::{copy_uid, destination, done_text, filer, sources};
 use crate::ImapError;
 use crate::session::Session;
 
@@ -17,6 +19,7 @@ pub(crate) async fn run(
     uid: bool,
 ) -> Result<Done, ImapError> {
     let to = destination(s, &mailbox)?;
+    let (by, ask) = filer(s, &to)?;
     let store = s.shared.store.clone();
     let selected = s.selected()?;
     if selected.read_only {
@@ -24,7 +27,8 @@ pub(crate) async fn run(
     }
     let uids = sources(selected, &set, uid)?;
     let from = selected.info.id;
-    let copied = store.move_mail(from, &uids, to.id).await?;
+    let filing = Filing { by: &by, ask: ask.as_ref() };
+    let copied = store.move_mail(from, &uids, to.id, Some(&filing)).await?;
     let mut expunged = Vec::new();
     for (source, _) in copied.pairs.iter().rev() {
         if let Some(i) = selected.index_of_uid(*source) {
@@ -39,5 +43,5 @@ pub(crate) async fn run(
     for data in expunged {
         s.data(data);
     }
-    Ok(Done::ok(if uid { "UID MOVE completed" } else { "MOVE completed" }))
+    Ok(Done::ok(done_text(if uid { "UID MOVE completed" } else { "MOVE completed" }, ask.as_ref(), &copied.jobs)))
 }

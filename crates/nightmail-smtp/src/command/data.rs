@@ -65,6 +65,10 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
             tracing::info!(peer = %session.peer, id = %key, jobs = receipt.jobs.len(), mail = receipt.mail.len(), "message accepted");
             session.reply(Reply::owned(250, [2, 0, 0], format!("queued as {key}")));
         }
+        Err(e @ nightmail_store::StoreError::Full { .. }) => {
+            tracing::warn!("refused a message: {e}");
+            session.reply(reply::STORAGE_FULL);
+        }
         Err(e) => {
             tracing::error!("cannot store a message: {e}");
             session.reply(reply::STORE_FAILED);

@@ -20,6 +20,19 @@ pub(crate) fn mail(session: &mut Session, from: MailFrom<String>) {
     if from.size > session.shared.config.smtp.max_message_bytes {
         return session.reply(reply::TOO_BIG);
     }
+    // RFC 1870 §6.1: refuse at MAIL, before the client sends the message, while the store has no
+    // room for it (SIZE, or nothing when the client declared no size). DATA checks again.
+    match session.shared.store.ensure_room(from.size as u64) {
+        Ok(()) => {}
+        Err(e @ nightmail_store::StoreError::Full { .. }) => {
+            tracing::warn!("refused a transaction: {e}");
+            return session.reply(reply::STORAGE_FULL);
+        }
+        Err(e) => {
+            tracing::error!("cannot check free space: {e}");
+            return session.reply(reply::STORE_FAILED);
+        }
+    }
     let sender = if from.address.is_empty() {
         None // the null reverse-path <>
     } else {
