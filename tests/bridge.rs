@@ -34,15 +34,21 @@ impl Dovecot {
 
     /// `prepare` may fill the maildir (`mail/bot`) before the server starts.
     fn start_with(prepare: impl FnOnce(&Path)) -> Dovecot {
-        Dovecot::start_full(prepare, None)
+        Dovecot::start_full(prepare, None, "")
     }
 
     /// TLS from the first byte (imaps) with this certificate and key, and nothing else.
     fn start_tls(ca: &Path, cert: &Path, key: &Path) -> Dovecot {
-        Dovecot::start_full(|_| {}, Some((ca, cert, key)))
+        Dovecot::start_full(|_| {}, Some((ca, cert, key)), "")
     }
 
-    fn start_full(prepare: impl FnOnce(&Path), tls: Option<(&Path, &Path, &Path)>) -> Dovecot {
+    /// A server that does not offer IDLE (RFC 2177) after login.
+    fn start_without_idle() -> Dovecot {
+        Dovecot::start_full(|_| {}, None, "imap_capability = IMAP4rev1 SASL-IR LITERAL+ UIDPLUS\n")
+    }
+
+    /// `extra` is added to the configuration.
+    fn start_full(prepare: impl FnOnce(&Path), tls: Option<(&Path, &Path, &Path)>, extra: &str) -> Dovecot {
         common::external("dovecot", "dovecot-imapd");
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -94,7 +100,7 @@ userdb {{
   driver = static
   args = uid={user} gid={group} home={r}/mail/%u
 }}
-"#,
+{extra}"#,
                 r = root.display()
             ),
         )
@@ -440,6 +446,19 @@ fn the_bridge_reconnects_when_the_server_dies_mid_idle() {
     rig.dovecot.deliver(&question("me@example.com", &[PASS], "after", "<i2@example.com>"), None);
     rig.reply_to("<i2@example.com>");
     assert_eq!(replies_to(&rig.submission, "<i1@example.com>").len(), 1);
+    assert_eq!(rig.daemon.jobs().len(), 2);
+}
+
+/// A server without IDLE is polled: new mail is still answered, once.
+#[test]
+fn a_server_without_idle_is_polled() {
+    let rig = Rig::start(Dovecot::start_without_idle());
+    rig.until_taken(0);
+    for n in 1..=2 {
+        let id = format!("<p{n}@example.com>");
+        rig.dovecot.deliver(&question("me@example.com", &[PASS], "polled", &id), None);
+        rig.reply_to(&id);
+    }
     assert_eq!(rig.daemon.jobs().len(), 2);
 }
 
