@@ -383,6 +383,11 @@ fn a_question_is_answered_once_threaded_and_kept_in_sent_across_restarts() {
         assert_eq!(replies_to(&rig.submission, id).len(), 1, "nothing answered twice across restarts: {id}");
     }
     assert_eq!(rig.daemon.jobs().len(), 4, "one job per new question, none for the 500 old ones");
+    // Every question flagged, the one whose job was queued just before the SIGKILL too (from the
+    // mark's list of UIDs still to flag).
+    until(Duration::from_secs(20), "all four questions flagged", || {
+        (501..=504).all(|uid| flags(&rig.dovecot, uid).contains(&"\\Seen".to_string()))
+    });
     assert!(rig.submission.messages().iter().all(|m| !m["data"].as_str().unwrap().contains("Subject: Re: old")));
 }
 
@@ -449,10 +454,12 @@ fn the_bridge_reconnects_when_the_server_dies_mid_idle() {
     assert_eq!(rig.daemon.jobs().len(), 2);
 }
 
-/// A server without IDLE is polled: new mail is still answered, once.
+/// A server without IDLE is polled: new mail is still answered, once, and flagged with the
+/// configured keyword.
 #[test]
-fn a_server_without_idle_is_polled() {
-    let rig = Rig::start(Dovecot::start_without_idle());
+fn a_server_without_idle_is_polled_and_the_flag_is_a_keyword() {
+    // With a keyword for a flag (RFC 3501 §2.3.2), as `flag` allows.
+    let rig = Rig::start_with(Dovecot::start_without_idle(), "imap_tls = \"none\"\nflag = \"$Nightmail\"\n");
     rig.until_taken(0);
     for n in 1..=2 {
         let id = format!("<p{n}@example.com>");
@@ -460,6 +467,10 @@ fn a_server_without_idle_is_polled() {
         rig.reply_to(&id);
     }
     assert_eq!(rig.daemon.jobs().len(), 2);
+    until(Duration::from_secs(10), "both flagged $Nightmail", || {
+        (1..=2).all(|uid| flags(&rig.dovecot, uid).contains(&"$Nightmail".to_string()))
+    });
+    assert!(!flags(&rig.dovecot, 1).contains(&"\\Seen".to_string()), "only the configured flag is set");
 }
 
 /// A new UIDVALIDITY (the server rebuilt its index): the old messages get new UIDs but are not
