@@ -23,6 +23,8 @@ mod m0005_utf8_mailbox_names;
 mod m0006_dedupe_by_sender;
 #[path = "0007_ask_jobs.rs"]
 mod m0007_ask_jobs;
+#[path = "0008_bridges.rs"]
+mod m0008_bridges;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -35,6 +37,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (5, "utf8_mailbox_names", m0005_utf8_mailbox_names::apply),
     (6, "dedupe_by_sender", m0006_dedupe_by_sender::apply),
     (7, "ask_jobs", m0007_ask_jobs::apply),
+    (8, "bridges", m0008_bridges::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -17,6 +17,7 @@ tools=(
   mkfs.ext4:e2fsprogs
   mount:mount
   systemd-analyze:systemd
+  dovecot:dovecot-imapd
 )
 packages=()
 for entry in "${tools[@]}"; do

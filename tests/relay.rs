@@ -5,70 +5,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Raw, header};
+use common::{Daemon, Raw, Smarthost, header};
 use nightmail_store::{Incoming, Recipient, Store, Summary};
 use nightmail_types::{Address, Timestamp};
 use serde_json::{Value, json};
-
-/// aiosmtpd, scripted by `tests/fixtures/smarthost.py`.
-struct Smarthost {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Smarthost {
-    fn start(script: Value) -> Smarthost {
-        let probe = Command::new("python3").args(["-c", "import aiosmtpd"]).output().unwrap();
-        assert!(probe.status.success(), "aiosmtpd is needed: pip install aiosmtpd (scripts/test.sh installs it)");
-        let dir = tempfile::tempdir().unwrap();
-        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/smarthost.py");
-        let mut child = Command::new("python3")
-            .arg(fixture)
-            .arg(dir.path())
-            .arg(script.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
-        let port =
-            line.trim().strip_prefix("port ").unwrap_or_else(|| panic!("smarthost said {line:?}")).parse().unwrap();
-        Smarthost { port, dir, child }
-    }
-
-    /// Messages accepted so far, in order.
-    fn messages(&self) -> Vec<Value> {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-        names.sort();
-        names.iter().map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()).collect()
-    }
-
-    /// Every RCPT it answered, as `address reply`.
-    fn rcpt_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("rcpt.log")).unwrap_or_default()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
-impl Drop for Smarthost {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The test configuration with `[relay]` pointing at `smarthost` over plain loopback.
 fn relay_config(dir: &Path, smarthost: &Smarthost, relay_extra: &str) -> String {
@@ -380,7 +324,7 @@ fn mail_not_delivered_in_time_bounces_as_expired() {
             key,
             raw: b"From: me@nightmail.test\r\nTo: bob@example.org\r\nSubject: Old news\r\nMessage-ID: <old@client.test>\r\n\r\nstale\r\n".to_vec(),
             sender: Some(Address::parse("me@nightmail.test").unwrap()),
-            recipients: vec![Recipient::Remote { address: Address::parse("bob@example.org").unwrap() }],
+            recipients: vec![Recipient::Remote { address: Address::parse("bob@example.org").unwrap(), via: None }],
             summary: Summary { from: "me@nightmail.test".into(), subject: "Old news".into(), message_id: "<old@client.test>".into() },
             dedupe_id: "<old@client.test>".into(),
         };
@@ -444,24 +388,6 @@ fn relaying_needs_a_login_a_sender_the_users_from_and_quota() {
     assert_eq!(to_set(&smarthost.messages()[0]["rcpt_tos"]), ["a@example.org", "b@example.org"]);
 }
 
-/// A CA and a certificate it signed for 127.0.0.1, written as PEM files: (ca, cert, key).
-fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, cert.pem()).unwrap();
-    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
-    paths
-}
-
 /// The one entry has been tried once and is waiting for its next attempt.
 fn failed_once(daemon: &Daemon) -> bool {
     let entry = &outbound(daemon)[0];
@@ -480,7 +406,7 @@ fn starttls_config(dir: &Path, smarthost: &Smarthost, extra: &str) -> String {
 #[test]
 fn starttls_and_auth_work_and_a_certificate_that_does_not_verify_is_refused() {
     let certs = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca(certs.path());
+    let (ca, cert, key) = common::test_ca(certs.path());
     let script = json!({"tls": {"cert": cert, "key": key}, "auth": {"user": "relay-login", "password": "s3cret"}});
     let smarthost = Smarthost::start(script);
     std::fs::write(certs.path().join("pw"), "s3cret\n").unwrap();
@@ -524,7 +450,7 @@ fn starttls_and_auth_work_and_a_certificate_that_does_not_verify_is_refused() {
 #[test]
 fn implicit_tls_is_spoken_from_the_first_byte() {
     let certs = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = test_ca(certs.path());
+    let (ca, cert, key) = common::test_ca(certs.path());
     let smarthost = Smarthost::start(json!({"implicit_tls": {"cert": cert, "key": key}}));
     let daemon = Daemon::start_with(|dir| {
         format!(

@@ -648,3 +648,79 @@ impl RecordingBackend {
         self.requests.lock().unwrap().iter().map(|r| r["messages"].to_string()).collect()
     }
 }
+
+/// A CA and a certificate it signed for 127.0.0.1, written as PEM files: (ca, cert, key).
+pub fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // A name of its own: with rcgen's default for both, OpenSSL takes the leaf for self-signed.
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nightmail test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// aiosmtpd as a receiving SMTP server, scripted by `tests/fixtures/smarthost.py`.
+pub struct Smarthost {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Smarthost {
+    pub fn start(script: serde_json::Value) -> Smarthost {
+        let probe = Command::new("python3").args(["-c", "import aiosmtpd"]).output().unwrap();
+        assert!(probe.status.success(), "aiosmtpd is needed: pip install aiosmtpd (scripts/test.sh installs it)");
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/smarthost.py");
+        let mut child = Command::new("python3")
+            .arg(fixture)
+            .arg(dir.path())
+            .arg(script.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        let port =
+            line.trim().strip_prefix("port ").unwrap_or_else(|| panic!("smarthost said {line:?}")).parse().unwrap();
+        Smarthost { port, dir, child }
+    }
+
+    /// Messages accepted so far, in order.
+    pub fn messages(&self) -> Vec<serde_json::Value> {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        names.sort();
+        names.iter().map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()).collect()
+    }
+
+    /// Every RCPT it answered, as `address reply`.
+    pub fn rcpt_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("rcpt.log")).unwrap_or_default()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Smarthost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

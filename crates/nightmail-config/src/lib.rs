@@ -5,6 +5,7 @@
 //! exactly one kind of [`Password`], and every mistake is reported with the file, line and key,
 //! and what to do about it.
 
+mod bridge;
 mod edit;
 mod raw;
 
@@ -12,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use bridge::{Allow, BridgeConfig, Endpoint};
 pub use edit::upsert_user;
 pub use nightmail_types::Address;
 
@@ -30,6 +32,8 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// The smarthost that mail to outside addresses goes through; `None`: nothing leaves.
     pub relay: Option<RelayConfig>,
+    /// Mailboxes at other providers that a model answers from (`[[bridge]]`).
+    pub bridges: Vec<BridgeConfig>,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -292,21 +296,26 @@ impl std::fmt::Debug for Secret {
 }
 
 impl PasswordSource {
-    /// Reads the password. The error names the variable or file and the key to fix, never the
-    /// value.
+    /// Reads the `[relay]` password. The error names the variable or file and the key to fix,
+    /// never the value.
     pub fn read(&self) -> Result<Secret, String> {
+        self.read_for("relay")
+    }
+
+    /// Reads the password of the section `section` (`relay`, `bridge`), naming its keys in errors.
+    pub fn read_for(&self, section: &str) -> Result<Secret, String> {
         let text = match self {
             PasswordSource::Env(name) => std::env::var(name).map_err(|_| {
-                format!("relay.password_env: the environment variable {name} is not set (or not UTF-8)")
+                format!("{section}.password_env: the environment variable {name} is not set (or not UTF-8)")
             })?,
             PasswordSource::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("relay.password_file: cannot read {}: {e}", path.display()))?,
+                .map_err(|e| format!("{section}.password_file: cannot read {}: {e}", path.display()))?,
         };
         let text = text.trim_end_matches(['\r', '\n']).to_string();
         if text.is_empty() {
             return Err(match self {
-                PasswordSource::Env(name) => format!("relay.password_env: {name} is empty"),
-                PasswordSource::File(path) => format!("relay.password_file: {} is empty", path.display()),
+                PasswordSource::Env(name) => format!("{section}.password_env: {name} is empty"),
+                PasswordSource::File(path) => format!("{section}.password_file: {} is empty", path.display()),
             });
         }
         Ok(Secret(text))
@@ -392,6 +401,11 @@ impl Config {
 
     pub fn model(&self, address: &Address) -> Option<&Model> {
         self.models.iter().find(|m| &m.address == address)
+    }
+
+    /// The bridge whose upstream address is `address`.
+    pub fn bridge(&self, address: &Address) -> Option<&BridgeConfig> {
+        self.bridges.iter().find(|b| &b.address == address)
     }
 
     /// Each model's Ask folder, `Ask/<name>` (its `name` key, or the local part of its address),

@@ -33,6 +33,8 @@ struct RawConfig {
     #[serde(default)]
     worker: RawWorker,
     relay: Option<Spanned<RawRelay>>,
+    #[serde(default)]
+    bridge: Vec<Spanned<crate::bridge::RawBridge>>,
 }
 
 #[derive(Deserialize)]
@@ -279,20 +281,20 @@ fn default_retries() -> u32 {
 }
 
 /// Turns byte offsets into `line:column` for messages.
-struct Locator<'a> {
+pub(crate) struct Locator<'a> {
     text: &'a str,
     path: String,
 }
 
 impl Locator<'_> {
-    fn at(&self, offset: usize, message: String) -> ConfigError {
+    pub(crate) fn at(&self, offset: usize, message: String) -> ConfigError {
         let before = &self.text[..offset.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
         let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
         ConfigError::Invalid { path: self.path.clone(), line, column, message }
     }
 
-    fn spanned<T>(&self, value: &Spanned<T>, message: String) -> ConfigError {
+    pub(crate) fn spanned<T>(&self, value: &Spanned<T>, message: String) -> ConfigError {
         if value.span().is_empty() && value.span().start == 0 {
             ConfigError::Semantic { path: self.path.clone(), message }
         } else {
@@ -371,6 +373,28 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
         }
         models.push(model);
     }
+    let mut bridges: Vec<crate::BridgeConfig> = Vec::new();
+    for spanned in &raw.bridge {
+        let bridge = crate::bridge::check(spanned, &loc, &models)?;
+        if bridge.tls_insecure {
+            warnings.push(format!(
+                "bridge {}: tls_insecure = true in {}: the certificates of {} and {} are not verified",
+                bridge.address, loc.path, bridge.imap.host, bridge.smtp.host
+            ));
+        }
+        let taken = |a: &Address| {
+            users.iter().any(|u| &u.address == a)
+                || models.iter().any(|m| &m.address == a)
+                || bridges.iter().any(|b| &b.address == a)
+        };
+        if taken(&bridge.address) {
+            return Err(loc.spanned(
+                &spanned.get_ref().address,
+                format!("bridge.address {} is used twice (by a user, a model or another bridge)", bridge.address),
+            ));
+        }
+        bridges.push(bridge);
+    }
     if users.is_empty() {
         warnings.push(format!(
             "{} has no [[user]]: nobody can log in; add one with `nightmail user add NAME --address A`",
@@ -396,12 +420,13 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
             max_attempts: raw.worker.max_attempts.max(1),
         },
         relay,
+        bridges,
         source: source.map(Path::to_path_buf),
         warnings,
     })
 }
 
-fn address(value: &Spanned<String>, loc: &Locator<'_>, key: &str) -> Result<Address, ConfigError> {
+pub(crate) fn address(value: &Spanned<String>, loc: &Locator<'_>, key: &str) -> Result<Address, ConfigError> {
     Address::parse(value.get_ref()).map_err(|e| loc.spanned(value, format!("{key}: {e}")))
 }
 
@@ -469,9 +494,73 @@ fn check_tls(raw: &Spanned<RawTls>, loc: &Locator<'_>) -> Result<TlsConfig, Conf
 }
 
 /// Whether `host` is this machine: the only place a smarthost may be reached without TLS.
-fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A TLS mode key (`relay.tls`, `bridge.imap_tls`...): "starttls", "implicit" or "none", the last
+/// only for a loopback `host`.
+pub(crate) fn tls_mode(
+    value: &Spanned<String>,
+    host: &str,
+    key: &str,
+    loc: &Locator<'_>,
+) -> Result<RelayTls, ConfigError> {
+    let tls = match value.get_ref().as_str() {
+        "starttls" => RelayTls::StartTls,
+        "implicit" => RelayTls::Implicit,
+        "none" => RelayTls::None,
+        other => {
+            return Err(loc.spanned(value, format!("{key} `{other}`: use \"starttls\", \"implicit\" or \"none\"")));
+        }
+    };
+    if tls == RelayTls::None && !is_loopback_host(host) {
+        return Err(loc.spanned(
+            value,
+            format!(
+                "{key} = \"none\" is allowed only for a loopback host, not {host}: mail and the password would cross the network in the clear; use \"starttls\" or \"implicit\""
+            ),
+        ));
+    }
+    Ok(tls)
+}
+
+/// `user` with `password_env` or `password_file` (one of them, never both) in `section`.
+pub(crate) fn login(
+    section: &str,
+    user: Option<&Spanned<String>>,
+    password_env: Option<&Spanned<String>>,
+    password_file: Option<&Spanned<PathBuf>>,
+    loc: &Locator<'_>,
+) -> Result<Option<(String, PasswordSource)>, ConfigError> {
+    let password = match (password_env, password_file) {
+        (Some(env), None) => Some((env.span(), PasswordSource::Env(env.get_ref().clone()))),
+        (None, Some(file)) => Some((file.span(), PasswordSource::File(file.get_ref().clone()))),
+        (None, None) => None,
+        (Some(env), Some(_)) => {
+            return Err(loc.spanned(env, format!("{section}: give either `password_env` or `password_file`, not both")));
+        }
+    };
+    match (user, password) {
+        (Some(user), Some((_, source))) => {
+            let name = user.get_ref().trim().to_string();
+            if name.is_empty() {
+                return Err(loc.spanned(user, format!("{section}.user must not be empty")));
+            }
+            Ok(Some((name, source)))
+        }
+        (None, None) => Ok(None),
+        (Some(user), None) => Err(loc.spanned(
+            user,
+            format!(
+                "{section}.user needs a password: set `password_env` (an environment variable's name) or `password_file`"
+            ),
+        )),
+        (None, Some((span, _))) => {
+            Err(loc.at(span.start, format!("{section}: a password without `user`: set {section}.user (the login)")))
+        }
+    }
 }
 
 fn check_relay(spanned: &Spanned<RawRelay>, loc: &Locator<'_>) -> Result<RelayConfig, ConfigError> {
@@ -480,57 +569,13 @@ fn check_relay(spanned: &Spanned<RawRelay>, loc: &Locator<'_>) -> Result<RelayCo
     if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') {
         return Err(loc.spanned(&r.host, format!("relay.host `{host}` must be a host name or an IP address")));
     }
-    let tls = match r.tls.get_ref().as_str() {
-        "starttls" => RelayTls::StartTls,
-        "implicit" => RelayTls::Implicit,
-        "none" => RelayTls::None,
-        other => {
-            return Err(loc.spanned(&r.tls, format!("relay.tls `{other}`: use \"starttls\", \"implicit\" or \"none\"")));
-        }
-    };
-    if tls == RelayTls::None && !is_loopback_host(&host) {
-        return Err(loc.spanned(
-            &r.tls,
-            format!(
-                "relay.tls = \"none\" is allowed only for a loopback host, not {host}: mail and the password would cross the network in the clear; use \"starttls\" or \"implicit\""
-            ),
-        ));
-    }
+    let tls = tls_mode(&r.tls, &host, "relay.tls", loc)?;
     let port = r.port.unwrap_or(match tls {
         RelayTls::StartTls => 587,
         RelayTls::Implicit => 465,
         RelayTls::None => 25,
     });
-    let password = match (&r.password_env, &r.password_file) {
-        (Some(env), None) => Some((env.span(), PasswordSource::Env(env.get_ref().clone()))),
-        (None, Some(file)) => Some((file.span(), PasswordSource::File(file.get_ref().clone()))),
-        (None, None) => None,
-        (Some(env), Some(_)) => {
-            return Err(loc.spanned(env, "relay: give either `password_env` or `password_file`, not both".into()));
-        }
-    };
-    let user = match (&r.user, password) {
-        (Some(user), Some((_, source))) => {
-            let name = user.get_ref().trim().to_string();
-            if name.is_empty() {
-                return Err(loc.spanned(user, "relay.user must not be empty".into()));
-            }
-            Some((name, source))
-        }
-        (None, None) => None,
-        (Some(user), None) => {
-            return Err(loc.spanned(
-                user,
-                "relay.user needs a password: set `password_env` (an environment variable's name) or `password_file`"
-                    .into(),
-            ));
-        }
-        (None, Some((span, _))) => {
-            return Err(
-                loc.at(span.start, "relay: a password without `user`: set relay.user (the smarthost login)".into())
-            );
-        }
-    };
+    let user = login("relay", r.user.as_ref(), r.password_env.as_ref(), r.password_file.as_ref(), loc)?;
     if *r.timeout_secs.get_ref() == 0 {
         return Err(loc.spanned(&r.timeout_secs, "relay.timeout_secs must be greater than 0".into()));
     }

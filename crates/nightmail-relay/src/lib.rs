@@ -18,7 +18,7 @@ mod sender;
 
 pub use route::{Envelope, Outcome, Route, send};
 pub use schedule::backoff;
-pub use sender::Relay;
+pub use sender::{OnSent, Relay};
 
 /// Why the relay cannot start.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! 3207/8314), AUTH (RFC 4954) when a login is configured, then MAIL, one RCPT per recipient and
 //! DATA (RFC 5321 §3.3), with lettre's async connection. RCPT replies are kept per recipient, so
 //! one refused address does not hold back the others (RFC 5321 §3.3: the transaction goes on with
-//! the accepted ones). The bridge (a later issue) sends through the same [`Route`].
+//! the accepted ones). A bridge sends through a [`Route`] to its provider ([`Route::from_bridge`]).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Certificate, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail, Quit, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
-use nightmail_config::{RelayConfig, RelayTls, Secret};
+use nightmail_config::{BridgeConfig, Endpoint, RelayConfig, RelayTls, Secret};
 use nightmail_types::Address;
 
 use crate::RelayError;
@@ -42,24 +42,46 @@ impl Route {
             Some((user, source)) => Some((user.clone(), source.read().map_err(RelayError::Config)?)),
             None => None,
         };
-        let extra_roots = match &relay.ca_file {
+        let endpoint = Endpoint { host: relay.host.clone(), port: relay.port, tls: relay.tls };
+        Route::build(endpoint, credentials, relay.tls_insecure, relay.ca_file.as_deref(), hostname, relay.timeout)
+    }
+
+    /// The route to a bridge's SMTP submission server (`[[bridge]]` smtp_host, smtp_port,
+    /// smtp_tls, with the bridge's login).
+    pub fn from_bridge(bridge: &BridgeConfig, hostname: &str) -> Result<Route, RelayError> {
+        let password = bridge.password.read_for("bridge").map_err(RelayError::Config)?;
+        let credentials = Some((bridge.user.clone(), password));
+        let ca_file = bridge.ca_file.as_deref();
+        Route::build(bridge.smtp.clone(), credentials, bridge.tls_insecure, ca_file, hostname, bridge.timeout)
+    }
+
+    /// Reads the CA file and checks the TLS settings now, so a mistake shows at start-up, not at
+    /// the first message.
+    fn build(
+        endpoint: Endpoint,
+        credentials: Option<(String, Secret)>,
+        tls_insecure: bool,
+        ca_file: Option<&std::path::Path>,
+        hostname: &str,
+        timeout: Duration,
+    ) -> Result<Route, RelayError> {
+        let extra_roots = match ca_file {
             Some(path) => Some(
                 std::fs::read(path)
-                    .map_err(|e| RelayError::Config(format!("relay.ca_file: cannot read {}: {e}", path.display())))?,
+                    .map_err(|e| RelayError::Config(format!("ca_file: cannot read {}: {e}", path.display())))?,
             ),
             None => None,
         };
         let route = Route {
-            host: relay.host.clone(),
-            port: relay.port,
-            tls: relay.tls,
+            host: endpoint.host,
+            port: endpoint.port,
+            tls: endpoint.tls,
             credentials,
-            tls_insecure: relay.tls_insecure,
+            tls_insecure,
             extra_roots,
             hello: hostname.to_string(),
-            timeout: relay.timeout,
+            timeout,
         };
-        // Build the TLS parameters once, so a bad CA file is a start-up error.
         route.tls_parameters()?;
         Ok(route)
     }

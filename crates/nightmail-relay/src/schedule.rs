@@ -75,6 +75,7 @@ mod tests {
             attempts,
             state: OutboundState::default(),
             last_error: None,
+            via: None,
         }
     }
 

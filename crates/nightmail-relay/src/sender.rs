@@ -3,6 +3,8 @@
 //! delivery-status notice to the sender for those that bounced, in the same transaction.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +26,19 @@ const LEASE: Duration = Duration::from_secs(30 * 60);
 /// Settled entries are kept this long for `status` and the daily quota.
 const KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Called with a message once the server took it for at least one recipient, before the
+/// entries are settled: a bridge appends it to the upstream Sent folder.
+pub type OnSent = Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// The relay: the store's outbound queue worked through one route.
 pub struct Relay {
     store: Store,
     config: Arc<Config>,
     route: Route,
+    /// The entries this task sends: `None` for the `[relay]`, else a bridge's address.
+    via: Option<Address>,
+    give_up_after: Duration,
+    on_sent: Option<OnSent>,
 }
 
 impl Relay {
@@ -40,13 +50,22 @@ impl Relay {
         if route.tls_insecure {
             tracing::warn!(smarthost = %route.describe(), "relay.tls_insecure: the smarthost's certificate is not verified");
         }
-        Ok(Some(Relay { store, config, route }))
+        let give_up_after = relay.give_up_after;
+        Ok(Some(Relay { store, config, route, via: None, give_up_after, on_sent: None }))
+    }
+
+    /// The sender task of the bridge for `via`: its entries, through its provider's `route`, each
+    /// message handed to `on_sent` once taken. Bounces expire after 72 hours, as the relay's
+    /// default.
+    pub fn through(store: Store, config: Arc<Config>, route: Route, via: Address, on_sent: OnSent) -> Relay {
+        let give_up_after = Duration::from_secs(72 * 3600);
+        Relay { store, config, route, via: Some(via), give_up_after, on_sent: Some(on_sent) }
     }
 
     /// Runs until `stop` turns true. An entry being sent at that moment keeps its lease, and is
     /// sent again after the restart.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        tracing::info!(smarthost = %self.route.describe(), "relay running");
+        tracing::info!(smarthost = %self.route.describe(), via = ?self.via, "relay running");
         let mut purged_at = Timestamp(0);
         while !*stop.borrow() {
             let sent = tokio::select! {
@@ -75,7 +94,7 @@ impl Relay {
 
     /// Sends what is due now. Returns how many entries it settled or tried.
     pub async fn round(&self) -> Result<usize, StoreError> {
-        let leased = self.store.lease_outbound(Timestamp::now(), LEASE, BATCH).await?;
+        let leased = self.store.lease_outbound_via(Timestamp::now(), LEASE, BATCH, self.via.as_ref()).await?;
         let n = leased.len();
         // One transaction per message and sender: its due recipients together.
         let mut groups: BTreeMap<(MessageKey, Option<Address>), Vec<LeasedOutbound>> = BTreeMap::new();
@@ -101,8 +120,13 @@ impl Relay {
         let envelope =
             Envelope { from: first.sender.clone(), to: group.iter().map(|l| l.entry().recipient.clone()).collect() };
         let outcomes = route::send(&self.route, &envelope, &raw).await;
+        if let Some(on_sent) = &self.on_sent
+            && outcomes.iter().any(|o| matches!(o, route::Outcome::Accepted { .. }))
+        {
+            on_sent(raw.clone()).await;
+        }
         let now = Timestamp::now();
-        let give_up = self.config.relay.as_ref().map_or(Duration::from_secs(72 * 3600), |r| r.give_up_after);
+        let give_up = self.give_up_after;
         let settled: Vec<(LeasedOutbound, Settle)> = group
             .into_iter()
             .zip(outcomes)

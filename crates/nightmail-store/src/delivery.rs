@@ -17,16 +17,20 @@ use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
 pub enum Recipient {
     /// A local user: the message lands in their INBOX.
     User { user: String, address: Address },
-    /// A model address: the message becomes a job.
-    Model { address: Address },
-    /// Anyone else: the message waits in the outbound queue for the relay.
-    Remote { address: Address },
+    /// A model address: the message becomes a job. `via`: the bridge (its upstream address) the
+    /// message came in through, whose SMTP server the answer goes out by.
+    Model { address: Address, via: Option<Address> },
+    /// Anyone else: the message waits in the outbound queue for the relay, or for the bridge
+    /// `via` names.
+    Remote { address: Address, via: Option<Address> },
 }
 
 impl Recipient {
     pub fn address(&self) -> &Address {
         match self {
-            Recipient::User { address, .. } | Recipient::Model { address } | Recipient::Remote { address } => address,
+            Recipient::User { address, .. } | Recipient::Model { address, .. } | Recipient::Remote { address, .. } => {
+                address
+            }
         }
     }
 }
@@ -217,8 +221,8 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                 receipt.mail.push((user.clone(), uid));
                 Made::Mail(mailbox_id, uid)
             }
-            Recipient::Model { address } => {
-                let job = Job::queued(
+            Recipient::Model { address, via } => {
+                let mut job = Job::queued(
                     JobId(id),
                     address.clone(),
                     message_key,
@@ -227,11 +231,12 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     Origin::Mail,
                     now,
                 );
+                job.via = via.clone();
                 write_job(tx.jobs, tx.queue, None, &job)?;
                 receipt.jobs.push(job.id);
                 Made::Job(job.id)
             }
-            Recipient::Remote { address } => {
+            Recipient::Remote { address, via } => {
                 let outbound = Outbound {
                     id: OutboundId(id),
                     message: message_key,
@@ -241,6 +246,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     attempts: 0,
                     state: OutboundState::Queued { not_before: now },
                     last_error: None,
+                    via: via.clone(),
                 };
                 tx.outbound.insert(&outbound.id.to_be_bytes(), encode(&outbound))?;
                 receipt.outbound.push(outbound.id);

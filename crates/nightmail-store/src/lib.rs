@@ -10,6 +10,7 @@
 //! so when it returns, the change survives `kill -9` and power loss (RFC 5321 §6.1: once 250 is
 //! sent, the message must not be lost).
 
+mod bridge;
 mod changes;
 mod delivery;
 mod durable;
@@ -32,6 +33,7 @@ mod migrations;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use bridge::BridgeState;
 pub use changes::MailboxChange;
 pub use delivery::{DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, stable_digest};
 pub use error::StoreError;

@@ -47,6 +47,10 @@ pub struct Outbound {
     /// What the smarthost (or the connection to it) last said, for `status`.
     #[serde(default)]
     pub last_error: Option<String>,
+    /// The bridge (its upstream address) whose SMTP server sends this; `None`: the `[relay]`.
+    /// Absent before bridges existed.
+    #[serde(default)]
+    pub via: Option<Address>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,16 +200,29 @@ impl Store {
         Ok(n)
     }
 
-    /// Leases up to `max` entries due at `now`, oldest first, for `lease_for`.
+    /// Leases up to `max` entries for the `[relay]` due at `now`, oldest first, for `lease_for`.
     pub async fn lease_outbound(
         &self,
         now: Timestamp,
         lease_for: Duration,
         max: usize,
     ) -> Result<Vec<LeasedOutbound>, StoreError> {
+        self.lease_outbound_via(now, lease_for, max, None).await
+    }
+
+    /// [`Store::lease_outbound`] for the entries sent through `via` (a bridge's address; `None`:
+    /// the `[relay]`): each sender task leases only its own.
+    pub async fn lease_outbound_via(
+        &self,
+        now: Timestamp,
+        lease_for: Duration,
+        max: usize,
+        via: Option<&Address>,
+    ) -> Result<Vec<LeasedOutbound>, StoreError> {
         let due: Vec<OutboundId> = self
             .outbound()?
             .into_iter()
+            .filter(|e| e.via.as_ref() == via)
             .filter(|e| matches!(e.state, OutboundState::Queued { not_before } if not_before <= now))
             .map(|e| e.id)
             .take(max)

@@ -48,6 +48,10 @@ pub struct Job {
     /// The Message-ID of the acknowledgement sent for this job, if any.
     #[serde(default)]
     pub ack: Option<String>,
+    /// The bridge (its upstream address) the question came in through: the answer goes out by
+    /// its SMTP server, from its address. `None`: local mail.
+    #[serde(default)]
+    pub via: Option<Address>,
     /// How the question came (schema 7; mail before).
     #[serde(default)]
     pub origin: Origin,
@@ -93,6 +97,7 @@ impl Job {
             triaged: false,
             ack: None,
             origin,
+            via: None,
         }
     }
 }

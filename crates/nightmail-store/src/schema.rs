@@ -13,13 +13,14 @@
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |
 //! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for one remote recipient, leased by the relay (schema 3; its `attempts`, `state`, `last_error` came with the relay and default to queued-and-due, so no migration) |
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
+//! | `bridges`       | a bridge's upstream address      | JSON `BridgeState`: the upstream UIDVALIDITY, the last UID and INTERNALDATE taken, the UIDs still to flag (schema 8) |
 
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -32,6 +33,7 @@ pub(crate) const DEDUPE: &str = "dedupe";
 pub(crate) const MESSAGE_IDS: &str = "message_ids";
 pub(crate) const OUTBOUND: &str = "outbound";
 pub(crate) const MESSAGE_REFS: &str = "message_refs";
+pub(crate) const BRIDGES: &str = "bridges";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -49,6 +51,7 @@ pub(crate) struct Trees {
     pub message_ids: sled::Tree,
     pub outbound: sled::Tree,
     pub message_refs: sled::Tree,
+    pub bridges: sled::Tree,
 }
 
 impl Trees {
@@ -65,11 +68,12 @@ impl Trees {
             message_ids: db.open_tree(MESSAGE_IDS)?,
             outbound: db.open_tree(OUTBOUND)?,
             message_refs: db.open_tree(MESSAGE_REFS)?,
+            bridges: db.open_tree(BRIDGES)?,
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 11] {
+    pub fn all(&self) -> [&sled::Tree; 12] {
         [
             &self.meta,
             &self.messages,
@@ -82,6 +86,7 @@ impl Trees {
             &self.message_ids,
             &self.outbound,
             &self.message_refs,
+            &self.bridges,
         ]
     }
 
@@ -109,6 +114,7 @@ pub(crate) struct Tx<'a> {
     pub message_ids: &'a TransactionalTree,
     pub outbound: &'a TransactionalTree,
     pub message_refs: &'a TransactionalTree,
+    pub bridges: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -125,6 +131,7 @@ impl<'a> Tx<'a> {
             message_ids: &view[8],
             outbound: &view[9],
             message_refs: &view[10],
+            bridges: &view[11],
         }
     }
 }

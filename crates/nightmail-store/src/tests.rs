@@ -22,7 +22,7 @@ fn incoming(store: &Store, message_id: &str, recipients: Vec<Recipient>) -> Inco
 }
 
 fn to_model() -> Recipient {
-    Recipient::Model { address: addr("kimi@nightmail.local") }
+    Recipient::Model { address: addr("kimi@nightmail.local"), via: None }
 }
 
 fn to_me() -> Recipient {
@@ -200,6 +200,7 @@ async fn a_schema_1_store_is_migrated() {
             triaged: false,
             ack: None,
             origin: Origin::Mail,
+            via: None,
         };
         let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
         let done = mk(11, JobState::Done { at: Timestamp(6) });
@@ -258,7 +259,7 @@ async fn finishing_delivers_the_reply_with_the_state_change() {
     assert_eq!(store.job(leased.job().id).unwrap().unwrap().progress, Some(progress));
 
     let job = leased.job().clone();
-    let remote = Recipient::Remote { address: addr("bob@elsewhere.org") };
+    let remote = Recipient::Remote { address: addr("bob@elsewhere.org"), via: None };
     let reply = reply_to(&store, &job, vec![to_me(), remote]);
     let (done, receipt) = store.finish(leased, Finish::Done { reply: reply.clone() }, &quick()).await.unwrap();
     assert_eq!(done.state.name(), "done");
@@ -531,11 +532,11 @@ async fn the_dedupe_sweep_deletes_only_expired_marks() {
 }
 
 fn to_bob() -> Recipient {
-    Recipient::Remote { address: addr("bob@elsewhere.org") }
+    Recipient::Remote { address: addr("bob@elsewhere.org"), via: None }
 }
 
 fn to_carol() -> Recipient {
-    Recipient::Remote { address: addr("carol@elsewhere.org") }
+    Recipient::Remote { address: addr("carol@elsewhere.org"), via: None }
 }
 
 #[tokio::test]
@@ -636,6 +637,55 @@ async fn an_outbound_entry_from_before_the_relay_is_queued_and_due() {
     let leased = store.lease_outbound(Timestamp(6), Duration::from_secs(60), 10).await.unwrap();
     assert_eq!(leased.len(), 1);
     assert_eq!((leased[0].entry().id, leased[0].entry().attempts), (OutboundId(42), 1));
+}
+
+/// A schema-6 store opens at schema 8 (through the Ask folder's 7 to the bridge's tree), its jobs and outbound entries read
+/// with no bridge (`via: None`), and a bridge's mark starts empty.
+#[tokio::test]
+async fn a_schema_6_store_gains_the_bridges_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_to(dir.path(), 6).unwrap();
+        store.deliver(&incoming(&store, "<six@x>", vec![to_model(), to_bob()])).await.unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.jobs().unwrap()[0].via, None);
+    assert_eq!(store.outbound().unwrap()[0].via, None);
+    assert_eq!(store.bridge_state(&addr("bot@fastmail.test")).unwrap(), None);
+}
+
+/// A bridged message's job and the bridge's mark move in one transaction; a resend of the same
+/// message (a UID read again) is a duplicate; each sender task leases only its own entries.
+#[tokio::test]
+async fn a_bridged_job_and_the_mark_are_one_transaction_and_routes_lease_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let bridge = addr("bot@fastmail.test");
+    let model = Recipient::Model { address: addr("kimi@nightmail.local"), via: Some(bridge.clone()) };
+    let state = BridgeState {
+        uidvalidity: 7,
+        last_uid: 3,
+        floor: Timestamp(1_000),
+        last_internal_date: Timestamp(5_000),
+        unflagged: vec![3],
+        last_error: None,
+    };
+    let receipt =
+        store.take_bridged(&bridge, Some(&incoming(&store, "<b@x>", vec![model.clone()])), &state).await.unwrap();
+    assert_eq!(receipt.jobs.len(), 1);
+    assert_eq!(store.job(receipt.jobs[0]).unwrap().unwrap().via.as_ref(), Some(&bridge));
+    assert_eq!(store.bridge_state(&bridge).unwrap().as_ref(), Some(&state));
+    let again = store.take_bridged(&bridge, Some(&incoming(&store, "<b@x>", vec![model])), &state).await.unwrap();
+    assert_eq!((again.jobs.len(), again.duplicates.len()), (0, 1));
+
+    let via_bridge = Recipient::Remote { address: addr("carol@elsewhere.org"), via: Some(bridge.clone()) };
+    store.deliver(&incoming(&store, "<r@x>", vec![to_bob(), via_bridge])).await.unwrap();
+    let now = Timestamp::now();
+    let relay = store.lease_outbound(now, Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(relay.iter().map(|l| l.entry().recipient.as_str()).collect::<Vec<_>>(), ["bob@elsewhere.org"]);
+    let bridged = store.lease_outbound_via(now, Duration::from_secs(60), 10, Some(&bridge)).await.unwrap();
+    assert_eq!(bridged.iter().map(|l| l.entry().recipient.as_str()).collect::<Vec<_>>(), ["carol@elsewhere.org"]);
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ pub mod html;
 pub mod loop_guard;
 pub mod mail;
 pub mod options;
+pub mod outlet;
 pub mod text;
 
 use std::collections::HashMap;
@@ -22,8 +23,7 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::{Config, Model, ReasoningOutput};
 use nightmail_store::{
-    Finish, Incoming, Job, JobState, LeasedJob, Origin, Progress, Recipient, Retry, RetryPolicy, Store, StoreError,
-    Summary,
+    Finish, Incoming, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy, Store, StoreError, Summary,
 };
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::{mpsc, watch};
@@ -118,8 +118,10 @@ impl Worker {
         }
     }
 
+    /// A model's address, or a bridge's (a model's voice at a provider): never answered, never
+    /// written to, its turns in a thread are the assistant's.
     fn is_model(&self, address: &Address) -> bool {
-        self.config.model(address).is_some()
+        self.config.model(address).is_some() || self.config.bridge(address).is_some()
     }
 
     /// Runs one leased job to its end: done with a reply, retried later, or failed with a notice.
@@ -576,7 +578,7 @@ impl Worker {
         };
         let message_id =
             message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.config.hostname));
-        self.outgoing(model, &audience, question, body, headers, attachment, message_id)
+        self.outgoing(model, job, &audience, question, body, headers, attachment, message_id)
     }
 
     /// A failure notice to the asker, threaded under the question when it could be read.
@@ -606,14 +608,16 @@ impl Worker {
             job.id, model.address,
         );
         let headers = vec![("X-Nightmail-Job", job.id.to_string()), ("X-Nightmail-Failure", why.to_string())];
-        Ok(Some(self.outgoing(model, &audience, question, Body::Plain(body), headers, None, message_id)?))
+        Ok(Some(self.outgoing(model, job, &audience, question, Body::Plain(body), headers, None, message_id)?))
     }
 
-    /// Writes a message from `model` to `audience`, threaded under `parent`, ready to deliver.
+    /// Writes a message from `model` to `audience`, threaded under `parent`, ready to deliver, by
+    /// the way `job` came in (`outlet.rs`).
     #[allow(clippy::too_many_arguments)]
     fn outgoing(
         &self,
         model: &Model,
+        job: &Job,
         audience: &Audience,
         parent: &Mail,
         body: Body,
@@ -621,22 +625,15 @@ impl Worker {
         attachment: Option<(&'static str, String)>,
         message_id: String,
     ) -> Result<Incoming, StoreError> {
+        let outlet = outlet::Outlet::new(&self.config, job.via.as_ref());
         let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
+        let from = outlet.from(model);
         let subject = compose::reply_subject(&parent.subject);
-        // Outside people are reached only through the relay, and only so many per reply.
+        // Outside people are reached only through the relay or the bridge, and only so many per
+        // reply.
         let mut audience = audience.clone();
-        let is_outside = |a: &Address| self.config.user_by_address(a).is_none() && !self.is_model(a);
-        let (max, why) = match &self.config.relay {
-            Some(relay) => (
-                relay.max_recipients_per_reply,
-                format!(
-                    "at most {} outside recipients per reply: relay.max_recipients_per_reply",
-                    relay.max_recipients_per_reply
-                ),
-            ),
-            None => (0, "this nightmail sends nothing outside: no [relay] in its configuration".to_string()),
-        };
-        let left_out = audience.limit_outside(is_outside, max);
+        let (max, why) = outlet.cap();
+        let left_out = audience.limit_outside(|a| !self.is_model(a) && outlet.is_outside(a), max);
         let body = if left_out.is_empty() {
             body
         } else {
@@ -644,7 +641,7 @@ impl Worker {
         };
         let audience = &audience;
         let raw = compose::write(Draft {
-            from: (&name, &model.address),
+            from: (&name, from),
             audience,
             subject: subject.clone(),
             message_id: message_id.clone(),
@@ -656,17 +653,15 @@ impl Worker {
         let recipients = audience
             .everyone()
             .filter(|p| !self.is_model(&p.address))
-            .map(|p| match self.config.user_by_address(&p.address) {
-                Some(user) => Recipient::User { user: user.name.clone(), address: p.address.clone() },
-                None => Recipient::Remote { address: p.address.clone() },
-            })
+            .map(|p| outlet.recipient(&p.address))
+            .chain(outlet.archive())
             .collect();
         Ok(Incoming {
             key: self.store.new_message_key()?,
             raw,
-            sender: Some(model.address.clone()),
+            sender: Some(from.clone()),
             recipients,
-            summary: Summary { from: format!("{name} <{}>", model.address), subject, message_id: message_id.clone() },
+            summary: Summary { from: format!("{name} <{from}>"), subject, message_id: message_id.clone() },
             dedupe_id: message_id,
         })
     }

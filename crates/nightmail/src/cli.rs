@@ -109,6 +109,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some((_, source)) = config.relay.as_ref().and_then(|r| r.user.as_ref()) {
                 source.read().map_err(|e| anyhow::anyhow!("{}: {e}", config.source_name()))?;
             }
+            for bridge in &config.bridges {
+                bridge
+                    .password
+                    .read_for("bridge")
+                    .map_err(|e| anyhow::anyhow!("{}: bridge {}: {e}", config.source_name(), bridge.address))?;
+                println!(
+                    "bridge {} for {}: imap {}, smtp {}",
+                    bridge.address,
+                    bridge.model,
+                    bridge.imap.describe(),
+                    bridge.smtp.describe()
+                );
+            }
             let relay = match &config.relay {
                 Some(relay) => format!("relay via {}", relay.describe()),
                 None => "no relay: mail stays local".to_string(),

@@ -50,6 +50,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let relay = nightmail_relay::Relay::new(store.clone(), config.clone())
         .map_err(|e| anyhow::anyhow!("{}: {e}", config.source_name()))?;
+    let mut bridges = Vec::new();
+    for bridge in &config.bridges {
+        let b = nightmail_bridge::Bridge::new(store.clone(), config.clone(), bridge)
+            .map_err(|e| anyhow::anyhow!("{}: bridge {}: {e}", config.source_name(), bridge.address))?;
+        bridges.push(b);
+    }
     let auth = Authenticator::new(config.users.clone(), config.auth.clone());
     let imap_shared = Arc::new(nightmail_imap::Shared {
         config: config.clone(),
@@ -67,6 +73,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
     let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_rx.clone())));
+    let bridge_tasks: Vec<_> = bridges.into_iter().map(|b| tokio::spawn(b.run(stop_rx.clone()))).collect();
     let sweeper = {
         let store = store.clone();
         let mut stop = stop_rx.clone();
@@ -115,6 +122,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         let _ = worker_task.await;
         if let Some(relay_task) = relay_task {
             let _ = relay_task.await;
+        }
+        for task in bridge_tasks {
+            let _ = task.await;
         }
         let _ = control_task.await;
         let _ = sweeper.await;

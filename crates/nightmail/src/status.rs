@@ -22,6 +22,23 @@ pub struct Report {
     /// Mail for outside recipients: waiting, and settled within the last week.
     #[serde(default)]
     pub outbound: Vec<OutboundView>,
+    /// Where each bridge's reading of its upstream mailbox stands.
+    #[serde(default)]
+    pub bridges: Vec<BridgeView>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct BridgeView {
+    /// The upstream address.
+    pub address: String,
+    pub uidvalidity: u32,
+    /// Every upstream message up to this UID has been taken.
+    pub last_uid: u32,
+    /// Upstream messages whose job is queued but whose flag is not set yet.
+    pub unflagged: usize,
+    /// Why the last connection failed, until one succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -132,7 +149,18 @@ impl Report {
         let jobs = store.jobs()?.iter().map(|j| JobView::of(j, data_dir, now)).collect();
         let checkpoint_bytes = checkpoints::total_bytes(data_dir);
         let outbound = store.outbound()?.iter().map(|o| OutboundView::of(o, now)).collect();
-        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound })
+        let bridges = store
+            .bridge_states()?
+            .into_iter()
+            .map(|(address, s)| BridgeView {
+                address,
+                uidvalidity: s.uidvalidity,
+                last_uid: s.last_uid,
+                unflagged: s.unflagged.len(),
+                last_error: s.last_error,
+            })
+            .collect();
+        Ok(Report { source: source.to_string(), jobs, checkpoint_bytes, outbound, bridges })
     }
 }
 
@@ -144,7 +172,17 @@ pub fn print(config: &Config, json: bool) -> anyhow::Result<()> {
     }
     print_jobs(&report);
     print_outbound(&report);
+    print_bridges(&report);
     Ok(())
+}
+
+fn print_bridges(report: &Report) {
+    for b in &report.bridges {
+        match &b.last_error {
+            Some(error) => println!("bridge {}: cannot read its mailbox: {error}", b.address),
+            None => println!("bridge {}: UIDVALIDITY {}, taken up to UID {}", b.address, b.uidvalidity, b.last_uid),
+        }
+    }
 }
 
 /// The report from the running daemon, else read from the store.
@@ -159,7 +197,13 @@ pub fn fetch(config: &Config) -> anyhow::Result<Report> {
         None => {
             let dir = config.data_dir.join("store");
             if !dir.exists() {
-                Report { source: "store".into(), jobs: Vec::new(), checkpoint_bytes: 0, outbound: Vec::new() }
+                Report {
+                    source: "store".into(),
+                    jobs: Vec::new(),
+                    checkpoint_bytes: 0,
+                    outbound: Vec::new(),
+                    bridges: Vec::new(),
+                }
             } else {
                 let store = Store::open(&dir).with_context(|| {
                     format!(

@@ -28,7 +28,7 @@ pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
     let recipient = if let Some(user) = config.user_by_address(&address) {
         Recipient::User { user: user.name.clone(), address }
     } else if config.model(&address).is_some() {
-        Recipient::Model { address }
+        Recipient::Model { address, via: None }
     } else {
         let Some(relay) = &config.relay else {
             return session.reply(reply::RELAY_DENIED);
@@ -38,7 +38,7 @@ pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
         let Some(sender) = &transaction.sender else {
             return session.reply(reply::RELAY_NULL_SENDER);
         };
-        let recipient = Recipient::Remote { address };
+        let recipient = Recipient::Remote { address, via: None };
         if !transaction.recipients.contains(&recipient) {
             let since = Timestamp(Timestamp::now().0.saturating_sub(DAY.as_millis() as u64));
             let relayed = match session.shared.store.relayed_since(sender, since) {
