@@ -243,6 +243,40 @@ fn a_models_reply_reaches_only_so_many_outside_people_and_names_the_rest() {
     assert!(store.outbound().unwrap().is_empty(), "nothing waits for a relay that does not exist");
 }
 
+/// The amplifier case at full size: a question to the model whose Cc names 5,000 outside
+/// addresses. The reply goes to the asker and to `max_recipients_per_reply` (default 20) of them,
+/// in one message; the other 4,980 are named in it, not sent to.
+#[test]
+fn a_question_naming_five_thousand_addresses_gets_one_reply_to_twenty() {
+    let smarthost = Smarthost::start(json!({}));
+    let model = common::demo_model();
+    let relay = format!("[relay]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"", smarthost.port);
+    let mut daemon = Daemon::start_with(|dir| {
+        local_model_config(dir, &model, &relay).replace("max_message_bytes = 100000", "max_message_bytes = 400000")
+    });
+    let addresses: Vec<String> = (0..5000).map(|i| format!("p{i}@example.org")).collect();
+    // Folded at 40 addresses a line (RFC 5322 §2.2.3): 125 header lines, none over 998 bytes.
+    let cc = addresses.chunks(40).map(|c| c.join(", ")).collect::<Vec<_>>().join(",\r\n ");
+    let question = format!(
+        "From: me@nightmail.test\r\nTo: kimi@nightmail.test\r\nCc: {cc}\r\nSubject: everyone\r\nMessage-ID: <all@client.test>\r\n\r\nHello, all?"
+    );
+    assert!(send(&daemon, &["kimi@nightmail.test"], &question).starts_with("250 "));
+    until(Duration::from_secs(120), "the job done", || daemon.jobs().iter().all(|j| j["state"] == "done"));
+    until(Duration::from_secs(30), "the reply at the smarthost", || smarthost.messages().len() == 1);
+    until(Duration::from_secs(10), "every entry settled", || states(&daemon).iter().all(|(_, s)| s == "sent"));
+    let got = smarthost.messages();
+    assert_eq!(got.len(), 1, "one reply, however many people the question named");
+    assert_eq!(to_set(&got[0]["rcpt_tos"]).len(), 20);
+    assert_eq!(states(&daemon).len(), 20, "twenty outbound entries, no more");
+    daemon.stop();
+    let mine = daemon.mailbox("me", "INBOX");
+    assert_eq!(mine.len(), 1);
+    let body = body_text(&mine[0]);
+    assert!(body.contains("Not sent to these people (at most 20 outside recipients per reply"), "{body:.300}");
+    assert!(body.contains("<p20@example.org>") && body.contains("<p4999@example.org>"), "the 4,980 are named");
+    assert_eq!(body.matches("@example.org>").count(), 4980);
+}
+
 #[test]
 fn a_temporary_refusal_is_retried_then_sent() {
     let smarthost = Smarthost::start(json!({"rcpt": {"bob@example.org": ["451 4.3.0 Try again later", "250 OK"]}}));
