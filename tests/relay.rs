@@ -541,8 +541,14 @@ fn a_kill_after_the_smarthosts_250_sends_once_more_and_never_loses() {
     assert!(send(&daemon, &["bob@example.org"], message).starts_with("250 "));
     // The smarthost keeps the message, stops the daemon, then writes its 250.
     until(Duration::from_secs(20), "the message at the smarthost", || smarthost.messages().len() == 1);
-    daemon.kill9();
+    // /proc's state `T`: the smarthost has stopped the daemon, so its 250 is unread.
+    let stat = format!("/proc/{}/stat", daemon.pid());
+    until(Duration::from_secs(20), "the daemon stopped", || {
+        std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T')))
+    });
     std::fs::remove_file(&pid_file).unwrap();
+    daemon.kill9();
 
     daemon.restart();
     until(Duration::from_secs(20), "sent after the restart", || {
