@@ -64,6 +64,8 @@ pub struct Daemon {
     pub config: PathBuf,
     pub smtp: SocketAddr,
     pub imap: SocketAddr,
+    /// Further listeners the daemon reported (`smtps`, `imaps`), by name.
+    pub others: Vec<(String, SocketAddr)>,
     child: Child,
     /// A program the daemon runs under (e.g. strace), in a process group of its own.
     wrapper: Vec<String>,
@@ -79,8 +81,8 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
-        let (child, smtp, imap) = spawn(&config, &[]);
-        Daemon { dir, config, smtp, imap, child, wrapper: Vec::new() }
+        let (child, l) = spawn(&config, &[]);
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper: Vec::new() }
     }
 
     /// A daemon started as the last argument of `wrapper` (e.g. `strace -o FILE`); killing it
@@ -90,16 +92,20 @@ impl Daemon {
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
         let wrapper: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
-        let (child, smtp, imap) = spawn(&config, &wrapper);
-        Daemon { dir, config, smtp, imap, child, wrapper }
+        let (child, l) = spawn(&config, &wrapper);
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper }
     }
 
     /// Starts the daemon again on the same data (after a kill or stop).
     pub fn restart(&mut self) {
-        let (child, smtp, imap) = spawn(&self.config, &self.wrapper);
+        let (child, l) = spawn(&self.config, &self.wrapper);
         self.child = child;
-        self.smtp = smtp;
-        self.imap = imap;
+        (self.smtp, self.imap, self.others) = (l.smtp, l.imap, l.others);
+    }
+
+    /// The address of the listener the daemon reported as `name` (e.g. `smtps`).
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        self.others.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name} listener: {:?}", self.others)).1
     }
 
     /// The daemon's process id (the wrapper's, when it runs under one).
@@ -184,7 +190,14 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(config: &Path, wrapper: &[String]) -> (Child, SocketAddr, SocketAddr) {
+/// Where a started daemon listens.
+struct Listening {
+    smtp: SocketAddr,
+    imap: SocketAddr,
+    others: Vec<(String, SocketAddr)>,
+}
+
+fn spawn(config: &Path, wrapper: &[String]) -> (Child, Listening) {
     let mut command = match wrapper.split_first() {
         Some((program, args)) => {
             let mut command = Command::new(program);
@@ -215,16 +228,22 @@ fn spawn(config: &Path, wrapper: &[String]) -> (Child, SocketAddr, SocketAddr) {
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut smtp = None;
+    let mut others = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(addr) = line.strip_prefix("nightmail: smtp listening on ") {
                     smtp = Some(addr.parse().unwrap());
+                } else if let Some((name, addr)) =
+                    line.strip_prefix("nightmail: ").and_then(|l| l.split_once(" listening on "))
+                    && name != "imap"
+                {
+                    others.push((name.to_string(), addr.parse().unwrap()));
                 }
-                // The IMAP line follows the SMTP line.
+                // The IMAP line follows the SMTP line and comes last.
                 if let (Some(smtp), Some(addr)) = (smtp, line.strip_prefix("nightmail: imap listening on ")) {
-                    return (child, smtp, addr.parse().unwrap());
+                    return (child, Listening { smtp, imap: addr.parse().unwrap(), others });
                 }
             }
             Err(_) => {

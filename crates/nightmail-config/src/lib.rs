@@ -43,6 +43,8 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub struct SmtpConfig {
     pub listen: SocketAddr,
+    /// Submission with implicit TLS (RFC 8314 §3.3, like port 465), beside `listen`'s STARTTLS.
+    pub listen_tls: Option<SocketAddr>,
     /// RFC 1870 SIZE: larger messages are refused while DATA is read.
     pub max_message_bytes: usize,
     /// RFC 5321 §4.5.3.1.8 asks servers to accept at least 100.
@@ -64,6 +66,8 @@ pub struct SmtpConfig {
 #[derive(Clone, Debug)]
 pub struct ImapConfig {
     pub listen: SocketAddr,
+    /// IMAP with implicit TLS (RFC 8314 §3.2, like port 993), beside `listen`'s STARTTLS.
+    pub listen_tls: Option<SocketAddr>,
     /// Connections served at once; more are greeted with BYE (RFC 3501 §7.1.5).
     pub max_connections: usize,
     /// Connections from one client (an IPv4 address or an IPv6 /64) at once.

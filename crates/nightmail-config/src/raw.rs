@@ -116,6 +116,7 @@ fn default_data_dir() -> PathBuf {
 #[serde(deny_unknown_fields, default)]
 struct RawSmtp {
     listen: SocketAddr,
+    listen_tls: Option<Spanned<SocketAddr>>,
     max_message_bytes: Spanned<usize>,
     max_recipients: Spanned<usize>,
     max_connections: Spanned<usize>,
@@ -131,6 +132,7 @@ impl Default for RawSmtp {
         let s = |v| Spanned::new(0..0, v);
         RawSmtp {
             listen: "127.0.0.1:2525".parse().unwrap(),
+            listen_tls: None,
             max_message_bytes: s(25 * 1024 * 1024),
             max_recipients: s(100),
             max_connections: s(64),
@@ -147,6 +149,7 @@ impl Default for RawSmtp {
 #[serde(deny_unknown_fields, default)]
 struct RawImap {
     listen: SocketAddr,
+    listen_tls: Option<Spanned<SocketAddr>>,
     max_connections: Spanned<usize>,
     max_connections_per_ip: Spanned<usize>,
     command_timeout_secs: Spanned<u64>,
@@ -158,6 +161,7 @@ impl Default for RawImap {
     fn default() -> Self {
         RawImap {
             listen: "127.0.0.1:1143".parse().unwrap(),
+            listen_tls: None,
             max_connections: Spanned::new(0..0, 256),
             // Desktop clients open up to five per account; a household behind one NAT more.
             max_connections_per_ip: Spanned::new(0..0, 20),
@@ -324,6 +328,14 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
 
     let smtp = check_smtp(&raw.smtp, &loc)?;
     let tls = raw.tls.map(|t| check_tls(&t, &loc)).transpose()?;
+    // RFC 8314 §3: an implicit-TLS listener needs a certificate to speak TLS with.
+    for (key, listen) in [("smtp.listen_tls", &raw.smtp.listen_tls), ("imap.listen_tls", &raw.imap.listen_tls)] {
+        if let (Some(listen), None) = (listen, &tls) {
+            return Err(
+                loc.spanned(listen, format!("{key} needs a [tls] section (cert and key, or self_signed = true)"))
+            );
+        }
+    }
     let auth = AuthConfig {
         failure_delay: Duration::from_millis(raw.auth.failure_delay_ms),
         max_failures: raw.auth.max_failures.max(1),
@@ -452,6 +464,7 @@ fn check_smtp(raw: &RawSmtp, loc: &Locator<'_>) -> Result<SmtpConfig, ConfigErro
     }
     Ok(SmtpConfig {
         listen: raw.listen,
+        listen_tls: raw.listen_tls.as_ref().map(|l| *l.get_ref()),
         max_message_bytes: positive(&raw.max_message_bytes, "max_message_bytes")?,
         max_recipients: positive(&raw.max_recipients, "max_recipients")?,
         max_connections: positive(&raw.max_connections, "max_connections")?,
@@ -473,6 +486,7 @@ fn check_imap(raw: &RawImap, loc: &Locator<'_>) -> Result<ImapConfig, ConfigErro
     }
     Ok(ImapConfig {
         listen: raw.listen,
+        listen_tls: raw.listen_tls.as_ref().map(|l| *l.get_ref()),
         max_connections: positive(&raw.max_connections, "max_connections")?,
         max_connections_per_ip: positive(&raw.max_connections_per_ip, "max_connections_per_ip")?,
         command_timeout: Duration::from_secs(*raw.command_timeout_secs.get_ref()),
@@ -836,6 +850,16 @@ mod tests {
         assert!(e.starts_with("nm.toml:5:") && e.contains("model.watts must be a number of at least 0"), "{e}");
         let e = err(&format!("{model}price_out_per_mtok = 15\n"));
         assert!(e.contains("give both price_in_per_mtok and price_out_per_mtok"), "{e}");
+    }
+
+    #[test]
+    fn an_implicit_tls_listener_needs_a_certificate() {
+        let c = parse("[smtp]\nlisten_tls = \"127.0.0.1:4650\"\n[imap]\nlisten_tls = \"127.0.0.1:9930\"\n[tls]\nself_signed = true\n", None).unwrap();
+        assert_eq!(c.smtp.listen_tls, Some("127.0.0.1:4650".parse().unwrap()));
+        assert_eq!(c.imap.listen_tls, Some("127.0.0.1:9930".parse().unwrap()));
+        assert_eq!(parse("", None).unwrap().smtp.listen_tls, None);
+        let e = err("[imap]\nlisten_tls = \"127.0.0.1:9930\"\n");
+        assert!(e.starts_with("nm.toml:2:") && e.contains("imap.listen_tls needs a [tls] section"), "{e}");
     }
 
     #[test]

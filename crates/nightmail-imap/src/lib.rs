@@ -34,7 +34,16 @@ pub struct Shared {
 }
 
 /// Serves IMAP on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+/// How a listener's connections begin.
+#[derive(Clone)]
+pub enum Wrap {
+    /// In the clear, with STARTTLS offered when TLS is configured (RFC 3501 §6.2.1).
+    Plain,
+    /// TLS from the first byte (RFC 8314 §3.2: IMAP on 993).
+    ImplicitTls(TlsAcceptor),
+}
+
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>, wrap: Wrap) {
     // More connections than these are greeted with BYE (RFC 3501 §7.1.5).
     let slots = Arc::new(Semaphore::new(shared.config.imap.max_connections));
     let per_client = ConnectionLimit::new(shared.config.imap.max_connections_per_ip);
@@ -53,6 +62,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
             _ = shutdown.changed() => break,
         };
         let shared = shared.clone();
+        let wrap = wrap.clone();
         let permit = slots.clone().try_acquire_owned();
         let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);
@@ -61,7 +71,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
             match (permit, admitted) {
                 (Ok(_permit), Some(_admitted)) => {
                     let _ = stream.set_nodelay(true);
-                    session::run(stream, peer, local, shared, stop).await
+                    session::run(stream, peer, local, shared, stop, wrap).await
                 }
                 (Err(_), _) => session::refuse(stream, "too many connections, try again later").await,
                 (_, None) => {
@@ -83,7 +93,7 @@ pub async fn serve_stream(
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) {
-    session::run(stream, peer, local, shared, stop).await
+    session::run(stream, peer, local, shared, stop, Wrap::Plain).await
 }
 
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere

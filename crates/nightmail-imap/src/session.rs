@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::command::{self, capability, text};
 use crate::view::Selected;
-use crate::{ImapError, Shared, is_loopback};
+use crate::{ImapError, Shared, Wrap, is_loopback};
 
 /// A byte stream after STARTTLS.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -151,6 +151,7 @@ pub(crate) async fn run(
     local: SocketAddr,
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
+    wrap: Wrap,
 ) {
     let mut session = Session {
         server: Server::new(options(&shared, Limits::PreAuth), Greeting::ok(None, "x").expect("static greeting")),
@@ -166,12 +167,28 @@ pub(crate) async fn run(
         errors: 0,
         flow_limits: Limits::PreAuth,
     };
+    let mut transport = match wrap {
+        Wrap::Plain => Transport::Plain(Box::new(stream)),
+        Wrap::ImplicitTls(acceptor) => {
+            // RFC 8314 §3.2: the handshake first, then the greeting inside TLS.
+            let timeout = session.shared.config.imap.command_timeout;
+            match within(timeout, "the TLS handshake", acceptor.accept(stream)).await {
+                Ok(tls) => {
+                    session.tls_active = true;
+                    Transport::Tls(Box::new(tls))
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, "imap: implicit TLS handshake failed: {e}");
+                    return;
+                }
+            }
+        }
+    };
     // The greeting carries the capabilities (RFC 3501 §7.1, CAPABILITY response code), so it is
     // built once the session exists.
     let greeting = Greeting::ok(Some(Code::Capability(capability::list(&session))), "nightmail IMAP ready")
         .expect("static greeting");
     session.server = Server::new(options(&session.shared, Limits::PreAuth), greeting);
-    let mut transport = Transport::Plain(Box::new(stream));
     if let Err(e) = session.serve(&mut transport, stop).await {
         tracing::debug!(%peer, "imap session ended: {e}");
     }

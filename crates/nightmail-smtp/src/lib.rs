@@ -30,8 +30,17 @@ pub struct Shared {
     pub tls: Option<TlsAcceptor>,
 }
 
+/// How a listener's connections begin.
+#[derive(Clone)]
+pub enum Wrap {
+    /// In the clear, with STARTTLS offered when TLS is configured (RFC 3207).
+    Plain,
+    /// TLS from the first byte (RFC 8314 §3: submission on 465).
+    ImplicitTls(TlsAcceptor),
+}
+
 /// Serves SMTP on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>, wrap: Wrap) {
     let slots = Arc::new(Semaphore::new(shared.config.smtp.max_connections));
     let per_client = ConnectionLimit::new(shared.config.smtp.max_connections_per_ip);
     let local = listener.local_addr().ok();
@@ -49,12 +58,13 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
             _ = shutdown.changed() => break,
         };
         let shared = shared.clone();
+        let wrap = wrap.clone();
         let permit = slots.clone().try_acquire_owned();
         let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);
         tokio::spawn(async move {
             match (permit, admitted) {
-                (Ok(_permit), Some(_admitted)) => session::run(stream, peer, local, shared).await,
+                (Ok(_permit), Some(_admitted)) => session::run(stream, peer, local, shared, wrap).await,
                 (Err(_), _) => session::refuse(stream, reply::BUSY).await,
                 (_, None) => {
                     tracing::info!(%peer, "smtp: too many connections from this client");

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 use crate::command::{self, auth::AuthStep};
 use crate::reply::{self, Reply};
-use crate::{Shared, is_loopback};
+use crate::{Shared, Wrap, is_loopback};
 
 /// A byte stream, plain or TLS.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -90,7 +90,7 @@ async fn within<T>(
     })
 }
 
-pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>) {
+pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>, wrap: Wrap) {
     let mut session = Session {
         shared,
         peer,
@@ -106,9 +106,26 @@ pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, 
         partial_command: 0,
         pending_since: None,
     };
+    let io: Box<dyn Stream> = match wrap {
+        Wrap::Plain => Box::new(stream),
+        Wrap::ImplicitTls(acceptor) => {
+            // RFC 8314 §3.3: the handshake first, then the greeting inside TLS.
+            let timeout = session.shared.config.smtp.timeout;
+            match within(timeout, "the TLS handshake", acceptor.accept(stream)).await {
+                Ok(tls) => {
+                    session.tls_active = true;
+                    Box::new(tls)
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, "smtp: implicit TLS handshake failed: {e}");
+                    return;
+                }
+            }
+        }
+    };
     let greeting = format!("{} ESMTP nightmail ready", session.shared.config.hostname);
     Reply::owned(220, [0, 0, 0], greeting).write(&mut session.out);
-    if let Err(e) = session.serve(Box::new(stream)).await {
+    if let Err(e) = session.serve(io).await {
         tracing::debug!(%peer, "smtp session ended: {e}");
     }
 }

@@ -45,6 +45,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let smtp_addr = smtp.local_addr()?;
     let imap = bind(config.imap.listen, "imap.listen", &config).await?;
     let imap_addr = imap.local_addr()?;
+    // Implicit-TLS listeners (RFC 8314), when configured; the configuration refuses them without [tls].
+    let smtps = match (config.smtp.listen_tls, &tls) {
+        (Some(addr), Some(acceptor)) => Some((bind(addr, "smtp.listen_tls", &config).await?, acceptor.clone())),
+        _ => None,
+    };
+    let imaps = match (config.imap.listen_tls, &tls) {
+        (Some(addr), Some(acceptor)) => Some((bind(addr, "imap.listen_tls", &config).await?, acceptor.clone())),
+        _ => None,
+    };
     let control = crate::control::bind(&config.data_dir)?;
 
     let config = Arc::new(config);
@@ -66,8 +75,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let shared = Arc::new(nightmail_smtp::Shared { config: config.clone(), store: store.clone(), auth, tls });
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone()));
-    let imap_task = tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone()));
+    let mut implicit = Vec::new();
+    let mut implicit_addrs = Vec::new();
+    if let Some((listener, acceptor)) = smtps {
+        implicit_addrs.push(("smtps", listener.local_addr()?));
+        let wrap = nightmail_smtp::Wrap::ImplicitTls(acceptor);
+        implicit.push(tokio::spawn(nightmail_smtp::serve(listener, shared.clone(), stop_rx.clone(), wrap)));
+    }
+    if let Some((listener, acceptor)) = imaps {
+        implicit_addrs.push(("imaps", listener.local_addr()?));
+        let wrap = nightmail_imap::Wrap::ImplicitTls(acceptor);
+        implicit.push(tokio::spawn(nightmail_imap::serve(listener, imap_shared.clone(), stop_rx.clone(), wrap)));
+    }
+    let smtp_task = tokio::spawn(nightmail_smtp::serve(smtp, shared, stop_rx.clone(), nightmail_smtp::Wrap::Plain));
+    let imap_task =
+        tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone(), nightmail_imap::Wrap::Plain));
     let control_task =
         tokio::spawn(crate::control::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
     let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
@@ -106,6 +128,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     // Tests and scripts read the bound port from this line (port 0 picks a free one).
+    // The implicit-TLS lines come first: the IMAP line is the last one.
+    for (name, addr) in &implicit_addrs {
+        println!("nightmail: {name} listening on {addr}");
+    }
     println!("nightmail: smtp listening on {smtp_addr}");
     println!("nightmail: imap listening on {imap_addr}");
     std::io::stdout().flush().ok();
@@ -119,6 +145,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = smtp_task.await;
         let _ = imap_task.await;
+        for task in implicit {
+            let _ = task.await;
+        }
         let _ = worker_task.await;
         if let Some(relay_task) = relay_task {
             let _ = relay_task.await;
