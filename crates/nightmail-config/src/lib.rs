@@ -246,6 +246,9 @@ pub struct WorkerConfig {
     pub retry_max: Duration,
     /// Attempts before a job fails with a notice to the sender.
     pub max_attempts: u32,
+    /// How long a finished job (and the question bytes only it holds) is kept; `None` (0 days in
+    /// the file): for ever. The users' mail is never touched.
+    pub retention: Option<Duration>,
 }
 
 /// How the connection to the smarthost is protected.

@@ -89,6 +89,7 @@ struct RawWorker {
     retry_base_secs: u64,
     retry_max_secs: u64,
     max_attempts: u32,
+    retention_days: u64,
 }
 
 impl Default for RawWorker {
@@ -100,6 +101,7 @@ impl Default for RawWorker {
             retry_base_secs: 60,
             retry_max_secs: 3600,
             max_attempts: 8,
+            retention_days: 30,
         }
     }
 }
@@ -430,6 +432,8 @@ pub(crate) fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigE
             retry_base: Duration::from_secs(raw.worker.retry_base_secs),
             retry_max: Duration::from_secs(raw.worker.retry_max_secs.max(raw.worker.retry_base_secs)),
             max_attempts: raw.worker.max_attempts.max(1),
+            retention: (raw.worker.retention_days > 0)
+                .then(|| Duration::from_secs(raw.worker.retention_days.saturating_mul(86_400))),
         },
         relay,
         bridges,

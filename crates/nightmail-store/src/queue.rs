@@ -13,6 +13,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
+use crate::refs::RefTrees;
 use crate::schema::{JOBS, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
 
@@ -143,6 +144,14 @@ pub enum JobState {
 
 impl JobState {
     /// The name `nightmail status` shows.
+    /// When the job ended, if it has.
+    pub fn finished_at(&self) -> Option<Timestamp> {
+        match self {
+            JobState::Done { at } | JobState::Failed { at, .. } | JobState::Cancelled { at } => Some(*at),
+            JobState::Queued { .. } | JobState::Running { .. } => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             JobState::Queued { .. } => "queued",
@@ -437,6 +446,34 @@ impl Store {
         }
         self.flush().await?;
         Ok(leased.map(|job| LeasedJob { job, token }))
+    }
+
+    /// Deletes the jobs that finished (done, failed or cancelled) before `before`, with their hold
+    /// on the question's bytes: a message no mailbox, job or outbound entry still holds is deleted
+    /// with it, one in a mailbox is kept. The reply is not touched (the mailboxes it was filed in
+    /// hold it). Returns how many jobs went.
+    pub async fn purge_jobs(&self, before: Timestamp) -> Result<usize, StoreError> {
+        let old: Vec<JobId> =
+            self.jobs()?.iter().filter(|j| j.state.finished_at().is_some_and(|at| at < before)).map(|j| j.id).collect();
+        let t = &self.trees;
+        let mut purged = 0;
+        for id in old {
+            let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids).transaction(
+                |(jobs, refs, messages, message_ids)| {
+                    // Re-read: a job is never un-finished, but it may already be gone.
+                    let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
+                    let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
+                    jobs.remove(&id.to_be_bytes()[..])?;
+                    RefTrees { refs, messages, message_ids }.release::<StoreError>(job.message)?;
+                    Ok(true)
+                },
+            )?;
+            purged += usize::from(gone);
+        }
+        if purged > 0 {
+            self.flush().await?;
+        }
+        Ok(purged)
     }
 
     /// Cancels a job that has not finished. Returns the job as it now is.

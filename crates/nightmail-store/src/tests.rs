@@ -786,3 +786,29 @@ fn a_summary_needs_a_header_field() {
     assert_eq!(Summary::read(b"just some words, no header at all"), None);
     assert_eq!(Summary::read(b""), None);
 }
+
+/// Retention: a finished job older than the cut goes, with the question's bytes when nothing else
+/// holds them; a question also in a mailbox stays there; unfinished and recent jobs stay.
+#[tokio::test]
+async fn purging_finished_jobs_frees_what_only_they_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let only_job = store.deliver(&incoming(&store, "<a@x>", vec![to_model()])).await.unwrap();
+    let also_inbox = store.deliver(&incoming(&store, "<b@x>", vec![to_me(), to_model()])).await.unwrap();
+    let still_queued = store.deliver(&incoming(&store, "<c@x>", vec![to_model()])).await.unwrap();
+    for receipt in [&only_job, &also_inbox] {
+        store.cancel(receipt.jobs[0]).await.unwrap();
+    }
+    // Before the cut nothing has finished yet.
+    assert_eq!(store.purge_jobs(Timestamp(1)).await.unwrap(), 0);
+    let cut = Timestamp::now().plus(Duration::from_secs(1));
+    assert_eq!(store.purge_jobs(cut).await.unwrap(), 2);
+    assert!(store.job(only_job.jobs[0]).unwrap().is_none());
+    assert!(store.message(only_job.message.unwrap()).unwrap().is_none(), "held by the job alone: deleted");
+    assert!(store.job(also_inbox.jobs[0]).unwrap().is_none());
+    assert!(store.message(also_inbox.message.unwrap()).unwrap().is_some(), "still in me's INBOX");
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap();
+    assert_eq!(store.mail(inbox.id).unwrap().len(), 1);
+    assert!(store.job(still_queued.jobs[0]).unwrap().is_some(), "a queued job is not finished");
+    assert_eq!(store.purge_jobs(cut).await.unwrap(), 0, "nothing twice");
+}

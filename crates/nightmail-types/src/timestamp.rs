@@ -24,6 +24,11 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(d.as_millis() as u64))
     }
 
+    /// `d` earlier, or the epoch.
+    pub fn minus(self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_sub(d.as_millis() as u64))
+    }
+
     /// Time from `earlier` to `self`, zero if `earlier` is later.
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

@@ -15,7 +15,8 @@ use tokio::sync::watch;
 
 /// How often leases that nobody renewed are put back in the queue.
 const LEASE_SWEEP: Duration = Duration::from_secs(30);
-/// How often expired dedupe marks are deleted (by the lease sweeper, at start-up and then so often).
+/// How often expired dedupe marks, and finished jobs past `worker.retention_days`, are deleted
+/// (by the lease sweeper, at start-up and then so often).
 const DEDUPE_SWEEP: Duration = Duration::from_secs(3600);
 
 pub fn run(config: Config) -> anyhow::Result<()> {
@@ -98,6 +99,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let bridge_tasks: Vec<_> = bridges.into_iter().map(|b| tokio::spawn(b.run(stop_rx.clone()))).collect();
     let sweeper = {
         let store = store.clone();
+        let retention = config.worker.retention;
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut dedupe_swept: Option<tokio::time::Instant> = None;
@@ -108,6 +110,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                         Ok(0) => {}
                         Ok(removed) => tracing::info!(removed, "deleted expired dedupe marks"),
                         Err(e) => tracing::error!("dedupe sweep failed: {e}"),
+                    }
+                    if let Some(keep) = retention {
+                        match store.purge_jobs(Timestamp::now().minus(keep)).await {
+                            Ok(0) => {}
+                            Ok(removed) => tracing::info!(removed, "deleted finished jobs past worker.retention_days"),
+                            Err(e) => tracing::error!("job retention sweep failed: {e}"),
+                        }
                     }
                 }
                 tokio::select! {
