@@ -77,6 +77,10 @@ pub enum Activation {
     /// `swiglu`).
     #[serde(rename = "clamped_swiglu")]
     ClampedSwiGlu { alpha: f32, limit: f32 },
+    /// Kimi K3's SiTU: `β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)` (`activation_situ_beta`,
+    /// `activation_situ_linear_beta`; llama.cpp `kimi_k3_situ`).
+    #[serde(rename = "situ")]
+    Situ { beta: f32, linear_beta: Option<f32> },
 }
 
 impl Activation {

@@ -18,6 +18,7 @@ mod q4_1;
 mod q8_0;
 mod rope;
 mod router;
+mod situ;
 mod source;
 mod state;
 mod transformer;
