@@ -3,6 +3,7 @@
 //! an [`ExpertStore`] keyed by [`ExpertId`].
 
 mod attention;
+mod attn_res;
 mod dense;
 mod expert;
 mod f16;
@@ -24,6 +25,7 @@ mod state;
 mod transformer;
 
 pub use attention::Attention;
+pub use attn_res::{ResidualBank, ResidualScore};
 pub(crate) use dense::LayerBuilder;
 pub use dense::LayerStore;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
