@@ -18,7 +18,7 @@ pub struct ResidualScore {
 }
 
 impl ResidualScore {
-    pub(crate) fn new(norm: RmsNorm, proj: Tensor) -> Result<Self> {
+    pub fn new(norm: RmsNorm, proj: Tensor) -> Result<Self> {
         Ok(ResidualScore { norm, proj: proj.flatten_all()? })
     }
 
