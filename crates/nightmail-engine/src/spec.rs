@@ -77,6 +77,10 @@ pub enum Activation {
     /// `swiglu`).
     #[serde(rename = "clamped_swiglu")]
     ClampedSwiGlu { alpha: f32, limit: f32 },
+    /// Kimi K3's SiTU: `β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)` (`activation_situ_beta`,
+    /// `activation_situ_linear_beta`; llama.cpp `kimi_k3_situ`).
+    #[serde(rename = "situ")]
+    Situ { beta: f32, linear_beta: Option<f32> },
 }
 
 impl Activation {
@@ -103,7 +107,7 @@ pub struct MlaSpec {
 
 /// Kimi Delta Attention (Kimi Linear, arXiv 2510.26692; fla `naive_recurrent_kda`): a linear
 /// attention whose per-head state is updated by the gated delta rule with a per-channel decay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KdaSpec {
     pub heads: usize,
     /// Key and value width per head (the state is `head_dim × head_dim` per head).
@@ -112,6 +116,10 @@ pub struct KdaSpec {
     pub conv_kernel: usize,
     /// The layers (from 0) that are KDA; the others are full (latent) attention.
     pub layers: Vec<usize>,
+    /// Kimi K3's `linear_attn_config.gate_lower_bound`: the decay gate becomes
+    /// `lb·σ(exp(A_log)·(f_b(f_a(x)) + dt_bias))` instead of `−exp(A_log)·softplus(…)` (fla
+    /// `naive_kda_lowerbound_gate`). None for Kimi Linear.
+    pub gate_lower_bound: Option<f32>,
 }
 
 /// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
@@ -632,7 +640,8 @@ fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpe
             hint: "its reference (transformers' KimiLinearAttention) applies no rotary encoding".into(),
         });
     }
-    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers })
+    let gate_lower_bound = lin.and_then(|l| l.get("gate_lower_bound")).and_then(Json::as_f64).map(|v| v as f32);
+    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers, gate_lower_bound })
 }
 
 /// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
@@ -654,6 +663,8 @@ fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Resul
         head_dim: need("kda.head_dim")?,
         conv_kernel: need("ssm.conv_kernel")?,
         layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
+        // kimi-linear GGUFs have none; K3's GGUF key is not read yet.
+        gate_lower_bound: None,
     })
 }
 
@@ -839,7 +850,7 @@ mod tests {
                "head_dim": 8, "short_conv_kernel_size": 3}}"#,
         )
         .unwrap();
-        assert_eq!(k, KdaSpec { heads: 2, head_dim: 8, conv_kernel: 3, layers: vec![0, 2, 3] });
+        assert_eq!(k, KdaSpec { heads: 2, head_dim: 8, conv_kernel: 3, layers: vec![0, 2, 3], gate_lower_bound: None });
         // Neither: every 4th layer after the first is full attention (KimiLinearConfig).
         let k = kda_of(r#"{"linear_num_heads": 2, "linear_head_dim": 8}"#).unwrap();
         assert_eq!(k.layers, vec![0, 1, 2, 3]);

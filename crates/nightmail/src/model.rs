@@ -640,6 +640,10 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
                 Activation::SwiGlu => String::new(),
                 Activation::ClampedSwiGlu { alpha, limit } =>
                     format!(", clamped SwiGLU (alpha {alpha}, limit {limit})"),
+                Activation::Situ { beta, linear_beta } => match linear_beta {
+                    Some(lb) => format!(", SiTU (beta {beta}, linear beta {lb})"),
+                    None => format!(", SiTU (beta {beta})"),
+                },
             }
         ),
         None => println!("experts        none (dense ffn {})", s.ffn),

@@ -57,6 +57,7 @@ impl Expert {
                 let glu = (&g * candle_nn::ops::sigmoid(&(&g * alpha)?)?)?;
                 ((u + 1.0)? * glu)?
             }
+            (Activation::Situ { beta, linear_beta }, _) => super::situ::situ(&g, &u, beta, linear_beta)?,
         };
         self.down.forward(&h)
     }

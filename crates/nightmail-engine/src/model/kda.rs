@@ -48,6 +48,8 @@ pub struct Kda {
     dt_bias: Vec<f32>,
     /// exp(A_log) per head.
     decay_rate: Vec<f32>,
+    /// K3's lower bound, which swaps softplus for a bounded sigmoid ([`decay`]).
+    lower_bound: Option<f32>,
     /// β = σ(b_proj x), one per head.
     beta: Linear,
     /// The output gate `g_b(g_a(x))` per channel.
@@ -174,6 +176,7 @@ impl Kda {
             f_b: linear("ssm_f_b", w, d)?,
             dt_bias: vector("ssm_dt.bias", w)?,
             decay_rate,
+            lower_bound: kda.gate_lower_bound,
             beta: linear("ssm_beta", h, hidden)?,
             g_a: linear("ssm_g_a", d, hidden)?,
             g_b: linear("ssm_g_b", w, d)?,
@@ -232,8 +235,7 @@ impl Kda {
                 v[at..at + d].copy_from_slice(&row[2 * w + ch..2 * w + ch + d]);
                 for j in 0..d {
                     let x = forget[i * w + ch + j] + self.dt_bias[ch + j];
-                    let softplus = if x > SOFTPLUS_LINEAR_ABOVE { x } else { (1.0 + x.exp()).ln() };
-                    g[at + j] = -self.decay_rate[head] * softplus;
+                    g[at + j] = decay(x, self.decay_rate[head], self.lower_bound);
                 }
                 b[head * t + i] = sigmoid(beta[i * h + head]);
             }
@@ -282,6 +284,19 @@ impl Kda {
             (t..t + before).flat_map(|p| (0..c).map(move |ch| (p, ch))).map(|(p, ch)| input(p, ch)).collect();
         tail.copy_from_slice(&kept);
         out
+    }
+}
+
+/// The per-channel log decay from `x = f_b(f_a(x)) + dt_bias` and `rate = exp(A_log)`:
+/// transformers' `KimiLinearForgetGate` (`−rate·softplus(x)`), or with K3's lower bound fla's
+/// `naive_kda_lowerbound_gate` (`lb·σ(rate·x)`, in (lb, 0) whatever x is).
+fn decay(x: f32, rate: f32, lower_bound: Option<f32>) -> f32 {
+    match lower_bound {
+        None => {
+            let softplus = if x > SOFTPLUS_LINEAR_ABOVE { x } else { (1.0 + x.exp()).ln() };
+            -rate * softplus
+        }
+        Some(lb) => lb * sigmoid(rate * x),
     }
 }
 
@@ -430,6 +445,17 @@ fn chunked(r: &HeadRows<'_>, t: usize, d: usize, s: &mut [f32], out: &mut [f32])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// By hand (as test_kimi_k3.py): rate exp(A_log) = 2 and x = ln(3)/2 give σ(ln 3) = 3/4, so
+    /// −5·3/4 = −3.75; x = 0 gives σ(0) = 1/2, −2.5, whatever the rate. Without the bound,
+    /// −2·softplus(0) = −2·ln 2.
+    #[test]
+    fn lower_bounded_decay_by_hand() {
+        let close = |a: f32, b: f32| assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        close(decay(3f32.ln() / 2.0, 2.0, Some(-5.0)), -3.75);
+        close(decay(0.0, 148.4, Some(-5.0)), -2.5);
+        close(decay(0.0, 2.0, None), -2.0 * std::f32::consts::LN_2);
+    }
 
     /// A fixed xorshift stream in [-0.5, 0.5).
     fn random(n: usize, seed: u64) -> Vec<f32> {

@@ -3,6 +3,7 @@
 //! an [`ExpertStore`] keyed by [`ExpertId`].
 
 mod attention;
+mod attn_res;
 mod dense;
 mod expert;
 mod f16;
@@ -18,11 +19,13 @@ mod q4_1;
 mod q8_0;
 mod rope;
 mod router;
+mod situ;
 mod source;
 mod state;
 mod transformer;
 
 pub use attention::Attention;
+pub use attn_res::{ResidualBank, ResidualScore};
 pub(crate) use dense::LayerBuilder;
 pub use dense::LayerStore;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};

@@ -1,0 +1,120 @@
+//! AttnRes block residuals, Kimi K3's replacement of the plain residual (llama.cpp
+//! src/models/kimi-k3.cpp, `graph::graph`, `res_mix`, `res_push`; the reference in
+//! tests/fixtures/kimi_k3.py `KimiK3.forward`, `res_mix`). A layer whose index is a multiple of
+//! `attn_res_block_size` banks its raw input and restarts the running sum from its attention
+//! output; before attention, before the MLP and before the final norm, the running sum and the
+//! banked inputs are mixed by a softmax over `res_proj(res_norm(candidate))`. The mix is over
+//! layers at one position, so it needs no state across tokens.
+
+use candle_core::{D, Tensor};
+
+use super::RmsNorm;
+use crate::error::Result;
+
+/// One mixing point's weights: `*_res_norm` and the `*_res_proj` row (`[hidden]`).
+pub struct ResidualScore {
+    norm: RmsNorm,
+    proj: Tensor,
+}
+
+impl ResidualScore {
+    pub fn new(norm: RmsNorm, proj: Tensor) -> Result<Self> {
+        Ok(ResidualScore { norm, proj: proj.flatten_all()? })
+    }
+
+    /// `current` [tokens, hidden] mixed with `bank` (each [tokens, hidden]): the scores read the
+    /// normed candidates, the sum the raw ones, all in f32. An empty bank returns `current`.
+    pub fn mix(&self, current: &Tensor, bank: &[Tensor]) -> Result<Tensor> {
+        if bank.is_empty() {
+            return Ok(current.clone());
+        }
+        let mut all: Vec<&Tensor> = bank.iter().collect();
+        all.push(current);
+        let candidates = Tensor::stack(&all, 0)?; // [n, tokens, hidden]
+        let scores = self.norm.forward(&candidates)?.broadcast_mul(&self.proj)?.sum(D::Minus1)?; // [n, tokens]
+        let probs = candle_nn::ops::softmax(&scores, 0)?;
+        Ok(candidates.broadcast_mul(&probs.unsqueeze(2)?)?.sum(0)?)
+    }
+}
+
+/// The banked layer inputs of one forward pass.
+pub struct ResidualBank {
+    block_size: usize,
+    inputs: Vec<Tensor>,
+}
+
+impl ResidualBank {
+    pub fn new(block_size: usize) -> Self {
+        ResidualBank { block_size, inputs: Vec::new() }
+    }
+
+    pub fn inputs(&self) -> &[Tensor] {
+        &self.inputs
+    }
+
+    /// Banks `layer_input` if `layer` starts a block (after its pre-attention mix has read the
+    /// bank); true when it did, and the running sum restarts from the attention output.
+    pub fn bank(&mut self, layer: usize, layer_input: &Tensor) -> bool {
+        let starts = layer.is_multiple_of(self.block_size);
+        if starts {
+            self.inputs.push(layer_input.clone());
+        }
+        starts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    fn score(gain: [f32; 2], proj: [f32; 2]) -> ResidualScore {
+        let t = |v: [f32; 2]| Tensor::new(&v, &Device::Cpu).unwrap();
+        ResidualScore::new(RmsNorm::from_tensor(t(gain), 0.0), t(proj)).unwrap()
+    }
+
+    fn row(v: [f32; 2]) -> Tensor {
+        Tensor::new(&[v], &Device::Cpu).unwrap()
+    }
+
+    fn close(got: &Tensor, want: [f32; 2]) {
+        let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+    }
+
+    /// By hand (as test_kimi_k3.py): bank a = [1, 1] (rms 1), current c = [3, −3] (rms 3) normalize
+    /// to [1, 1] and [1, −1]; proj [ln2/2, ln2/2] scores them ln 2 and 0, softmax 2/3 and 1/3, and
+    /// the raw sum is [5/3, −1/3].
+    #[test]
+    fn softmax_over_normed_scores_sums_raw() {
+        let h = std::f32::consts::LN_2 / 2.0;
+        let mixed = score([1.0, 1.0], [h, h]).mix(&row([3.0, -3.0]), &[row([1.0, 1.0])]).unwrap();
+        close(&mixed, [5.0 / 3.0, -1.0 / 3.0]);
+    }
+
+    /// The norm's gain enters the scores: gain [2, 0] with proj [ln2/2, 0] scores both ln 2, so
+    /// each weighs 1/2: [2, −1].
+    #[test]
+    fn norm_gain_scales_scores() {
+        let h = std::f32::consts::LN_2 / 2.0;
+        let mixed = score([2.0, 0.0], [h, 0.0]).mix(&row([3.0, -3.0]), &[row([1.0, 1.0])]).unwrap();
+        close(&mixed, [2.0, -1.0]);
+    }
+
+    #[test]
+    fn empty_bank_is_the_current_stream() {
+        close(&score([1.0, 1.0], [1.0, 1.0]).mix(&row([3.0, -3.0]), &[]).unwrap(), [3.0, -3.0]);
+    }
+
+    /// With a block of 2, layers 0, 2, 4 bank their inputs and the others do not.
+    #[test]
+    fn banks_at_block_starts() {
+        let mut bank = ResidualBank::new(2);
+        let banked: Vec<bool> = (0..5).map(|l| bank.bank(l, &row([l as f32, 0.0]))).collect();
+        assert_eq!(banked, [true, false, true, false, true]);
+        assert_eq!(bank.inputs().len(), 3);
+    }
+}
