@@ -90,7 +90,7 @@ async fn within<T>(
     })
 }
 
-pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>) {
+pub(crate) async fn run(stream: impl Stream + 'static, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>) {
     let mut session = Session {
         shared,
         peer,
