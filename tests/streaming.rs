@@ -1,6 +1,7 @@
 //! Streaming experts with the real binary: `model synth` writes a MoE model larger than the
 //! cache, `model bench` runs it inside a memory cgroup sized to the dense weights plus the cache
-//! budget plus 10%, and its resident memory stays within that.
+//! budget plus 10% (cgroup v1 or v2, whichever the machine has), and its resident memory stays
+//! within that.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,40 +32,103 @@ fn synth(dir: &Path) -> PathBuf {
     out
 }
 
-/// A cgroup v1 memory group limited to `limit` bytes, removed on drop; None where this process
-/// may not make one (not root, or no v1 memory controller).
-struct MemoryCgroup(PathBuf);
+/// Which cgroup interface limits the group's memory, and so where its OOM kills are counted.
+enum Version {
+    /// `memory.limit_in_bytes`; kills in `memory.oom_control` (Documentation/admin-guide/cgroup-v1/memory.rst).
+    V1,
+    /// `memory.max`; kills in `memory.events` (Documentation/admin-guide/cgroup-v2.rst, "Memory Interface Files").
+    V2,
+}
+
+/// A memory cgroup limited to `limit` bytes, removed on drop: v1's memory controller where the
+/// machine mounts one, else a child of the cgroup v2 root with `memory.max`.
+struct MemoryCgroup {
+    dir: PathBuf,
+    version: Version,
+}
 
 impl MemoryCgroup {
-    fn new(limit: u64) -> Option<Self> {
+    /// The group, or why neither interface could make one (each reason, so a run that falls back
+    /// says exactly what it lacked).
+    fn new(limit: u64) -> Result<Self, String> {
+        let v1 = Self::v1(limit);
+        let v1_err = match v1 {
+            Ok(g) => return Ok(g),
+            Err(e) => e,
+        };
+        Self::v2(limit).map_err(|v2_err| format!("cgroup v1: {v1_err}; cgroup v2: {v2_err}"))
+    }
+
+    fn v1(limit: u64) -> Result<Self, String> {
         let root = Path::new("/sys/fs/cgroup/memory");
         if !root.join("cgroup.procs").exists() {
-            return None;
+            return Err(format!("no memory controller mounted at {}", root.display()));
         }
+        let group = Self::create(root, Version::V1)?;
+        write(&group.dir.join("memory.limit_in_bytes"), &limit.to_string())?;
+        Ok(group)
+    }
+
+    /// cgroup v2 enables a controller for children through the parent's `cgroup.subtree_control`,
+    /// which the kernel refuses (EBUSY) on a non-root group that holds processes ("no internal
+    /// processes" rule, cgroup-v2.rst), so the child goes under the hierarchy's root.
+    fn v2(limit: u64) -> Result<Self, String> {
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(Path::new)
+            .find(|r| r.join("cgroup.controllers").exists())
+            .ok_or("no cgroup2 hierarchy mounted at /sys/fs/cgroup or /sys/fs/cgroup/unified")?;
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return Err(format!(
+                "the memory controller is not available in {} (it lists `{}`; v1 holds it?)",
+                root.display(),
+                controllers.trim()
+            ));
+        }
+        let subtree = root.join("cgroup.subtree_control");
+        let enabled = std::fs::read_to_string(&subtree).unwrap_or_default();
+        if !enabled.split_whitespace().any(|c| c == "memory") {
+            write(&subtree, "+memory")?;
+        }
+        let group = Self::create(root, Version::V2)?;
+        write(&group.dir.join("memory.max"), &limit.to_string())?;
+        // Swap would let the bench exceed the bound unseen; not every kernel has swap accounting.
+        let _ = std::fs::write(group.dir.join("memory.swap.max"), "0");
+        Ok(group)
+    }
+
+    fn create(root: &Path, version: Version) -> Result<Self, String> {
         let dir = root.join(format!("nightmail-test-{}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        let group = MemoryCgroup(dir);
-        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
-        Some(group)
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e} (needs root)", dir.display()))?;
+        Ok(MemoryCgroup { dir, version })
     }
 
     /// The command, started inside the group (a shell joins it, then execs).
     fn wrap(&self, program: &str, args: &[&str]) -> Command {
         let mut c = Command::new("sh");
-        c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", self.0.display()));
+        c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", self.dir.display()));
         c.arg(program).args(args);
         c
     }
 
     fn oom_kills(&self) -> u64 {
-        let text = std::fs::read_to_string(self.0.join("memory.oom_control")).unwrap_or_default();
+        let file = match self.version {
+            Version::V1 => "memory.oom_control",
+            Version::V2 => "memory.events",
+        };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
         text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
     }
 }
 
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("cannot write `{value}` to {}: {e}", path.display()))
+}
+
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -85,16 +149,22 @@ fn bench_streams_a_model_larger_than_its_cache_within_dense_plus_cache_plus_ten_
     let args: Vec<&str> = args.into_iter().chain(["--probe-mb", "64", "--json"]).collect();
     let group = MemoryCgroup::new(bound);
     let mut cmd = match &group {
-        Some(g) => g.wrap(BIN, &args),
-        None => {
-            eprintln!("no cgroup v1 memory controller writable here: checking RSS without the limit");
+        Ok(g) => g.wrap(BIN, &args),
+        Err(why) => {
+            // Not a skip: the bench's own VmHWM is still held to the bound below; only the kernel's
+            // enforcement (an OOM kill the moment memory passes it) is missing.
+            eprintln!(
+                "WARNING: the {bound}-byte bound is NOT enforced by a memory cgroup on this machine ({why}); \
+                 checking the bench's reported peak RSS only. Run as root with cgroup v1's memory \
+                 controller or cgroup v2's memory controller to enforce it."
+            );
             let mut c = Command::new(BIN);
             c.args(&args);
             c
         }
     };
     let out = cmd.output().unwrap();
-    if let Some(g) = &group {
+    if let Ok(g) = &group {
         assert_eq!(g.oom_kills(), 0, "the bench was OOM-killed in a {bound}-byte cgroup");
     }
     assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));

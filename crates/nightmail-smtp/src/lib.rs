@@ -75,6 +75,18 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
     }
 }
 
+/// Serves one session over any byte stream, as `serve` does for each TCP connection: how the fuzz
+/// target (`fuzz/`) drives the real session code over an in-memory pipe.
+#[doc(hidden)]
+pub async fn serve_stream(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+) {
+    session::run(stream, peer, local, shared, Wrap::Plain).await
+}
+
 /// Whether a listener address is loopback: there, AUTH is allowed without TLS (nothing crosses
 /// a network); elsewhere RFC 4954 §4 wants TLS first.
 pub(crate) fn is_loopback(addr: &SocketAddr) -> bool {

@@ -90,7 +90,13 @@ async fn within<T>(
     })
 }
 
-pub(crate) async fn run(stream: TcpStream, peer: SocketAddr, local: SocketAddr, shared: Arc<Shared>, wrap: Wrap) {
+pub(crate) async fn run(
+    stream: impl Stream + 'static,
+    peer: SocketAddr,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+    wrap: Wrap,
+) {
     let mut session = Session {
         shared,
         peer,
