@@ -75,7 +75,7 @@ for name, port in (("SMTP", SMTP), ("IMAP", IMAP)):
     deadline = time.monotonic() + 10
     while True:
         again, line = greeting(port)
-        if "too many" not in line or time.monotonic() > deadline:
+        if "too many" not in line.lower() or time.monotonic() > deadline:
             break
         again.close()
         time.sleep(0.05)
