@@ -124,16 +124,6 @@ fn read_fields(raw: &[u8]) -> Fields {
         let Some(message) = mail_parser::MessageParser::new().parse_headers(raw) else {
             return Fields::default();
         };
-        let from = message
-            .from()
-            .and_then(|a| a.first())
-            .map(|a| match (a.name(), a.address()) {
-                (Some(name), Some(addr)) => format!("{name} <{addr}>"),
-                (None, Some(addr)) => addr.to_string(),
-                (Some(name), None) => name.to_string(),
-                (None, None) => String::new(),
-            })
-            .unwrap_or_default();
         // Groups included (RFC 5322 §3.4): every mailbox the header names.
         let from_addresses = message
             .from()
@@ -141,9 +131,9 @@ fn read_fields(raw: &[u8]) -> Fields {
             .unwrap_or_default();
         Fields {
             from_addresses,
-            message_id: message.message_id().filter(|id| !id.trim().is_empty()).map(|id| format!("<{}>", id.trim())),
+            message_id: nightmail_store::message_id(&message),
             subject: message.subject().unwrap_or_default().to_string(),
-            from,
+            from: nightmail_store::author(&message),
             has_date: message.date().is_some(),
         }
     })

@@ -43,6 +43,25 @@ pub struct Summary {
     pub message_id: String,
 }
 
+/// The first From mailbox as a summary shows it: `Name <addr>`, or whichever half there is.
+pub fn author(message: &mail_parser::Message<'_>) -> String {
+    message
+        .from()
+        .and_then(|a| a.first())
+        .map(|a| match (a.name(), a.address()) {
+            (Some(name), Some(addr)) => format!("{name} <{addr}>"),
+            (None, Some(addr)) => addr.to_string(),
+            (Some(name), None) => name.to_string(),
+            (None, None) => String::new(),
+        })
+        .unwrap_or_default()
+}
+
+/// The Message-ID in angle brackets (mail-parser gives it without), if the header has one.
+pub fn message_id(message: &mail_parser::Message<'_>) -> Option<String> {
+    message.message_id().filter(|id| !id.trim().is_empty()).map(|id| format!("<{}>", id.trim()))
+}
+
 impl Summary {
     /// From, Subject and Message-ID as the header gives them, for a message filed over IMAP.
     /// mail-parser runs behind `catch_unwind` (it has panicked on crafted input, mail-parser
@@ -57,24 +76,10 @@ impl Summary {
             if !message.headers().iter().any(|h| field(h.name())) {
                 return None;
             }
-            let from = message
-                .from()
-                .and_then(|a| a.first())
-                .map(|a| match (a.name(), a.address()) {
-                    (Some(name), Some(addr)) => format!("{name} <{addr}>"),
-                    (None, Some(addr)) => addr.to_string(),
-                    (Some(name), None) => name.to_string(),
-                    (None, None) => String::new(),
-                })
-                .unwrap_or_default();
             Some(Summary {
-                from,
+                from: author(&message),
                 subject: message.subject().unwrap_or_default().to_string(),
-                message_id: message
-                    .message_id()
-                    .filter(|id| !id.trim().is_empty())
-                    .map(|id| format!("<{}>", id.trim()))
-                    .unwrap_or_default(),
+                message_id: message_id(&message).unwrap_or_default(),
             })
         })
         .unwrap_or_else(|_| Some(Summary::default()))

@@ -35,7 +35,9 @@ use std::sync::Arc;
 
 pub use bridge::BridgeState;
 pub use changes::MailboxChange;
-pub use delivery::{DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, stable_digest};
+pub use delivery::{
+    DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, author, message_id, stable_digest,
+};
 pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};

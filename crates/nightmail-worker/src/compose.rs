@@ -25,12 +25,6 @@ pub enum Body {
 }
 
 impl Body {
-    pub fn text(&self) -> &str {
-        match self {
-            Body::Plain(t) | Body::Markdown(t) => t,
-        }
-    }
-
     /// The same kind of body with its text changed.
     pub fn map(self, f: impl FnOnce(String) -> String) -> Body {
         match self {
