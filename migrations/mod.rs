@@ -25,6 +25,8 @@ mod m0006_dedupe_by_sender;
 mod m0007_ask_jobs;
 #[path = "0008_bridges.rs"]
 mod m0008_bridges;
+#[path = "0009_live_jobs.rs"]
+mod m0009_live_jobs;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -38,6 +40,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (6, "dedupe_by_sender", m0006_dedupe_by_sender::apply),
     (7, "ask_jobs", m0007_ask_jobs::apply),
     (8, "bridges", m0008_bridges::apply),
+    (9, "live_jobs", m0009_live_jobs::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -237,7 +237,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     now,
                 );
                 job.via = via.clone();
-                write_job(tx.jobs, tx.queue, None, &job)?;
+                write_job(tx.into(), None, &job)?;
                 receipt.jobs.push(job.id);
                 Made::Job(job.id)
             }

@@ -52,7 +52,7 @@ pub(crate) fn file_in<E: From<StoreError>>(
     index_message_id::<E>(tx.message_ids, &holders.message_id, reference)?;
     let Some(model) = filing.ask else { return Ok(None) };
     let job = Job::queued(job, model.clone(), key, Some(filing.by.clone()), &summary, Origin::Ask, now);
-    write_job(tx.jobs, tx.queue, None, &job).map_err(|e| match e {
+    write_job(tx.into(), None, &job).map_err(|e| match e {
         // write_job aborts only with a StoreError; carry it over to this transaction's error.
         ConflictableTransactionError::Abort(e) => ConflictableTransactionError::Abort(E::from(e)),
         ConflictableTransactionError::Conflict => ConflictableTransactionError::Conflict,

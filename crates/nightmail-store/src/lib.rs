@@ -61,6 +61,8 @@ pub struct Store {
     leases: Arc<lease_clock::LeaseClock>,
     /// Announces every change to a mailbox's contents, so IMAP sessions (IDLE) learn of it at once.
     changes: changes::Changes,
+    /// Job records decoded by scans (`Store::job_reads`).
+    job_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
@@ -95,6 +97,7 @@ impl Store {
             durability,
             leases: Arc::default(),
             changes: changes::Changes::default(),
+            job_reads: Arc::default(),
         })
     }
 
@@ -128,4 +131,8 @@ impl Store {
 }
 
 #[cfg(test)]
+mod live_tests;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upgrade_tests;

@@ -14,7 +14,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
 use crate::refs::RefTrees;
-use crate::schema::{JOBS, decode, encode};
+use crate::schema::{JOBS, LIVE_JOBS, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
 
 /// One message for one model address.
@@ -228,26 +228,104 @@ pub(crate) fn read_job(jobs: &TransactionalTree, id: JobId) -> TxResult<Job> {
     decode(JOBS, &bytes).map_err(abort)
 }
 
-pub(crate) fn write_job(
-    jobs: &TransactionalTree,
-    queue: &TransactionalTree,
-    old: Option<&JobState>,
-    job: &Job,
-) -> TxResult<()> {
+/// Which list of live jobs (`live_jobs` tree, schema 9) an index key names.
+#[derive(Clone, Copy)]
+pub(crate) enum Live {
+    /// Queued and not yet looked at by the concierge.
+    Untriaged = b'n' as isize,
+    /// Leased by a worker: the lease sweeper's list.
+    Running = b'r' as isize,
+}
+
+pub(crate) fn live_key(list: Live, id: JobId) -> [u8; 9] {
+    let mut key = [0u8; 9];
+    key[0] = list as u8;
+    key[1..].copy_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// The live-job lists `job` belongs in: finished jobs are in none, so the concierge and the
+/// lease sweeper never visit history.
+pub(crate) fn live_lists(job: &Job) -> impl Iterator<Item = Live> {
+    let untriaged = matches!(job.state, JobState::Queued { .. }) && !job.triaged;
+    let running = matches!(job.state, JobState::Running { .. });
+    [(untriaged, Live::Untriaged), (running, Live::Running)].into_iter().filter(|(on, _)| *on).map(|(_, l)| l)
+}
+
+/// The trees a job's state lives in: the record and the indexes kept in step with it.
+#[derive(Clone, Copy)]
+pub(crate) struct JobTrees<'a> {
+    pub jobs: &'a TransactionalTree,
+    pub queue: &'a TransactionalTree,
+    pub live: &'a TransactionalTree,
+}
+
+impl<'a> From<&crate::schema::Tx<'a>> for JobTrees<'a> {
+    fn from(tx: &crate::schema::Tx<'a>) -> Self {
+        JobTrees { jobs: tx.jobs, queue: tx.queue, live: tx.live_jobs }
+    }
+}
+
+/// Writes `job` and, in the same transaction, its entries in the `queue` and `live_jobs` indexes
+/// (`old`: its state before, to find the queue entry to drop).
+pub(crate) fn write_job(t: JobTrees<'_>, old: Option<&JobState>, job: &Job) -> TxResult<()> {
     if let Some(JobState::Queued { not_before }) = old {
-        queue.remove(&queue_key(*not_before, job.id)[..])?;
+        t.queue.remove(&queue_key(*not_before, job.id)[..])?;
     }
     if let JobState::Queued { not_before } = job.state {
-        queue.insert(&queue_key(not_before, job.id)[..], &[][..])?;
+        t.queue.insert(&queue_key(not_before, job.id)[..], &[][..])?;
     }
-    jobs.insert(&job.id.to_be_bytes()[..], encode(job))?;
+    for list in [Live::Untriaged, Live::Running] {
+        t.live.remove(&live_key(list, job.id)[..])?;
+    }
+    for list in live_lists(job) {
+        t.live.insert(&live_key(list, job.id)[..], &[][..])?;
+    }
+    t.jobs.insert(&job.id.to_be_bytes()[..], encode(job))?;
     Ok(())
 }
 
 impl Store {
     /// Every job, oldest first.
     pub fn jobs(&self) -> Result<Vec<Job>, StoreError> {
-        self.trees.jobs.iter().values().map(|v| decode(JOBS, &v?)).collect()
+        self.trees.jobs.iter().values().map(|v| self.read_counted(&v?)).collect()
+    }
+
+    /// The queued jobs the concierge has not looked at yet, oldest first: read through the
+    /// `live_jobs` index, so the cost is that of the new jobs, not of every job ever received.
+    pub fn untriaged_jobs(&self) -> Result<Vec<Job>, StoreError> {
+        self.live_jobs(Live::Untriaged)
+    }
+
+    /// The jobs a worker holds a lease on.
+    pub fn running_jobs(&self) -> Result<Vec<Job>, StoreError> {
+        self.live_jobs(Live::Running)
+    }
+
+    fn live_jobs(&self, list: Live) -> Result<Vec<Job>, StoreError> {
+        let mut found = Vec::new();
+        for key in self.trees.live_jobs.scan_prefix([list as u8]).keys() {
+            let key = key?;
+            let id = JobId::from_be_slice(&key[1..])
+                .ok_or_else(|| StoreError::Corrupt { tree: LIVE_JOBS, message: "a key is not 9 bytes".into() })?;
+            // A job the index names is always there (they change in one transaction).
+            let bytes = self.trees.jobs.get(id.to_be_bytes())?.ok_or(StoreError::NoSuchJob(id))?;
+            found.push(self.read_counted(&bytes)?);
+        }
+        Ok(found)
+    }
+
+    /// Decodes a job record, counting it: the test that the concierge's and the sweeper's work
+    /// does not grow with finished jobs counts these reads.
+    fn read_counted(&self, bytes: &[u8]) -> Result<Job, StoreError> {
+        self.job_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        decode(JOBS, bytes)
+    }
+
+    /// How many job records this store has decoded from a scan since it was opened.
+    #[doc(hidden)]
+    pub fn job_reads(&self) -> u64 {
+        self.job_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn job(&self, id: JobId) -> Result<Option<Job>, StoreError> {
@@ -279,7 +357,7 @@ impl Store {
     /// Applies `change` to a leased job if the lease still holds.
     async fn with_lease(&self, leased: &LeasedJob, change: impl Fn(&mut Job)) -> Result<Job, StoreError> {
         let id = leased.job.id;
-        let job = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+        let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
             let mut job = read_job(jobs, id)?;
             match job.state {
                 JobState::Running { lease_token, .. } if lease_token == leased.token => {}
@@ -287,7 +365,7 @@ impl Store {
             }
             let old = job.state.clone();
             change(&mut job);
-            write_job(jobs, queue, Some(&old), &job)?;
+            write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
             Ok(job)
         })?;
         self.flush().await?;
@@ -382,7 +460,7 @@ impl Store {
                     }
                 }
             }
-            write_job(tx.jobs, tx.queue, Some(&old), &job)?;
+            write_job(tx.into(), Some(&old), &job)?;
             Ok((job, receipt))
         })?;
         self.leases.release(id);
@@ -414,7 +492,7 @@ impl Store {
                 job.ack = Some(ack.summary.message_id.clone());
             }
             let state = job.state.clone();
-            write_job(tx.jobs, tx.queue, Some(&state), &job)?;
+            write_job(tx.into(), Some(&state), &job)?;
             Ok((job, receipt))
         })?;
         self.flush().await?;
@@ -429,18 +507,20 @@ impl Store {
     pub async fn lease(&self, id: JobId, lease_for: Duration) -> Result<Option<LeasedJob>, StoreError> {
         let now = Timestamp::now();
         let token: u64 = rand::random();
-        let leased = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
-            let mut job = read_job(jobs, id)?;
-            if !matches!(job.state, JobState::Queued { .. }) {
-                return Ok(None);
-            }
-            let old = job.state.clone();
-            job.attempts += 1;
-            job.started_at = Some(now);
-            job.state = JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
-            write_job(jobs, queue, Some(&old), &job)?;
-            Ok(Some(job))
-        })?;
+        let leased =
+            (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
+                let mut job = read_job(jobs, id)?;
+                if !matches!(job.state, JobState::Queued { .. }) {
+                    return Ok(None);
+                }
+                let old = job.state.clone();
+                job.attempts += 1;
+                job.started_at = Some(now);
+                job.state =
+                    JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
+                write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
+                Ok(Some(job))
+            })?;
         if leased.is_some() {
             self.leases.hold(id, token, lease_for);
         }
@@ -479,12 +559,12 @@ impl Store {
     /// Cancels a job that has not finished. Returns the job as it now is.
     pub async fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
         let at = Timestamp::now();
-        let job = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
+        let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
             let mut job = read_job(jobs, id)?;
             if matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
                 let old = job.state.clone();
                 job.state = JobState::Cancelled { at };
-                write_job(jobs, queue, Some(&old), &job)?;
+                write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
             }
             Ok(job)
         })?;
@@ -509,21 +589,23 @@ impl Store {
             }
             _ => false,
         };
-        for job in self.jobs()? {
+        // Through the index of running jobs (schema 9): every 30 s, it must not read history.
+        for job in self.running_jobs()? {
             if !expired(job.id, &job.state) {
                 continue;
             }
             let id = job.id;
-            let changed = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
-                let mut job = read_job(jobs, id)?;
-                if !expired(id, &job.state) {
-                    return Ok(false);
-                }
-                let old = job.state.clone();
-                job.state = JobState::Queued { not_before: now };
-                write_job(jobs, queue, Some(&old), &job)?;
-                Ok(true)
-            })?;
+            let changed =
+                (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
+                    let mut job = read_job(jobs, id)?;
+                    if !expired(id, &job.state) {
+                        return Ok(false);
+                    }
+                    let old = job.state.clone();
+                    job.state = JobState::Queued { not_before: now };
+                    write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
+                    Ok(true)
+                })?;
             if changed {
                 self.leases.release(id);
             }

@@ -14,13 +14,14 @@
 //! | `outbound`      | OutboundId                       | JSON `Outbound`: mail for one remote recipient, leased by the relay (schema 3; its `attempts`, `state`, `last_error` came with the relay and default to queued-and-due, so no migration) |
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
 //! | `bridges`       | a bridge's upstream address      | JSON `BridgeState`: the upstream UIDVALIDITY, the last UID and INTERNALDATE taken, the UIDs still to flag (schema 8) |
+//! | `live_jobs`     | `n` ++ JobId, `r` ++ JobId       | empty: the queued jobs not yet triaged (`n`, the concierge's work) and the running ones (`r`, the lease sweeper's), kept by `write_job` (schema 9) |
 
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -34,6 +35,7 @@ pub(crate) const MESSAGE_IDS: &str = "message_ids";
 pub(crate) const OUTBOUND: &str = "outbound";
 pub(crate) const MESSAGE_REFS: &str = "message_refs";
 pub(crate) const BRIDGES: &str = "bridges";
+pub(crate) const LIVE_JOBS: &str = "live_jobs";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -52,6 +54,7 @@ pub(crate) struct Trees {
     pub outbound: sled::Tree,
     pub message_refs: sled::Tree,
     pub bridges: sled::Tree,
+    pub live_jobs: sled::Tree,
 }
 
 impl Trees {
@@ -69,11 +72,12 @@ impl Trees {
             outbound: db.open_tree(OUTBOUND)?,
             message_refs: db.open_tree(MESSAGE_REFS)?,
             bridges: db.open_tree(BRIDGES)?,
+            live_jobs: db.open_tree(LIVE_JOBS)?,
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 12] {
+    pub fn all(&self) -> [&sled::Tree; 13] {
         [
             &self.meta,
             &self.messages,
@@ -87,6 +91,7 @@ impl Trees {
             &self.outbound,
             &self.message_refs,
             &self.bridges,
+            &self.live_jobs,
         ]
     }
 
@@ -115,6 +120,7 @@ pub(crate) struct Tx<'a> {
     pub outbound: &'a TransactionalTree,
     pub message_refs: &'a TransactionalTree,
     pub bridges: &'a TransactionalTree,
+    pub live_jobs: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -132,6 +138,7 @@ impl<'a> Tx<'a> {
             outbound: &view[9],
             message_refs: &view[10],
             bridges: &view[11],
+            live_jobs: &view[12],
         }
     }
 }

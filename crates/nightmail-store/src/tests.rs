@@ -215,6 +215,8 @@ async fn a_schema_1_store_is_migrated() {
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
     // Schema 3 indexed the jobs' Message-IDs for their sender (none here) and model.
     assert_eq!(store.find_by_message_id("<10@x>", &addr("kimi@nightmail.local")).unwrap(), Some(MessageKey(10)));
+    // Schema 9 indexed the queued job, not the finished one, for the concierge.
+    assert_eq!(store.untriaged_jobs().unwrap().iter().map(|j| j.id).collect::<Vec<_>>(), vec![queued.id]);
     let leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
     assert_eq!(leased.job().id, queued.id);
     assert!(store.lease_next(Duration::from_secs(60)).await.unwrap().is_none());

@@ -275,7 +275,8 @@ impl Worker {
     }
 
     async fn triage_queue(&self) -> Result<(), StoreError> {
-        for job in self.store.jobs()? {
+        // The store's index of untriaged jobs: this runs every second, and must not read history.
+        for job in self.store.untriaged_jobs()? {
             if job.triaged || !matches!(job.state, JobState::Queued { .. }) {
                 continue;
             }
