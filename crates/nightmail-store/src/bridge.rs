@@ -55,7 +55,9 @@ impl Store {
 
     /// Records `state` for the bridge for `address`, and flushes.
     pub async fn set_bridge_state(&self, address: &Address, state: &BridgeState) -> Result<(), StoreError> {
+        let writing = self.trees.writing();
         self.trees.bridges.insert(address.as_str().as_bytes(), encode(state))?;
+        drop(writing);
         self.flush().await
     }
 

@@ -287,6 +287,7 @@ impl Store {
                 continue;
             }
             // Only if unchanged: a delivery may have renewed the mark since it was read.
+            let _writing = self.trees.writing();
             if self.trees.dedupe.compare_and_swap(&key, Some(&value), None::<&[u8]>)?.is_ok() {
                 removed += 1;
             }

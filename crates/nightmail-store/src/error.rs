@@ -21,6 +21,10 @@ pub enum StoreError {
         "the store was written by a newer nightmail (schema version {found}, this build knows up to {known}): upgrade nightmail"
     )]
     TooNew { found: u32, known: u32 },
+    #[error("{path} is not empty: {what} must be empty or absent (choose a new directory, or move what is there away)")]
+    NotEmpty { path: PathBuf, what: String },
+    #[error("the backup in {path} cannot be restored: {message}")]
+    BadBackup { path: PathBuf, message: String },
     #[error("job {0} does not exist")]
     NoSuchJob(JobId),
     #[error("the lease on job {0} was lost (it expired and the job was taken again, or it was cancelled)")]

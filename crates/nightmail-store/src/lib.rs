@@ -10,8 +10,10 @@
 //! so when it returns, the change survives `kill -9` and power loss (RFC 5321 §6.1: once 250 is
 //! sent, the message must not be lost).
 
+mod backup;
 mod bridge;
 mod changes;
+mod check;
 mod delivery;
 mod durable;
 mod error;
@@ -33,8 +35,10 @@ mod migrations;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use backup::{FileCopy, Manifest, TreeCopy, restore, verify_backup};
 pub use bridge::BridgeState;
 pub use changes::MailboxChange;
+pub use check::Integrity;
 pub use delivery::{
     DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, author, message_id, stable_digest,
 };
@@ -130,6 +134,8 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod backup_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]

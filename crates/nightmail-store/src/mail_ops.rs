@@ -153,6 +153,7 @@ impl Store {
         flags: &[String],
     ) -> Result<Vec<FlagChange>, MailboxOpError> {
         let flags: Vec<&String> = flags.iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
+        let writing = self.trees.writing();
         let changes = self.trees.mail.transaction(|mail| {
             let mut changes = Vec::with_capacity(uids.len());
             for &uid in uids {
@@ -184,6 +185,7 @@ impl Store {
             }
             Ok(changes)
         })?;
+        drop(writing);
         self.flush().await?;
         self.notify(mailbox);
         Ok(changes)
@@ -203,6 +205,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let t = &self.trees;
+        let writing = self.trees.writing();
         let removed = (&t.mail, &t.message_refs, &t.messages, &t.message_ids).transaction(
             |(mail, refs, messages, message_ids)| {
                 let holders = RefTrees { refs, messages, message_ids };
@@ -219,6 +222,7 @@ impl Store {
                 Ok(removed)
             },
         )?;
+        drop(writing);
         self.flush().await?;
         self.notify(mailbox);
         Ok(removed)
@@ -334,6 +338,7 @@ impl Store {
         if recent.is_empty() {
             return Ok(recent);
         }
+        let writing = self.trees.writing();
         let claimed = self.trees.mail.transaction(|mail| {
             let mut claimed = Vec::with_capacity(recent.len());
             for &uid in &recent {
@@ -346,6 +351,7 @@ impl Store {
             }
             Ok(claimed)
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(claimed)
     }

@@ -144,8 +144,10 @@ impl Store {
         let new_id = MailboxId(self.db.generate_id()?);
         let now = Timestamp::now();
         let t = &self.trees;
+        let writing = self.trees.writing();
         let info = (&t.meta, &t.mailboxes, &t.mailbox_names)
             .transaction(|(meta, mailboxes, names)| ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now))?;
+        drop(writing);
         self.flush().await?;
         Ok(info)
     }

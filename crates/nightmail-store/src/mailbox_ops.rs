@@ -117,6 +117,7 @@ impl Store {
         let t = &self.trees;
         let key = name_key(owner, name);
         let trees = (&t.mailboxes, &t.mailbox_names, &t.mail, &t.message_refs, &t.messages, &t.message_ids);
+        let writing = self.trees.writing();
         trees.transaction(|(mailboxes, names, mail, refs, messages, message_ids)| {
             if names.get(&key)?.as_deref() != Some(&info.id.to_be_bytes()[..]) {
                 return Err(Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())));
@@ -132,6 +133,7 @@ impl Store {
             }
             Ok(())
         })?;
+        drop(writing);
         self.flush().await?;
         self.notify(info.id);
         Ok(())
@@ -161,6 +163,7 @@ impl Store {
             }
         }
         let t = &self.trees;
+        let writing = self.trees.writing();
         (&t.mailboxes, &t.mailbox_names).transaction(|(mailboxes, names)| {
             for m in &moving {
                 let new_name = renamed(m);
@@ -179,6 +182,7 @@ impl Store {
             }
             Ok(())
         })?;
+        drop(writing);
         self.flush().await?;
         self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
     }
@@ -194,6 +198,7 @@ impl Store {
     pub async fn set_subscribed(&self, owner: &str, name: &str, subscribed: bool) -> Result<(), MailboxOpError> {
         let info = self.mailbox(owner, name)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(name.to_string()))?;
         let id: MailboxId = info.id;
+        let writing = self.trees.writing();
         self.trees.mailboxes.transaction(|mailboxes| {
             let record = mailboxes
                 .get(id.to_be_bytes())?
@@ -204,6 +209,7 @@ impl Store {
             mailboxes.insert(&id.to_be_bytes(), encode(&current))?;
             Ok(())
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(())
     }

@@ -231,6 +231,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let token: u64 = rand::random();
+        let writing = self.trees.writing();
         let leased = self.trees.outbound.transaction(|outbound| {
             let mut leased = Vec::new();
             for &id in &due {
@@ -246,6 +247,7 @@ impl Store {
             }
             Ok(leased)
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(leased.into_iter().map(|entry| LeasedOutbound { entry, token }).collect())
     }
@@ -303,6 +305,7 @@ impl Store {
 
     /// `nightmail outbound retry`: makes a waiting entry due now.
     pub async fn retry_outbound(&self, id: OutboundId, now: Timestamp) -> Result<Outbound, OutboundOpError> {
+        let writing = self.trees.writing();
         let entry = self.trees.outbound.transaction(|outbound| {
             let mut entry = read::<OutboundOpError>(outbound, id)?
                 .ok_or(ConflictableTransactionError::Abort(OutboundOpError::NoSuch(id)))?;
@@ -322,6 +325,7 @@ impl Store {
             outbound.insert(&id.to_be_bytes()[..], encode(&entry))?;
             Ok(entry)
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(entry)
     }
@@ -330,6 +334,7 @@ impl Store {
     /// releasing its message.
     pub async fn drop_outbound(&self, id: OutboundId, now: Timestamp) -> Result<Outbound, OutboundOpError> {
         let t = &self.trees;
+        let writing = self.trees.writing();
         let entry = (&t.outbound, &t.message_refs, &t.messages, &t.message_ids).transaction(
             |(outbound, refs, messages, message_ids)| {
                 let mut entry = read::<OutboundOpError>(outbound, id)?
@@ -347,6 +352,7 @@ impl Store {
                 Ok(entry)
             },
         )?;
+        drop(writing);
         self.flush().await?;
         Ok(entry)
     }
@@ -363,6 +369,7 @@ impl Store {
         if stale.is_empty() {
             return Ok(0);
         }
+        let writing = self.trees.writing();
         let recovered = self.trees.outbound.transaction(|outbound| {
             let mut n = 0;
             for &id in &stale {
@@ -376,6 +383,7 @@ impl Store {
             }
             Ok(n)
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(recovered)
     }
@@ -385,7 +393,9 @@ impl Store {
         let mut purged = 0;
         for entry in self.outbound()? {
             if entry.state.settled_at().is_some_and(|at| at < before) {
+                let writing = self.trees.writing();
                 self.trees.outbound.remove(entry.id.to_be_bytes())?;
+                drop(writing);
                 purged += 1;
             }
         }

@@ -348,6 +348,7 @@ impl Store {
                 Some(leased) => return Ok(Some(leased)),
                 // Taken or cancelled since we looked: the index entry is stale.
                 None => {
+                    let _writing = self.trees.writing();
                     self.trees.queue.remove(&first)?;
                 }
             }
@@ -357,6 +358,7 @@ impl Store {
     /// Applies `change` to a leased job if the lease still holds.
     async fn with_lease(&self, leased: &LeasedJob, change: impl Fn(&mut Job)) -> Result<Job, StoreError> {
         let id = leased.job.id;
+        let writing = self.trees.writing();
         let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
             let mut job = read_job(jobs, id)?;
             match job.state {
@@ -368,6 +370,7 @@ impl Store {
             write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
             Ok(job)
         })?;
+        drop(writing);
         self.flush().await?;
         Ok(job)
     }
@@ -507,6 +510,7 @@ impl Store {
     pub async fn lease(&self, id: JobId, lease_for: Duration) -> Result<Option<LeasedJob>, StoreError> {
         let now = Timestamp::now();
         let token: u64 = rand::random();
+        let writing = self.trees.writing();
         let leased =
             (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
                 let mut job = read_job(jobs, id)?;
@@ -521,6 +525,7 @@ impl Store {
                 write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
                 Ok(Some(job))
             })?;
+        drop(writing);
         if leased.is_some() {
             self.leases.hold(id, token, lease_for);
         }
@@ -538,6 +543,7 @@ impl Store {
         let t = &self.trees;
         let mut purged = 0;
         for id in old {
+            let writing = self.trees.writing();
             let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids).transaction(
                 |(jobs, refs, messages, message_ids)| {
                     // Re-read: a job is never un-finished, but it may already be gone.
@@ -548,6 +554,7 @@ impl Store {
                     Ok(true)
                 },
             )?;
+            drop(writing);
             purged += usize::from(gone);
         }
         if purged > 0 {
@@ -559,6 +566,7 @@ impl Store {
     /// Cancels a job that has not finished. Returns the job as it now is.
     pub async fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
         let at = Timestamp::now();
+        let writing = self.trees.writing();
         let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
             let mut job = read_job(jobs, id)?;
             if matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
@@ -568,6 +576,7 @@ impl Store {
             }
             Ok(job)
         })?;
+        drop(writing);
         self.leases.release(id);
         self.flush().await?;
         Ok(job)
@@ -595,6 +604,7 @@ impl Store {
                 continue;
             }
             let id = job.id;
+            let writing = self.trees.writing();
             let changed =
                 (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
                     let mut job = read_job(jobs, id)?;
@@ -606,6 +616,7 @@ impl Store {
                     write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
                     Ok(true)
                 })?;
+            drop(writing);
             if changed {
                 self.leases.release(id);
             }

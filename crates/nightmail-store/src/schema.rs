@@ -16,6 +16,8 @@
 //! | `bridges`       | a bridge's upstream address      | JSON `BridgeState`: the upstream UIDVALIDITY, the last UID and INTERNALDATE taken, the UIDs still to flag (schema 8) |
 //! | `live_jobs`     | `n` ++ JobId, `r` ++ JobId       | empty: the queued jobs not yet triaged (`n`, the concierge's work) and the running ones (`r`, the lease sweeper's), kept by `write_job` (schema 9) |
 
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::StoreError;
@@ -55,6 +57,9 @@ pub(crate) struct Trees {
     pub message_refs: sled::Tree,
     pub bridges: sled::Tree,
     pub live_jobs: sled::Tree,
+    /// Held shared by every write, and exclusively by a backup (`backup.rs`): sled 0.34 has no
+    /// snapshots, so a consistent copy of all trees is one taken while no write is under way.
+    gate: Arc<RwLock<()>>,
 }
 
 impl Trees {
@@ -73,6 +78,7 @@ impl Trees {
             message_refs: db.open_tree(MESSAGE_REFS)?,
             bridges: db.open_tree(BRIDGES)?,
             live_jobs: db.open_tree(LIVE_JOBS)?,
+            gate: Arc::default(),
         })
     }
 
@@ -95,12 +101,24 @@ impl Trees {
         ]
     }
 
+    /// Held for the length of one write to the trees (a transaction, or a lone insert or removal),
+    /// so that a backup sees each write whole or not at all.
+    pub fn writing(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Held while a backup reads every tree: no write starts until it is dropped.
+    pub fn quiesce(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Runs `f` in one transaction over every tree.
     pub fn transaction<A, E>(&self, f: impl Fn(&Tx<'_>) -> Result<A, ConflictableTransactionError<E>>) -> Result<A, E>
     where
         E: From<sled::transaction::TransactionError<E>>,
     {
         use sled::Transactional;
+        let _writing = self.writing();
         let all = self.all();
         Ok(all[..].transaction(|view| f(&Tx::new(view)))?)
     }
