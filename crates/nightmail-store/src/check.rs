@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::delivery::MessageRef;
 use crate::outbound::OutboundState;
@@ -15,7 +15,7 @@ use crate::schema::{JOBS, MAIL, MAILBOXES, MESSAGE_IDS, MESSAGE_REFS, OUTBOUND, 
 use crate::{JobId, MailEntry, MailboxId, MailboxInfo, MessageKey, Outbound, Store, StoreError};
 
 /// What the check counted, and each problem it found (none: the store is whole).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Integrity {
     pub messages: u64,
     pub mailboxes: u64,

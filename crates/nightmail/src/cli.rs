@@ -46,6 +46,14 @@ enum Command {
         #[arg(long)]
         user: Option<String>,
     },
+    /// Write a consistent copy of the store (mail, jobs, the queue, the self-signed TLS
+    /// certificate) into DIR, empty or absent, while the daemon runs (or not).
+    Backup { dir: PathBuf },
+    /// Restore a backup into the configuration's data_dir, which must be empty or absent; the
+    /// backup is verified first, and the restored store checked.
+    Restore { dir: PathBuf },
+    /// Check that every index in the store points at existing records and bytes.
+    Check,
     /// Manage users.
     User {
         #[command(subcommand)]
@@ -153,6 +161,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 OutboundCommand::Drop { id } => (crate::outbound::Action::Drop, id),
             };
             crate::outbound::run(&config, action, id)?;
+        }
+        Command::Backup { dir } => crate::backup::backup(&load(path.as_deref())?, &dir)?,
+        Command::Restore { dir } => {
+            if !crate::backup::restore(&load(path.as_deref())?, &dir)? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::Check => {
+            if !crate::backup::check(&load(path.as_deref())?)? {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::User { command: UserCommand::Add { name, address } } => {
             let address = Address::parse(&address).context("--address")?;

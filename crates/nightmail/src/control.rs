@@ -24,6 +24,12 @@ pub enum Request {
     OutboundDrop {
         id: u64,
     },
+    /// Write a consistent copy of the store into `dir` (absolute, empty or absent).
+    Backup {
+        dir: PathBuf,
+    },
+    /// Check that every index points at existing records and bytes.
+    Check,
 }
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {
@@ -70,6 +76,8 @@ async fn answer(stream: UnixStream, store: &Store, data_dir: &Path) -> anyhow::R
         Ok(Request::Status) => serde_json::to_value(Report::from_store(store, data_dir, "daemon")?)?,
         Ok(Request::OutboundRetry { id }) => crate::outbound::answer(store, crate::outbound::Action::Retry, id).await,
         Ok(Request::OutboundDrop { id }) => crate::outbound::answer(store, crate::outbound::Action::Drop, id).await,
+        Ok(Request::Backup { dir }) => crate::backup::answer_backup(store, data_dir, dir).await,
+        Ok(Request::Check) => crate::backup::answer_check(store).await,
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
     };
     let mut text = serde_json::to_vec(&response)?;
@@ -93,12 +101,21 @@ impl<R: tokio::io::AsyncRead + Unpin> TakeLine for BufReader<R> {
 
 /// Asks the daemon whose data is in `data_dir`. `Ok(None)` when no daemon answers.
 pub fn ask(data_dir: &Path, request: &Request) -> anyhow::Result<Option<serde_json::Value>> {
+    ask_with(data_dir, request, std::time::Duration::from_secs(30))
+}
+
+/// [`ask`], waiting up to `wait` for the answer.
+pub fn ask_with(
+    data_dir: &Path,
+    request: &Request,
+    wait: std::time::Duration,
+) -> anyhow::Result<Option<serde_json::Value>> {
     use std::io::{BufRead, Write};
     let path = socket_path(data_dir);
     let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&path) else {
         return Ok(None);
     };
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(wait))?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
     stream.write_all(&line)?;

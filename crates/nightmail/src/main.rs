@@ -1,6 +1,7 @@
 //! `nightmail`: the daemon and its command line. Argument parsing and wiring only; the work is
 //! done by the library crates.
 
+mod backup;
 mod cli;
 mod client_config;
 mod control;
