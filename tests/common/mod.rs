@@ -69,6 +69,8 @@ pub struct Daemon {
     child: Child,
     /// A program the daemon runs under (e.g. strace), in a process group of its own.
     wrapper: Vec<String>,
+    /// Where its log (stderr, at `info`) goes, when a test reads it.
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -81,8 +83,23 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
-        let (child, l) = spawn(&config, &[]);
-        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper: Vec::new() }
+        let (child, l) = spawn(&config, &[], None);
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper: Vec::new(), log: None }
+    }
+
+    /// A daemon whose log (at `info`) goes to `daemon.log` in its directory: see [`Daemon::log`].
+    pub fn start_logged(make_config: impl FnOnce(&Path) -> String) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("nightmail.toml");
+        std::fs::write(&config, make_config(dir.path())).unwrap();
+        let log = dir.path().join("daemon.log");
+        let (child, l) = spawn(&config, &[], Some(&log));
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper: Vec::new(), log: Some(log) }
+    }
+
+    /// The log so far of a daemon started with [`Daemon::start_logged`].
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.as_ref().expect("started with start_logged")).unwrap_or_default()
     }
 
     /// A daemon started as the last argument of `wrapper` (e.g. `strace -o FILE`); killing it
@@ -92,13 +109,13 @@ impl Daemon {
         let config = dir.path().join("nightmail.toml");
         std::fs::write(&config, make_config(dir.path())).unwrap();
         let wrapper: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
-        let (child, l) = spawn(&config, &wrapper);
-        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper }
+        let (child, l) = spawn(&config, &wrapper, None);
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper, log: None }
     }
 
     /// Starts the daemon again on the same data (after a kill or stop).
     pub fn restart(&mut self) {
-        let (child, l) = spawn(&self.config, &self.wrapper);
+        let (child, l) = spawn(&self.config, &self.wrapper, self.log.as_deref());
         self.child = child;
         (self.smtp, self.imap, self.others) = (l.smtp, l.imap, l.others);
     }
@@ -197,7 +214,7 @@ struct Listening {
     others: Vec<(String, SocketAddr)>,
 }
 
-fn spawn(config: &Path, wrapper: &[String]) -> (Child, Listening) {
+fn spawn(config: &Path, wrapper: &[String], log: Option<&Path>) -> (Child, Listening) {
     let mut command = match wrapper.split_first() {
         Some((program, args)) => {
             let mut command = Command::new(program);
@@ -207,15 +224,17 @@ fn spawn(config: &Path, wrapper: &[String]) -> (Child, Listening) {
         }
         None => Command::new(BIN),
     };
-    let mut child = command
-        .arg("--config")
-        .arg(config)
-        .arg("serve")
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    command.arg("--config").arg(config).arg("serve").stdout(Stdio::piped());
+    match log {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+            command.env("RUST_LOG", "info,sled=warn").env("NO_COLOR", "1").stderr(file)
+        }
+        None => command
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+            .stderr(Stdio::inherit()),
+    };
+    let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

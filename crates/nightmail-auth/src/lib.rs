@@ -100,6 +100,13 @@ impl Authenticator {
         }
     }
 
+    /// The same checker with a new list of users (a configuration reloaded on SIGHUP): the
+    /// failures counted so far and the hashing permits carry over, so a reload does not wipe the
+    /// limit on password guessing.
+    pub fn with_users(&self, users: Vec<User>) -> Authenticator {
+        Authenticator { users: Arc::new(users), ..self.clone() }
+    }
+
     fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Counted, Attempts>> {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }

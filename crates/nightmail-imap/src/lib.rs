@@ -33,7 +33,6 @@ pub struct Shared {
     pub tls: Option<TlsAcceptor>,
 }
 
-/// Serves IMAP on `listener` until `shutdown` turns true.
 /// How a listener's connections begin.
 #[derive(Clone)]
 pub enum Wrap {
@@ -43,7 +42,27 @@ pub enum Wrap {
     ImplicitTls(TlsAcceptor),
 }
 
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>, wrap: Wrap) {
+impl Wrap {
+    /// This wrap with the certificate `shared` now holds (a reloaded one, after SIGHUP).
+    fn with(&self, shared: &Shared) -> Wrap {
+        match (self, &shared.tls) {
+            (Wrap::ImplicitTls(_), Some(tls)) => Wrap::ImplicitTls(tls.clone()),
+            (wrap, _) => wrap.clone(),
+        }
+    }
+}
+
+/// Serves IMAP on `listener` until `shutdown` turns true.
+///
+/// `current` holds the configuration new sessions start with: the daemon replaces it on SIGHUP,
+/// and each session keeps the one it began with. The connection limits are the first one's.
+pub async fn serve(
+    listener: TcpListener,
+    current: watch::Receiver<Arc<Shared>>,
+    mut shutdown: watch::Receiver<bool>,
+    wrap: Wrap,
+) {
+    let shared = current.borrow().clone();
     // More connections than these are greeted with BYE (RFC 3501 §7.1.5).
     let slots = Arc::new(Semaphore::new(shared.config.imap.max_connections));
     let per_client = ConnectionLimit::new(shared.config.imap.max_connections_per_ip);
@@ -61,8 +80,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
             },
             _ = shutdown.changed() => break,
         };
-        let shared = shared.clone();
-        let wrap = wrap.clone();
+        let shared = current.borrow().clone();
+        let wrap = wrap.with(&shared);
         let permit = slots.clone().try_acquire_owned();
         let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);

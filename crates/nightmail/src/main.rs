@@ -7,6 +7,7 @@ mod client_config;
 mod control;
 mod model;
 mod outbound;
+mod reload;
 mod serve;
 mod status;
 mod watch;

@@ -1,11 +1,11 @@
-//! `nightmail serve`: opens the store, binds the listeners, and runs until SIGTERM or SIGINT.
+//! `nightmail serve`: opens the store, binds the listeners, and runs until SIGTERM or SIGINT;
+//! SIGHUP reloads the configuration for new sessions (`reload.rs`).
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nightmail_auth::Authenticator;
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_types::Timestamp;
@@ -66,14 +66,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{}: bridge {}: {e}", config.source_name(), bridge.address))?;
         bridges.push(b);
     }
-    let auth = Authenticator::new(config.users.clone(), config.auth.clone());
-    let imap_shared = Arc::new(nightmail_imap::Shared {
-        config: config.clone(),
-        store: store.clone(),
-        auth: auth.clone(),
-        tls: tls.clone(),
-    });
-    let shared = Arc::new(nightmail_smtp::Shared { config: config.clone(), store: store.clone(), auth, tls });
+    // What new sessions start with; SIGHUP replaces it (`reload.rs`).
+    let (mut live, (shared, imap_shared)) = crate::reload::Live::new(config.clone(), store.clone(), tls);
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let mut implicit = Vec::new();
@@ -136,6 +130,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // Handlers first: once the line below is out, a SIGTERM must mean a clean stop.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // SIGHUP reloads the configuration for new sessions (`reload.rs`); without a handler it would kill.
+    let mut hup = signal(SignalKind::hangup())?;
     // Tests and scripts read the bound port from this line (port 0 picks a free one).
     // The implicit-TLS lines come first: the IMAP line is the last one.
     for (name, addr) in &implicit_addrs {
@@ -146,9 +142,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     std::io::stdout().flush().ok();
     tracing::info!(source = %config.source_name(), data = %config.data_dir.display(), "nightmail serving");
 
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: shutting down");
+                break;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: shutting down");
+                break;
+            }
+            _ = hup.recv() => live.reload(),
+        }
     }
     stop_tx.send(true).ok();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -192,7 +197,7 @@ async fn bind(addr: std::net::SocketAddr, key: &str, config: &Config) -> anyhow:
 
 /// The demo password is public (it is in the README): a daemon reachable from other machines
 /// must not accept it. Loopback-only listeners keep the quick start working.
-fn refuse_demo_password_off_loopback(config: &Config) -> anyhow::Result<()> {
+pub(crate) fn refuse_demo_password_off_loopback(config: &Config) -> anyhow::Result<()> {
     let exposed: Vec<String> = [("smtp.listen", config.smtp.listen), ("imap.listen", config.imap.listen)]
         .iter()
         .filter(|(_, addr)| !addr.ip().is_loopback())

@@ -1,0 +1,135 @@
+//! SIGHUP: read the configuration file again and give it to new SMTP and IMAP sessions, without
+//! closing a connection or touching a job. A session keeps the configuration it began with (its
+//! login stands), a new one gets the new users and passwords, `[tls]` certificate and session
+//! settings. A file that does not parse, a certificate that does not load, or the demo password
+//! off loopback is refused with a log line, and the running configuration stays.
+//!
+//! What the running tasks were built from (listeners, connection limits, `data_dir`, `[[model]]`,
+//! `[worker]`, `[auth]`, `[relay]`, `[[bridge]]`) needs a restart: a reload keeps the running
+//! values of those and logs which ones changed, so SMTP never takes mail for a model the worker
+//! does not have.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use nightmail_auth::Authenticator;
+use nightmail_config::Config;
+use nightmail_store::Store;
+use tokio::sync::watch;
+
+/// The configuration new sessions get, and where to announce a new one.
+pub struct Live {
+    config: Arc<Config>,
+    store: Store,
+    auth: Authenticator,
+    smtp: watch::Sender<Arc<nightmail_smtp::Shared>>,
+    imap: watch::Sender<Arc<nightmail_imap::Shared>>,
+}
+
+type Receivers = (watch::Receiver<Arc<nightmail_smtp::Shared>>, watch::Receiver<Arc<nightmail_imap::Shared>>);
+
+impl Live {
+    pub fn new(config: Arc<Config>, store: Store, tls: Option<nightmail_tls::TlsAcceptor>) -> (Live, Receivers) {
+        let auth = Authenticator::new(config.users.clone(), config.auth.clone());
+        let (smtp, smtp_rx) = watch::channel(Arc::new(nightmail_smtp::Shared {
+            config: config.clone(),
+            store: store.clone(),
+            auth: auth.clone(),
+            tls: tls.clone(),
+        }));
+        let (imap, imap_rx) = watch::channel(Arc::new(nightmail_imap::Shared {
+            config: config.clone(),
+            store: store.clone(),
+            auth: auth.clone(),
+            tls,
+        }));
+        (Live { config, store, auth, smtp, imap }, (smtp_rx, imap_rx))
+    }
+
+    /// Reloads on SIGHUP, logging what happened.
+    pub fn reload(&mut self) {
+        match self.try_reload() {
+            Ok(kept) if kept.is_empty() => {
+                tracing::info!(
+                    users = self.config.users.len(),
+                    "SIGHUP: configuration reloaded from {}",
+                    self.config.source_name()
+                )
+            }
+            Ok(kept) => tracing::warn!(
+                users = self.config.users.len(),
+                "SIGHUP: configuration reloaded from {}; changes to {} need a restart and were not applied",
+                self.config.source_name(),
+                kept.join(", ")
+            ),
+            Err(e) => tracing::error!("SIGHUP: kept the running configuration: {e:#}"),
+        }
+    }
+
+    /// Returns the sections whose changes were not applied.
+    fn try_reload(&mut self) -> anyhow::Result<Vec<&'static str>> {
+        let old = &self.config;
+        let path = old.source.clone().context(
+            "the daemon runs on built-in defaults, so there is no file to read again (start it with --config FILE)",
+        )?;
+        let mut new = Config::load(&path)?;
+        let kept = keep_what_needs_a_restart(old, &mut new);
+        crate::serve::refuse_demo_password_off_loopback(&new)?;
+        let tls = match &new.tls {
+            Some(tls) => Some(nightmail_tls::acceptor(tls, &new.data_dir, &new.hostname)?),
+            None => None,
+        };
+        for warning in &new.warnings {
+            tracing::warn!("{warning}");
+        }
+        let config = Arc::new(new);
+        let auth = self.auth.with_users(config.users.clone());
+        let store = self.store.clone();
+        self.smtp.send_replace(Arc::new(nightmail_smtp::Shared {
+            config: config.clone(),
+            store: store.clone(),
+            auth: auth.clone(),
+            tls: tls.clone(),
+        }));
+        self.imap.send_replace(Arc::new(nightmail_imap::Shared {
+            config: config.clone(),
+            store,
+            auth: auth.clone(),
+            tls,
+        }));
+        (self.config, self.auth) = (config, auth);
+        Ok(kept)
+    }
+}
+
+/// Puts the running values back into `new` where a change needs a restart; names those changed.
+fn keep_what_needs_a_restart(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut kept = Vec::new();
+    // The sections' types have no PartialEq (secrets, durations); their Debug forms are compared.
+    fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
+        format!("{a:?}") == format!("{b:?}")
+    }
+    macro_rules! keep {
+        ($name:literal, $($field:tt)+) => {
+            if !same(&old.$($field)+, &new.$($field)+) {
+                kept.push($name);
+                new.$($field)+ = old.$($field)+.clone();
+            }
+        };
+    }
+    keep!("data_dir", data_dir);
+    keep!("smtp.listen", smtp.listen);
+    keep!("smtp.listen_tls", smtp.listen_tls);
+    keep!("smtp.max_connections", smtp.max_connections);
+    keep!("smtp.max_connections_per_ip", smtp.max_connections_per_ip);
+    keep!("imap.listen", imap.listen);
+    keep!("imap.listen_tls", imap.listen_tls);
+    keep!("imap.max_connections", imap.max_connections);
+    keep!("imap.max_connections_per_ip", imap.max_connections_per_ip);
+    keep!("[[model]]", models);
+    keep!("[worker]", worker);
+    keep!("[auth]", auth);
+    keep!("[relay]", relay);
+    keep!("[[bridge]]", bridges);
+    kept
+}
