@@ -1,7 +1,8 @@
 //! `nightmail backup`, `restore` and `check` against the real daemon: a backup taken while
 //! python's smtplib submits mail without pause restores to a store that passes the integrity check
 //! and holds every message acknowledged (250) before the backup began; a damaged or incomplete
-//! backup, and a data directory that is not empty, are refused with a clear error.
+//! backup, and a data directory that is not empty, are refused with a clear error. And the upgrade
+//! path: the daemon opens a store the schema-8 binary wrote.
 
 mod common;
 
@@ -179,4 +180,47 @@ fn a_damaged_or_incomplete_backup_and_a_used_data_dir_are_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("no manifest.json"), "{stderr}");
+}
+
+/// The upgrade path through the binary: a store written by the schema-8 `nightmail serve`
+/// (`crates/nightmail-store/tests/fixtures/schema8/`, see `upgrade_tests.rs` there) is migrated
+/// by this daemon at start-up, which then shows its two queued questions, serves the mail over
+/// IMAP, takes new mail, and leaves a store that passes the check.
+#[test]
+fn the_daemon_upgrades_a_store_written_by_the_schema_8_binary() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../nightmail-store/tests/fixtures/schema8");
+    let mut daemon = Daemon::start_with(|dir| {
+        let store = dir.join("data/store");
+        std::fs::create_dir_all(&store).unwrap();
+        for file in ["conf", "db"] {
+            std::fs::copy(format!("{fixture}/{file}"), store.join(file)).unwrap();
+        }
+        common::config(dir, "")
+    });
+    let subjects: Vec<String> = daemon.jobs().iter().map(|j| j["subject"].as_str().unwrap().to_string()).collect();
+    assert_eq!(subjects, ["What is a lease?", "status"]);
+    let script = r#"
+import imaplib, os
+m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
+m.login("me", os.environ["PASSWORD"])
+m.select("INBOX")
+typ, found = m.search(None, 'SUBJECT "note to self"')
+print("FOUND", found[0].decode())
+typ, body = m.fetch(found[0].split()[0], "(BODY.PEEK[TEXT])")
+print(body[0][1].decode().strip())
+m.logout()
+"#;
+    let out = common::python(&daemon, script);
+    assert!(out.contains("Kept in the INBOX across the upgrade."), "{out}");
+    let mut raw = common::Raw::login(daemon.smtp);
+    assert!(raw.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(raw.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+    assert!(raw.cmd("DATA").starts_with("354"));
+    assert!(raw.cmd("Subject: after the upgrade\r\nMessage-ID: <after@test>\r\n\r\nbody\r\n.").starts_with("250 "));
+    assert_eq!(daemon.jobs().len(), 3);
+    let check = daemon.cli(&["check"]);
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    daemon.stop();
+    let store = nightmail_store::Store::open(&daemon.data_dir().join("store")).unwrap();
+    assert_eq!(store.schema_version().unwrap(), nightmail_store::SCHEMA_VERSION);
 }
