@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use nightmail_config::Config;
 use nightmail_store::{Integrity, Manifest, Store};
 
-use crate::control::{Request, ask_with};
+use crate::control::Request;
 
 /// A backup reads the whole store: give the daemon time.
 const BACKUP_WAIT: Duration = Duration::from_secs(6 * 3600);
@@ -54,26 +54,14 @@ pub async fn answer_check(store: &Store) -> serde_json::Value {
     }
 }
 
-/// Asks the daemon, or, when none answers, opens the store and runs `direct` on it.
+/// Asks the daemon, or opens the store when none answers; `{"ok": ...}` gives the value.
 fn through_daemon(
     config: &Config,
     request: &Request,
     wait: Duration,
     direct: impl FnOnce(&Store) -> serde_json::Value,
 ) -> anyhow::Result<serde_json::Value> {
-    let value = match ask_with(&config.data_dir, request, wait)? {
-        Some(value) => value,
-        None => {
-            let dir = config.data_dir.join("store");
-            let store = Store::open(&dir).with_context(|| {
-                format!(
-                    "no daemon answered on {}, and the store is not readable",
-                    crate::control::socket_path(&config.data_dir).display()
-                )
-            })?;
-            direct(&store)
-        }
-    };
+    let value = crate::control::ask_or_open(config, request, wait, |store| Ok(direct(store)))?;
     if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
         bail!("{error}");
     }

@@ -123,3 +123,21 @@ pub fn ask_with(
     std::io::BufReader::new(stream).read_line(&mut answer)?;
     Ok(Some(serde_json::from_str(&answer).context("the daemon's answer on the control socket")?))
 }
+
+/// Asks the daemon whose data is in `config.data_dir`; when none answers, opens the store (sled
+/// admits one process, so this works only while no daemon runs) and runs `direct` on it.
+pub fn ask_or_open(
+    config: &nightmail_config::Config,
+    request: &Request,
+    wait: std::time::Duration,
+    direct: impl FnOnce(&Store) -> anyhow::Result<serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
+    if let Some(value) = ask_with(&config.data_dir, request, wait)? {
+        return Ok(value);
+    }
+    let dir = config.data_dir.join("store");
+    let store = Store::open(&dir).with_context(|| {
+        format!("no daemon answered on {}, and the store is not readable", socket_path(&config.data_dir).display())
+    })?;
+    direct(&store)
+}

@@ -6,7 +6,7 @@ use nightmail_config::Config;
 use nightmail_store::{OutboundId, Store};
 use nightmail_types::Timestamp;
 
-use crate::control::{Request, ask};
+use crate::control::Request;
 use crate::status::OutboundView;
 
 #[derive(Clone, Copy)]
@@ -34,19 +34,9 @@ pub fn run(config: &Config, action: Action, id: u64) -> anyhow::Result<()> {
         Action::Retry => Request::OutboundRetry { id },
         Action::Drop => Request::OutboundDrop { id },
     };
-    let value = match ask(&config.data_dir, &request)? {
-        Some(value) => value,
-        None => {
-            let dir = config.data_dir.join("store");
-            let store = Store::open(&dir).with_context(|| {
-                format!(
-                    "no daemon answered on {}, and the store is not readable",
-                    crate::control::socket_path(&config.data_dir).display()
-                )
-            })?;
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(answer(&store, action, id))
-        }
-    };
+    let value = crate::control::ask_or_open(config, &request, std::time::Duration::from_secs(30), |store| {
+        Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(answer(store, action, id)))
+    })?;
     if let Some(error) = value.get("error").and_then(|e| e.as_str()) {
         bail!("{error}");
     }
