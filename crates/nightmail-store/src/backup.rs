@@ -129,7 +129,12 @@ fn ensure_empty(dir: &Path, what: &str) -> Result<(), StoreError> {
             }
             Ok(())
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::create_dir_all(dir).map_err(io_error(dir)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+            // What it will hold is the user's mail: the daemon's user alone may list it.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_error(dir))
+        }
         Err(e) => Err(io_error(dir)(e)),
     }
 }

@@ -41,6 +41,10 @@ async fn backed_up(root: &std::path::Path) -> std::path::PathBuf {
     let backup = root.join("backup");
     let manifest = store.backup(&backup, &[("tls/cert.pem".into(), tls)]).unwrap();
     assert_eq!(manifest.files.len(), 1);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777, 0o700);
+    let tree = backup.join(&manifest.trees[0].file);
+    assert_eq!(std::fs::metadata(tree).unwrap().permissions().mode() & 0o777, 0o600);
     backup
 }
 
