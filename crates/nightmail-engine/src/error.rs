@@ -29,6 +29,8 @@ pub enum EngineError {
         "the model's metadata lacks `{key}`: convert the model with a current llama.cpp convert_hf_to_gguf.py or transformers"
     )]
     MissingMetadata { key: String },
+    #[error("the model's metadata gives `{key}` {reason}: the file is corrupt or mislabelled")]
+    BadMetadata { key: String, reason: String },
     #[error("{what} is not supported yet: {hint}")]
     Unsupported { what: String, hint: String },
     #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]

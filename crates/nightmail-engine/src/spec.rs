@@ -229,7 +229,52 @@ impl ModelSpec {
         if spec.moe.is_none() && spec.moe_layers.iter().any(|m| *m) {
             return Err(EngineError::MissingMetadata { key: "expert count (the file has router weights)".into() });
         }
+        spec.check()?;
         Ok(spec)
+    }
+
+    /// The sizes every part divides by or indexes with, checked once here so that a corrupt or
+    /// mislabelled file is refused with the value it gives, never met as a division by zero or an
+    /// index past the end mid-forward (both found by fuzzing the GGUF reader, see
+    /// docs/FUZZING.md).
+    fn check(&self) -> Result<()> {
+        let bad = |key: &str, reason: String| Err(EngineError::BadMetadata { key: key.into(), reason });
+        let a = &self.attention;
+        for (key, value) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("layers", self.layers),
+            ("attention heads", a.heads),
+            ("key/value heads", a.kv_heads),
+            ("head size", a.head_dim),
+            ("context length", self.context_length),
+        ] {
+            if value == 0 {
+                return bad(key, "as 0".into());
+            }
+        }
+        if a.heads % a.kv_heads != 0 {
+            return bad(
+                "key/value heads",
+                format!("as {}, which does not divide {} attention heads", a.kv_heads, a.heads),
+            );
+        }
+        if let Some(moe) = &self.moe {
+            let top_k = moe.routing.top_k();
+            if top_k == 0 || top_k > moe.experts {
+                return bad("experts used per token", format!("as {top_k}, with {} experts", moe.experts));
+            }
+            if moe.expert_ffn == 0 {
+                return bad("expert feed-forward width", "as 0".into());
+            }
+            if let Routing::GroupedSigmoid { groups, top_groups, .. } = moe.routing
+                && (moe.experts % groups != 0 || top_groups > groups)
+            {
+                let reason = format!("as {groups} groups of which {top_groups} are used, for {} experts", moe.experts);
+                return bad("expert groups", reason);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -240,7 +285,12 @@ fn missing(key: &str) -> EngineError {
 fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     let arch_name = g.string("general.architecture").ok_or_else(|| missing("general.architecture"))?.to_string();
     let key = |k: &str| format!("{arch_name}.{k}");
-    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    // A size the graph divides by or counts with: 0 is a corrupt file, not a model.
+    let need = |k: &str| match g.uint(&key(k)) {
+        Some(0) => Err(EngineError::BadMetadata { key: key(k), reason: "as 0".into() }),
+        Some(v) => Ok(v as usize),
+        None => Err(missing(&key(k))),
+    };
     let experts = g.uint(&key("expert_count")).unwrap_or(0) as usize;
     let architecture = match (arch_name.as_str(), experts) {
         ("llama", 0) => Architecture::Llama,
@@ -898,6 +948,33 @@ mod tests {
         let metadata: Vec<(String, _)> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
         crate::format::gguf_write::write_gguf(&path, &metadata, &[], 32, |_, _| Ok(())).unwrap();
         GgufFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn sizes_the_graph_divides_by_are_refused_when_zero_or_inconsistent() {
+        use candle_core::quantized::gguf_file::Value;
+        let dir = tempfile::tempdir().unwrap();
+        let llama = |heads: u32, kv_heads: u32| {
+            let meta = [
+                ("general.architecture", Value::String("llama".into())),
+                ("llama.embedding_length", Value::U32(64)),
+                ("llama.block_count", Value::U32(1)),
+                ("llama.attention.head_count", Value::U32(heads)),
+                ("llama.attention.head_count_kv", Value::U32(kv_heads)),
+                ("llama.context_length", Value::U32(128)),
+                ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+                ("llama.vocab_size", Value::U32(32)),
+            ];
+            from_gguf(&gguf_with(dir.path(), &meta)).and_then(|spec| spec.check().map(|()| spec))
+        };
+        // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero.
+        let err = llama(0, 1).err().expect("no heads").to_string();
+        assert!(err.contains("`llama.attention.head_count` as 0"), "{err}");
+        let err = llama(4, 0).err().expect("no key/value heads").to_string();
+        assert!(err.contains("key/value heads") && err.contains("as 0"), "{err}");
+        let err = llama(4, 3).err().expect("3 key/value heads for 4").to_string();
+        assert!(err.contains("does not divide 4 attention heads"), "{err}");
+        assert!(llama(4, 2).is_ok());
     }
 
     #[test]
