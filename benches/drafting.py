@@ -7,7 +7,7 @@ accepted drafts per pass: the issue's "mean tokens accepted per verify step", go
 whether the text is identical to plain greedy, and the median decode wall time per answer of
 each mode.
 
-    python3 benches/drafting.py [--tokens 200] [--repeat 3] [--threads 2] [--model PATH]
+    python3 benches/drafting.py [--tokens 200] [--repeat 3] [--threads 2] [--draft-max N] [--model PATH]
 
 Needs a built `nightmail` binary (cargo build -p nightmail).
 """
@@ -35,10 +35,12 @@ def jobs():
     ]
 
 
-def generate(model, prompt, tokens, draft, threads):
+def generate(model, prompt, tokens, draft, threads, draft_max=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     cmd = [nightmail_binary(), "model", "generate", "--model", model, "--chat", "--prompt", prompt,
            "--max-new-tokens", str(tokens), "--greedy", "--json", "--draft", draft]
+    if draft_max and draft != "none":
+        cmd += ["--draft-max", str(draft_max)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
 
@@ -48,6 +50,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft-max", type=int, help="most tokens guessed per pass (the engine's default otherwise)")
     ap.add_argument("--model")
     a = ap.parse_args()
     model = a.model or model_path()
@@ -59,7 +62,7 @@ def main():
         runs = {"none": [], "lookup": []}
         for _ in range(a.repeat):
             for draft in ("none", "lookup"):
-                runs[draft].append(generate(model, prompt, a.tokens, draft, a.threads))
+                runs[draft].append(generate(model, prompt, a.tokens, draft, a.threads, a.draft_max))
         plain, look = runs["none"][0], runs["lookup"][0]
         same = all(r["text"] == plain["text"] and r["tokens"] == plain["tokens"] for r in runs["none"] + runs["lookup"])
         all_ok &= same

@@ -43,11 +43,11 @@ pub struct PromptLookup {
 }
 
 impl Default for PromptLookup {
-    /// transformers' `prompt_lookup_num_tokens` default is 10 with n-grams of up to 2; on
-    /// SmolLM2 with mail (benches/drafting.sh) n-grams of 3 down to 2 and 6 guesses keep most of the
-    /// accepted tokens while wasting fewer positions on guesses that fail early.
+    /// transformers' `prompt_lookup_num_tokens` default is 10 with n-grams of up to 2. Here
+    /// n-grams of 3 down to 2 (a single repeated token predicts little) and at most 8 guesses
+    /// per pass, fewer while guesses are rejected (see `benches/drafting.py`).
     fn default() -> Self {
-        PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 6 }
+        PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 8 }
     }
 }
 

@@ -132,6 +132,10 @@ pub struct TokenStream<'m> {
     /// Drafted tokens the last verify pass ran after the last generated token, each with the
     /// logits that follow it: in the cache, but not accepted yet.
     ahead: VecDeque<(u32, Vec<f32>)>,
+    /// How many tokens the next verify pass may guess: more after a pass whose guesses were all
+    /// accepted, fewer after a rejection (transformers' "heuristic" schedule for assistant
+    /// models), since each guessed position costs compute whether it is accepted or not.
+    draft_len: usize,
     verify_steps: usize,
     drafted: usize,
     accepted: usize,
@@ -292,6 +296,7 @@ impl Model {
             }
             None => (None, nothing, Vec::new(), 0),
         };
+        let draft_len = request.lookup.max_draft;
         let mut stream = TokenStream {
             model: self,
             cache,
@@ -309,6 +314,7 @@ impl Model {
             replay: Vec::new(),
             prompt_fed,
             ahead: VecDeque::new(),
+            draft_len,
             verify_steps: 0,
             drafted: 0,
             accepted: 0,
@@ -475,8 +481,12 @@ impl TokenStream<'_> {
             if draft == id {
                 self.accepted += 1;
                 self.next_logits = Some(logits);
+                if self.ahead.is_empty() {
+                    self.draft_len = (self.draft_len + 2).min(self.request.lookup.max_draft);
+                }
                 return Ok(None);
             }
+            self.draft_len = self.draft_len.saturating_sub(1).max(1);
             let before_draft = self.cache.position() - self.ahead.len() - 1;
             self.ahead.clear();
             self.cache.roll_back(before_draft)?;
@@ -487,7 +497,7 @@ impl TokenStream<'_> {
         let mut fed = vec![id];
         let mut history = self.prompt_tokens.clone();
         history.extend(&self.tokens);
-        fed.extend(self.request.lookup.propose(&history, context_room.min(budget)));
+        fed.extend(self.request.lookup.propose(&history, context_room.min(budget).min(self.draft_len)));
         self.cache.begin_verify();
         Ok(Some(fed))
     }

@@ -63,6 +63,10 @@ pub enum ModelCommand {
         /// way; only the number of passes (`verify_steps`) changes.
         #[arg(long, default_value = "none")]
         draft: nightmail_engine::Draft,
+        /// With --draft lookup: the most tokens guessed per pass (the guesses per pass adapt
+        /// below it to how many were accepted).
+        #[arg(long)]
+        draft_max: Option<usize>,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
         /// them all.
         #[arg(long, conflicts_with = "memory_mb")]
@@ -235,6 +239,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             logits,
             json,
             draft,
+            draft_max,
             cache_mb,
             memory_mb,
         } => {
@@ -254,6 +259,9 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.stop = stop;
             request.record_logits = logits;
             request.draft = draft;
+            if let Some(n) = draft_max {
+                request.lookup.max_draft = n;
+            }
             let options = LoadOptions {
                 stream: cache_mb.map(StreamConfig::with_cache_mb),
                 memory: memory_mb.map(MemoryBudget::mb),
