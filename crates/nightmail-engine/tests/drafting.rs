@@ -157,7 +157,7 @@ fn resumes_with_drafts(path: &Path) {
             got.push(e.id);
             got_rows.push(e.logits.unwrap());
             // Checkpoint every other token; the last ones before the crash are redone.
-            if s.generated() % 2 == 0 && s.stop_reason().is_none() {
+            if s.generated().is_multiple_of(2) && s.stop_reason().is_none() {
                 assert_eq!(s.checkpoint().unwrap(), Some(s.generated()));
             }
         }
