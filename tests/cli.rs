@@ -1,5 +1,5 @@
-//! The command line: `check-config`, `serve`'s start-up errors, `user add`, `status` and
-//! `model inspect`.
+//! The command line: `check-config`, `serve`'s start-up errors, `user add`, `status`,
+//! `model inspect` and `model generate --draft`.
 
 mod common;
 
@@ -260,4 +260,36 @@ fn inspect(path: &std::path::Path) -> String {
     let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn model_generate_with_lookup_drafts_gives_the_plain_text_in_fewer_verify_steps() {
+    let model = common::demo_model();
+    let generate = |draft: &str| -> serde_json::Value {
+        let out = nightmail(&[
+            "model",
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--chat",
+            "--prompt",
+            "Repeat after me, word for word: the blue van is parked behind the old library on Elm Street.",
+            "--max-new-tokens",
+            "24",
+            "--json",
+            "--draft",
+            draft,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (plain, drafted) = (generate("none"), generate("lookup"));
+    assert_eq!(drafted["text"], plain["text"]);
+    assert_eq!(drafted["tokens"], plain["tokens"]);
+    let steps = |v: &serde_json::Value| v["verify_steps"].as_u64().unwrap();
+    assert_eq!(steps(&plain), plain["tokens"].as_array().unwrap().len() as u64 - 1, "{plain}");
+    assert!(steps(&drafted) < steps(&plain), "{drafted}");
+    let bad =
+        nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "medusa"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("use \"lookup\" or \"none\""), "{}", stderr(&bad));
 }

@@ -174,6 +174,19 @@ pub struct LocalBackend {
     pub checkpoint_every: Duration,
     /// Jobs of this model decoded together, in lockstep (each step reads the weights once).
     pub max_batch: usize,
+    /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"none"`).
+    pub draft: Draft,
+}
+
+/// `draft`: guess tokens ahead and verify them in one model pass. The answer is the same
+/// either way; drafts only save passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draft {
+    /// One pass per token.
+    None,
+    /// Prompt lookup: n-gram matches against the conversation, the forwarded mail and the
+    /// attachments (no extra model).
+    Lookup,
 }
 
 impl BackendConfig {

@@ -256,6 +256,8 @@ struct RawModel {
     checkpoint_every_secs: u64,
     #[serde(default = "default_max_batch")]
     max_batch: Spanned<usize>,
+    /// "lookup" (the default) or "none".
+    draft: Option<Spanned<String>>,
 }
 
 fn default_checkpoint_every_tokens() -> u32 {
@@ -670,6 +672,14 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
                 checkpoint_every_tokens: m.checkpoint_every_tokens.max(1),
                 checkpoint_every: Duration::from_secs(m.checkpoint_every_secs.max(1)),
                 max_batch: *m.max_batch.get_ref(),
+                draft: match m.draft.as_ref().map(|d| d.get_ref().as_str()) {
+                    None | Some("lookup") => crate::Draft::Lookup,
+                    Some("none") => crate::Draft::None,
+                    Some(other) => {
+                        let span = m.draft.as_ref().expect("matched Some");
+                        return Err(loc.spanned(span, format!("model.draft `{other}`: use \"lookup\" or \"none\"")));
+                    }
+                },
             })
         }
         other => {
@@ -921,6 +931,20 @@ mod tests {
         assert!(e.starts_with("nm.toml:5:") && e.contains("at least 1"), "{e}");
         let e = err(&format!("{local}expert_cache_mb = 64\nmemory_mb = 512\n"));
         assert!(e.starts_with("nm.toml:6:") && e.contains("keep memory_mb"), "{e}");
+    }
+
+    #[test]
+    fn a_drafter_is_read_lookup_by_default_and_an_unknown_one_is_named() {
+        let local = "[[model]]\naddress = \"k@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
+        let draft = |text: &str| match &parse(text, None).unwrap().models[0].backend {
+            BackendConfig::Local(b) => b.draft,
+            BackendConfig::OpenAi { .. } => panic!("a local model"),
+        };
+        assert_eq!(draft(local), crate::Draft::Lookup);
+        assert_eq!(draft(&format!("{local}draft = \"none\"\n")), crate::Draft::None);
+        assert_eq!(draft(&format!("{local}draft = \"lookup\"\n")), crate::Draft::Lookup);
+        let e = err(&format!("{local}draft = \"medusa\"\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\" or \"none\""), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Token-by-token generation: a [`TokenStream`] that yields one [`TokenEvent`] per token and can
 //! be dropped or cancelled between any two, and [`Model::generate`] that drives it with a callback.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -9,6 +10,7 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
+use crate::draft::{Draft, PromptLookup};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -37,6 +39,12 @@ pub struct GenerateRequest {
     pub stop_at_eos: bool,
     /// Attach each step's full logits row to its event.
     pub record_logits: bool,
+    /// Guess tokens ahead and verify them in one pass ([`crate::draft`]). The tokens are those
+    /// the model gives without drafting (greedy or sampled, for the same seed); only the number
+    /// of passes changes.
+    pub draft: Draft,
+    /// Prompt lookup's n-gram sizes and most guesses per pass, for `Draft::Lookup`.
+    pub lookup: PromptLookup,
 }
 
 impl GenerateRequest {
@@ -48,6 +56,8 @@ impl GenerateRequest {
             stop: Vec::new(),
             stop_at_eos: true,
             record_logits: false,
+            draft: Draft::None,
+            lookup: PromptLookup::default(),
         }
     }
 }
@@ -93,6 +103,11 @@ pub struct Completion {
     pub stop: StopReason,
     pub prefill: Duration,
     pub decode: Duration,
+    /// Model passes after the prompt (one per token without drafting, fewer with it).
+    pub verify_steps: usize,
+    /// Drafted tokens run through verify passes, and those the model agreed with.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 pub struct TokenStream<'m> {
@@ -114,6 +129,16 @@ pub struct TokenStream<'m> {
     replay: Vec<TokenEvent>,
     /// Prompt tokens already in the cache.
     prompt_fed: usize,
+    /// Drafted tokens the last verify pass ran after the last generated token, each with the
+    /// logits that follow it: in the cache, but not accepted yet.
+    ahead: VecDeque<(u32, Vec<f32>)>,
+    /// How many tokens the next verify pass may guess: more after a pass whose guesses were all
+    /// accepted, fewer after a rejection (transformers' "heuristic" schedule for assistant
+    /// models), since each guessed position costs compute whether it is accepted or not.
+    draft_len: usize,
+    verify_steps: usize,
+    drafted: usize,
+    accepted: usize,
 }
 
 impl Model {
@@ -154,7 +179,10 @@ impl Model {
                 }
             } else if let Some((event, feed)) = s.pick()? {
                 events[i] = Some(event);
-                feeds[i] = feed.map(|id| vec![id]);
+                feeds[i] = match feed {
+                    Some(id) => s.plan_feed(id)?,
+                    None => None,
+                };
             }
         }
         let mut groups: Vec<(&mut SequenceState, &[u32])> =
@@ -162,17 +190,20 @@ impl Model {
         if groups.is_empty() {
             return Ok(events);
         }
-        let logits = rayon::scope(|_| self.net.forward_groups(&mut groups))?.to_vec2::<f32>()?;
-        let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t.len())));
-        for ((s, n), row) in fed.zip(logits) {
+        let logits = rayon::scope(|_| self.net.forward_verify_groups(&mut groups))?;
+        let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t)));
+        for ((s, fed), rows) in fed.zip(logits) {
+            let rows = rows.to_vec2::<f32>()?;
             if s.is_prefilling() {
-                s.prompt_fed += n;
+                s.prompt_fed += fed.len();
                 if s.is_prefilling() {
                     continue;
                 }
                 s.prefill = s.started.elapsed();
+                s.next_logits = rows.into_iter().next();
+            } else {
+                s.take_rows(fed, rows);
             }
-            s.next_logits = Some(row);
         }
         Ok(events)
     }
@@ -265,6 +296,7 @@ impl Model {
             }
             None => (None, nothing, Vec::new(), 0),
         };
+        let draft_len = request.lookup.max_draft;
         let mut stream = TokenStream {
             model: self,
             cache,
@@ -281,6 +313,11 @@ impl Model {
             journal,
             replay: Vec::new(),
             prompt_fed,
+            ahead: VecDeque::new(),
+            draft_len,
+            verify_steps: 0,
+            drafted: 0,
+            accepted: 0,
         };
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
@@ -358,6 +395,13 @@ impl TokenStream<'_> {
         if matches!(self.stop, Some(s) if s != StopReason::Cancelled) {
             return Ok(None);
         }
+        // Drafts still waiting for their verdict are not part of the generation yet: a
+        // checkpoint holds only accepted tokens (the next token is drawn from `logits` again).
+        if !self.ahead.is_empty() {
+            let accepted = self.cache.position() - self.ahead.len();
+            self.ahead.clear();
+            self.cache.roll_back(accepted)?;
+        }
         let (tokens, from) = journal.saved();
         let to = self.cache.position();
         if from == to {
@@ -404,10 +448,68 @@ impl TokenStream<'_> {
             self.prefill = self.started.elapsed();
         }
         let Some((event, feed)) = self.pick()? else { return Ok(None) };
-        if let Some(id) = feed {
-            self.next_logits = Some(self.model.logits(&[id], &mut self.cache)?);
+        if let Some(fed) = feed.map(|id| self.plan_feed(id)).transpose()?.flatten() {
+            let rows = if self.cache.verifying() {
+                let model = self.model;
+                let mut group = [(&mut self.cache, &fed[..])];
+                let rows = rayon::scope(|_| model.net.forward_verify_groups(&mut group))?;
+                rows[0].to_vec2::<f32>()?
+            } else {
+                vec![self.model.logits(&fed, &mut self.cache)?]
+            };
+            self.take_rows(&fed, rows);
         }
         Ok(Some(event))
+    }
+
+    /// What to run after `id` was drawn: `id` alone, or with drafts (a verify pass, begun on
+    /// the cache); `None` when the last verify pass already ran `id` as a draft, whose logits
+    /// are then the next ones. A drawn token that differs from the draft in its place rejects
+    /// that draft and those after it: the cache forgets them.
+    ///
+    /// Drawing the token as usual and accepting the draft when they agree is the speculative
+    /// sampling rule of Leviathan et al. (arXiv 2211.17192, Algorithm 1) for a drafter whose
+    /// distribution q is a point mass on its draft d: it accepts with probability
+    /// min(1, p(d)/q(d)) = p(d), and on rejection the token drawn is distributed as p without d,
+    /// renormalized, which is norm(max(0, p − q)). The generator then makes the draws it makes
+    /// without drafts, so the same seed gives the same tokens either way.
+    fn plan_feed(&mut self, id: u32) -> Result<Option<Vec<u32>>> {
+        if self.request.draft == Draft::None {
+            return Ok(Some(vec![id]));
+        }
+        if let Some((draft, logits)) = self.ahead.pop_front() {
+            if draft == id {
+                self.accepted += 1;
+                self.next_logits = Some(logits);
+                if self.ahead.is_empty() {
+                    self.draft_len = (self.draft_len + 2).min(self.request.lookup.max_draft);
+                }
+                return Ok(None);
+            }
+            self.draft_len = self.draft_len.saturating_sub(1).max(1);
+            let before_draft = self.cache.position() - self.ahead.len() - 1;
+            self.ahead.clear();
+            self.cache.roll_back(before_draft)?;
+        }
+        // Guesses that the context or the token budget has no room for are never needed.
+        let context_room = self.model.spec().context_length.saturating_sub(self.cache.position() + 2);
+        let budget = self.request.max_new_tokens.saturating_sub(self.tokens.len());
+        let mut fed = vec![id];
+        let mut history = self.prompt_tokens.clone();
+        history.extend(&self.tokens);
+        fed.extend(self.request.lookup.propose(&history, context_room.min(budget).min(self.draft_len)));
+        self.cache.begin_verify();
+        Ok(Some(fed))
+    }
+
+    /// The logits of a pass over `fed` (one row per token of a verify pass, else the last):
+    /// the first follows the drawn token, the others wait beside their drafts.
+    fn take_rows(&mut self, fed: &[u32], rows: Vec<Vec<f32>>) {
+        self.verify_steps += 1;
+        self.drafted += fed.len() - 1;
+        let mut rows = rows.into_iter();
+        self.next_logits = rows.next();
+        self.ahead = fed[1..].iter().copied().zip(rows).collect();
     }
 
     /// Whether part of the prompt is still to be run (a stream made by [`Model::stream_deferred`]).
@@ -438,7 +540,7 @@ impl TokenStream<'_> {
             self.stop = Some(StopReason::Eos);
         } else if self.tokens.len() >= self.request.max_new_tokens {
             self.stop = Some(StopReason::MaxTokens);
-        } else if self.cache.position() + 1 >= model.spec().context_length {
+        } else if self.cache.position() - self.ahead.len() + 1 >= model.spec().context_length {
             self.stop = Some(StopReason::ContextFull);
         }
         let text = self.take_text();
@@ -487,6 +589,9 @@ impl TokenStream<'_> {
             stop: self.stop.unwrap_or(StopReason::Cancelled),
             prefill: self.prefill,
             decode,
+            verify_steps: self.verify_steps,
+            drafted: self.drafted,
+            accepted: self.accepted,
         }
     }
 }

@@ -11,6 +11,7 @@
 
 mod bench;
 pub mod chat;
+pub mod draft;
 mod error;
 pub mod format;
 mod generate;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 
 pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, bench, bench_batch, rss};
 pub use chat::{ChatMessage, ChatTemplate};
+pub use draft::{Draft, PromptLookup};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};

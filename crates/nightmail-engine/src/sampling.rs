@@ -165,6 +165,49 @@ mod tests {
         assert_eq!(rest_a, rest_b);
     }
 
+    /// The speculative sampling rule for a point-mass draft d, as generation applies it (draw as
+    /// usual, accept d when the draw is d): over many draws, d is accepted with probability
+    /// p(d), and a rejection's token follows the residual norm(max(0, p − q)), which is p
+    /// without d renormalized (Leviathan et al., arXiv 2211.17192, Theorem 1). Chi-square of
+    /// the rejected tokens against the residual, and the acceptance count within 4σ.
+    #[test]
+    fn drafts_are_accepted_with_the_target_probability_and_rejections_follow_the_residual() {
+        let logits = [2.0f32, 1.0, 0.5, 0.0, -1.0, -3.0];
+        let params = Sampling { temperature: 0.9, top_k: Some(5), top_p: None, seed: 2024 };
+        // The target p: temperature, then the 5 best.
+        let scaled: Vec<f64> = logits[..5].iter().map(|l| ((l / 0.9) as f64).exp()).collect();
+        let total: f64 = scaled.iter().sum();
+        let p: Vec<f64> = scaled.iter().map(|x| x / total).collect();
+        for draft in [0u32, 2] {
+            let mut s = Sampler::new(Sampling { seed: params.seed + draft as u64, ..params }).unwrap();
+            let n = 40_000;
+            let mut accepted = 0usize;
+            let mut rejected = [0usize; 6];
+            for _ in 0..n {
+                let y = s.sample(&logits);
+                if y == draft {
+                    accepted += 1;
+                } else {
+                    rejected[y as usize] += 1;
+                }
+            }
+            let pd = p[draft as usize];
+            let sd = (n as f64 * pd * (1.0 - pd)).sqrt();
+            assert!((accepted as f64 - n as f64 * pd).abs() < 4.0 * sd, "draft {draft}: {accepted} of {n}, p {pd}");
+            assert_eq!(rejected[5], 0, "outside top_k");
+            let rejections = (n - accepted) as f64;
+            let chi2: f64 = (0..5)
+                .filter(|&x| x != draft as usize)
+                .map(|x| {
+                    let want = rejections * p[x] / (1.0 - pd);
+                    (rejected[x] as f64 - want).powi(2) / want
+                })
+                .sum();
+            // 3 degrees of freedom: P(χ² > 21.1) ≈ 1e-4.
+            assert!(chi2 < 21.1, "draft {draft}: rejections {rejected:?} against the residual, χ² = {chi2}");
+        }
+    }
+
     #[test]
     fn negative_temperature_is_rejected() {
         assert!(Sampler::new(Sampling { temperature: -1.0, ..Sampling::greedy() }).is_err());

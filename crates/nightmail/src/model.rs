@@ -55,9 +55,18 @@ pub enum ModelCommand {
         /// With --json: add `logits`, the full logits row behind each generated token.
         #[arg(long)]
         logits: bool,
-        /// Print one JSON object: prompt_tokens, tokens, text (and logits).
+        /// Print one JSON object: prompt_tokens, tokens, text, verify_steps (and logits).
         #[arg(long)]
         json: bool,
+        /// Draft tokens ahead and verify them in one model pass: `lookup` (n-gram matches
+        /// against the prompt and the answer so far) or `none`. The tokens are the same either
+        /// way; only the number of passes (`verify_steps`) changes.
+        #[arg(long, default_value = "none")]
+        draft: nightmail_engine::Draft,
+        /// With --draft lookup: the most tokens guessed per pass (the guesses per pass adapt
+        /// below it to how many were accepted).
+        #[arg(long)]
+        draft_max: Option<usize>,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
         /// them all.
         #[arg(long, conflicts_with = "memory_mb")]
@@ -229,6 +238,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             stop,
             logits,
             json,
+            draft,
+            draft_max,
             cache_mb,
             memory_mb,
         } => {
@@ -247,6 +258,10 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.sampling = Sampling { temperature, top_k, top_p, seed };
             request.stop = stop;
             request.record_logits = logits;
+            request.draft = draft;
+            if let Some(n) = draft_max {
+                request.lookup.max_draft = n;
+            }
             let options = LoadOptions {
                 stream: cache_mb.map(StreamConfig::with_cache_mb),
                 memory: memory_mb.map(MemoryBudget::mb),
@@ -709,6 +724,10 @@ fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadO
             "stop": completion.stop,
             "prefill_seconds": completion.prefill.as_secs_f64(),
             "decode_tokens_per_second": tps,
+            "decode_seconds": decode_s,
+            "verify_steps": completion.verify_steps,
+            "drafted": completion.drafted,
+            "accepted": completion.accepted,
         });
         if !rows.is_empty() {
             out["logits"] = serde_json::json!(rows);
@@ -717,9 +736,10 @@ fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadO
     } else {
         writeln!(stdout)?;
         eprintln!(
-            "{} prompt tokens in {:.2}s, {generated} new tokens at {tps:.1} tokens/s, stop: {:?}",
+            "{} prompt tokens in {:.2}s, {generated} new tokens at {tps:.1} tokens/s in {} passes, stop: {:?}",
             completion.prompt_tokens.len(),
             completion.prefill.as_secs_f64(),
+            completion.verify_steps,
             completion.stop
         );
     }

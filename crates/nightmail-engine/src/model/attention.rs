@@ -204,6 +204,26 @@ impl LayerCache {
         }
     }
 
+    /// Keeps the first `len` positions (a verify pass's rejected drafts go). The f32 cache has
+    /// no cut of its own: its rows are copied into a fresh one (the reference path; ggml's f16
+    /// cache, which decoding uses, truncates in place).
+    pub(crate) fn truncate(&mut self, len: usize) -> Result<()> {
+        match self {
+            LayerCache::F32(cache) => {
+                let kept = match (cache.k()?, cache.v()?) {
+                    (Some(k), Some(v)) if len > 0 => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
+                    _ => None,
+                };
+                cache.reset();
+                if let Some((k, v)) = kept {
+                    cache.append(&k.contiguous()?, &v.contiguous()?)?;
+                }
+            }
+            LayerCache::F16(cache) => cache.truncate(len),
+        }
+        Ok(())
+    }
+
     /// Appends rows as [`LayerCache::rows`] gives them.
     pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
         match self {
@@ -251,6 +271,13 @@ impl F16Cache {
             row.push(f16::from_f32(x));
         }
         self.len += 1;
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let len = len.min(self.len);
+        self.k.truncate(len * self.kv_heads * self.head_dim);
+        self.v.iter_mut().for_each(|row| row.truncate(len));
+        self.len = len;
     }
 
     fn key(&self, position: usize, head: usize) -> &[f16] {

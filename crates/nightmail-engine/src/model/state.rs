@@ -31,12 +31,71 @@ pub struct SequenceState {
     pub(super) last_routes: Vec<Vec<usize>>,
     /// Per layer, this step's guesses of its experts: (next-router lookahead, last token's).
     pub(super) guesses: Vec<Option<(Vec<usize>, Vec<usize>)>>,
+    /// Set by [`SequenceState::begin_verify`], until a pass that is not a verify pass: where
+    /// the verify pass started and, per recurrent layer, its state after each of the pass's
+    /// tokens (what [`SequenceState::roll_back`] returns to).
+    pub(super) verify: Option<VerifyTrail>,
+}
+
+/// A verify pass's record of what rolling back needs. Keys and values are cut back by position;
+/// a recurrent layer cannot subtract tokens from its state, so the pass keeps its state after
+/// each position (KDA: the convolution tail and S, fixed in size): rolling back takes the one at
+/// the accepted position. Replaying the accepted tokens from a snapshot instead would cost a
+/// second pass over every weight whenever a draft is rejected, which is the pass drafting saves.
+pub(super) struct VerifyTrail {
+    pub(super) start: usize,
+    /// `states[l][i]`: layer l's recurrent state after position `start + i` (empty for
+    /// attention layers).
+    pub(super) states: Vec<Vec<KdaState>>,
 }
 
 impl SequenceState {
     pub(super) fn new(layers: Vec<LayerState>) -> Self {
         let n = layers.len();
-        SequenceState { layers, position: 0, last_routes: vec![Vec::new(); n], guesses: vec![None; n] }
+        SequenceState { layers, position: 0, last_routes: vec![Vec::new(); n], guesses: vec![None; n], verify: None }
+    }
+
+    /// The next pass is a verify pass: each of its positions computes what a decode step of that
+    /// token alone computes, and the state can be rolled back to any of them after it.
+    pub(crate) fn begin_verify(&mut self) {
+        let layers = self.layers.len();
+        self.verify = Some(VerifyTrail { start: self.position, states: vec![Vec::new(); layers] });
+    }
+
+    /// Whether the pass about to run is the verify pass [`SequenceState::begin_verify`] began
+    /// (the trail starts where the state is).
+    pub(crate) fn verifying(&self) -> bool {
+        matches!(&self.verify, Some(t) if t.start == self.position)
+    }
+
+    /// Forgets the tokens after `position`: cuts the attention caches back and restores each
+    /// recurrent layer's state at `position` from the last verify pass. `position` must lie
+    /// within that pass (after its first token) or be the position now.
+    pub(crate) fn roll_back(&mut self, position: usize) -> Result<()> {
+        if position == self.position {
+            return Ok(());
+        }
+        let trail = match &self.verify {
+            Some(t) if position > t.start && position < self.position => t,
+            _ => {
+                return Err(mismatch(&format!(
+                    "cannot roll a sequence at position {} back to {position}: only within the last verify pass",
+                    self.position
+                )));
+            }
+        };
+        let at = position - trail.start - 1;
+        for (layer, states) in self.layers.iter_mut().zip(&trail.states) {
+            match layer {
+                LayerState::Attention(cache) => cache.truncate(position)?,
+                LayerState::Kda(state) => *state = states[at].clone(),
+            }
+        }
+        self.position = position;
+        if let Some(t) = self.verify.as_mut() {
+            t.states.iter_mut().for_each(|s| s.truncate(at + 1));
+        }
+        Ok(())
     }
 
     /// Tokens already run.

@@ -429,6 +429,36 @@ impl Transformer {
     /// the union of the groups' routes; each group gets the results it would get alone. Returns
     /// the logits of each group's last token, `[groups, vocab]`.
     pub fn forward_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Tensor> {
+        let (x, ends) = self.run_groups(groups)?;
+        let last = ends.iter().map(|&end| x.narrow(0, end - 1, 1)).collect::<Result<Vec<_>, _>>()?;
+        self.lm_head.forward(&self.norm.forward(&Tensor::cat(&last, 0)?)?)
+    }
+
+    /// As [`Transformer::forward_groups`], but a group whose state is in a verify pass
+    /// ([`SequenceState::begin_verify`]) gets the logits of each of its tokens `[tokens, vocab]`
+    /// (the others of their last, `[1, vocab]`).
+    pub fn forward_verify_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Vec<Tensor>> {
+        let verifying: Vec<bool> = groups.iter().map(|(cache, _)| cache.verifying()).collect();
+        let (x, ends) = self.run_groups(groups)?;
+        let mut rows = Vec::with_capacity(groups.len());
+        for (((_, t), &end), verifying) in groups.iter().zip(&ends).zip(verifying) {
+            let n = if verifying { t.len() } else { 1 };
+            rows.push(x.narrow(0, end - n, n)?);
+        }
+        let logits = self.lm_head.forward(&self.norm.forward(&Tensor::cat(&rows, 0)?)?)?;
+        let mut at = 0;
+        rows.iter()
+            .map(|r| {
+                let n = r.dim(0)?;
+                at += n;
+                Ok(logits.narrow(0, at - n, n)?)
+            })
+            .collect()
+    }
+
+    /// The layers over every group's tokens: the final hidden rows `[tokens, hidden]` (groups
+    /// one after another) and where each group's rows end.
+    fn run_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<(Tensor, Vec<usize>)> {
         if groups.is_empty() || groups.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::EmptyPrompt);
         }
@@ -438,6 +468,12 @@ impl Transformer {
         for (_, t) in groups.iter() {
             offsets.push(at);
             at += t.len();
+        }
+        // A pass that is not a verify pass ends the last one's trail (it can no longer be rolled back to).
+        for (cache, _) in groups.iter_mut() {
+            if !cache.verifying() {
+                cache.verify = None;
+            }
         }
         let mut x = self.embedding.rows(&tokens)?;
         let prefetching = self.prefetch.depth > 0;
@@ -449,8 +485,7 @@ impl Transformer {
             let mut outs = Vec::with_capacity(groups.len());
             for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
                 let rows = projected.iter().map(|m| m.narrow(0, off, t.len())).collect::<Result<Vec<_>, _>>()?;
-                let start = cache.position;
-                outs.push(layer.attention.attend(&rows, start, &mut cache.layers[l])?);
+                outs.push(attend_group(&layer.attention, &rows, cache, l)?);
             }
             let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
             let h = (x + a)?;
@@ -471,14 +506,34 @@ impl Transformer {
             };
             x = (h + f)?;
         }
-        let mut last = Vec::with_capacity(groups.len());
+        let mut ends = Vec::with_capacity(groups.len());
         for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
             cache.position += t.len();
-            last.push(x.narrow(0, off + t.len() - 1, 1)?);
+            ends.push(off + t.len());
         }
-        let last = Tensor::cat(&last, 0)?;
-        self.lm_head.forward(&self.norm.forward(&last)?)
+        Ok((x, ends))
     }
+}
+
+/// One group's attention at layer `l` after what its state holds. A verify pass attends one
+/// position at a time, as a decode step does (the same arithmetic, so greedy decoding with drafts
+/// gives the tokens it gives without; the projections around it still read each weight once for
+/// all positions), keeping each recurrent state it passes; any other pass, a prefill chunk or a
+/// decode step, attends all its positions at once.
+fn attend_group(attention: &SelfAttention, rows: &[Tensor], cache: &mut SequenceState, l: usize) -> Result<Tensor> {
+    let start = cache.position;
+    let Some(trail) = cache.verify.as_mut().filter(|t| t.start == start) else {
+        return attention.attend(rows, start, &mut cache.layers[l]);
+    };
+    let mut outs = Vec::with_capacity(rows[0].dim(0)?);
+    for i in 0..rows[0].dim(0)? {
+        let one = rows.iter().map(|m| m.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?;
+        outs.push(attention.attend(&one, start + i, &mut cache.layers[l])?);
+        if let LayerState::Kda(state) = &cache.layers[l] {
+            trail.states[l].push(state.clone());
+        }
+    }
+    Ok(Tensor::cat(&outs, 0)?)
 }
 
 /// Layer `l`'s latent attention. The key/value up-projection comes as transformers' one

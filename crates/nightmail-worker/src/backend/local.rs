@@ -340,6 +340,10 @@ impl Backend for Local {
                 top_p: c.top_p,
                 seed: c.seed.unwrap_or(0),
             };
+            generate.draft = match c.draft {
+                nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
+                nightmail_config::Draft::None => nightmail_engine::Draft::None,
+            };
             let (done, result) = oneshot::channel();
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
             self.inner.submit(job);

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Issue 18's drafting goal on SmolLM2-135M-Instruct (Q4_1) with real mail text: a "summarize
+this forwarded transcript" job and a reply that must quote the question, each run greedily with
+`--draft none` and `--draft lookup` in the same run (alternating, `--repeat` times). Prints, per
+job: the tokens, the model passes after the prompt (`verify_steps`), tokens per pass (1 + the
+accepted drafts per pass: the issue's "mean tokens accepted per verify step", goal >= 1.6),
+whether the text is identical to plain greedy, and the median decode wall time per answer of
+each mode.
+
+    python3 benches/drafting.py [--tokens 200] [--repeat 3] [--threads 2] [--draft-max N] [--model PATH]
+
+Needs a built `nightmail` binary (cargo build -p nightmail).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, model_path, nightmail_binary  # noqa: E402
+
+HERE = os.path.join(ROOT, "benches", "drafting")
+
+
+def jobs():
+    transcript = open(os.path.join(HERE, "transcript.txt")).read()
+    question = open(os.path.join(HERE, "question.txt")).read()
+    return [
+        ("summarize", f"Summarize this forwarded transcript for someone who missed the call. "
+                      f"Name who does what, and when.\n\n{transcript}"),
+        ("quote", f"Reply to this email. Start your reply by quoting the member's question word "
+                  f"for word, then answer it.\n\n{question}"),
+    ]
+
+
+def generate(model, prompt, tokens, draft, threads, draft_max=None):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    cmd = [nightmail_binary(), "model", "generate", "--model", model, "--chat", "--prompt", prompt,
+           "--max-new-tokens", str(tokens), "--greedy", "--json", "--draft", draft]
+    if draft_max and draft != "none":
+        cmd += ["--draft-max", str(draft_max)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft-max", type=int, help="most tokens guessed per pass (the engine's default otherwise)")
+    ap.add_argument("--model")
+    a = ap.parse_args()
+    model = a.model or model_path()
+    print(f"model {model}, {a.threads} threads, up to {a.tokens} new tokens, {a.repeat} runs per mode")
+    print(f"{'job':<10} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
+          f"{'drafted':>7} {'same':>5} {'plain s':>8} {'lookup s':>8} {'speedup':>7}")
+    all_ok = True
+    for name, prompt in jobs():
+        runs = {"none": [], "lookup": []}
+        for _ in range(a.repeat):
+            for draft in ("none", "lookup"):
+                runs[draft].append(generate(model, prompt, a.tokens, draft, a.threads, a.draft_max))
+        plain, look = runs["none"][0], runs["lookup"][0]
+        same = all(r["text"] == plain["text"] and r["tokens"] == plain["tokens"] for r in runs["none"] + runs["lookup"])
+        all_ok &= same
+        passes = look["verify_steps"]
+        per_pass = (passes + look["accepted"]) / passes if passes else 0.0
+        t_plain = statistics.median(r["decode_seconds"] for r in runs["none"])
+        t_look = statistics.median(r["decode_seconds"] for r in runs["lookup"])
+        print(f"{name:<10} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} {per_pass:>8.2f} "
+              f"{look['accepted']:>8} {look['drafted']:>7} {'yes' if same else 'NO':>5} {t_plain:>8.2f} "
+              f"{t_look:>8.2f} {t_plain / t_look:>6.2f}x")
+        if os.environ.get("DRAFTING_SHOW"):
+            print(plain["text"])
+    sys.exit(0 if all_ok else 1)
+
+
+if __name__ == "__main__":
+    main()

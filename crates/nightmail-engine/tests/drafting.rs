@@ -1,0 +1,212 @@
+//! Speculative decoding with prompt-lookup drafts: a verify pass runs the drawn token and its
+//! drafts together, accepts the drafts the model agrees with and rolls the state back past the
+//! rest. The tokens are those of plain decoding, on every fixture architecture (grouped, latent
+//! and KDA recurrent layers; dense and MoE) and on SmolLM2, greedy and sampled; checkpoints,
+//! resume and batched steps keep working with drafts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, PromptLookup, Sampling};
+
+/// A prompt that repeats itself, so that lookup finds n-grams to draft from at once, and long
+/// enough that the answer runs into its own repetitions too.
+fn repetitive_prompt() -> Vec<u32> {
+    let phrase = [11u32, 12, 13, 14, 15, 16, 17, 18];
+    let mut p = vec![1u32, 5, 9];
+    p.extend(phrase);
+    p.extend([30, 31]);
+    p.extend(phrase);
+    p.extend([40]);
+    p.extend(&phrase[..4]);
+    p
+}
+
+fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+    let mut r = GenerateRequest::new(prompt);
+    r.max_new_tokens = max_new_tokens;
+    r.sampling = sampling;
+    r.stop_at_eos = false;
+    r.record_logits = true;
+    r.draft = draft;
+    // Single-token matches too: a random-weight fixture rarely repeats a pair of tokens, and
+    // both verdicts should be exercised.
+    r.lookup = PromptLookup { min_ngram: 1, ..PromptLookup::default() };
+    r
+}
+
+/// The completion and each token's logits row.
+fn run(model: &Model, r: GenerateRequest) -> (Completion, Vec<Vec<f32>>) {
+    let mut rows = Vec::new();
+    let c = model
+        .generate(r, |e| {
+            rows.push(e.logits.clone().unwrap());
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    (c, rows)
+}
+
+fn worst(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y)).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}
+
+/// Greedy with lookup drafts against plain greedy, on one model file: the same tokens, logits
+/// within `tolerance` (0 where every kernel computes each row on its own), fewer passes when
+/// drafts were accepted, and rejected drafts rolled back (else the tokens after would differ).
+fn same_greedy(path: &Path, tolerance: f32) -> Completion {
+    let model = Model::load(path).unwrap();
+    let prompt = Prompt::Tokens(repetitive_prompt());
+    let (plain, plain_rows) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Draft::None));
+    let (drafted, drafted_rows) = run(&model, request(prompt, 24, Sampling::greedy(), Draft::Lookup));
+    let name = path.display();
+    assert_eq!(drafted.tokens, plain.tokens, "{name}: greedy tokens with drafts");
+    let w = worst(&drafted_rows, &plain_rows);
+    assert!(w <= tolerance, "{name}: logits differ by {w:e} with drafts");
+    assert_eq!(plain.verify_steps, plain.tokens.len() - 1, "{name}: one pass per token after the first");
+    assert!(drafted.drafted > 0, "{name}: lookup drafted nothing");
+    assert_eq!(
+        drafted.verify_steps + drafted.accepted,
+        plain.verify_steps,
+        "{name}: each accepted draft saves one pass"
+    );
+    drafted
+}
+
+#[test]
+fn greedy_with_drafts_gives_the_plain_tokens_on_every_fixture_architecture() {
+    // The fixtures' F32 weights go through candle's gemm, which blocks by the number of rows:
+    // a verify pass's projections round as a batch does (tests/batch.rs), to within 1e-5.
+    let mut rejected = 0;
+    let mut accepted = 0;
+    for arch in ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_linear"] {
+        for file in [common::fixture(arch), common::fixture(arch).join("model.gguf")] {
+            let c = same_greedy(&file, 1e-5);
+            rejected += c.drafted - c.accepted;
+            accepted += c.accepted;
+        }
+    }
+    // MXFP4 experts (our own kernel, each row on its own).
+    same_greedy(&common::fixture("gpt_oss_mxfp4").join("model.gguf"), 1e-5);
+    assert!(accepted > 0 && rejected > 0, "both verdicts were exercised: {accepted} accepted, {rejected} rejected");
+}
+
+#[test]
+fn sampled_with_drafts_draws_the_tokens_plain_sampling_draws() {
+    // The acceptance rule draws as plain sampling does (see sampling.rs for its statistics):
+    // with the same seed the tokens are the same, on attention and on recurrent layers.
+    for arch in ["qwen3_moe", "kimi_linear", "deepseek_v3"] {
+        let model = Model::load(common::fixture(arch)).unwrap();
+        for seed in 0..4 {
+            let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
+            let prompt = Prompt::Tokens(repetitive_prompt());
+            let (plain, _) = run(&model, request(prompt.clone(), 16, sampling, Draft::None));
+            let (drafted, _) = run(&model, request(prompt, 16, sampling, Draft::Lookup));
+            assert_eq!(drafted.tokens, plain.tokens, "{arch} seed {seed}");
+        }
+    }
+}
+
+fn smollm2() -> PathBuf {
+    if let Some(p) = std::env::var_os("NIGHTMAIL_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new("bash").arg(root.join("scripts/fetch-model.sh")).output().unwrap();
+    assert!(out.status.success(), "scripts/fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
+}
+
+#[test]
+fn smollm2_quoting_a_question_accepts_drafts_and_gives_the_plain_tokens_bit_for_bit() {
+    let model = Model::load(smollm2()).unwrap();
+    let question = "Can you confirm that the meeting on Thursday at 3pm in room 204 is still on?";
+    let prompt = Prompt::Chat(vec![nightmail_engine::ChatMessage::new(
+        "user",
+        format!("Repeat this question word for word, then answer it: \"{question}\""),
+    )]);
+    let (plain, plain_rows) = run(&model, request(prompt.clone(), 40, Sampling::greedy(), Draft::None));
+    let (drafted, drafted_rows) = run(&model, request(prompt, 40, Sampling::greedy(), Draft::Lookup));
+    assert_eq!(drafted.text, plain.text);
+    assert_eq!(drafted.tokens, plain.tokens);
+    // Q4_1 and f16 attention compute each position on its own: the same bits.
+    assert_eq!(worst(&drafted_rows, &plain_rows), 0.0);
+    assert!(drafted.accepted >= 5, "quoting accepted only {} drafts", drafted.accepted);
+    assert!(drafted.verify_steps < plain.verify_steps);
+}
+
+/// Checkpoints after every token land while drafts wait for their verdict; each run is
+/// dropped (a crash) and resumed. A checkpoint that held a draft not yet accepted would restore
+/// a state one or more positions ahead of its tokens, and what follows would differ.
+fn resumes_with_drafts(path: &Path) {
+    let model = Model::load(path).unwrap();
+    let prompt = Prompt::Tokens(repetitive_prompt());
+    let (want, want_rows) = run(&model, request(prompt.clone(), 20, Sampling::greedy(), Draft::None));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("job.ckpt");
+    let mut got = Vec::new();
+    let mut got_rows = Vec::new();
+    for crash_after in [3usize, 5, 7, 100] {
+        let mut s =
+            model.stream_resumable(request(prompt.clone(), 20, Sampling::greedy(), Draft::Lookup), &ckpt).unwrap();
+        let restored: Vec<u32> = s.take_replay().iter().map(|e| e.id).collect();
+        assert_eq!(restored, got, "{}: restored what was checkpointed", path.display());
+        for _ in 0..crash_after {
+            let Some(e) = s.next_token().unwrap() else { break };
+            got.push(e.id);
+            got_rows.push(e.logits.unwrap());
+            // Checkpoint every other token; the last ones before the crash are redone.
+            if s.generated().is_multiple_of(2) && s.stop_reason().is_none() {
+                assert_eq!(s.checkpoint().unwrap(), Some(s.generated()));
+            }
+        }
+        let kept = if s.stop_reason().is_some() { got.len() } else { got.len() / 2 * 2 };
+        got.truncate(kept);
+        got_rows.truncate(kept);
+    }
+    assert_eq!(got, want.tokens, "{}: tokens across crashes", path.display());
+    assert!(worst(&got_rows, &want_rows) <= 1e-5);
+}
+
+#[test]
+fn a_checkpoint_holds_only_accepted_tokens_and_resumes_with_drafts() {
+    resumes_with_drafts(&common::fixture("llama"));
+    // KDA: the recurrent state saved is the one at the last accepted token.
+    resumes_with_drafts(&common::fixture("kimi_linear"));
+}
+
+#[test]
+fn streams_with_and_without_drafts_batched_together_get_what_they_get_alone() {
+    for arch in ["qwen3_moe", "kimi_linear"] {
+        let model = Model::load(common::fixture(arch)).unwrap();
+        let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
+        let setups = [
+            (repetitive_prompt(), Sampling::greedy(), Draft::Lookup),
+            ((1..20).collect::<Vec<u32>>(), sampled, Draft::Lookup),
+            (repetitive_prompt(), sampled, Draft::None),
+            (vec![7, 8, 9, 7, 8], Sampling::greedy(), Draft::Lookup),
+        ];
+        let want: Vec<Vec<u32>> = setups
+            .iter()
+            .map(|(p, s, _)| run(&model, request(Prompt::Tokens(p.clone()), 12, *s, Draft::None)).0.tokens)
+            .collect();
+        let mut streams: Vec<_> = setups
+            .iter()
+            .map(|(p, s, d)| model.stream_deferred(request(Prompt::Tokens(p.clone()), 12, *s, *d), None).unwrap())
+            .collect();
+        let mut got = vec![Vec::new(); setups.len()];
+        let mut steps = 0;
+        while streams.iter().any(|s| s.stop_reason().is_none()) {
+            let mut batch: Vec<_> = streams.iter_mut().collect();
+            for (i, e) in model.step(&mut batch, 8).unwrap().into_iter().enumerate() {
+                got[i].extend(e.map(|e| e.id));
+            }
+            steps += 1;
+        }
+        assert_eq!(got, want, "{arch}");
+        let completions: Vec<Completion> = streams.into_iter().map(|s| s.into_completion()).collect();
+        assert!(completions.iter().any(|c| c.drafted > 0), "{arch}: something was drafted");
+        assert!(steps > 0);
+    }
+}
