@@ -35,7 +35,7 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
-pub use inspect::{DtypeUse, ModelInfo, inspect};
+pub use inspect::{DtypeUse, LayerKinds, ModelInfo, RamFit, inspect, inspect_with_memory};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
 pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
 pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};

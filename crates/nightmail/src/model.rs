@@ -20,6 +20,9 @@ pub enum ModelCommand {
         /// One JSON object.
         #[arg(long)]
         json: bool,
+        /// Also state what this much RAM (MiB) holds: resident layers, expert cache, reads per token.
+        #[arg(long)]
+        memory_mb: Option<usize>,
     },
     /// Generate from a prompt and print the text (or, with --json, one JSON object).
     Generate {
@@ -214,7 +217,7 @@ pub enum ModelCommand {
 
 pub fn run(command: ModelCommand) -> anyhow::Result<()> {
     match command {
-        ModelCommand::Inspect { path, json } => inspect(path, json),
+        ModelCommand::Inspect { path, json, memory_mb } => inspect(path, json, memory_mb),
         ModelCommand::Generate {
             model,
             prompt,
@@ -582,8 +585,8 @@ fn print_kernel_bench(r: &nightmail_engine::KernelBenchReport) {
     println!("MXFP4 / candle Q4_0 (speed)   {:.2}", r.mxfp4_to_candle_q4_0_speed);
 }
 
-fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
-    let info = nightmail_engine::inspect(&path)?;
+fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Result<()> {
+    let info = nightmail_engine::inspect_with_memory(&path, memory_mb.map(MemoryBudget::mb))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&info)?);
         return Ok(());
@@ -592,7 +595,11 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     let a = &s.attention;
     println!("model          {} ({:?})", info.path.display(), info.format);
     println!("architecture   {:?}", s.architecture);
-    println!("layers         {}", s.layers);
+    let k = &info.layer_kinds;
+    println!(
+        "layers         {} ({} attention, {} latent attention, {} KDA linear attention; {} dense, {} MoE)",
+        s.layers, k.attention, k.latent_attention, k.linear_attention, k.dense_ffn, k.moe
+    );
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
     match &a.mla {
         Some(m) => println!(
@@ -630,11 +637,12 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     }
     match &s.moe {
         Some(m) => println!(
-            "experts        {} per layer in {} MoE layers, {}, expert ffn {}{}{}",
+            "experts        {} per layer in {} MoE layers, {}, expert ffn {}{}{}{}",
             m.experts,
             s.moe_layers.iter().filter(|x| **x).count(),
             routing(&m.routing),
             m.expert_ffn,
+            m.latent.map(|l| format!(" in a latent of {} (Stable LatentMoE)", l.width)).unwrap_or_default(),
             m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default(),
             match m.activation {
                 Activation::SwiGlu => String::new(),
@@ -654,7 +662,21 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     println!("parameters     {}", info.parameters);
     println!("dense weights  {}", bytes(info.dense_bytes));
     println!("expert weights {}", bytes(info.expert_bytes));
-    println!("experts/token  {}", bytes(info.expert_bytes_per_token));
+    println!("experts/token  {} ({} routed experts in all)", bytes(info.expert_bytes_per_token), info.experts);
+    if let Some(r) = &info.ram {
+        let p = &r.plan;
+        println!(
+            "in {}       {} of {} layers resident ({}), expert cache {}{}, {:.0}% of experts hit, {} read from disk per token",
+            bytes(p.budget_bytes as u64),
+            p.resident_layers.len(),
+            p.resident_layers.len() + p.streamed_layers.len(),
+            bytes(p.resident_layer_bytes as u64),
+            bytes(p.expert_cache_bytes as u64),
+            if p.experts_resident { " (every expert)" } else { "" },
+            100.0 * r.expert_hit_rate,
+            bytes(r.disk_bytes_per_token as u64)
+        );
+    }
     println!("tokenizer      {}  chat template {}", yes(info.has_tokenizer), yes(info.has_chat_template));
     Ok(())
 }

@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 
 use super::attention::{Attention, F16Cache, LayerCache};
+use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
 use super::kda::{Kda, KdaState};
+use super::latent_moe::LatentProjection;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
@@ -45,7 +47,8 @@ impl SelfAttention {
             }
             SelfAttention::Latent(m) => {
                 let (q, kv) = m.project(x)?;
-                vec![q, kv]
+                // A gated layer's gate logits ride along as a third row set.
+                [q, kv].into_iter().chain(m.gate_logits(x)?).collect()
             }
             SelfAttention::Kda(k) => k.project(x)?,
         })
@@ -54,8 +57,8 @@ impl SelfAttention {
     fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
         match (self, rows, state) {
             (SelfAttention::Grouped(a), [q, k, v], LayerState::Attention(cache)) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv], LayerState::Attention(LayerCache::F32(cache))) => {
-                m.attend(q, kv, start, cache)
+            (SelfAttention::Latent(m), [q, kv, gate @ ..], LayerState::Attention(LayerCache::F32(cache))) => {
+                m.gated(m.attend(q, kv, start, cache)?, gate.first())
             }
             (SelfAttention::Kda(k), rows, LayerState::Kda(state)) => k.attend(rows, state),
             // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
@@ -106,6 +109,8 @@ pub struct DecoderLayer {
     attention: SelfAttention,
     ffn_norm: RmsNorm,
     ffn: FeedForward,
+    /// Kimi K3's AttnRes mixing weights (None for a plain residual).
+    residual: Option<LayerResidual>,
 }
 
 /// Token embeddings, kept in their file encoding and dequantized a row at a time.
@@ -153,6 +158,8 @@ pub struct Transformer {
     caches: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// Kimi K3's AttnRes: the block size and the mix before the final norm.
+    attn_res: Option<(usize, ResidualScore)>,
     experts: Arc<dyn ExpertStore>,
     prefetch: Prefetcher,
 }
@@ -239,6 +246,10 @@ impl Transformer {
             caches,
             norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
+            attn_res: match spec.attn_res_block {
+                Some(block) => Some((block, residual_score(ck, "output_res", hidden, spec.rms_norm_eps, numerics)?)),
+                None => None,
+            },
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
         };
@@ -338,18 +349,42 @@ impl Transformer {
                             linear("ffn_gate_shexp", f, hidden)?,
                             linear("ffn_up_shexp", f, hidden)?,
                             linear("ffn_down_shexp", hidden, f)?,
-                        ),
+                        )
+                        .with_activation(spec.ffn_activation),
                         gate: opt("ffn_gate_inp_shexp.weight")?.map(|g| ck.linear(&g, None)).transpose()?,
                     }),
                     None => None,
                 };
-                FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
+                // Stable LatentMoE (model/latent_moe.rs).
+                let latent = match moe.latent {
+                    Some(lat) => Some(Box::new(LatentProjection {
+                        down: linear("ffn_latent_down", lat.width, hidden)?,
+                        norm: match lat.norm {
+                            true => Some(RmsNorm::new(&t("ffn_latent_norm.weight")?, spec.rms_norm_eps, numerics)?),
+                            false => None,
+                        },
+                        up: linear("ffn_latent_up", hidden, lat.width)?,
+                    })),
+                    None => None,
+                };
+                FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, latent, numerics })
             }
-            _ => FeedForward::Dense(Expert::new(
-                linear("ffn_gate", spec.ffn, hidden)?,
-                linear("ffn_up", spec.ffn, hidden)?,
-                linear("ffn_down", hidden, spec.ffn)?,
-            )),
+            _ => FeedForward::Dense(
+                Expert::new(
+                    linear("ffn_gate", spec.ffn, hidden)?,
+                    linear("ffn_up", spec.ffn, hidden)?,
+                    linear("ffn_down", hidden, spec.ffn)?,
+                )
+                .with_activation(spec.ffn_activation),
+            ),
+        };
+        let residual = match spec.attn_res_block {
+            Some(_) => {
+                let score =
+                    |name: &str| residual_score(ck, &format!("blk.{l}.{name}"), hidden, spec.rms_norm_eps, numerics);
+                Some(LayerResidual { attention: score("attn_res")?, ffn: score("ffn_res")? })
+            }
+            None => None,
         };
         Ok(DecoderLayer {
             attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
@@ -360,6 +395,7 @@ impl Transformer {
                 None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
             },
             ffn,
+            residual,
         })
     }
 
@@ -439,12 +475,12 @@ impl Transformer {
             offsets.push(at);
             at += t.len();
         }
-        let mut x = self.embedding.rows(&tokens)?;
+        let mut stream = ResidualStream::new(self.embedding.rows(&tokens)?, self.attn_res.as_ref().map(|(b, _)| *b));
         let prefetching = self.prefetch.depth > 0;
         for l in 0..self.layers.len() {
             let held = self.hold(l)?;
             let layer = held.layer.as_ref();
-            let xn = layer.attn_norm.forward(&x)?;
+            let xn = layer.attn_norm.forward(&stream.before_attention(l, layer.residual.as_ref())?)?;
             let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
             for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
@@ -452,9 +488,9 @@ impl Transformer {
                 let start = cache.position;
                 outs.push(layer.attention.attend(&rows, start, &mut cache.layers[l])?);
             }
-            let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
-            let h = (x + a)?;
-            let n = layer.ffn_norm.forward(&h)?;
+            stream.add_attention(&layer.attention.output(&Tensor::cat(&outs, 0)?)?)?;
+            let h = stream.current().clone();
+            let n = layer.ffn_norm.forward(&stream.before_ffn(layer.residual.as_ref())?)?;
             let f = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
@@ -469,8 +505,9 @@ impl Transformer {
                     moe.forward_routed(&n, &routes)?
                 }
             };
-            x = (h + f)?;
+            stream.add_ffn(&f)?;
         }
+        let x = stream.finish(self.attn_res.as_ref().map(|(_, s)| s))?;
         let mut last = Vec::with_capacity(groups.len());
         for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
             cache.position += t.len();
@@ -526,12 +563,27 @@ fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> R
         k_up,
         v_up,
         o: linear("attn_output", hidden, heads * d.v_head_dim)?,
+        gate: if d.output_gate { Some(linear("attn_gate", heads * d.v_head_dim, hidden)?) } else { None },
         rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
         heads,
         dims: *d,
         // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
         softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
     })
+}
+
+/// One AttnRes mixing point's weights: `{name}_norm.weight` `[hidden]` and the score row
+/// `{name}_proj.weight` `[1, hidden]` (model/attn_res.rs).
+fn residual_score(
+    ck: &dyn WeightSource,
+    name: &str,
+    hidden: usize,
+    eps: f64,
+    numerics: Numerics,
+) -> Result<ResidualScore> {
+    let proj = ck.require(&format!("{name}_proj.weight"))?;
+    proj.expect_shape(&[1, hidden])?;
+    ResidualScore::new(RmsNorm::new(&ck.require(&format!("{name}_norm.weight"))?, eps, numerics)?, proj.to_f32()?)
 }
 
 #[cfg(test)]
