@@ -47,7 +47,7 @@ pub use stream::{
     CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
     StreamingLayers,
 };
-pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
+pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth, synth_headers};
 pub use tokenizer::TextTokenizer;
 
 use format::Checkpoint;

@@ -195,6 +195,46 @@ const KDA_CONV_KERNEL: usize = 4;
 
 /// Write the model to `out`.
 pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
+    let (metadata, plan) = layout(spec)?;
+    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
+    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
+    // 4 KiB alignment: every tensor, and so every expert slice of a stacked tensor whose size is
+    // a multiple of 4 KiB, can be read with O_DIRECT in place.
+    write_gguf(out, &metadata, &headers, 4096, |i, w| write_tensor(&plan[i], spec.seed, i as u64, w)).map_err(io)?;
+    let file = std::fs::File::open(out).map_err(io)?;
+    // What was just written need not stay in the page cache.
+    crate::stream::io::drop_from_page_cache(&file, 0, file.metadata().map_err(io)?.len() as usize);
+    report(spec, out, &plan)
+}
+
+/// The model's headers at full size with no data (a sparse file reading as zeros): for `model
+/// plan` and `model inspect` on a shape larger than the disk (Kimi K3's 1.5 TB), not for running.
+pub fn synth_headers(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
+    let (metadata, plan) = layout(spec)?;
+    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
+    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
+    crate::format::gguf_write::write_gguf_sparse(out, &metadata, &headers, 4096).map_err(io)?;
+    report(spec, out, &plan)
+}
+
+fn report(spec: &SynthSpec, out: &Path, plan: &[Planned]) -> Result<SynthReport> {
+    let bytes = std::fs::metadata(out).map_err(|source| EngineError::Io { path: out.to_path_buf(), source })?.len();
+    let expert_bytes: u64 = plan.iter().filter(|p| p.expert).map(|p| p.header.byte_len() as u64).sum();
+    let dense_bytes: u64 = plan.iter().filter(|p| !p.expert).map(|p| p.header.byte_len() as u64).sum();
+    Ok(SynthReport {
+        path: out.to_path_buf(),
+        bytes,
+        dense_bytes,
+        expert_bytes,
+        expert_bytes_per_token: expert_bytes * spec.top_k as u64 / spec.experts as u64,
+    })
+}
+
+/// GGUF metadata: keys and values.
+type Metadata = Vec<(String, Value)>;
+
+/// The metadata and the tensors of the model `spec` describes.
+fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
     let expert_dtype = match spec.dtype {
         SynthDtype::Q4_0 => WeightDType::Ggml(GgmlDType::Q4_0),
         SynthDtype::Q8_0 => WeightDType::Ggml(GgmlDType::Q8_0),
@@ -465,24 +505,7 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
     add("output_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
     add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
 
-    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
-    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
-    // 4 KiB alignment: every tensor, and so every expert slice of a stacked tensor whose size is
-    // a multiple of 4 KiB, can be read with O_DIRECT in place.
-    write_gguf(out, &metadata, &headers, 4096, |i, w| write_tensor(&plan[i], spec.seed, i as u64, w)).map_err(io)?;
-    let file = std::fs::File::open(out).map_err(io)?;
-    let bytes = file.metadata().map_err(io)?.len();
-    // What was just written need not stay in the page cache.
-    crate::stream::io::drop_from_page_cache(&file, 0, bytes as usize);
-    let expert_bytes: u64 = plan.iter().filter(|p| p.expert).map(|p| p.header.byte_len() as u64).sum();
-    let dense_bytes: u64 = plan.iter().filter(|p| !p.expert).map(|p| p.header.byte_len() as u64).sum();
-    Ok(SynthReport {
-        path: out.to_path_buf(),
-        bytes,
-        dense_bytes,
-        expert_bytes,
-        expert_bytes_per_token: expert_bytes * spec.top_k as u64 / spec.experts as u64,
-    })
+    Ok((metadata, plan))
 }
 
 /// Generate and write one tensor, in parallel chunks of whole rows.
@@ -711,6 +734,20 @@ mod tests {
         let streamed = crate::Model::load_with(&out, &crate::LoadOptions { stream: Some(c), memory: None }).unwrap();
         let bits = |r: &[Vec<f32>]| r.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&run(&streamed)), bits(&resident));
+    }
+
+    #[test]
+    fn headers_only_make_a_sparse_file_of_the_full_size_that_inspects_as_the_written_one() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SynthSpec { layers: 5, ..tiny(SynthDtype::Mxfp4, SynthArch::KimiK3) };
+        let (full, sparse) = (dir.path().join("full.gguf"), dir.path().join("sparse.gguf"));
+        let (a, b) = (synth(&spec, &full).unwrap(), synth_headers(&spec, &sparse).unwrap());
+        assert_eq!((a.bytes, a.dense_bytes, a.expert_bytes), (b.bytes, b.dense_bytes, b.expert_bytes));
+        let (fa, fb) = (std::fs::metadata(&full).unwrap(), std::fs::metadata(&sparse).unwrap());
+        assert!(fb.blocks() * 4 < fa.blocks(), "the data is a hole: {} of {} blocks", fb.blocks(), fa.blocks());
+        let (x, y) = (crate::inspect(&full).unwrap(), crate::inspect(&sparse).unwrap());
+        assert_eq!((x.layer_kinds, x.expert_bytes, x.dense_bytes), (y.layer_kinds, y.expert_bytes, y.dense_bytes));
     }
 
     #[test]

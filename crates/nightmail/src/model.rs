@@ -103,6 +103,10 @@ pub enum ModelCommand {
         vocab: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Headers only, the data a hole (a sparse file): for `model plan`/`inspect` on a shape
+        /// larger than the disk.
+        #[arg(long)]
+        sparse: bool,
         #[arg(long)]
         out: PathBuf,
     },
@@ -270,6 +274,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             tokenizer_from,
             vocab,
             seed,
+            sparse,
             out,
         } => {
             let (h, kv, d) = nightmail_engine::SynthSpec::default_heads(hidden);
@@ -290,7 +295,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 context_length: 4096,
                 seed,
             };
-            let r = nightmail_engine::synth(&spec, &out).with_context(|| format!("writing {}", out.display()))?;
+            let write = if sparse { nightmail_engine::synth_headers } else { nightmail_engine::synth };
+            let r = write(&spec, &out).with_context(|| format!("writing {}", out.display()))?;
             println!(
                 "{}: {} ({} dense, {} experts, {} of experts per token)",
                 r.path.display(),
@@ -666,7 +672,7 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
     if let Some(r) = &info.ram {
         let p = &r.plan;
         println!(
-            "in {}       {} of {} layers resident ({}), expert cache {}{}, {:.0}% of experts hit, {} read from disk per token",
+            "memory         {} holds {} of {} layers ({}) and an expert cache of {}{}: {:.0}% of experts hit, {} read from disk per token",
             bytes(p.budget_bytes as u64),
             p.resident_layers.len(),
             p.resident_layers.len() + p.streamed_layers.len(),
