@@ -162,7 +162,10 @@ fn dense_rate(ck: &Checkpoint) -> Result<KernelRate> {
     let largest = all
         .iter()
         .filter(|t| t.shape.len() == 2 && !is_expert_tensor(&t.name))
-        .filter(|t| t.name.starts_with("blk.0.") || t.name.starts_with("model.layers.0."))
+        // GGUF, transformers, or a multimodal checkpoint's text model (`language_model.model...`).
+        .filter(|t| {
+            t.name.starts_with("blk.0.") || t.name.starts_with("model.layers.0.") || t.name.contains(".model.layers.0.")
+        })
         .max_by_key(|t| t.bytes.len())
         .ok_or_else(|| EngineError::MissingTensor { name: "a matrix of layer 0".into() })?;
     rate(largest)
@@ -205,6 +208,19 @@ fn rate(weight: &TensorView<'_>) -> Result<KernelRate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_k3_directory_plans_from_its_language_model_tensors() {
+        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, stream_layers: None };
+        let opts = PlanOptions { model, budget, disk_gbps: Some(1.0), probe_bytes: 0, batches: vec![1] };
+        let r = plan(&opts).unwrap();
+        assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
+        assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
+        // Embedding and its own head (not counted twice as if tied), the final norm and AttnRes's
+        // last mix, all F32.
+        assert_eq!(r.plan.sizes.fixed_bytes, (2 * 256 * 32 + 3 * 32) * 4);
+    }
 
     #[test]
     fn a_plan_with_every_layer_streamed_reads_them_each_token_and_predicts_from_the_given_disk() {

@@ -96,7 +96,7 @@ impl ModelSizes {
                 }
                 None => {
                     fixed += resident;
-                    has_output |= t.name == "output.weight" || t.name == "lm_head.weight";
+                    has_output |= t.name == "output.weight" || t.name.ends_with("lm_head.weight");
                     if t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight") {
                         embedding = resident;
                     }
