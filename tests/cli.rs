@@ -255,6 +255,29 @@ fn model_inspect_describes_gpt_oss_windows_sinks_routing_and_mxfp4_experts() {
     assert!(text.contains("MXFP4 (4 tensors"), "{text}");
 }
 
+#[test]
+fn model_inspect_states_a_k3_directorys_layers_by_kind_its_weights_and_what_a_budget_holds() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+    let out = nightmail(&["model", "inspect", dir.to_str().unwrap(), "--memory-mb", "64"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("architecture   KimiK3"), "{text}");
+    assert!(
+        text.contains("layers         6 (0 attention, 2 latent attention, 4 KDA linear attention; 1 dense, 5 MoE)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("expert ffn 8 in a latent of 16 (Stable LatentMoE)")
+            && text.contains("SiTU (beta 4, linear beta 25)"),
+        "{text}"
+    );
+    assert!(text.contains("(40 routed experts in all)") && text.contains("expert weights 60.0 KiB"), "{text}");
+    assert!(
+        text.contains("memory         64.0 MiB holds 6 of 6 layers") && text.contains("100% of experts hit, 0 B read"),
+        "{text}"
+    );
+}
+
 /// `nightmail model inspect PATH`'s output, which must succeed.
 fn inspect(path: &std::path::Path) -> String {
     let out = nightmail(&["model", "inspect", path.to_str().unwrap()]);

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::format::{Checkpoint, Format, is_expert_tensor};
 use crate::spec::ModelSpec;
+use crate::stream::{MemoryBudget, MemoryPlan, ModelSizes};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DtypeUse {
@@ -15,11 +16,52 @@ pub struct DtypeUse {
     pub bytes: u64,
 }
 
+/// How many layers of each kind: how they mix tokens, and what their feed-forward is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LayerKinds {
+    /// Grouped-query attention (a key/value cache that grows with the context).
+    pub attention: usize,
+    /// Latent attention (MLA: one compressed latent per token).
+    pub latent_attention: usize,
+    /// KDA linear attention (a fixed-size recurrent state).
+    pub linear_attention: usize,
+    pub dense_ffn: usize,
+    pub moe: usize,
+}
+
+impl LayerKinds {
+    fn of(spec: &ModelSpec) -> Self {
+        let mut k = LayerKinds::default();
+        for l in 0..spec.layers {
+            match (spec.is_kda(l), spec.attention.mla.is_some()) {
+                (true, _) => k.linear_attention += 1,
+                (false, true) => k.latent_attention += 1,
+                (false, false) => k.attention += 1,
+            }
+            if spec.moe_layers[l] { k.moe += 1 } else { k.dense_ffn += 1 }
+        }
+        k
+    }
+}
+
+/// What a memory budget holds of the model (the split `model plan` and `--memory-mb` use).
+#[derive(Debug, Clone, Serialize)]
+pub struct RamFit {
+    pub plan: MemoryPlan,
+    /// Expected share of a token's routed experts found in the cache (uniform routing).
+    pub expert_hit_rate: f64,
+    /// Bytes read from disk per token at batch 1: streamed layers and missed experts.
+    pub disk_bytes_per_token: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelInfo {
     pub path: PathBuf,
     pub format: Format,
     pub spec: ModelSpec,
+    pub layer_kinds: LayerKinds,
+    /// Routed experts over all MoE layers.
+    pub experts: usize,
     pub parameters: u64,
     /// Tensors and bytes per element type.
     pub dtypes: BTreeMap<String, DtypeUse>,
@@ -30,9 +72,16 @@ pub struct ModelInfo {
     pub expert_bytes_per_token: u64,
     pub has_tokenizer: bool,
     pub has_chat_template: bool,
+    /// What the budget given to [`inspect_with_memory`] holds.
+    pub ram: Option<RamFit>,
 }
 
 pub fn inspect(path: &Path) -> Result<ModelInfo> {
+    inspect_with_memory(path, None)
+}
+
+/// [`inspect`], and what `budget` holds of the model where one is given.
+pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<ModelInfo> {
     let ck = Checkpoint::open(path)?;
     let spec = ModelSpec::read(&ck)?;
     let (mut dense, mut experts, mut parameters) = (0u64, 0u64, 0u64);
@@ -63,9 +112,23 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
             (crate::TextTokenizer::in_hf_dir(h.dir()), crate::chat::ChatTemplate::from_hf_dir(h.dir()).is_some())
         }
     };
+    let ram = match budget {
+        Some(budget) => {
+            let plan = MemoryPlan::new(ModelSizes::read(&ck, &spec)?, budget)?;
+            Some(RamFit {
+                expert_hit_rate: plan.expert_hit_rate(),
+                disk_bytes_per_token: plan.disk_bytes_per_step(1),
+                plan,
+            })
+        }
+        None => None,
+    };
+    let moe_layers = spec.moe_layers.iter().filter(|m| **m).count();
     Ok(ModelInfo {
         path: path.to_path_buf(),
         format: ck.format(),
+        layer_kinds: LayerKinds::of(&spec),
+        experts: spec.moe.as_ref().map_or(0, |m| m.experts * moe_layers),
         spec,
         parameters,
         dtypes,
@@ -74,6 +137,7 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
         expert_bytes_per_token: per_token,
         has_tokenizer,
         has_chat_template,
+        ram,
     })
 }
 
@@ -81,6 +145,23 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
 mod tests {
     use super::*;
     use crate::spec::Architecture;
+
+    #[test]
+    fn a_k3_directory_states_its_layers_by_kind_its_weights_and_what_a_budget_holds() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let info = inspect_with_memory(&dir, Some(MemoryBudget::mb(64))).unwrap();
+        assert_eq!(info.spec.architecture, Architecture::KimiK3);
+        let kinds = LayerKinds { attention: 0, latent_attention: 2, linear_attention: 4, dense_ffn: 1, moe: 5 };
+        assert_eq!((info.layer_kinds, info.experts), (kinds, 40));
+        // Routed experts: 5 layers × 8 × three 8×16 F32 matrices; a token reads its top 2 of 8.
+        assert_eq!(info.expert_bytes, 5 * 8 * 3 * 8 * 16 * 4);
+        assert_eq!(info.expert_bytes_per_token, info.expert_bytes / 4);
+        assert_eq!(info.dense_bytes + info.expert_bytes, info.dtypes["F32"].bytes);
+        // 64 MiB holds the whole tiny model: nothing is read per token.
+        let ram = info.ram.expect("a budget was given");
+        assert!(ram.plan.experts_resident && ram.plan.streamed_layers.is_empty(), "{:?}", ram.plan);
+        assert_eq!((ram.expert_hit_rate, ram.disk_bytes_per_token), (1.0, 0.0));
+    }
 
     #[test]
     fn gpt_oss_mxfp4_pairs_count_as_mxfp4_expert_weights_with_their_scales() {

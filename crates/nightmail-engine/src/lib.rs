@@ -37,7 +37,7 @@ pub use draft::{Draft, PromptLookup};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
-pub use inspect::{DtypeUse, ModelInfo, inspect};
+pub use inspect::{DtypeUse, LayerKinds, ModelInfo, RamFit, inspect, inspect_with_memory};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
 pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
 pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};
@@ -49,7 +49,7 @@ pub use stream::{
     CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
     StreamingLayers,
 };
-pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth};
+pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth, synth_headers};
 pub use tokenizer::TextTokenizer;
 
 use format::Checkpoint;

@@ -97,25 +97,14 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
     };
     let sizes = &plan.sizes;
     let dense_compute_bytes = sizes.layers.iter().map(|l| l.disk_bytes).sum::<usize>() as f64 + head_bytes(&ck)? as f64;
-    let expert_hit_rate = if plan.experts_resident || sizes.expert_bytes == 0 {
-        1.0
-    } else {
-        (plan.expert_cache_bytes as f64 / sizes.expert_bytes as f64).min(1.0)
-    };
-    let one_expert = if sizes.experts_per_layer > 0 {
-        sizes.expert_bytes as f64 / (sizes.experts_per_layer * sizes.moe_layers.max(1)) as f64
-    } else {
-        0.0
-    };
+    let expert_hit_rate = plan.expert_hit_rate();
     let bw = disk_gbps * 1e9;
     // A window of two layers reads one while the other computes; with one, they take turns.
     let overlapped = plan.window_bytes >= 2 * sizes.layers.iter().map(|l| l.stream_bytes).max().unwrap_or(0);
     let step = |batch: usize| -> PredictedStep {
-        let (e, k) = (sizes.experts_per_layer as f64, sizes.top_k as f64);
-        // Distinct experts a layer runs for `batch` independent uniform routes.
-        let union = if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(batch as i32)) } else { 0.0 };
-        let expert_bytes = union * one_expert * sizes.moe_layers as f64;
-        let disk = plan.dense_disk_bytes_per_token as f64 + expert_bytes * (1.0 - expert_hit_rate);
+        let (k, union) = (sizes.top_k as f64, plan.distinct_experts(batch));
+        let expert_bytes = plan.expert_bytes_per_step(batch);
+        let disk = plan.disk_bytes_per_step(batch);
         let disk_s = disk / bw;
         // Each distinct expert runs on the tokens routed to it: batch · k / union of them.
         let per_expert = if union > 0.0 { (batch as f64 * k / union).max(1.0) } else { 1.0 };
@@ -173,7 +162,10 @@ fn dense_rate(ck: &Checkpoint) -> Result<KernelRate> {
     let largest = all
         .iter()
         .filter(|t| t.shape.len() == 2 && !is_expert_tensor(&t.name))
-        .filter(|t| t.name.starts_with("blk.0.") || t.name.starts_with("model.layers.0."))
+        // GGUF, transformers, or a multimodal checkpoint's text model (`language_model.model...`).
+        .filter(|t| {
+            t.name.starts_with("blk.0.") || t.name.starts_with("model.layers.0.") || t.name.contains(".model.layers.0.")
+        })
         .max_by_key(|t| t.bytes.len())
         .ok_or_else(|| EngineError::MissingTensor { name: "a matrix of layer 0".into() })?;
     rate(largest)
@@ -216,6 +208,19 @@ fn rate(weight: &TensorView<'_>) -> Result<KernelRate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_k3_directory_plans_from_its_language_model_tensors() {
+        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, stream_layers: None };
+        let opts = PlanOptions { model, budget, disk_gbps: Some(1.0), probe_bytes: 0, batches: vec![1] };
+        let r = plan(&opts).unwrap();
+        assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
+        assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
+        // Embedding and its own head (not counted twice as if tied), the final norm and AttnRes's
+        // last mix, all F32.
+        assert_eq!(r.plan.sizes.fixed_bytes, (2 * 256 * 32 + 3 * 32) * 4);
+    }
 
     #[test]
     fn a_plan_with_every_layer_streamed_reads_them_each_token_and_predicts_from_the_given_disk() {

@@ -25,6 +25,17 @@ pub enum Architecture {
     /// Moonshot's Kimi Linear (transformers `KimiLinearForCausalLM`, llama.cpp `kimi-linear`):
     /// KDA linear-attention layers between NoPE latent-attention layers, DeepSeek-V3's MoE.
     KimiLinear,
+    /// Moonshot's Kimi K3 (`model_type: kimi_k3`, text model under `text_config`, weights under
+    /// `language_model.`; llama.cpp `kimi-k3`): Kimi Linear's layers with the lower-bounded KDA
+    /// gate and full-rank output gate, gated MLA, Stable LatentMoE, SiTU and AttnRes residuals.
+    KimiK3,
+}
+
+impl Architecture {
+    /// Kimi Linear and K3: KDA layers between NoPE latent-attention layers.
+    pub fn is_kimi_hybrid(self) -> bool {
+        matches!(self, Architecture::KimiLinear | Architecture::KimiK3)
+    }
 }
 
 /// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
@@ -103,6 +114,9 @@ pub struct MlaSpec {
     /// The `qk_rope_head_dim` part is not rotated (Kimi Linear's `mla_use_nope`: transformers'
     /// `KimiLinearAttention` keeps the shared key part but applies no position encoding).
     pub nope: bool,
+    /// Kimi K3's gated MLA: the attention output times σ(g_proj(x)) before o_proj
+    /// (llama.cpp src/models/kimi-k3.cpp `build_mla_layer`).
+    pub output_gate: bool,
 }
 
 /// Kimi Delta Attention (Kimi Linear, arXiv 2510.26692; fla `naive_recurrent_kda`): a linear
@@ -120,6 +134,9 @@ pub struct KdaSpec {
     /// `lb·σ(exp(A_log)·(f_b(f_a(x)) + dt_bias))` instead of `−exp(A_log)·softplus(…)` (fla
     /// `naive_kda_lowerbound_gate`). None for Kimi Linear.
     pub gate_lower_bound: Option<f32>,
+    /// Kimi K3's output gate is one full-rank `g_proj` (kimi-k3.cpp `build_kda_layer`, `ssm_g`)
+    /// where Kimi Linear has the low-rank `g_b(g_a(x))`.
+    pub full_rank_output_gate: bool,
 }
 
 /// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
@@ -187,6 +204,25 @@ pub struct MoeSpec {
     /// DeepSeek's `n_shared_experts` experts fused into one, added unweighted.
     pub shared_expert_ffn: Option<usize>,
     pub activation: Activation,
+    /// Kimi K3's Stable LatentMoE: the routed experts work in this narrower width.
+    pub latent: Option<LatentSpec>,
+}
+
+/// Stable LatentMoE (llama.cpp src/models/kimi-k3.cpp `build_latent_moe`): the router reads the
+/// full width; each token is projected down to `width`, runs its experts there, the weighted sum
+/// is RMS-normed (when `norm`) and projected back up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LatentSpec {
+    pub width: usize,
+    /// `latent_moe_use_norm`: RMSNorm the routed sum in the latent width.
+    pub norm: bool,
+}
+
+impl MoeSpec {
+    /// The width a routed expert reads and writes: the latent's, or the model's.
+    pub fn expert_width(&self, hidden: usize) -> usize {
+        self.latent.map_or(hidden, |l| l.width)
+    }
 }
 
 /// A model's shape and parts.
@@ -206,6 +242,10 @@ pub struct ModelSpec {
     pub moe_layers: Vec<bool>,
     /// Kimi Linear's linear-attention layers, where the model has them.
     pub kda: Option<KdaSpec>,
+    /// The gated activation of the dense layers and shared experts (K3's SiTU; SwiGLU elsewhere).
+    pub ffn_activation: Activation,
+    /// Kimi K3's AttnRes block residuals (`attn_res_block_size`): None for a plain residual.
+    pub attn_res_block: Option<usize>,
     pub bos_token: Option<u32>,
     pub eos_tokens: Vec<u32>,
 }
@@ -300,17 +340,32 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("gpt-oss", _) => Architecture::GptOss,
         ("deepseek2", _) => Architecture::DeepseekV3,
         ("kimi-linear", _) => Architecture::KimiLinear,
+        // `model synth --arch kimi_k3`'s layout: kimi-linear's keys and names plus the K3 keys read
+        // below (the engine's own spellings: llama.cpp's kimi-k3 converter was not compared).
+        ("kimi-k3", _) => Architecture::KimiK3,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = need("block_count")?;
     let heads = need("attention.head_count")?;
-    let latent = matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear);
+    let k3 = architecture == Architecture::KimiK3;
+    let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
     let mla = latent.then(|| mla_from_gguf(g, &arch_name)).transpose()?;
     // llama.cpp's kimi-linear graph rotates nothing in its MLA layers, as transformers' does not.
-    let mla = mla.map(|m| MlaSpec { nope: architecture == Architecture::KimiLinear, ..m });
-    let kda =
-        (architecture == Architecture::KimiLinear).then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
+    let mla = mla.map(|m| MlaSpec { nope: architecture.is_kimi_hybrid(), output_gate: k3, ..m });
+    let kda = architecture.is_kimi_hybrid().then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
+    let kda = kda.map(|k| KdaSpec {
+        gate_lower_bound: g.float(&key("kda.gate_lower_bound")).map(|v| v as f32),
+        full_rank_output_gate: k3,
+        ..k
+    });
+    let ffn_activation = match k3 {
+        true => Activation::Situ {
+            beta: g.float(&key("situ.beta")).unwrap_or(4.0) as f32,
+            linear_beta: g.float(&key("situ.linear_beta")).map(|v| v as f32),
+        },
+        false => Activation::SwiGlu,
+    };
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
@@ -347,7 +402,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 alpha: Activation::GPT_OSS_ALPHA,
                 limit: g.float(&key("swiglu_limit")).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
             },
-            _ => Activation::SwiGlu,
+            _ => ffn_activation,
         };
         let (routing, shared_expert_ffn) = if latent {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
@@ -377,7 +432,13 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             };
             (routing, shared)
         };
-        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation })
+        let latent = match g.uint(&key("expert_latent_length")) {
+            Some(width) if k3 => {
+                Some(LatentSpec { width: width as usize, norm: g.boolean(&key("expert_latent_norm")).unwrap_or(true) })
+            }
+            _ => None,
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
     } else {
         None
     };
@@ -408,9 +469,11 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
             // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
             rope_style: match architecture {
-                Architecture::Llama | Architecture::Mixtral | Architecture::DeepseekV3 | Architecture::KimiLinear => {
-                    RopeStyle::Interleaved
-                }
+                Architecture::Llama
+                | Architecture::Mixtral
+                | Architecture::DeepseekV3
+                | Architecture::KimiLinear
+                | Architecture::KimiK3 => RopeStyle::Interleaved,
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::GptOss => RopeStyle::HalfSplit,
             },
             rope_scaling,
@@ -421,13 +484,20 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         moe,
         moe_layers: Vec::new(),
         kda,
+        ffn_activation,
+        attn_res_block: if k3 {
+            g.uint(&key("attn_res.block_size")).map(|v| v as usize).filter(|b| *b > 0)
+        } else {
+            None
+        },
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
     })
 }
 
 fn from_hf(h: &HfDir) -> Result<ModelSpec> {
-    let c = h.config();
+    // A multimodal checkpoint (Kimi K3) keeps its text model's settings under `text_config`.
+    let c = h.text_config();
     let path = h.dir().join("config.json");
     // Kimi Linear's checkpoints spell some keys their own way (transformers'
     // `KimiLinearConfig.attribute_map`); either spelling is read.
@@ -449,7 +519,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             reason: format!("`{k}` is missing or not a number"),
         })
     };
-    let model_type = get("model_type").and_then(Json::as_str).unwrap_or_default();
+    // The checkpoint's own model_type names the architecture (K3's text_config says `kimi_k3_text`).
+    let model_type = h.config().get("model_type").and_then(Json::as_str).unwrap_or_default();
     let architecture = match model_type {
         "llama" => Architecture::Llama,
         "mixtral" => Architecture::Mixtral,
@@ -460,6 +531,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         // other name that declares DeepSeek-V3's class is taken as it.
         "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
         "kimi_linear" => Architecture::KimiLinear,
+        "kimi_k3" => Architecture::KimiK3,
         _ if get("architectures")
             .and_then(Json::as_array)
             .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
@@ -476,7 +548,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let rope_theta =
         rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
     // Kimi Linear has no position encoding at all (transformers removes its rope settings).
-    let rope_scaling = if architecture == Architecture::KimiLinear { None } else { yarn_from_hf(c, &path)? };
+    let rope_scaling = if architecture.is_kimi_hybrid() { None } else { yarn_from_hf(c, &path)? };
     // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
     // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
     let window = uint("sliding_window").filter(|w| *w > 0);
@@ -488,7 +560,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 let from = uint("max_window_layers").unwrap_or(0);
                 window.filter(|_| on && l >= from)
             }
-            Architecture::Llama | Architecture::DeepseekV3 | Architecture::KimiLinear => None,
+            Architecture::Llama | Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3 => None,
             // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
             // sliding first.
             Architecture::GptOss => {
@@ -498,6 +570,14 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             }
         })
         .collect();
+    // K3's SiTU (`hidden_act: situ`, kimi-k3.cpp kimi_k3_situ) in every feed-forward.
+    let ffn_activation = match get("hidden_act").and_then(Json::as_str) {
+        Some("situ") => Activation::Situ {
+            beta: get("activation_situ_beta").and_then(Json::as_f64).unwrap_or(4.0) as f32,
+            linear_beta: get("activation_situ_linear_beta").and_then(Json::as_f64).map(|v| v as f32),
+        },
+        _ => Activation::SwiGlu,
+    };
     let experts =
         uint("num_local_experts").or_else(|| uint("num_experts")).or_else(|| uint("n_routed_experts")).unwrap_or(0);
     let moe = if experts > 0 && architecture != Architecture::Llama {
@@ -505,7 +585,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         let normalize = match architecture {
             Architecture::Mixtral => true,
             // KimiLinearConfig's default renormalizes; the others' do not.
-            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(architecture == Architecture::KimiLinear),
+            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(architecture.is_kimi_hybrid()),
         };
         let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
         let activation = match architecture {
@@ -513,10 +593,10 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 alpha: get("swiglu_alpha").and_then(Json::as_f64).map_or(Activation::GPT_OSS_ALPHA, |v| v as f32),
                 limit: get("swiglu_limit").and_then(Json::as_f64).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
             },
-            _ => Activation::SwiGlu,
+            _ => ffn_activation,
         };
         let (routing, shared_expert_ffn) =
-            if matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear) {
+            if matches!(architecture, Architecture::DeepseekV3) || architecture.is_kimi_hybrid() {
                 // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`, the same); the
                 // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
                 // Kimi's checkpoints name the scoring `moe_router_activation_func`.
@@ -545,23 +625,39 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 };
                 (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
             };
-        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation })
+        // K3's routed experts work in `routed_expert_hidden_size` (kimi-k3.cpp build_latent_moe).
+        let latent = match uint("routed_expert_hidden_size") {
+            Some(width) if architecture == Architecture::KimiK3 => {
+                Some(LatentSpec { width, norm: get("latent_moe_use_norm").and_then(Json::as_bool).unwrap_or(true) })
+            }
+            _ => None,
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
     } else {
         None
     };
     let mla = match architecture {
-        Architecture::DeepseekV3 | Architecture::KimiLinear => Some(MlaSpec {
+        Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3 => Some(MlaSpec {
             q_lora_rank: uint("q_lora_rank"),
             kv_lora_rank: need("kv_lora_rank")?,
             qk_nope_head_dim: need("qk_nope_head_dim")?,
             qk_rope_head_dim: need("qk_rope_head_dim")?,
             v_head_dim: need("v_head_dim")?,
-            nope: architecture == Architecture::KimiLinear,
+            nope: architecture.is_kimi_hybrid(),
+            output_gate: architecture == Architecture::KimiK3,
         }),
         _ => None,
     };
     let kda = match architecture {
         Architecture::KimiLinear => Some(kda_from_hf(c, &path, layers)?),
+        Architecture::KimiK3 => Some(KdaSpec { full_rank_output_gate: true, ..kda_from_hf(c, &path, layers)? }),
+        _ => None,
+    };
+    let attn_res_block = match (architecture, uint("attn_res_block_size")) {
+        (Architecture::KimiK3, Some(0)) => {
+            return Err(EngineError::BadConfig { path: path.clone(), reason: "`attn_res_block_size` is 0".into() });
+        }
+        (Architecture::KimiK3, block) => block,
         _ => None,
     };
     let generation = crate::format::read_json_opt(&h.dir().join("generation_config.json"));
@@ -607,6 +703,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         moe,
         moe_layers: Vec::new(),
         kda,
+        ffn_activation,
+        attn_res_block,
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })
@@ -691,7 +789,7 @@ fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpe
         });
     }
     let gate_lower_bound = lin.and_then(|l| l.get("gate_lower_bound")).and_then(Json::as_f64).map(|v| v as f32);
-    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers, gate_lower_bound })
+    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers, gate_lower_bound, full_rank_output_gate: false })
 }
 
 /// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
@@ -715,6 +813,7 @@ fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Resul
         layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
         // kimi-linear GGUFs have none; K3's GGUF key is not read yet.
         gate_lower_bound: None,
+        full_rank_output_gate: false,
     })
 }
 
@@ -741,6 +840,7 @@ fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
         qk_rope_head_dim: rope,
         v_head_dim: v_len,
         nope: false,
+        output_gate: false,
     })
 }
 
@@ -888,6 +988,24 @@ mod tests {
         }
     }
 
+    #[test]
+    fn kimi_k3_reads_its_text_config_and_names_its_extra_parts() {
+        let s = ModelSpec::read(&Checkpoint::open(&fixture("kimi_k3")).unwrap()).unwrap();
+        assert_eq!(s.architecture, Architecture::KimiK3);
+        assert_eq!((s.hidden_size, s.layers, s.vocab_size, s.attn_res_block), (32, 6, 256, Some(2)));
+        let kda = s.kda.as_ref().expect("KDA layers");
+        assert_eq!(&kda.layers[..], &[0, 1, 2, 4]);
+        assert_eq!((kda.gate_lower_bound, kda.full_rank_output_gate), (Some(-5.0), true));
+        let mla = s.attention.mla.expect("latent attention");
+        assert!(mla.nope && mla.output_gate && mla.q_lora_rank == Some(16));
+        let situ = Activation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        assert_eq!(s.ffn_activation, situ);
+        let moe = s.moe.expect("experts");
+        assert_eq!((moe.experts, moe.expert_ffn, moe.shared_expert_ffn, moe.activation), (8, 8, Some(16), situ));
+        assert_eq!(moe.latent, Some(LatentSpec { width: 16, norm: true }));
+        assert_eq!(s.moe_layers, vec![false, true, true, true, true, true]);
+    }
+
     fn kda_of(config: &str) -> Result<KdaSpec> {
         kda_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("/m/config.json"), 4)
     }
@@ -900,7 +1018,15 @@ mod tests {
                "head_dim": 8, "short_conv_kernel_size": 3}}"#,
         )
         .unwrap();
-        assert_eq!(k, KdaSpec { heads: 2, head_dim: 8, conv_kernel: 3, layers: vec![0, 2, 3], gate_lower_bound: None });
+        let want = KdaSpec {
+            heads: 2,
+            head_dim: 8,
+            conv_kernel: 3,
+            layers: vec![0, 2, 3],
+            gate_lower_bound: None,
+            full_rank_output_gate: false,
+        };
+        assert_eq!(k, want);
         // Neither: every 4th layer after the first is full attention (KimiLinearConfig).
         let k = kda_of(r#"{"linear_num_heads": 2, "linear_head_dim": 8}"#).unwrap();
         assert_eq!(k.layers, vec![0, 1, 2, 3]);

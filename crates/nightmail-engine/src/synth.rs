@@ -29,6 +29,11 @@ pub enum SynthArch {
     DeepseekV3,
     /// Kimi Linear: three KDA layers to one NoPE latent-attention layer, DeepSeek-V3's MoE.
     KimiLinear,
+    /// Kimi K3: Kimi Linear's layers (the last one latent attention too, as in K3) with the
+    /// lower-bounded KDA gate, full-rank output gate and fused qkv, gated MLA with a query latent,
+    /// Stable LatentMoE in half the width (K3: 7168 → 3584), SiTU and AttnRes blocks of 12
+    /// layers. Written as GGUF arch `kimi-k3` under the engine's names (format/hf.rs `hf_names`).
+    KimiK3,
 }
 
 impl std::str::FromStr for SynthArch {
@@ -38,7 +43,8 @@ impl std::str::FromStr for SynthArch {
             "qwen3_moe" => Ok(SynthArch::Qwen3Moe),
             "deepseek_v3" => Ok(SynthArch::DeepseekV3),
             "kimi_linear" => Ok(SynthArch::KimiLinear),
-            other => Err(format!("unknown architecture `{other}`: use qwen3_moe, deepseek_v3 or kimi_linear")),
+            "kimi_k3" => Ok(SynthArch::KimiK3),
+            other => Err(format!("unknown architecture `{other}`: use qwen3_moe, deepseek_v3, kimi_linear or kimi_k3")),
         }
     }
 }
@@ -189,6 +195,46 @@ const KDA_CONV_KERNEL: usize = 4;
 
 /// Write the model to `out`.
 pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
+    let (metadata, plan) = layout(spec)?;
+    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
+    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
+    // 4 KiB alignment: every tensor, and so every expert slice of a stacked tensor whose size is
+    // a multiple of 4 KiB, can be read with O_DIRECT in place.
+    write_gguf(out, &metadata, &headers, 4096, |i, w| write_tensor(&plan[i], spec.seed, i as u64, w)).map_err(io)?;
+    let file = std::fs::File::open(out).map_err(io)?;
+    // What was just written need not stay in the page cache.
+    crate::stream::io::drop_from_page_cache(&file, 0, file.metadata().map_err(io)?.len() as usize);
+    report(spec, out, &plan)
+}
+
+/// The model's headers at full size with no data (a sparse file reading as zeros): for `model
+/// plan` and `model inspect` on a shape larger than the disk (Kimi K3's 1.5 TB), not for running.
+pub fn synth_headers(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
+    let (metadata, plan) = layout(spec)?;
+    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
+    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
+    crate::format::gguf_write::write_gguf_sparse(out, &metadata, &headers, 4096).map_err(io)?;
+    report(spec, out, &plan)
+}
+
+fn report(spec: &SynthSpec, out: &Path, plan: &[Planned]) -> Result<SynthReport> {
+    let bytes = std::fs::metadata(out).map_err(|source| EngineError::Io { path: out.to_path_buf(), source })?.len();
+    let expert_bytes: u64 = plan.iter().filter(|p| p.expert).map(|p| p.header.byte_len() as u64).sum();
+    let dense_bytes: u64 = plan.iter().filter(|p| !p.expert).map(|p| p.header.byte_len() as u64).sum();
+    Ok(SynthReport {
+        path: out.to_path_buf(),
+        bytes,
+        dense_bytes,
+        expert_bytes,
+        expert_bytes_per_token: expert_bytes * spec.top_k as u64 / spec.experts as u64,
+    })
+}
+
+/// GGUF metadata: keys and values.
+type Metadata = Vec<(String, Value)>;
+
+/// The metadata and the tensors of the model `spec` describes.
+fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
     let expert_dtype = match spec.dtype {
         SynthDtype::Q4_0 => WeightDType::Ggml(GgmlDType::Q4_0),
         SynthDtype::Q8_0 => WeightDType::Ggml(GgmlDType::Q8_0),
@@ -210,19 +256,33 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         SynthArch::Qwen3Moe => "qwen3moe",
         SynthArch::DeepseekV3 => "deepseek2",
         SynthArch::KimiLinear => "kimi-linear",
+        SynthArch::KimiK3 => "kimi-k3",
     };
-    let mut latent = LatentShape::new(spec);
-    // Kimi Linear: no query latent, and its experts in one group (Kimi-Linear-48B's
-    // num_expert_group 1).
-    if spec.arch == SynthArch::KimiLinear {
-        (latent.q_lora, latent.groups, latent.top_groups) = (0, 1, 1);
+    let k3 = spec.arch == SynthArch::KimiK3;
+    let kimi = k3 || spec.arch == SynthArch::KimiLinear;
+    // K3's routed experts work in half the width (7168 → 3584).
+    let expert_width = if k3 { spec.hidden / 2 } else { spec.hidden };
+    if !expert_width.is_multiple_of(32) {
+        return Err(EngineError::Unsupported {
+            what: format!("kimi_k3 hidden {}", spec.hidden),
+            hint: "its expert latent is half the hidden width: use a multiple of 64".into(),
+        });
     }
-    // Kimi Linear's layers (from 1) 4, 8, ... are latent attention, the rest KDA.
-    let is_kda = |l: usize| spec.arch == SynthArch::KimiLinear && !(l + 1).is_multiple_of(4);
-    // DeepSeek-V3 keeps its first layers dense (3 of 61), Kimi Linear its first; here the
+    let mut latent = LatentShape::new(spec);
+    // Kimi Linear and K3: their experts in one group (num_expert_group 1); Kimi Linear without a
+    // query latent.
+    if kimi {
+        (latent.groups, latent.top_groups) = (1, 1);
+    }
+    if spec.arch == SynthArch::KimiLinear {
+        latent.q_lora = 0;
+    }
+    // Kimi Linear's layers (from 1) 4, 8, ... are latent attention, the rest KDA; K3's last too.
+    let is_kda = |l: usize| kimi && !(l + 1).is_multiple_of(4) && !(k3 && l + 1 == spec.layers);
+    // DeepSeek-V3 keeps its first layers dense (3 of 61), the Kimis their first; here the
     // first, when there are more.
     let dense_layers = match spec.arch {
-        SynthArch::DeepseekV3 | SynthArch::KimiLinear if spec.layers > 1 => 1,
+        SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::KimiK3 if spec.layers > 1 => 1,
         _ => 0,
     };
     let mut metadata: Vec<(String, Value)> = Vec::new();
@@ -291,7 +351,7 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         }
         // convert_hf_to_gguf.py KimiLinearModel: zeros in head_count_kv mark the KDA layers;
         // the KDA heads are the attention heads (llama.cpp sizes them so); Kimi's scale 2.446.
-        SynthArch::KimiLinear => {
+        SynthArch::KimiLinear | SynthArch::KimiK3 => {
             let kv_heads = (0..spec.layers).map(|i| Value::U32(u32::from(!is_kda(i)))).collect();
             let mut keys = vec![
                 (k("attention.head_count_kv"), Value::Array(kv_heads)),
@@ -299,6 +359,19 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 (k("ssm.conv_kernel"), u32v(KDA_CONV_KERNEL)),
             ];
             keys.extend(latent_keys(2.446));
+            if k3 {
+                // K3's published config: a query latent, gate_lower_bound −5, SiTU betas 4 and
+                // 25, AttnRes blocks of 12, the latent normed.
+                keys.extend([
+                    (k("attention.q_lora_rank"), u32v(l.q_lora)),
+                    (k("kda.gate_lower_bound"), Value::F32(-5.0)),
+                    (k("situ.beta"), Value::F32(4.0)),
+                    (k("situ.linear_beta"), Value::F32(25.0)),
+                    (k("attn_res.block_size"), u32v(12)),
+                    (k("expert_latent_length"), u32v(expert_width)),
+                    (k("expert_latent_norm"), Value::Bool(true)),
+                ]);
+            }
             keys
         }
     };
@@ -331,13 +404,20 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
         let b = |n: &str| format!("blk.{l}.{n}");
         add(b("attn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
         match spec.arch {
-            SynthArch::KimiLinear if is_kda(l) => {
+            SynthArch::KimiLinear | SynthArch::KimiK3 if is_kda(l) => {
                 let (d, w, kernel) = (spec.head_dim, q_dim, KDA_CONV_KERNEL);
                 let f32 = WeightDType::F32;
-                for x in ["q", "k", "v"] {
-                    add(b(&format!("attn_{x}.weight")), f16, &[w, h], Fill::Uniform(inv(h)), false);
-                    let conv = &[1, w, 1, kernel];
-                    add(b(&format!("ssm_conv1d_{x}.weight")), f32, conv, Fill::Uniform(inv(kernel)), false);
+                if k3 {
+                    // Fused, as K3's checkpoints may store them (`qkv_proj`, `qkv_conv1d`).
+                    add(b("attn_qkv.weight"), f16, &[3 * w, h], Fill::Uniform(inv(h)), false);
+                    let conv = &[1, 3 * w, 1, kernel];
+                    add(b("ssm_conv1d.weight"), f32, conv, Fill::Uniform(inv(kernel)), false);
+                } else {
+                    for x in ["q", "k", "v"] {
+                        add(b(&format!("attn_{x}.weight")), f16, &[w, h], Fill::Uniform(inv(h)), false);
+                        let conv = &[1, w, 1, kernel];
+                        add(b(&format!("ssm_conv1d_{x}.weight")), f32, conv, Fill::Uniform(inv(kernel)), false);
+                    }
                 }
                 add(b("ssm_f_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
                 add(b("ssm_f_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
@@ -346,8 +426,12 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 // inverse softplus of 0.05): per-token decays of about 0.95.
                 add(b("ssm_a"), f32, &[1, 1, spec.heads, 1], Fill::Constant(-1.0), false);
                 add(b("ssm_dt.bias"), f32, &[w], Fill::Constant(-2.97), false);
-                add(b("ssm_g_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
-                add(b("ssm_g_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
+                if k3 {
+                    add(b("ssm_g.weight"), f16, &[w, h], Fill::Uniform(inv(h)), false);
+                } else {
+                    add(b("ssm_g_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
+                    add(b("ssm_g_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
+                }
                 add(b("ssm_norm.weight"), f32, &[d], Fill::Ones, false);
                 add(b("attn_output.weight"), f16, &[h, w], Fill::Uniform(attn_out), false);
             }
@@ -360,8 +444,11 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
                 add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
             }
             // Latent attention: DeepSeek-V3's through a query latent, Kimi Linear's without.
-            SynthArch::DeepseekV3 | SynthArch::KimiLinear => {
+            SynthArch::DeepseekV3 | SynthArch::KimiLinear | SynthArch::KimiK3 => {
                 let (m, heads) = (latent, spec.heads);
+                if k3 {
+                    add(b("attn_gate.weight"), f16, &[heads * m.v, h], Fill::Uniform(inv(h)), false);
+                }
                 let q = heads * (m.nope + m.rope);
                 if m.q_lora == 0 {
                     add(b("attn_q.weight"), f16, &[q, h], Fill::Uniform(inv(h)), false);
@@ -379,6 +466,13 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
             }
         }
         add(b("ffn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
+        if k3 {
+            // AttnRes's mixing points: scores of a few tenths, as the reference fixture draws.
+            for p in ["attn_res", "ffn_res"] {
+                add(b(&format!("{p}_norm.weight")), WeightDType::F32, &[h], Fill::Ones, false);
+                add(b(&format!("{p}_proj.weight")), WeightDType::F32, &[1, h], Fill::Uniform(inv(h)), false);
+            }
+        }
         if l < dense_layers {
             add(b("ffn_gate.weight"), f16, &[dense, h], Fill::Uniform(inv(h)), false);
             add(b("ffn_up.weight"), f16, &[dense, h], Fill::Uniform(inv(h)), false);
@@ -394,31 +488,24 @@ pub fn synth(spec: &SynthSpec, out: &Path) -> Result<SynthReport> {
             add(b("ffn_up_shexp.weight"), f16, &[f, h], Fill::Uniform(inv(h)), false);
             add(b("ffn_down_shexp.weight"), f16, &[h, f], Fill::Uniform(ffn_down), false);
         }
-        add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
-        add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, h], Fill::Uniform(inv(h)), true);
-        add(b("ffn_down_exps.weight"), expert_dtype, &[e, h, f], Fill::Uniform(ffn_down), true);
+        let x = expert_width;
+        if k3 {
+            add(b("ffn_latent_down.weight"), f16, &[x, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_latent_norm.weight"), WeightDType::F32, &[x], Fill::Ones, false);
+            add(b("ffn_latent_up.weight"), f16, &[h, x], Fill::Uniform(ffn_down), false);
+        }
+        add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, x], Fill::Uniform(inv(x)), true);
+        add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, x], Fill::Uniform(inv(x)), true);
+        add(b("ffn_down_exps.weight"), expert_dtype, &[e, x, f], Fill::Uniform(ffn_down), true);
+    }
+    if k3 {
+        add("output_res_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
+        add("output_res_proj.weight".into(), WeightDType::F32, &[1, h], Fill::Uniform(inv(h)), false);
     }
     add("output_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
     add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
 
-    let headers: Vec<TensorHeader> = plan.iter().map(|p| p.header.clone()).collect();
-    let io = |source| EngineError::Io { path: out.to_path_buf(), source };
-    // 4 KiB alignment: every tensor, and so every expert slice of a stacked tensor whose size is
-    // a multiple of 4 KiB, can be read with O_DIRECT in place.
-    write_gguf(out, &metadata, &headers, 4096, |i, w| write_tensor(&plan[i], spec.seed, i as u64, w)).map_err(io)?;
-    let file = std::fs::File::open(out).map_err(io)?;
-    let bytes = file.metadata().map_err(io)?.len();
-    // What was just written need not stay in the page cache.
-    crate::stream::io::drop_from_page_cache(&file, 0, bytes as usize);
-    let expert_bytes: u64 = plan.iter().filter(|p| p.expert).map(|p| p.header.byte_len() as u64).sum();
-    let dense_bytes: u64 = plan.iter().filter(|p| !p.expert).map(|p| p.header.byte_len() as u64).sum();
-    Ok(SynthReport {
-        path: out.to_path_buf(),
-        bytes,
-        dense_bytes,
-        expert_bytes,
-        expert_bytes_per_token: expert_bytes * spec.top_k as u64 / spec.experts as u64,
-    })
+    Ok((metadata, plan))
 }
 
 /// Generate and write one tensor, in parallel chunks of whole rows.
@@ -610,6 +697,57 @@ mod tests {
         let sd = (w.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
         assert!(mean.abs() < 0.02 * sd, "mean {mean} for deviation {sd}");
         assert!(sd > sigma as f64 / 2f64.sqrt() * 0.95 && sd < sigma as f64 * 2f64.sqrt() * 1.05, "deviation {sd}");
+    }
+
+    #[test]
+    fn a_kimi_k3_is_written_loaded_and_run_and_its_experts_stream_bit_identically() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("k3.gguf");
+        synth(&SynthSpec { layers: 5, ..tiny(SynthDtype::Mxfp4, SynthArch::KimiK3) }, &out).unwrap();
+        let info = crate::inspect(&out).unwrap();
+        let s = &info.spec;
+        assert_eq!(s.architecture, crate::Architecture::KimiK3);
+        let kda = s.kda.as_ref().expect("KDA layers");
+        assert_eq!(&kda.layers[..], &[0, 1, 2], "layer 4 (from 1) and the last are latent attention");
+        assert!(kda.full_rank_output_gate && kda.gate_lower_bound == Some(-5.0));
+        let mla = s.attention.mla.expect("latent attention");
+        assert!(mla.nope && mla.output_gate && mla.q_lora_rank.is_some());
+        let moe = s.moe.as_ref().expect("experts");
+        assert_eq!(moe.latent, Some(crate::spec::LatentSpec { width: 32, norm: true }));
+        assert!(matches!(moe.activation, crate::spec::Activation::Situ { .. }));
+        assert_eq!(
+            (s.attn_res_block, info.layer_kinds.linear_attention, info.layer_kinds.latent_attention),
+            (Some(12), 3, 2)
+        );
+        // 4 MoE layers × 8 experts × three 64×32 MXFP4 matrices.
+        assert_eq!(info.expert_bytes, 4 * 8 * 3 * 64 * 32 / 32 * 17);
+        let run = |model: &crate::Model| {
+            let mut cache = model.new_cache();
+            let mut rows = vec![model.logits(&[1, 2, 3], &mut cache).unwrap()];
+            rows.push(model.logits(&[4], &mut cache).unwrap());
+            rows
+        };
+        let resident = run(&crate::Model::load(&out).unwrap());
+        assert!(resident.iter().flatten().all(|v| v.is_finite()) && resident[0] != resident[1]);
+        let mut c = crate::StreamConfig::with_cache_mb(0);
+        c.cache_bytes = 2 * 4096;
+        let streamed = crate::Model::load_with(&out, &crate::LoadOptions { stream: Some(c), memory: None }).unwrap();
+        let bits = |r: &[Vec<f32>]| r.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&run(&streamed)), bits(&resident));
+    }
+
+    #[test]
+    fn headers_only_make_a_sparse_file_of_the_full_size_that_inspects_as_the_written_one() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SynthSpec { layers: 5, ..tiny(SynthDtype::Mxfp4, SynthArch::KimiK3) };
+        let (full, sparse) = (dir.path().join("full.gguf"), dir.path().join("sparse.gguf"));
+        let (a, b) = (synth(&spec, &full).unwrap(), synth_headers(&spec, &sparse).unwrap());
+        assert_eq!((a.bytes, a.dense_bytes, a.expert_bytes), (b.bytes, b.dense_bytes, b.expert_bytes));
+        let (fa, fb) = (std::fs::metadata(&full).unwrap(), std::fs::metadata(&sparse).unwrap());
+        assert!(fb.blocks() * 4 < fa.blocks(), "the data is a hole: {} of {} blocks", fb.blocks(), fa.blocks());
+        let (x, y) = (crate::inspect(&full).unwrap(), crate::inspect(&sparse).unwrap());
+        assert_eq!((x.layer_kinds, x.expert_bytes, x.dense_bytes), (y.layer_kinds, y.expert_bytes, y.dense_bytes));
     }
 
     #[test]

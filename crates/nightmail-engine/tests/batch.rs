@@ -125,8 +125,21 @@ fn kda_sequences_decoded_together_each_keep_their_own_recurrent_state() {
     same_tokens_together_as_alone("kimi_linear");
 }
 
+#[test]
+fn kimi_k3_sequences_decoded_together_get_what_they_get_alone() {
+    // kimi_k3: AttnRes mixes each row (position) on its own, and Stable LatentMoE projects each
+    // token's row down and up, so a batch's rows stay apart. F32 like deepseek_v3, and this
+    // fixture amplifies rounding (its own chunked and token-by-token prefills differ by 5e-5),
+    // so the logits agree to the reference's 1e-4.
+    same_tokens_together_as_alone_within("kimi_k3", 1e-4);
+}
+
 /// A fixture's four sequences decoded together: each gets its tokens alone, logits within 1e-5.
 fn same_tokens_together_as_alone(fixture: &str) {
+    same_tokens_together_as_alone_within(fixture, 1e-5)
+}
+
+fn same_tokens_together_as_alone_within(fixture: &str, tolerance: f32) {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);
     let model = Model::load(&path).unwrap();
     let prompts = vec![(1..20).collect(), vec![7, 8, 9], (100..140).collect(), vec![42]];
@@ -137,7 +150,7 @@ fn same_tokens_together_as_alone(fixture: &str) {
         assert_eq!(ids(got), ids(want), "{fixture} sequence {i}'s tokens");
         for ((_, a), (_, b)) in got.iter().zip(want) {
             let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{fixture} sequence {i}: logits differ by {worst:e} in a batch");
+            assert!(worst < tolerance, "{fixture} sequence {i}: logits differ by {worst:e} in a batch");
         }
     }
 }

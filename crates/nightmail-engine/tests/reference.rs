@@ -80,6 +80,16 @@ macro_rules! reference_tests {
 // boundary, then recurrent decoding) around a NoPE latent-attention layer.
 reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
 
+/// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
+/// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
+/// AttnRes residuals, from the safetensors (its text model under `language_model.`).
+mod kimi_k3 {
+    #[test]
+    fn safetensors_logits_and_greedy_tokens_match_the_pytorch_reference() {
+        super::check("kimi_k3", super::fixture("kimi_k3"));
+    }
+}
+
 /// gpt_oss with MXFP4 experts (gpt-oss's `_blocks`/`_scales` pairs) and its twin, the same model
 /// with those experts dequantized to F32 by transformers' `convert_moe_packed_tensors`.
 mod gpt_oss_mxfp4 {

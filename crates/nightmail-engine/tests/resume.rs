@@ -126,6 +126,15 @@ fn a_recurrent_kda_state_checkpoints_and_resumes_identically() {
 }
 
 #[test]
+fn a_kimi_k3_generation_resumes_identically() {
+    // kimi_k3: KDA states and gated-MLA latents in the checkpoint; AttnRes and Stable LatentMoE
+    // keep nothing across tokens, so the same records resume it.
+    let model = Model::load(fixture("kimi_k3")).unwrap();
+    check_resumes_identically(&model, Sampling::greedy());
+    check_resumes_identically(&model, sampled());
+}
+
+#[test]
 fn a_sliding_window_model_with_sinks_checkpoints_and_resumes_identically() {
     // gpt_oss: the 24 positions run past its window of 5 on the sliding layers.
     for path in ["gpt_oss", "gpt_oss/model.gguf"] {

@@ -20,6 +20,9 @@ pub enum ModelCommand {
         /// One JSON object.
         #[arg(long)]
         json: bool,
+        /// Also state what this much RAM (MiB) holds: resident layers, expert cache, reads per token.
+        #[arg(long)]
+        memory_mb: Option<usize>,
     },
     /// Generate from a prompt and print the text (or, with --json, one JSON object).
     Generate {
@@ -109,6 +112,10 @@ pub enum ModelCommand {
         vocab: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Headers only, the data a hole (a sparse file): for `model plan`/`inspect` on a shape
+        /// larger than the disk.
+        #[arg(long)]
+        sparse: bool,
         #[arg(long)]
         out: PathBuf,
     },
@@ -223,7 +230,7 @@ pub enum ModelCommand {
 
 pub fn run(command: ModelCommand) -> anyhow::Result<()> {
     match command {
-        ModelCommand::Inspect { path, json } => inspect(path, json),
+        ModelCommand::Inspect { path, json, memory_mb } => inspect(path, json, memory_mb),
         ModelCommand::Generate {
             model,
             prompt,
@@ -282,6 +289,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             tokenizer_from,
             vocab,
             seed,
+            sparse,
             out,
         } => {
             let (h, kv, d) = nightmail_engine::SynthSpec::default_heads(hidden);
@@ -302,7 +310,8 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 context_length: 4096,
                 seed,
             };
-            let r = nightmail_engine::synth(&spec, &out).with_context(|| format!("writing {}", out.display()))?;
+            let write = if sparse { nightmail_engine::synth_headers } else { nightmail_engine::synth };
+            let r = write(&spec, &out).with_context(|| format!("writing {}", out.display()))?;
             println!(
                 "{}: {} ({} dense, {} experts, {} of experts per token)",
                 r.path.display(),
@@ -597,8 +606,8 @@ fn print_kernel_bench(r: &nightmail_engine::KernelBenchReport) {
     println!("MXFP4 / candle Q4_0 (speed)   {:.2}", r.mxfp4_to_candle_q4_0_speed);
 }
 
-fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
-    let info = nightmail_engine::inspect(&path)?;
+fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Result<()> {
+    let info = nightmail_engine::inspect_with_memory(&path, memory_mb.map(MemoryBudget::mb))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&info)?);
         return Ok(());
@@ -607,7 +616,11 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     let a = &s.attention;
     println!("model          {} ({:?})", info.path.display(), info.format);
     println!("architecture   {:?}", s.architecture);
-    println!("layers         {}", s.layers);
+    let k = &info.layer_kinds;
+    println!(
+        "layers         {} ({} attention, {} latent attention, {} KDA linear attention; {} dense, {} MoE)",
+        s.layers, k.attention, k.latent_attention, k.linear_attention, k.dense_ffn, k.moe
+    );
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
     match &a.mla {
         Some(m) => println!(
@@ -645,11 +658,12 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     }
     match &s.moe {
         Some(m) => println!(
-            "experts        {} per layer in {} MoE layers, {}, expert ffn {}{}{}",
+            "experts        {} per layer in {} MoE layers, {}, expert ffn {}{}{}{}",
             m.experts,
             s.moe_layers.iter().filter(|x| **x).count(),
             routing(&m.routing),
             m.expert_ffn,
+            m.latent.map(|l| format!(" in a latent of {} (Stable LatentMoE)", l.width)).unwrap_or_default(),
             m.shared_expert_ffn.map(|f| format!(", shared expert ffn {f}")).unwrap_or_default(),
             match m.activation {
                 Activation::SwiGlu => String::new(),
@@ -669,7 +683,21 @@ fn inspect(path: PathBuf, json: bool) -> anyhow::Result<()> {
     println!("parameters     {}", info.parameters);
     println!("dense weights  {}", bytes(info.dense_bytes));
     println!("expert weights {}", bytes(info.expert_bytes));
-    println!("experts/token  {}", bytes(info.expert_bytes_per_token));
+    println!("experts/token  {} ({} routed experts in all)", bytes(info.expert_bytes_per_token), info.experts);
+    if let Some(r) = &info.ram {
+        let p = &r.plan;
+        println!(
+            "memory         {} holds {} of {} layers ({}) and an expert cache of {}{}: {:.0}% of experts hit, {} read from disk per token",
+            bytes(p.budget_bytes as u64),
+            p.resident_layers.len(),
+            p.resident_layers.len() + p.streamed_layers.len(),
+            bytes(p.resident_layer_bytes as u64),
+            bytes(p.expert_cache_bytes as u64),
+            if p.experts_resident { " (every expert)" } else { "" },
+            100.0 * r.expert_hit_rate,
+            bytes(r.disk_bytes_per_token as u64)
+        );
+    }
     println!("tokenizer      {}  chat template {}", yes(info.has_tokenizer), yes(info.has_chat_template));
     Ok(())
 }

@@ -105,29 +105,7 @@ pub fn write_gguf(
 ) -> std::io::Result<()> {
     let file = File::create(path)?;
     let mut w = Counted { inner: BufWriter::with_capacity(8 << 20, file), n: 0 };
-    w.write_all(b"GGUF")?;
-    w.write_all(&3u32.to_le_bytes())?;
-    w.write_all(&(tensors.len() as u64).to_le_bytes())?;
-    w.write_all(&(metadata.len() as u64 + 1).to_le_bytes())?;
-    let mut kv: Vec<(String, Value)> = vec![("general.alignment".into(), Value::U32(alignment as u32))];
-    kv.extend(metadata.iter().filter(|(k, _)| k != "general.alignment").cloned());
-    for (key, value) in &kv {
-        write_str(&mut w, key)?;
-        w.write_all(&value_type_id(value).to_le_bytes())?;
-        write_value(&mut w, value)?;
-    }
-    let mut offset = 0usize;
-    for t in tensors {
-        write_str(&mut w, &t.name)?;
-        w.write_all(&(t.shape.len() as u32).to_le_bytes())?;
-        for d in t.shape.iter().rev() {
-            w.write_all(&(*d as u64).to_le_bytes())?;
-        }
-        w.write_all(&t.dtype.gguf_type_id().to_le_bytes())?;
-        w.write_all(&(offset as u64).to_le_bytes())?;
-        offset = (offset + t.byte_len()).next_multiple_of(alignment);
-    }
-    pad(&mut w, alignment)?;
+    write_header(&mut w, metadata, tensors, alignment)?;
     for (i, t) in tensors.iter().enumerate() {
         let before = w.n;
         fill(i, &mut w)?;
@@ -140,6 +118,56 @@ pub fn write_gguf(
     let file = w.inner.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     Ok(())
+}
+
+/// A GGUF of the full size whose tensor data is a hole (a sparse file reading as zeros): what
+/// needs only the headers (`model plan`, `model inspect`) can size a model larger than the disk.
+pub fn write_gguf_sparse(
+    path: &Path,
+    metadata: &[(String, Value)],
+    tensors: &[TensorHeader],
+    alignment: usize,
+) -> std::io::Result<()> {
+    let file = File::create(path)?;
+    let mut w = Counted { inner: BufWriter::new(file), n: 0 };
+    let data = write_header(&mut w, metadata, tensors, alignment)?;
+    let header = w.n;
+    let file = w.inner.into_inner().map_err(|e| e.into_error())?;
+    file.set_len((header + data) as u64)?;
+    file.sync_all()
+}
+
+/// The header (metadata, tensor infos, padding to the data); returns the data's length.
+fn write_header<W: Write>(
+    w: &mut Counted<W>,
+    metadata: &[(String, Value)],
+    tensors: &[TensorHeader],
+    alignment: usize,
+) -> std::io::Result<usize> {
+    w.write_all(b"GGUF")?;
+    w.write_all(&3u32.to_le_bytes())?;
+    w.write_all(&(tensors.len() as u64).to_le_bytes())?;
+    w.write_all(&(metadata.len() as u64 + 1).to_le_bytes())?;
+    let mut kv: Vec<(String, Value)> = vec![("general.alignment".into(), Value::U32(alignment as u32))];
+    kv.extend(metadata.iter().filter(|(k, _)| k != "general.alignment").cloned());
+    for (key, value) in &kv {
+        write_str(w, key)?;
+        w.write_all(&value_type_id(value).to_le_bytes())?;
+        write_value(w, value)?;
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        write_str(w, &t.name)?;
+        w.write_all(&(t.shape.len() as u32).to_le_bytes())?;
+        for d in t.shape.iter().rev() {
+            w.write_all(&(*d as u64).to_le_bytes())?;
+        }
+        w.write_all(&t.dtype.gguf_type_id().to_le_bytes())?;
+        w.write_all(&(offset as u64).to_le_bytes())?;
+        offset = (offset + t.byte_len()).next_multiple_of(alignment);
+    }
+    pad(w, alignment)?;
+    Ok(offset)
 }
 
 fn pad<W: Write>(w: &mut Counted<W>, alignment: usize) -> std::io::Result<()> {

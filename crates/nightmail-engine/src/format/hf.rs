@@ -37,6 +37,9 @@ pub(crate) struct HfDir {
     config: serde_json::Value,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+    /// Where the text model's tensors live: `language_model.` in a multimodal checkpoint (Kimi
+    /// K3, whose config.json nests the text model under `text_config`), else nothing.
+    prefix: &'static str,
     /// Per layer, gpt-oss's fused experts rebuilt per expert on first use (None: not fused).
     fused: Vec<OnceLock<Option<Vec<FusedExpert>>>>,
 }
@@ -55,9 +58,12 @@ impl HfDir {
             parse_header(&path, &map, shards.len(), &mut tensors)?;
             shards.push(Shard { path, map });
         }
-        let layers = config.get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
-        let fused = (0..layers).map(|_| OnceLock::new()).collect();
-        Ok(HfDir { dir: dir.to_path_buf(), config, shards, tensors, fused })
+        let prefix = if tensors.keys().any(|n| n.starts_with(TEXT_PREFIX)) { TEXT_PREFIX } else { "" };
+        let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new() };
+        let layers =
+            hf.text_config().get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+        hf.fused = (0..layers).map(|_| OnceLock::new()).collect();
+        Ok(hf)
     }
 
     pub fn dir(&self) -> &Path {
@@ -68,16 +74,30 @@ impl HfDir {
         &self.config
     }
 
+    /// The text model's settings: `text_config` where the checkpoint nests them, else the whole.
+    pub fn text_config(&self) -> &serde_json::Value {
+        self.config.get("text_config").filter(|t| t.is_object()).unwrap_or(&self.config)
+    }
+
+    /// A text-model tensor's name as the file spells it.
+    fn stored(&self, hf_name: &str) -> String {
+        format!("{}{hf_name}", self.prefix)
+    }
+
+    /// The entry of a text-model tensor (under the prefix), or of a tensor by its full name.
+    fn entry(&self, hf_name: &str) -> Option<(String, &Entry)> {
+        let stored = self.stored(hf_name);
+        match self.tensors.get(&stored) {
+            Some(e) => Some((stored, e)),
+            None => self.tensors.get(hf_name).map(|e| (hf_name.to_string(), e)),
+        }
+    }
+
     fn view(&self, hf_name: &str) -> Result<Option<TensorView<'_>>> {
-        let Some(e) = self.tensors.get(hf_name) else { return Ok(None) };
+        let Some((name, e)) = self.entry(hf_name) else { return Ok(None) };
         let dtype = weight_dtype(&e.dtype)
-            .ok_or_else(|| EngineError::UnsupportedDType { name: hf_name.to_string(), dtype: e.dtype.clone() })?;
-        Ok(Some(TensorView {
-            name: hf_name.to_string(),
-            dtype,
-            shape: e.shape.clone(),
-            bytes: &self.shards[e.shard].map[e.start..e.end],
-        }))
+            .ok_or_else(|| EngineError::UnsupportedDType { name: name.clone(), dtype: e.dtype.clone() })?;
+        Ok(Some(TensorView { name, dtype, shape: e.shape.clone(), bytes: &self.shards[e.shard].map[e.start..e.end] }))
     }
 
     /// A float tensor by its transformers name.
@@ -87,9 +107,9 @@ impl HfDir {
 
     /// Raw bytes of a `U8` tensor and its shape (the halves of an MXFP4 pair).
     fn u8_tensor(&self, hf_name: &str) -> Result<Option<(&[u8], &[usize])>> {
-        let Some(e) = self.tensors.get(hf_name) else { return Ok(None) };
+        let Some((name, e)) = self.entry(hf_name) else { return Ok(None) };
         if e.dtype != "U8" {
-            return Err(EngineError::UnsupportedDType { name: hf_name.to_string(), dtype: e.dtype.clone() });
+            return Err(EngineError::UnsupportedDType { name, dtype: e.dtype.clone() });
         }
         Ok(Some((&self.shards[e.shard].map[e.start..e.end], &e.shape)))
     }
@@ -116,7 +136,7 @@ impl HfDir {
 
     /// The first transformers name a GGUF tensor name translates to, for messages.
     pub fn transformers_name(&self, gguf_name: &str) -> Option<String> {
-        hf_names(gguf_name).into_iter().next()
+        hf_names(gguf_name).into_iter().next().map(|n| self.stored(&n))
     }
 
     pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
@@ -140,7 +160,10 @@ impl HfDir {
         if let Some(expert) = self.fused_expert(id)? {
             return Ok(expert.matrix(which).view());
         }
-        Err(EngineError::MissingTensor { name: names[0].clone() })
+        // Named as the model spells its other experts (Kimi's and Mixtral's `block_sparse_moe`).
+        let kimi = format!("{}model.layers.{l}.block_sparse_moe.", self.prefix);
+        let spelled = if self.tensors.keys().any(|n| n.starts_with(&kimi)) { &names[1] } else { &names[0] };
+        Err(EngineError::MissingTensorIn { name: format!("`{}`", self.stored(spelled)), path: self.dir.clone() })
     }
 
     /// The bias of one routed expert's matrix: only gpt-oss's fused experts have them.
@@ -194,6 +217,10 @@ impl HfDir {
         Ok(out)
     }
 }
+
+/// The prefix of a multimodal checkpoint's text-model tensors (Kimi K3's
+/// `KimiK3ForConditionalGeneration`).
+const TEXT_PREFIX: &str = "language_model.";
 
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
@@ -276,6 +303,9 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "token_embd.weight" => return vec!["model.embed_tokens.weight".into()],
         "output_norm.weight" => return vec!["model.norm.weight".into()],
         "output.weight" => return vec!["lm_head.weight".into()],
+        // Kimi K3's AttnRes mix before the final norm.
+        "output_res_norm.weight" => return vec!["model.output_attn_res_norm.weight".into()],
+        "output_res_proj.weight" => return vec!["model.output_attn_res_proj.weight".into()],
         _ => {}
     }
     let Some(rest) = gguf.strip_prefix("blk.") else { return vec![] };
@@ -341,6 +371,19 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ssm_g_a.weight" => &["self_attn.g_a_proj.weight"],
         "ssm_g_b.weight" => &["self_attn.g_b_proj.weight"],
         "ssm_norm.weight" => &["self_attn.o_norm.weight"],
+        // Kimi K3: KDA's fused projection and convolution where the checkpoint stores them fused,
+        // its full-rank output gate and gated MLA's gate (both `g_proj`), the AttnRes scores and
+        // Stable LatentMoE's projections and norm.
+        "attn_qkv.weight" => &["self_attn.qkv_proj.weight"],
+        "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight"],
+        "ssm_g.weight" | "attn_gate.weight" => &["self_attn.g_proj.weight"],
+        "attn_res_norm.weight" => &["self_attention_res_norm.weight"],
+        "attn_res_proj.weight" => &["self_attention_res_proj.weight"],
+        "ffn_res_norm.weight" => &["mlp_res_norm.weight"],
+        "ffn_res_proj.weight" => &["mlp_res_proj.weight"],
+        "ffn_latent_down.weight" => &["block_sparse_moe.routed_expert_down_proj.weight"],
+        "ffn_latent_up.weight" => &["block_sparse_moe.routed_expert_up_proj.weight"],
+        "ffn_latent_norm.weight" => &["block_sparse_moe.routed_expert_norm.weight"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

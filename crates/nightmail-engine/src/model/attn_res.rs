@@ -9,7 +9,7 @@
 use candle_core::{D, Tensor};
 
 use super::RmsNorm;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 /// One mixing point's weights: `*_res_norm` and the `*_res_proj` row (`[hidden]`).
 pub struct ResidualScore {
@@ -60,6 +60,91 @@ impl ResidualBank {
             self.inputs.push(layer_input.clone());
         }
         starts
+    }
+}
+
+/// A layer's two mixing points: before its attention (`self_attention_res_*`) and before its
+/// MLP (`mlp_res_*`).
+pub struct LayerResidual {
+    pub attention: ResidualScore,
+    pub ffn: ResidualScore,
+}
+
+/// The residual stream through the layers of one forward pass (every row a position): the plain
+/// sum `x + attention + mlp`, or AttnRes's running sum beside its bank, mixed at each point.
+pub(crate) enum ResidualStream {
+    Plain(Tensor),
+    Blocks {
+        sum: Tensor,
+        bank: ResidualBank,
+        /// Whether the current layer banked its input (its attention output restarts the sum).
+        restart: bool,
+    },
+}
+
+fn no_scores() -> EngineError {
+    EngineError::Compute(candle_core::Error::Msg("an AttnRes model's layer has no residual scores".into()))
+}
+
+impl ResidualStream {
+    /// The embeddings `x`, with AttnRes blocks of `block` layers where the model has them.
+    pub fn new(x: Tensor, block: Option<usize>) -> Self {
+        match block {
+            Some(block) => ResidualStream::Blocks { sum: x, bank: ResidualBank::new(block), restart: false },
+            None => ResidualStream::Plain(x),
+        }
+    }
+
+    /// What layer `l`'s attention norm reads: the stream, or its mix with the bank (which the
+    /// layer then joins if it starts a block).
+    pub fn before_attention(&mut self, l: usize, scores: Option<&LayerResidual>) -> Result<Tensor> {
+        match self {
+            ResidualStream::Plain(x) => Ok(x.clone()),
+            ResidualStream::Blocks { sum, bank, restart } => {
+                let mixed = scores.ok_or_else(no_scores)?.attention.mix(sum, bank.inputs())?;
+                *restart = bank.bank(l, sum);
+                Ok(mixed)
+            }
+        }
+    }
+
+    pub fn add_attention(&mut self, a: &Tensor) -> Result<()> {
+        match self {
+            ResidualStream::Plain(x) => *x = (&*x + a)?,
+            ResidualStream::Blocks { sum, restart: true, .. } => *sum = a.clone(),
+            ResidualStream::Blocks { sum, .. } => *sum = (&*sum + a)?,
+        }
+        Ok(())
+    }
+
+    /// What the MLP norm reads.
+    pub fn before_ffn(&self, scores: Option<&LayerResidual>) -> Result<Tensor> {
+        match self {
+            ResidualStream::Plain(x) => Ok(x.clone()),
+            ResidualStream::Blocks { sum, bank, .. } => scores.ok_or_else(no_scores)?.ffn.mix(sum, bank.inputs()),
+        }
+    }
+
+    pub fn add_ffn(&mut self, f: &Tensor) -> Result<()> {
+        match self {
+            ResidualStream::Plain(x) | ResidualStream::Blocks { sum: x, .. } => *x = (&*x + f)?,
+        }
+        Ok(())
+    }
+
+    /// The running sum (the plain stream), which the prefetcher's lookahead reads.
+    pub fn current(&self) -> &Tensor {
+        match self {
+            ResidualStream::Plain(x) | ResidualStream::Blocks { sum: x, .. } => x,
+        }
+    }
+
+    /// What the final norm reads: the stream, or its last mix with the bank (`output_attn_res_*`).
+    pub fn finish(self, scores: Option<&ResidualScore>) -> Result<Tensor> {
+        match self {
+            ResidualStream::Plain(x) => Ok(x),
+            ResidualStream::Blocks { sum, bank, .. } => scores.ok_or_else(no_scores)?.mix(&sum, bank.inputs()),
+        }
     }
 }
 

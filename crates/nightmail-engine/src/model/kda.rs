@@ -34,10 +34,23 @@ const L2_EPS: f32 = 1e-6;
 /// transformers' forget-gate softplus returns x itself above this.
 const SOFTPLUS_LINEAR_ABOVE: f32 = 20.0;
 
+/// q, k and v's projections: three matrices (Kimi Linear's checkpoints), or one `[3 · width,
+/// hidden]` where a checkpoint stores them fused (llama.cpp kimi-k3.cpp `build_kda_layer`).
+enum QkvProjection {
+    Split { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
+}
+
+/// The output gate's logits per channel: Kimi Linear's low-rank `g_b(g_a(x))`, or Kimi K3's
+/// full-rank `g_proj(x)` (kimi-k3.cpp `build_kda_layer`, `ssm_g`; tests/fixtures/kimi_k3.py
+/// `attach_kda_extras`).
+enum OutputGate {
+    LowRank { a: Linear, b: Linear },
+    FullRank(Linear),
+}
+
 pub struct Kda {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: QkvProjection,
     /// Depthwise taps `[3 · width][kernel]`, q's channels then k's then v's, oldest input first
     /// (PyTorch's `Conv1d` weight `[channels, 1, kernel]`).
     conv: Vec<f32>,
@@ -52,9 +65,7 @@ pub struct Kda {
     lower_bound: Option<f32>,
     /// β = σ(b_proj x), one per head.
     beta: Linear,
-    /// The output gate `g_b(g_a(x))` per channel.
-    g_a: Linear,
-    g_b: Linear,
+    gate: OutputGate,
     /// The per-head output RMSNorm's weight `[head_dim]` and eps.
     norm: Vec<f32>,
     eps: f32,
@@ -157,10 +168,31 @@ impl Kda {
             }
             Ok(v.to_f32()?.flatten_all()?.to_vec1()?)
         };
-        let mut conv = Vec::with_capacity(3 * w * kernel);
-        for part in ["q", "k", "v"] {
-            conv.extend(vector(&format!("ssm_conv1d_{part}.weight"), w * kernel)?);
-        }
+        // One `[3 · width, 1, kernel]` convolution where the checkpoint fuses it (K3's
+        // `qkv_conv1d`), q's channels then k's then v's as the split ones concatenate.
+        let conv = if ck.tensor(&format!("blk.{l}.ssm_conv1d.weight"))?.is_some() {
+            vector("ssm_conv1d.weight", 3 * w * kernel)?
+        } else {
+            let mut conv = Vec::with_capacity(3 * w * kernel);
+            for part in ["q", "k", "v"] {
+                conv.extend(vector(&format!("ssm_conv1d_{part}.weight"), w * kernel)?);
+            }
+            conv
+        };
+        let qkv = if ck.tensor(&format!("blk.{l}.attn_qkv.weight"))?.is_some() {
+            QkvProjection::Fused(linear("attn_qkv", 3 * w, hidden)?)
+        } else {
+            QkvProjection::Split {
+                q: linear("attn_q", w, hidden)?,
+                k: linear("attn_k", w, hidden)?,
+                v: linear("attn_v", w, hidden)?,
+            }
+        };
+        let gate = if kda.full_rank_output_gate {
+            OutputGate::FullRank(linear("ssm_g", w, hidden)?)
+        } else {
+            OutputGate::LowRank { a: linear("ssm_g_a", d, hidden)?, b: linear("ssm_g_b", w, d)? }
+        };
         // llama.cpp's converter stores A = -exp(A_log); transformers keeps A_log.
         let a = vector("ssm_a", h)?;
         let decay_rate = match format {
@@ -168,9 +200,7 @@ impl Kda {
             Format::Safetensors => a.iter().map(|a| a.exp()).collect(),
         };
         Ok(Kda {
-            q: linear("attn_q", w, hidden)?,
-            k: linear("attn_k", w, hidden)?,
-            v: linear("attn_v", w, hidden)?,
+            qkv,
             conv,
             f_a: linear("ssm_f_a", d, hidden)?,
             f_b: linear("ssm_f_b", w, d)?,
@@ -178,8 +208,7 @@ impl Kda {
             decay_rate,
             lower_bound: kda.gate_lower_bound,
             beta: linear("ssm_beta", h, hidden)?,
-            g_a: linear("ssm_g_a", d, hidden)?,
-            g_b: linear("ssm_g_b", w, d)?,
+            gate,
             norm: vector("ssm_norm.weight", d)?,
             eps: spec.rms_norm_eps as f32,
             o: linear("attn_output", hidden, w)?,
@@ -198,9 +227,15 @@ impl Kda {
     /// `[tokens, 3 · width]`, the decay gate's `f_b(f_a(x))` `[tokens, width]`, β's logits
     /// `[tokens, heads]` and the output gate `[tokens, width]`.
     pub(crate) fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        let qkv = Tensor::cat(&[self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?], 1)?;
+        let qkv = match &self.qkv {
+            QkvProjection::Split { q, k, v } => Tensor::cat(&[q.forward(x)?, k.forward(x)?, v.forward(x)?], 1)?,
+            QkvProjection::Fused(qkv) => qkv.forward(x)?,
+        };
         let forget = self.f_b.forward(&self.f_a.forward(x)?)?;
-        let gate = self.g_b.forward(&self.g_a.forward(x)?)?;
+        let gate = match &self.gate {
+            OutputGate::LowRank { a, b } => b.forward(&a.forward(x)?)?,
+            OutputGate::FullRank(g) => g.forward(x)?,
+        };
         Ok(vec![qkv, forget, self.beta.forward(x)?, gate])
     }
 
@@ -543,5 +578,76 @@ mod tests {
             dir.path().display()
         );
         assert!(err.starts_with(&want), "{err}");
+    }
+
+    /// `tensors` (all F32) as a safetensors file: an 8-byte header length, the JSON header, the data.
+    fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+        let mut header = serde_json::Map::new();
+        let mut at = 0;
+        for (name, shape, bytes) in tensors {
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes.len()]}),
+            );
+            at += bytes.len();
+        }
+        let header = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend(header);
+        tensors.iter().for_each(|(_, _, b)| out.extend(b));
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_with_fused_qkv_projection_and_convolution_runs_as_the_split_one() {
+        // The K3 fixture rewritten with each KDA layer's q/k/v projections and convolutions
+        // fused as `qkv_proj` `[3·width, hidden]` and `qkv_conv1d` `[3·width, 1, kernel]`.
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let hf = crate::format::HfDir::open(&src).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut fused = 0;
+        for v in hf.all_tensors().unwrap() {
+            let Some((layer, _)) = v.name.split_once(".self_attn.q_") else {
+                if [".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.k_conv1d.", ".self_attn.v_conv1d."]
+                    .iter()
+                    .all(|p| !v.name.contains(p))
+                {
+                    tensors.push((v.name.clone(), v.shape.clone(), v.bytes.to_vec()));
+                }
+                continue;
+            };
+            let kind = if v.name.ends_with("q_proj.weight") {
+                "proj"
+            } else if v.name.ends_with("q_conv1d.weight") {
+                "conv1d"
+            } else {
+                tensors.push((v.name.clone(), v.shape.clone(), v.bytes.to_vec()));
+                continue;
+            };
+            let mut bytes = Vec::new();
+            for part in ["q", "k", "v"] {
+                bytes.extend(
+                    hf.float_tensor(&format!("{layer}.self_attn.{part}_{kind}.weight")).unwrap().unwrap().bytes,
+                );
+            }
+            let mut shape = v.shape.clone();
+            shape[0] *= 3;
+            tensors.push((format!("{layer}.self_attn.qkv_{kind}.weight"), shape, bytes));
+            fused += 1;
+        }
+        assert_eq!(fused, 8, "four KDA layers, a projection and a convolution each");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        write_safetensors(&dir.path().join("model.safetensors"), &tensors);
+        let (split, fused) = (crate::Model::load(&src).unwrap(), crate::Model::load(dir.path()).unwrap());
+        let (mut a, mut b) = (split.new_cache(), fused.new_cache());
+        for tokens in [&[5u32, 17, 99, 3, 200, 41][..], &[42], &[7]] {
+            let (x, y) = (split.logits(tokens, &mut a).unwrap(), fused.logits(tokens, &mut b).unwrap());
+            let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            // One matmul of three times the rows rounds differently from three, and this fixture
+            // amplifies f32 rounding (its chunked and recurrent prefills differ by 5e-5 in the
+            // logits): the bound is the reference's.
+            assert!(worst < 1e-4, "fused and split KDA differ by {worst:e}");
+        }
     }
 }

@@ -43,6 +43,10 @@ pub struct Mla {
     pub(crate) k_up: Tensor,
     pub(crate) v_up: Tensor,
     pub(crate) o: Linear,
+    /// Kimi K3's gated MLA: `g_proj` `[heads · v_head_dim, hidden]` of the normed layer input;
+    /// the attention output is multiplied by its sigmoid before `o` (llama.cpp
+    /// src/models/kimi-k3.cpp `build_mla_layer`; tests/fixtures/kimi_k3.py `attach_mla_gate`).
+    pub(crate) gate: Option<Linear>,
     pub(crate) rope: Rope,
     pub(crate) heads: usize,
     pub(crate) dims: MlaSpec,
@@ -62,6 +66,19 @@ impl Mla {
     /// `[tokens, kv_lora_rank + rope]` of `x`.
     pub(crate) fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         Ok((self.query.forward(x)?, self.kv_a.forward(x)?))
+    }
+
+    /// The output gate's logits of `x` `[tokens, heads · v_head_dim]`, for a gated layer.
+    pub(crate) fn gate_logits(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        self.gate.as_ref().map(|g| g.forward(x)).transpose()
+    }
+
+    /// `attended` times σ(gate logits) where the layer is gated.
+    pub(crate) fn gated(&self, attended: Tensor, logits: Option<&Tensor>) -> Result<Tensor> {
+        Ok(match logits {
+            Some(g) => (attended * candle_nn::ops::sigmoid(g)?)?,
+            None => attended,
+        })
     }
 
     pub(crate) fn output(&self, attended: &Tensor) -> Result<Tensor> {
@@ -202,6 +219,7 @@ mod tests {
             qk_rope_head_dim: 4,
             v_head_dim: 6,
             nope: false,
+            output_gate: false,
         };
         let (hidden, heads) = (32, 3);
         let norm = RmsNorm::from_tensor(Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(), 1e-6);
@@ -212,6 +230,7 @@ mod tests {
             k_up: random(&[heads, 8, 16], 3),
             v_up: random(&[heads, 6, 16], 4),
             o: Linear::from_tensor(random(&[hidden, heads * 6], 5)),
+            gate: None,
             rope: Rope::new(4, 10000.0, RopeStyle::Interleaved, None),
             heads,
             dims,
@@ -262,6 +281,7 @@ mod tests {
                 qk_rope_head_dim: 64,
                 v_head_dim: 128,
                 nope: false,
+                output_gate: false,
             },
             ..mla()
         };

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
+use super::latent_moe::LatentProjection;
 use super::layers::Linear;
 use super::router::{Route, Router};
 use crate::error::Result;
@@ -36,6 +37,8 @@ pub struct MoeBlock {
     pub(crate) router: Router,
     pub(crate) experts: Arc<dyn ExpertStore>,
     pub(crate) shared: Option<SharedExpert>,
+    /// Kimi K3's Stable LatentMoE: the routed experts run in this latent width.
+    pub(crate) latent: Option<Box<LatentProjection>>,
     pub(crate) numerics: Numerics,
 }
 
@@ -49,7 +52,12 @@ impl MoeBlock {
     /// The block with its routes already chosen (the transformer routes first to prefetch).
     /// Each chosen expert is fetched once and run once on all the tokens routed to it: the
     /// union of the routes of a prefill's tokens, or of a batch of sequences decoding together.
-    pub fn forward_routed(&self, x: &Tensor, routes: &[Route]) -> Result<Tensor> {
+    pub fn forward_routed(&self, full: &Tensor, routes: &[Route]) -> Result<Tensor> {
+        // The routed experts' input: the token, or its latent projection (Stable LatentMoE).
+        let x = &match &self.latent {
+            Some(latent) => latent.down(full)?,
+            None => full.clone(),
+        };
         let (tokens, hidden) = x.dims2()?;
         // The experts in order of first use (token 0's route order first), each with the
         // (token, slot in that token's route) pairs routed to it.
@@ -100,8 +108,11 @@ impl MoeBlock {
             }
         }
         let mut out = Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?;
+        if let Some(latent) = &self.latent {
+            out = latent.up(&out)?;
+        }
         if let Some(shared) = &self.shared {
-            out = (out + shared.forward(x, self.numerics)?)?;
+            out = (out + shared.forward(full, self.numerics)?)?;
         }
         Ok(out)
     }

@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor};
 
 use super::attention::{Attention, F16Cache, LayerCache};
+use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::ggml::Numerics;
 use super::kda::{Kda, KdaState};
+use super::latent_moe::LatentProjection;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
@@ -45,7 +47,8 @@ impl SelfAttention {
             }
             SelfAttention::Latent(m) => {
                 let (q, kv) = m.project(x)?;
-                vec![q, kv]
+                // A gated layer's gate logits ride along as a third row set.
+                [q, kv].into_iter().chain(m.gate_logits(x)?).collect()
             }
             SelfAttention::Kda(k) => k.project(x)?,
         })
@@ -54,8 +57,8 @@ impl SelfAttention {
     fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
         match (self, rows, state) {
             (SelfAttention::Grouped(a), [q, k, v], LayerState::Attention(cache)) => a.attend(q, k, v, start, cache),
-            (SelfAttention::Latent(m), [q, kv], LayerState::Attention(LayerCache::F32(cache))) => {
-                m.attend(q, kv, start, cache)
+            (SelfAttention::Latent(m), [q, kv, gate @ ..], LayerState::Attention(LayerCache::F32(cache))) => {
+                m.gated(m.attend(q, kv, start, cache)?, gate.first())
             }
             (SelfAttention::Kda(k), rows, LayerState::Kda(state)) => k.attend(rows, state),
             // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
@@ -106,6 +109,8 @@ pub struct DecoderLayer {
     attention: SelfAttention,
     ffn_norm: RmsNorm,
     ffn: FeedForward,
+    /// Kimi K3's AttnRes mixing weights (None for a plain residual).
+    residual: Option<LayerResidual>,
 }
 
 /// Token embeddings, kept in their file encoding and dequantized a row at a time.
@@ -153,6 +158,8 @@ pub struct Transformer {
     caches: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// Kimi K3's AttnRes: the block size and the mix before the final norm.
+    attn_res: Option<(usize, ResidualScore)>,
     experts: Arc<dyn ExpertStore>,
     prefetch: Prefetcher,
 }
@@ -239,6 +246,10 @@ impl Transformer {
             caches,
             norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
             lm_head: Linear::new(&head, None)?,
+            attn_res: match spec.attn_res_block {
+                Some(block) => Some((block, residual_score(ck, "output_res", hidden, spec.rms_norm_eps, numerics)?)),
+                None => None,
+            },
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
         };
@@ -338,18 +349,42 @@ impl Transformer {
                             linear("ffn_gate_shexp", f, hidden)?,
                             linear("ffn_up_shexp", f, hidden)?,
                             linear("ffn_down_shexp", hidden, f)?,
-                        ),
+                        )
+                        .with_activation(spec.ffn_activation),
                         gate: opt("ffn_gate_inp_shexp.weight")?.map(|g| ck.linear(&g, None)).transpose()?,
                     }),
                     None => None,
                 };
-                FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, numerics })
+                // Stable LatentMoE (model/latent_moe.rs).
+                let latent = match moe.latent {
+                    Some(lat) => Some(Box::new(LatentProjection {
+                        down: linear("ffn_latent_down", lat.width, hidden)?,
+                        norm: match lat.norm {
+                            true => Some(RmsNorm::new(&t("ffn_latent_norm.weight")?, spec.rms_norm_eps, numerics)?),
+                            false => None,
+                        },
+                        up: linear("ffn_latent_up", hidden, lat.width)?,
+                    })),
+                    None => None,
+                };
+                FeedForward::Moe(MoeBlock { layer: l, router, experts: experts.clone(), shared, latent, numerics })
             }
-            _ => FeedForward::Dense(Expert::new(
-                linear("ffn_gate", spec.ffn, hidden)?,
-                linear("ffn_up", spec.ffn, hidden)?,
-                linear("ffn_down", hidden, spec.ffn)?,
-            )),
+            _ => FeedForward::Dense(
+                Expert::new(
+                    linear("ffn_gate", spec.ffn, hidden)?,
+                    linear("ffn_up", spec.ffn, hidden)?,
+                    linear("ffn_down", hidden, spec.ffn)?,
+                )
+                .with_activation(spec.ffn_activation),
+            ),
+        };
+        let residual = match spec.attn_res_block {
+            Some(_) => {
+                let score =
+                    |name: &str| residual_score(ck, &format!("blk.{l}.{name}"), hidden, spec.rms_norm_eps, numerics);
+                Some(LayerResidual { attention: score("attn_res")?, ffn: score("ffn_res")? })
+            }
+            None => None,
         };
         Ok(DecoderLayer {
             attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
@@ -360,6 +395,7 @@ impl Transformer {
                 None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
             },
             ffn,
+            residual,
         })
     }
 
@@ -475,21 +511,21 @@ impl Transformer {
                 cache.verify = None;
             }
         }
-        let mut x = self.embedding.rows(&tokens)?;
+        let mut stream = ResidualStream::new(self.embedding.rows(&tokens)?, self.attn_res.as_ref().map(|(b, _)| *b));
         let prefetching = self.prefetch.depth > 0;
         for l in 0..self.layers.len() {
             let held = self.hold(l)?;
             let layer = held.layer.as_ref();
-            let xn = layer.attn_norm.forward(&x)?;
+            let xn = layer.attn_norm.forward(&stream.before_attention(l, layer.residual.as_ref())?)?;
             let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
             for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
                 let rows = projected.iter().map(|m| m.narrow(0, off, t.len())).collect::<Result<Vec<_>, _>>()?;
                 outs.push(attend_group(&layer.attention, &rows, cache, l)?);
             }
-            let a = layer.attention.output(&Tensor::cat(&outs, 0)?)?;
-            let h = (x + a)?;
-            let n = layer.ffn_norm.forward(&h)?;
+            stream.add_attention(&layer.attention.output(&Tensor::cat(&outs, 0)?)?)?;
+            let h = stream.current().clone();
+            let n = layer.ffn_norm.forward(&stream.before_ffn(layer.residual.as_ref())?)?;
             let f = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
@@ -504,8 +540,9 @@ impl Transformer {
                     moe.forward_routed(&n, &routes)?
                 }
             };
-            x = (h + f)?;
+            stream.add_ffn(&f)?;
         }
+        let x = stream.finish(self.attn_res.as_ref().map(|(_, s)| s))?;
         let mut ends = Vec::with_capacity(groups.len());
         for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
             cache.position += t.len();
@@ -581,6 +618,7 @@ fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> R
         k_up,
         v_up,
         o: linear("attn_output", hidden, heads * d.v_head_dim)?,
+        gate: if d.output_gate { Some(linear("attn_gate", heads * d.v_head_dim, hidden)?) } else { None },
         rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
         heads,
         dims: *d,
@@ -589,12 +627,27 @@ fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> R
     })
 }
 
+/// One AttnRes mixing point's weights: `{name}_norm.weight` `[hidden]` and the score row
+/// `{name}_proj.weight` `[1, hidden]` (model/attn_res.rs).
+fn residual_score(
+    ck: &dyn WeightSource,
+    name: &str,
+    hidden: usize,
+    eps: f64,
+    numerics: Numerics,
+) -> Result<ResidualScore> {
+    let proj = ck.require(&format!("{name}_proj.weight"))?;
+    proj.expect_shape(&[1, hidden])?;
+    ResidualScore::new(RmsNorm::new(&ck.require(&format!("{name}_norm.weight"))?, eps, numerics)?, proj.to_f32()?)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::quantized::gguf_file::Value;
 
     use crate::format::gguf_write::{TensorHeader, write_gguf};
     use crate::format::{GgufFile, WeightDType};
+    use crate::model::ExpertId;
 
     /// The deepseek_v3 fixture's GGUF rewritten as converters before the MLA-as-MQA change wrote
     /// it: one `attn_kv_b` per layer, per-head widths in `key_length`/`value_length`, no `_mla`
@@ -652,6 +705,154 @@ mod tests {
             let (x, y) = (new.logits(tokens, &mut a).unwrap(), old.logits(tokens, &mut b).unwrap());
             let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
             assert!(worst < 1e-5, "logits differ by {worst:e}");
+        }
+    }
+
+    /// The kimi_k3 fixture written as GGUF arch `kimi-k3` under the engine's names and keys (as
+    /// `model synth --arch kimi_k3` writes them): each tensor found by its GGUF name through the
+    /// directory's own translation, A stored as −exp(A_log) as llama.cpp's converters store it,
+    /// the experts stacked.
+    fn k3_as_gguf(dst: &std::path::Path) {
+        use crate::format::{Checkpoint, ExpertMatrix};
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let ck = Checkpoint::open(&src).unwrap();
+        let spec = crate::spec::ModelSpec::read(&ck).unwrap();
+        let mut tensors: Vec<(TensorHeader, Vec<u8>)> = Vec::new();
+        let copied = |name: String, view: &crate::format::TensorView<'_>| {
+            (TensorHeader::new(name, view.dtype, &view.shape), view.bytes.to_vec())
+        };
+        for name in ["token_embd", "output_norm", "output", "output_res_norm", "output_res_proj"] {
+            let name = format!("{name}.weight");
+            tensors.push(copied(name.clone(), &ck.require(&name).unwrap()));
+        }
+        let names = [
+            "attn_norm.weight",
+            "ffn_norm.weight",
+            "attn_res_norm.weight",
+            "attn_res_proj.weight",
+            "ffn_res_norm.weight",
+            "ffn_res_proj.weight",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_output.weight",
+            "ssm_conv1d_q.weight",
+            "ssm_conv1d_k.weight",
+            "ssm_conv1d_v.weight",
+            "ssm_f_a.weight",
+            "ssm_f_b.weight",
+            "ssm_dt.bias",
+            "ssm_beta.weight",
+            "ssm_norm.weight",
+            "attn_q_a.weight",
+            "attn_q_a_norm.weight",
+            "attn_q_b.weight",
+            "attn_kv_a_mqa.weight",
+            "attn_kv_a_norm.weight",
+            "attn_kv_b.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "ffn_gate_inp.weight",
+            "exp_probs_b.bias",
+            "ffn_latent_down.weight",
+            "ffn_latent_up.weight",
+            "ffn_latent_norm.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_up_shexp.weight",
+            "ffn_down_shexp.weight",
+        ];
+        for l in 0..spec.layers {
+            // Both gates are `g_proj` in the directory: KDA's is `ssm_g`, gated MLA's `attn_gate`.
+            let gate = if spec.is_kda(l) { "ssm_g.weight" } else { "attn_gate.weight" };
+            for name in names.iter().chain([&gate]) {
+                let name = format!("blk.{l}.{name}");
+                if let Some(v) = ck.tensor(&name).unwrap() {
+                    tensors.push(copied(name, &v));
+                }
+            }
+            if let Some(a) = ck.tensor(&format!("blk.{l}.ssm_a")).unwrap() {
+                let a: Vec<f32> = a.to_f32().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let bytes = a.iter().flat_map(|x| (-x.exp()).to_le_bytes()).collect();
+                tensors.push((TensorHeader::new(format!("blk.{l}.ssm_a"), WeightDType::F32, &[a.len()]), bytes));
+            }
+            if !spec.moe_layers[l] {
+                continue;
+            }
+            let experts = spec.moe.as_ref().unwrap().experts;
+            for (which, part) in [(ExpertMatrix::Gate, "gate"), (ExpertMatrix::Up, "up"), (ExpertMatrix::Down, "down")]
+            {
+                let views: Vec<_> = (0..experts)
+                    .map(|expert| ck.expert_matrix(ExpertId { layer: l, expert }, which).unwrap())
+                    .collect();
+                let shape = [experts, views[0].shape[0], views[0].shape[1]];
+                let bytes = views.iter().flat_map(|v| v.bytes.iter().copied()).collect();
+                let header = TensorHeader::new(format!("blk.{l}.ffn_{part}_exps.weight"), WeightDType::F32, &shape);
+                tensors.push((header, bytes));
+            }
+        }
+        let u = |k: &str, v: u32| (format!("kimi-k3.{k}"), Value::U32(v));
+        let f = |k: &str, v: f32| (format!("kimi-k3.{k}"), Value::F32(v));
+        let kv_heads = (0..spec.layers).map(|l| Value::U32(u32::from(!spec.is_kda(l)))).collect();
+        let metadata = vec![
+            ("general.architecture".to_string(), Value::String("kimi-k3".into())),
+            u("block_count", 6),
+            u("context_length", 4096),
+            u("embedding_length", 32),
+            u("feed_forward_length", 64),
+            u("attention.head_count", 4),
+            ("kimi-k3.attention.head_count_kv".to_string(), Value::Array(kv_heads)),
+            f("attention.layer_norm_rms_epsilon", 1e-5),
+            u("kda.head_dim", 8),
+            u("ssm.conv_kernel", 4),
+            u("rope.dimension_count", 8),
+            u("attention.key_length_mla", 24),
+            u("attention.value_length_mla", 16),
+            u("attention.kv_lora_rank", 16),
+            u("attention.q_lora_rank", 16),
+            u("expert_count", 8),
+            u("expert_used_count", 2),
+            u("expert_feed_forward_length", 8),
+            u("expert_shared_count", 2),
+            f("expert_weights_scale", 2.5),
+            ("kimi-k3.expert_weights_norm".to_string(), Value::Bool(true)),
+            u("expert_gating_func", 2),
+            u("expert_group_count", 1),
+            u("expert_group_used_count", 1),
+            f("kda.gate_lower_bound", -5.0),
+            f("situ.beta", 4.0),
+            f("situ.linear_beta", 25.0),
+            u("attn_res.block_size", 2),
+            u("expert_latent_length", 16),
+            u("vocab_size", 256),
+        ];
+        let headers: Vec<TensorHeader> = tensors.iter().map(|(h, _)| h.clone()).collect();
+        write_gguf(dst, &metadata, &headers, 32, |i, w| w.write_all(&tensors[i].1)).unwrap();
+    }
+
+    #[test]
+    fn kimi_k3_as_gguf_under_the_engines_names_runs_as_its_safetensors() {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = dir.path().join("k3.gguf");
+        k3_as_gguf(&gguf);
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let (hf, gg) = (crate::Model::load(&src).unwrap(), crate::Model::load(&gguf).unwrap());
+        let (x, y) = (hf.spec(), gg.spec());
+        assert_eq!((x.architecture, &x.kda, x.attention.mla), (y.architecture, &y.kda, y.attention.mla));
+        assert_eq!(
+            (x.attn_res_block, x.ffn_activation, &x.moe_layers),
+            (y.attn_res_block, y.ffn_activation, &y.moe_layers)
+        );
+        let (m, n) = (x.moe.as_ref().unwrap(), y.moe.as_ref().unwrap());
+        assert_eq!(
+            (m.latent, m.activation, m.routing, m.shared_expert_ffn),
+            (n.latent, n.activation, n.routing, n.shared_expert_ffn)
+        );
+        let (mut a, mut b) = (hf.new_cache(), gg.new_cache());
+        for tokens in [&[5u32, 17, 99, 3, 200, 41][..], &[42], &[7]] {
+            let (x, y) = (hf.logits(tokens, &mut a).unwrap(), gg.logits(tokens, &mut b).unwrap());
+            let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-6, "GGUF and safetensors differ by {worst:e}");
         }
     }
 }

@@ -86,9 +86,11 @@ pub(crate) fn expert_views<'a>(ck: &'a Checkpoint, spec: &ModelSpec, id: ExpertI
     let moe = spec.moe.as_ref().ok_or_else(|| EngineError::MissingMetadata { key: "expert_count".into() })?;
     let [gate, up, down] = ExpertMatrix::ALL.map(|m| ck.expert_matrix(id, m));
     let (gate, up, down) = (gate?, up?, down?);
-    gate.expect_shape(&[moe.expert_ffn, spec.hidden_size])?;
-    up.expect_shape(&[moe.expert_ffn, spec.hidden_size])?;
-    down.expect_shape(&[spec.hidden_size, moe.expert_ffn])?;
+    // A Stable LatentMoE expert (Kimi K3) reads and writes the latent width.
+    let width = moe.expert_width(spec.hidden_size);
+    gate.expect_shape(&[moe.expert_ffn, width])?;
+    up.expect_shape(&[moe.expert_ffn, width])?;
+    down.expect_shape(&[width, moe.expert_ffn])?;
     Ok([gate, up, down])
 }
 
@@ -100,7 +102,7 @@ pub(crate) fn expert_biases<'a>(
     id: ExpertId,
 ) -> Result<[Option<TensorView<'a>>; 3]> {
     let moe = spec.moe.as_ref().ok_or_else(|| EngineError::MissingMetadata { key: "expert_count".into() })?;
-    let lens = [moe.expert_ffn, moe.expert_ffn, spec.hidden_size];
+    let lens = [moe.expert_ffn, moe.expert_ffn, moe.expert_width(spec.hidden_size)];
     let [gate, up, down] = ExpertMatrix::ALL.map(|m| ck.expert_bias(id, m));
     let biases = [gate?, up?, down?];
     for (b, len) in biases.iter().zip(lens) {

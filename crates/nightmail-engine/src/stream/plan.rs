@@ -96,7 +96,7 @@ impl ModelSizes {
                 }
                 None => {
                     fixed += resident;
-                    has_output |= t.name == "output.weight" || t.name == "lm_head.weight";
+                    has_output |= t.name == "output.weight" || t.name.ends_with("lm_head.weight");
                     if t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight") {
                         embedding = resident;
                     }
@@ -291,6 +291,43 @@ impl MemoryPlan {
     }
 
     /// Per layer, whether it streams.
+    /// The share of a token's routed experts expected in the cache (uniform routing).
+    pub fn expert_hit_rate(&self) -> f64 {
+        if self.experts_resident || self.sizes.expert_bytes == 0 {
+            1.0
+        } else {
+            (self.expert_cache_bytes as f64 / self.sizes.expert_bytes as f64).min(1.0)
+        }
+    }
+
+    /// One routed expert's bytes (the experts' total over their count).
+    pub fn one_expert_bytes(&self) -> f64 {
+        let s = &self.sizes;
+        if s.experts_per_layer > 0 {
+            s.expert_bytes as f64 / (s.experts_per_layer * s.moe_layers.max(1)) as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Bytes read from disk per step of `batch` sequences: the streamed layers, and the experts
+    /// of the union of `batch` independent uniform routes that miss the cache.
+    pub fn disk_bytes_per_step(&self, batch: usize) -> f64 {
+        self.dense_disk_bytes_per_token as f64 + self.expert_bytes_per_step(batch) * (1.0 - self.expert_hit_rate())
+    }
+
+    /// Routed-expert bytes a step of `batch` sequences runs: each MoE layer's distinct experts
+    /// for `batch` independent uniform routes, `E·(1 − (1 − k/E)^batch)` of them.
+    pub fn expert_bytes_per_step(&self, batch: usize) -> f64 {
+        self.distinct_experts(batch) * self.one_expert_bytes() * self.sizes.moe_layers as f64
+    }
+
+    /// Distinct experts a MoE layer runs for `batch` independent uniform routes.
+    pub fn distinct_experts(&self, batch: usize) -> f64 {
+        let (e, k) = (self.sizes.experts_per_layer as f64, self.sizes.top_k as f64);
+        if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(batch as i32)) } else { 0.0 }
+    }
+
     pub fn streamed_mask(&self) -> Vec<bool> {
         let mut mask = vec![false; self.sizes.layers.len()];
         for &l in &self.streamed_layers {
