@@ -55,9 +55,17 @@ impl HfDir {
             parse_header(&path, &map, shards.len(), &mut tensors)?;
             shards.push(Shard { path, map });
         }
+        // A layer holds at least one tensor, so a count past that is a corrupt config (which the
+        // spec refuses): nothing is sized by it here.
         let layers = config.get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+        let layers = layers.min(tensors.len());
         let fused = (0..layers).map(|_| OnceLock::new()).collect();
         Ok(HfDir { dir: dir.to_path_buf(), config, shards, tensors, fused })
+    }
+
+    /// How many tensors the shards hold.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
     }
 
     pub fn dir(&self) -> &Path {
