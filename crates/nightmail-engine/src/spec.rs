@@ -318,6 +318,17 @@ impl ModelSpec {
     }
 }
 
+/// A layer holds at least one tensor: a layer count past the file's tensor count is corrupt, and
+/// is refused before anything is sized by it (the gguf fuzz target's second finding: a block count
+/// of four billion allocated a per-layer list of 64 GB).
+fn layers_within(layers: usize, tensors: usize, key: &str) -> Result<usize> {
+    if layers > tensors {
+        let reason = format!("as {layers}, but the model holds {tensors} tensors");
+        return Err(EngineError::BadMetadata { key: key.into(), reason });
+    }
+    Ok(layers)
+}
+
 fn missing(key: &str) -> EngineError {
     EngineError::MissingMetadata { key: key.to_string() }
 }
@@ -346,7 +357,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
-    let layers = need("block_count")?;
+    let layers = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
     let heads = need("attention.head_count")?;
     let k3 = architecture == Architecture::KimiK3;
     let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
@@ -541,7 +552,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("hidden_size")?;
-    let layers = need("num_hidden_layers")?;
+    let layers = layers_within(need("num_hidden_layers")?, h.tensor_count(), "num_hidden_layers")?;
     let heads = need("num_attention_heads")?;
     // transformers 5 moved rope settings into `rope_parameters`; 4 had `rope_theta` + `rope_scaling`.
     let rope = get("rope_parameters");
@@ -1080,20 +1091,37 @@ mod tests {
     fn sizes_the_graph_divides_by_are_refused_when_zero_or_inconsistent() {
         use candle_core::quantized::gguf_file::Value;
         let dir = tempfile::tempdir().unwrap();
-        let llama = |heads: u32, kv_heads: u32| {
-            let meta = [
+        use std::io::Write as _;
+        let file = std::cell::Cell::new(0);
+        let model = |layers: u32, heads: u32, kv_heads: u32| {
+            let meta: Vec<(String, Value)> = [
                 ("general.architecture", Value::String("llama".into())),
                 ("llama.embedding_length", Value::U32(64)),
-                ("llama.block_count", Value::U32(1)),
+                ("llama.block_count", Value::U32(layers)),
                 ("llama.attention.head_count", Value::U32(heads)),
                 ("llama.attention.head_count_kv", Value::U32(kv_heads)),
                 ("llama.context_length", Value::U32(128)),
                 ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
                 ("llama.vocab_size", Value::U32(32)),
-            ];
-            from_gguf(&gguf_with(dir.path(), &meta)).and_then(|spec| spec.check().map(|()| spec))
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            let tensor = crate::format::gguf_write::TensorHeader::new(
+                "blk.0.attn_norm.weight",
+                crate::format::WeightDType::F32,
+                &[64],
+            );
+            file.set(file.get() + 1);
+            let path = dir.path().join(format!("{}.gguf", file.get()));
+            crate::format::gguf_write::write_gguf(&path, &meta, &[tensor], 32, |_, w| w.write_all(&[0; 256])).unwrap();
+            from_gguf(&GgufFile::open(&path).unwrap()).and_then(|spec| spec.check().map(|()| spec))
         };
-        // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero.
+        let llama = |heads, kv_heads| model(1, heads, kv_heads);
+        // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero, and a
+        // block count of four billion sized a per-layer list before any tensor was looked at.
+        let err = model(4_000_000_000, 4, 2).err().expect("more layers than tensors").to_string();
+        assert!(err.contains("`llama.block_count` as 4000000000, but the model holds 1 tensors"), "{err}");
         let err = llama(0, 1).err().expect("no heads").to_string();
         assert!(err.contains("`llama.attention.head_count` as 0"), "{err}");
         let err = llama(4, 0).err().expect("no key/value heads").to_string();

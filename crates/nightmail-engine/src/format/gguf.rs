@@ -178,6 +178,11 @@ impl GgufFile {
         self.files().for_each(|f| release(&f.map))
     }
 
+    /// How many tensors the model has, the stripe parts' too.
+    pub fn tensor_count(&self) -> usize {
+        self.files().map(|f| f.tensors.len()).sum()
+    }
+
     /// Every tensor of the model, the stripe parts' too, by name.
     pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
         let mut names: Vec<&String> = self.files().flat_map(|f| f.tensors.keys()).collect();

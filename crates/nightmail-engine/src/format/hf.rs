@@ -59,11 +59,19 @@ impl HfDir {
             shards.push(Shard { path, map });
         }
         let prefix = if tensors.keys().any(|n| n.starts_with(TEXT_PREFIX)) { TEXT_PREFIX } else { "" };
+        let count = tensors.len();
         let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new() };
+        // A layer holds at least one tensor, so a count past that is a corrupt config (which the
+        // spec refuses): nothing is sized by it here.
         let layers =
             hf.text_config().get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
-        hf.fused = (0..layers).map(|_| OnceLock::new()).collect();
+        hf.fused = (0..layers.min(count)).map(|_| OnceLock::new()).collect();
         Ok(hf)
+    }
+
+    /// How many tensors the shards hold.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
     }
 
     pub fn dir(&self) -> &Path {
