@@ -17,6 +17,7 @@ mod durable;
 mod error;
 mod filing;
 mod ids;
+mod in_progress;
 mod lease_clock;
 mod mail_ops;
 mod mailbox;
@@ -41,6 +42,7 @@ pub use delivery::{
 pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
+pub use in_progress::{IN_PROGRESS, ProgressMail};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};

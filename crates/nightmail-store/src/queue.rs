@@ -13,6 +13,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
+use crate::in_progress::{ProgressMail, withdraw_in};
 use crate::refs::RefTrees;
 use crate::schema::{JOBS, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
@@ -56,6 +57,10 @@ pub struct Job {
     /// How the question came (schema 7; mail before).
     #[serde(default)]
     pub origin: Origin,
+    /// The message with the answer so far in the asker's `In Progress` mailbox, while the job
+    /// has one (`in_progress.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_mail: Option<ProgressMail>,
 }
 
 /// How a question reached its model, which decides who the answer goes to.
@@ -99,6 +104,7 @@ impl Job {
             ack: None,
             origin,
             via: None,
+            progress_mail: None,
         }
     }
 }
@@ -167,13 +173,18 @@ impl JobState {
 /// of the lease can renew, complete or fail the job.
 #[derive(Debug)]
 pub struct LeasedJob {
-    job: Job,
+    pub(crate) job: Job,
     token: u64,
 }
 
 impl LeasedJob {
     pub fn job(&self) -> &Job {
         &self.job
+    }
+
+    /// Whether `state` (the job as stored now) is still this lease.
+    pub(crate) fn holds(&self, state: &JobState) -> bool {
+        matches!(state, JobState::Running { lease_token, .. } if *lease_token == self.token)
     }
 }
 
@@ -364,6 +375,8 @@ impl Store {
             }
             let old = job.state.clone();
             let mut receipt = None;
+            // Ended or waiting to retry, the job is not running: its answer so far goes.
+            let withdrawn = withdraw_in(tx, &mut job)?;
             match &finish {
                 Finish::Done { reply } => {
                     receipt = Some(deliver_in(tx, reply, &ids, now)?);
@@ -383,15 +396,19 @@ impl Store {
                 }
             }
             write_job(tx.jobs, tx.queue, Some(&old), &job)?;
-            Ok((job, receipt))
+            Ok((job, receipt, withdrawn))
         })?;
+        let (job, receipt, withdrawn) = result;
         self.leases.release(id);
         self.flush().await?;
         // IMAP sessions in IDLE learn of the reply (or notice) now.
-        if let Some(receipt) = &result.1 {
+        if let Some(receipt) = &receipt {
             self.announce(receipt);
         }
-        Ok(result)
+        if let Some(mailbox) = withdrawn {
+            self.notify(mailbox);
+        }
+        Ok((job, receipt))
     }
 
     /// Marks a job triaged, delivering its acknowledgement (if any) in the same transaction.
@@ -479,17 +496,22 @@ impl Store {
     /// Cancels a job that has not finished. Returns the job as it now is.
     pub async fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
         let at = Timestamp::now();
-        let job = (&self.trees.jobs, &self.trees.queue).transaction(|(jobs, queue)| {
-            let mut job = read_job(jobs, id)?;
+        let (job, withdrawn) = self.trees.transaction(|tx| {
+            let mut job = read_job(tx.jobs, id)?;
+            let mut withdrawn = None;
             if matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
                 let old = job.state.clone();
                 job.state = JobState::Cancelled { at };
-                write_job(jobs, queue, Some(&old), &job)?;
+                withdrawn = withdraw_in(tx, &mut job)?;
+                write_job(tx.jobs, tx.queue, Some(&old), &job)?;
             }
-            Ok(job)
+            Ok((job, withdrawn))
         })?;
         self.leases.release(id);
         self.flush().await?;
+        if let Some(mailbox) = withdrawn {
+            self.notify(mailbox);
+        }
         Ok(job)
     }
 
