@@ -10,11 +10,13 @@ pub mod compose;
 pub mod control;
 pub mod conversation;
 pub mod cost;
+pub mod fit;
 pub mod html;
 pub mod loop_guard;
 pub mod mail;
 pub mod options;
 pub mod outlet;
+pub mod progress;
 pub mod text;
 
 use std::collections::HashMap;
@@ -84,6 +86,11 @@ impl Worker {
             Ok(0) => {}
             Ok(n) => tracing::info!("removed {n} checkpoint(s) of jobs that had ended"),
             Err(e) => tracing::warn!("cannot sweep checkpoints: {e}"),
+        }
+        match self.store.sweep_progress_mail().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} In Progress message(s) of jobs that had ended"),
+            Err(e) => tracing::warn!("cannot sweep the In Progress mailboxes: {e}"),
         }
         let slots = self.config.worker.concurrency;
         let mut tasks: Vec<_> = (0..slots).map(|_| tokio::spawn(self.clone().run_one(stop.clone()))).collect();
@@ -169,25 +176,49 @@ impl Worker {
             self.store.triage(job.id, ack).await?;
         }
 
-        let thread = self.thread(&question, job.sender.as_ref())?;
-        let system_prompt = model.system_prompt.as_deref();
-        let conversation = match (job.origin, job.sender.as_ref()) {
-            (Origin::Ask, Some(asker)) => ask::build(system_prompt, &thread, &question, asker, |a| self.is_model(a)),
-            _ => conversation::build(system_prompt, &thread, &question, |a| self.is_model(a)),
-        };
-        let options = &conversation.options;
-        let request = Request {
-            turns: conversation.turns.clone(),
-            max_tokens: options.max_tokens.unwrap_or(model.max_tokens),
-            temperature: options.temperature.unwrap_or(model.temperature),
-            reasoning: options.reasoning.or(model.reasoning.then_some(true)),
-            model: options.model.clone(),
-            checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
-        };
         let backend = self.backends.get(&job.model).cloned().expect("every model address has a backend");
+        let system_prompt = model.system_prompt.as_deref();
+        let converse = |thread: &[Mail], question: &Mail| match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::build(system_prompt, thread, question, asker, |a| self.is_model(a)),
+            _ => conversation::build(system_prompt, thread, question, |a| self.is_model(a)),
+        };
+        let request_of = |conversation: &conversation::Conversation| {
+            let options = &conversation.options;
+            Request {
+                turns: conversation.turns.clone(),
+                max_tokens: options.max_tokens.unwrap_or(model.max_tokens),
+                temperature: options.temperature.unwrap_or(model.temperature),
+                reasoning: options.reasoning.or(model.reasoning.then_some(true)),
+                model: options.model.clone(),
+                checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
+            }
+        };
+        // The prompt is fitted to the model's context from the question as read; the reply is
+        // threaded under the question as it came.
+        let mut thread = self.thread(&question, job.sender.as_ref())?;
+        let mut fitted = question.clone();
+        let build = |thread: &[Mail], question: &Mail| request_of(&converse(thread, question));
+        let left_out = match fit::fit(backend.as_ref(), model.context_tokens, &mut thread, &mut fitted, build).await {
+            Ok(left_out) => left_out,
+            Err(too_long) => {
+                let why = too_long.to_string();
+                tracing::info!(job = %job.id, "not answering: {why}");
+                let notice = self.notice(&job, &model, Some(&question), &why)?;
+                return self.give_up(leased, &why, notice).await;
+            }
+        };
+        let conversation = converse(&thread, &fitted);
+        let options = &conversation.options;
+        let request = request_of(&conversation);
         let meter = EnergyMeter::start();
         let started = Instant::now();
-        let Some((leased, result)) = self.generate(leased, backend.as_ref(), &request, stop).await? else {
+        // Only an asker with an account here has an In Progress mailbox (not a bridge's outside asker).
+        let owner = job.sender.as_ref().and_then(|s| self.config.user_by_address(s)).map(|u| u.name.clone());
+        let asked = Asked { job: &job, model: &model, question: &question };
+        let mut schedule = progress::Schedule::new(&model, owner, started);
+        let Some((leased, result)) =
+            self.generate(leased, backend.as_ref(), &request, stop, &asked, &mut schedule).await?
+        else {
             // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
             if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
                 checkpoints::remove(&self.config.data_dir, job.id);
@@ -200,6 +231,7 @@ impl Worker {
                 if !options.unknown.is_empty() {
                     notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
                 }
+                notes.extend(left_out.note());
                 if outcome.finish_reason == "length" {
                     notes.push(format!(
                         "The answer stopped at the length limit ({} tokens); ask again with @max-tokens N for more.",
@@ -448,12 +480,15 @@ impl Worker {
     /// Streams the backend's answer, saving progress and renewing the lease as it comes. Returns
     /// the lease with the result, or `None` if the lease was lost (the job was cancelled or taken
     /// over).
+    #[allow(clippy::too_many_arguments)]
     async fn generate(
         &self,
         mut leased: LeasedJob,
         backend: &dyn Backend,
         request: &Request,
         mut stop: watch::Receiver<bool>,
+        asked: &Asked<'_>,
+        schedule: &mut progress::Schedule,
     ) -> Result<Option<(LeasedJob, Result<Outcome, BackendError>)>, StoreError> {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (halt_tx, halt) = watch::channel(false);
@@ -464,6 +499,10 @@ impl Worker {
         let mut save_now = false;
         let mut last_renew = Instant::now();
         let lease = self.config.worker.lease;
+        if let Err(e) = self.show_progress(&mut leased, asked, schedule, &progress).await {
+            let _ = halt_tx.send(true);
+            return lost(e);
+        }
         let result = loop {
             tokio::select! {
                 result = &mut generation => break result,
@@ -489,6 +528,10 @@ impl Worker {
                         }
                         last_save = Instant::now();
                     }
+                    if let Err(e) = self.show_progress(&mut leased, asked, schedule, &progress).await {
+                        let _ = halt_tx.send(true);
+                        return lost(e);
+                    }
                 }
                 _ = tokio::time::sleep_until((last_renew + lease / 3).into()) => {}
                 _ = stop.changed() => { let _ = halt_tx.send(true); }
@@ -502,6 +545,47 @@ impl Worker {
             }
         };
         Ok(Some((leased, result)))
+    }
+
+    /// Files the job's `In Progress` message and sends its progress mail, each when due.
+    async fn show_progress(
+        &self,
+        leased: &mut LeasedJob,
+        asked: &Asked<'_>,
+        schedule: &mut progress::Schedule,
+        progress: &Progress,
+    ) -> Result<(), StoreError> {
+        let (job, model, question) = (asked.job, asked.model, asked.question);
+        let Some(asker) = job.sender.as_ref().filter(|a| !self.is_model(a)) else { return Ok(()) };
+        if let Some(owner) = schedule.owner.clone().filter(|_| schedule.filing_due(progress)) {
+            let page = self.to_asker(job, model, question, asker, progress::page(progress, job.id.0), "progress")?;
+            self.store.file_progress(leased, &owner, &page.raw).await?;
+            schedule.filed(progress);
+        }
+        if schedule.mail_due() {
+            let text = progress::mail(progress, job.id.0);
+            let mail = self.to_asker(job, model, question, asker, text, "progress-mail")?;
+            self.store.deliver(&mail).await?;
+            schedule.mailed();
+        }
+        Ok(())
+    }
+
+    /// A message from the model to the asker alone, threaded under the question.
+    #[allow(clippy::too_many_arguments)]
+    fn to_asker(
+        &self,
+        job: &Job,
+        model: &Model,
+        question: &Mail,
+        asker: &Address,
+        text: String,
+        kind: &str,
+    ) -> Result<Incoming, StoreError> {
+        let audience = Audience { to: vec![mail::Person { address: asker.clone(), name: None }], cc: Vec::new() };
+        let message_id = compose::new_message_id(kind, job.id.0, &self.config.hostname);
+        let headers = vec![("X-Nightmail-Job", job.id.to_string())];
+        self.outgoing(model, job, &audience, question, Body::Plain(text), headers, None, message_id)
     }
 
     /// Why this message must not be answered, if so: loop rules (not for an Ask job: the user
@@ -672,6 +756,13 @@ impl Worker {
         self.store.finish(leased, finish, &self.policy).await?;
         Ok(())
     }
+}
+
+/// What a job asks: the job, its model and its question, as the worker read them.
+struct Asked<'a> {
+    job: &'a Job,
+    model: &'a Model,
+    question: &'a Mail,
 }
 
 /// Why a question is not answered at all.

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::{Backend, BackendError, BoxFuture, Event, Outcome, Request, ThinkSplitter};
+use super::{Backend, BackendError, BoxFuture, Event, Measure, Outcome, Request, ThinkSplitter, estimate_tokens};
 
 pub struct OpenAi {
     client: reqwest::Client,
@@ -20,6 +20,19 @@ pub struct OpenAi {
     api_key: Option<String>,
     timeout: Duration,
     retries: u32,
+    /// The context each served model reported (`None`: the server reports none), once asked.
+    contexts: std::sync::Mutex<std::collections::HashMap<String, Option<usize>>>,
+}
+
+/// How long the model list may take: it only tells how long a prompt may be.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The context `model` has, as an OpenAI-compatible server's model list (`GET /models`) reports
+/// it: vLLM and SGLang say `max_model_len`, OpenRouter and others `context_length`.
+fn context_of(models: &Value, model: &str) -> Option<usize> {
+    let list = models["data"].as_array()?;
+    let entry = list.iter().find(|m| m["id"] == model).or_else(|| (list.len() == 1).then(|| &list[0]))?;
+    ["max_model_len", "context_length", "context_window"].iter().find_map(|k| entry[*k].as_u64()).map(|n| n as usize)
 }
 
 impl OpenAi {
@@ -35,7 +48,31 @@ impl OpenAi {
             api_key,
             timeout,
             retries,
+            contexts: Default::default(),
         }
+    }
+
+    /// The context the server reports for `model`, asked once (a server that cannot be reached
+    /// is asked again next time).
+    async fn context(&self, model: &str) -> Option<usize> {
+        if let Some(known) = self.contexts.lock().expect("contexts lock").get(model) {
+            return *known;
+        }
+        let mut get = self.client.get(format!("{}/models", self.url));
+        if let Some(key) = &self.api_key {
+            get = get.bearer_auth(key);
+        }
+        let response = tokio::time::timeout(MODELS_TIMEOUT, get.send()).await.ok()?.ok()?;
+        let found = match response.status().is_success() {
+            true => tokio::time::timeout(MODELS_TIMEOUT, response.json::<Value>())
+                .await
+                .ok()?
+                .ok()
+                .and_then(|list| context_of(&list, model)),
+            false => None,
+        };
+        self.contexts.lock().expect("contexts lock").insert(model.to_string(), found);
+        found
     }
 
     fn body(&self, request: &Request) -> Value {
@@ -202,6 +239,13 @@ impl Backend for OpenAi {
         format!("openai {} at {}", self.model, self.url)
     }
 
+    fn measure<'a>(&'a self, request: &'a Request) -> BoxFuture<'a, Result<Measure, BackendError>> {
+        Box::pin(async move {
+            let context = self.context(request.model.as_deref().unwrap_or(&self.model)).await;
+            Ok(Measure { prompt_tokens: estimate_tokens(&request.turns), exact: false, context })
+        })
+    }
+
     fn generate<'a>(
         &'a self,
         request: &'a Request,
@@ -219,6 +263,16 @@ mod tests {
     use super::*;
     use crate::conversation::{Role, Turn};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_context_is_read_from_the_model_list() {
+        let vllm = json!({"data": [{"id": "a", "max_model_len": 100}, {"id": "b", "max_model_len": 32768}]});
+        assert_eq!(context_of(&vllm, "b"), Some(32768));
+        let one = json!({"data": [{"id": "served", "context_length": 4096}]});
+        assert_eq!(context_of(&one, "asked-by-another-name"), Some(4096), "a server of one model serves it");
+        assert_eq!(context_of(&json!({"data": [{"id": "x"}]}), "x"), None, "llama.cpp's list says no context");
+        assert_eq!(context_of(&json!({"object": "list"}), "x"), None);
+    }
 
     /// Serves each canned response to one connection, in order; returns the base URL and the
     /// request bodies received.
