@@ -609,6 +609,16 @@ impl RecordingBackend {
 
     /// Streams `pieces` as SSE chunks, `gap` apart: an answer written at a known pace.
     pub fn streaming(pieces: &[&str], gap: Duration) -> RecordingBackend {
+        RecordingBackend::serving(pieces, gap, None)
+    }
+
+    /// Answers `answer`, and reports a context of `context` tokens in its model list
+    /// (`GET /v1/models`, as vLLM does: `max_model_len`).
+    pub fn with_context(answer: &str, context: usize) -> RecordingBackend {
+        RecordingBackend::serving(&[answer], Duration::ZERO, Some(context))
+    }
+
+    fn serving(pieces: &[&str], gap: Duration, context: Option<usize>) -> RecordingBackend {
         let last = pieces.len() - 1;
         let events: Vec<String> = pieces
             .iter()
@@ -629,6 +639,8 @@ impl RecordingBackend {
                 let Ok(mut stream) = stream else { break };
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut length = 0;
+                let mut request_line = String::new();
+                let _ = reader.read_line(&mut request_line);
                 loop {
                     let mut line = String::new();
                     if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
@@ -639,6 +651,22 @@ impl RecordingBackend {
                     {
                         length = value.trim().parse().unwrap_or(0);
                     }
+                }
+                if request_line.starts_with("GET ") && request_line.contains("/models ") {
+                    let (status, body) = match context {
+                        Some(n) => (
+                            "200 OK",
+                            serde_json::json!({"object": "list", "data": [{"id": "served", "max_model_len": n}]})
+                                .to_string(),
+                        ),
+                        None => ("404 Not Found", "{}".to_string()),
+                    };
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    continue;
                 }
                 let mut body = vec![0; length];
                 if reader.read_exact(&mut body).is_err() {

@@ -47,7 +47,7 @@ pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
-pub use queue::{Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
+pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;
 

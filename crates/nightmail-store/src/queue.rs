@@ -125,6 +125,22 @@ pub struct Progress {
     /// The answer's length limit, in tokens (0: written before the limit was recorded).
     #[serde(default)]
     pub max_tokens: u64,
+    /// The inference engine's figures over its last few seconds, while a local model writes the
+    /// answer (`None` for a model server, which reports none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineFigures>,
+}
+
+/// How an engine that streams weights from disk is doing. Whole numbers (per mille, KB/s), so a
+/// job record compares exactly; each is `None` when the window had nothing to measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineFigures {
+    /// Of the experts the model asked for, those already in RAM (cached or prefetched), per mille.
+    pub cache_hit_permille: Option<u32>,
+    /// Weights read from disk (experts and streamed layers), in KB per second of wall time.
+    pub disk_kb_per_s: Option<u64>,
+    /// Of the experts chosen while decoding, those the prefetcher had guessed, per mille.
+    pub prefetch_recall_permille: Option<u32>,
 }
 
 /// How a leased job ends.

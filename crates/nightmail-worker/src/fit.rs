@@ -9,6 +9,28 @@ use crate::mail::Mail;
 
 /// An attachment cut shorter than this many characters is left out instead.
 const SHORTEST_CUT: usize = 400;
+/// Characters cut beyond the estimate of what is over: more than the cut marker's length.
+const CUT_PADDING: usize = 128;
+
+/// What fitting did to one attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// `the attachment NAME` or `the forwarded message "SUBJECT"`.
+    pub what: String,
+    /// Its length as it came, in characters.
+    pub had: usize,
+    /// Characters kept; `None`: left out.
+    pub kept: Option<usize>,
+}
+
+impl Cut {
+    fn said(&self) -> String {
+        match self.kept {
+            Some(kept) => format!("{} was cut to its first {kept} of {} characters", self.what, self.had),
+            None => format!("{} ({} characters) was left out", self.what, self.had),
+        }
+    }
+}
 
 /// Where a prompt may go: the context, less the room kept for the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +55,9 @@ impl Limit {
 pub struct LeftOut {
     /// Messages dropped from the start of the thread.
     pub thread_messages: usize,
-    /// One line per attachment cut or left out.
-    pub attachments: Vec<String>,
+    /// Per attachment cut or left out: what it is, its length as it came (in characters), and
+    /// what was done to it.
+    pub attachments: Vec<Cut>,
     /// The limit it was fitted to, when anything was left out.
     pub limit: Option<Limit>,
     /// Whether the token counts were estimated (no tokenizer at hand).
@@ -49,7 +72,7 @@ impl LeftOut {
         if self.thread_messages > 0 {
             parts.push(format!("the thread's {} oldest message(s) were left out", self.thread_messages));
         }
-        parts.extend(self.attachments.iter().cloned());
+        parts.extend(self.attachments.iter().map(Cut::said));
         let about = if self.estimated { "about " } else { "" };
         Some(format!(
             "To fit the model's context ({} tokens, {about}{} for the question and {} kept for the answer), {}.",
@@ -126,8 +149,13 @@ pub async fn fit(
         let chars: usize = request.turns.iter().map(|t| t.content.chars().count()).sum();
         let per_token = (chars as f64 / measured.prompt_tokens.max(1) as f64).max(1.0);
         let over = measured.prompt_tokens - limit.prompt();
-        match cut_longest(question, ((over as f64 * per_token) * 1.1) as usize + 16) {
-            Some(what) => left_out.attachments.push(what),
+        // A cut a little short is cut again on the next round (the padding removes the marker
+        // the last cut left).
+        match cut_longest(question, (over as f64 * per_token) as usize + CUT_PADDING) {
+            Some(cut) => match left_out.attachments.iter_mut().find(|c| c.what == cut.what) {
+                Some(before) => *before = Cut { had: before.had, ..cut },
+                None => left_out.attachments.push(cut),
+            },
             None => return Err(TooLong { prompt_tokens: measured.prompt_tokens, limit, estimated: !measured.exact }),
         }
     }
@@ -136,7 +164,7 @@ pub async fn fit(
 /// Cuts `chars` characters off the end of the question's longest attachment or forwarded
 /// message, or leaves it out when less than [`SHORTEST_CUT`] would be left. Says what it did;
 /// `None` when the question has nothing attached left.
-fn cut_longest(question: &mut Mail, chars: usize) -> Option<String> {
+fn cut_longest(question: &mut Mail, chars: usize) -> Option<Cut> {
     let attachments = question.text_attachments.iter().enumerate().map(|(i, (_, t))| (Piece::Attachment(i), t.len()));
     let forwarded = question.forwarded.iter().enumerate().map(|(i, f)| (Piece::Forwarded(i), f.body.len()));
     let (piece, _) = attachments.chain(forwarded).max_by_key(|(_, len)| *len)?;
@@ -155,17 +183,14 @@ fn cut_longest(question: &mut Mail, chars: usize) -> Option<String> {
     if keep >= SHORTEST_CUT {
         let at = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
         text.truncate(at);
-        text.push_str(&format!(
-            "\n[... cut here: the rest ({} characters) was left out to fit the model's context]",
-            had - keep
-        ));
-        return Some(format!("{what} was cut to its first {keep} of {had} characters"));
+        text.push_str("\n[... cut here: the rest was left out to fit the model's context]");
+        return Some(Cut { what, had, kept: Some(keep) });
     }
     match piece {
         Piece::Attachment(i) => drop(question.text_attachments.remove(i)),
         Piece::Forwarded(i) => drop(question.forwarded.remove(i)),
     }
-    Some(format!("{what} ({had} characters) was left out"))
+    Some(Cut { what, had, kept: None })
 }
 
 /// An attachment of the question, by kind and place.
@@ -232,7 +257,8 @@ mod tests {
         assert_eq!(left.thread_messages, 2, "both thread messages go before the attachment is touched");
         assert!(t.is_empty());
         assert_eq!(left.attachments.len(), 1, "{left:?}");
-        assert!(left.attachments[0].starts_with("the attachment book.txt was cut to its first"), "{left:?}");
+        assert!(left.attachments[0].said().starts_with("the attachment book.txt was cut to its first"), "{left:?}");
+        assert_eq!(left.attachments[0].had, 3800, "the length as it came, however many rounds of cutting");
         let fitted = build(&t, &question);
         assert!(estimate_tokens(&fitted.turns) <= 900, "fits beside the 100 kept for the answer");
         assert!(fitted.turns[0].content.contains("[... cut here"));

@@ -261,6 +261,7 @@ impl Worker {
                     updated_at: Timestamp::now(),
                     checkpoint_tokens: 0,
                     max_tokens: u64::from(request.max_tokens),
+                    engine: None,
                 };
                 self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
@@ -513,6 +514,7 @@ impl Worker {
                             progress.partial_text.push_str(&t);
                         }
                         Event::Reasoning(_) => progress.reasoning_tokens += 1,
+                        Event::Engine(figures) => progress.engine = Some(figures),
                         Event::Checkpoint { tokens, .. } => {
                             progress.checkpoint_tokens = tokens;
                             // Saved at once, so `status` shows what a restart would keep.

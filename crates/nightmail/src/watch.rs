@@ -1,7 +1,8 @@
 //! `nightmail status --watch`: a live view of the answers being written, one progress bar per
 //! running job (indicatif): who asked and about what, tokens written of the answer's limit,
 //! seconds per token over the last half minute and since the view started, and the time left at
-//! the recent pace. It polls the same report as `status` (the daemon's control socket, else the
+//! the recent pace, and for a local model that streams weights from disk the engine's figures
+//! (expert cache hits, disk read rate, prefetch recall). It polls the same report as `status` (the daemon's control socket, else the
 //! store) once a second and runs until interrupted.
 
 use std::collections::HashMap;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nightmail_config::Config;
 
-use crate::status::{JobView, Report, age, clip, fetch};
+use crate::status::{EngineView, JobView, Report, age, clip, fetch};
 
 /// The window "now" is measured over.
 const RECENT: Duration = Duration::from_secs(30);
@@ -49,7 +50,11 @@ impl Seen {
             }
             _ => "time left unknown".to_string(),
         };
-        format!("{} s/token now, {} on average; {eta}", shown(now), shown(average))
+        let mut text = format!("{} s/token now, {} on average; {eta}", shown(now), shown(average));
+        if let Some(engine) = &job.engine {
+            text.push_str(&format!("\n  engine: {}", engine_line(engine)));
+        }
+        text
     }
 }
 
@@ -97,6 +102,14 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
         });
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// The engine's figures, as the watch shows them: `-` for one the last second had nothing to
+/// measure.
+fn engine_line(e: &EngineView) -> String {
+    let share = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let rate = e.disk_mb_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.1} MB/s"));
+    format!("cache hits {}, disk {rate}, prefetch recall {}", share(e.cache_hit_rate), share(e.prefetch_recall))
 }
 
 fn summary(report: &Report) -> String {

@@ -147,6 +147,7 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: 
     };
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut batch: Vec<Running<'_>> = Vec::new();
+    let mut gauge = super::gauge::Gauge::default();
     loop {
         // Take what has arrived; with nothing to do, wait for it.
         if batch.is_empty() && waiting.is_empty() {
@@ -183,6 +184,11 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: 
                 for (r, event) in batch.iter_mut().zip(events) {
                     if let Some(event) = event {
                         r.token(&event);
+                    }
+                }
+                if let Some(figures) = gauge.sample(&model) {
+                    for r in &batch {
+                        let _ = r.events.send(Event::Engine(figures));
                     }
                 }
                 batch.retain_mut(|r| match r.stream.stop_reason() {
@@ -288,7 +294,7 @@ impl<'m> Running<'m> {
                 self.outcome.reasoning.push_str(t);
                 self.outcome.reasoning_tokens += 1;
             }
-            Event::Checkpoint { .. } => {}
+            Event::Checkpoint { .. } | Event::Engine(_) => {}
         }
         let _ = self.events.send(event);
     }

@@ -2,6 +2,7 @@
 //! reasoning arrive as separate [`Event`]s so the worker can save progress as it goes, and a stop
 //! signal ends generation between tokens.
 
+mod gauge;
 pub mod local;
 pub mod openai;
 mod think;
@@ -41,6 +42,8 @@ pub enum Event {
         tokens: u64,
         bytes: u64,
     },
+    /// How the engine that writes the answer is doing (the local engine, every second or so).
+    Engine(nightmail_store::EngineFigures),
 }
 
 /// A finished generation.

@@ -229,7 +229,7 @@ fn record(outcome: &mut Outcome, events: &mpsc::UnboundedSender<Event>, event: E
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
-        Event::Checkpoint { .. } => {}
+        Event::Checkpoint { .. } | Event::Engine(_) => {}
     }
     let _ = events.send(event);
 }
