@@ -861,3 +861,35 @@ async fn a_stale_lease_files_no_progress() {
     store.cancel(fresh.job().id).await.unwrap();
     assert!(store.mail(folder.id).unwrap().is_empty(), "a cancelled job's progress message goes");
 }
+
+#[tokio::test]
+async fn a_failed_job_withdraws_its_progress_message_and_leftovers_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q1@x>", vec![to_model()])).await.unwrap();
+    store.deliver(&incoming(&store, "<q2@x>", vec![to_model()])).await.unwrap();
+    let mut first = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let mut second = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    store.file_progress(&mut first, "me", b"Subject: 1\r\n\r\none\r\n").await.unwrap();
+    store.file_progress(&mut second, "me", b"Subject: 2\r\n\r\ntwo\r\n").await.unwrap();
+    let folder = store.mailbox("me", IN_PROGRESS).unwrap().unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 2, "one per running job");
+
+    let finish = Finish::Failed { reason: "broken".into(), retry: Retry::Permanent, notice: None };
+    store.finish(first, finish, &quick()).await.unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 1, "a job that fails for good withdraws its message");
+
+    // A job that ended without withdrawing (as a build before this one ended it) leaves its
+    // message; the start-up sweep removes it, and leaves a running job's alone.
+    store.deliver(&incoming(&store, "<q3@x>", vec![to_model()])).await.unwrap();
+    let mut third = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    store.file_progress(&mut third, "me", b"Subject: 3\r\n\r\nthree\r\n").await.unwrap();
+    let mut ended = store.job(third.job().id).unwrap().unwrap();
+    ended.state = JobState::Done { at: Timestamp::now() };
+    store.trees.jobs.insert(ended.id.to_be_bytes(), encode(&ended)).unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 2);
+    assert_eq!(store.sweep_progress_mail().await.unwrap(), 1);
+    let left = store.mail(folder.id).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(store.job(second.job().id).unwrap().unwrap().progress_mail.map(|p| p.uid), Some(left[0].uid));
+}
