@@ -549,8 +549,29 @@ impl Worker {
         Ok(Some((leased, result)))
     }
 
-    /// Files the job's `In Progress` message and sends its progress mail, each when due.
+    /// Files the job's `In Progress` message and sends its progress mail, each when due. Only a
+    /// lost lease stops the answer; a store that cannot take them now is told again next time.
     async fn show_progress(
+        &self,
+        leased: &mut LeasedJob,
+        asked: &Asked<'_>,
+        schedule: &mut progress::Schedule,
+        progress: &Progress,
+    ) -> Result<(), StoreError> {
+        match self.try_show_progress(leased, asked, schedule, progress).await {
+            Err(StoreError::LeaseLost(id)) => Err(StoreError::LeaseLost(id)),
+            Err(e) => {
+                tracing::warn!(job = %asked.job.id, "cannot show the answer so far: {e}");
+                // Tried again an interval later, not at the next token.
+                schedule.filed(progress);
+                schedule.mailed();
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    async fn try_show_progress(
         &self,
         leased: &mut LeasedJob,
         asked: &Asked<'_>,

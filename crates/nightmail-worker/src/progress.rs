@@ -32,13 +32,14 @@ impl Schedule {
         }
     }
 
-    /// Whether the `In Progress` message should be (re)filed now: at the start, then every
-    /// `progress_every`, and only when the answer has grown since.
+    /// Whether the `In Progress` message should be (re)filed now: at the start, as soon as the
+    /// first words are written (or restored from a checkpoint), then every `progress_every`, and
+    /// only when the answer has grown since.
     pub fn filing_due(&self, progress: &Progress) -> bool {
         self.owner.is_some()
             && match self.filed {
                 None => true,
-                Some((at, tokens)) => at.elapsed() >= self.every && tokens != written(progress),
+                Some((at, tokens)) => tokens != written(progress) && (tokens == 0 || at.elapsed() >= self.every),
             }
     }
 
@@ -109,6 +110,9 @@ mod tests {
         assert!(s.filing_due(&progress), "the first filing is at once");
         s.filed(&progress);
         assert!(!s.filing_due(&Progress { output_tokens: 9, ..Progress::default() }), "not before the interval");
+        let mut s = Schedule::new(&model(3600), Some("me".into()), Instant::now());
+        s.filed(&Progress::default());
+        assert!(s.filing_due(&progress), "the first words are shown at once, not an interval later");
         let mut s = Schedule::new(&model(1), Some("me".into()), Instant::now());
         s.filed = Some((Instant::now() - Duration::from_secs(2), 3));
         assert!(!s.filing_due(&progress), "an answer that has not grown is not filed again");
