@@ -8,17 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, RecordingBackend, header, wait_for_jobs};
-
-fn send(daemon: &Daemon, message: &str) {
-    let mut c = common::Raw::login(daemon.smtp);
-    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("DATA").starts_with("354"));
-    c.send(format!("{message}\r\n.\r\n").as_bytes());
-    let reply = c.reply();
-    assert!(reply.starts_with("250 2.0.0 queued as"), "{reply}");
-}
+use common::{Daemon, RecordingBackend, ask_kimi as send, header, wait_for_jobs};
 
 fn text_body(message: &str) -> String {
     let parsed = mail_parser::MessageParser::default().parse(message.as_bytes()).unwrap();

@@ -33,12 +33,10 @@ fn status_shows_the_engine_figures_of_a_job_being_written() {
         );
         common::config_answering(dir, "", "unused", 1).replace("backend = \"openai\"\nurl = \"unused\"", &model)
     });
-    let mut c = common::Raw::login(daemon.smtp);
-    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("DATA").starts_with("354"));
-    c.send(b"From: me@nightmail.test\r\nSubject: stream it\r\nMessage-ID: <moe@t>\r\n\r\nWrite at length.\r\n.\r\n");
-    assert!(c.reply().starts_with("250"));
+    common::ask_kimi(
+        &daemon,
+        "From: me@nightmail.test\r\nSubject: stream it\r\nMessage-ID: <moe@t>\r\n\r\nWrite at length.",
+    );
 
     // status --json: the running job's engine object, with a disk rate and a hit rate in [0, 1].
     let deadline = Instant::now() + Duration::from_secs(120);

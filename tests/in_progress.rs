@@ -171,3 +171,33 @@ fn a_job_killed_mid_answer_leaves_one_progress_message_after_restart() {
     assert_eq!(jobs[0]["state"], "done");
     assert!(progress_ids(&daemon).is_empty(), "gone once the answer is delivered");
 }
+
+/// `progress_mail_every_hours`: a long answer also mails its asker the answer so far, threaded
+/// under the question, before the answer itself.
+#[test]
+fn a_long_answer_mails_the_answer_so_far_when_asked_to() {
+    // 40 pieces, 100 ms apart (4 s), a progress mail every 1.8 s (0.0005 h).
+    let backend = slow_backend(40, Duration::from_millis(100));
+    let mut daemon = Daemon::start_with(|dir| {
+        config(dir, &backend)
+            .replace("progress_every_secs = 1\n", "progress_every_secs = 1\nprogress_mail_every_hours = 0.0005\n")
+    });
+    common::python(&daemon, ASK);
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    assert_eq!(jobs[0]["state"], "done");
+    daemon.stop();
+    let inbox = daemon.mailbox("me", "INBOX");
+    let text = |m: &String| {
+        let parsed = mail_parser::MessageParser::default().parse(m.as_bytes()).unwrap();
+        parsed.body_text(0).unwrap().into_owned()
+    };
+    let progress: Vec<&String> = inbox.iter().filter(|m| text(m).contains("still being answered")).collect();
+    assert!(!progress.is_empty(), "no progress mail: {inbox:?}");
+    for mail in &progress {
+        assert_eq!(header(mail, "In-Reply-To").as_deref(), Some("<slow-q@client.test>"), "{mail}");
+        assert!(text(mail).contains("word0 "), "{mail}");
+    }
+    let answer = text(inbox.last().unwrap());
+    assert!(answer.contains("word39") && !answer.contains("still being answered"), "the answer comes last: {answer}");
+    assert!(daemon.mailbox("me", "In Progress").is_empty());
+}

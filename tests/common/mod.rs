@@ -330,6 +330,18 @@ pub fn base64_encode(bytes: &[u8]) -> String {
     out
 }
 
+/// Sends `message` (headers and body, CRLF) from me@ to the model kimi@ over raw SMTP, and
+/// checks it was queued.
+pub fn ask_kimi(daemon: &Daemon, message: &str) {
+    let mut c = Raw::login(daemon.smtp);
+    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("DATA").starts_with("354"));
+    c.send(format!("{message}\r\n.\r\n").as_bytes());
+    let reply = c.reply();
+    assert!(reply.starts_with("250 2.0.0 queued as"), "{reply}");
+}
+
 /// Waits for `check` to hold, polling, up to `limit`.
 pub fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

@@ -558,7 +558,25 @@ impl Worker {
         schedule: &mut progress::Schedule,
         progress: &Progress,
     ) -> Result<(), StoreError> {
-        match self.try_show_progress(leased, asked, schedule, progress).await {
+        let shown: Result<(), StoreError> = async {
+            let (job, model, question) = (asked.job, asked.model, asked.question);
+            let Some(asker) = job.sender.as_ref().filter(|a| !self.is_model(a)) else { return Ok(()) };
+            if let Some(owner) = schedule.owner.clone().filter(|_| schedule.filing_due(progress)) {
+                let page =
+                    self.to_asker(job, model, question, asker, progress::page(progress, job.id.0), "progress")?;
+                self.store.file_progress(leased, &owner, &page.raw).await?;
+                schedule.filed(progress);
+            }
+            if schedule.mail_due() {
+                let text = progress::mail(progress, job.id.0);
+                let mail = self.to_asker(job, model, question, asker, text, "progress-mail")?;
+                self.store.deliver(&mail).await?;
+                schedule.mailed();
+            }
+            Ok(())
+        }
+        .await;
+        match shown {
             Err(StoreError::LeaseLost(id)) => Err(StoreError::LeaseLost(id)),
             Err(e) => {
                 tracing::warn!(job = %asked.job.id, "cannot show the answer so far: {e}");
@@ -569,29 +587,6 @@ impl Worker {
             }
             Ok(()) => Ok(()),
         }
-    }
-
-    async fn try_show_progress(
-        &self,
-        leased: &mut LeasedJob,
-        asked: &Asked<'_>,
-        schedule: &mut progress::Schedule,
-        progress: &Progress,
-    ) -> Result<(), StoreError> {
-        let (job, model, question) = (asked.job, asked.model, asked.question);
-        let Some(asker) = job.sender.as_ref().filter(|a| !self.is_model(a)) else { return Ok(()) };
-        if let Some(owner) = schedule.owner.clone().filter(|_| schedule.filing_due(progress)) {
-            let page = self.to_asker(job, model, question, asker, progress::page(progress, job.id.0), "progress")?;
-            self.store.file_progress(leased, &owner, &page.raw).await?;
-            schedule.filed(progress);
-        }
-        if schedule.mail_due() {
-            let text = progress::mail(progress, job.id.0);
-            let mail = self.to_asker(job, model, question, asker, text, "progress-mail")?;
-            self.store.deliver(&mail).await?;
-            schedule.mailed();
-        }
-        Ok(())
     }
 
     /// A message from the model to the asker alone, threaded under the question.
