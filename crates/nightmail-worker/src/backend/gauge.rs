@@ -52,16 +52,13 @@ impl Gauge {
         if model.streaming().is_none() && model.dense_stream().is_none() {
             return None;
         }
-        let now = (Instant::now(), Totals::of(model));
-        let Some((at, before)) = self.last else {
-            self.last = Some(now);
-            return None;
-        };
-        let elapsed = now.0.duration_since(at);
-        if elapsed < EVERY {
+        // The counters are read only when a sample is due: a step is milliseconds.
+        if self.last.is_some_and(|(at, _)| at.elapsed() < EVERY) {
             return None;
         }
-        self.last = Some(now);
+        let now = (Instant::now(), Totals::of(model));
+        let Some((at, before)) = self.last.replace(now) else { return None };
+        let elapsed = now.0.duration_since(at);
         let after = now.1;
         let permille = |part: u64, whole: u64| (whole > 0).then(|| (part * 1000 / whole) as u32);
         Some(EngineFigures {
