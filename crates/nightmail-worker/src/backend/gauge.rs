@@ -57,7 +57,7 @@ impl Gauge {
             return None;
         }
         let now = (Instant::now(), Totals::of(model));
-        let Some((at, before)) = self.last.replace(now) else { return None };
+        let (at, before) = self.last.replace(now)?;
         let elapsed = now.0.duration_since(at);
         let after = now.1;
         let permille = |part: u64, whole: u64| (whole > 0).then(|| (part * 1000 / whole) as u32);
