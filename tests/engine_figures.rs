@@ -1,6 +1,7 @@
 //! The engine's figures while a local model that streams its experts from disk writes an answer:
 //! `status --json` gives the expert cache hit rate, disk read rate and prefetch recall of the
-//! running job (docs/STATUS.md), and `status --watch`, drawn in tmux, shows them under its bar.
+//! running job (docs/STATUS.md), `status` prints them, and `status --watch`, drawn in tmux, shows
+//! them under its bar.
 
 mod common;
 
@@ -51,6 +52,11 @@ fn status_shows_the_engine_figures_of_a_job_being_written() {
     let hits = engine["cache_hit_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&hits), "{engine}");
     assert!(engine["disk_mb_per_s"].as_f64().unwrap() >= 0.0, "{engine}");
+
+    // Plain `status` prints them under the job's line.
+    let out = daemon.cli(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("engine: cache hits "), "{text}");
 
     // status --watch draws them under the job's bar.
     let command = format!("{} --config {} status --watch", common::BIN, daemon.config.display());

@@ -248,6 +248,14 @@ pub fn fetch(config: &Config) -> anyhow::Result<Report> {
     })
 }
 
+/// The engine's figures, as `status` and the watch show them: `-` for one the last second had
+/// nothing to measure.
+pub fn engine_line(e: &EngineView) -> String {
+    let share = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let rate = e.disk_mb_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.1} MB/s"));
+    format!("cache hits {}, disk {rate}, prefetch recall {}", share(e.cache_hit_rate), share(e.prefetch_recall))
+}
+
 fn print_jobs(report: &Report) {
     if report.jobs.is_empty() {
         println!("no jobs");
@@ -268,6 +276,9 @@ fn print_jobs(report: &Report) {
             clip(&job.subject, 32),
             job.message_id
         );
+        if let Some(engine) = &job.engine {
+            println!("{:>20}  engine: {}", "", engine_line(engine));
+        }
     }
     if report.checkpoint_bytes > 0 {
         println!("checkpoints on disk: {:.1} MiB", report.checkpoint_bytes as f64 / (1024.0 * 1024.0));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nightmail_config::Config;
 
-use crate::status::{EngineView, JobView, Report, age, clip, fetch};
+use crate::status::{JobView, Report, age, clip, engine_line, fetch};
 
 /// The window "now" is measured over.
 const RECENT: Duration = Duration::from_secs(30);
@@ -102,14 +102,6 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
         });
         std::thread::sleep(Duration::from_secs(1));
     }
-}
-
-/// The engine's figures, as the watch shows them: `-` for one the last second had nothing to
-/// measure.
-fn engine_line(e: &EngineView) -> String {
-    let share = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
-    let rate = e.disk_mb_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.1} MB/s"));
-    format!("cache hits {}, disk {rate}, prefetch recall {}", share(e.cache_hit_rate), share(e.prefetch_recall))
 }
 
 fn summary(report: &Report) -> String {
