@@ -76,6 +76,36 @@ fn a_question_too_long_for_the_servers_context_fails_at_once_with_the_limit() {
     );
 }
 
+/// A server that reports no context but refuses a prompt too long for it, naming its context (as
+/// llama.cpp's does): the prompt is fitted to that context and sent again in the same attempt.
+#[test]
+fn a_prompt_a_server_refuses_as_too_long_is_fitted_to_the_context_it_names() {
+    // Refuses requests over 450 characters of messages, as 300 tokens, its context. Each message
+    // fits alone (about 330 and 280 characters as sent), not both.
+    let backend = RecordingBackend::refusing_over("Noted.", 450, 300);
+    let mut daemon = Daemon::start_with(|dir| common::config_answering(dir, "", &backend.url, 1));
+    let first = format!("Remember the ELEPHANT. {}", "It is grey and large and kind. ".repeat(9));
+    let second = format!("And what colour is it? {}", "Answer me in one word, please. ".repeat(7));
+    send(&daemon, &format!("From: me@nightmail.test\r\nSubject: facts\r\nMessage-ID: <r1@t>\r\n\r\n{first}"));
+    wait_for_jobs(&daemon, 1, Duration::from_secs(60));
+    send(
+        &daemon,
+        &format!(
+            "From: me@nightmail.test\r\nSubject: Re: facts\r\nMessage-ID: <r2@t>\r\nIn-Reply-To: <r1@t>\r\n\r\n{second}"
+        ),
+    );
+    let jobs = wait_for_jobs(&daemon, 2, Duration::from_secs(60));
+    assert!(jobs.iter().all(|j| j["state"] == "done" && j["attempts"] == 1), "one attempt each: {jobs:?}");
+    let prompts = backend.prompts();
+    assert_eq!(prompts.len(), 3, "the first question, the refused prompt, the fitted one: {prompts:?}");
+    assert!(prompts[1].contains("ELEPHANT") && !prompts[2].contains("ELEPHANT"), "{prompts:?}");
+    daemon.stop();
+    let inbox = daemon.mailbox("me", "INBOX");
+    let second = inbox.iter().find(|m| header(m, "In-Reply-To").as_deref() == Some("<r2@t>")).unwrap();
+    let body = text_body(second);
+    assert!(body.contains("To fit the model's context (300 tokens, about 225 for the question"), "{body}");
+}
+
 /// nightmail's own engine with SmolLM2, its context cut to `context` tokens.
 fn local_config(dir: &std::path::Path, context: usize) -> String {
     let model = format!(

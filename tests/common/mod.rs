@@ -621,16 +621,29 @@ impl RecordingBackend {
 
     /// Streams `pieces` as SSE chunks, `gap` apart: an answer written at a known pace.
     pub fn streaming(pieces: &[&str], gap: Duration) -> RecordingBackend {
-        RecordingBackend::serving(pieces, gap, None)
+        RecordingBackend::serving(pieces, gap, None, None)
     }
 
     /// Answers `answer`, and reports a context of `context` tokens in its model list
     /// (`GET /v1/models`, as vLLM does: `max_model_len`).
     pub fn with_context(answer: &str, context: usize) -> RecordingBackend {
-        RecordingBackend::serving(&[answer], Duration::ZERO, Some(context))
+        RecordingBackend::serving(&[answer], Duration::ZERO, Some(context), None)
     }
 
-    fn serving(pieces: &[&str], gap: Duration, context: Option<usize>) -> RecordingBackend {
+    /// Answers `answer`, reporting no context, but refuses a request whose messages exceed
+    /// `max_chars` characters as llama.cpp's server does (400, `exceed_context_size_error`,
+    /// naming its context `n_ctx` and counting the prompt as `max_chars` characters are `n_ctx`
+    /// tokens).
+    pub fn refusing_over(answer: &str, max_chars: usize, n_ctx: usize) -> RecordingBackend {
+        RecordingBackend::serving(&[answer], Duration::ZERO, None, Some((max_chars, n_ctx)))
+    }
+
+    fn serving(
+        pieces: &[&str],
+        gap: Duration,
+        context: Option<usize>,
+        refuse_over: Option<(usize, usize)>,
+    ) -> RecordingBackend {
         let last = pieces.len() - 1;
         let events: Vec<String> = pieces
             .iter()
@@ -684,7 +697,18 @@ impl RecordingBackend {
                 if reader.read_exact(&mut body).is_err() {
                     continue;
                 }
-                log.lock().unwrap().extend(serde_json::from_slice::<serde_json::Value>(&body).ok());
+                let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
+                let chars = request.as_ref().map_or(0, |r| r["messages"].to_string().chars().count());
+                log.lock().unwrap().extend(request);
+                if let Some((max, n_ctx)) = refuse_over.filter(|(max, _)| chars > *max) {
+                    let error = serde_json::json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": chars * n_ctx / max, "n_ctx": n_ctx}}).to_string();
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{error}",
+                        error.len()
+                    );
+                    continue;
+                }
                 // No Content-Length: the body ends when the connection closes (RFC 9112 §6.3).
                 let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                 let events = events.clone();

@@ -4,7 +4,7 @@
 //! little of it would be left; the reply says what went. Only a question that does not fit on its
 //! own fails, at once, with a notice giving the limit.
 
-use crate::backend::{Backend, BackendError, Request};
+use crate::backend::{Backend, BackendError, Measure, Request};
 use crate::mail::Mail;
 
 /// An attachment cut shorter than this many characters is left out instead.
@@ -107,11 +107,14 @@ impl std::fmt::Display for TooLong {
 }
 
 /// Makes `thread` and `question` fit the context `backend` measures (at most `configured`),
-/// building the request from them with `build`. A backend that knows no context, and has none
-/// configured, gets them as they are. A measuring error is left to generation to meet.
+/// building the request from them with `build`. An estimated count is multiplied by `scale` (1,
+/// or more once a server has counted a refused prompt as longer than its estimate). A backend
+/// that knows no context, and has none configured, gets them as they are. A measuring error is
+/// left to generation to meet.
 pub async fn fit(
     backend: &dyn Backend,
     configured: Option<usize>,
+    scale: f64,
     thread: &mut Vec<Mail>,
     question: &mut Mail,
     build: impl Fn(&[Mail], &Mail) -> Request,
@@ -120,7 +123,8 @@ pub async fn fit(
     loop {
         let request = build(thread, question);
         let measured = match backend.measure(&request).await {
-            Ok(m) => m,
+            Ok(m) if m.exact => m,
+            Ok(m) => Measure { prompt_tokens: (m.prompt_tokens as f64 * scale).ceil() as usize, ..m },
             Err(BackendError::Stopped) => return Ok(left_out),
             Err(e) => {
                 tracing::warn!("cannot measure the prompt, sending it as it is: {e}");
@@ -203,7 +207,7 @@ enum Piece {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BoxFuture, Event, Measure, Outcome, estimate_tokens};
+    use crate::backend::{BoxFuture, Event, Outcome, estimate_tokens};
     use crate::conversation;
     use crate::mail::parse;
     use tokio::sync::{mpsc, watch};
@@ -253,7 +257,7 @@ mod tests {
         let mut question = mail("What does the book say?", Some(&"a line of the book\n".repeat(200)));
         let mut t = thread.clone();
         // 1000 tokens: the question and a cut attachment fit, the old message does not.
-        let left = fit(&Sized(1000), None, &mut t, &mut question, build).await.unwrap();
+        let left = fit(&Sized(1000), None, 1.0, &mut t, &mut question, build).await.unwrap();
         assert_eq!(left.thread_messages, 2, "both thread messages go before the attachment is touched");
         assert!(t.is_empty());
         assert_eq!(left.attachments.len(), 1, "{left:?}");
@@ -271,11 +275,11 @@ mod tests {
     async fn a_prompt_that_fits_is_left_alone_and_a_question_too_long_on_its_own_fails() {
         let mut thread = vec![mail("hello", None)];
         let mut question = mail("short", None);
-        let left = fit(&Sized(1000), None, &mut thread, &mut question, build).await.unwrap();
+        let left = fit(&Sized(1000), None, 1.0, &mut thread, &mut question, build).await.unwrap();
         assert_eq!((left.note(), thread.len()), (None, 1));
         // The configured context is the smaller: it rules.
         let mut long = mail(&"word ".repeat(400), Some("a short attachment"));
-        let e = fit(&Sized(100_000), Some(200), &mut thread, &mut long, build).await.unwrap_err();
+        let e = fit(&Sized(100_000), Some(200), 1.0, &mut thread, &mut long, build).await.unwrap_err();
         assert_eq!(e.limit, Limit { context: 200, reserve: 50 });
         assert!(e.to_string().contains("and the model's context holds 200 (150 for the question, 50 kept"), "{e}");
         assert!(long.text_attachments.is_empty(), "the attachment was left out before giving up");

@@ -41,6 +41,8 @@ const POLL: Duration = Duration::from_millis(250);
 const SAVE_PROGRESS: Duration = Duration::from_secs(2);
 /// Earlier thread messages given to the model, at most.
 const MAX_THREAD: usize = 20;
+/// Times a prompt is fitted again to a context the server named on refusing it, per attempt.
+const MAX_REFITS: u32 = 2;
 
 /// The retry policy the configuration's `[worker]` section describes.
 pub fn retry_policy(worker: &nightmail_config::WorkerConfig) -> RetryPolicy {
@@ -193,38 +195,58 @@ impl Worker {
                 checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
             }
         };
-        // The prompt is fitted to the model's context from the question as read; the reply is
-        // threaded under the question as it came.
-        let mut thread = self.thread(&question, job.sender.as_ref())?;
-        let mut fitted = question.clone();
-        let build = |thread: &[Mail], question: &Mail| request_of(&converse(thread, question));
-        let left_out = match fit::fit(backend.as_ref(), model.context_tokens, &mut thread, &mut fitted, build).await {
-            Ok(left_out) => left_out,
-            Err(too_long) => {
-                let why = too_long.to_string();
-                tracing::info!(job = %job.id, "not answering: {why}");
-                let notice = self.notice(&job, &model, Some(&question), &why)?;
-                return self.give_up(leased, &why, notice).await;
-            }
-        };
-        let conversation = converse(&thread, &fitted);
-        let options = &conversation.options;
-        let request = request_of(&conversation);
         let meter = EnergyMeter::start();
         let started = Instant::now();
         // Only an asker with an account here has an In Progress mailbox (not a bridge's outside asker).
         let owner = job.sender.as_ref().and_then(|s| self.config.user_by_address(s)).map(|u| u.name.clone());
         let asked = Asked { job: &job, model: &model, question: &question };
         let mut schedule = progress::Schedule::new(&model, owner, started);
-        let Some((leased, result)) =
-            self.generate(leased, backend.as_ref(), &request, stop, &asked, &mut schedule).await?
-        else {
-            // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
-            if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
-                checkpoints::remove(&self.config.data_dir, job.id);
+        let whole_thread = self.thread(&question, job.sender.as_ref())?;
+        let build = |thread: &[Mail], question: &Mail| request_of(&converse(thread, question));
+        let mut leased = leased;
+        let mut refits = 0;
+        // Estimated prompt lengths times this: raised when a server counts a refused prompt longer.
+        let mut scale = 1.0;
+        let (leased, result, left_out, conversation, request) = loop {
+            // The prompt is fitted to the model's context from the question as read; the reply is
+            // threaded under the question as it came.
+            let (mut thread, mut fitted) = (whole_thread.clone(), question.clone());
+            let context = model.context_tokens;
+            let left_out = match fit::fit(backend.as_ref(), context, scale, &mut thread, &mut fitted, build).await {
+                Ok(left_out) => left_out,
+                Err(too_long) => {
+                    let why = too_long.to_string();
+                    tracing::info!(job = %job.id, "not answering: {why}");
+                    let notice = self.notice(&job, &model, Some(&question), &why)?;
+                    return self.give_up(leased, &why, notice).await;
+                }
+            };
+            let conversation = converse(&thread, &fitted);
+            let request = request_of(&conversation);
+            let Some((back, result)) =
+                self.generate(leased, backend.as_ref(), &request, stop.clone(), &asked, &mut schedule).await?
+            else {
+                // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
+                if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
+                    checkpoints::remove(&self.config.data_dir, job.id);
+                }
+                return Ok(());
+            };
+            match result {
+                // The server named a context the prompt did not fit: fitted to it, asked again now.
+                Err(BackendError::ContextExceeded { context, prompt_tokens, .. }) if refits < MAX_REFITS => {
+                    tracing::info!(job = %job.id, context, "the server's context is smaller: fitting the prompt to it");
+                    // The server counted at least one token over its context; where our estimate
+                    // said less, later estimates are scaled up to its count.
+                    let counted = prompt_tokens.unwrap_or(context + 1) as f64;
+                    scale = f64::max(scale, counted / backend::estimate_tokens(&request.turns).max(1) as f64);
+                    refits += 1;
+                    leased = back;
+                }
+                result => break (back, result, left_out, conversation, request),
             }
-            return Ok(());
         };
+        let options = &conversation.options;
         match result {
             Ok(outcome) => {
                 let mut notes = Vec::new();
@@ -276,7 +298,10 @@ impl Worker {
                 Ok(())
             }
             Err(e) => {
-                let retry = if matches!(e, BackendError::Permanent(_)) { Retry::Permanent } else { Retry::Transient };
+                let retry = match e {
+                    BackendError::Permanent(_) | BackendError::ContextExceeded { .. } => Retry::Permanent,
+                    _ => Retry::Transient,
+                };
                 let tries = leased.job().attempts;
                 let why = format!("{e} (attempt {tries} of {})", self.policy.max_attempts);
                 let notice = self.notice(&job, &model, Some(&question), &why)?;

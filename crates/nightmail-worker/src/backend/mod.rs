@@ -70,6 +70,11 @@ pub enum BackendError {
     /// Trying again will not help (the request was refused as invalid).
     #[error("{0}")]
     Permanent(String),
+    /// The prompt was longer than the model's context, which the server named: fitted to
+    /// `context` tokens, the question can be sent again at once. `prompt_tokens`: the server's
+    /// count of the refused prompt, when it gave one.
+    #[error("{message}")]
+    ContextExceeded { context: usize, prompt_tokens: Option<usize>, message: String },
     /// The stop signal was raised.
     #[error("stopped")]
     Stopped,

@@ -35,6 +35,23 @@ fn context_of(models: &Value, model: &str) -> Option<usize> {
     ["max_model_len", "context_length", "context_window"].iter().find_map(|k| entry[*k].as_u64()).map(|n| n as usize)
 }
 
+/// The context a server names when it refuses a prompt as too long, and its count of the prompt
+/// when it gives one: llama.cpp's `exceed_context_size_error` carries `n_ctx` and
+/// `n_prompt_tokens`; OpenAI and vLLM say "maximum context length is N tokens" in the message
+/// (OpenAI adds "your messages resulted in M tokens").
+fn context_in_refusal(text: &str) -> Option<(usize, Option<usize>)> {
+    let error = serde_json::from_str::<Value>(text).ok().map(|v| v["error"].clone()).unwrap_or(Value::Null);
+    if let Some(n) = error["n_ctx"].as_u64() {
+        return Some((n as usize, error["n_prompt_tokens"].as_u64().map(|p| p as usize)));
+    }
+    let message = error["message"].as_str().unwrap_or(text);
+    let number_after = |words: &str| -> Option<usize> {
+        let after = &message[message.find(words)? + words.len()..];
+        after.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+    };
+    Some((number_after("maximum context length is ")?, number_after("resulted in ")))
+}
+
 impl OpenAi {
     pub fn new(url: &str, model: &str, api_key: Option<String>, timeout: Duration, retries: u32) -> OpenAi {
         let client = reqwest::Client::builder()
@@ -124,6 +141,12 @@ impl OpenAi {
                     let text = response.text().await.unwrap_or_default();
                     let text: String = text.chars().take(500).collect();
                     last = format!("{endpoint} answered {status}: {text}");
+                    if let Some((context, prompt_tokens)) = context_in_refusal(&text) {
+                        // Learned for the next measure, which fits the prompt to it.
+                        let model = body["model"].as_str().unwrap_or(&self.model).to_string();
+                        self.contexts.lock().expect("contexts lock").insert(model, Some(context));
+                        return Err(BackendError::ContextExceeded { context, prompt_tokens, message: last });
+                    }
                     if !(status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408) {
                         return Err(BackendError::Permanent(last));
                     }
@@ -263,6 +286,16 @@ mod tests {
     use super::*;
     use crate::conversation::{Role, Turn};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_context_is_read_from_a_refusal() {
+        let llama = r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        assert_eq!(context_in_refusal(llama), Some((4096, Some(5000))));
+        let openai = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        assert_eq!(context_in_refusal(openai), Some((8192, Some(9000))));
+        assert_eq!(context_in_refusal("This model's maximum context length is 2048 tokens"), Some((2048, None)));
+        assert_eq!(context_in_refusal(r#"{"error":{"message":"bad temperature"}}"#), None);
+    }
 
     #[test]
     fn the_context_is_read_from_the_model_list() {
