@@ -6,18 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, eventually, header, wait_for_jobs};
-
-/// Sends `message` (headers and body, CRLF) from me@ to the model with smtplib-like raw SMTP.
-fn send(daemon: &Daemon, message: &str) {
-    let mut c = common::Raw::login(daemon.smtp);
-    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
-    assert!(c.cmd("DATA").starts_with("354"));
-    c.send(format!("{message}\r\n.\r\n").as_bytes());
-    let reply = c.reply();
-    assert!(reply.starts_with("250 2.0.0 queued as"), "{reply}");
-}
+use common::{Daemon, ask_kimi as send, eventually, header, wait_for_jobs};
 
 /// The messages in `user`'s INBOX, read from the store once the daemon has stopped.
 fn inbox(daemon: &Daemon, user: &str) -> Vec<String> {

@@ -349,6 +349,18 @@ pub fn base64_encode(bytes: &[u8]) -> String {
     out
 }
 
+/// Sends `message` (headers and body, CRLF) from me@ to the model kimi@ over raw SMTP, and
+/// checks it was queued.
+pub fn ask_kimi(daemon: &Daemon, message: &str) {
+    let mut c = Raw::login(daemon.smtp);
+    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("DATA").starts_with("354"));
+    c.send(format!("{message}\r\n.\r\n").as_bytes());
+    let reply = c.reply();
+    assert!(reply.starts_with("250 2.0.0 queued as"), "{reply}");
+}
+
 /// Waits for `check` to hold, polling, up to `limit`.
 pub fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -628,6 +640,29 @@ impl RecordingBackend {
 
     /// Streams `pieces` as SSE chunks, `gap` apart: an answer written at a known pace.
     pub fn streaming(pieces: &[&str], gap: Duration) -> RecordingBackend {
+        RecordingBackend::serving(pieces, gap, None, None)
+    }
+
+    /// Answers `answer`, and reports a context of `context` tokens in its model list
+    /// (`GET /v1/models`, as vLLM does: `max_model_len`).
+    pub fn with_context(answer: &str, context: usize) -> RecordingBackend {
+        RecordingBackend::serving(&[answer], Duration::ZERO, Some(context), None)
+    }
+
+    /// Answers `answer`, reporting no context, but refuses a request whose messages exceed
+    /// `max_chars` characters as llama.cpp's server does (400, `exceed_context_size_error`,
+    /// naming its context `n_ctx` and counting the prompt as `max_chars` characters are `n_ctx`
+    /// tokens).
+    pub fn refusing_over(answer: &str, max_chars: usize, n_ctx: usize) -> RecordingBackend {
+        RecordingBackend::serving(&[answer], Duration::ZERO, None, Some((max_chars, n_ctx)))
+    }
+
+    fn serving(
+        pieces: &[&str],
+        gap: Duration,
+        context: Option<usize>,
+        refuse_over: Option<(usize, usize)>,
+    ) -> RecordingBackend {
         let last = pieces.len() - 1;
         let events: Vec<String> = pieces
             .iter()
@@ -648,6 +683,8 @@ impl RecordingBackend {
                 let Ok(mut stream) = stream else { break };
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut length = 0;
+                let mut request_line = String::new();
+                let _ = reader.read_line(&mut request_line);
                 loop {
                     let mut line = String::new();
                     if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
@@ -659,11 +696,38 @@ impl RecordingBackend {
                         length = value.trim().parse().unwrap_or(0);
                     }
                 }
+                if request_line.starts_with("GET ") && request_line.contains("/models ") {
+                    let (status, body) = match context {
+                        Some(n) => (
+                            "200 OK",
+                            serde_json::json!({"object": "list", "data": [{"id": "served", "max_model_len": n}]})
+                                .to_string(),
+                        ),
+                        None => ("404 Not Found", "{}".to_string()),
+                    };
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    continue;
+                }
                 let mut body = vec![0; length];
                 if reader.read_exact(&mut body).is_err() {
                     continue;
                 }
-                log.lock().unwrap().extend(serde_json::from_slice::<serde_json::Value>(&body).ok());
+                let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
+                let chars = request.as_ref().map_or(0, |r| r["messages"].to_string().chars().count());
+                log.lock().unwrap().extend(request);
+                if let Some((max, n_ctx)) = refuse_over.filter(|(max, _)| chars > *max) {
+                    let error = serde_json::json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": chars * n_ctx / max, "n_ctx": n_ctx}}).to_string();
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{error}",
+                        error.len()
+                    );
+                    continue;
+                }
                 // No Content-Length: the body ends when the connection closes (RFC 9112 §6.3).
                 let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                 let events = events.clone();

@@ -225,6 +225,15 @@ pub struct Model {
     pub ack: bool,
     /// What an answer costs, stated in each reply.
     pub cost: Cost,
+    /// How often a running job's message in its asker's `In Progress` mailbox is replaced with
+    /// the answer so far (`progress_every_secs`, default 600).
+    pub progress_every: Duration,
+    /// How often a very long job mails its asker the answer so far
+    /// (`progress_mail_every_hours`); `None`: never.
+    pub progress_mail_every: Option<Duration>,
+    /// The context, in tokens, prompts are fitted to (`context_tokens`): at most this, and at
+    /// most what the backend reports; `None`: what the backend reports.
+    pub context_tokens: Option<usize>,
 }
 
 /// The figures a reply's cost line is computed from (`[[model]]` keys `watts`,

@@ -233,6 +233,10 @@ struct RawModel {
     watts: Option<Spanned<f64>>,
     price_in_per_mtok: Option<Spanned<f64>>,
     price_out_per_mtok: Option<Spanned<f64>>,
+    #[serde(default = "default_progress_every_secs")]
+    progress_every_secs: u64,
+    progress_mail_every_hours: Option<Spanned<f64>>,
+    context_tokens: Option<Spanned<usize>>,
     // backend = "openai"
     url: Option<Spanned<String>>,
     model: Option<String>,
@@ -270,6 +274,10 @@ fn default_checkpoint_every_secs() -> u64 {
 
 fn default_max_batch() -> Spanned<usize> {
     Spanned::new(0..0, 4)
+}
+
+fn default_progress_every_secs() -> u64 {
+    600
 }
 
 fn default_max_tokens() -> u32 {
@@ -700,6 +708,24 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
         return Err(loc.spanned(spanned, format!("model {address}: temperature must be between 0 and 2")));
     }
     let cost = check_cost(spanned, loc, &address)?;
+    let progress_mail_every = match &m.progress_mail_every_hours {
+        Some(h) if !(h.get_ref().is_finite() && *h.get_ref() > 0.0) => {
+            return Err(loc.spanned(
+                h,
+                "model.progress_mail_every_hours must be a number above 0 (leave it out for no progress mail)".into(),
+            ));
+        }
+        Some(h) => Some(Duration::from_secs_f64(h.get_ref() * 3600.0)),
+        None => None,
+    };
+    let context_tokens = match &m.context_tokens {
+        Some(c) if *c.get_ref() < 16 => {
+            return Err(
+                loc.spanned(c, "model.context_tokens must be at least 16 (leave it out to use the model's own)".into())
+            );
+        }
+        c => c.as_ref().map(|c| *c.get_ref()),
+    };
     Ok(Model {
         address,
         name: m.name.clone(),
@@ -711,6 +737,9 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
         temperature: m.temperature,
         ack: m.ack,
         cost,
+        progress_every: Duration::from_secs(m.progress_every_secs.max(1)),
+        progress_mail_every,
+        context_tokens,
     })
 }
 
@@ -864,6 +893,26 @@ mod tests {
         assert!(e.starts_with("nm.toml:5:") && e.contains("model.watts must be a number of at least 0"), "{e}");
         let e = err(&format!("{model}price_out_per_mtok = 15\n"));
         assert!(e.contains("give both price_in_per_mtok and price_out_per_mtok"), "{e}");
+    }
+
+    #[test]
+    fn progress_and_context_keys_are_checked() {
+        let model = "[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = \"http://h/v1\"\n";
+        let m = &parse(model, None).unwrap().models[0];
+        assert_eq!((m.progress_every, m.progress_mail_every, m.context_tokens), (Duration::from_secs(600), None, None));
+        let c = parse(
+            &format!("{model}progress_every_secs = 2\nprogress_mail_every_hours = 0.5\ncontext_tokens = 4096\n"),
+            None,
+        )
+        .unwrap();
+        let m = &c.models[0];
+        assert_eq!(m.progress_every, Duration::from_secs(2));
+        assert_eq!(m.progress_mail_every, Some(Duration::from_secs(1800)));
+        assert_eq!(m.context_tokens, Some(4096));
+        let e = err(&format!("{model}progress_mail_every_hours = 0\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("progress_mail_every_hours must be a number above 0"), "{e}");
+        let e = err(&format!("{model}context_tokens = 3\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("context_tokens must be at least 16"), "{e}");
     }
 
     #[test]

@@ -350,7 +350,8 @@ impl Model {
         Ok(stream.into_completion())
     }
 
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+    /// The prompt's tokens as the model will read them (a chat rendered by its template).
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
             Prompt::Text(text) => self.tokenizer().ok_or(EngineError::NoTokenizer)?.encode(text, true),

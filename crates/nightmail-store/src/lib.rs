@@ -19,6 +19,7 @@ mod durable;
 mod error;
 mod filing;
 mod ids;
+mod in_progress;
 mod lease_clock;
 mod mail_ops;
 mod mailbox;
@@ -45,11 +46,12 @@ pub use delivery::{
 pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
+pub use in_progress::{IN_PROGRESS, ProgressMail};
 pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
-pub use queue::{Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
+pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;
 

@@ -13,6 +13,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
+use crate::in_progress::{ProgressMail, withdraw_in};
 use crate::refs::RefTrees;
 use crate::schema::{JOBS, LIVE_JOBS, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
@@ -56,6 +57,10 @@ pub struct Job {
     /// How the question came (schema 7; mail before).
     #[serde(default)]
     pub origin: Origin,
+    /// The message with the answer so far in the asker's `In Progress` mailbox, while the job
+    /// has one (`in_progress.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_mail: Option<ProgressMail>,
 }
 
 /// How a question reached its model, which decides who the answer goes to.
@@ -99,6 +104,7 @@ impl Job {
             ack: None,
             origin,
             via: None,
+            progress_mail: None,
         }
     }
 }
@@ -119,6 +125,22 @@ pub struct Progress {
     /// The answer's length limit, in tokens (0: written before the limit was recorded).
     #[serde(default)]
     pub max_tokens: u64,
+    /// The inference engine's figures over its last few seconds, while a local model writes the
+    /// answer (`None` for a model server, which reports none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineFigures>,
+}
+
+/// How an engine that streams weights from disk is doing. Whole numbers (per mille, KB/s), so a
+/// job record compares exactly; each is `None` when the window had nothing to measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineFigures {
+    /// Of the experts the model asked for, those already in RAM (cached or prefetched), per mille.
+    pub cache_hit_permille: Option<u32>,
+    /// Weights read from disk (experts and streamed layers), in KB per second of wall time.
+    pub disk_kb_per_s: Option<u64>,
+    /// Of the experts chosen while decoding, those the prefetcher had guessed, per mille.
+    pub prefetch_recall_permille: Option<u32>,
 }
 
 /// How a leased job ends.
@@ -167,13 +189,18 @@ impl JobState {
 /// of the lease can renew, complete or fail the job.
 #[derive(Debug)]
 pub struct LeasedJob {
-    job: Job,
+    pub(crate) job: Job,
     token: u64,
 }
 
 impl LeasedJob {
     pub fn job(&self) -> &Job {
         &self.job
+    }
+
+    /// Whether `state` (the job as stored now) is still this lease.
+    pub(crate) fn holds(&self, state: &JobState) -> bool {
+        matches!(state, JobState::Running { lease_token, .. } if *lease_token == self.token)
     }
 }
 
@@ -445,6 +472,8 @@ impl Store {
             }
             let old = job.state.clone();
             let mut receipt = None;
+            // Ended or waiting to retry, the job is not running: its answer so far goes.
+            let withdrawn = withdraw_in(tx, &mut job)?;
             match &finish {
                 Finish::Done { reply } => {
                     receipt = Some(deliver_in(tx, reply, &ids, now)?);
@@ -464,15 +493,19 @@ impl Store {
                 }
             }
             write_job(tx.into(), Some(&old), &job)?;
-            Ok((job, receipt))
+            Ok((job, receipt, withdrawn))
         })?;
+        let (job, receipt, withdrawn) = result;
         self.leases.release(id);
         self.flush().await?;
         // IMAP sessions in IDLE learn of the reply (or notice) now.
-        if let Some(receipt) = &result.1 {
+        if let Some(receipt) = &receipt {
             self.announce(receipt);
         }
-        Ok(result)
+        if let Some(mailbox) = withdrawn {
+            self.notify(mailbox);
+        }
+        Ok((job, receipt))
     }
 
     /// Marks a job triaged, delivering its acknowledgement (if any) in the same transaction.
@@ -566,19 +599,22 @@ impl Store {
     /// Cancels a job that has not finished. Returns the job as it now is.
     pub async fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
         let at = Timestamp::now();
-        let writing = self.trees.writing();
-        let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
-            let mut job = read_job(jobs, id)?;
+        let (job, withdrawn) = self.trees.transaction(|tx| {
+            let mut job = read_job(tx.jobs, id)?;
+            let mut withdrawn = None;
             if matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
                 let old = job.state.clone();
                 job.state = JobState::Cancelled { at };
-                write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
+                withdrawn = withdraw_in(tx, &mut job)?;
+                write_job(tx.into(), Some(&old), &job)?;
             }
-            Ok(job)
+            Ok((job, withdrawn))
         })?;
-        drop(writing);
         self.leases.release(id);
         self.flush().await?;
+        if let Some(mailbox) = withdrawn {
+            self.notify(mailbox);
+        }
         Ok(job)
     }
 

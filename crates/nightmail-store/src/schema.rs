@@ -7,7 +7,7 @@
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
 //! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
-//! | `jobs`          | JobId                            | JSON `Job` (its `origin`, mail or Ask folder: schema 7) |
+//! | `jobs`          | JobId                            | JSON `Job` (its `origin`, mail or Ask folder: schema 7; `progress_mail`, its entry in the asker's `In Progress`, and `progress.engine` default to none, so no step) |
 //! | `queue`         | not_before (ms) ++ JobId         | empty: the queued jobs, due first (schema 2) |
 //! | `dedupe`        | SHA-256 of sender `\0` recipient `\0` dedupe id (schema 6) | JSON `Mark`: what the delivery made, and when |
 //! | `message_ids`   | Message-ID                       | JSON `[MessageRef]`: the stored copies and who took part (schema 3) |

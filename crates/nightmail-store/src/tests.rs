@@ -201,6 +201,7 @@ async fn a_schema_1_store_is_migrated() {
             ack: None,
             origin: Origin::Mail,
             via: None,
+            progress_mail: None,
         };
         let queued = mk(10, JobState::Queued { not_before: Timestamp(5) });
         let done = mk(11, JobState::Done { at: Timestamp(6) });
@@ -813,4 +814,84 @@ async fn purging_finished_jobs_frees_what_only_they_held() {
     assert_eq!(store.mail(inbox.id).unwrap().len(), 1);
     assert!(store.job(still_queued.jobs[0]).unwrap().is_some(), "a queued job is not finished");
     assert_eq!(store.purge_jobs(cut).await.unwrap(), 0, "nothing twice");
+}
+
+#[tokio::test]
+async fn a_progress_message_is_replaced_then_withdrawn_with_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+    let mut leased = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    store.file_progress(&mut leased, "me", b"Subject: so far\r\n\r\none\r\n").await.unwrap();
+    store.file_progress(&mut leased, "me", b"Subject: so far\r\n\r\none two\r\n").await.unwrap();
+    let folder = store.mailbox("me", IN_PROGRESS).unwrap().unwrap();
+    let mail = store.mail(folder.id).unwrap();
+    assert_eq!(mail.len(), 1, "the second replaces the first");
+    assert_eq!(mail[0].uid, Uid(2), "a replacement is a new message (APPEND), not an edit");
+    let first = store.message(mail[0].message).unwrap().unwrap();
+    assert!(first.ends_with(b"one two\r\n"));
+    assert_eq!(
+        store.job(leased.job().id).unwrap().unwrap().progress_mail,
+        Some(ProgressMail { mailbox: folder.id, uid: Uid(2) })
+    );
+
+    let job = leased.job().clone();
+    let reply = reply_to(&store, &job, vec![to_me()]);
+    store.finish(leased, Finish::Done { reply }, &quick()).await.unwrap();
+    assert!(store.mail(folder.id).unwrap().is_empty(), "the answer's delivery withdraws the progress message");
+    assert_eq!(store.message(mail[0].message).unwrap(), None, "and its bytes");
+    assert_eq!(store.job(job.id).unwrap().unwrap().progress_mail, None);
+}
+
+#[tokio::test]
+async fn a_stale_lease_files_no_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q@x>", vec![to_model()])).await.unwrap();
+    let mut stale = store.lease_next(Duration::from_millis(0)).await.unwrap().unwrap();
+    store.file_progress(&mut stale, "me", b"Subject: a\r\n\r\na\r\n").await.unwrap();
+    store.recover_leases(false).await.unwrap();
+    let mut fresh = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    assert!(matches!(
+        store.file_progress(&mut stale, "me", b"Subject: b\r\n\r\nb\r\n").await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    // The job taken again replaces what its first attempt filed.
+    store.file_progress(&mut fresh, "me", b"Subject: c\r\n\r\nc\r\n").await.unwrap();
+    let folder = store.mailbox("me", IN_PROGRESS).unwrap().unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 1);
+    store.cancel(fresh.job().id).await.unwrap();
+    assert!(store.mail(folder.id).unwrap().is_empty(), "a cancelled job's progress message goes");
+}
+
+#[tokio::test]
+async fn a_failed_job_withdraws_its_progress_message_and_leftovers_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.deliver(&incoming(&store, "<q1@x>", vec![to_model()])).await.unwrap();
+    store.deliver(&incoming(&store, "<q2@x>", vec![to_model()])).await.unwrap();
+    let mut first = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    let mut second = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    store.file_progress(&mut first, "me", b"Subject: 1\r\n\r\none\r\n").await.unwrap();
+    store.file_progress(&mut second, "me", b"Subject: 2\r\n\r\ntwo\r\n").await.unwrap();
+    let folder = store.mailbox("me", IN_PROGRESS).unwrap().unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 2, "one per running job");
+
+    let finish = Finish::Failed { reason: "broken".into(), retry: Retry::Permanent, notice: None };
+    store.finish(first, finish, &quick()).await.unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 1, "a job that fails for good withdraws its message");
+
+    // A job that ended without withdrawing (as a build before this one ended it) leaves its
+    // message; the start-up sweep removes it, and leaves a running job's alone.
+    store.deliver(&incoming(&store, "<q3@x>", vec![to_model()])).await.unwrap();
+    let mut third = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+    store.file_progress(&mut third, "me", b"Subject: 3\r\n\r\nthree\r\n").await.unwrap();
+    let mut ended = store.job(third.job().id).unwrap().unwrap();
+    ended.state = JobState::Done { at: Timestamp::now() };
+    store.trees.jobs.insert(ended.id.to_be_bytes(), encode(&ended)).unwrap();
+    assert_eq!(store.mail(folder.id).unwrap().len(), 2);
+    assert_eq!(store.sweep_progress_mail().await.unwrap(), 1);
+    let left = store.mail(folder.id).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(store.job(second.job().id).unwrap().unwrap().progress_mail.map(|p| p.uid), Some(left[0].uid));
 }

@@ -10,11 +10,13 @@ pub mod compose;
 pub mod control;
 pub mod conversation;
 pub mod cost;
+pub mod fit;
 pub mod html;
 pub mod loop_guard;
 pub mod mail;
 pub mod options;
 pub mod outlet;
+pub mod progress;
 pub mod text;
 
 use std::collections::HashMap;
@@ -39,6 +41,8 @@ const POLL: Duration = Duration::from_millis(250);
 const SAVE_PROGRESS: Duration = Duration::from_secs(2);
 /// Earlier thread messages given to the model, at most.
 const MAX_THREAD: usize = 20;
+/// Times a prompt is fitted again to a context the server named on refusing it, per attempt.
+const MAX_REFITS: u32 = 2;
 
 /// The retry policy the configuration's `[worker]` section describes.
 pub fn retry_policy(worker: &nightmail_config::WorkerConfig) -> RetryPolicy {
@@ -84,6 +88,11 @@ impl Worker {
             Ok(0) => {}
             Ok(n) => tracing::info!("removed {n} checkpoint(s) of jobs that had ended"),
             Err(e) => tracing::warn!("cannot sweep checkpoints: {e}"),
+        }
+        match self.store.sweep_progress_mail().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} In Progress message(s) of jobs that had ended"),
+            Err(e) => tracing::warn!("cannot sweep the In Progress mailboxes: {e}"),
         }
         let slots = self.config.worker.concurrency;
         let mut tasks: Vec<_> = (0..slots).map(|_| tokio::spawn(self.clone().run_one(stop.clone()))).collect();
@@ -169,37 +178,82 @@ impl Worker {
             self.store.triage(job.id, ack).await?;
         }
 
-        let thread = self.thread(&question, job.sender.as_ref())?;
-        let system_prompt = model.system_prompt.as_deref();
-        let conversation = match (job.origin, job.sender.as_ref()) {
-            (Origin::Ask, Some(asker)) => ask::build(system_prompt, &thread, &question, asker, |a| self.is_model(a)),
-            _ => conversation::build(system_prompt, &thread, &question, |a| self.is_model(a)),
-        };
-        let options = &conversation.options;
-        let request = Request {
-            turns: conversation.turns.clone(),
-            max_tokens: options.max_tokens.unwrap_or(model.max_tokens),
-            temperature: options.temperature.unwrap_or(model.temperature),
-            reasoning: options.reasoning.or(model.reasoning.then_some(true)),
-            model: options.model.clone(),
-            checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
-        };
         let backend = self.backends.get(&job.model).cloned().expect("every model address has a backend");
+        let system_prompt = model.system_prompt.as_deref();
+        let converse = |thread: &[Mail], question: &Mail| match (job.origin, job.sender.as_ref()) {
+            (Origin::Ask, Some(asker)) => ask::build(system_prompt, thread, question, asker, |a| self.is_model(a)),
+            _ => conversation::build(system_prompt, thread, question, |a| self.is_model(a)),
+        };
+        let request_of = |conversation: &conversation::Conversation| {
+            let options = &conversation.options;
+            Request {
+                turns: conversation.turns.clone(),
+                max_tokens: options.max_tokens.unwrap_or(model.max_tokens),
+                temperature: options.temperature.unwrap_or(model.temperature),
+                reasoning: options.reasoning.or(model.reasoning.then_some(true)),
+                model: options.model.clone(),
+                checkpoint: Some(checkpoints::path(&self.config.data_dir, job.id)),
+            }
+        };
         let meter = EnergyMeter::start();
         let started = Instant::now();
-        let Some((leased, result)) = self.generate(leased, backend.as_ref(), &request, stop).await? else {
-            // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
-            if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
-                checkpoints::remove(&self.config.data_dir, job.id);
+        // Only an asker with an account here has an In Progress mailbox (not a bridge's outside asker).
+        let owner = job.sender.as_ref().and_then(|s| self.config.user_by_address(s)).map(|u| u.name.clone());
+        let asked = Asked { job: &job, model: &model, question: &question };
+        let mut schedule = progress::Schedule::new(&model, owner, started);
+        let whole_thread = self.thread(&question, job.sender.as_ref())?;
+        let build = |thread: &[Mail], question: &Mail| request_of(&converse(thread, question));
+        let mut leased = leased;
+        let mut refits = 0;
+        // Estimated prompt lengths times this: raised when a server counts a refused prompt longer.
+        let mut scale = 1.0;
+        let (leased, result, left_out, conversation, request) = loop {
+            // The prompt is fitted to the model's context from the question as read; the reply is
+            // threaded under the question as it came.
+            let (mut thread, mut fitted) = (whole_thread.clone(), question.clone());
+            let context = model.context_tokens;
+            let left_out = match fit::fit(backend.as_ref(), context, scale, &mut thread, &mut fitted, build).await {
+                Ok(left_out) => left_out,
+                Err(too_long) => {
+                    let why = too_long.to_string();
+                    tracing::info!(job = %job.id, "not answering: {why}");
+                    let notice = self.notice(&job, &model, Some(&question), &why)?;
+                    return self.give_up(leased, &why, notice).await;
+                }
+            };
+            let conversation = converse(&thread, &fitted);
+            let request = request_of(&conversation);
+            let Some((back, result)) =
+                self.generate(leased, backend.as_ref(), &request, stop.clone(), &asked, &mut schedule).await?
+            else {
+                // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
+                if !self.store.job(job.id)?.is_some_and(|j| checkpoints::live(&j.state)) {
+                    checkpoints::remove(&self.config.data_dir, job.id);
+                }
+                return Ok(());
+            };
+            match result {
+                // The server named a context the prompt did not fit: fitted to it, asked again now.
+                Err(BackendError::ContextExceeded { context, prompt_tokens, .. }) if refits < MAX_REFITS => {
+                    tracing::info!(job = %job.id, context, "the server's context is smaller: fitting the prompt to it");
+                    // The server counted at least one token over its context; where our estimate
+                    // said less, later estimates are scaled up to its count.
+                    let counted = prompt_tokens.unwrap_or(context + 1) as f64;
+                    scale = f64::max(scale, counted / backend::estimate_tokens(&request.turns).max(1) as f64);
+                    refits += 1;
+                    leased = back;
+                }
+                result => break (back, result, left_out, conversation, request),
             }
-            return Ok(());
         };
+        let options = &conversation.options;
         match result {
             Ok(outcome) => {
                 let mut notes = Vec::new();
                 if !options.unknown.is_empty() {
                     notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
                 }
+                notes.extend(left_out.note());
                 if outcome.finish_reason == "length" {
                     notes.push(format!(
                         "The answer stopped at the length limit ({} tokens); ask again with @max-tokens N for more.",
@@ -229,6 +283,7 @@ impl Worker {
                     updated_at: Timestamp::now(),
                     checkpoint_tokens: 0,
                     max_tokens: u64::from(request.max_tokens),
+                    engine: None,
                 };
                 self.store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = self.store.finish(leased, Finish::Done { reply }, &self.policy).await?;
@@ -243,7 +298,10 @@ impl Worker {
                 Ok(())
             }
             Err(e) => {
-                let retry = if matches!(e, BackendError::Permanent(_)) { Retry::Permanent } else { Retry::Transient };
+                let retry = match e {
+                    BackendError::Permanent(_) | BackendError::ContextExceeded { .. } => Retry::Permanent,
+                    _ => Retry::Transient,
+                };
                 let tries = leased.job().attempts;
                 let why = format!("{e} (attempt {tries} of {})", self.policy.max_attempts);
                 let notice = self.notice(&job, &model, Some(&question), &why)?;
@@ -449,12 +507,15 @@ impl Worker {
     /// Streams the backend's answer, saving progress and renewing the lease as it comes. Returns
     /// the lease with the result, or `None` if the lease was lost (the job was cancelled or taken
     /// over).
+    #[allow(clippy::too_many_arguments)]
     async fn generate(
         &self,
         mut leased: LeasedJob,
         backend: &dyn Backend,
         request: &Request,
         mut stop: watch::Receiver<bool>,
+        asked: &Asked<'_>,
+        schedule: &mut progress::Schedule,
     ) -> Result<Option<(LeasedJob, Result<Outcome, BackendError>)>, StoreError> {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (halt_tx, halt) = watch::channel(false);
@@ -465,6 +526,10 @@ impl Worker {
         let mut save_now = false;
         let mut last_renew = Instant::now();
         let lease = self.config.worker.lease;
+        if let Err(e) = self.show_progress(&mut leased, asked, schedule, &progress).await {
+            let _ = halt_tx.send(true);
+            return lost(e);
+        }
         let result = loop {
             tokio::select! {
                 result = &mut generation => break result,
@@ -475,6 +540,7 @@ impl Worker {
                             progress.partial_text.push_str(&t);
                         }
                         Event::Reasoning(_) => progress.reasoning_tokens += 1,
+                        Event::Engine(figures) => progress.engine = Some(figures),
                         Event::Checkpoint { tokens, .. } => {
                             progress.checkpoint_tokens = tokens;
                             // Saved at once, so `status` shows what a restart would keep.
@@ -490,6 +556,10 @@ impl Worker {
                         }
                         last_save = Instant::now();
                     }
+                    if let Err(e) = self.show_progress(&mut leased, asked, schedule, &progress).await {
+                        let _ = halt_tx.send(true);
+                        return lost(e);
+                    }
                 }
                 _ = tokio::time::sleep_until((last_renew + lease / 3).into()) => {}
                 _ = stop.changed() => { let _ = halt_tx.send(true); }
@@ -503,6 +573,63 @@ impl Worker {
             }
         };
         Ok(Some((leased, result)))
+    }
+
+    /// Files the job's `In Progress` message and sends its progress mail, each when due. Only a
+    /// lost lease stops the answer; a store that cannot take them now is told again next time.
+    async fn show_progress(
+        &self,
+        leased: &mut LeasedJob,
+        asked: &Asked<'_>,
+        schedule: &mut progress::Schedule,
+        progress: &Progress,
+    ) -> Result<(), StoreError> {
+        let shown: Result<(), StoreError> = async {
+            let (job, model, question) = (asked.job, asked.model, asked.question);
+            let Some(asker) = job.sender.as_ref().filter(|a| !self.is_model(a)) else { return Ok(()) };
+            if let Some(owner) = schedule.owner.clone().filter(|_| schedule.filing_due(progress)) {
+                let page =
+                    self.to_asker(job, model, question, asker, progress::page(progress, job.id.0), "progress")?;
+                self.store.file_progress(leased, &owner, &page.raw).await?;
+                schedule.filed(progress);
+            }
+            if schedule.mail_due() {
+                let text = progress::mail(progress, job.id.0);
+                let mail = self.to_asker(job, model, question, asker, text, "progress-mail")?;
+                self.store.deliver(&mail).await?;
+                schedule.mailed();
+            }
+            Ok(())
+        }
+        .await;
+        match shown {
+            Err(StoreError::LeaseLost(id)) => Err(StoreError::LeaseLost(id)),
+            Err(e) => {
+                tracing::warn!(job = %asked.job.id, "cannot show the answer so far: {e}");
+                // Tried again an interval later, not at the next token.
+                schedule.filed(progress);
+                schedule.mailed();
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// A message from the model to the asker alone, threaded under the question.
+    #[allow(clippy::too_many_arguments)]
+    fn to_asker(
+        &self,
+        job: &Job,
+        model: &Model,
+        question: &Mail,
+        asker: &Address,
+        text: String,
+        kind: &str,
+    ) -> Result<Incoming, StoreError> {
+        let audience = Audience { to: vec![mail::Person { address: asker.clone(), name: None }], cc: Vec::new() };
+        let message_id = compose::new_message_id(kind, job.id.0, &self.config.hostname);
+        let headers = vec![("X-Nightmail-Job", job.id.to_string())];
+        self.outgoing(model, job, &audience, question, Body::Plain(text), headers, None, message_id)
     }
 
     /// Why this message must not be answered, if so: loop rules (not for an Ask job: the user
@@ -673,6 +800,13 @@ impl Worker {
         self.store.finish(leased, finish, &self.policy).await?;
         Ok(())
     }
+}
+
+/// What a job asks: the job, its model and its question, as the worker read them.
+struct Asked<'a> {
+    job: &'a Job,
+    model: &'a Model,
+    question: &'a Mail,
 }
 
 /// Why a question is not answered at all.

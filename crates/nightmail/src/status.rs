@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use nightmail_config::Config;
-use nightmail_store::{Job, JobState, Outbound, OutboundState, Store};
+use nightmail_store::{EngineFigures, Job, JobState, Outbound, OutboundState, Store};
 use nightmail_types::Timestamp;
 use nightmail_worker::checkpoints;
 use serde::{Deserialize, Serialize};
@@ -115,6 +115,33 @@ pub struct JobView {
     /// The Message-ID of the acknowledgement sent for this job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ack: Option<String>,
+    /// How the local engine writing the answer is doing, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineView>,
+}
+
+/// The local engine's figures over its last second or so (docs/STATUS.md).
+#[derive(Serialize, Deserialize)]
+pub struct EngineView {
+    /// Of the experts asked for, the share already in RAM (cached or prefetched), 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_hit_rate: Option<f64>,
+    /// Weights read from disk, in MB (10^6 bytes) per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb_per_s: Option<f64>,
+    /// Of the experts chosen while decoding, the share the prefetcher had guessed, 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch_recall: Option<f64>,
+}
+
+impl EngineView {
+    fn of(f: &EngineFigures) -> EngineView {
+        EngineView {
+            cache_hit_rate: f.cache_hit_permille.map(|p| f64::from(p) / 1000.0),
+            disk_mb_per_s: f.disk_kb_per_s.map(|kb| kb as f64 / 1000.0),
+            prefetch_recall: f.prefetch_recall_permille.map(|p| f64::from(p) / 1000.0),
+        }
+    }
 }
 
 impl JobView {
@@ -135,6 +162,10 @@ impl JobView {
             max_tokens: job.progress.as_ref().map(|p| p.max_tokens).filter(|&m| m > 0),
             updated_at_ms: job.progress.as_ref().map(|p| p.updated_at.0),
             ack: job.ack.clone(),
+            engine: match job.state {
+                JobState::Running { .. } => job.progress.as_ref().and_then(|p| p.engine.as_ref()).map(EngineView::of),
+                _ => None,
+            },
             reason: match &job.state {
                 JobState::Failed { reason, .. } => Some(reason.clone()),
                 _ => None,
@@ -217,6 +248,14 @@ pub fn fetch(config: &Config) -> anyhow::Result<Report> {
     })
 }
 
+/// The engine's figures, as `status` and the watch show them: `-` for one the last second had
+/// nothing to measure.
+pub fn engine_line(e: &EngineView) -> String {
+    let share = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let rate = e.disk_mb_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.1} MB/s"));
+    format!("cache hits {}, disk {rate}, prefetch recall {}", share(e.cache_hit_rate), share(e.prefetch_recall))
+}
+
 fn print_jobs(report: &Report) {
     if report.jobs.is_empty() {
         println!("no jobs");
@@ -237,6 +276,9 @@ fn print_jobs(report: &Report) {
             clip(&job.subject, 32),
             job.message_id
         );
+        if let Some(engine) = &job.engine {
+            println!("{:>20}  engine: {}", "", engine_line(engine));
+        }
     }
     if report.checkpoint_bytes > 0 {
         println!("checkpoints on disk: {:.1} MiB", report.checkpoint_bytes as f64 / (1024.0 * 1024.0));

@@ -1,7 +1,8 @@
 //! `nightmail status --watch`: a live view of the answers being written, one progress bar per
 //! running job (indicatif): who asked and about what, tokens written of the answer's limit,
 //! seconds per token over the last half minute and since the view started, and the time left at
-//! the recent pace. It polls the same report as `status` (the daemon's control socket, else the
+//! the recent pace, and for a local model that streams weights from disk the engine's figures
+//! (expert cache hits, disk read rate, prefetch recall). It polls the same report as `status` (the daemon's control socket, else the
 //! store) once a second and runs until interrupted.
 
 use std::collections::HashMap;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nightmail_config::Config;
 
-use crate::status::{JobView, Report, age, clip, fetch};
+use crate::status::{JobView, Report, age, clip, engine_line, fetch};
 
 /// The window "now" is measured over.
 const RECENT: Duration = Duration::from_secs(30);
@@ -49,7 +50,11 @@ impl Seen {
             }
             _ => "time left unknown".to_string(),
         };
-        format!("{} s/token now, {} on average; {eta}", shown(now), shown(average))
+        let mut text = format!("{} s/token now, {} on average; {eta}", shown(now), shown(average));
+        if let Some(engine) = &job.engine {
+            text.push_str(&format!("\n  engine: {}", engine_line(engine)));
+        }
+        text
     }
 }
 

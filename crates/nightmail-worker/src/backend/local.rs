@@ -25,7 +25,7 @@ use nightmail_engine::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Backend, BackendError, BoxFuture, Event, Outcome, Request, ThinkSplitter};
+use super::{Backend, BackendError, BoxFuture, Event, Measure, Outcome, Request, ThinkSplitter};
 
 /// Prompt tokens run per step for a job that is joining the batch.
 pub const PREFILL_CHUNK: usize = 32;
@@ -43,7 +43,32 @@ struct Inner {
 
 /// Where submitters find the engine thread. Jobs are sent only under its lock, so a thread
 /// that clears it while holding the lock has every job ever sent to it in its queue.
-type EngineSlot = Arc<Mutex<Option<std_mpsc::Sender<Job>>>>;
+type EngineSlot = Arc<Mutex<Option<std_mpsc::Sender<Work>>>>;
+
+/// What the engine thread is asked to do.
+enum Work {
+    Generate(Job),
+    /// Count a prompt's tokens with the model's tokenizer and chat template; answered between
+    /// steps, without joining the batch.
+    Measure {
+        prompt: Prompt,
+        reply: oneshot::Sender<Result<Measure, BackendError>>,
+    },
+}
+
+impl Work {
+    /// Answers the work with `error` (the engine cannot run).
+    fn fail(self, error: BackendError) {
+        match self {
+            Work::Generate(job) => {
+                let _ = job.done.send(Err(error));
+            }
+            Work::Measure { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
 
 /// One generation handed to the engine thread.
 struct Job {
@@ -65,6 +90,9 @@ fn backend_error(e: EngineError) -> BackendError {
     match e {
         // A damaged model file stays damaged: fail the job with a notice, not retries.
         EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
+        // A prompt longer than the context is as long the next time (the worker fits prompts
+        // first; this is the last word).
+        EngineError::PromptTooLong { .. } => BackendError::Permanent(e.to_string()),
         e => BackendError::Transient(e.to_string()),
     }
 }
@@ -72,7 +100,7 @@ fn backend_error(e: EngineError) -> BackendError {
 impl Inner {
     /// Hands `job` to the engine thread, starting the thread (which loads the model) if there
     /// is none or it has ended.
-    fn submit(&self, job: Job) {
+    fn submit(&self, job: Work) {
         let mut slot = self.engine.lock().expect("engine lock");
         let job = match slot.as_ref() {
             Some(tx) => match tx.send(job) {
@@ -97,7 +125,7 @@ impl Inner {
 
 /// Loads the model, then serves jobs until every sender is gone. A model that cannot be loaded
 /// fails every job given to it (permanently: it will not load on a retry either).
-fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &EngineSlot) {
+fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: &EngineSlot) {
     let options = LoadOptions {
         stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb),
         // A key/value cache for every job of a batch, and the union of their experts.
@@ -111,23 +139,26 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &
             // no job can arrive after the queue is emptied and be dropped unanswered.
             let mut slot = engine.lock().expect("engine lock");
             *slot = None;
-            for job in jobs.try_iter() {
-                let _ = job.done.send(Err(BackendError::Permanent(e.to_string())));
+            for work in jobs.try_iter() {
+                work.fail(BackendError::Permanent(e.to_string()));
             }
             return;
         }
     };
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut batch: Vec<Running<'_>> = Vec::new();
+    let mut gauge = super::gauge::Gauge::default();
     loop {
         // Take what has arrived; with nothing to do, wait for it.
         if batch.is_empty() && waiting.is_empty() {
             match jobs.recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(work) => take(&model, work, &mut waiting),
                 Err(_) => return,
             }
         }
-        waiting.extend(jobs.try_iter());
+        for work in jobs.try_iter() {
+            take(&model, work, &mut waiting);
+        }
         while batch.len() < config.max_batch.max(1) {
             let Some(job) = waiting.pop_front() else { break };
             if let Some(running) = Running::start(&model, config, job) {
@@ -155,6 +186,11 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &
                         r.token(&event);
                     }
                 }
+                if let Some(figures) = gauge.sample(&model) {
+                    for r in &batch {
+                        let _ = r.events.send(Event::Engine(figures));
+                    }
+                }
                 batch.retain_mut(|r| match r.stream.stop_reason() {
                     None => true,
                     Some(_) => {
@@ -171,6 +207,21 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Job>, engine: &
                     r.finish(Err(e.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Queues a generation; answers a measurement at once.
+fn take(model: &Model, work: Work, waiting: &mut VecDeque<Job>) {
+    match work {
+        Work::Generate(job) => waiting.push_back(job),
+        Work::Measure { prompt, reply } => {
+            let measured = model.prompt_tokens(&prompt).map_err(backend_error).map(|tokens| Measure {
+                prompt_tokens: tokens.len(),
+                exact: true,
+                context: Some(model.spec().context_length),
+            });
+            let _ = reply.send(measured);
         }
     }
 }
@@ -243,7 +294,7 @@ impl<'m> Running<'m> {
                 self.outcome.reasoning.push_str(t);
                 self.outcome.reasoning_tokens += 1;
             }
-            Event::Checkpoint { .. } => {}
+            Event::Checkpoint { .. } | Event::Engine(_) => {}
         }
         let _ = self.events.send(event);
     }
@@ -315,12 +366,25 @@ impl Schedule {
     }
 }
 
+/// The request's turns as the engine's chat prompt.
+fn chat(request: &Request) -> Prompt {
+    Prompt::Chat(request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect())
+}
+
 impl Backend for Local {
     fn describe(&self) -> String {
         format!(
             "local {}",
             self.inner.config.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
         )
+    }
+
+    fn measure<'a>(&'a self, request: &'a Request) -> BoxFuture<'a, Result<Measure, BackendError>> {
+        Box::pin(async move {
+            let (reply, measured) = oneshot::channel();
+            self.inner.submit(Work::Measure { prompt: chat(request), reply });
+            measured.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))
+        })
     }
 
     fn generate<'a>(
@@ -330,8 +394,7 @@ impl Backend for Local {
         stop: watch::Receiver<bool>,
     ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
         Box::pin(async move {
-            let messages = request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect();
-            let mut generate = GenerateRequest::new(Prompt::Chat(messages));
+            let mut generate = GenerateRequest::new(chat(request));
             generate.max_new_tokens = request.max_tokens as usize;
             let c = &self.inner.config;
             generate.sampling = Sampling {
@@ -346,7 +409,7 @@ impl Backend for Local {
             };
             let (done, result) = oneshot::channel();
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
-            self.inner.submit(job);
+            self.inner.submit(Work::Generate(job));
             // Generation takes as long as it takes (hours, for a model streamed from SSD).
             result.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))
         })

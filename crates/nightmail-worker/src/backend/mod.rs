@@ -2,6 +2,7 @@
 //! reasoning arrive as separate [`Event`]s so the worker can save progress as it goes, and a stop
 //! signal ends generation between tokens.
 
+mod gauge;
 pub mod local;
 pub mod openai;
 mod think;
@@ -41,6 +42,8 @@ pub enum Event {
         tokens: u64,
         bytes: u64,
     },
+    /// How the engine that writes the answer is doing (the local engine, every second or so).
+    Engine(nightmail_store::EngineFigures),
 }
 
 /// A finished generation.
@@ -67,6 +70,11 @@ pub enum BackendError {
     /// Trying again will not help (the request was refused as invalid).
     #[error("{0}")]
     Permanent(String),
+    /// The prompt was longer than the model's context, which the server named: fitted to
+    /// `context` tokens, the question can be sent again at once. `prompt_tokens`: the server's
+    /// count of the refused prompt, when it gave one.
+    #[error("{message}")]
+    ContextExceeded { context: usize, prompt_tokens: Option<usize>, message: String },
     /// The stop signal was raised.
     #[error("stopped")]
     Stopped,
@@ -74,9 +82,34 @@ pub enum BackendError {
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A prompt measured against the model's context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measure {
+    /// The prompt's tokens: counted by the model's own tokenizer when `exact`, else estimated.
+    pub prompt_tokens: usize,
+    pub exact: bool,
+    /// The model's context in tokens, when the backend knows it.
+    pub context: Option<usize>,
+}
+
+/// Tokens a prompt takes at most, estimated without the model's tokenizer: a token per 3
+/// characters (English runs about 4 per token with BPE vocabularies, so this errs long, and a
+/// prompt fitted with it fits), and a few for each turn's role markers.
+pub fn estimate_tokens(turns: &[Turn]) -> usize {
+    turns.iter().map(|t| t.content.chars().count().div_ceil(3) + 4).sum()
+}
+
 pub trait Backend: Send + Sync {
     /// How the reply's footer names this backend, e.g. `openai smollm2 at http://127.0.0.1:8080/v1`.
     fn describe(&self) -> String;
+
+    /// Measures `request`'s prompt against the model's context. The default estimates the
+    /// tokens and knows no context.
+    fn measure<'a>(&'a self, request: &'a Request) -> BoxFuture<'a, Result<Measure, BackendError>> {
+        Box::pin(
+            async move { Ok(Measure { prompt_tokens: estimate_tokens(&request.turns), exact: false, context: None }) },
+        )
+    }
 
     /// Generates a reply, sending each piece to `events` as it comes, until done or until `stop`
     /// turns true. A restarted job calls this again from the start: a backend that can resume

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::{Backend, BackendError, BoxFuture, Event, Outcome, Request, ThinkSplitter};
+use super::{Backend, BackendError, BoxFuture, Event, Measure, Outcome, Request, ThinkSplitter, estimate_tokens};
 
 pub struct OpenAi {
     client: reqwest::Client,
@@ -20,6 +20,36 @@ pub struct OpenAi {
     api_key: Option<String>,
     timeout: Duration,
     retries: u32,
+    /// The context each served model reported (`None`: the server reports none), once asked.
+    contexts: std::sync::Mutex<std::collections::HashMap<String, Option<usize>>>,
+}
+
+/// How long the model list may take: it only tells how long a prompt may be.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The context `model` has, as an OpenAI-compatible server's model list (`GET /models`) reports
+/// it: vLLM and SGLang say `max_model_len`, OpenRouter and others `context_length`.
+fn context_of(models: &Value, model: &str) -> Option<usize> {
+    let list = models["data"].as_array()?;
+    let entry = list.iter().find(|m| m["id"] == model).or_else(|| (list.len() == 1).then(|| &list[0]))?;
+    ["max_model_len", "context_length", "context_window"].iter().find_map(|k| entry[*k].as_u64()).map(|n| n as usize)
+}
+
+/// The context a server names when it refuses a prompt as too long, and its count of the prompt
+/// when it gives one: llama.cpp's `exceed_context_size_error` carries `n_ctx` and
+/// `n_prompt_tokens`; OpenAI and vLLM say "maximum context length is N tokens" in the message
+/// (OpenAI adds "your messages resulted in M tokens").
+fn context_in_refusal(text: &str) -> Option<(usize, Option<usize>)> {
+    let error = serde_json::from_str::<Value>(text).ok().map(|v| v["error"].clone()).unwrap_or(Value::Null);
+    if let Some(n) = error["n_ctx"].as_u64() {
+        return Some((n as usize, error["n_prompt_tokens"].as_u64().map(|p| p as usize)));
+    }
+    let message = error["message"].as_str().unwrap_or(text);
+    let number_after = |words: &str| -> Option<usize> {
+        let after = &message[message.find(words)? + words.len()..];
+        after.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+    };
+    Some((number_after("maximum context length is ")?, number_after("resulted in ")))
 }
 
 impl OpenAi {
@@ -35,7 +65,31 @@ impl OpenAi {
             api_key,
             timeout,
             retries,
+            contexts: Default::default(),
         }
+    }
+
+    /// The context the server reports for `model`, asked once (a server that cannot be reached
+    /// is asked again next time).
+    async fn context(&self, model: &str) -> Option<usize> {
+        if let Some(known) = self.contexts.lock().expect("contexts lock").get(model) {
+            return *known;
+        }
+        let mut get = self.client.get(format!("{}/models", self.url));
+        if let Some(key) = &self.api_key {
+            get = get.bearer_auth(key);
+        }
+        let response = tokio::time::timeout(MODELS_TIMEOUT, get.send()).await.ok()?.ok()?;
+        let found = match response.status().is_success() {
+            true => tokio::time::timeout(MODELS_TIMEOUT, response.json::<Value>())
+                .await
+                .ok()?
+                .ok()
+                .and_then(|list| context_of(&list, model)),
+            false => None,
+        };
+        self.contexts.lock().expect("contexts lock").insert(model.to_string(), found);
+        found
     }
 
     fn body(&self, request: &Request) -> Value {
@@ -87,6 +141,12 @@ impl OpenAi {
                     let text = response.text().await.unwrap_or_default();
                     let text: String = text.chars().take(500).collect();
                     last = format!("{endpoint} answered {status}: {text}");
+                    if let Some((context, prompt_tokens)) = context_in_refusal(&text) {
+                        // Learned for the next measure, which fits the prompt to it.
+                        let model = body["model"].as_str().unwrap_or(&self.model).to_string();
+                        self.contexts.lock().expect("contexts lock").insert(model, Some(context));
+                        return Err(BackendError::ContextExceeded { context, prompt_tokens, message: last });
+                    }
                     if !(status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408) {
                         return Err(BackendError::Permanent(last));
                     }
@@ -192,7 +252,7 @@ fn record(outcome: &mut Outcome, events: &mpsc::UnboundedSender<Event>, event: E
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
-        Event::Checkpoint { .. } => {}
+        Event::Checkpoint { .. } | Event::Engine(_) => {}
     }
     let _ = events.send(event);
 }
@@ -200,6 +260,13 @@ fn record(outcome: &mut Outcome, events: &mpsc::UnboundedSender<Event>, event: E
 impl Backend for OpenAi {
     fn describe(&self) -> String {
         format!("openai {} at {}", self.model, self.url)
+    }
+
+    fn measure<'a>(&'a self, request: &'a Request) -> BoxFuture<'a, Result<Measure, BackendError>> {
+        Box::pin(async move {
+            let context = self.context(request.model.as_deref().unwrap_or(&self.model)).await;
+            Ok(Measure { prompt_tokens: estimate_tokens(&request.turns), exact: false, context })
+        })
     }
 
     fn generate<'a>(
@@ -219,6 +286,26 @@ mod tests {
     use super::*;
     use crate::conversation::{Role, Turn};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_context_is_read_from_a_refusal() {
+        let llama = r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        assert_eq!(context_in_refusal(llama), Some((4096, Some(5000))));
+        let openai = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        assert_eq!(context_in_refusal(openai), Some((8192, Some(9000))));
+        assert_eq!(context_in_refusal("This model's maximum context length is 2048 tokens"), Some((2048, None)));
+        assert_eq!(context_in_refusal(r#"{"error":{"message":"bad temperature"}}"#), None);
+    }
+
+    #[test]
+    fn the_context_is_read_from_the_model_list() {
+        let vllm = json!({"data": [{"id": "a", "max_model_len": 100}, {"id": "b", "max_model_len": 32768}]});
+        assert_eq!(context_of(&vllm, "b"), Some(32768));
+        let one = json!({"data": [{"id": "served", "context_length": 4096}]});
+        assert_eq!(context_of(&one, "asked-by-another-name"), Some(4096), "a server of one model serves it");
+        assert_eq!(context_of(&json!({"data": [{"id": "x"}]}), "x"), None, "llama.cpp's list says no context");
+        assert_eq!(context_of(&json!({"object": "list"}), "x"), None);
+    }
 
     /// Serves each canned response to one connection, in order; returns the base URL and the
     /// request bodies received.
