@@ -122,6 +122,8 @@ enum Limits {
 
 /// The largest literal accepted before login: room for any user name and password, nothing more.
 pub(crate) const PREAUTH_MAX_LITERAL: u32 = 8 * 1024;
+/// The longest command accepted whatever its literals: the line length Dovecot allows.
+const MAX_LINE: u32 = 64 * 1024;
 
 /// Greets a connection that will not be served with BYE [UNAVAILABLE] (RFC 5530 §3) and closes it.
 pub(crate) async fn refuse(mut stream: TcpStream, why: &str) {
@@ -138,7 +140,9 @@ fn options(shared: &Shared, limits: Limits) -> Options {
         Limits::LoggedIn => shared.config.smtp.max_message_bytes.min(u32::MAX as usize - 128 * 1024) as u32,
     };
     options.max_literal_size = max;
-    options.max_command_size = max + 8 * 1024;
+    // Lines themselves may be long before login too: ID (RFC 2971) with 30 long values is about
+    // 32 KiB, and Dovecot's line limit is 64 KiB.
+    options.max_command_size = (max + 8 * 1024).max(MAX_LINE);
     let _ = options.set_literal_accept_text("ready for the literal".into());
     let _ = options.set_literal_reject_text("literal too large".into());
     options
@@ -243,6 +247,18 @@ impl Session {
         }
     }
 
+    /// FLAGS and PERMANENTFLAGS again when a keyword joined the selected mailbox (RFC 3501
+    /// §7.2.6), before any FETCH that shows it.
+    pub fn announce_new_keywords(&mut self) {
+        let State::Selected(_, selected) = &mut self.state else { return };
+        if !std::mem::take(&mut selected.keywords_changed) {
+            return;
+        }
+        let (flags, permanent) = command::select::flags_of(selected);
+        self.data(Data::Flags(flags));
+        self.untagged(StatusKind::Ok, Some(Code::PermanentFlags(permanent)), "flags kept");
+    }
+
     /// Tells the client what changed in its selected mailbox (see [`Selected::sync`]).
     pub fn sync(&mut self, expunges_allowed: bool) -> Result<(), ImapError> {
         let store = self.shared.store.clone();
@@ -250,6 +266,7 @@ impl Session {
             State::Selected(_, selected) => selected.sync(&store, expunges_allowed)?,
             _ => return Ok(()),
         };
+        self.announce_new_keywords();
         for data in updates {
             self.data(data);
         }

@@ -3,7 +3,7 @@
 //! when the session tells its client (EXISTS, EXPUNGE, FETCH FLAGS), which keeps sequence numbers
 //! the client holds valid while other sessions change the mailbox.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::num::NonZeroU32;
 
 use imap_next::imap_types::response::Data;
@@ -45,9 +45,19 @@ pub struct Selected {
     pub messages: Vec<MailEntry>,
     /// UIDs recent to this session (RFC 3501 §2.3.2).
     pub recent: HashSet<Uid>,
+    /// The keywords the client was told of in FLAGS and PERMANENTFLAGS (RFC 3501 §7.2.6): every
+    /// keyword a message of the view carries must be among them before a FETCH shows it.
+    pub keywords: BTreeSet<String>,
+    /// A keyword joined `keywords` that the client has not been told of yet.
+    pub keywords_changed: bool,
     changes: broadcast::Receiver<MailboxChange>,
     /// A change was announced that the client has not been told about yet.
     dirty: bool,
+}
+
+/// Whether a stored flag is a keyword (RFC 3501 §2.3.2: flags without a backslash).
+fn is_keyword(flag: &str) -> bool {
+    !flag.starts_with('\\')
 }
 
 pub(crate) fn without_recent(mut entry: MailEntry) -> MailEntry {
@@ -64,8 +74,18 @@ impl Selected {
         recent: HashSet<Uid>,
     ) -> Result<Selected, ImapError> {
         let changes = store.changes();
-        let messages = store.mail(info.id)?.into_iter().map(without_recent).collect();
-        Ok(Selected { info, read_only, messages, recent, changes, dirty: false })
+        let messages: Vec<MailEntry> = store.mail(info.id)?.into_iter().map(without_recent).collect();
+        let keywords = messages.iter().flat_map(|m| m.flags.iter()).filter(|f| is_keyword(f)).cloned().collect();
+        Ok(Selected { info, read_only, messages, recent, keywords, keywords_changed: false, changes, dirty: false })
+    }
+
+    /// Notes the keywords among `flags`; sets `keywords_changed` when one is new.
+    pub fn learn_keywords(&mut self, flags: &[String]) {
+        for flag in flags.iter().filter(|f| is_keyword(f)) {
+            if self.keywords.insert(flag.clone()) {
+                self.keywords_changed = true;
+            }
+        }
     }
 
     pub fn exists(&self) -> u32 {
@@ -173,11 +193,26 @@ impl Selected {
         let now: Vec<MailEntry> = match store.mailbox_by_id(self.info.id)? {
             Some(info) => {
                 self.info = info;
-                store.mail(self.info.id)?.into_iter().map(without_recent).collect()
+                store.mail(self.info.id)?
             }
             // Deleted by another session: every message is gone.
             None => Vec::new(),
         };
+        // New mail still marked `\Recent` is recent to the first session that learns of it
+        // (RFC 3501 §2.3.2); EXAMINE claims nothing.
+        let last = self.messages.last().map_or(0, |m| m.uid.0);
+        let unclaimed: Vec<Uid> = now
+            .iter()
+            .filter(|m| m.uid.0 > last && m.flags.iter().any(|f| f.eq_ignore_ascii_case("\\Recent")))
+            .map(|m| m.uid)
+            .collect();
+        if !self.read_only && !unclaimed.is_empty() {
+            self.recent.extend(store.claim_recent_of(self.info.id, &unclaimed)?);
+        }
+        let now: Vec<MailEntry> = now.into_iter().map(without_recent).collect();
+        for entry in &now {
+            self.learn_keywords(&entry.flags);
+        }
         let present: HashSet<Uid> = now.iter().map(|m| m.uid).collect();
         for index in (0..self.messages.len()).rev() {
             if !present.contains(&self.messages[index].uid) {

@@ -140,12 +140,31 @@ impl Store {
     }
 
     /// Creates `owner`'s mailbox `name` if it does not exist.
+    /// The mailboxes the server makes (INBOX, Sent, ...) start subscribed.
     pub async fn create_mailbox(&self, owner: &str, name: &str) -> Result<MailboxInfo, StoreError> {
+        self.create_mailbox_subscribed(owner, name, true).await
+    }
+
+    /// Creates `owner`'s mailbox `name` if it does not exist, subscribed or not; an existing one is
+    /// returned as it is.
+    pub(crate) async fn create_mailbox_subscribed(
+        &self,
+        owner: &str,
+        name: &str,
+        subscribed: bool,
+    ) -> Result<MailboxInfo, StoreError> {
         let new_id = MailboxId(self.db.generate_id()?);
         let now = Timestamp::now();
         let t = &self.trees;
-        let info = (&t.meta, &t.mailboxes, &t.mailbox_names)
-            .transaction(|(meta, mailboxes, names)| ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now))?;
+        let info = (&t.meta, &t.mailboxes, &t.mailbox_names).transaction(|(meta, mailboxes, names)| {
+            let info = ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now)?;
+            if info.id != new_id || info.subscribed == subscribed {
+                return Ok(info);
+            }
+            let info = MailboxInfo { subscribed, ..info };
+            mailboxes.insert(&new_id.to_be_bytes(), encode(&info))?;
+            Ok(info)
+        })?;
         self.flush().await?;
         Ok(info)
     }

@@ -37,8 +37,10 @@ pub(crate) fn flags_item(entry: &MailEntry, recent: bool) -> MessageDataItem<'st
     MessageDataItem::Flags(flags)
 }
 
+/// RFC 3501 §2.3.3 INTERNALDATE has whole seconds, and imap-types refuses a time with a fraction:
+/// the milliseconds APPEND's clock reading carries are dropped here.
 pub(crate) fn internal_date(t: Timestamp) -> DateTime {
-    let utc = chrono::DateTime::from_timestamp_millis(t.0 as i64).unwrap_or_default();
+    let utc = chrono::DateTime::from_timestamp((t.0 / 1000) as i64, 0).unwrap_or_default();
     let fixed = utc.fixed_offset();
     DateTime::try_from(fixed).unwrap_or_else(|_| DateTime::unvalidated(chrono::DateTime::UNIX_EPOCH.fixed_offset()))
 }

@@ -96,6 +96,7 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
             | CommandBody::Search { uid: false, .. }
             | CommandBody::Copy { uid: false, .. }
     );
+    let logout = matches!(command.body, CommandBody::Logout);
     let result = match command.body {
         CommandBody::Capability => capability::run(s),
         CommandBody::Noop => noop::run(s),
@@ -133,7 +134,7 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
         _ => Err(ImapError::bad("command not supported")),
     };
-    if let Err(e) = s.sync(expunges_allowed) {
+    if !logout && let Err(e) = s.sync(expunges_allowed) {
         tracing::warn!("imap: mailbox update failed: {e}");
     }
     match result {
