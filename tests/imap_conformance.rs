@@ -4,21 +4,16 @@
 
 mod common;
 
-use common::{Daemon, python};
+use common::{Daemon, imaplib};
 
 /// RFC 3501 §2.3.2: a message APPENDed or COPYed into a mailbox that sessions have selected is
 /// `\Recent` in exactly one of them, and not to a session that only asks STATUS afterwards.
 #[test]
 fn new_mail_is_recent_in_exactly_one_session_that_has_the_mailbox_selected() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os, re
-def login():
-    m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-    m.login("me", os.environ["PASSWORD"])
-    return m
 one, two, three = login(), login(), login()
 three.create("Shared")
 one.select("Shared"); two.select("Shared")
@@ -57,12 +52,10 @@ print("STATUS2", status[0].decode())
 #[test]
 fn digest_parts_are_messages_with_header_and_text() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-m.login("me", os.environ["PASSWORD"])
+m = login()
 digest = (b"From: list@example.com\r\nSubject: digest\r\nMIME-Version: 1.0\r\n"
           b"Content-Type: multipart/mixed; boundary=\"outer\"\r\n\r\n"
           b"--outer\r\nContent-Type: multipart/digest; boundary=\"d\"\r\n\r\n"
@@ -92,12 +85,10 @@ print("BS", data[0].decode())
 #[test]
 fn envelope_keeps_groups_and_source_routes() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-m.login("me", os.environ["PASSWORD"])
+m = login()
 m.append("INBOX", None, None, b"Date: Thu, 15 Feb 2007 01:02:03 +0200\r\nFrom: user@domain (Real Name)\r\n"
          b"To: group: g1@d1.org, g2@d2.org;, group2: g3@d3.org;\r\nCc: group:;, group2: (foo) ;\r\n\r\nbody\r\n")
 m.append("INBOX", None, None, b"Date: Thu, 15 Feb 2007 01:02:03 +0200\r\nFrom: <@route:user@domain>\r\n\r\nbody\r\n")
@@ -118,12 +109,10 @@ for d in data:
 #[test]
 fn create_does_not_subscribe_and_lsub_percent_shows_noselect_parents() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-m.login("me", os.environ["PASSWORD"])
+m = login()
 for name in ("box", "box/test", "box/test2", "box/test2/test", "box/test3", "box/test3/test3"):
     m.create(name)
 typ, data = m.lsub('""', "box*")
@@ -151,12 +140,10 @@ print("STAR", sorted(x.decode() for x in data))
 #[test]
 fn names_that_are_not_modified_utf7_get_no_and_list_nothing() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-m.login("me", os.environ["PASSWORD"])
+m = login()
 name = "!#$&'+,-.0123456789:;<=>?@^_`|[}"
 tag = m._new_tag().decode()
 m.send(("%s SELECT %s\r\n" % (tag, name)).encode())
@@ -181,11 +168,10 @@ print("CREATE", typ, data)
 #[test]
 fn a_32k_id_command_before_login_gets_ok() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
+m = imaplib.IMAP4("127.0.0.1", PORT)
 fields = " ".join('"k%02d" "%s"' % (i, "1234567890" * 100) for i in range(30))
 typ, data = m.xatom("ID", "(%s)" % fields)
 print("ID", typ, len(fields))
@@ -203,14 +189,9 @@ print("LOGIN OK")
 #[test]
 fn stored_keywords_are_announced_in_flags_before_they_are_fetched() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os
-def login():
-    m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-    m.login("me", os.environ["PASSWORD"])
-    return m
 a, b = login(), login()
 a.append("INBOX", None, None, b"Subject: k\r\n\r\nbody\r\n")
 a.select("INBOX"); b.select("INBOX")
@@ -238,22 +219,12 @@ print("C-PERM", [x for x in c.untagged_responses.get("OK", []) if b"PERMANENTFLA
 #[test]
 fn logout_sends_pending_updates_before_bye() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os, socket
-other = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-other.login("me", os.environ["PASSWORD"])
+other = login()
 other.append("INBOX", None, None, b"Subject: gone\r\n\r\nbody\r\n")
-s = socket.create_connection(("127.0.0.1", int(os.environ["IMAP"])))
-f = s.makefile("rb")
-def until(tag):
-    lines = []
-    while True:
-        line = f.readline().decode()
-        lines.append(line.strip())
-        if line.startswith(tag + " "):
-            return lines
+s, f = raw()
 f.readline()
 s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
 s.sendall(b"b SELECT INBOX\r\n"); until("b")
@@ -278,12 +249,11 @@ for line in until("c"):
 #[test]
 fn append_without_a_date_stores_the_time_of_append() {
     let daemon = Daemon::start();
-    let out = python(
+    let out = imaplib(
         &daemon,
         r#"
-import imaplib, os, time, email.utils
-m = imaplib.IMAP4("127.0.0.1", int(os.environ["IMAP"]))
-m.login("me", os.environ["PASSWORD"])
+import time
+m = login()
 before = time.time()
 m.append("INBOX", None, None, b"Subject: now\r\n\r\nbody\r\n")
 m.select("INBOX")

@@ -4,6 +4,7 @@
 
 use imap_next::imap_types::auth::AuthMechanism;
 use imap_next::imap_types::core::{Atom, Vec1};
+use imap_next::imap_types::extensions::thread::ThreadingAlgorithm;
 use imap_next::imap_types::response::{Capability, Data};
 
 use super::Done;
@@ -35,6 +36,14 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::Unselect,
         other("SPECIAL-USE"),
         other("CHILDREN"),
+        // RFC 7888: imap-next reads `{n+}` without a continuation request, and refuses one over
+        // the literal limit with BAD once it is read (the bytes are never taken for commands).
+        Capability::LiteralPlus,
+        // RFC 5256: grammar from imap-codec; `command/sort.rs`, `command/thread.rs`.
+        Capability::Sort(None),
+        Capability::Thread(ThreadingAlgorithm::References),
+        // RFC 4731: the RETURN clause and ESEARCH response are ours (`command/esearch.rs`).
+        other("ESEARCH"),
     ]);
     Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
 }

@@ -6,12 +6,14 @@
 use std::borrow::Cow;
 use std::num::NonZeroU32;
 
+use imap_codec::ResponseCodec;
+use imap_codec::encode::Encoder;
 use imap_next::imap_types::IntoStatic;
 use imap_next::imap_types::core::{IString, Literal, NString, Vec1};
 use imap_next::imap_types::datetime::DateTime;
 use imap_next::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItem, MessageDataItemName, Section};
 use imap_next::imap_types::flag::{Flag, FlagFetch};
-use imap_next::imap_types::response::Data;
+use imap_next::imap_types::response::{Data, Response};
 use imap_next::imap_types::sequence::SequenceSet;
 use nightmail_store::{FlagUpdate, MailEntry};
 use nightmail_types::Timestamp;
@@ -82,6 +84,61 @@ fn needs_structure(name: &MessageDataItemName<'_>) -> bool {
     }
 }
 
+/// The items of one message's FETCH response, in the order asked; with the new FLAGS when this
+/// FETCH set `\Seen` and did not ask for them (RFC 3501 §6.4.5).
+fn fetch_items(
+    names: &[MessageDataItemName<'static>],
+    entry: &MailEntry,
+    recent: bool,
+    raw: &[u8],
+    structure: bool,
+    newly_seen: bool,
+) -> Vec<MessageDataItem<'static>> {
+    let parsed = structure.then(|| mime::parse(raw));
+    let split = mime::header_end(raw);
+    let flat = mime::opaque(0..split, split..raw.len());
+    let root: &Part = parsed.as_ref().map_or(&flat, |p| &p.root);
+    let mut items = Vec::with_capacity(names.len() + 1);
+    for name in names {
+        items.push(match name {
+            MessageDataItemName::Uid => MessageDataItem::Uid(NonZeroU32::new(entry.uid.0).unwrap_or(NonZeroU32::MIN)),
+            MessageDataItemName::Flags => flags_item(entry, recent),
+            MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
+            MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
+            MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(raw))),
+            MessageDataItemName::Rfc822Header => MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))),
+            MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
+            MessageDataItemName::Envelope => MessageDataItem::Envelope(
+                parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
+            ),
+            MessageDataItemName::Body => MessageDataItem::Body(mime::body_structure(raw, root, false)),
+            MessageDataItemName::BodyStructure => MessageDataItem::BodyStructure(mime::body_structure(raw, root, true)),
+            MessageDataItemName::BodyExt { section, partial, .. } => {
+                let data = mime::section(raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
+                let data = match partial {
+                    // §6.4.5 <origin.octets>: a slice, empty past the end.
+                    Some((origin, count)) => {
+                        let start = (*origin as usize).min(data.len());
+                        let end = start.saturating_add(count.get() as usize).min(data.len());
+                        Cow::Owned(data[start..end].to_vec())
+                    }
+                    None => data,
+                };
+                MessageDataItem::BodyExt {
+                    section: section.clone(),
+                    origin: partial.map(|(origin, _)| origin),
+                    data: literal(data),
+                }
+            }
+            MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. } => continue,
+        });
+    }
+    if newly_seen && !names.contains(&MessageDataItemName::Flags) {
+        items.push(flags_item(entry, recent));
+    }
+    items
+}
+
 pub(crate) async fn run(
     s: &mut Session,
     set: SequenceSet,
@@ -123,10 +180,13 @@ pub(crate) async fn run(
     }
     let bytes = names.iter().any(needs_bytes);
     let structure = names.iter().any(needs_structure);
-    let mut out = Vec::with_capacity(indices.len());
+    let recent: Vec<bool> = indices.iter().map(|&i| selected.recent.contains(&selected.messages[i].uid)).collect();
+    let entries: Vec<MailEntry> = indices.iter().map(|&i| selected.messages[i].clone()).collect();
     let mut vanished = false;
-    for i in indices {
-        let entry = &selected.messages[i];
+    // One message at a time: its bytes are read, its response encoded and added to the session's
+    // output, which is written whenever it is large (`Session::stream`); a mailbox is never held
+    // in memory whole.
+    for ((i, entry), recent) in indices.into_iter().zip(entries).zip(recent) {
         let raw = match bytes {
             false => Vec::new(),
             true => match store.message(entry.message)? {
@@ -139,60 +199,13 @@ pub(crate) async fn run(
                 }
             },
         };
-        let parsed = structure.then(|| mime::parse(&raw));
-        let split = mime::header_end(&raw);
-        let flat = mime::opaque(0..split, split..raw.len());
-        let root: &Part = parsed.as_ref().map_or(&flat, |p| &p.root);
-        let mut items = Vec::with_capacity(names.len() + 1);
-        for name in &names {
-            items.push(match name {
-                MessageDataItemName::Uid => {
-                    MessageDataItem::Uid(NonZeroU32::new(entry.uid.0).unwrap_or(NonZeroU32::MIN))
-                }
-                MessageDataItemName::Flags => flags_item(entry, selected.recent.contains(&entry.uid)),
-                MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
-                MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
-                MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(&raw))),
-                MessageDataItemName::Rfc822Header => {
-                    MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split])))
-                }
-                MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
-                MessageDataItemName::Envelope => MessageDataItem::Envelope(
-                    parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
-                ),
-                MessageDataItemName::Body => MessageDataItem::Body(mime::body_structure(&raw, root, false)),
-                MessageDataItemName::BodyStructure => {
-                    MessageDataItem::BodyStructure(mime::body_structure(&raw, root, true))
-                }
-                MessageDataItemName::BodyExt { section, partial, .. } => {
-                    let data = mime::section(&raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
-                    let data = match partial {
-                        // §6.4.5 <origin.octets>: a slice, empty past the end.
-                        Some((origin, count)) => {
-                            let start = (*origin as usize).min(data.len());
-                            let end = start.saturating_add(count.get() as usize).min(data.len());
-                            Cow::Owned(data[start..end].to_vec())
-                        }
-                        None => data,
-                    };
-                    MessageDataItem::BodyExt {
-                        section: section.clone(),
-                        origin: partial.map(|(origin, _)| origin),
-                        data: literal(data),
-                    }
-                }
-                MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. } => continue,
-            });
+        let items = fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid));
+        let Ok(items) = Vec1::try_from(items) else { continue };
+        let seq = NonZeroU32::new(i as u32 + 1).expect("+1");
+        let encoded = ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump();
+        if !s.stream(&encoded).await {
+            break;
         }
-        if newly_seen.contains(&entry.uid) && !names.contains(&MessageDataItemName::Flags) {
-            items.push(flags_item(entry, selected.recent.contains(&entry.uid)));
-        }
-        if let Ok(items) = Vec1::try_from(items) {
-            out.push(Data::Fetch { seq: selected.seq_of(i).0, items });
-        }
-    }
-    for data in out {
-        s.data(data);
     }
     if vanished {
         // RFC 5530 §3 EXPUNGEISSUED: a NOOP will tell the client what went.

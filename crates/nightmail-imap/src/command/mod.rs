@@ -10,6 +10,7 @@ pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
 pub(crate) mod enable;
+pub(crate) mod esearch;
 pub(crate) mod expunge;
 pub(crate) mod fetch;
 pub(crate) mod id;
@@ -23,10 +24,12 @@ pub(crate) mod noop;
 pub(crate) mod rename;
 pub(crate) mod search;
 pub(crate) mod select;
+pub(crate) mod sort;
 pub(crate) mod starttls;
 pub(crate) mod status;
 pub(crate) mod store;
 pub(crate) mod subscribe;
+pub(crate) mod thread;
 pub(crate) mod unselect;
 
 use std::borrow::Cow;
@@ -95,6 +98,8 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
             | CommandBody::Store { uid: false, .. }
             | CommandBody::Search { uid: false, .. }
             | CommandBody::Copy { uid: false, .. }
+            | CommandBody::Sort { uid: false, .. }
+            | CommandBody::Thread { uid: false, .. }
     );
     let logout = matches!(command.body, CommandBody::Logout);
     let result = match command.body {
@@ -120,6 +125,12 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Expunge => expunge::run(s, None).await,
         CommandBody::ExpungeUid { sequence_set } => expunge::run(s, Some(sequence_set)).await,
         CommandBody::Search { charset, criteria, uid } => search::run(s, charset, criteria, uid),
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } => {
+            sort::run(s, sort_criteria, charset, search_criteria, uid)
+        }
+        CommandBody::Thread { algorithm, charset, search_criteria, uid } => {
+            thread::run(s, algorithm, charset, search_criteria, uid)
+        }
         CommandBody::Fetch { sequence_set, macro_or_item_names, uid } => {
             fetch::run(s, sequence_set, macro_or_item_names, uid).await
         }
