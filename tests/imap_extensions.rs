@@ -161,3 +161,56 @@ print("PIPELINED", [l for l in lines if l.startswith(("* ESEARCH", "c ", "d "))]
         "{out}"
     );
 }
+
+/// RFC 3516 BINARY: APPEND of a literal8 with Content-Transfer-Encoding binary (stored as base64,
+/// so BODY[1] has no NUL), BINARY[1] and BINARY.SIZE[1] give the decoded bytes (a literal8 when
+/// they hold a NUL), a partial BINARY carries its origin, base64 and quoted-printable parts are
+/// decoded, and an unknown encoding gets NO [UNKNOWN-CTE].
+#[test]
+fn binary_fetches_decoded_parts_and_appends_literal8() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+msg = (b"From: a@b.org\r\nContent-Type: application/octet-stream\r\n"
+       b"Content-Transfer-Encoding: binary\r\n\r\n\x00-\xe4\r\n")
+s.sendall(b"b APPEND INBOX ~{%d}\r\n" % len(msg))
+print("CONT", f.readline()[:1])
+s.sendall(msg + b"\r\n")
+print("APPEND", until("b")[-1])
+m = login()
+mixed = (b"From: a@b.org\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=x\r\n\r\n"
+         b"--x\r\nContent-Transfer-Encoding: base64\r\n\r\naGVs\r\nbG8=\r\n"
+         b"--x\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\ncaf=C3=A9 =\r\nbar\r\n"
+         b"--x\r\nContent-Transfer-Encoding: x-unknown\r\n\r\nzzz\r\n--x--\r\n")
+m.append("INBOX", None, None, mixed)
+m.select("INBOX")
+typ, data = m.fetch("1", "(BINARY.SIZE[1] BINARY.PEEK[1])")
+print("BIN1", typ, data)
+typ, data = m.fetch("1", "(BODY.PEEK[1])")
+print("BODY1", typ, data)
+typ, data = m.uid("FETCH", "1", "(BINARY.PEEK[1]<1.2>)")
+print("PARTIAL", typ, data)
+typ, data = m.fetch("2", "(BINARY.PEEK[1] BINARY.PEEK[2] BINARY.SIZE[2])")
+print("BIN2", typ, data)
+typ, data = m.fetch("2", "(BINARY.PEEK[3])")
+print("UNKNOWN", typ, data)
+typ, caps = m.capability()
+print("CAPS", caps[0].decode())
+"#,
+    );
+    assert!(out.contains("CONT b'+'"), "literal8 gets a continuation: {out}");
+    assert!(out.contains("b OK [APPENDUID"), "{out}");
+    assert!(out.contains(r"BINARY.SIZE[1] 5 BINARY[1] ~{5}', b'\x00-\xe4\r\n')"), "{out}");
+    assert!(out.contains(r"b'AC3kDQo=\r\n'"), "stored as base64: {out}");
+    assert!(out.contains(r"BINARY[1]<1> {2}', b'-\xe4'"), "{out}");
+    assert!(out.contains("UID 1"), "UID FETCH's partial response carries the UID: {out}");
+    // The CRLF before a boundary is the boundary's (RFC 2046 §5.1.1); "=" CRLF is a soft break.
+    assert!(out.contains(r"b'hello'") && out.contains(r"b'caf\xc3\xa9 bar'"), "{out}");
+    assert!(out.contains("BINARY.SIZE[2] 9"), "{out}");
+    assert!(out.contains("UNKNOWN NO [b'[UNKNOWN-CTE]"), "{out}");
+    assert!(out.contains(" BINARY"), "{out}");
+}

@@ -379,7 +379,7 @@ pub fn body_structure(raw: &[u8], p: &Part, extended: bool) -> BodyStructure<'st
 /// The part that section number `path` names (RFC 3501 §6.4.5): numbers step into multiparts,
 /// and into the message inside a message/rfc822 part; a non-multipart body is part 1 of its
 /// message.
-fn find<'p>(root: &'p Part, path: &[u32]) -> Option<&'p Part> {
+pub fn find<'p>(root: &'p Part, path: &[u32]) -> Option<&'p Part> {
     let mut current: Option<&Part> = None;
     for &n in path {
         let body = match current {

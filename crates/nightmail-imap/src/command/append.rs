@@ -2,6 +2,7 @@
 //! §3). The literal's size was checked against the limit before it was read (see `session`).
 //! Filed as the user (see `copy`); into an Ask folder, only a message with a header is accepted,
 //! since anything else has nothing a model could be asked about: NO [CANNOT] (RFC 5530) says so.
+//! A literal8 (RFC 3516) is taken; see `binary` for what is stored.
 
 use std::num::NonZeroU32;
 
@@ -14,7 +15,7 @@ use nightmail_store::{Filing, Summary};
 use nightmail_types::Timestamp;
 
 use super::copy::{destination, done_text, filer};
-use super::{Done, flag_names};
+use super::{Done, binary, flag_names};
 use crate::ImapError;
 use crate::error::other_code;
 use crate::session::Session;
@@ -27,10 +28,12 @@ pub(crate) async fn run(
     message: LiteralOrLiteral8<'static>,
 ) -> Result<Done, ImapError> {
     let to = destination(s, &mailbox)?;
+    // RFC 3516 §4.4: a literal8 may carry Content-Transfer-Encoding binary, kept as base64.
     let bytes = match &message {
-        LiteralOrLiteral8::Literal(l) => l.data(),
-        LiteralOrLiteral8::Literal8(l) => l.data.as_ref(),
+        LiteralOrLiteral8::Literal(l) => std::borrow::Cow::Borrowed(l.data()),
+        LiteralOrLiteral8::Literal8(l) => binary::for_storage(l.data.as_ref()),
     };
+    let bytes = bytes.as_ref();
     if bytes.is_empty() {
         return Err(ImapError::no("an empty message cannot be appended"));
     }

@@ -44,6 +44,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::Thread(ThreadingAlgorithm::References),
         // RFC 4731: the RETURN clause and ESEARCH response are ours (`command/esearch.rs`).
         other("ESEARCH"),
+        // RFC 3516: `command/binary.rs`.
+        Capability::Binary,
     ]);
     Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
 }

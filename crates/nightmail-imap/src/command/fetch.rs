@@ -18,7 +18,7 @@ use imap_next::imap_types::sequence::SequenceSet;
 use nightmail_store::{FlagUpdate, MailEntry};
 use nightmail_types::Timestamp;
 
-use super::Done;
+use super::{Done, binary};
 use crate::ImapError;
 use crate::error::other_code;
 use crate::mime::{self, Part};
@@ -56,6 +56,7 @@ fn sets_seen(name: &MessageDataItemName<'_>) -> bool {
     matches!(
         name,
         MessageDataItemName::BodyExt { peek: false, .. }
+            | MessageDataItemName::Binary { peek: false, .. }
             | MessageDataItemName::Rfc822
             | MessageDataItemName::Rfc822Text
     )
@@ -80,6 +81,9 @@ fn needs_structure(name: &MessageDataItemName<'_>) -> bool {
             Some(Section::HeaderFields(part, _) | Section::HeaderFieldsNot(part, _)) => part.is_some(),
             _ => true,
         },
+        MessageDataItemName::Binary { section, .. } | MessageDataItemName::BinarySize { section } => {
+            !section.is_empty()
+        }
         _ => false,
     }
 }
@@ -93,7 +97,8 @@ fn fetch_items(
     raw: &[u8],
     structure: bool,
     newly_seen: bool,
-) -> Vec<MessageDataItem<'static>> {
+) -> Result<(Vec<MessageDataItem<'static>>, Vec<PartialBinary>), ImapError> {
+    let mut partials = Vec::new();
     let parsed = structure.then(|| mime::parse(raw));
     let split = mime::header_end(raw);
     let flat = mime::opaque(0..split, split..raw.len());
@@ -130,13 +135,61 @@ fn fetch_items(
                     data: literal(data),
                 }
             }
-            MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. } => continue,
+            MessageDataItemName::Binary { section, partial, .. } => {
+                let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
+                let data = binary::decoded(raw, root, &path)?;
+                match partial {
+                    Some((origin, count)) => {
+                        let start = (*origin as usize).min(data.len());
+                        let end = start.saturating_add(count.get() as usize).min(data.len());
+                        let item = MessageDataItem::Binary {
+                            section: section.clone(),
+                            value: binary::value(data[start..end].to_vec()),
+                        };
+                        partials.push(PartialBinary { origin: *origin, section: path, item });
+                        continue;
+                    }
+                    None => {
+                        MessageDataItem::Binary { section: section.clone(), value: binary::value(data.into_owned()) }
+                    }
+                }
+            }
+            MessageDataItemName::BinarySize { section } => {
+                let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
+                let size = binary::decoded(raw, root, &path)?.len() as u32;
+                MessageDataItem::BinarySize { section: section.clone(), size }
+            }
         });
     }
     if newly_seen && !names.contains(&MessageDataItemName::Flags) {
         items.push(flags_item(entry, recent));
     }
-    items
+    Ok((items, partials))
+}
+
+/// A `BINARY[section]<origin>` item (RFC 3516 §4.2). imap-types' item has no origin, so each is
+/// sent as a FETCH response of its own and the origin written in after the section (`encode`).
+struct PartialBinary {
+    origin: u32,
+    section: Vec<u32>,
+    item: MessageDataItem<'static>,
+}
+
+impl PartialBinary {
+    /// With the UID after it for UID FETCH (RFC 3501 §6.4.8: every response carries it).
+    fn encode(self, seq: NonZeroU32, uid: Option<NonZeroU32>) -> Vec<u8> {
+        let section: Vec<String> = self.section.iter().map(u32::to_string).collect();
+        let prefix = format!("* {seq} FETCH (BINARY[{}]", section.join("."));
+        let mut items = vec![self.item];
+        items.extend(uid.map(MessageDataItem::Uid));
+        let items = Vec1::try_from(items).expect("one item at least");
+        let mut encoded = ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump();
+        if encoded.starts_with(prefix.as_bytes()) {
+            let origin = format!("<{}>", self.origin);
+            encoded.splice(prefix.len()..prefix.len(), origin.into_bytes());
+        }
+        encoded
+    }
 }
 
 pub(crate) async fn run(
@@ -151,9 +204,6 @@ pub(crate) async fn run(
         MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(|n| n.into_static()).collect(),
         MacroOrMessageDataItemNames::MessageDataItemNames(names) => names,
     };
-    if names.iter().any(|n| matches!(n, MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. })) {
-        return Err(ImapError::bad("BINARY is not supported"));
-    }
     // §6.4.8: UID FETCH always returns the UID.
     if uid && !names.contains(&MessageDataItemName::Uid) {
         names.insert(0, MessageDataItemName::Uid);
@@ -199,12 +249,18 @@ pub(crate) async fn run(
                 }
             },
         };
-        let items = fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid));
-        let Ok(items) = Vec1::try_from(items) else { continue };
+        let (items, partials) = fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid))?;
         let seq = NonZeroU32::new(i as u32 + 1).expect("+1");
-        let encoded = ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump();
-        if !s.stream(&encoded).await {
-            break;
+        let mut responses = Vec::with_capacity(1 + partials.len());
+        if let Ok(items) = Vec1::try_from(items) {
+            responses.push(ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump());
+        }
+        let uid = NonZeroU32::new(entry.uid.0).filter(|_| names.contains(&MessageDataItemName::Uid));
+        responses.extend(partials.into_iter().map(|p| p.encode(seq, uid)));
+        for encoded in responses {
+            if !s.stream(&encoded).await {
+                break;
+            }
         }
     }
     if vanished {

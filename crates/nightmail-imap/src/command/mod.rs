@@ -3,6 +3,7 @@
 
 pub(crate) mod append;
 pub(crate) mod authenticate;
+pub(crate) mod binary;
 pub(crate) mod capability;
 pub(crate) mod check;
 pub(crate) mod close;

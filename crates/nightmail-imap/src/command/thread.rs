@@ -167,9 +167,10 @@ impl Forest {
                     self.nodes[c].parent = None;
                     self.link(target, c);
                 }
-            } else if dummy(self, target) && !dummy(self, n) {
-                self.link(target, n);
-            } else if !dummy(self, target) && reply(self, n) && !reply(self, target) {
+            } else if (dummy(self, target) && !dummy(self, n))
+                || (!dummy(self, target) && reply(self, n) && !reply(self, target))
+            {
+                // §4 step 5C: under the dummy, or a reply under the message it replies to.
                 self.link(target, n);
             } else {
                 let merged = self.add();
