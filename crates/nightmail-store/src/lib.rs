@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use bridge::BridgeState;
-pub use changes::MailboxChange;
+pub use changes::{ChangeKind, MailboxChange};
 pub use delivery::{
     DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, author, message_id, stable_digest,
 };

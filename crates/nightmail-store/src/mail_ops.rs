@@ -242,7 +242,7 @@ impl Store {
         filing: Option<&Filing<'_>>,
     ) -> Result<Copied, MailboxOpError> {
         let copied = self.transfer(from, uids, to, filing, Transfer::Copy).await?;
-        self.notify(to);
+        self.notify_added(to);
         Ok(copied)
     }
 
@@ -258,7 +258,7 @@ impl Store {
     ) -> Result<Copied, MailboxOpError> {
         let copied = self.transfer(from, uids, to, filing, Transfer::Move).await?;
         self.notify(from);
-        self.notify(to);
+        self.notify_added(to);
         Ok(copied)
     }
 
@@ -322,7 +322,7 @@ impl Store {
             Ok(Appended { uid_validity: info.uid_validity, uid, job })
         })?;
         self.flush().await?;
-        self.notify(mailbox);
+        self.notify_added(mailbox);
         Ok(appended)
     }
 

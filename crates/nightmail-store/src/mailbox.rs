@@ -139,6 +139,27 @@ impl Store {
             .collect()
     }
 
+    /// The messages of a mailbox with a UID above `uid`, in UID order: what an IMAP session
+    /// that knows the mailbox up to `uid` reads when mail was only added ([`ChangeKind::Added`]).
+    ///
+    /// [`ChangeKind::Added`]: crate::ChangeKind::Added
+    pub fn mail_after(&self, mailbox: MailboxId, uid: Uid) -> Result<Vec<MailEntry>, StoreError> {
+        let Some(first) = uid.0.checked_add(1) else { return Ok(Vec::new()) };
+        let start = mail_key(mailbox, Uid(first));
+        let end = mail_key(mailbox, Uid(u32::MAX));
+        self.trees
+            .mail
+            .range(start..=end)
+            .map(|entry| {
+                let (key, value) = entry?;
+                let mut entry: MailEntry = decode(MAIL, &value)?;
+                entry.uid =
+                    uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
+                Ok(entry)
+            })
+            .collect()
+    }
+
     /// Creates `owner`'s mailbox `name` if it does not exist.
     /// The mailboxes the server makes (INBOX, Sent, ...) start subscribed.
     pub async fn create_mailbox(&self, owner: &str, name: &str) -> Result<MailboxInfo, StoreError> {
