@@ -101,6 +101,14 @@ pub(crate) fn append(
     Ok(uid)
 }
 
+/// A record of the `mail` tree as a [`MailEntry`], its UID taken from the key.
+fn mail_entry(record: sled::Result<(sled::IVec, sled::IVec)>) -> Result<MailEntry, StoreError> {
+    let (key, value) = record?;
+    let mut entry: MailEntry = decode(MAIL, &value)?;
+    entry.uid = uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
+    Ok(entry)
+}
+
 impl Store {
     pub fn mailbox(&self, owner: &str, name: &str) -> Result<Option<MailboxInfo>, StoreError> {
         let Some(id) = self.trees.mailbox_names.get(name_key(owner, name))? else {
@@ -126,17 +134,7 @@ impl Store {
 
     /// The messages of a mailbox, in UID order.
     pub fn mail(&self, mailbox: MailboxId) -> Result<Vec<MailEntry>, StoreError> {
-        self.trees
-            .mail
-            .scan_prefix(mailbox.to_be_bytes())
-            .map(|entry| {
-                let (key, value) = entry?;
-                let mut entry: MailEntry = decode(MAIL, &value)?;
-                entry.uid =
-                    uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
-                Ok(entry)
-            })
-            .collect()
+        self.trees.mail.scan_prefix(mailbox.to_be_bytes()).map(mail_entry).collect()
     }
 
     /// The messages of a mailbox with a UID above `uid`, in UID order: what an IMAP session
@@ -147,17 +145,7 @@ impl Store {
         let Some(first) = uid.0.checked_add(1) else { return Ok(Vec::new()) };
         let start = mail_key(mailbox, Uid(first));
         let end = mail_key(mailbox, Uid(u32::MAX));
-        self.trees
-            .mail
-            .range(start..=end)
-            .map(|entry| {
-                let (key, value) = entry?;
-                let mut entry: MailEntry = decode(MAIL, &value)?;
-                entry.uid =
-                    uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
-                Ok(entry)
-            })
-            .collect()
+        self.trees.mail.range(start..=end).map(mail_entry).collect()
     }
 
     /// Creates `owner`'s mailbox `name` if it does not exist.
