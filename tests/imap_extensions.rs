@@ -100,10 +100,10 @@ fn sort_orders_by_each_key_with_search_criteria() {
 }
 
 /// RFC 5256 §4 THREAD=REFERENCES: References and In-Reply-To link replies under their parents, a
-/// missing parent leaves its only child at the top, threads with the same base subject are
-/// gathered under a dummy, and threads are ordered by sent date.
+/// missing parent leaves its only child at the top, a reply with the same base subject goes under
+/// the thread it names, and threads are ordered by sent date; and THREAD=ORDEREDSUBJECT.
 #[test]
-fn thread_references_links_replies_and_gathers_by_subject() {
+fn thread_references_and_orderedsubject() {
     let daemon = Daemon::start();
     let out = imaplib(&daemon, THREADED);
     // (2 6): Lunch and Re: Lunch gathered (6 is a reply, so a child of 2); (1 3 4): a chain;
@@ -111,7 +111,8 @@ fn thread_references_links_replies_and_gathers_by_subject() {
     assert!(out.contains("THREAD OK (2 6)(1 3 4)(5)"), "{out}");
     // Only alice's messages (UIDs 2 and 4): 4's parent 3 is not among them.
     assert!(out.contains("UID-THREAD OK (2)(4)"), "{out}");
-    assert!(out.contains("ORDERED NO"), "ORDEREDSUBJECT is refused: {out}");
+    // ORDEREDSUBJECT: by base subject, the first message (by date) the parent of the others.
+    assert!(out.contains("ORDERED OK [b'(2 6)(1 (3)(4))(5)']"), "{out}");
 }
 
 /// RFC 4731 ESEARCH: SEARCH RETURN (MIN MAX COUNT ALL) answers in one ESEARCH line tagged with

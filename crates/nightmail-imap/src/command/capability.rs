@@ -42,6 +42,7 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // RFC 5256: grammar from imap-codec; `command/sort.rs`, `command/thread.rs`.
         Capability::Sort(None),
         Capability::Thread(ThreadingAlgorithm::References),
+        Capability::Thread(ThreadingAlgorithm::OrderedSubject),
         // RFC 4731: the RETURN clause and ESEARCH response are ours (`command/esearch.rs`).
         other("ESEARCH"),
         // RFC 3516: `command/binary.rs`.

@@ -1,7 +1,8 @@
-//! THREAD and UID THREAD with the REFERENCES algorithm (RFC 5256 §4 "THREAD=REFERENCES", after
-//! Jamie Zawinski's): the messages SEARCH would find, linked by Message-ID, References and
-//! In-Reply-To, empty containers pruned, threads sorted by sent date and those with the same base
-//! subject gathered. ORDEREDSUBJECT is not advertised and gets NO.
+//! THREAD and UID THREAD (RFC 5256 §4) over the messages SEARCH would find. REFERENCES (after
+//! Jamie Zawinski's algorithm): linked by Message-ID, References and In-Reply-To, empty
+//! containers pruned, threads sorted by sent date and those with the same base subject gathered.
+//! ORDEREDSUBJECT: grouped by base subject, each group's first message (by sent date) the parent
+//! of the others.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -225,6 +226,32 @@ impl Forest {
     }
 }
 
+/// RFC 5256 §4 ORDEREDSUBJECT over `messages`: sorted by base subject then sent date (ties by
+/// mailbox order), one thread per base subject whose first message is the parent of the rest,
+/// threads ordered by the sent date of their first message.
+fn ordered_subject(mut messages: Vec<Message>) -> Vec<Thread> {
+    messages.sort_by(|a, b| {
+        (a.keys.subject.as_str(), a.keys.sent, a.index).cmp(&(b.keys.subject.as_str(), b.keys.sent, b.index))
+    });
+    let mut forest = Forest::default();
+    let mut roots: Vec<usize> = Vec::new();
+    let mut subject: Option<String> = None;
+    for message in messages {
+        let n = forest.add();
+        let same = subject.as_deref() == Some(message.keys.subject.as_str());
+        subject = Some(message.keys.subject.clone());
+        forest.nodes[n].message = Some(message);
+        match roots.last() {
+            Some(&root) if same => {
+                forest.link(root, n);
+            }
+            _ => roots.push(n),
+        }
+    }
+    roots.sort_by_key(|&n| forest.date_key(n));
+    roots.iter().filter_map(|&n| forest.thread(n)).collect()
+}
+
 /// RFC 5256 §4 REFERENCES over `messages` (in mailbox order).
 fn references(messages: Vec<Message>) -> Vec<Thread> {
     let mut forest = Forest::default();
@@ -271,9 +298,11 @@ pub(crate) fn run(
     search: Vec1<SearchKey<'static>>,
     uid: bool,
 ) -> Result<Done, ImapError> {
-    if !matches!(algorithm, ThreadingAlgorithm::References) {
-        return Err(ImapError::no("only THREAD=REFERENCES is supported"));
-    }
+    let ordered = match algorithm {
+        ThreadingAlgorithm::References => false,
+        ThreadingAlgorithm::OrderedSubject => true,
+        _ => return Err(ImapError::no("only REFERENCES and ORDEREDSUBJECT threading are supported")),
+    };
     check_charset(&charset)?;
     let hits = matching(s, search.as_ref())?;
     let mut messages = Vec::with_capacity(hits.len());
@@ -282,6 +311,6 @@ pub(crate) fn run(
             messages.push(Message { number, index, keys });
         }
     }
-    s.data(Data::Thread(references(messages)));
+    s.data(Data::Thread(if ordered { ordered_subject(messages) } else { references(messages) }));
     Ok(Done::ok(if uid { "UID THREAD completed" } else { "THREAD completed" }))
 }
