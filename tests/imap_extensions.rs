@@ -115,7 +115,7 @@ fn thread_references_and_orderedsubject() {
     assert!(out.contains("ORDERED OK [b'(2 6)(1 (3)(4))(5)']"), "{out}");
 }
 
-/// RFC 4731 ESEARCH: SEARCH RETURN (MIN MAX COUNT ALL) answers in one ESEARCH line tagged with
+/// RFC 4731 ESEARCH (and RFC 5267 ESORT): SEARCH RETURN (MIN MAX COUNT ALL) answers in one ESEARCH line tagged with
 /// the command's tag, `()` means ALL, no match leaves out all but COUNT, and the tagged OK comes
 /// whether or not another command is pipelined behind it.
 #[test]
@@ -133,6 +133,8 @@ for ret in ["(MIN MAX COUNT ALL)", "()", "(COUNT)"]:
     print("ESEARCH", ret, typ, m.untagged_responses.pop("ESEARCH", None))
 typ, data = m._simple_command("UID", "SEARCH", "RETURN", "(MIN ALL)", "UNSEEN")
 print("UID", typ, m.untagged_responses.pop("ESEARCH", None))
+typ, data = m._simple_command("SORT", "RETURN", "(MIN MAX COUNT ALL)", "(REVERSE SUBJECT)", "UTF-8", "SEEN")
+print("ESORT", typ, data, m.untagged_responses.pop("ESEARCH", None))
 typ, data = m._simple_command("SEARCH", "RETURN", "(MIN MAX ALL COUNT)", "1000")
 print("NONE", typ, m.untagged_responses.pop("ESEARCH", None))
 try:
@@ -150,13 +152,18 @@ print("PIPELINED", [l for l in lines if l.startswith(("* ESEARCH", "c ", "d "))]
     );
     // Every ESEARCH carries a TAG correlator (imaplib picks its own tags, e.g. PNCJ9).
     let tagged = out.lines().filter(|l| l.contains("[b'(TAG \"")).count();
-    assert_eq!(tagged, 5, "{out}");
+    assert_eq!(tagged, 6, "{out}");
     assert!(out.contains(r#"") MIN 2 MAX 5 COUNT 3 ALL 2,4:5']"#), "{out}");
     assert!(out.contains("ALL 2,4:5']") && out.contains("ESEARCH () OK"), "{out}");
     assert!(out.contains(r#"ESEARCH (COUNT) OK"#) && out.contains(r#"") COUNT 3']"#), "{out}");
     assert!(out.contains(r#"") UID MIN 1 ALL 1,3,6']"#), "{out}");
     assert!(out.contains("NONE OK") && out.contains(r#"") COUNT 0']"#), "{out}");
     assert!(out.contains("SAVE SEARCH command error: BAD"), "SAVE is not offered: {out}");
+    // RFC 5267 ESORT: MIN and MAX are the first and last in sort order, ALL is in that order.
+    assert!(
+        out.contains("ESORT OK [b'SORT completed']") && out.contains(r#"") MIN 5 MAX 2 COUNT 3 ALL 5,4,2']"#),
+        "{out}"
+    );
     assert!(
         out.contains(r#"PIPELINED ['* ESEARCH (TAG "c") COUNT 6', 'c OK SEARCH completed', 'd OK NOOP completed']"#),
         "{out}"

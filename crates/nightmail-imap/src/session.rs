@@ -434,10 +434,11 @@ impl Session {
         }
     }
 
-    /// SEARCH RETURN (RFC 4731), which imap-codec does not parse: the ESEARCH line is written here,
+    /// SEARCH and SORT RETURN (RFC 4731, 5267), which imap-codec does not parse: the ESEARCH line
+    /// is written here,
     /// after every response queued before it and before the tagged result.
     fn return_search(&mut self, search: command::esearch::ReturnSearch) {
-        let (tag, uid) = (search.tag.clone(), search.uid);
+        let (tag, uid, done) = (search.tag.clone(), search.uid, search.done_text());
         let result = command::esearch::run(self, search);
         self.flush_queued();
         if let Err(e) = self.sync(uid) {
@@ -446,7 +447,7 @@ impl Session {
         match result {
             Ok(line) => {
                 self.out.extend_from_slice(&line);
-                self.tagged(tag, StatusKind::Ok, None, if uid { "UID SEARCH completed" } else { "SEARCH completed" });
+                self.tagged(tag, StatusKind::Ok, None, done);
             }
             Err(e) => {
                 let (kind, code, message) = e.reply();

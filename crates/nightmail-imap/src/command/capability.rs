@@ -43,8 +43,10 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::Sort(None),
         Capability::Thread(ThreadingAlgorithm::References),
         Capability::Thread(ThreadingAlgorithm::OrderedSubject),
-        // RFC 4731: the RETURN clause and ESEARCH response are ours (`command/esearch.rs`).
+        // RFC 4731, RFC 5267 §3: the RETURN clause and ESEARCH response are ours
+        // (`command/esearch.rs`).
         other("ESEARCH"),
+        other("ESORT"),
         // RFC 3516: `command/binary.rs`.
         Capability::Binary,
     ]);

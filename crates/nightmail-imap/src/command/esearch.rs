@@ -1,5 +1,6 @@
-//! SEARCH RETURN (RFC 4731 ESEARCH): MIN, MAX, COUNT and ALL of the matches in one
-//! `* ESEARCH (TAG "t") [UID] ...` response.
+//! SEARCH RETURN (RFC 4731 ESEARCH) and SORT RETURN (RFC 5267 §3 ESORT): MIN, MAX, COUNT and
+//! ALL of the matches in one `* ESEARCH (TAG "t") [UID] ...` response; for SORT, MIN and MAX are
+//! the first and last in sort order and ALL lists them in that order.
 //!
 //! imap-codec 2.0.0-alpha.10 has neither the `RETURN (...)` clause nor the ESEARCH response, so
 //! this module reads only that clause (RFC 4731 §3 `search-return-opts`), from the bytes of a
@@ -7,6 +8,7 @@
 //! imap-codec as a plain SEARCH. The response line is written here (`esearch-response`, §3).
 
 use std::fmt::Write as _;
+use std::num::NonZeroU32;
 
 use imap_codec::CommandCodec;
 use imap_codec::decode::Decoder;
@@ -14,6 +16,7 @@ use imap_next::imap_types::command::CommandBody;
 use imap_next::imap_types::core::Tag;
 
 use super::search::{check_charset, matching, number};
+use super::sort::sorted;
 use crate::ImapError;
 use crate::session::Session;
 
@@ -26,27 +29,44 @@ enum ReturnOption {
     Count,
 }
 
-/// A SEARCH with a RETURN clause, taken apart.
+/// A SEARCH or SORT with a RETURN clause, taken apart.
 pub(crate) struct ReturnSearch {
     pub tag: Tag<'static>,
     pub uid: bool,
+    sort: bool,
     options: Result<Vec<ReturnOption>, String>,
     /// The command without the clause: a plain SEARCH for imap-codec.
     plain: Vec<u8>,
+}
+
+impl ReturnSearch {
+    /// The tagged OK's text.
+    pub(crate) fn done_text(&self) -> &'static str {
+        match (self.uid, self.sort) {
+            (false, false) => "SEARCH completed",
+            (true, false) => "UID SEARCH completed",
+            (false, true) => "SORT completed",
+            (true, true) => "UID SORT completed",
+        }
+    }
 }
 
 fn strip_prefix_ci<'b>(bytes: &'b [u8], prefix: &[u8]) -> Option<&'b [u8]> {
     (bytes.len() >= prefix.len() && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)).then(|| &bytes[prefix.len()..])
 }
 
-/// `tag [UID] SEARCH RETURN (opts) criteria`, or `None` when `bytes` is not such a command.
+/// `tag [UID] SEARCH|SORT RETURN (opts) rest`, or `None` when `bytes` is not such a command.
 pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
     let space = bytes.iter().position(|&b| b == b' ')?;
     let tag = Tag::try_from(String::from_utf8(bytes[..space].to_vec()).ok()?).ok()?;
     let mut rest = &bytes[space + 1..];
     let uid = strip_prefix_ci(rest, b"UID ");
     rest = uid.unwrap_or(rest);
-    rest = strip_prefix_ci(rest, b"SEARCH RETURN (")?;
+    let (sort, after) = match strip_prefix_ci(rest, b"SEARCH RETURN (") {
+        Some(after) => (false, after),
+        None => (true, strip_prefix_ci(rest, b"SORT RETURN (")?),
+    };
+    rest = after;
     let close = rest.iter().position(|&b| b == b')')?;
     let options = std::str::from_utf8(&rest[..close]).ok()?;
     let criteria = rest[close + 1..].strip_prefix(b" ")?;
@@ -64,12 +84,13 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
     if uid.is_some() {
         plain.extend_from_slice(b"UID ");
     }
-    plain.extend_from_slice(b"SEARCH ");
+    plain.extend_from_slice(if sort { b"SORT " } else { b"SEARCH " });
     plain.extend_from_slice(criteria);
-    Some(ReturnSearch { tag, uid: uid.is_some(), options, plain })
+    Some(ReturnSearch { tag, uid: uid.is_some(), sort, options, plain })
 }
 
-/// `1:3,5,7:8` (RFC 3501 sequence-set) of ascending numbers.
+/// `1:3,5,7:8` (RFC 3501 sequence-set) of the numbers in their order: runs of consecutive
+/// ascending numbers become ranges.
 fn sequence_set(numbers: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
@@ -96,16 +117,23 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
     }
     let (_, command) = CommandCodec::default()
         .decode(&search.plain)
-        .map_err(|_| ImapError::bad("syntax error in the SEARCH criteria"))?;
-    let CommandBody::Search { charset, criteria, uid } = command.body else {
-        return Err(ImapError::bad("syntax error in the SEARCH command"));
+        .map_err(|_| ImapError::bad("syntax error in the command after RETURN (...)"))?;
+    let (numbers, uid): (Vec<u32>, bool) = match command.body {
+        CommandBody::Search { charset, criteria, uid } if !search.sort => {
+            if let Some(charset) = &charset {
+                check_charset(charset)?;
+            }
+            let hits = matching(s, criteria.as_ref())?;
+            let mut numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
+            numbers.sort_unstable();
+            (numbers, uid)
+        }
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if search.sort => {
+            let numbers = sorted(s, &sort_criteria, &charset, &search_criteria, uid)?;
+            (numbers.into_iter().map(NonZeroU32::get).collect(), uid)
+        }
+        _ => return Err(ImapError::bad("syntax error in the command after RETURN (...)")),
     };
-    if let Some(charset) = &charset {
-        check_charset(charset)?;
-    }
-    let hits = matching(s, criteria.as_ref())?;
-    let mut numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
-    numbers.sort_unstable();
     let mut line = format!("* ESEARCH (TAG \"{}\")", search.tag.inner());
     if uid {
         line.push_str(" UID");

@@ -3,6 +3,7 @@
 //! `order::Keys`; DISPLAYFROM and DISPLAYTO (RFC 5957) are not advertised and get BAD.
 
 use std::cmp::Ordering;
+use std::num::NonZeroU32;
 
 use imap_next::imap_types::core::{Charset, Vec1};
 use imap_next::imap_types::extensions::sort::{SortCriterion, SortKey};
@@ -50,14 +51,15 @@ pub(crate) fn keys_of(s: &mut Session, indices: &[usize]) -> Result<Vec<(usize, 
     Ok(out)
 }
 
-pub(crate) fn run(
+/// The numbers (UIDs with `uid`) of the messages `search` finds, in the order of `criteria`.
+pub(crate) fn sorted(
     s: &mut Session,
-    criteria: Vec1<SortCriterion>,
-    charset: Charset<'static>,
-    search: Vec1<SearchKey<'static>>,
+    criteria: &Vec1<SortCriterion>,
+    charset: &Charset<'_>,
+    search: &Vec1<SearchKey<'_>>,
     uid: bool,
-) -> Result<Done, ImapError> {
-    check_charset(&charset)?;
+) -> Result<Vec<NonZeroU32>, ImapError> {
+    check_charset(charset)?;
     if criteria.as_ref().iter().any(|c| matches!(c.key, SortKey::DisplayFrom | SortKey::DisplayTo)) {
         return Err(ImapError::bad("DISPLAYFROM and DISPLAYTO are not supported (no SORT=DISPLAY)"));
     }
@@ -72,7 +74,17 @@ pub(crate) fn run(
             .find(|o| o.is_ne())
             .unwrap_or_else(|| a.index.cmp(&b.index))
     });
-    let numbers = rows.iter().filter_map(|r| number(s, r.index, uid)).collect();
+    Ok(rows.iter().filter_map(|r| number(s, r.index, uid)).collect())
+}
+
+pub(crate) fn run(
+    s: &mut Session,
+    criteria: Vec1<SortCriterion>,
+    charset: Charset<'static>,
+    search: Vec1<SearchKey<'static>>,
+    uid: bool,
+) -> Result<Done, ImapError> {
+    let numbers = sorted(s, &criteria, &charset, &search, uid)?;
     s.data(Data::Sort(numbers));
     Ok(Done::ok(if uid { "UID SORT completed" } else { "SORT completed" }))
 }
