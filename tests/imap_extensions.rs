@@ -97,6 +97,7 @@ fn sort_orders_by_each_key_with_search_criteria() {
     assert!(out.contains("BADCHARSET NO [b'[BADCHARSET]"), "an unknown charset: {out}");
     let caps = out.lines().find(|l| l.starts_with("CAPS")).unwrap();
     assert!(caps.contains(" SORT") && caps.contains("THREAD=REFERENCES"), "{caps}");
+    assert!(caps.contains("UTF8=ACCEPT") && caps.contains("ESORT") && caps.contains("BINARY"), "{caps}");
 }
 
 /// RFC 5256 §4 THREAD=REFERENCES: References and In-Reply-To link replies under their parents, a
@@ -221,4 +222,42 @@ print("CAPS", caps[0].decode())
     assert!(out.contains("BINARY.SIZE[2] 9"), "{out}");
     assert!(out.contains("UNKNOWN NO [b'[UNKNOWN-CTE]"), "{out}");
     assert!(out.contains(" BINARY"), "{out}");
+}
+
+/// RFC 6855 UTF8=ACCEPT: after ENABLE, mailbox names are UTF-8 both ways (quoted, no modified
+/// UTF-7) and APPEND takes `UTF8 (literal8)`; a session that did not enable it still sees the
+/// modified UTF-7 name. imaplib enables it and quotes UTF-8; its UTF8 APPEND puts `UTF8 (` inside
+/// the literal (not RFC 6855), so that one goes over a raw socket.
+#[test]
+fn utf8_accept_names_and_append() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+m = login()
+typ, data = m.enable("UTF8=ACCEPT")
+print("ENABLE", typ, m.untagged_responses.get("ENABLED"))
+print("CREATE", m.create('"Entwürfe"'))
+typ, data = m.list('""', '"Entw*"')
+print("LIST", typ, [d.decode("utf-8") if isinstance(d, bytes) else d for d in data])
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\nb ENABLE UTF8=ACCEPT\r\n" % os.environ["PASSWORD"]).encode()); until("b")
+msg = "Subject: Grüße\r\nFrom: jörg@example.org\r\n\r\nHallo\r\n".encode()
+s.sendall(b"c APPEND \"Entw\xc3\xbcrfe\" UTF8 (~{%d}\r\n" % len(msg))
+print("CONT", f.readline()[:1])
+s.sendall(msg + b")\r\n")
+print("APPEND", until("c")[-1])
+s.sendall("d STATUS \"Entwürfe\" (MESSAGES)\r\n".encode()); print("STATUS", until("d"))
+plain = login()
+typ, data = plain.list('""', "Entw*")
+print("PLAIN", data)
+"#,
+    );
+    assert!(out.contains("ENABLE OK [b'UTF8=ACCEPT']"), "{out}");
+    assert!(out.contains("CREATE ('OK'"), "{out}");
+    assert!(out.contains(r#""/" "Entwürfe""#), "the name in UTF-8: {out}");
+    assert!(out.contains("CONT b'+'") && out.contains("c OK [APPENDUID"), "{out}");
+    assert!(out.contains("(MESSAGES 1)"), "{out}");
+    assert!(out.contains("Entw&APw-rfe"), "without ENABLE, modified UTF-7: {out}");
 }

@@ -128,6 +128,8 @@ pub(crate) struct Session {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub tls_active: bool,
+    /// The client enabled UTF8=ACCEPT (RFC 6855): mailbox names are UTF-8 both ways.
+    pub utf8: bool,
     pub state: State,
     pub server: Server,
     /// The tag of the IDLE in progress.
@@ -218,6 +220,7 @@ pub(crate) async fn run(
         peer,
         local,
         tls_active: false,
+        utf8: false,
         state: State::NotAuthenticated,
         idle: None,
         authenticating: None,
@@ -383,6 +386,16 @@ impl Session {
                     if let Some(search) = command::esearch::recognise(discarded_bytes.declassify()) =>
                 {
                     self.return_search(search);
+                    continue;
+                }
+                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
+                    if let Some(command) = command::append::utf8_append(discarded_bytes.declassify()) =>
+                {
+                    command_since = None;
+                    if self.handle(Event::CommandReceived { command }).await == Flow::Close {
+                        self.drain_output();
+                        return self.write_out().await;
+                    }
                     continue;
                 }
                 Err(Interrupt::Error(e)) => {

@@ -5,6 +5,7 @@
 use imap_next::imap_types::auth::AuthMechanism;
 use imap_next::imap_types::core::{Atom, Vec1};
 use imap_next::imap_types::extensions::thread::ThreadingAlgorithm;
+use imap_next::imap_types::extensions::utf8::Utf8Kind;
 use imap_next::imap_types::response::{Capability, Data};
 
 use super::Done;
@@ -49,6 +50,9 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         other("ESORT"),
         // RFC 3516: `command/binary.rs`.
         Capability::Binary,
+        // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in
+        // `append::utf8_data`.
+        Capability::Utf8(Utf8Kind::Accept),
     ]);
     Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
 }

@@ -48,12 +48,20 @@ pub(crate) fn matches(pattern: &[u8], name: &[u8]) -> bool {
 
 /// The pattern as UTF-8; `None` when it is not modified UTF-7, so that it matches no name
 /// (every stored name encodes to valid modified UTF-7). Dovecot answers such a LIST with OK.
-fn pattern_text(m: &ListMailbox<'_>) -> Option<Vec<u8>> {
+fn pattern_text(m: &ListMailbox<'_>, utf8: bool) -> Option<Vec<u8>> {
     let wire = match m {
         ListMailbox::Token(t) => t.as_ref(),
         ListMailbox::String(s) => s.as_ref(),
     };
-    utf7::decode(wire).ok().map(String::into_bytes)
+    decode(wire, utf8)
+}
+
+/// A name or pattern from the wire as UTF-8 (RFC 6855 §3 once UTF8=ACCEPT is enabled).
+fn decode(wire: &[u8], utf8: bool) -> Option<Vec<u8>> {
+    match utf8 {
+        true => std::str::from_utf8(wire).ok().map(|s| s.as_bytes().to_vec()),
+        false => utf7::decode(wire).ok().map(String::into_bytes),
+    }
 }
 
 /// RFC 3501 §6.3.9: LSUB with `%` names "foo" with \Noselect when "foo/bar" is subscribed but
@@ -72,9 +80,9 @@ pub(crate) fn run(
     let done = || Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }));
     let reference = match &reference {
         Mailbox::Inbox => Some(b"INBOX".to_vec()),
-        Mailbox::Other(o) => utf7::decode(o.inner().as_ref()).ok().map(String::into_bytes),
+        Mailbox::Other(o) => decode(o.inner().as_ref(), s.utf8),
     };
-    let (Some(reference), Some(pattern)) = (reference, pattern_text(&pattern)) else { return done() };
+    let (Some(reference), Some(pattern)) = (reference, pattern_text(&pattern, s.utf8)) else { return done() };
     let make = |items, mailbox| {
         if lsub {
             Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
@@ -124,12 +132,12 @@ pub(crate) fn run(
         if let Some(role) = SpecialUse::of_name(&mailbox.name) {
             items.push(attribute(role.name()));
         }
-        if let Ok(name) = Mailbox::try_from(utf7::encode(&mailbox.name)) {
+        if let Some(name) = super::wire_name(s, &mailbox.name) {
             out.push(make(items, name));
         }
     }
     for ancestor in noselect {
-        if let Ok(name) = Mailbox::try_from(utf7::encode(ancestor)) {
+        if let Some(name) = super::wire_name(s, ancestor) {
             out.push(make(vec![FlagNameAttribute::Noselect], name));
         }
     }

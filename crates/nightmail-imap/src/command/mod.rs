@@ -37,8 +37,10 @@ use std::borrow::Cow;
 
 use imap_next::imap_types::command::{Command, CommandBody};
 use imap_next::imap_types::core::Text;
+use imap_next::imap_types::core::{AString, IString};
+use imap_next::imap_types::extensions::utf8::QuotedUtf8;
 use imap_next::imap_types::flag::Flag;
-use imap_next::imap_types::mailbox::Mailbox;
+use imap_next::imap_types::mailbox::{Mailbox, MailboxOther};
 use imap_next::imap_types::response::{Code, StatusKind};
 use nightmail_types::utf7;
 
@@ -68,13 +70,18 @@ pub(crate) fn text(message: &str) -> Text<'static> {
 }
 
 /// A mailbox name as the store keeps it: UTF-8, decoded from the wire's modified UTF-7
-/// (RFC 3501 §5.1.3), with INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3).
-/// A name that is not valid modified UTF-7 is refused with BAD.
-pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
+/// (RFC 3501 §5.1.3), or taken as UTF-8 once the client enabled UTF8=ACCEPT (RFC 6855 §3), with
+/// INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3). A name that is neither
+/// gets NO [CANNOT] (see `error.rs`).
+pub(crate) fn mailbox_name(s: &Session, mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
     match mailbox {
         Mailbox::Inbox => Ok("INBOX".into()),
         Mailbox::Other(other) => {
-            let name = utf7::decode(other.inner().as_ref())?;
+            let wire = other.inner().as_ref();
+            let name = match s.utf8 {
+                true => String::from_utf8(wire.to_vec()).map_err(|_| utf7::InvalidUtf7)?,
+                false => utf7::decode(wire)?,
+            };
             let name = name.trim_end_matches('/');
             if name.is_empty() || name.contains("//") || name.starts_with('/') {
                 return Err(ImapError::no("invalid mailbox name"));
@@ -82,6 +89,16 @@ pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
             if name.eq_ignore_ascii_case("INBOX") { Ok("INBOX".into()) } else { Ok(name.to_string()) }
         }
     }
+}
+
+/// A stored name as the client is sent it: modified UTF-7, or after ENABLE UTF8=ACCEPT a quoted
+/// UTF-8 string (RFC 6855 §3, RFC 9755 §3 `uQUOTED-CHAR`).
+pub(crate) fn wire_name(s: &Session, name: &str) -> Option<Mailbox<'static>> {
+    if s.utf8 && !name.is_ascii() {
+        let quoted = QuotedUtf8::try_from(name.to_string()).ok()?;
+        return Some(Mailbox::Other(MailboxOther::unvalidated(AString::String(IString::QuotedUtf8(quoted)))));
+    }
+    Mailbox::try_from(utf7::encode(name)).ok()
 }
 
 /// Flags as the store keeps them: system flags with their backslash, keywords as given.

@@ -37,7 +37,7 @@ pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: b
     let user = s.user()?.clone();
     // §6.3.1: SELECT first deselects; a failed SELECT leaves no mailbox selected.
     s.deselect();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     let store = s.shared.store.clone();
     let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
     let recent: HashSet<Uid> = if read_only {
