@@ -98,6 +98,7 @@ fn sort_orders_by_each_key_with_search_criteria() {
     let caps = out.lines().find(|l| l.starts_with("CAPS")).unwrap();
     assert!(caps.contains(" SORT") && caps.contains("THREAD=REFERENCES"), "{caps}");
     assert!(caps.contains("UTF8=ACCEPT") && caps.contains("ESORT") && caps.contains("BINARY"), "{caps}");
+    assert!(caps.contains("COMPRESS=DEFLATE"), "{caps}");
 }
 
 /// RFC 5256 §4 THREAD=REFERENCES: References and In-Reply-To link replies under their parents, a
@@ -260,4 +261,41 @@ print("PLAIN", data)
     assert!(out.contains("CONT b'+'") && out.contains("c OK [APPENDUID"), "{out}");
     assert!(out.contains("(MESSAGES 1)"), "{out}");
     assert!(out.contains("Entw&APw-rfe"), "without ENABLE, modified UTF-7: {out}");
+}
+
+/// RFC 4978 COMPRESS=DEFLATE: after the tagged OK both directions are raw DEFLATE (Python's zlib
+/// with wbits=-15), each response readable at once (sync flush), and a second COMPRESS gets
+/// NO [COMPRESSIONACTIVE].
+#[test]
+fn compress_deflate_carries_the_session() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+import zlib
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\nb COMPRESS DEFLATE\r\n" % os.environ["PASSWORD"]).encode())
+until("a")
+print("COMPRESS", f.readline().decode().strip())
+deflate, inflate = zlib.compressobj(wbits=-15), zlib.decompressobj(wbits=-15)
+s.settimeout(10)
+got = b""
+def command(text, tag):
+    global got
+    s.sendall(deflate.compress(text) + deflate.flush(zlib.Z_SYNC_FLUSH))
+    while not (b"\r\n" + tag + b" ") in b"\r\n" + got:
+        got += inflate.decompress(s.recv(65536))
+    out, got = got, b""
+    return out.decode()
+msg = b"Subject: squeezed\r\n\r\n" + b"all work and no play " * 200 + b"\r\n"
+print("APPEND", command(b"c APPEND INBOX {%d+}\r\n" % len(msg) + msg + b"\r\n", b"c").strip())
+print("FETCH", command(b"d SELECT INBOX\r\ne FETCH 1 (BODY.PEEK[HEADER.FIELDS (SUBJECT)])\r\n", b"e").count("squeezed"))
+print("AGAIN", command(b"g COMPRESS DEFLATE\r\n", b"g").strip())
+"#,
+    );
+    assert!(out.contains("COMPRESS b OK"), "{out}");
+    assert!(out.contains("APPEND c OK [APPENDUID"), "{out}");
+    assert!(out.contains("FETCH 1"), "{out}");
+    assert!(out.contains("AGAIN g NO [COMPRESSIONACTIVE]"), "{out}");
 }

@@ -120,6 +120,8 @@ pub(crate) enum State {
 pub(crate) enum Flow {
     Continue,
     StartTls,
+    /// COMPRESS DEFLATE (RFC 4978): compress both directions once the tagged OK is out.
+    Compress,
     Close,
 }
 
@@ -130,6 +132,8 @@ pub(crate) struct Session {
     pub tls_active: bool,
     /// The client enabled UTF8=ACCEPT (RFC 6855): mailbox names are UTF-8 both ways.
     pub utf8: bool,
+    /// COMPRESS DEFLATE is active (RFC 4978).
+    pub compressed: bool,
     pub state: State,
     pub server: Server,
     /// The tag of the IDLE in progress.
@@ -221,6 +225,7 @@ pub(crate) async fn run(
         local,
         tls_active: false,
         utf8: false,
+        compressed: false,
         state: State::NotAuthenticated,
         idle: None,
         authenticating: None,
@@ -362,6 +367,12 @@ impl Session {
                         Flow::Close => {
                             self.drain_output();
                             return self.write_out().await;
+                        }
+                        Flow::Compress => {
+                            self.drain_output();
+                            self.write_out().await?;
+                            self.start_compression();
+                            continue;
                         }
                         Flow::StartTls => {
                             self.drain_output();
@@ -538,6 +549,23 @@ impl Session {
         self.tls_active = true;
         self.server = flow_without_greeting(&self.shared, self.flow_limits);
         Ok(())
+    }
+
+    /// RFC 4978 §4: from here on both directions are raw DEFLATE; every write ends in a sync flush
+    /// (`Transport::write_all` flushes), so each response can be read at once.
+    fn start_compression(&mut self) {
+        let wrap = |stream: Box<dyn Stream>| -> Box<dyn Stream> {
+            let (read, write) = tokio::io::split(stream);
+            let read = async_compression::tokio::bufread::DeflateDecoder::new(tokio::io::BufReader::new(read));
+            let write = async_compression::tokio::write::DeflateEncoder::new(write);
+            Box::new(tokio::io::join(read, write))
+        };
+        self.transport = match std::mem::replace(&mut self.transport, Transport::Gone) {
+            Transport::Plain(s) => Transport::Plain(wrap(s)),
+            Transport::Tls(s) => Transport::Tls(wrap(s)),
+            Transport::Gone => Transport::Gone,
+        };
+        self.compressed = true;
     }
 
     /// After a successful login, replaces the pre-login flow with one that has the logged-in

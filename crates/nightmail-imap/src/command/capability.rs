@@ -4,6 +4,7 @@
 
 use imap_next::imap_types::auth::AuthMechanism;
 use imap_next::imap_types::core::{Atom, Vec1};
+use imap_next::imap_types::extensions::compress::CompressionAlgorithm;
 use imap_next::imap_types::extensions::thread::ThreadingAlgorithm;
 use imap_next::imap_types::extensions::utf8::Utf8Kind;
 use imap_next::imap_types::response::{Capability, Data};
@@ -54,6 +55,10 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // `append::utf8_data`.
         Capability::Utf8(Utf8Kind::Accept),
     ]);
+    // RFC 4978: `command/compress.rs`, until it is active.
+    if !s.compressed {
+        caps.push(Capability::Compress { algorithm: CompressionAlgorithm::Deflate });
+    }
     Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
 }
 

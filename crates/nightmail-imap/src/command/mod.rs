@@ -7,6 +7,7 @@ pub(crate) mod binary;
 pub(crate) mod capability;
 pub(crate) mod check;
 pub(crate) mod close;
+pub(crate) mod compress;
 pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
@@ -160,6 +161,7 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Enable { capabilities } => enable::run(s, capabilities),
         CommandBody::Id { parameters } => id::run(s, parameters),
         CommandBody::Namespace => namespace::run(s),
+        CommandBody::Compress { algorithm } => compress::run(s, algorithm),
         // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
         _ => Err(ImapError::bad("command not supported")),
     };
