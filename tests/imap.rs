@@ -97,7 +97,7 @@ async fn create_rename_delete_subscribe_status_lsub() {
     let mut names: Vec<String> = names.iter().map(|n| n.name().to_string()).collect();
     names.sort();
     assert_eq!(names, vec!["Work", "Work/Old"], "children are renamed too");
-    s.unsubscribe("Work/Old").await.unwrap();
+    s.subscribe("Work").await.unwrap();
     let subscribed: Vec<_> = s.lsub(Some(""), Some("Work*")).await.unwrap().try_collect().await.unwrap();
     assert_eq!(subscribed.iter().map(|n| n.name().to_string()).collect::<Vec<_>>(), vec!["Work"]);
     s.subscribe("Work/Old").await.unwrap();
@@ -502,7 +502,7 @@ async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
     assert_eq!(s.status("Entw&APw-rfe (alt)", "(MESSAGES)").await.unwrap().exists, 1);
     for invalid in ["&Jjo!", "&AGE-", "&AMQ", "&AOQ-&APY-"] {
         let err = s.create(invalid).await.unwrap_err();
-        assert!(matches!(err, async_imap::error::Error::Bad(_)), "{invalid}: {err:?}");
+        assert!(matches!(err, async_imap::error::Error::No(_)), "{invalid}: {err:?}");
     }
     s.logout().await.unwrap();
     let mut raw = Raw::login(daemon.imap, "me");
@@ -510,7 +510,7 @@ async fn mailbox_names_are_modified_utf7_on_the_wire_and_utf8_in_the_store() {
     assert!(raw.line().starts_with('+'));
     raw.send("Entwürfe\r\n".as_bytes());
     let (_, done) = raw.until("r1");
-    assert!(done.starts_with("r1 BAD"), "8-bit names are not modified UTF-7: {done}");
+    assert!(done.starts_with("r1 NO [CANNOT]"), "8-bit names are not modified UTF-7: {done}");
     drop(raw);
     daemon.stop();
 

@@ -409,6 +409,32 @@ pub fn python(daemon: &Daemon, script: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// What `imaplib` puts before a test's script: `login(user)` opens an imaplib session, `raw()` a
+/// socket and its reader `f` (greeting unread), and `until(tag)` reads `f` up to that tag's line.
+const IMAPLIB_PRELUDE: &str = r#"
+import imaplib, os, socket
+PORT = int(os.environ["IMAP"])
+def login(user="me"):
+    c = imaplib.IMAP4("127.0.0.1", PORT)
+    c.login(user, os.environ["PASSWORD"])
+    return c
+def raw():
+    s = socket.create_connection(("127.0.0.1", PORT))
+    return s, s.makefile("rb")
+def until(tag):
+    lines = []
+    while True:
+        line = f.readline().decode(errors="replace")
+        lines.append(line.strip())
+        if line.startswith(tag + " "):
+            return lines
+"#;
+
+/// Runs a Python script against the daemon's IMAP port with the helpers of [`IMAPLIB_PRELUDE`].
+pub fn imaplib(daemon: &Daemon, script: &str) -> String {
+    python(daemon, &format!("{IMAPLIB_PRELUDE}{script}"))
+}
+
 /// mutt under tmux reading `me`'s INBOX sorted by thread, one line per message (`%4C %s`), subjects
 /// shown on replies too.
 pub fn mutt_threads(daemon: &Daemon, session: &str) -> Tmux {

@@ -69,10 +69,12 @@ impl From<StoreError> for ImapError {
     }
 }
 
-/// RFC 3501 §5.1.3: a mailbox name that is not modified UTF-7 is a malformed argument.
+/// RFC 3501 §5.1.3: a mailbox name that is not modified UTF-7 names no mailbox that can exist.
+/// The command was understood (any astring is a mailbox name in the grammar), so NO [CANNOT]
+/// (RFC 5530 §3), as Dovecot answers, not BAD. Response text must be ASCII.
 impl From<InvalidUtf7> for ImapError {
-    fn from(e: InvalidUtf7) -> Self {
-        ImapError::bad(e.to_string())
+    fn from(_: InvalidUtf7) -> Self {
+        ImapError::no_with(other_code("CANNOT"), "mailbox name is not valid modified UTF-7 (RFC 3501 section 5.1.3)")
     }
 }
 

@@ -1,7 +1,9 @@
 //! The IMAP server: RFC 3501 (IMAP4rev1) with the extensions mail clients rely on, several of
 //! which RFC 9051 (IMAP4rev2) folds in: IDLE (RFC 2177), UIDPLUS (RFC 4315), MOVE (RFC 6851),
 //! UNSELECT (RFC 3691), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE (RFC 2342), SPECIAL-USE
-//! (RFC 6154), SASL-IR (RFC 4959).
+//! (RFC 6154), SASL-IR (RFC 4959), LITERAL+ (RFC 7888), SORT and THREAD=REFERENCES/ORDEREDSUBJECT (RFC 5256),
+//! ESEARCH (RFC 4731), ESORT (RFC 5267), BINARY (RFC 3516), UTF8=ACCEPT (RFC 6855),
+//! COMPRESS=DEFLATE (RFC 4978).
 //!
 //! The grammar, literals, AUTHENTICATE and IDLE framing are imap-codec's and imap-next's (its
 //! sans-I/O server flow); this crate holds the session state, one module per command in
@@ -10,6 +12,7 @@
 mod command;
 mod error;
 mod mime;
+mod order;
 mod session;
 mod view;
 
@@ -90,7 +93,8 @@ pub async fn serve(
             match (permit, admitted) {
                 (Ok(_permit), Some(_admitted)) => {
                     let _ = stream.set_nodelay(true);
-                    session::run(stream, peer, local, shared, stop, wrap).await
+                    let quick_ack = session::QuickAck::of(&stream);
+                    session::run(stream, peer, local, shared, stop, wrap, quick_ack).await
                 }
                 (Err(_), _) => session::refuse(stream, "too many connections, try again later").await,
                 (_, None) => {
@@ -112,7 +116,7 @@ pub async fn serve_stream(
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) {
-    session::run(stream, peer, local, shared, stop, Wrap::Plain).await
+    session::run(stream, peer, local, shared, stop, Wrap::Plain, session::QuickAck::none()).await
 }
 
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere

@@ -106,7 +106,7 @@ fn parse_at(raw: &[u8], range: Range<usize>, depth: usize) -> Option<(Envelope<'
     let bytes = raw.get(range.clone())?;
     let message = MessageParser::default().parse(bytes)?;
     let envelope = envelope(&message);
-    let root = part(raw, &message, 0, range.start, depth, &mut 0)?;
+    let root = part(raw, &message, 0, range.start, depth, false, &mut 0)?;
     Some((envelope, root))
 }
 
@@ -115,7 +115,16 @@ fn clamp(r: Range<usize>, len: usize) -> Range<usize> {
     start..r.end.clamp(start, len)
 }
 
-fn part(raw: &[u8], message: &Message<'_>, id: usize, base: usize, depth: usize, budget: &mut usize) -> Option<Part> {
+/// The part `id` of `message`; `in_digest` when its parent is a multipart/digest.
+fn part(
+    raw: &[u8],
+    message: &Message<'_>,
+    id: usize,
+    base: usize,
+    depth: usize,
+    in_digest: bool,
+    budget: &mut usize,
+) -> Option<Part> {
     *budget += 1;
     let p = message.parts.get(id)?;
     let header = clamp(base + p.offset_header as usize..base + p.offset_body as usize, raw.len());
@@ -128,6 +137,8 @@ fn part(raw: &[u8], message: &Message<'_>, id: usize, base: usize, depth: usize,
                 .to_ascii_lowercase(),
             ct.attributes().unwrap_or_default().iter().map(|a| (a.name.to_string(), a.value.to_string())).collect(),
         ),
+        // RFC 2046 §5.1.5: in a multipart/digest the default is message/rfc822.
+        None if in_digest => ("message".into(), "rfc822".into(), vec![]),
         None => ("text".into(), "plain".into(), vec![("charset".into(), "us-ascii".into())]),
     };
     let disposition = p.content_disposition().map(|d| {
@@ -164,8 +175,9 @@ fn part(raw: &[u8], message: &Message<'_>, id: usize, base: usize, depth: usize,
     }
     match &p.body {
         PartType::Multipart(ids) => {
+            let digest = out.ctype == "multipart" && out.subtype == "digest";
             for &child in ids {
-                if let Some(c) = part(raw, message, child as usize, base, depth + 1, budget) {
+                if let Some(c) = part(raw, message, child as usize, base, depth + 1, digest, budget) {
                     out.children.push(c);
                 }
             }
@@ -214,21 +226,52 @@ fn encode_word(s: &str) -> String {
     }
 }
 
+/// One address of an ENVELOPE list (RFC 3501 §7.4.2): a source route `@a,@b:user@host`
+/// (RFC 5322 §4.4 obs-route) goes to the at-domain-list, not the mailbox name.
+fn address(a: &mail_parser::Addr<'_>) -> Option<ImapAddress<'static>> {
+    let address = a.address.as_deref()?;
+    let (route, address) = match address.strip_prefix('@').and_then(|_| address.split_once(':')) {
+        Some((route, rest)) => (Some(route.to_string()), rest),
+        None => (None, address),
+    };
+    let (mailbox, host) = address.rsplit_once('@').unwrap_or((address, ""));
+    Some(ImapAddress {
+        name: nstring(a.name.as_deref().map(encode_word)),
+        adl: nstring(route),
+        mailbox: nstring(Some(mailbox.to_string())),
+        host: nstring(Some(host.to_string())),
+    })
+}
+
+/// An address list for ENVELOPE. A group (RFC 5322 §3.4 `name: members;`) is kept as RFC 3501
+/// §7.4.2 marks it: (NIL NIL "name" NIL), its members, then (NIL NIL NIL NIL), so an empty group
+/// is two markers, not NIL. mail-parser gives addresses outside any group as a group without a
+/// name.
 fn addresses(value: Option<&Address<'_>>) -> Vec<ImapAddress<'static>> {
-    let Some(value) = value else { return vec![] };
-    value
-        .iter()
-        .filter_map(|a| {
-            let address = a.address.as_deref()?;
-            let (mailbox, host) = address.rsplit_once('@').unwrap_or((address, ""));
-            Some(ImapAddress {
-                name: nstring(a.name.as_deref().map(encode_word)),
-                adl: NString(None),
-                mailbox: nstring(Some(mailbox.to_string())),
-                host: nstring(Some(host.to_string())),
-            })
-        })
-        .collect()
+    let marker = |name: Option<String>| ImapAddress {
+        name: NString(None),
+        adl: NString(None),
+        mailbox: nstring(name),
+        host: NString(None),
+    };
+    match value {
+        None => vec![],
+        Some(Address::List(list)) => list.iter().filter_map(address).collect(),
+        Some(Address::Group(groups)) => {
+            let mut out = Vec::new();
+            for group in groups {
+                match &group.name {
+                    Some(name) => {
+                        out.push(marker(Some(encode_word(name))));
+                        out.extend(group.addresses.iter().filter_map(address));
+                        out.push(marker(None));
+                    }
+                    None => out.extend(group.addresses.iter().filter_map(address)),
+                }
+            }
+            out
+        }
+    }
 }
 
 pub fn empty_envelope() -> Envelope<'static> {
@@ -336,7 +379,7 @@ pub fn body_structure(raw: &[u8], p: &Part, extended: bool) -> BodyStructure<'st
 /// The part that section number `path` names (RFC 3501 §6.4.5): numbers step into multiparts,
 /// and into the message inside a message/rfc822 part; a non-multipart body is part 1 of its
 /// message.
-fn find<'p>(root: &'p Part, path: &[u32]) -> Option<&'p Part> {
+pub fn find<'p>(root: &'p Part, path: &[u32]) -> Option<&'p Part> {
     let mut current: Option<&Part> = None;
     for &n in path {
         let body = match current {

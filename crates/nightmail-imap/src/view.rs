@@ -3,12 +3,12 @@
 //! when the session tells its client (EXISTS, EXPUNGE, FETCH FLAGS), which keeps sequence numbers
 //! the client holds valid while other sessions change the mailbox.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::num::NonZeroU32;
 
 use imap_next::imap_types::response::Data;
 use imap_next::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
-use nightmail_store::{MailEntry, MailboxChange, MailboxInfo, Store, Uid};
+use nightmail_store::{ChangeKind, MailEntry, MailboxChange, MailboxInfo, Store, Uid};
 use tokio::sync::broadcast;
 
 use crate::ImapError;
@@ -45,9 +45,20 @@ pub struct Selected {
     pub messages: Vec<MailEntry>,
     /// UIDs recent to this session (RFC 3501 §2.3.2).
     pub recent: HashSet<Uid>,
+    /// The keywords the client was told of in FLAGS and PERMANENTFLAGS (RFC 3501 §7.2.6): every
+    /// keyword a message of the view carries must be among them before a FETCH shows it.
+    pub keywords: BTreeSet<String>,
+    /// A keyword joined `keywords` that the client has not been told of yet.
+    pub keywords_changed: bool,
     changes: broadcast::Receiver<MailboxChange>,
-    /// A change was announced that the client has not been told about yet.
-    dirty: bool,
+    /// The largest change announced that the client has not been told about yet: mail only
+    /// added is read from the last UID on, anything else needs the whole mailbox.
+    pending: Option<ChangeKind>,
+}
+
+/// Whether a stored flag is a keyword (RFC 3501 §2.3.2: flags without a backslash).
+fn is_keyword(flag: &str) -> bool {
+    !flag.starts_with('\\')
 }
 
 pub(crate) fn without_recent(mut entry: MailEntry) -> MailEntry {
@@ -64,8 +75,18 @@ impl Selected {
         recent: HashSet<Uid>,
     ) -> Result<Selected, ImapError> {
         let changes = store.changes();
-        let messages = store.mail(info.id)?.into_iter().map(without_recent).collect();
-        Ok(Selected { info, read_only, messages, recent, changes, dirty: false })
+        let messages: Vec<MailEntry> = store.mail(info.id)?.into_iter().map(without_recent).collect();
+        let keywords = messages.iter().flat_map(|m| m.flags.iter()).filter(|f| is_keyword(f)).cloned().collect();
+        Ok(Selected { info, read_only, messages, recent, keywords, keywords_changed: false, changes, pending: None })
+    }
+
+    /// Notes the keywords among `flags`; sets `keywords_changed` when one is new.
+    pub fn learn_keywords(&mut self, flags: &[String]) {
+        for flag in flags.iter().filter(|f| is_keyword(f)) {
+            if self.keywords.insert(flag.clone()) {
+                self.keywords_changed = true;
+            }
+        }
     }
 
     pub fn exists(&self) -> u32 {
@@ -115,13 +136,17 @@ impl Selected {
         Ok(out)
     }
 
+    fn note(&mut self, kind: ChangeKind) {
+        self.pending = self.pending.max(Some(kind));
+    }
+
     /// Notes announcements that arrived since the last look. Cheap; never blocks.
     fn drain(&mut self) {
         loop {
             match self.changes.try_recv() {
-                Ok(change) if change.mailbox == self.info.id => self.dirty = true,
+                Ok(change) if change.mailbox == self.info.id => self.note(change.kind),
                 Ok(_) => {}
-                Err(broadcast::error::TryRecvError::Lagged(_)) => self.dirty = true,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => self.note(ChangeKind::Changed),
                 Err(_) => break,
             }
         }
@@ -136,21 +161,28 @@ impl Selected {
             tokio::select! {
                 received = self.changes.recv() => match received {
                     Ok(change) if change.mailbox == self.info.id => {
-                        self.dirty = true;
+                        self.note(change.kind);
                         return;
                     }
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        self.dirty = true;
+                        self.note(ChangeKind::Changed);
                         return;
                     }
                     Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
                 },
                 _ = tick.tick() => {
                     let now = store.mailbox_by_id(self.info.id).ok().flatten();
-                    if now.is_none_or(|m| m.uid_next != self.info.uid_next) {
-                        self.dirty = true;
-                        return;
+                    match now {
+                        None => {
+                            self.note(ChangeKind::Changed);
+                            return;
+                        }
+                        Some(m) if m.uid_next != self.info.uid_next => {
+                            self.note(ChangeKind::Added);
+                            return;
+                        }
+                        Some(_) => {}
                     }
                 }
             }
@@ -165,21 +197,40 @@ impl Selected {
     /// is reported and the changes wait for a later command.
     pub fn sync(&mut self, store: &Store, expunges_allowed: bool) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
-        if !self.dirty || !expunges_allowed {
-            return Ok(Vec::new());
-        }
-        self.dirty = false;
+        let Some(kind) = self.pending.filter(|_| expunges_allowed) else { return Ok(Vec::new()) };
+        self.pending = None;
         let mut out = Vec::new();
-        let now: Vec<MailEntry> = match store.mailbox_by_id(self.info.id)? {
+        let last_known = self.messages.last().map_or(Uid(0), |m| m.uid);
+        // `whole`: `now` is every message, so one missing from it was expunged.
+        let (now, whole): (Vec<MailEntry>, bool) = match store.mailbox_by_id(self.info.id)? {
             Some(info) => {
                 self.info = info;
-                store.mail(self.info.id)?.into_iter().map(without_recent).collect()
+                match kind {
+                    // Only new mail: the messages above the last one known, not the whole mailbox.
+                    ChangeKind::Added => (store.mail_after(self.info.id, last_known)?, false),
+                    ChangeKind::Changed => (store.mail(self.info.id)?, true),
+                }
             }
             // Deleted by another session: every message is gone.
-            None => Vec::new(),
+            None => (Vec::new(), true),
         };
+        // New mail still marked `\Recent` is recent to the first session that learns of it
+        // (RFC 3501 §2.3.2); EXAMINE claims nothing.
+        let last = self.messages.last().map_or(0, |m| m.uid.0);
+        let unclaimed: Vec<Uid> = now
+            .iter()
+            .filter(|m| m.uid.0 > last && m.flags.iter().any(|f| f.eq_ignore_ascii_case("\\Recent")))
+            .map(|m| m.uid)
+            .collect();
+        if !self.read_only && !unclaimed.is_empty() {
+            self.recent.extend(store.claim_recent_of(self.info.id, &unclaimed)?);
+        }
+        let now: Vec<MailEntry> = now.into_iter().map(without_recent).collect();
+        for entry in &now {
+            self.learn_keywords(&entry.flags);
+        }
         let present: HashSet<Uid> = now.iter().map(|m| m.uid).collect();
-        for index in (0..self.messages.len()).rev() {
+        for index in (0..self.messages.len()).rev().filter(|_| whole) {
             if !present.contains(&self.messages[index].uid) {
                 out.push(Data::Expunge(self.seq_of(index).0));
                 self.recent.remove(&self.messages[index].uid);

@@ -13,6 +13,17 @@ use crate::{MailboxId, Receipt, Store};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MailboxChange {
     pub mailbox: MailboxId,
+    pub kind: ChangeKind,
+}
+
+/// What a change did, so a listener can look at no more of the mailbox than it must.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// Messages were added (delivery, APPEND, COPY or MOVE into it), each under a UID above every
+    /// UID the mailbox had; nothing else changed: [`Store::mail_after`] has all of it.
+    Added,
+    /// Flags changed or messages went (and maybe some came): only the whole mailbox tells.
+    Changed,
 }
 
 /// How many announcements a slow listener may fall behind before it sees `Lagged`.
@@ -36,14 +47,19 @@ impl Store {
     /// Announces that `mailbox` changed. Call only after the change is flushed.
     pub(crate) fn notify(&self, mailbox: MailboxId) {
         // No listener is not an error: nobody is in IDLE.
-        let _ = self.changes.0.send(MailboxChange { mailbox });
+        let _ = self.changes.0.send(MailboxChange { mailbox, kind: ChangeKind::Changed });
+    }
+
+    /// Announces that messages were only added to `mailbox` (see [`ChangeKind::Added`]).
+    pub(crate) fn notify_added(&self, mailbox: MailboxId) {
+        let _ = self.changes.0.send(MailboxChange { mailbox, kind: ChangeKind::Added });
     }
 
     /// Announces the INBOX of every local user a delivery reached.
     pub(crate) fn announce(&self, receipt: &Receipt) {
         for (user, _) in &receipt.mail {
             if let Ok(Some(inbox)) = self.mailbox(user, "INBOX") {
-                self.notify(inbox.id);
+                self.notify_added(inbox.id);
             }
         }
     }

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 pub use backup::{FileCopy, Manifest, TreeCopy, restore, verify_backup};
 pub use bridge::BridgeState;
-pub use changes::MailboxChange;
+pub use changes::{ChangeKind, MailboxChange};
 pub use check::Integrity;
 pub use delivery::{
     DEDUPE_WINDOW_MS, Incoming, MessageRef, Receipt, Recipient, Summary, author, message_id, stable_digest,

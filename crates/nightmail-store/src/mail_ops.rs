@@ -246,7 +246,7 @@ impl Store {
         filing: Option<&Filing<'_>>,
     ) -> Result<Copied, MailboxOpError> {
         let copied = self.transfer(from, uids, to, filing, Transfer::Copy).await?;
-        self.notify(to);
+        self.notify_added(to);
         Ok(copied)
     }
 
@@ -262,7 +262,7 @@ impl Store {
     ) -> Result<Copied, MailboxOpError> {
         let copied = self.transfer(from, uids, to, filing, Transfer::Move).await?;
         self.notify(from);
-        self.notify(to);
+        self.notify_added(to);
         Ok(copied)
     }
 
@@ -326,7 +326,7 @@ impl Store {
             Ok(Appended { uid_validity: info.uid_validity, uid, job })
         })?;
         self.flush().await?;
-        self.notify(mailbox);
+        self.notify_added(mailbox);
         Ok(appended)
     }
 
@@ -338,10 +338,20 @@ impl Store {
         if recent.is_empty() {
             return Ok(recent);
         }
+        let claimed = self.claim_recent_of(mailbox, &recent)?;
+        self.flush().await?;
+        Ok(claimed)
+    }
+
+    /// A session that has the mailbox selected claims `\Recent` of the new mail it is told of
+    /// (RFC 3501 §2.3.2: recent in exactly one session): of `uids`, those still carrying the flag,
+    /// which lose it in the same transaction, so two sessions never both claim one. Not flushed:
+    /// after a crash a message is recent once more, which harms nothing.
+    pub fn claim_recent_of(&self, mailbox: MailboxId, uids: &[Uid]) -> Result<Vec<Uid>, MailboxOpError> {
         let writing = self.trees.writing();
         let claimed = self.trees.mail.transaction(|mail| {
-            let mut claimed = Vec::with_capacity(recent.len());
-            for &uid in &recent {
+            let mut claimed = Vec::with_capacity(uids.len());
+            for &uid in uids {
                 let Some(mut entry) = read_entry(mail, mailbox, uid)? else { continue };
                 if has(&entry.flags, RECENT) {
                     entry.flags.retain(|f| !f.eq_ignore_ascii_case(RECENT));
@@ -352,7 +362,6 @@ impl Store {
             Ok(claimed)
         })?;
         drop(writing);
-        self.flush().await?;
         Ok(claimed)
     }
 }

@@ -101,6 +101,14 @@ pub(crate) fn append(
     Ok(uid)
 }
 
+/// A record of the `mail` tree as a [`MailEntry`], its UID taken from the key.
+fn mail_entry(record: sled::Result<(sled::IVec, sled::IVec)>) -> Result<MailEntry, StoreError> {
+    let (key, value) = record?;
+    let mut entry: MailEntry = decode(MAIL, &value)?;
+    entry.uid = uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
+    Ok(entry)
+}
+
 impl Store {
     pub fn mailbox(&self, owner: &str, name: &str) -> Result<Option<MailboxInfo>, StoreError> {
         let Some(id) = self.trees.mailbox_names.get(name_key(owner, name))? else {
@@ -126,27 +134,47 @@ impl Store {
 
     /// The messages of a mailbox, in UID order.
     pub fn mail(&self, mailbox: MailboxId) -> Result<Vec<MailEntry>, StoreError> {
-        self.trees
-            .mail
-            .scan_prefix(mailbox.to_be_bytes())
-            .map(|entry| {
-                let (key, value) = entry?;
-                let mut entry: MailEntry = decode(MAIL, &value)?;
-                entry.uid =
-                    uid_of_mail_key(&key).ok_or(StoreError::Corrupt { tree: MAIL, message: "short key".into() })?;
-                Ok(entry)
-            })
-            .collect()
+        self.trees.mail.scan_prefix(mailbox.to_be_bytes()).map(mail_entry).collect()
+    }
+
+    /// The messages of a mailbox with a UID above `uid`, in UID order: what an IMAP session
+    /// that knows the mailbox up to `uid` reads when mail was only added ([`ChangeKind::Added`]).
+    ///
+    /// [`ChangeKind::Added`]: crate::ChangeKind::Added
+    pub fn mail_after(&self, mailbox: MailboxId, uid: Uid) -> Result<Vec<MailEntry>, StoreError> {
+        let Some(first) = uid.0.checked_add(1) else { return Ok(Vec::new()) };
+        let start = mail_key(mailbox, Uid(first));
+        let end = mail_key(mailbox, Uid(u32::MAX));
+        self.trees.mail.range(start..=end).map(mail_entry).collect()
     }
 
     /// Creates `owner`'s mailbox `name` if it does not exist.
+    /// The mailboxes the server makes (INBOX, Sent, ...) start subscribed.
     pub async fn create_mailbox(&self, owner: &str, name: &str) -> Result<MailboxInfo, StoreError> {
+        self.create_mailbox_subscribed(owner, name, true).await
+    }
+
+    /// Creates `owner`'s mailbox `name` if it does not exist, subscribed or not; an existing one is
+    /// returned as it is.
+    pub(crate) async fn create_mailbox_subscribed(
+        &self,
+        owner: &str,
+        name: &str,
+        subscribed: bool,
+    ) -> Result<MailboxInfo, StoreError> {
         let new_id = MailboxId(self.db.generate_id()?);
         let now = Timestamp::now();
         let t = &self.trees;
         let writing = self.trees.writing();
-        let info = (&t.meta, &t.mailboxes, &t.mailbox_names)
-            .transaction(|(meta, mailboxes, names)| ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now))?;
+        let info = (&t.meta, &t.mailboxes, &t.mailbox_names).transaction(|(meta, mailboxes, names)| {
+            let info = ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now)?;
+            if info.id != new_id || info.subscribed == subscribed {
+                return Ok(info);
+            }
+            let info = MailboxInfo { subscribed, ..info };
+            mailboxes.insert(&new_id.to_be_bytes(), encode(&info))?;
+            Ok(info)
+        })?;
         drop(writing);
         self.flush().await?;
         Ok(info)

@@ -91,12 +91,13 @@ impl Store {
         Ok(())
     }
 
-    /// RFC 3501 §6.3.3: creates a new mailbox; an existing name is an error.
+    /// RFC 3501 §6.3.3: creates a new mailbox; an existing name is an error. It starts
+    /// unsubscribed (§6.3.6: subscribing is the client's to do, as Dovecot and others leave it).
     pub async fn create_new_mailbox(&self, owner: &str, name: &str) -> Result<MailboxInfo, MailboxOpError> {
         if self.mailbox(owner, name)?.is_some() {
             return Err(MailboxOpError::AlreadyExists(name.to_string()));
         }
-        let info = self.create_mailbox(owner, name).await?;
+        let info = self.create_mailbox_subscribed(owner, name, false).await?;
         Ok(info)
     }
 

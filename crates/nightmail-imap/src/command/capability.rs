@@ -4,6 +4,9 @@
 
 use imap_next::imap_types::auth::AuthMechanism;
 use imap_next::imap_types::core::{Atom, Vec1};
+use imap_next::imap_types::extensions::compress::CompressionAlgorithm;
+use imap_next::imap_types::extensions::thread::ThreadingAlgorithm;
+use imap_next::imap_types::extensions::utf8::Utf8Kind;
 use imap_next::imap_types::response::{Capability, Data};
 
 use super::Done;
@@ -35,7 +38,27 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::Unselect,
         other("SPECIAL-USE"),
         other("CHILDREN"),
+        // RFC 7888: imap-next reads `{n+}` without a continuation request, and refuses one over
+        // the literal limit with BAD once it is read (the bytes are never taken for commands).
+        Capability::LiteralPlus,
+        // RFC 5256: grammar from imap-codec; `command/sort.rs`, `command/thread.rs`.
+        Capability::Sort(None),
+        Capability::Thread(ThreadingAlgorithm::References),
+        Capability::Thread(ThreadingAlgorithm::OrderedSubject),
+        // RFC 4731, RFC 5267 §3: the RETURN clause and ESEARCH response are ours
+        // (`command/esearch.rs`).
+        other("ESEARCH"),
+        other("ESORT"),
+        // RFC 3516: `command/binary.rs`.
+        Capability::Binary,
+        // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in
+        // `append::utf8_data`.
+        Capability::Utf8(Utf8Kind::Accept),
     ]);
+    // RFC 4978: `command/compress.rs`, until it is active.
+    if !s.compressed {
+        caps.push(Capability::Compress { algorithm: CompressionAlgorithm::Deflate });
+    }
     Vec1::try_from(caps).expect("IMAP4rev1 is always listed")
 }
 

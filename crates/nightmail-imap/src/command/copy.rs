@@ -46,7 +46,7 @@ pub(crate) fn copy_uid(copied: &Copied) -> Option<Code<'static>> {
 /// The destination of a COPY, MOVE or APPEND: one of the user's own mailboxes.
 pub(crate) fn destination(s: &Session, mailbox: &Mailbox<'_>) -> Result<MailboxInfo, ImapError> {
     let user = s.user()?;
-    let name = mailbox_name(mailbox)?;
+    let name = mailbox_name(s, mailbox)?;
     s.shared.store.mailbox(&user.name, &name)?.ok_or_else(ImapError::try_create)
 }
 

@@ -10,7 +10,7 @@ use crate::session::Session;
 
 pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     check_new_name(s, &name)?;
     let max = s.shared.config.imap.max_mailboxes;
     if s.shared.store.mailboxes(&user.name)?.len() >= max {

@@ -9,7 +9,7 @@ use crate::session::Session;
 
 pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     s.shared.store.delete_mailbox(&user.name, &name).await?;
     Ok(Done::ok("DELETE completed"))
 }

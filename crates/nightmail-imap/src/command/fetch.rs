@@ -6,17 +6,19 @@
 use std::borrow::Cow;
 use std::num::NonZeroU32;
 
+use imap_codec::ResponseCodec;
+use imap_codec::encode::Encoder;
 use imap_next::imap_types::IntoStatic;
 use imap_next::imap_types::core::{IString, Literal, NString, Vec1};
 use imap_next::imap_types::datetime::DateTime;
 use imap_next::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItem, MessageDataItemName, Section};
 use imap_next::imap_types::flag::{Flag, FlagFetch};
-use imap_next::imap_types::response::Data;
+use imap_next::imap_types::response::{Data, Response};
 use imap_next::imap_types::sequence::SequenceSet;
 use nightmail_store::{FlagUpdate, MailEntry};
 use nightmail_types::Timestamp;
 
-use super::Done;
+use super::{Done, binary};
 use crate::ImapError;
 use crate::error::other_code;
 use crate::mime::{self, Part};
@@ -37,8 +39,10 @@ pub(crate) fn flags_item(entry: &MailEntry, recent: bool) -> MessageDataItem<'st
     MessageDataItem::Flags(flags)
 }
 
+/// RFC 3501 §2.3.3 INTERNALDATE has whole seconds, and imap-types refuses a time with a fraction:
+/// the milliseconds APPEND's clock reading carries are dropped here.
 pub(crate) fn internal_date(t: Timestamp) -> DateTime {
-    let utc = chrono::DateTime::from_timestamp_millis(t.0 as i64).unwrap_or_default();
+    let utc = chrono::DateTime::from_timestamp((t.0 / 1000) as i64, 0).unwrap_or_default();
     let fixed = utc.fixed_offset();
     DateTime::try_from(fixed).unwrap_or_else(|_| DateTime::unvalidated(chrono::DateTime::UNIX_EPOCH.fixed_offset()))
 }
@@ -52,6 +56,7 @@ fn sets_seen(name: &MessageDataItemName<'_>) -> bool {
     matches!(
         name,
         MessageDataItemName::BodyExt { peek: false, .. }
+            | MessageDataItemName::Binary { peek: false, .. }
             | MessageDataItemName::Rfc822
             | MessageDataItemName::Rfc822Text
     )
@@ -76,7 +81,114 @@ fn needs_structure(name: &MessageDataItemName<'_>) -> bool {
             Some(Section::HeaderFields(part, _) | Section::HeaderFieldsNot(part, _)) => part.is_some(),
             _ => true,
         },
+        MessageDataItemName::Binary { section, .. } | MessageDataItemName::BinarySize { section } => {
+            !section.is_empty()
+        }
         _ => false,
+    }
+}
+
+/// The items of one message's FETCH response, in the order asked; with the new FLAGS when this
+/// FETCH set `\Seen` and did not ask for them (RFC 3501 §6.4.5).
+fn fetch_items(
+    names: &[MessageDataItemName<'static>],
+    entry: &MailEntry,
+    recent: bool,
+    raw: &[u8],
+    structure: bool,
+    newly_seen: bool,
+) -> Result<(Vec<MessageDataItem<'static>>, Vec<PartialBinary>), ImapError> {
+    let mut partials = Vec::new();
+    let parsed = structure.then(|| mime::parse(raw));
+    let split = mime::header_end(raw);
+    let flat = mime::opaque(0..split, split..raw.len());
+    let root: &Part = parsed.as_ref().map_or(&flat, |p| &p.root);
+    let mut items = Vec::with_capacity(names.len() + 1);
+    for name in names {
+        items.push(match name {
+            MessageDataItemName::Uid => MessageDataItem::Uid(NonZeroU32::new(entry.uid.0).unwrap_or(NonZeroU32::MIN)),
+            MessageDataItemName::Flags => flags_item(entry, recent),
+            MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
+            MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
+            MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(raw))),
+            MessageDataItemName::Rfc822Header => MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))),
+            MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
+            MessageDataItemName::Envelope => MessageDataItem::Envelope(
+                parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
+            ),
+            MessageDataItemName::Body => MessageDataItem::Body(mime::body_structure(raw, root, false)),
+            MessageDataItemName::BodyStructure => MessageDataItem::BodyStructure(mime::body_structure(raw, root, true)),
+            MessageDataItemName::BodyExt { section, partial, .. } => {
+                let data = mime::section(raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
+                let data = match partial {
+                    // §6.4.5 <origin.octets>: a slice, empty past the end.
+                    Some((origin, count)) => {
+                        let start = (*origin as usize).min(data.len());
+                        let end = start.saturating_add(count.get() as usize).min(data.len());
+                        Cow::Owned(data[start..end].to_vec())
+                    }
+                    None => data,
+                };
+                MessageDataItem::BodyExt {
+                    section: section.clone(),
+                    origin: partial.map(|(origin, _)| origin),
+                    data: literal(data),
+                }
+            }
+            MessageDataItemName::Binary { section, partial, .. } => {
+                let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
+                let data = binary::decoded(raw, root, &path)?;
+                match partial {
+                    Some((origin, count)) => {
+                        let start = (*origin as usize).min(data.len());
+                        let end = start.saturating_add(count.get() as usize).min(data.len());
+                        let item = MessageDataItem::Binary {
+                            section: section.clone(),
+                            value: binary::value(data[start..end].to_vec()),
+                        };
+                        partials.push(PartialBinary { origin: *origin, section: path, item });
+                        continue;
+                    }
+                    None => {
+                        MessageDataItem::Binary { section: section.clone(), value: binary::value(data.into_owned()) }
+                    }
+                }
+            }
+            MessageDataItemName::BinarySize { section } => {
+                let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
+                let size = binary::decoded(raw, root, &path)?.len() as u32;
+                MessageDataItem::BinarySize { section: section.clone(), size }
+            }
+        });
+    }
+    if newly_seen && !names.contains(&MessageDataItemName::Flags) {
+        items.push(flags_item(entry, recent));
+    }
+    Ok((items, partials))
+}
+
+/// A `BINARY[section]<origin>` item (RFC 3516 §4.2). imap-types' item has no origin, so each is
+/// sent as a FETCH response of its own and the origin written in after the section (`encode`).
+struct PartialBinary {
+    origin: u32,
+    section: Vec<u32>,
+    item: MessageDataItem<'static>,
+}
+
+impl PartialBinary {
+    /// With the UID after it for UID FETCH (RFC 3501 §6.4.8: every response carries it).
+    fn encode(self, seq: NonZeroU32, uid: Option<NonZeroU32>) -> Vec<u8> {
+        let section: Vec<String> = self.section.iter().map(u32::to_string).collect();
+        let prefix = format!("* {seq} FETCH (BINARY[{}]", section.join("."));
+        let mut items = vec![self.item];
+        items.extend(uid.map(MessageDataItem::Uid));
+        let items = Vec1::try_from(items).expect("one item at least");
+        let mut encoded = ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump();
+        if encoded.starts_with(prefix.as_bytes()) {
+            let origin = format!("<{}>", self.origin);
+            encoded.splice(prefix.len()..prefix.len(), origin.into_bytes());
+        }
+        encoded
     }
 }
 
@@ -92,9 +204,6 @@ pub(crate) async fn run(
         MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(|n| n.into_static()).collect(),
         MacroOrMessageDataItemNames::MessageDataItemNames(names) => names,
     };
-    if names.iter().any(|n| matches!(n, MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. })) {
-        return Err(ImapError::bad("BINARY is not supported"));
-    }
     // §6.4.8: UID FETCH always returns the UID.
     if uid && !names.contains(&MessageDataItemName::Uid) {
         names.insert(0, MessageDataItemName::Uid);
@@ -121,10 +230,13 @@ pub(crate) async fn run(
     }
     let bytes = names.iter().any(needs_bytes);
     let structure = names.iter().any(needs_structure);
-    let mut out = Vec::with_capacity(indices.len());
+    let recent: Vec<bool> = indices.iter().map(|&i| selected.recent.contains(&selected.messages[i].uid)).collect();
+    let entries: Vec<MailEntry> = indices.iter().map(|&i| selected.messages[i].clone()).collect();
     let mut vanished = false;
-    for i in indices {
-        let entry = &selected.messages[i];
+    // One message at a time: its bytes are read, its response encoded and added to the session's
+    // output, which is written whenever it is large (`Session::stream`); a mailbox is never held
+    // in memory whole.
+    for ((i, entry), recent) in indices.into_iter().zip(entries).zip(recent) {
         let raw = match bytes {
             false => Vec::new(),
             true => match store.message(entry.message)? {
@@ -137,60 +249,19 @@ pub(crate) async fn run(
                 }
             },
         };
-        let parsed = structure.then(|| mime::parse(&raw));
-        let split = mime::header_end(&raw);
-        let flat = mime::opaque(0..split, split..raw.len());
-        let root: &Part = parsed.as_ref().map_or(&flat, |p| &p.root);
-        let mut items = Vec::with_capacity(names.len() + 1);
-        for name in &names {
-            items.push(match name {
-                MessageDataItemName::Uid => {
-                    MessageDataItem::Uid(NonZeroU32::new(entry.uid.0).unwrap_or(NonZeroU32::MIN))
-                }
-                MessageDataItemName::Flags => flags_item(entry, selected.recent.contains(&entry.uid)),
-                MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
-                MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
-                MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(&raw))),
-                MessageDataItemName::Rfc822Header => {
-                    MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split])))
-                }
-                MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
-                MessageDataItemName::Envelope => MessageDataItem::Envelope(
-                    parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
-                ),
-                MessageDataItemName::Body => MessageDataItem::Body(mime::body_structure(&raw, root, false)),
-                MessageDataItemName::BodyStructure => {
-                    MessageDataItem::BodyStructure(mime::body_structure(&raw, root, true))
-                }
-                MessageDataItemName::BodyExt { section, partial, .. } => {
-                    let data = mime::section(&raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
-                    let data = match partial {
-                        // §6.4.5 <origin.octets>: a slice, empty past the end.
-                        Some((origin, count)) => {
-                            let start = (*origin as usize).min(data.len());
-                            let end = start.saturating_add(count.get() as usize).min(data.len());
-                            Cow::Owned(data[start..end].to_vec())
-                        }
-                        None => data,
-                    };
-                    MessageDataItem::BodyExt {
-                        section: section.clone(),
-                        origin: partial.map(|(origin, _)| origin),
-                        data: literal(data),
-                    }
-                }
-                MessageDataItemName::Binary { .. } | MessageDataItemName::BinarySize { .. } => continue,
-            });
-        }
-        if newly_seen.contains(&entry.uid) && !names.contains(&MessageDataItemName::Flags) {
-            items.push(flags_item(entry, selected.recent.contains(&entry.uid)));
-        }
+        let (items, partials) = fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid))?;
+        let seq = NonZeroU32::new(i as u32 + 1).expect("+1");
+        let mut responses = Vec::with_capacity(1 + partials.len());
         if let Ok(items) = Vec1::try_from(items) {
-            out.push(Data::Fetch { seq: selected.seq_of(i).0, items });
+            responses.push(ResponseCodec::default().encode(&Response::Data(Data::Fetch { seq, items })).dump());
         }
-    }
-    for data in out {
-        s.data(data);
+        let uid = NonZeroU32::new(entry.uid.0).filter(|_| names.contains(&MessageDataItemName::Uid));
+        responses.extend(partials.into_iter().map(|p| p.encode(seq, uid)));
+        for encoded in responses {
+            if !s.stream(&encoded).await {
+                break;
+            }
+        }
     }
     if vanished {
         // RFC 5530 §3 EXPUNGEISSUED: a NOOP will tell the client what went.

@@ -46,12 +46,28 @@ pub(crate) fn matches(pattern: &[u8], name: &[u8]) -> bool {
     table[name.len()]
 }
 
-fn pattern_text(m: &ListMailbox<'_>) -> Result<Vec<u8>, ImapError> {
+/// The pattern as UTF-8; `None` when it is not modified UTF-7, so that it matches no name
+/// (every stored name encodes to valid modified UTF-7). Dovecot answers such a LIST with OK.
+fn pattern_text(m: &ListMailbox<'_>, utf8: bool) -> Option<Vec<u8>> {
     let wire = match m {
         ListMailbox::Token(t) => t.as_ref(),
         ListMailbox::String(s) => s.as_ref(),
     };
-    Ok(utf7::decode(wire)?.into_bytes())
+    decode(wire, utf8)
+}
+
+/// A name or pattern from the wire as UTF-8 (RFC 6855 §3 once UTF8=ACCEPT is enabled).
+fn decode(wire: &[u8], utf8: bool) -> Option<Vec<u8>> {
+    match utf8 {
+        true => std::str::from_utf8(wire).ok().map(|s| s.as_bytes().to_vec()),
+        false => utf7::decode(wire).ok().map(String::into_bytes),
+    }
+}
+
+/// RFC 3501 §6.3.9: LSUB with `%` names "foo" with \Noselect when "foo/bar" is subscribed but
+/// "foo" is not. The ancestors of `name` (at each delimiter) that `pattern` matches.
+fn matching_ancestors<'n>(pattern: &[u8], name: &'n str) -> impl Iterator<Item = &'n str> {
+    name.match_indices(DELIMITER).map(move |(i, _)| &name[..i]).filter(move |a| matches(pattern, a.as_bytes()))
 }
 
 pub(crate) fn run(
@@ -61,11 +77,12 @@ pub(crate) fn run(
     lsub: bool,
 ) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
+    let done = || Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }));
     let reference = match &reference {
-        Mailbox::Inbox => b"INBOX".to_vec(),
-        Mailbox::Other(o) => utf7::decode(o.inner().as_ref())?.into_bytes(),
+        Mailbox::Inbox => Some(b"INBOX".to_vec()),
+        Mailbox::Other(o) => decode(o.inner().as_ref(), s.utf8),
     };
-    let pattern = pattern_text(&pattern)?;
+    let (Some(reference), Some(pattern)) = (reference, pattern_text(&pattern, s.utf8)) else { return done() };
     let make = |items, mailbox| {
         if lsub {
             Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
@@ -77,14 +94,23 @@ pub(crate) fn run(
         // §6.3.8: an empty pattern asks for the delimiter and the root of the reference.
         let root = Mailbox::try_from(String::new()).unwrap_or(Mailbox::Inbox);
         s.data(make(vec![FlagNameAttribute::Noselect], root));
-        return Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }));
+        return done();
     }
     let mut full = reference;
     full.extend_from_slice(&pattern);
     let mailboxes = s.shared.store.mailboxes(&user.name)?;
     let names: Vec<&str> = mailboxes.iter().map(|m| m.name.as_str()).collect();
     let mut out = Vec::new();
+    let mut noselect: Vec<&str> = Vec::new();
     for mailbox in &mailboxes {
+        if lsub && mailbox.subscribed && full.contains(&b'%') {
+            for ancestor in matching_ancestors(&full, &mailbox.name) {
+                let subscribed = mailboxes.iter().any(|m| m.name == ancestor && m.subscribed);
+                if !subscribed && !noselect.contains(&ancestor) {
+                    noselect.push(ancestor);
+                }
+            }
+        }
         if lsub && !mailbox.subscribed {
             continue;
         }
@@ -106,14 +132,19 @@ pub(crate) fn run(
         if let Some(role) = SpecialUse::of_name(&mailbox.name) {
             items.push(attribute(role.name()));
         }
-        if let Ok(name) = Mailbox::try_from(utf7::encode(&mailbox.name)) {
+        if let Some(name) = super::wire_name(s, &mailbox.name) {
             out.push(make(items, name));
+        }
+    }
+    for ancestor in noselect {
+        if let Some(name) = super::wire_name(s, ancestor) {
+            out.push(make(vec![FlagNameAttribute::Noselect], name));
         }
     }
     for data in out {
         s.data(data);
     }
-    Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }))
+    done()
 }
 
 #[cfg(test)]

@@ -3,13 +3,16 @@
 
 pub(crate) mod append;
 pub(crate) mod authenticate;
+pub(crate) mod binary;
 pub(crate) mod capability;
 pub(crate) mod check;
 pub(crate) mod close;
+pub(crate) mod compress;
 pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
 pub(crate) mod enable;
+pub(crate) mod esearch;
 pub(crate) mod expunge;
 pub(crate) mod fetch;
 pub(crate) mod id;
@@ -23,18 +26,22 @@ pub(crate) mod noop;
 pub(crate) mod rename;
 pub(crate) mod search;
 pub(crate) mod select;
+pub(crate) mod sort;
 pub(crate) mod starttls;
 pub(crate) mod status;
 pub(crate) mod store;
 pub(crate) mod subscribe;
+pub(crate) mod thread;
 pub(crate) mod unselect;
 
 use std::borrow::Cow;
 
 use imap_next::imap_types::command::{Command, CommandBody};
 use imap_next::imap_types::core::Text;
+use imap_next::imap_types::core::{AString, IString};
+use imap_next::imap_types::extensions::utf8::QuotedUtf8;
 use imap_next::imap_types::flag::Flag;
-use imap_next::imap_types::mailbox::Mailbox;
+use imap_next::imap_types::mailbox::{Mailbox, MailboxOther};
 use imap_next::imap_types::response::{Code, StatusKind};
 use nightmail_types::utf7;
 
@@ -64,13 +71,18 @@ pub(crate) fn text(message: &str) -> Text<'static> {
 }
 
 /// A mailbox name as the store keeps it: UTF-8, decoded from the wire's modified UTF-7
-/// (RFC 3501 §5.1.3), with INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3).
-/// A name that is not valid modified UTF-7 is refused with BAD.
-pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
+/// (RFC 3501 §5.1.3), or taken as UTF-8 once the client enabled UTF8=ACCEPT (RFC 6855 §3), with
+/// INBOX canonical and a trailing hierarchy delimiter dropped (§6.3.3). A name that is neither
+/// gets NO [CANNOT] (see `error.rs`).
+pub(crate) fn mailbox_name(s: &Session, mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
     match mailbox {
         Mailbox::Inbox => Ok("INBOX".into()),
         Mailbox::Other(other) => {
-            let name = utf7::decode(other.inner().as_ref())?;
+            let wire = other.inner().as_ref();
+            let name = match s.utf8 {
+                true => String::from_utf8(wire.to_vec()).map_err(|_| utf7::InvalidUtf7)?,
+                false => utf7::decode(wire)?,
+            };
             let name = name.trim_end_matches('/');
             if name.is_empty() || name.contains("//") || name.starts_with('/') {
                 return Err(ImapError::no("invalid mailbox name"));
@@ -78,6 +90,16 @@ pub(crate) fn mailbox_name(mailbox: &Mailbox<'_>) -> Result<String, ImapError> {
             if name.eq_ignore_ascii_case("INBOX") { Ok("INBOX".into()) } else { Ok(name.to_string()) }
         }
     }
+}
+
+/// A stored name as the client is sent it: modified UTF-7, or after ENABLE UTF8=ACCEPT a quoted
+/// UTF-8 string (RFC 6855 §3, RFC 9755 §3 `uQUOTED-CHAR`).
+pub(crate) fn wire_name(s: &Session, name: &str) -> Option<Mailbox<'static>> {
+    if s.utf8 && !name.is_ascii() {
+        let quoted = QuotedUtf8::try_from(name.to_string()).ok()?;
+        return Some(Mailbox::Other(MailboxOther::unvalidated(AString::String(IString::QuotedUtf8(quoted)))));
+    }
+    Mailbox::try_from(utf7::encode(name)).ok()
 }
 
 /// Flags as the store keeps them: system flags with their backslash, keywords as given.
@@ -95,7 +117,10 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
             | CommandBody::Store { uid: false, .. }
             | CommandBody::Search { uid: false, .. }
             | CommandBody::Copy { uid: false, .. }
+            | CommandBody::Sort { uid: false, .. }
+            | CommandBody::Thread { uid: false, .. }
     );
+    let logout = matches!(command.body, CommandBody::Logout);
     let result = match command.body {
         CommandBody::Capability => capability::run(s),
         CommandBody::Noop => noop::run(s),
@@ -119,6 +144,12 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Expunge => expunge::run(s, None).await,
         CommandBody::ExpungeUid { sequence_set } => expunge::run(s, Some(sequence_set)).await,
         CommandBody::Search { charset, criteria, uid } => search::run(s, charset, criteria, uid),
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } => {
+            sort::run(s, sort_criteria, charset, search_criteria, uid)
+        }
+        CommandBody::Thread { algorithm, charset, search_criteria, uid } => {
+            thread::run(s, algorithm, charset, search_criteria, uid)
+        }
         CommandBody::Fetch { sequence_set, macro_or_item_names, uid } => {
             fetch::run(s, sequence_set, macro_or_item_names, uid).await
         }
@@ -130,10 +161,11 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Enable { capabilities } => enable::run(s, capabilities),
         CommandBody::Id { parameters } => id::run(s, parameters),
         CommandBody::Namespace => namespace::run(s),
+        CommandBody::Compress { algorithm } => compress::run(s, algorithm),
         // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
         _ => Err(ImapError::bad("command not supported")),
     };
-    if let Err(e) = s.sync(expunges_allowed) {
+    if !logout && let Err(e) = s.sync(expunges_allowed) {
         tracing::warn!("imap: mailbox update failed: {e}");
     }
     match result {

@@ -9,7 +9,7 @@ use crate::session::Session;
 
 pub(crate) async fn run(s: &mut Session, from: Mailbox<'static>, to: Mailbox<'static>) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
-    let (from, to) = (mailbox_name(&from)?, mailbox_name(&to)?);
+    let (from, to) = (mailbox_name(s, &from)?, mailbox_name(s, &to)?);
     super::create::check_new_name(s, &to)?;
     s.shared.store.rename_mailbox(&user.name, &from, &to).await?;
     Ok(Done::ok("RENAME completed"))

@@ -181,24 +181,22 @@ fn matches(key: &SearchKey<'_>, c: &mut Candidate<'_>, limits: &Limits) -> bool 
     }
 }
 
-pub(crate) fn run(
-    s: &mut Session,
-    charset: Option<Charset<'static>>,
-    criteria: Vec1<SearchKey<'static>>,
-    uid: bool,
-) -> Result<Done, ImapError> {
-    if let Some(charset) = &charset {
-        let name = match charset {
-            Charset::Atom(a) => a.as_ref().to_string(),
-            Charset::Quoted(q) => q.inner().to_string(),
-        };
-        if !name.eq_ignore_ascii_case("UTF-8") && !name.eq_ignore_ascii_case("US-ASCII") {
-            return Err(ImapError::no_with(
-                Code::BadCharset { allowed: vec![] },
-                "only UTF-8 and US-ASCII are supported",
-            ));
-        }
+/// RFC 3501 §6.4.4: SEARCH's charset must be one the server supports, else NO [BADCHARSET].
+/// SORT and THREAD (RFC 5256) name theirs the same way.
+pub(crate) fn check_charset(charset: &Charset<'_>) -> Result<(), ImapError> {
+    let name = match charset {
+        Charset::Atom(a) => a.as_ref().to_string(),
+        Charset::Quoted(q) => q.inner().to_string(),
+    };
+    if !name.eq_ignore_ascii_case("UTF-8") && !name.eq_ignore_ascii_case("US-ASCII") {
+        return Err(ImapError::no_with(Code::BadCharset { allowed: vec![] }, "only UTF-8 and US-ASCII are supported"));
     }
+    Ok(())
+}
+
+/// The view positions of the selected mailbox's messages that match every key of `criteria`,
+/// ascending: what SEARCH answers, and what SORT and THREAD order.
+pub(crate) fn matching(s: &mut Session, criteria: &[SearchKey<'_>]) -> Result<Vec<usize>, ImapError> {
     let store = s.shared.store.clone();
     let selected = s.selected()?;
     let limits = Limits { count: selected.exists(), max_uid: selected.messages.last().map_or(0, |m| m.uid.0) };
@@ -211,11 +209,30 @@ pub(crate) fn run(
             store: &store,
             raw: None,
         };
-        if criteria.as_ref().iter().all(|k| matches(k, &mut c, &limits)) {
-            let n = if uid { entry.uid.0 } else { i as u32 + 1 };
-            hits.extend(NonZeroU32::new(n));
+        if criteria.iter().all(|k| matches(k, &mut c, &limits)) {
+            hits.push(i);
         }
     }
+    Ok(hits)
+}
+
+/// The numbers a SEARCH, SORT or THREAD response gives for view position `index`.
+pub(crate) fn number(s: &mut Session, index: usize, uid: bool) -> Option<NonZeroU32> {
+    let selected = s.selected().ok()?;
+    NonZeroU32::new(if uid { selected.messages.get(index)?.uid.0 } else { index as u32 + 1 })
+}
+
+pub(crate) fn run(
+    s: &mut Session,
+    charset: Option<Charset<'static>>,
+    criteria: Vec1<SearchKey<'static>>,
+    uid: bool,
+) -> Result<Done, ImapError> {
+    if let Some(charset) = &charset {
+        check_charset(charset)?;
+    }
+    let hits = matching(s, criteria.as_ref())?;
+    let hits = hits.into_iter().filter_map(|i| number(s, i, uid)).collect();
     s.data(Data::Search(hits));
     Ok(Done::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" }))
 }

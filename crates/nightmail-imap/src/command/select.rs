@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::num::NonZeroU32;
 
+use imap_next::imap_types::IntoStatic;
 use imap_next::imap_types::flag::{Flag, FlagPerm};
 use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::{Code, Data, StatusKind};
@@ -18,11 +19,25 @@ use crate::view::Selected;
 pub(crate) const SYSTEM_FLAGS: [Flag<'static>; 5] =
     [Flag::Answered, Flag::Flagged, Flag::Deleted, Flag::Seen, Flag::Draft];
 
+/// FLAGS (the system flags and every keyword in use) and PERMANENTFLAGS (those and `\*`: any
+/// new keyword is kept; none in a read-only mailbox), RFC 3501 §7.2.6 and §6.3.1.
+pub(crate) fn flags_of(selected: &Selected) -> (Vec<Flag<'static>>, Vec<FlagPerm<'static>>) {
+    let keywords =
+        selected.keywords.iter().filter_map(|k| Flag::try_from(k.as_str()).ok().map(IntoStatic::into_static));
+    let flags: Vec<Flag<'static>> = SYSTEM_FLAGS.iter().cloned().chain(keywords).collect();
+    let permanent = if selected.read_only {
+        vec![]
+    } else {
+        flags.iter().cloned().map(FlagPerm::Flag).chain([FlagPerm::Asterisk]).collect()
+    };
+    (flags, permanent)
+}
+
 pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: bool) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
     // §6.3.1: SELECT first deselects; a failed SELECT leaves no mailbox selected.
     s.deselect();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     let store = s.shared.store.clone();
     let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
     let recent: HashSet<Uid> = if read_only {
@@ -31,17 +46,13 @@ pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: b
         store.claim_recent(info.id).await?.into_iter().collect()
     };
     let selected = Selected::load(&store, info, read_only, recent)?;
-    s.data(Data::Flags(SYSTEM_FLAGS.to_vec()));
+    let (flags, permanent) = flags_of(&selected);
+    s.data(Data::Flags(flags));
     s.data(Data::Exists(selected.exists()));
     s.data(Data::Recent(selected.recent.len() as u32));
     if let Some(first) = selected.messages.iter().position(|m| !m.flags.iter().any(|f| f == "\\Seen")) {
         s.untagged(StatusKind::Ok, Some(Code::Unseen(NonZeroU32::new(first as u32 + 1).expect("+1"))), "first unseen");
     }
-    let permanent = if read_only {
-        vec![]
-    } else {
-        SYSTEM_FLAGS.iter().cloned().map(FlagPerm::Flag).chain([FlagPerm::Asterisk]).collect()
-    };
     s.untagged(StatusKind::Ok, Some(Code::PermanentFlags(permanent)), "flags kept");
     if let Some(v) = NonZeroU32::new(selected.info.uid_validity) {
         s.untagged(StatusKind::Ok, Some(Code::UidValidity(v)), "UIDs valid");

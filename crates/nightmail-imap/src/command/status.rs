@@ -12,7 +12,7 @@ use crate::session::Session;
 
 pub(crate) fn run(s: &mut Session, mailbox: Mailbox<'static>, names: &[StatusDataItemName]) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     let store = &s.shared.store;
     let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
     let mail = store.mail(info.id)?;

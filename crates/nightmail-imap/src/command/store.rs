@@ -38,6 +38,9 @@ pub(crate) async fn run(
         StoreType::Replace => FlagUpdate::Replace,
     };
     let changes = store.update_flags(selected.info.id, &uids, update, &flag_names(&flags)).await?;
+    for change in &changes {
+        selected.learn_keywords(&change.flags);
+    }
     let mut out = Vec::new();
     for change in changes {
         let Some(i) = selected.index_of_uid(change.uid) else { continue };
@@ -54,6 +57,7 @@ pub(crate) async fn run(
             }
         }
     }
+    s.announce_new_keywords();
     for data in out {
         s.data(data);
     }

@@ -8,7 +8,7 @@ use crate::session::Session;
 
 pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, subscribe: bool) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
-    let name = mailbox_name(&mailbox)?;
+    let name = mailbox_name(s, &mailbox)?;
     s.shared.store.set_subscribed(&user.name, &name, subscribe).await?;
     Ok(Done::ok(if subscribe { "SUBSCRIBE completed" } else { "UNSUBSCRIBE completed" }))
 }

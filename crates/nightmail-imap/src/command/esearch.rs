@@ -1,0 +1,172 @@
+//! SEARCH RETURN (RFC 4731 ESEARCH) and SORT RETURN (RFC 5267 §3 ESORT): MIN, MAX, COUNT and
+//! ALL of the matches in one `* ESEARCH (TAG "t") [UID] ...` response; for SORT, MIN and MAX are
+//! the first and last in sort order and ALL lists them in that order.
+//!
+//! imap-codec 2.0.0-alpha.10 has neither the `RETURN (...)` clause nor the ESEARCH response, so
+//! this module reads only that clause (RFC 4731 §3 `search-return-opts`), from the bytes of a
+//! command imap-codec refused; the rest of the command, without the clause, is parsed by
+//! imap-codec as a plain SEARCH. The response line is written here (`esearch-response`, §3).
+
+use std::fmt::Write as _;
+use std::num::NonZeroU32;
+
+use imap_codec::CommandCodec;
+use imap_codec::decode::Decoder;
+use imap_next::imap_types::command::CommandBody;
+use imap_next::imap_types::core::Tag;
+
+use super::search::{check_charset, matching, number};
+use super::sort::sorted;
+use crate::ImapError;
+use crate::session::Session;
+
+/// RFC 4731 §3 search-return-opt (SAVE, RFC 5182, is not offered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReturnOption {
+    Min,
+    Max,
+    All,
+    Count,
+}
+
+/// A SEARCH or SORT with a RETURN clause, taken apart.
+pub(crate) struct ReturnSearch {
+    pub tag: Tag<'static>,
+    pub uid: bool,
+    sort: bool,
+    options: Result<Vec<ReturnOption>, String>,
+    /// The command without the clause: a plain SEARCH for imap-codec.
+    plain: Vec<u8>,
+}
+
+impl ReturnSearch {
+    /// The tagged OK's text.
+    pub(crate) fn done_text(&self) -> &'static str {
+        match (self.uid, self.sort) {
+            (false, false) => "SEARCH completed",
+            (true, false) => "UID SEARCH completed",
+            (false, true) => "SORT completed",
+            (true, true) => "UID SORT completed",
+        }
+    }
+}
+
+fn strip_prefix_ci<'b>(bytes: &'b [u8], prefix: &[u8]) -> Option<&'b [u8]> {
+    (bytes.len() >= prefix.len() && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)).then(|| &bytes[prefix.len()..])
+}
+
+/// `tag [UID] SEARCH|SORT RETURN (opts) rest`, or `None` when `bytes` is not such a command.
+pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
+    let space = bytes.iter().position(|&b| b == b' ')?;
+    let tag = Tag::try_from(String::from_utf8(bytes[..space].to_vec()).ok()?).ok()?;
+    let mut rest = &bytes[space + 1..];
+    let uid = strip_prefix_ci(rest, b"UID ");
+    rest = uid.unwrap_or(rest);
+    let (sort, after) = match strip_prefix_ci(rest, b"SEARCH RETURN (") {
+        Some(after) => (false, after),
+        None => (true, strip_prefix_ci(rest, b"SORT RETURN (")?),
+    };
+    rest = after;
+    let close = rest.iter().position(|&b| b == b')')?;
+    let options = std::str::from_utf8(&rest[..close]).ok()?;
+    let criteria = rest[close + 1..].strip_prefix(b" ")?;
+    let options = options
+        .split_ascii_whitespace()
+        .map(|o| match o.to_ascii_uppercase().as_str() {
+            "MIN" => Ok(ReturnOption::Min),
+            "MAX" => Ok(ReturnOption::Max),
+            "ALL" => Ok(ReturnOption::All),
+            "COUNT" => Ok(ReturnOption::Count),
+            other => Err(format!("RETURN option {other} is not supported (RFC 4731: MIN MAX ALL COUNT)")),
+        })
+        .collect::<Result<Vec<_>, _>>();
+    let mut plain = bytes[..space + 1].to_vec();
+    if uid.is_some() {
+        plain.extend_from_slice(b"UID ");
+    }
+    plain.extend_from_slice(if sort { b"SORT " } else { b"SEARCH " });
+    plain.extend_from_slice(criteria);
+    Some(ReturnSearch { tag, uid: uid.is_some(), sort, options, plain })
+}
+
+/// `1:3,5,7:8` (RFC 3501 sequence-set) of the numbers in their order: runs of consecutive
+/// ascending numbers become ranges.
+fn sequence_set(numbers: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < numbers.len() {
+        let start = numbers[i];
+        while i + 1 < numbers.len() && numbers[i + 1] == numbers[i] + 1 {
+            i += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        let _ = if numbers[i] == start { write!(out, "{start}") } else { write!(out, "{start}:{}", numbers[i]) };
+        i += 1;
+    }
+    out
+}
+
+/// Runs the search and returns the ESEARCH response line (CRLF included).
+pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, ImapError> {
+    let mut options = search.options.map_err(ImapError::bad)?;
+    // §3.1: RETURN () means RETURN (ALL).
+    if options.is_empty() {
+        options.push(ReturnOption::All);
+    }
+    let (_, command) = CommandCodec::default()
+        .decode(&search.plain)
+        .map_err(|_| ImapError::bad("syntax error in the command after RETURN (...)"))?;
+    let (numbers, uid): (Vec<u32>, bool) = match command.body {
+        CommandBody::Search { charset, criteria, uid } if !search.sort => {
+            if let Some(charset) = &charset {
+                check_charset(charset)?;
+            }
+            let hits = matching(s, criteria.as_ref())?;
+            let mut numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
+            numbers.sort_unstable();
+            (numbers, uid)
+        }
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if search.sort => {
+            let numbers = sorted(s, &sort_criteria, &charset, &search_criteria, uid)?;
+            (numbers.into_iter().map(NonZeroU32::get).collect(), uid)
+        }
+        _ => return Err(ImapError::bad("syntax error in the command after RETURN (...)")),
+    };
+    let mut line = format!("* ESEARCH (TAG \"{}\")", search.tag.inner());
+    if uid {
+        line.push_str(" UID");
+    }
+    // §3.1: MIN, MAX and ALL are left out when nothing matched; COUNT is always given.
+    for option in [ReturnOption::Min, ReturnOption::Max, ReturnOption::Count, ReturnOption::All] {
+        if !options.contains(&option) {
+            continue;
+        }
+        let _ = match (option, numbers.first(), numbers.last()) {
+            (ReturnOption::Min, Some(min), _) => write!(line, " MIN {min}"),
+            (ReturnOption::Max, _, Some(max)) => write!(line, " MAX {max}"),
+            (ReturnOption::Count, ..) => write!(line, " COUNT {}", numbers.len()),
+            (ReturnOption::All, Some(_), _) => write!(line, " ALL {}", sequence_set(&numbers)),
+            _ => Ok(()),
+        };
+    }
+    line.push_str("\r\n");
+    Ok(line.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_clauses_are_taken_apart_and_sets_compressed() {
+        let r = recognise(b"a1 UID SEARCH RETURN (MIN count) SEEN\r\n").unwrap();
+        assert_eq!(r.tag.inner(), "a1");
+        assert_eq!(r.options.unwrap(), vec![ReturnOption::Min, ReturnOption::Count]);
+        assert_eq!(r.plain, b"a1 UID SEARCH SEEN\r\n");
+        assert!(recognise(b"a1 SEARCH RETURN (SAVE) ALL\r\n").unwrap().options.is_err());
+        assert!(recognise(b"a1 FETCH 1 (FLAGS)\r\n").is_none());
+        assert_eq!(sequence_set(&[1, 2, 3, 5, 7, 8]), "1:3,5,7:8");
+    }
+}
