@@ -1088,6 +1088,28 @@ mod tests {
     }
 
     #[test]
+    fn a_head_count_the_weights_do_not_have_is_refused_without_reserving_it() {
+        use std::io::Write as _;
+
+        use candle_core::quantized::gguf_file::Value;
+
+        use crate::format::gguf_write::{TensorHeader, write_gguf};
+        // The gguf fuzz target's third finding: KDA's load reserved its convolution by heads ×
+        // head size × kernel from the metadata (2^26 heads: 48 GB) before looking at the tensors.
+        let src = GgufFile::open(&fixture("kimi_linear/model.gguf")).unwrap();
+        let mut metadata: Vec<(String, Value)> = src.metadata().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let heads = metadata.iter_mut().find(|(k, _)| k == "kimi-linear.attention.head_count").expect("a head count");
+        heads.1 = Value::U32(1 << 26);
+        let tensors = src.all_tensors().unwrap();
+        let headers: Vec<TensorHeader> = tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
+        let err = crate::Model::load(&path).err().expect("2^26 heads").to_string();
+        assert!(err.contains("has shape"), "{err}");
+    }
+
+    #[test]
     fn sizes_the_graph_divides_by_are_refused_when_zero_or_inconsistent() {
         use candle_core::quantized::gguf_file::Value;
         let dir = tempfile::tempdir().unwrap();
