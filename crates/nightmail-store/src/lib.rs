@@ -71,6 +71,39 @@ pub struct Store {
     job_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// Store directories this process has opened (canonical paths).
+static OPENED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// How long an open waits for this process's own earlier hold on the directory to end.
+const OWN_RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// sled's database in `dir`. sled lets go of its lock when the last of its background writes ends,
+/// a moment after the `Db` is dropped, so opening a store again right after closing it in the same
+/// process can find the lock still held by ourselves (a test reading two mailboxes in a row did).
+/// Such an open waits for that release, up to [`OWN_RELEASE`]; a lock held by another process, or
+/// on a directory this process never opened, is [`StoreError::Locked`] at once.
+fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
+    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let ours = OPENED.lock().unwrap_or_else(|p| p.into_inner()).contains(&canonical);
+    let deadline = std::time::Instant::now() + OWN_RELEASE;
+    loop {
+        match sled::Config::new().path(dir).open() {
+            Ok(db) => {
+                OPENED.lock().unwrap_or_else(|p| p.into_inner()).insert(canonical);
+                return Ok(db);
+            }
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if !ours || std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Locked { path: dir.to_path_buf() });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(other) => return Err(StoreError::from(other)),
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, applying pending migrations.
     ///
@@ -84,12 +117,7 @@ impl Store {
     #[doc(hidden)]
     pub fn open_to(dir: &Path, version: u32) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
-        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
-            sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-                StoreError::Locked { path: dir.to_path_buf() }
-            }
-            other => StoreError::from(other),
-        })?;
+        let db = open_sled(dir)?;
         let durability = Arc::new(
             durable::Durability::new(dir)
                 .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?,
