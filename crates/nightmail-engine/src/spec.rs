@@ -1089,8 +1089,6 @@ mod tests {
 
     #[test]
     fn a_head_count_the_weights_do_not_have_is_refused_without_reserving_it() {
-        use std::io::Write as _;
-
         use candle_core::quantized::gguf_file::Value;
 
         use crate::format::gguf_write::{TensorHeader, write_gguf};
@@ -1101,7 +1099,8 @@ mod tests {
         let heads = metadata.iter_mut().find(|(k, _)| k == "kimi-linear.attention.head_count").expect("a head count");
         heads.1 = Value::U32(1 << 26);
         let tensors = src.all_tensors().unwrap();
-        let headers: Vec<TensorHeader> = tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
+        let headers: Vec<TensorHeader> =
+            tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.gguf");
         write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
@@ -1113,7 +1112,6 @@ mod tests {
     fn sizes_the_graph_divides_by_are_refused_when_zero_or_inconsistent() {
         use candle_core::quantized::gguf_file::Value;
         let dir = tempfile::tempdir().unwrap();
-        use std::io::Write as _;
         let file = std::cell::Cell::new(0);
         let model = |layers: u32, heads: u32, kv_heads: u32| {
             let meta: Vec<(String, Value)> = [
