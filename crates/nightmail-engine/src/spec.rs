@@ -393,7 +393,10 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         .collect();
     let vocab_size = match g.uint(&key("vocab_size")) {
         Some(v) => v as usize,
-        None => g.tensor_shape("token_embd.weight").map(|s| s[0]).ok_or_else(|| missing("vocab_size"))?,
+        // A shape may have no dimensions at all (the gguf fuzz target's fourth finding).
+        None => {
+            g.tensor_shape("token_embd.weight").and_then(|s| s.first().copied()).ok_or_else(|| missing("vocab_size"))?
+        }
     };
     let moe = if experts > 0 {
         let top_k = need("expert_used_count")?;
@@ -1106,6 +1109,32 @@ mod tests {
         write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
         let err = crate::Model::load(&path).err().expect("2^26 heads").to_string();
         assert!(err.contains("has shape"), "{err}");
+    }
+
+    #[test]
+    fn an_embedding_of_no_dimensions_is_no_vocabulary() {
+        use candle_core::quantized::gguf_file::Value;
+
+        use crate::format::gguf_write::{TensorHeader, write_gguf};
+        // The gguf fuzz target's fourth finding: with no `vocab_size` key, the vocabulary was read
+        // from the embedding's first dimension, and a tensor of no dimensions panicked.
+        let metadata: Vec<(String, Value)> = [
+            ("general.architecture", Value::String("llama".into())),
+            ("llama.embedding_length", Value::U32(64)),
+            ("llama.block_count", Value::U32(1)),
+            ("llama.attention.head_count", Value::U32(4)),
+            ("llama.context_length", Value::U32(128)),
+            ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        let scalar = TensorHeader::new("token_embd.weight", crate::format::WeightDType::F32, &[]);
+        write_gguf(&path, &metadata, &[scalar], 32, |_, w| w.write_all(&[0; 4])).unwrap();
+        let err = from_gguf(&GgufFile::open(&path).unwrap()).err().expect("no vocabulary").to_string();
+        assert!(err.contains("vocab_size"), "{err}");
     }
 
     #[test]
