@@ -280,3 +280,27 @@ fn sighup_keeps_the_running_worker_settings_and_says_a_restart_is_needed() {
     common::ask_kimi(&daemon, "Subject: still queued\r\n\r\nhello");
     assert_eq!(state(&daemon, "still queued").as_deref(), Some("queued"));
 }
+
+#[test]
+fn sighup_refuses_to_remove_the_model_of_a_running_bridge() {
+    let bridged = |dir: &Path| {
+        std::fs::write(dir.join("bridge.pw"), "secret").unwrap();
+        format!(
+            "[[model]]\naddress = \"bot@nightmail.test\"\nbackend = \"openai\"\nurl = \"http://127.0.0.1:9/v1\"\n\n\
+             [[bridge]]\nmodel = \"bot@nightmail.test\"\naddress = \"bot@fastmail.test\"\nimap_host = \"127.0.0.1\"\n\
+             imap_port = 9\nimap_tls = \"none\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = 9\nsmtp_tls = \"none\"\n\
+             user = \"bot\"\npassword_file = \"{}\"\nallow = [\"me@example.com\"]\nauth_serv_id = \"fastmail.test\"\n",
+            dir.join("bridge.pw").display()
+        )
+    };
+    let daemon = Daemon::start_logged(|dir| common::config(dir, &bridged(dir)));
+    // The file drops the bridge and its model: the bridge runs until a restart, so it is refused.
+    std::fs::write(&daemon.config, common::config(daemon.dir.path(), "")).unwrap();
+    hup(&daemon);
+    wait_for_log(&daemon, "SIGHUP: kept the running configuration", 1);
+    assert!(daemon.log().contains("bridges need a restart"), "{}", daemon.log());
+    let mut raw = Raw::login(daemon.smtp);
+    assert!(raw.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    let bot = raw.cmd("RCPT TO:<bot@nightmail.test>");
+    assert!(bot.starts_with("250"), "the bridge's model is still taken: {bot}");
+}
