@@ -218,9 +218,11 @@ fn sighup_adds_changes_and_removes_models_without_dropping_jobs() {
     assert!(prompt.contains("PROMPT-TWO") && !prompt.contains("PROMPT-ONE"), "{prompt}");
 
     // Removed while a question to it waits behind kimi's answer: refused as a recipient from now
-    // on, and the waiting question is still answered.
+    // on, and the waiting question is still answered. kimi moves to another server in the same
+    // reload: its running answer finishes on the first, the next question goes to the new one.
+    let moved = RecordingBackend::answering("From the new server.");
     ask(&daemon, "second@nightmail.test", "queued before the removal");
-    std::fs::write(&daemon.config, models_config(&dir, &kimi.url, "PROMPT-TWO", None)).unwrap();
+    std::fs::write(&daemon.config, models_config(&dir, &moved.url, "PROMPT-TWO", None)).unwrap();
     hup(&daemon);
     wait_for_log(&daemon, "SIGHUP: configuration reloaded", 2);
     assert_eq!(
@@ -239,10 +241,11 @@ fn sighup_adds_changes_and_removes_models_without_dropping_jobs() {
     });
     assert_eq!(second.prompts().len(), 2);
     assert_eq!(state(&daemon, "under the new prompt").as_deref(), Some("done"));
+    assert_eq!((kimi.prompts().len(), moved.prompts().len()), (1, 0), "the running job changed servers");
 
     // A local model whose file is not there: refused, logged, the running models kept.
     let missing = dir.join("no-such-model.gguf");
-    let bad = models_config(&dir, &kimi.url, "PROMPT-TWO", None).replace(
+    let bad = models_config(&dir, &moved.url, "PROMPT-TWO", None).replace(
         "[worker]\n",
         &format!(
             "[[model]]\naddress = \"local@nightmail.test\"\nbackend = \"local\"\npath = \"{}\"\n\n[worker]\n",
@@ -266,6 +269,7 @@ fn sighup_adds_changes_and_removes_models_without_dropping_jobs() {
     common::eventually(Duration::from_secs(30), "the last question answered", || {
         state(&daemon, "across three reloads").as_deref() == Some("done")
     });
+    assert_eq!((kimi.prompts().len(), moved.prompts().len()), (1, 1), "the next job went to the new server");
 }
 
 #[test]
