@@ -1,7 +1,8 @@
 //! SIGHUP reloads the configuration without dropping a connection: sessions opened before keep
 //! working, a new login needs the new password, a new TLS handshake presents the new certificate
 //! (python's ssl), and a configuration that does not parse, or names a certificate that does not
-//! load, is refused with a log line while the daemon keeps serving the running one.
+//! load, is refused with a log line while the daemon keeps serving the running one. A changed
+//! `[[model]]` list takes effect (added, changed, removed) without dropping a queued job.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, PASSWORD, Raw, base64_plain};
+use common::{Daemon, PASSWORD, Raw, RecordingBackend, base64_plain};
 
 const NEW_PASSWORD: &str = "new battery staple";
 
@@ -158,18 +159,152 @@ fn sighup_reloads_passwords_and_certificates_and_keeps_sessions() {
     assert!(smtp.cmd("NOOP").starts_with("250"), "the SMTP session survived every reload");
 }
 
+/// The test configuration with one worker, kimi answered by `kimi_url` with system prompt
+/// `prompt`, and, if `second` is given, a second model `second@` answered by that URL.
+fn models_config(dir: &Path, kimi_url: &str, prompt: &str, second: Option<&str>) -> String {
+    let mut text = common::config_answering(dir, "", kimi_url, 1)
+        .replace("[worker]\n", &format!("system_prompt = \"{prompt}\"\n\n[worker]\n"));
+    if let Some(url) = second {
+        let entry =
+            format!("[[model]]\naddress = \"second@nightmail.test\"\nbackend = \"openai\"\nurl = \"{url}\"\n\n");
+        text = text.replace("[worker]\n", &format!("{entry}[worker]\n"));
+    }
+    text
+}
+
+/// The state of the job whose subject is `subject`, if it exists.
+fn state(daemon: &Daemon, subject: &str) -> Option<String> {
+    let jobs = daemon.jobs();
+    jobs.iter().find(|j| j["subject"] == subject).map(|j| j["state"].as_str().unwrap_or("").to_string())
+}
+
+/// Asks `to` with Python's smtplib, logged in as me.
+fn ask(daemon: &Daemon, to: &str, subject: &str) {
+    let script = format!(
+        r#"
+import os, smtplib
+with smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]), timeout=30) as s:
+    s.login("me", os.environ["PASSWORD"])
+    s.sendmail("me@nightmail.test", ["{to}"], "From: me@nightmail.test\r\nTo: {to}\r\nSubject: {subject}\r\n\r\nWhat now?\r\n")
+print("sent")
+"#
+    );
+    assert_eq!(common::python(daemon, &script).trim(), "sent");
+}
+
 #[test]
-fn sighup_keeps_the_running_models_and_says_a_restart_is_needed() {
+fn sighup_adds_changes_and_removes_models_without_dropping_jobs() {
+    // kimi answers slowly (two pieces, a second apart), so a second question waits behind it.
+    let kimi = RecordingBackend::streaming(&["Slowly ", "noted."], Duration::from_secs(1));
+    let second = RecordingBackend::answering("Second here.");
+    let daemon = Daemon::start_logged(|dir| models_config(dir, &kimi.url, "PROMPT-ONE", None));
+    let dir = daemon.dir.path().to_path_buf();
+    let mut before = Raw::login(daemon.smtp);
+
+    // Added: second@ becomes a recipient and is answered; kimi's system prompt changes.
+    std::fs::write(&daemon.config, models_config(&dir, &kimi.url, "PROMPT-TWO", Some(&second.url))).unwrap();
+    hup(&daemon);
+    wait_for_log(&daemon, "SIGHUP: configuration reloaded", 1);
+    ask(&daemon, "second@nightmail.test", "to the new model");
+    common::eventually(Duration::from_secs(30), "the new model's answer", || {
+        state(&daemon, "to the new model").as_deref() == Some("done")
+    });
+    assert_eq!(second.prompts().len(), 1);
+
+    // Changed: the next kimi job runs with the new system prompt.
+    ask(&daemon, "kimi@nightmail.test", "under the new prompt");
+    common::eventually(Duration::from_secs(30), "kimi's job running", || !kimi.prompts().is_empty());
+    let prompt = &kimi.prompts()[0];
+    assert!(prompt.contains("PROMPT-TWO") && !prompt.contains("PROMPT-ONE"), "{prompt}");
+
+    // Removed while a question to it waits behind kimi's answer: refused as a recipient from now
+    // on, and the waiting question is still answered. kimi moves to another server in the same
+    // reload: its running answer finishes on the first, the next question goes to the new one.
+    let moved = RecordingBackend::answering("From the new server.");
+    ask(&daemon, "second@nightmail.test", "queued before the removal");
+    std::fs::write(&daemon.config, models_config(&dir, &moved.url, "PROMPT-TWO", None)).unwrap();
+    hup(&daemon);
+    wait_for_log(&daemon, "SIGHUP: configuration reloaded", 2);
+    assert_eq!(
+        state(&daemon, "queued before the removal").as_deref(),
+        Some("queued"),
+        "the question was not waiting at the reload: kimi answered too fast for this test"
+    );
+    let mut after = Raw::login(daemon.smtp);
+    assert!(after.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    // Refused as any address that is no user and no model is.
+    let refused = after.cmd("RCPT TO:<second@nightmail.test>");
+    assert!(refused.starts_with("550 "), "{refused}");
+    assert_eq!(refused, after.cmd("RCPT TO:<nobody@nightmail.test>"));
+    common::eventually(Duration::from_secs(30), "the queued question answered", || {
+        state(&daemon, "queued before the removal").as_deref() == Some("done")
+    });
+    assert_eq!(second.prompts().len(), 2);
+    assert_eq!(state(&daemon, "under the new prompt").as_deref(), Some("done"));
+    assert_eq!((kimi.prompts().len(), moved.prompts().len()), (1, 0), "the running job changed servers");
+
+    // A local model whose file is not there: refused, logged, the running models kept.
+    let missing = dir.join("no-such-model.gguf");
+    let bad = models_config(&dir, &moved.url, "PROMPT-TWO", None).replace(
+        "[worker]\n",
+        &format!(
+            "[[model]]\naddress = \"local@nightmail.test\"\nbackend = \"local\"\npath = \"{}\"\n\n[worker]\n",
+            missing.display()
+        ),
+    );
+    std::fs::write(&daemon.config, bad).unwrap();
+    hup(&daemon);
+    wait_for_log(&daemon, "SIGHUP: kept the running configuration", 1);
+    assert!(daemon.log().contains("no-such-model.gguf"), "the log names the file: {}", daemon.log());
+    let local = after.cmd("RCPT TO:<local@nightmail.test>");
+    assert!(local.starts_with("550 "), "{local}");
+    assert!(after.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+
+    // The session opened before every reload still takes a question.
+    assert!(before.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(before.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+    assert!(before.cmd("DATA").starts_with("354"));
+    let queued = before.cmd("Subject: across three reloads\r\n\r\nstill here\r\n.");
+    assert!(queued.starts_with("250 "), "{queued}");
+    common::eventually(Duration::from_secs(30), "the last question answered", || {
+        state(&daemon, "across three reloads").as_deref() == Some("done")
+    });
+    assert_eq!((kimi.prompts().len(), moved.prompts().len()), (1, 1), "the next job went to the new server");
+}
+
+#[test]
+fn sighup_keeps_the_running_worker_settings_and_says_a_restart_is_needed() {
     let daemon = Daemon::start_logged(|dir| common::config(dir, ""));
-    let changed = common::config(daemon.dir.path(), "").replace("kimi@nightmail.test", "other@nightmail.test");
+    let changed = common::config(daemon.dir.path(), "").replace("concurrency = 0", "concurrency = 3");
     std::fs::write(&daemon.config, changed).unwrap();
     hup(&daemon);
     wait_for_log(&daemon, "need a restart", 1);
-    assert!(daemon.log().contains("[[model]]"), "{}", daemon.log());
-    // Mail to the running model is still taken as a question; the new address is not a model.
+    assert!(daemon.log().contains("[worker]"), "{}", daemon.log());
+    // The worker still has no slots: mail to the model is queued, not answered.
+    common::ask_kimi(&daemon, "Subject: still queued\r\n\r\nhello");
+    assert_eq!(state(&daemon, "still queued").as_deref(), Some("queued"));
+}
+
+#[test]
+fn sighup_refuses_to_remove_the_model_of_a_running_bridge() {
+    let bridged = |dir: &Path| {
+        std::fs::write(dir.join("bridge.pw"), "secret").unwrap();
+        format!(
+            "[[model]]\naddress = \"bot@nightmail.test\"\nbackend = \"openai\"\nurl = \"http://127.0.0.1:9/v1\"\n\n\
+             [[bridge]]\nmodel = \"bot@nightmail.test\"\naddress = \"bot@fastmail.test\"\nimap_host = \"127.0.0.1\"\n\
+             imap_port = 9\nimap_tls = \"none\"\nsmtp_host = \"127.0.0.1\"\nsmtp_port = 9\nsmtp_tls = \"none\"\n\
+             user = \"bot\"\npassword_file = \"{}\"\nallow = [\"me@example.com\"]\nauth_serv_id = \"fastmail.test\"\n",
+            dir.join("bridge.pw").display()
+        )
+    };
+    let daemon = Daemon::start_logged(|dir| common::config(dir, &bridged(dir)));
+    // The file drops the bridge and its model: the bridge runs until a restart, so it is refused.
+    std::fs::write(&daemon.config, common::config(daemon.dir.path(), "")).unwrap();
+    hup(&daemon);
+    wait_for_log(&daemon, "SIGHUP: kept the running configuration", 1);
+    assert!(daemon.log().contains("bridges need a restart"), "{}", daemon.log());
     let mut raw = Raw::login(daemon.smtp);
     assert!(raw.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
-    assert!(raw.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
-    let other = raw.cmd("RCPT TO:<other@nightmail.test>");
-    assert!(other.starts_with("550"), "{other}");
+    let bot = raw.cmd("RCPT TO:<bot@nightmail.test>");
+    assert!(bot.starts_with("250"), "the bridge's model is still taken: {bot}");
 }

@@ -54,18 +54,64 @@ pub type Backends = HashMap<Address, Arc<dyn Backend>>;
 
 /// Builds the backends the configuration names.
 pub fn backends(config: &Config) -> Backends {
-    let mut map = Backends::new();
-    for model in &config.models {
-        let backend: Arc<dyn Backend> = match &model.backend {
-            nightmail_config::BackendConfig::OpenAi { url, model: name, api_key_env, timeout, retries } => {
-                let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
-                Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
-            }
-            nightmail_config::BackendConfig::Local(local) => Arc::new(backend::local::Local::new(local.clone())),
-        };
-        map.insert(model.address.clone(), backend);
+    config.models.iter().map(|model| (model.address.clone(), backend_for(model))).collect()
+}
+
+fn backend_for(model: &Model) -> Arc<dyn Backend> {
+    match &model.backend {
+        nightmail_config::BackendConfig::OpenAi { url, model: name, api_key_env, timeout, retries } => {
+            let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
+            Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
+        }
+        nightmail_config::BackendConfig::Local(local) => Arc::new(backend::local::Local::new(local.clone())),
     }
-    map
+}
+
+/// What a job runs with: the configuration and each model's backend as they were when it
+/// started. SIGHUP sends a new one (`Setup::reload`); a running job keeps its own.
+#[derive(Clone)]
+pub struct Setup {
+    pub config: Arc<Config>,
+    pub backends: Arc<Backends>,
+}
+
+impl Setup {
+    pub fn new(config: Arc<Config>) -> Setup {
+        let backends = Arc::new(backends(&config));
+        Setup { config, backends }
+    }
+
+    /// The setup for a reloaded configuration `new`. A model whose backend settings did not
+    /// change keeps its backend (a local engine keeps its loaded weights); a changed or new one
+    /// gets a new backend. A removed model stays with the worker, listed after the configured
+    /// ones, so jobs queued for it before the reload (or by an SMTP session that began before
+    /// it) are still answered; the servers, given `new`, take no more mail for it. It goes at
+    /// the next restart, or when the configuration names its address again.
+    pub fn reload(&self, new: &Config) -> Setup {
+        let mut config = new.clone();
+        let retired = self.config.models.iter().filter(|m| {
+            new.model(&m.address).is_none()
+                && new.user_by_address(&m.address).is_none()
+                && new.bridge(&m.address).is_none()
+        });
+        config.models.extend(retired.cloned());
+        let mut map = Backends::new();
+        for model in &config.models {
+            let old = self.config.model(&model.address).filter(|old| same_backend(old, model));
+            let backend = match old.and_then(|old| self.backends.get(&old.address)) {
+                Some(backend) => backend.clone(),
+                None => backend_for(model),
+            };
+            map.insert(model.address.clone(), backend);
+        }
+        Setup { config: Arc::new(config), backends: Arc::new(map) }
+    }
+}
+
+/// Whether two entries of one model address build the same backend (its settings have no
+/// PartialEq for all variants; the Debug forms name every field).
+fn same_backend(a: &Model, b: &Model) -> bool {
+    format!("{:?}", a.backend) == format!("{:?}", b.backend)
 }
 
 #[derive(Clone)]
@@ -74,12 +120,32 @@ pub struct Worker {
     config: Arc<Config>,
     backends: Arc<Backends>,
     policy: RetryPolicy,
+    /// Where SIGHUP announces a new setup; each job and triage pass takes the latest.
+    live: Option<watch::Receiver<Setup>>,
 }
 
 impl Worker {
     pub fn new(store: Store, config: Arc<Config>, backends: Backends) -> Worker {
         let policy = retry_policy(&config.worker);
-        Worker { store, config, backends: Arc::new(backends), policy }
+        Worker { store, config, backends: Arc::new(backends), policy, live: None }
+    }
+
+    /// A worker that takes each job's models from the latest setup sent on `live`. The
+    /// `[worker]` section (slots, lease, retries) is the first setup's: it needs a restart.
+    pub fn reloading(store: Store, live: watch::Receiver<Setup>) -> Worker {
+        let Setup { config, backends } = live.borrow().clone();
+        let policy = retry_policy(&config.worker);
+        Worker { store, config, backends, policy, live: Some(live) }
+    }
+
+    /// This worker with the latest setup: what a job that starts now runs with, to its end.
+    fn current(&self) -> Worker {
+        let mut worker = self.clone();
+        if let Some(live) = &self.live {
+            let Setup { config, backends } = live.borrow().clone();
+            (worker.config, worker.backends) = (config, backends);
+        }
+        worker
     }
 
     /// Answers jobs until `stop` turns true, `concurrency` at a time.
@@ -109,7 +175,7 @@ impl Worker {
             match self.store.lease_next(self.config.worker.lease).await {
                 Ok(Some(leased)) => {
                     let id = leased.job().id;
-                    if let Err(e) = self.process(leased, stop.clone()).await {
+                    if let Err(e) = self.current().process(leased, stop.clone()).await {
                         tracing::error!(job = %id, "job ended with a store error: {e}");
                     }
                 }
@@ -322,7 +388,7 @@ impl Worker {
     /// `cancel`) at once and acknowledges questions, so neither waits behind a days-long answer.
     async fn concierge(self, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
-            if let Err(e) = self.triage_queue().await {
+            if let Err(e) = self.current().triage_queue().await {
                 tracing::error!("concierge: {e}");
             }
             tokio::select! {

@@ -1,13 +1,17 @@
-//! SIGHUP: read the configuration file again and give it to new SMTP and IMAP sessions, without
-//! closing a connection or touching a job. A session keeps the configuration it began with (its
-//! login stands), a new one gets the new users and passwords, `[tls]` certificate and session
-//! settings. A file that does not parse, a certificate that does not load, or the demo password
-//! off loopback is refused with a log line, and the running configuration stays.
+//! SIGHUP: read the configuration file again and give it to new SMTP and IMAP sessions and to
+//! jobs that start from now on, without closing a connection or touching a running job. A
+//! session keeps the configuration it began with (its login stands), a new one gets the new
+//! users and passwords, `[tls]` certificate and session settings, and the new `[[model]]` list:
+//! a model added is taken as a recipient and answered, a model removed is refused as a recipient
+//! (the worker still answers the jobs queued for it: `nightmail_worker::Setup::reload`), and a
+//! model changed runs jobs that start after the reload with its new settings while a running
+//! job finishes with those it began with. A file that does not parse, a certificate that does
+//! not load, a local model file that is not there, or the demo password off loopback is
+//! refused with a log line, and the running configuration stays.
 //!
-//! What the running tasks were built from (listeners, connection limits, `data_dir`, `[[model]]`,
+//! What the running tasks were built from (listeners, connection limits, `data_dir`,
 //! `[worker]`, `[auth]`, `[relay]`, `[[bridge]]`) needs a restart: a reload keeps the running
-//! values of those and logs which ones changed, so SMTP never takes mail for a model the worker
-//! does not have.
+//! values of those and logs which ones changed.
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use anyhow::Context;
 use nightmail_auth::Authenticator;
 use nightmail_config::Config;
 use nightmail_store::Store;
+use nightmail_worker::Setup;
 use tokio::sync::watch;
 
 /// The configuration new sessions get, and where to announce a new one.
@@ -24,9 +29,14 @@ pub struct Live {
     auth: Authenticator,
     smtp: watch::Sender<Arc<nightmail_smtp::Shared>>,
     imap: watch::Sender<Arc<nightmail_imap::Shared>>,
+    worker: watch::Sender<Setup>,
 }
 
-type Receivers = (watch::Receiver<Arc<nightmail_smtp::Shared>>, watch::Receiver<Arc<nightmail_imap::Shared>>);
+type Receivers = (
+    watch::Receiver<Arc<nightmail_smtp::Shared>>,
+    watch::Receiver<Arc<nightmail_imap::Shared>>,
+    watch::Receiver<Setup>,
+);
 
 impl Live {
     pub fn new(config: Arc<Config>, store: Store, tls: Option<nightmail_tls::TlsAcceptor>) -> (Live, Receivers) {
@@ -43,7 +53,8 @@ impl Live {
             auth: auth.clone(),
             tls,
         }));
-        (Live { config, store, auth, smtp, imap }, (smtp_rx, imap_rx))
+        let (worker, worker_rx) = watch::channel(Setup::new(config.clone()));
+        (Live { config, store, auth, smtp, imap, worker }, (smtp_rx, imap_rx, worker_rx))
     }
 
     /// Reloads on SIGHUP, logging what happened.
@@ -75,6 +86,7 @@ impl Live {
         let mut new = Config::load(&path)?;
         let kept = keep_what_needs_a_restart(old, &mut new);
         crate::serve::refuse_demo_password_off_loopback(&new)?;
+        check_models(&new)?;
         let tls = match &new.tls {
             Some(tls) => Some(nightmail_tls::acceptor(tls, &new.data_dir, &new.hostname)?),
             None => None,
@@ -82,6 +94,8 @@ impl Live {
         for warning in &new.warnings {
             tracing::warn!("{warning}");
         }
+        // Built before anything is announced: every step that can fail has been passed.
+        let setup = self.worker.borrow().reload(&new);
         let config = Arc::new(new);
         let auth = self.auth.with_users(config.users.clone());
         let store = self.store.clone();
@@ -97,6 +111,7 @@ impl Live {
             auth: auth.clone(),
             tls,
         }));
+        self.worker.send_replace(setup);
         (self.config, self.auth) = (config, auth);
         Ok(kept)
     }
@@ -126,10 +141,37 @@ fn keep_what_needs_a_restart(old: &Config, new: &mut Config) -> Vec<&'static str
     keep!("imap.listen_tls", imap.listen_tls);
     keep!("imap.max_connections", imap.max_connections);
     keep!("imap.max_connections_per_ip", imap.max_connections_per_ip);
-    keep!("[[model]]", models);
     keep!("[worker]", worker);
     keep!("[auth]", auth);
     keep!("[relay]", relay);
     keep!("[[bridge]]", bridges);
     kept
+}
+
+/// What a model entry needs that parsing cannot see: a local model's file is there, and each
+/// running bridge (which needs a restart) still has its model.
+fn check_models(config: &Config) -> anyhow::Result<()> {
+    for model in &config.models {
+        if let nightmail_config::BackendConfig::Local(local) = &model.backend
+            && !local.path.exists()
+        {
+            anyhow::bail!(
+                "{}: [[model]] {}: path {} does not exist",
+                config.source_name(),
+                model.address,
+                local.path.display()
+            );
+        }
+    }
+    for bridge in &config.bridges {
+        if config.model(&bridge.model).is_none() {
+            anyhow::bail!(
+                "{}: [[bridge]] {} is answered by {}, which is no longer a [[model]]; bridges need a restart",
+                config.source_name(),
+                bridge.address,
+                bridge.model
+            );
+        }
+    }
+    Ok(())
 }

@@ -67,7 +67,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         bridges.push(b);
     }
     // What new sessions start with; SIGHUP replaces it (`reload.rs`).
-    let (mut live, (shared, imap_shared)) = crate::reload::Live::new(config.clone(), store.clone(), tls);
+    let (mut live, (shared, imap_shared, setup)) = crate::reload::Live::new(config.clone(), store.clone(), tls);
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let mut implicit = Vec::new();
@@ -87,7 +87,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone(), nightmail_imap::Wrap::Plain));
     let control_task =
         tokio::spawn(crate::control::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
-    let worker = nightmail_worker::Worker::new(store.clone(), config.clone(), nightmail_worker::backends(&config));
+    let worker = nightmail_worker::Worker::reloading(store.clone(), setup);
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
     let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_rx.clone())));
     let bridge_tasks: Vec<_> = bridges.into_iter().map(|b| tokio::spawn(b.run(stop_rx.clone()))).collect();
