@@ -17,6 +17,7 @@ use nightmail_auth::{Authenticator, ConnectionLimit};
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
+pub use nightmail_tls::Wrap;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -28,25 +29,6 @@ pub struct Shared {
     pub store: Store,
     pub auth: Authenticator,
     pub tls: Option<TlsAcceptor>,
-}
-
-/// How a listener's connections begin.
-#[derive(Clone)]
-pub enum Wrap {
-    /// In the clear, with STARTTLS offered when TLS is configured (RFC 3207).
-    Plain,
-    /// TLS from the first byte (RFC 8314 §3: submission on 465).
-    ImplicitTls(TlsAcceptor),
-}
-
-impl Wrap {
-    /// This wrap with the certificate `shared` now holds (a reloaded one, after SIGHUP).
-    fn with(&self, shared: &Shared) -> Wrap {
-        match (self, &shared.tls) {
-            (Wrap::ImplicitTls(_), Some(tls)) => Wrap::ImplicitTls(tls.clone()),
-            (wrap, _) => wrap.clone(),
-        }
-    }
 }
 
 /// Serves SMTP on `listener` until `shutdown` turns true.
@@ -77,7 +59,7 @@ pub async fn serve(
             _ = shutdown.changed() => break,
         };
         let shared = current.borrow().clone();
-        let wrap = wrap.with(&shared);
+        let wrap = wrap.with(shared.tls.as_ref());
         let permit = slots.clone().try_acquire_owned();
         let admitted = per_client.admit(peer.ip());
         let local = local.unwrap_or(peer);

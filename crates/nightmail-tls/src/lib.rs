@@ -9,6 +9,25 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use tokio_rustls::TlsAcceptor;
 
+/// How a listener's connections start, for SMTP and IMAP alike.
+#[derive(Clone)]
+pub enum Wrap {
+    /// In the clear, with STARTTLS offered when TLS is configured (RFC 3207, RFC 3501 §6.2.1).
+    Plain,
+    /// TLS from the first byte (RFC 8314 §3: submission on 465, IMAP on 993).
+    ImplicitTls(TlsAcceptor),
+}
+
+impl Wrap {
+    /// This wrap with the certificate the configuration now holds (a reloaded one, after SIGHUP).
+    pub fn with(&self, tls: Option<&TlsAcceptor>) -> Wrap {
+        match (self, tls) {
+            (Wrap::ImplicitTls(_), Some(tls)) => Wrap::ImplicitTls(tls.clone()),
+            (wrap, _) => wrap.clone(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("cannot read {path}: {message} (check [tls] cert/key in the config)")]
