@@ -97,7 +97,7 @@ impl Setup {
         config.models.extend(retired.cloned());
         let mut map = Backends::new();
         for model in &config.models {
-            let old = self.config.model(&model.address).filter(|old| same_backend(old, model));
+            let old = self.config.model(&model.address).filter(|old| old.backend == model.backend);
             let backend = match old.and_then(|old| self.backends.get(&old.address)) {
                 Some(backend) => backend.clone(),
                 None => backend_for(model),
@@ -106,12 +106,6 @@ impl Setup {
         }
         Setup { config: Arc::new(config), backends: Arc::new(map) }
     }
-}
-
-/// Whether two entries of one model address build the same backend (its settings have no
-/// PartialEq for all variants; the Debug forms name every field).
-fn same_backend(a: &Model, b: &Model) -> bool {
-    format!("{:?}", a.backend) == format!("{:?}", b.backend)
 }
 
 #[derive(Clone)]
