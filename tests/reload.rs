@@ -2,7 +2,8 @@
 //! working, a new login needs the new password, a new TLS handshake presents the new certificate
 //! (python's ssl), and a configuration that does not parse, or names a certificate that does not
 //! load, is refused with a log line while the daemon keeps serving the running one. A changed
-//! `[[model]]` list takes effect (added, changed, removed) without dropping a queued job.
+//! `[[model]]` list takes effect (added, changed, removed) without dropping a queued job; a
+//! restart without a queued question's model ends that question with a notice to its asker.
 
 mod common;
 
@@ -307,4 +308,34 @@ fn sighup_refuses_to_remove_the_model_of_a_running_bridge() {
     assert!(raw.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
     let bot = raw.cmd("RCPT TO:<bot@nightmail.test>");
     assert!(bot.starts_with("250"), "the bridge's model is still taken: {bot}");
+}
+
+#[test]
+fn a_restart_without_a_questions_model_ends_it_with_a_notice_from_that_address() {
+    let second =
+        "[[model]]\naddress = \"second@nightmail.test\"\nbackend = \"openai\"\nurl = \"http://127.0.0.1:9/v1\"\n";
+    // No worker: the question waits in the queue.
+    let mut daemon = Daemon::start_with(|dir| common::config(dir, second));
+    ask(&daemon, "second@nightmail.test", "asked before the restart");
+    assert_eq!(state(&daemon, "asked before the restart").as_deref(), Some("queued"));
+    daemon.stop();
+
+    // Restarted with a worker and without second@: the question cannot be answered, and says so.
+    let kimi = RecordingBackend::answering("not asked");
+    std::fs::write(&daemon.config, common::config_answering(daemon.dir.path(), "", &kimi.url, 1)).unwrap();
+    daemon.restart();
+    common::eventually(Duration::from_secs(30), "the question to end", || {
+        state(&daemon, "asked before the restart").as_deref() == Some("failed")
+    });
+    let job = daemon.jobs().into_iter().find(|j| j["subject"] == "asked before the restart").unwrap();
+    assert!(job["reason"].as_str().unwrap().contains("no longer a model address"), "{job}");
+    daemon.stop();
+    let inbox = daemon.mailbox("me", "INBOX");
+    assert_eq!(inbox.len(), 1, "{inbox:?}");
+    let notice = &inbox[0];
+    assert!(common::header(notice, "From").unwrap().contains("second@nightmail.test"), "{notice}");
+    assert_eq!(common::header(notice, "Subject").as_deref(), Some("Re: asked before the restart"));
+    let failure = common::header(notice, "X-Nightmail-Failure").unwrap();
+    assert!(failure.contains("second@nightmail.test is no longer a model address"), "{failure}");
+    assert!(kimi.prompts().is_empty(), "no other model was asked");
 }

@@ -3,8 +3,9 @@
 //! awaiting the relay); `message_refs` counts those holders, in the same transaction that adds or
 //! removes one. When EXPUNGE or DELETE drops the last holder, the bytes go in that transaction.
 //!
-//! Jobs are never removed (status and the thread of a later follow-up read them), so a message a
-//! job holds is kept for good; so is one awaiting the relay, until it is sent, bounced or dropped (`outbound.rs`). A job's
+//! A job holds its question's bytes until retention deletes the finished job (`Store::purge_jobs`,
+//! `queue.rs`; status and the thread of a later follow-up read jobs until then); a message awaiting
+//! the relay is held until it is sent, bounced or dropped (`outbound.rs`). A job's
 //! `reply` names the reply but does not hold it: the reply lives as long as the entries it was
 //! delivered to, so what its readers delete is deleted.
 //!

@@ -197,14 +197,18 @@ impl Worker {
     async fn process(&self, leased: LeasedJob, stop: watch::Receiver<bool>) -> Result<(), StoreError> {
         let job = leased.job().clone();
         let Some(model) = self.config.model(&job.model).cloned() else {
+            // Removed from the configuration while the question waited (a restart; a SIGHUP keeps
+            // removed models until then): the asker learns it from the address they wrote to.
             let reason = format!("{} is no longer a model address in the configuration", job.model);
-            return self.give_up(leased, &reason, None).await;
+            let author = outlet::Author { address: &job.model, name: None };
+            let notice = self.notice(&job, author, None, &reason)?;
+            return self.give_up(leased, &reason, notice).await;
         };
         if job.attempts > self.policy.max_attempts {
             // Leased again after `max_attempts` interrupted attempts (crashes, kills, power cuts):
             // end it with a notice before reading the message, which may be what crashes us.
             let reason = format!("interrupted {} times without finishing", job.attempts - 1);
-            let notice = self.notice(&job, &model, None, &reason)?;
+            let notice = self.notice(&job, (&model).into(), None, &reason)?;
             return self.give_up(leased, &reason, notice).await;
         }
         let Some(raw) = self.store.message(job.message)? else {
@@ -213,7 +217,8 @@ impl Worker {
         let question = match mail::parse(&raw) {
             Ok(m) => m,
             Err(e) => {
-                let notice = self.notice(&job, &model, None, &format!("your message could not be read: {e}"))?;
+                let notice =
+                    self.notice(&job, (&model).into(), None, &format!("your message could not be read: {e}"))?;
                 return self.give_up(leased, &e.to_string(), notice).await;
             }
         };
@@ -224,7 +229,7 @@ impl Worker {
                 // A person over the rate limit learns why, once per refused question (to them alone).
                 Refusal::RateLimited(reason) => {
                     let why = format!("{reason}; send it again later");
-                    (reason, self.notice(&job, &model, Some(&question), &why)?)
+                    (reason, self.notice(&job, (&model).into(), Some(&question), &why)?)
                 }
             };
             tracing::info!(job = %job.id, "not answering: {reason}");
@@ -277,7 +282,7 @@ impl Worker {
                 Err(too_long) => {
                     let why = too_long.to_string();
                     tracing::info!(job = %job.id, "not answering: {why}");
-                    let notice = self.notice(&job, &model, Some(&question), &why)?;
+                    let notice = self.notice(&job, (&model).into(), Some(&question), &why)?;
                     return self.give_up(leased, &why, notice).await;
                 }
             };
@@ -364,7 +369,7 @@ impl Worker {
                 };
                 let tries = leased.job().attempts;
                 let why = format!("{e} (attempt {tries} of {})", self.policy.max_attempts);
-                let notice = self.notice(&job, &model, Some(&question), &why)?;
+                let notice = self.notice(&job, (&model).into(), Some(&question), &why)?;
                 let (job, _) = self
                     .store
                     .finish(leased, Finish::Failed { reason: e.to_string(), retry, notice }, &self.policy)
@@ -689,7 +694,7 @@ impl Worker {
         let audience = Audience { to: vec![mail::Person { address: asker.clone(), name: None }], cc: Vec::new() };
         let message_id = compose::new_message_id(kind, job.id.0, &self.config.hostname);
         let headers = vec![("X-Nightmail-Job", job.id.to_string())];
-        self.outgoing(model, job, &audience, question, Body::Plain(text), headers, None, message_id)
+        self.outgoing(model.into(), job, &audience, question, Body::Plain(text), headers, None, message_id)
     }
 
     /// Why this message must not be answered, if so: loop rules (not for an Ask job: the user
@@ -766,14 +771,14 @@ impl Worker {
         };
         let message_id =
             message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.config.hostname));
-        self.outgoing(model, job, &audience, question, body, headers, attachment, message_id)
+        self.outgoing(model.into(), job, &audience, question, body, headers, attachment, message_id)
     }
 
     /// A failure notice to the asker, threaded under the question when it could be read.
     fn notice(
         &self,
         job: &Job,
-        model: &Model,
+        author: outlet::Author<'_>,
         question: Option<&Mail>,
         why: &str,
     ) -> Result<Option<Incoming>, StoreError> {
@@ -793,18 +798,18 @@ impl Worker {
         let message_id = compose::new_message_id("failure", job.id.0, &self.config.hostname);
         let body = format!(
             "Your question could not be answered.\n\nReason: {why}\n\nJob {} for {}. Send the question again to retry.\n\n-- \nnightmail\n",
-            job.id, model.address,
+            job.id, author.address,
         );
         let headers = vec![("X-Nightmail-Job", job.id.to_string()), ("X-Nightmail-Failure", why.to_string())];
-        Ok(Some(self.outgoing(model, job, &audience, question, Body::Plain(body), headers, None, message_id)?))
+        Ok(Some(self.outgoing(author, job, &audience, question, Body::Plain(body), headers, None, message_id)?))
     }
 
-    /// Writes a message from `model` to `audience`, threaded under `parent`, ready to deliver, by
+    /// Writes a message from `author` to `audience`, threaded under `parent`, ready to deliver, by
     /// the way `job` came in (`outlet.rs`).
     #[allow(clippy::too_many_arguments)]
     fn outgoing(
         &self,
-        model: &Model,
+        author: outlet::Author<'_>,
         job: &Job,
         audience: &Audience,
         parent: &Mail,
@@ -814,8 +819,8 @@ impl Worker {
         message_id: String,
     ) -> Result<Incoming, StoreError> {
         let outlet = outlet::Outlet::new(&self.config, job.via.as_ref());
-        let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
-        let from = outlet.from(model);
+        let name = author.name.unwrap_or_else(|| author.address.local_part()).to_string();
+        let from = outlet.from(author);
         let subject = compose::reply_subject(&parent.subject);
         // Outside people are reached only through the relay or the bridge, and only so many per
         // reply.

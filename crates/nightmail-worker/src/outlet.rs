@@ -7,6 +7,22 @@ use nightmail_config::{Config, Model};
 use nightmail_store::Recipient;
 use nightmail_types::Address;
 
+/// Who a message is from: a configured model, or the address of a model removed from the
+/// configuration after its question was accepted (the notice that ends that question comes from
+/// the address it was sent to).
+#[derive(Clone, Copy)]
+pub struct Author<'a> {
+    pub address: &'a Address,
+    /// The display name in `From:`; the address's local part when absent.
+    pub name: Option<&'a str>,
+}
+
+impl<'a> From<&'a Model> for Author<'a> {
+    fn from(model: &'a Model) -> Author<'a> {
+        Author { address: &model.address, name: model.name.as_deref() }
+    }
+}
+
 pub struct Outlet<'a> {
     config: &'a Config,
     /// The bridge the question came in through (its upstream address).
@@ -19,8 +35,8 @@ impl<'a> Outlet<'a> {
     }
 
     /// The reply's `From:` and envelope sender.
-    pub fn from(&self, model: &'a Model) -> &'a Address {
-        self.via.unwrap_or(&model.address)
+    pub fn from(&self, author: Author<'a>) -> &'a Address {
+        self.via.unwrap_or(author.address)
     }
 
     /// Whether `address` is reached by SMTP (and counts against the cap).
