@@ -56,13 +56,9 @@ def cut(s, data):
     return got.strip().splitlines()[-1], took
 "#;
 
-#[test]
-fn connections_are_capped_per_client_for_smtp_and_imap() {
-    let daemon = Daemon::start_with(|dir| limited(dir, "max_connections_per_ip = 2", "max_connections_per_ip = 2", ""));
-    let out = python(
-        &daemon,
-        &format!(
-            r#"{PRELUDE}
+/// Holds two connections to each server, opens a third, closes one of the two, and opens
+/// another: prints each greeting.
+const THIRD_CONNECTION: &str = r#"
 for name, port in (("SMTP", SMTP), ("IMAP", IMAP)):
     held = [greeting(port) for _ in range(2)]
     for _, line in held:
@@ -80,22 +76,39 @@ for name, port in (("SMTP", SMTP), ("IMAP", IMAP)):
         again.close()
         time.sleep(0.05)
     print(name, "after close", line[:4].strip())
-"#
-        ),
-    );
+"#;
+
+/// With two places (`key = 2` in both servers' sections), the third connection gets `smtp` and
+/// `imap` as its greeting and is closed; a place freed is taken again.
+fn third_connection_refused(key: &str, smtp: &str, imap: &str) {
+    let setting = format!("{key} = 2");
+    let daemon = Daemon::start_with(|dir| limited(dir, &setting, &setting, ""));
+    let out = python(&daemon, &format!("{PRELUDE}{THIRD_CONNECTION}"));
     assert_eq!(out.matches("SMTP served 220\n").count(), 2, "{out}");
-    assert!(
-        out.contains("SMTP third 421 4.7.0 Too many connections from your address; close some and try again"),
-        "{out}"
-    );
+    assert!(out.contains(&format!("SMTP third {smtp}\n")), "{out}");
     assert!(out.contains("SMTP after close 220\n"), "{out}");
     assert_eq!(out.matches("IMAP served * OK\n").count(), 2, "{out}");
-    assert!(
-        out.contains("IMAP third * BYE [UNAVAILABLE] too many connections from your address, close some and try again"),
-        "{out}"
-    );
+    assert!(out.contains(&format!("IMAP third {imap}\n")), "{out}");
     assert!(out.contains("IMAP after close * OK\n"), "{out}");
     assert_eq!(out.matches("third closed True").count(), 2, "{out}");
+}
+
+#[test]
+fn connections_are_capped_per_client_for_smtp_and_imap() {
+    third_connection_refused(
+        "max_connections_per_ip",
+        "421 4.7.0 Too many connections from your address; close some and try again",
+        "* BYE [UNAVAILABLE] too many connections from your address, close some and try again",
+    );
+}
+
+#[test]
+fn connections_are_capped_server_wide_for_smtp_and_imap() {
+    third_connection_refused(
+        "max_connections",
+        "421 4.7.0 Too many connections; try again later",
+        "* BYE [UNAVAILABLE] too many connections, try again later",
+    );
 }
 
 /// A client that sends a byte every half second never goes idle, but its command never ends:

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use peers::{Admitted, ConnectionLimit, client_of};
+pub use peers::{Admitted, ConnectionLimit, Full, Place, accept, client_of};
 use tokio::sync::Semaphore;
 
 use argon2::Argon2;

@@ -5,8 +5,13 @@
 //! would give it 2^64 budgets: an IPv6 client is its /64.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::future::Future;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// The client `ip` counts as: itself for IPv4 (also when written IPv4-mapped), its /64 for IPv6.
 pub fn client_of(ip: IpAddr) -> IpAddr {
@@ -59,6 +64,64 @@ impl Drop for Admitted {
                 open.remove(&self.client);
             }
         }
+    }
+}
+
+/// A connection's places, server-wide and its client's; dropping it (when the session ends) frees
+/// both.
+pub struct Place {
+    _server: OwnedSemaphorePermit,
+    _client: Admitted,
+}
+
+/// Why a connection was turned away when accepted: the server, or its client, has as many open as
+/// allowed. The session says so in its protocol's words (SMTP 421, IMAP `* BYE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    Server,
+    Client,
+}
+
+/// The accept loop both servers run: accepts on `listener` until `shutdown` changes, and runs
+/// `session` (which starts the session, or refuses it with the reason given) on a task of its own
+/// for each connection, with the connection's local address (`listener`'s). `protocol` names the
+/// server in log lines.
+pub async fn accept<S, F>(
+    listener: TcpListener,
+    protocol: &'static str,
+    max_connections: usize,
+    per_client: usize,
+    mut shutdown: watch::Receiver<bool>,
+    mut session: S,
+) where
+    S: FnMut(TcpStream, SocketAddr, SocketAddr, Result<Place, Full>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let server = Arc::new(Semaphore::new(max_connections));
+    let clients = ConnectionLimit::new(per_client);
+    let local = listener.local_addr().ok();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // EMFILE and friends: keep serving the connections we have.
+                    tracing::warn!("{protocol} accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let place = match (server.clone().try_acquire_owned(), clients.admit(peer.ip())) {
+            (Ok(server), Some(client)) => Ok(Place { _server: server, _client: client }),
+            (Err(_), _) => Err(Full::Server),
+            (_, None) => {
+                tracing::info!(%peer, "{protocol}: too many connections from this client");
+                Err(Full::Client)
+            }
+        };
+        tokio::spawn(session(stream, peer, local.unwrap_or(peer), place));
     }
 }
 

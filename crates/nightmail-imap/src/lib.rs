@@ -19,13 +19,13 @@ mod view;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nightmail_auth::{Authenticator, ConnectionLimit};
+use nightmail_auth::{Authenticator, Full};
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
 pub use nightmail_tls::Wrap;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 pub use error::ImapError;
 
@@ -44,48 +44,34 @@ pub struct Shared {
 pub async fn serve(
     listener: TcpListener,
     current: watch::Receiver<Arc<Shared>>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     wrap: Wrap,
 ) {
-    let shared = current.borrow().clone();
     // More connections than these are greeted with BYE (RFC 3501 §7.1.5).
-    let slots = Arc::new(Semaphore::new(shared.config.imap.max_connections));
-    let per_client = ConnectionLimit::new(shared.config.imap.max_connections_per_ip);
-    let local = listener.local_addr().ok();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // EMFILE and friends: keep serving the connections we have.
-                    tracing::warn!("imap accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => break,
-        };
+    let (max, per_client) = {
+        let first = &current.borrow().config.imap;
+        (first.max_connections, first.max_connections_per_ip)
+    };
+    let stop = shutdown.clone();
+    nightmail_auth::accept(listener, "imap", max, per_client, shutdown, move |stream, peer, local, place| {
         let shared = current.borrow().clone();
         let wrap = wrap.with(shared.tls.as_ref());
-        let permit = slots.clone().try_acquire_owned();
-        let admitted = per_client.admit(peer.ip());
-        let local = local.unwrap_or(peer);
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            match (permit, admitted) {
-                (Ok(_permit), Some(_admitted)) => {
+        let stop = stop.clone();
+        async move {
+            match place {
+                Ok(_place) => {
                     let _ = stream.set_nodelay(true);
                     let quick_ack = session::QuickAck::of(&stream);
                     session::run(stream, peer, local, shared, stop, wrap, quick_ack).await
                 }
-                (Err(_), _) => session::refuse(stream, "too many connections, try again later").await,
-                (_, None) => {
-                    tracing::info!(%peer, "imap: too many connections from this client");
+                Err(Full::Server) => session::refuse(stream, "too many connections, try again later").await,
+                Err(Full::Client) => {
                     session::refuse(stream, "too many connections from your address, close some and try again").await
                 }
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
 /// Serves one session over any byte stream, as `serve` does for each TCP connection: how the fuzz

@@ -13,13 +13,13 @@ mod session;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nightmail_auth::{Authenticator, ConnectionLimit};
+use nightmail_auth::{Authenticator, Full};
 use nightmail_config::Config;
 use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
 pub use nightmail_tls::Wrap;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 pub use reply::Reply;
 
@@ -38,42 +38,25 @@ pub struct Shared {
 pub async fn serve(
     listener: TcpListener,
     current: watch::Receiver<Arc<Shared>>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     wrap: Wrap,
 ) {
-    let shared = current.borrow().clone();
-    let slots = Arc::new(Semaphore::new(shared.config.smtp.max_connections));
-    let per_client = ConnectionLimit::new(shared.config.smtp.max_connections_per_ip);
-    let local = listener.local_addr().ok();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // EMFILE and friends: keep serving the connections we have.
-                    tracing::warn!("smtp accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => break,
-        };
+    let (max, per_client) = {
+        let first = &current.borrow().config.smtp;
+        (first.max_connections, first.max_connections_per_ip)
+    };
+    nightmail_auth::accept(listener, "smtp", max, per_client, shutdown, move |stream, peer, local, place| {
         let shared = current.borrow().clone();
         let wrap = wrap.with(shared.tls.as_ref());
-        let permit = slots.clone().try_acquire_owned();
-        let admitted = per_client.admit(peer.ip());
-        let local = local.unwrap_or(peer);
-        tokio::spawn(async move {
-            match (permit, admitted) {
-                (Ok(_permit), Some(_admitted)) => session::run(stream, peer, local, shared, wrap).await,
-                (Err(_), _) => session::refuse(stream, reply::BUSY).await,
-                (_, None) => {
-                    tracing::info!(%peer, "smtp: too many connections from this client");
-                    session::refuse(stream, reply::BUSY_CLIENT).await
-                }
+        async move {
+            match place {
+                Ok(_place) => session::run(stream, peer, local, shared, wrap).await,
+                Err(Full::Server) => session::refuse(stream, reply::BUSY).await,
+                Err(Full::Client) => session::refuse(stream, reply::BUSY_CLIENT).await,
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
 /// Serves one session over any byte stream, as `serve` does for each TCP connection: how the fuzz
