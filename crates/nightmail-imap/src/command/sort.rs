@@ -85,6 +85,6 @@ pub(crate) fn run(
     uid: bool,
 ) -> Result<Done, ImapError> {
     let numbers = sorted(s, &criteria, &charset, &search, uid)?;
-    s.data(Data::Sort(numbers));
+    s.data(Data::Sort(numbers, None));
     Ok(Done::ok(if uid { "UID SORT completed" } else { "SORT completed" }))
 }
