@@ -42,7 +42,8 @@ fn line<'a>(out: &'a str, key: &str) -> &'a str {
 
 /// RFC 7162 §3.1.4.1, §3.1.5, §3.1.6: session B flags a message; session A, which selected with
 /// CONDSTORE, asks what changed since its HIGHESTMODSEQ and gets exactly that message with its new
-/// MODSEQ; SEARCH MODSEQ finds it and names the highest mod-sequence; STATUS reports it.
+/// MODSEQ; SEARCH MODSEQ finds it and names the highest mod-sequence, as ESEARCH does; STATUS
+/// reports it.
 #[test]
 fn a_flag_change_is_seen_through_changedsince_from_a_second_session() {
     let daemon = Daemon::start();
@@ -62,6 +63,9 @@ typ, text, got = cmd(a, "UID", "FETCH", "1:*", "(UID)", "(CHANGEDSINCE %d)" % (h
 print("NOTHING", typ, got.get("FETCH"))
 typ, text, got = cmd(a, "SEARCH", "MODSEQ", str(h + 1))
 print("SEARCH", typ, got.get("SEARCH"))
+for opts in ["(ALL)", "(MIN)"]:
+    typ, text, got = cmd(a, "SEARCH", "RETURN", opts, "MODSEQ", "1")
+    print("ESEARCH", opts, typ, got.get("ESEARCH"))
 typ, text, got = cmd(b, "STATUS", "INBOX", "(HIGHESTMODSEQ MESSAGES)")
 print("STATUS", typ, got.get("STATUS"))
 typ, caps = a.capability()
@@ -74,6 +78,10 @@ print("CAPS", caps[0].decode())
     assert_eq!(line(&out, "CHANGED"), want, "only message 2, flagged, once");
     assert_eq!(line(&out, "NOTHING"), "NOTHING OK None", "nothing changed after it");
     assert_eq!(line(&out, "SEARCH"), format!("SEARCH OK ['2 (MODSEQ {})']", h + 1));
+    // RFC 7162 §3.1.5 with ESEARCH: the highest of what is reported, all matches for ALL, the
+    // first one's for MIN (message 1, the first APPEND: mod-sequence 2).
+    assert!(line(&out, "ESEARCH (ALL)").ends_with(&format!("ALL 1:3 MODSEQ {}']", h + 1)), "{out}");
+    assert!(line(&out, "ESEARCH (MIN)").ends_with("MIN 1 MODSEQ 2']"), "{out}");
     assert!(line(&out, "STATUS").contains(&format!("HIGHESTMODSEQ {}", h + 1)), "{out}");
     let caps = line(&out, "CAPS");
     assert!(caps.contains("CONDSTORE") && caps.contains("QRESYNC"), "{caps}");
