@@ -224,6 +224,10 @@ pub(crate) async fn run(
     if with_modseq && !names.contains(&MessageDataItemName::ModSeq) {
         names.push(MessageDataItemName::ModSeq);
     }
+    // §3.1: a flag change this FETCH makes (`\Seen`) is told with the UID too.
+    if s.tracking.condstore() && names.iter().any(sets_seen) && !names.contains(&MessageDataItemName::Uid) {
+        names.insert(0, MessageDataItemName::Uid);
+    }
     let mut indices = s.selected()?.resolve(&set, Numbers::of(uid))?;
     if changed.is_some() {
         // The messages this FETCH answers with their flags need no FETCH of their own.
