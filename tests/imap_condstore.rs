@@ -42,7 +42,7 @@ fn line<'a>(out: &'a str, key: &str) -> &'a str {
 
 /// RFC 7162 §3.1.4.1, §3.1.5, §3.1.6: session B flags a message; session A, which selected with
 /// CONDSTORE, asks what changed since its HIGHESTMODSEQ and gets exactly that message with its new
-/// MODSEQ; SEARCH MODSEQ finds it and names the highest mod-sequence, as ESEARCH does; STATUS
+/// MODSEQ; SEARCH MODSEQ finds it and names the highest mod-sequence, as SORT and ESEARCH do; STATUS
 /// reports it.
 #[test]
 fn a_flag_change_is_seen_through_changedsince_from_a_second_session() {
@@ -63,6 +63,8 @@ typ, text, got = cmd(a, "UID", "FETCH", "1:*", "(UID)", "(CHANGEDSINCE %d)" % (h
 print("NOTHING", typ, got.get("FETCH"))
 typ, text, got = cmd(a, "SEARCH", "MODSEQ", str(h + 1))
 print("SEARCH", typ, got.get("SEARCH"))
+typ, text, got = cmd(a, "SORT", "(REVERSE ARRIVAL)", "UTF-8", "MODSEQ", "1")
+print("SORT", typ, got.get("SORT"))
 for opts in ["(ALL)", "(MIN)"]:
     typ, text, got = cmd(a, "SEARCH", "RETURN", opts, "MODSEQ", "1")
     print("ESEARCH", opts, typ, got.get("ESEARCH"))
@@ -78,6 +80,7 @@ print("CAPS", caps[0].decode())
     assert_eq!(line(&out, "CHANGED"), want, "only message 2, flagged, once");
     assert_eq!(line(&out, "NOTHING"), "NOTHING OK None", "nothing changed after it");
     assert_eq!(line(&out, "SEARCH"), format!("SEARCH OK ['2 (MODSEQ {})']", h + 1));
+    assert_eq!(line(&out, "SORT"), format!("SORT OK ['3 2 1 (MODSEQ {})']", h + 1));
     // RFC 7162 §3.1.5 with ESEARCH: the highest of what is reported, all matches for ALL, the
     // first one's for MIN (message 1, the first APPEND: mod-sequence 2).
     assert!(line(&out, "ESEARCH (ALL)").ends_with(&format!("ALL 1:3 MODSEQ {}']", h + 1)), "{out}");

@@ -126,4 +126,20 @@ mod tests {
         assert!(store.expunged_since(other, ModSeq::FIRST).unwrap().is_empty());
         assert!(store.check().unwrap().is_whole());
     }
+
+    /// `check` reads the expunge records: one naming a UID that is still there, or one from the
+    /// mailbox's future, is reported.
+    #[tokio::test]
+    async fn the_integrity_check_reports_an_expunge_record_that_cannot_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let inbox = store.create_mailbox("me", "INBOX").await.unwrap().id;
+        store.append_mail(inbox, b"Subject: x\r\n\r\nx\r\n", vec![], Timestamp::now(), None).await.unwrap();
+        assert!(store.check().unwrap().is_whole());
+        store.trees.expunged.insert(super::expunged_key(inbox, ModSeq(2), Uid(1)), &[]).unwrap();
+        store.trees.expunged.insert(super::expunged_key(inbox, ModSeq(99), Uid(7)), &[]).unwrap();
+        let problems = store.check().unwrap().problems;
+        assert!(problems.iter().any(|p| p.contains("UID 1") && p.contains("still there")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("UID 7") && p.contains("future")), "{problems:?}");
+    }
 }
