@@ -27,6 +27,8 @@ mod m0007_ask_jobs;
 mod m0008_bridges;
 #[path = "0009_live_jobs.rs"]
 mod m0009_live_jobs;
+#[path = "0010_modseq.rs"]
+mod m0010_modseq;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -41,6 +43,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (7, "ask_jobs", m0007_ask_jobs::apply),
     (8, "bridges", m0008_bridges::apply),
     (9, "live_jobs", m0009_live_jobs::apply),
+    (10, "modseq", m0010_modseq::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

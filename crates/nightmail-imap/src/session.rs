@@ -134,6 +134,8 @@ pub(crate) struct Session {
     pub utf8: bool,
     /// COMPRESS DEFLATE is active (RFC 4978).
     pub compressed: bool,
+    /// What of CONDSTORE and QRESYNC (RFC 7162) the client has turned on.
+    pub tracking: command::condstore::Tracking,
     pub state: State,
     pub server: Server,
     /// The tag of the IDLE in progress.
@@ -226,6 +228,7 @@ pub(crate) async fn run(
         tls_active: false,
         utf8: false,
         compressed: false,
+        tracking: Default::default(),
         state: State::NotAuthenticated,
         idle: None,
         authenticating: None,
@@ -329,9 +332,9 @@ impl Session {
 
     /// Tells the client what changed in its selected mailbox (see [`Selected::sync`]).
     pub fn sync(&mut self, expunges_allowed: bool) -> Result<(), ImapError> {
-        let store = self.shared.store.clone();
+        let (store, tracking) = (self.shared.store.clone(), self.tracking);
         let updates = match &mut self.state {
-            State::Selected(_, selected) => selected.sync(&store, expunges_allowed)?,
+            State::Selected(_, selected) => selected.sync(&store, expunges_allowed, tracking)?,
             _ => return Ok(()),
         };
         self.announce_new_keywords();

@@ -12,7 +12,7 @@ use nightmail_store::{ChangeKind, MailEntry, MailboxChange, MailboxInfo, Store, 
 use tokio::sync::broadcast;
 
 use crate::ImapError;
-use crate::command::fetch::flags_item;
+use crate::command::condstore::{self, Tracking};
 
 /// A message sequence number (RFC 3501 §2.3.1.2): 1-based position in the view. Distinct from a
 /// [`Uid`] so one cannot be passed for the other.
@@ -195,7 +195,15 @@ impl Selected {
     ///
     /// With `expunges_allowed` false (during FETCH, STORE and SEARCH, RFC 3501 §7.4.1), nothing
     /// is reported and the changes wait for a later command.
-    pub fn sync(&mut self, store: &Store, expunges_allowed: bool) -> Result<Vec<Data<'static>>, ImapError> {
+    ///
+    /// Once CONDSTORE is on, a change of mod-sequence alone is told too, with UID and MODSEQ, and
+    /// once QRESYNC is, expunges are one VANISHED (RFC 7162 §3.1, §3.2.10).
+    pub fn sync(
+        &mut self,
+        store: &Store,
+        expunges_allowed: bool,
+        tracking: Tracking,
+    ) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
         let Some(kind) = self.pending.filter(|_| expunges_allowed) else { return Ok(Vec::new()) };
         self.pending = None;
@@ -230,12 +238,9 @@ impl Selected {
             self.learn_keywords(&entry.flags);
         }
         let present: HashSet<Uid> = now.iter().map(|m| m.uid).collect();
-        for index in (0..self.messages.len()).rev().filter(|_| whole) {
-            if !present.contains(&self.messages[index].uid) {
-                out.push(Data::Expunge(self.seq_of(index).0));
-                self.recent.remove(&self.messages[index].uid);
-                self.messages.remove(index);
-            }
+        if whole {
+            let gone: Vec<Uid> = self.messages.iter().map(|m| m.uid).filter(|u| !present.contains(u)).collect();
+            out.extend(condstore::expunged(self, &gone, tracking));
         }
         let last = self.messages.last().map_or(0, |m| m.uid.0);
         let mut added = false;
@@ -243,14 +248,13 @@ impl Selected {
             if entry.uid.0 > last {
                 self.messages.push(entry);
                 added = true;
-            } else if let Some(index) = self.index_of_uid(entry.uid)
-                && self.messages[index].flags != entry.flags
-            {
+            } else if let Some(index) = self.index_of_uid(entry.uid) {
+                let known = &self.messages[index];
+                let told = known.flags != entry.flags || (tracking.condstore() && known.modseq != entry.modseq);
                 self.messages[index].flags = entry.flags;
-                let seq = self.seq_of(index).0;
-                let items = vec![flags_item(&self.messages[index], self.recent.contains(&entry.uid))];
-                if let Ok(data) = Data::fetch(seq, items) {
-                    out.push(data);
+                self.messages[index].modseq = entry.modseq;
+                if told {
+                    out.extend(condstore::flags_fetch(self, index, tracking));
                 }
             }
         }
@@ -285,6 +289,7 @@ mod tests {
                 flags: vec![],
                 internal_date: nightmail_types::Timestamp(0),
                 size: 1,
+                modseq: nightmail_store::ModSeq::FIRST,
             })
             .collect()
     }

@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::delivery::MessageRef;
+use crate::ids::mail_key;
+use crate::modseq::parse_expunged_key;
 use crate::outbound::OutboundState;
 use crate::queue::{Job, JobState, Live, live_key, live_lists, queue_key};
 use crate::refs::Holders;
@@ -53,31 +55,59 @@ impl Store {
         }
         let mut held: HashMap<MessageKey, u64> = HashMap::new();
 
-        let mut mailboxes = HashSet::new();
+        let mut mailboxes = HashMap::new();
         for entry in t.mailboxes.iter() {
             let (_, value) = entry?;
             let info: MailboxInfo = decode(MAILBOXES, &value)?;
-            mailboxes.insert(info.id);
+            mailboxes.insert(info.id, info);
         }
         for entry in t.mailbox_names.iter() {
             let (name, id) = entry?;
-            if !key_of(&id).is_some_and(|id| mailboxes.contains(&MailboxId(id))) {
+            if !key_of(&id).is_some_and(|id| mailboxes.contains_key(&MailboxId(id))) {
                 problem(format!("mailbox name {:?} points at no mailbox", String::from_utf8_lossy(&name)));
             }
         }
         let mut mail_entries = 0;
+        let mut present = HashSet::new();
         for entry in t.mail.iter() {
             let (key, value) = entry?;
             mail_entries += 1;
             let mail: MailEntry = decode(MAIL, &value)?;
             let mailbox = MailboxId(key_of(&key).unwrap_or(u64::MAX));
-            if !mailboxes.contains(&mailbox) {
-                problem(format!("a mail entry of mailbox {mailbox} whose mailbox is gone"));
+            match mailboxes.get(&mailbox) {
+                None => problem(format!("a mail entry of mailbox {mailbox} whose mailbox is gone")),
+                // RFC 7162 §3.1.2.1: HIGHESTMODSEQ is the highest of its messages' mod-sequences.
+                Some(info) if mail.modseq > info.highest_modseq => problem(format!(
+                    "a message of mailbox {mailbox} has mod-sequence {} above the mailbox's highest, {}",
+                    mail.modseq, info.highest_modseq
+                )),
+                Some(_) => {}
             }
+            present.insert(key.to_vec());
             if !messages.contains(&mail.message) {
                 problem(format!("mailbox {mailbox} holds message {} whose bytes are missing", mail.message));
             }
             *held.entry(mail.message).or_default() += 1;
+        }
+
+        // The expunge records (schema 10): each names a UID the mailbox handed out and holds no
+        // more, expunged at a mod-sequence the mailbox has reached.
+        for key in t.expunged.iter().keys() {
+            let key = key?;
+            let Some((mailbox, modseq, uid)) = parse_expunged_key(&key) else {
+                problem("the expunged tree holds a short key".to_string());
+                continue;
+            };
+            match mailboxes.get(&mailbox) {
+                None => problem(format!("an expunge record of mailbox {mailbox}, which is gone")),
+                Some(info) if modseq > info.highest_modseq || uid >= info.uid_next => {
+                    problem(format!("the expunge of UID {uid} in mailbox {mailbox} at {modseq} is in its future"))
+                }
+                Some(_) if present.contains(&mail_key(mailbox, uid)[..]) => {
+                    problem(format!("UID {uid} of mailbox {mailbox} is recorded as expunged but is still there"))
+                }
+                Some(_) => {}
+            }
         }
 
         let mut jobs: HashMap<JobId, Job> = HashMap::new();

@@ -221,6 +221,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     flags: vec!["\\Recent".into()],
                     internal_date: now,
                     size: incoming.raw.len() as u64,
+                    modseq: crate::ModSeq::FIRST,
                 };
                 let uid = append(tx.mailboxes, tx.mail, inbox, &entry)?;
                 receipt.mail.push((user.clone(), uid));

@@ -13,10 +13,11 @@ use sled::transaction::ConflictableTransactionError;
 
 use crate::ids::mail_key;
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
+use crate::modseq::{next_modseq, record_expunge};
 use crate::queue::{Job, JobState, LeasedJob, read_job, write_job};
 use crate::refs::{RefTrees, hold};
-use crate::schema::{MAIL, Tx, decode};
-use crate::{MailboxId, Store, StoreError, Uid};
+use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
+use crate::{MailboxId, MailboxInfo, Store, StoreError, Uid};
 
 /// The mailbox a job's answer so far is filed in, in its asker's account.
 pub const IN_PROGRESS: &str = "In Progress";
@@ -38,6 +39,13 @@ pub(crate) fn withdraw_in(tx: &Tx<'_>, job: &mut Job) -> TxResult<Option<Mailbox
     let Some(bytes) = tx.mail.get(key)? else { return Ok(None) };
     let entry: MailEntry = decode(MAIL, &bytes).map_err(ConflictableTransactionError::Abort)?;
     tx.mail.remove(&key[..])?;
+    // RFC 7162 §3.2.5.1: an expunge like any other, so a resynchronising client hears of it.
+    if let Some(record) = tx.mailboxes.get(filed.mailbox.to_be_bytes())? {
+        let mut info: MailboxInfo = decode(MAILBOXES, &record).map_err(ConflictableTransactionError::Abort)?;
+        let modseq = next_modseq(&mut info);
+        record_expunge(tx.expunged, filed.mailbox, modseq, filed.uid)?;
+        tx.mailboxes.insert(&filed.mailbox.to_be_bytes(), encode(&info))?;
+    }
     RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids }
         .release::<StoreError>(entry.message)?;
     Ok(Some(filed.mailbox))
@@ -67,6 +75,7 @@ impl Store {
                 flags: vec!["\\Recent".into()],
                 internal_date: now,
                 size: raw.len() as u64,
+                modseq: crate::ModSeq::FIRST,
             };
             let uid = append(tx.mailboxes, tx.mail, info, &entry)?;
             job.progress_mail = Some(ProgressMail { mailbox, uid });

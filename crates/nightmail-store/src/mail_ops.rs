@@ -17,6 +17,7 @@ use crate::filing::{Filing, file_in};
 use crate::ids::mail_key;
 use crate::mailbox::MailEntry;
 use crate::mailbox_ops::MailboxOpError;
+use crate::modseq::{ModSeq, next_modseq, record_expunge};
 use crate::refs::{RefTrees, hold};
 use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
 use crate::{JobId, MailboxId, MailboxInfo, Store, StoreError, Uid};
@@ -33,11 +34,20 @@ pub enum FlagUpdate {
     Replace,
 }
 
-/// A message's flags after a STORE.
+/// A message's flags after a STORE, and its mod-sequence (RFC 7162 §3.1.1: new if they changed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlagChange {
     pub uid: Uid,
     pub flags: Vec<String>,
+    pub modseq: ModSeq,
+}
+
+/// What a conditional STORE did (RFC 7162 §3.1.3): the messages it stored to, and those it left
+/// alone because they had changed since the client's mod-sequence (the MODIFIED response code).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlagsStored {
+    pub changes: Vec<FlagChange>,
+    pub modified: Vec<Uid>,
 }
 
 /// What COPY or MOVE made (RFC 4315 §3 COPYUID): source and destination UIDs, pairwise.
@@ -64,6 +74,11 @@ fn read_mailbox(mailboxes: &TransactionalTree, id: MailboxId) -> Result<MailboxI
     let record =
         mailboxes.get(id.to_be_bytes())?.ok_or_else(|| Abort::Abort(MailboxOpError::NoSuchMailbox(id.to_string())))?;
     decode(MAILBOXES, &record).map_err(|e| Abort::Abort(e.into()))
+}
+
+fn write_mailbox(mailboxes: &TransactionalTree, info: &MailboxInfo) -> Result<(), Abort> {
+    mailboxes.insert(&info.id.to_be_bytes(), encode(info))?;
+    Ok(())
 }
 
 fn read_entry(mail: &TransactionalTree, mailbox: MailboxId, uid: Uid) -> Result<Option<MailEntry>, Abort> {
@@ -116,10 +131,11 @@ fn put_copies(
     let mut dest = read_mailbox(mailboxes, to)?;
     let mut copied =
         Copied { uid_validity: dest.uid_validity, pairs: Vec::with_capacity(entries.len()), jobs: Vec::new() };
+    let modseq = if entries.is_empty() { dest.highest_modseq } else { next_modseq(&mut dest) };
     for entry in entries {
         let uid = dest.uid_next;
         dest.uid_next = Uid(uid.0 + 1);
-        let mut copy = entry.clone();
+        let mut copy = MailEntry { modseq, ..entry.clone() };
         if !has(&copy.flags, RECENT) {
             copy.flags.push(RECENT.into());
         }
@@ -152,12 +168,33 @@ impl Store {
         update: FlagUpdate,
         flags: &[String],
     ) -> Result<Vec<FlagChange>, MailboxOpError> {
+        Ok(self.update_flags_unchanged_since(mailbox, uids, update, flags, None).await?.changes)
+    }
+
+    /// STORE with RFC 7162 §3.1.3 UNCHANGEDSINCE: as [`Store::update_flags`], but a message whose
+    /// mod-sequence is above `unchanged_since` is left alone and listed in `modified`, checked in
+    /// the same transaction that stores, so no change can slip between the test and the write.
+    /// The messages whose flags change take one new mod-sequence; the others keep theirs.
+    pub async fn update_flags_unchanged_since(
+        &self,
+        mailbox: MailboxId,
+        uids: &[Uid],
+        update: FlagUpdate,
+        flags: &[String],
+        unchanged_since: Option<ModSeq>,
+    ) -> Result<FlagsStored, MailboxOpError> {
         let flags: Vec<&String> = flags.iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
         let writing = self.trees.writing();
-        let changes = self.trees.mail.transaction(|mail| {
-            let mut changes = Vec::with_capacity(uids.len());
+        let stored = (&self.trees.mailboxes, &self.trees.mail).transaction(|(mailboxes, mail)| {
+            let mut info = read_mailbox(mailboxes, mailbox)?;
+            let mut modseq = None;
+            let mut stored = FlagsStored { changes: Vec::with_capacity(uids.len()), modified: Vec::new() };
             for &uid in uids {
                 let Some(mut entry) = read_entry(mail, mailbox, uid)? else { continue };
+                if unchanged_since.is_some_and(|since| entry.modseq > since) {
+                    stored.modified.push(uid);
+                    continue;
+                }
                 let before = entry.flags.clone();
                 match update {
                     FlagUpdate::Add => {
@@ -179,16 +216,20 @@ impl Store {
                     }
                 }
                 if entry.flags != before {
+                    entry.modseq = *modseq.get_or_insert_with(|| next_modseq(&mut info));
                     mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
                 }
-                changes.push(FlagChange { uid, flags: entry.flags });
+                stored.changes.push(FlagChange { uid, flags: entry.flags, modseq: entry.modseq });
             }
-            Ok(changes)
+            if modseq.is_some() {
+                write_mailbox(mailboxes, &info)?;
+            }
+            Ok(stored)
         })?;
         drop(writing);
         self.flush().await?;
         self.notify(mailbox);
-        Ok(changes)
+        Ok(stored)
     }
 
     /// EXPUNGE: removes the messages flagged `\Deleted` (only those among `only`, for UID
@@ -204,25 +245,27 @@ impl Store {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let t = &self.trees;
-        let writing = self.trees.writing();
-        let removed = (&t.mail, &t.message_refs, &t.messages, &t.message_ids).transaction(
-            |(mail, refs, messages, message_ids)| {
-                let holders = RefTrees { refs, messages, message_ids };
-                let mut removed = Vec::with_capacity(candidates.len());
-                for &uid in &candidates {
-                    // Re-read: another session may have cleared \Deleted since the scan.
-                    let Some(entry) = read_entry(mail, mailbox, uid)? else { continue };
-                    if has(&entry.flags, DELETED) {
-                        mail.remove(&mail_key(mailbox, uid)[..])?;
-                        holders.release(entry.message)?;
-                        removed.push(uid);
-                    }
+        let removed = self.trees.transaction(|tx| {
+            let holders = RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids };
+            let mut info = read_mailbox(tx.mailboxes, mailbox)?;
+            let mut modseq = None;
+            let mut removed = Vec::with_capacity(candidates.len());
+            for &uid in &candidates {
+                // Re-read: another session may have cleared \Deleted since the scan.
+                let Some(entry) = read_entry(tx.mail, mailbox, uid)? else { continue };
+                if has(&entry.flags, DELETED) {
+                    tx.mail.remove(&mail_key(mailbox, uid)[..])?;
+                    holders.release(entry.message)?;
+                    let modseq = *modseq.get_or_insert_with(|| next_modseq(&mut info));
+                    record_expunge(tx.expunged, mailbox, modseq, uid)?;
+                    removed.push(uid);
                 }
-                Ok(removed)
-            },
-        )?;
-        drop(writing);
+            }
+            if modseq.is_some() {
+                write_mailbox(tx.mailboxes, &info)?;
+            }
+            Ok(removed)
+        })?;
         self.flush().await?;
         self.notify(mailbox);
         Ok(removed)
@@ -278,17 +321,24 @@ impl Store {
         let ids = self.job_ids(filing, uids.len())?;
         let now = Timestamp::now();
         let copied = self.trees.transaction(|tx| {
-            read_mailbox(tx.mailboxes, from)?;
+            let mut source = read_mailbox(tx.mailboxes, from)?;
             let mut entries = Vec::with_capacity(uids.len());
+            let mut modseq = None;
             for &uid in uids {
                 let Some(entry) = read_entry(tx.mail, from, uid)? else { continue };
                 match how {
                     Transfer::Copy => hold(tx.message_refs, entry.message, 1, "")?,
+                    // RFC 6851 §3.1: the originals are expunged, each a change of the source.
                     Transfer::Move => {
                         tx.mail.remove(&mail_key(from, uid)[..])?;
+                        let modseq = *modseq.get_or_insert_with(|| next_modseq(&mut source));
+                        record_expunge(tx.expunged, from, modseq, uid)?;
                     }
                 }
                 entries.push(entry);
+            }
+            if modseq.is_some() {
+                write_mailbox(tx.mailboxes, &source)?;
             }
             let mut copied = put_copies(tx.mailboxes, tx.mail, to, &entries)?;
             copied.jobs = file_all(tx, filing, &entries, &ids, now)?;
@@ -313,11 +363,19 @@ impl Store {
         let now = Timestamp::now();
         let mut flags: Vec<String> = flags.into_iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
         flags.push(RECENT.into());
-        let entry = MailEntry { uid: Uid(0), message: key, flags, internal_date, size: raw.len() as u64 };
+        let entry = MailEntry {
+            uid: Uid(0),
+            message: key,
+            flags,
+            internal_date,
+            size: raw.len() as u64,
+            modseq: ModSeq::FIRST,
+        };
         let appended = self.trees.transaction(|tx| {
             let mut info = read_mailbox(tx.mailboxes, mailbox)?;
             let uid = info.uid_next;
             info.uid_next = Uid(uid.0 + 1);
+            let entry = MailEntry { modseq: next_modseq(&mut info), ..entry.clone() };
             tx.messages.insert(&key.to_be_bytes(), raw)?;
             hold(tx.message_refs, key, 1, "")?;
             tx.mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;

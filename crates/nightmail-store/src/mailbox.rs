@@ -6,6 +6,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::ids::{mail_key, uid_of_mail_key};
+use crate::modseq::{ModSeq, next_modseq};
 use crate::schema::{KEY_LAST_UIDVALIDITY, MAIL, MAILBOXES, decode, encode, u32_of};
 use crate::{MailboxId, MessageKey, Store, StoreError, Uid};
 
@@ -32,6 +33,10 @@ pub struct MailboxInfo {
     pub uid_validity: u32,
     pub uid_next: Uid,
     pub subscribed: bool,
+    /// RFC 7162 §3.1.2.1 HIGHESTMODSEQ: the mod-sequence of the last change to the mailbox's
+    /// messages (schema 10; see `modseq.rs`).
+    #[serde(default)]
+    pub highest_modseq: ModSeq,
 }
 
 /// One message in one mailbox.
@@ -43,6 +48,9 @@ pub struct MailEntry {
     pub flags: Vec<String>,
     pub internal_date: Timestamp,
     pub size: u64,
+    /// RFC 7162 §3.1.1: the mod-sequence of the last change to this entry (schema 10).
+    #[serde(default)]
+    pub modseq: ModSeq,
 }
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
@@ -81,13 +89,15 @@ pub(crate) fn ensure_mailbox(
         uid_validity,
         uid_next: Uid(1),
         subscribed: true,
+        highest_modseq: ModSeq::FIRST,
     };
     mailboxes.insert(&new_id.to_be_bytes(), encode(&info))?;
     names.insert(key, &new_id.to_be_bytes())?;
     Ok(info)
 }
 
-/// Appends a message to a mailbox, taking the next UID.
+/// Appends a message to a mailbox, taking the next UID and the next mod-sequence (RFC 7162
+/// §3.1.1: a new message has a mod-sequence of its own).
 pub(crate) fn append(
     mailboxes: &TransactionalTree,
     mail: &TransactionalTree,
@@ -96,8 +106,9 @@ pub(crate) fn append(
 ) -> TxResult<Uid> {
     let uid = mailbox.uid_next;
     mailbox.uid_next = Uid(uid.0 + 1);
+    let entry = MailEntry { modseq: next_modseq(&mut mailbox), ..entry.clone() };
     mailboxes.insert(&mailbox.id.to_be_bytes(), encode(&mailbox))?;
-    mail.insert(&mail_key(mailbox.id, uid)[..], encode(entry))?;
+    mail.insert(&mail_key(mailbox.id, uid)[..], encode(&entry))?;
     Ok(uid)
 }
 

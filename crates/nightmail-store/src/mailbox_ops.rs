@@ -115,26 +115,37 @@ impl Store {
             .keys()
             .collect::<Result<_, _>>()
             .map_err(StoreError::from)?;
-        let t = &self.trees;
+        let expunged = || -> Result<Vec<sled::IVec>, MailboxOpError> {
+            let keys = self.trees.expunged.scan_prefix(info.id.to_be_bytes()).keys();
+            Ok(keys.collect::<Result<_, _>>().map_err(StoreError::from)?)
+        };
+        let expunged_keys = expunged()?;
         let key = name_key(owner, name);
-        let trees = (&t.mailboxes, &t.mailbox_names, &t.mail, &t.message_refs, &t.messages, &t.message_ids);
-        let writing = self.trees.writing();
-        trees.transaction(|(mailboxes, names, mail, refs, messages, message_ids)| {
-            if names.get(&key)?.as_deref() != Some(&info.id.to_be_bytes()[..]) {
+        self.trees.transaction(|tx| {
+            if tx.mailbox_names.get(&key)?.as_deref() != Some(&info.id.to_be_bytes()[..]) {
                 return Err(Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())));
             }
-            names.remove(key.as_slice())?;
-            mailboxes.remove(&info.id.to_be_bytes())?;
-            let holders = RefTrees { refs, messages, message_ids };
+            tx.mailbox_names.remove(key.as_slice())?;
+            tx.mailboxes.remove(&info.id.to_be_bytes())?;
+            let holders = RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids };
             for k in &mail_keys {
-                if let Some(v) = mail.remove(k)? {
+                if let Some(v) = tx.mail.remove(k)? {
                     let entry: MailEntry = decode(MAIL, &v).map_err(|e| Abort::Abort(e.into()))?;
                     holders.release(entry.message)?;
                 }
             }
+            // Its expunge records go with it: no client can resynchronise a mailbox that is gone.
+            for k in &expunged_keys {
+                tx.expunged.remove(k)?;
+            }
             Ok(())
         })?;
-        drop(writing);
+        // An expunge that committed between the scan and the delete: every writer of the tree
+        // reads the mailbox record, which is gone now, so nothing follows these.
+        for k in expunged()? {
+            let _writing = self.trees.writing();
+            self.trees.expunged.remove(k).map_err(StoreError::from)?;
+        }
         self.flush().await?;
         self.notify(info.id);
         Ok(())

@@ -15,6 +15,7 @@
 //! | `message_refs`  | MessageKey                       | JSON `Holders`: how many mailbox entries, jobs and outbound entries hold the message, and the Message-ID it is indexed under (schema 4) |
 //! | `bridges`       | a bridge's upstream address      | JSON `BridgeState`: the upstream UIDVALIDITY, the last UID and INTERNALDATE taken, the UIDs still to flag (schema 8) |
 //! | `live_jobs`     | `n` ++ JobId, `r` ++ JobId       | empty: the queued jobs not yet triaged (`n`, the concierge's work) and the running ones (`r`, the lease sweeper's), kept by `write_job` (schema 9) |
+//! | `expunged`      | MailboxId ++ ModSeq ++ Uid       | empty: each UID expunged from a mailbox and the mod-sequence of its expunge, for QRESYNC's VANISHED (schema 10, `modseq.rs`; the same step gave `MailEntry::modseq` and `MailboxInfo::highest_modseq`) |
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -23,7 +24,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -38,6 +39,7 @@ pub(crate) const OUTBOUND: &str = "outbound";
 pub(crate) const MESSAGE_REFS: &str = "message_refs";
 pub(crate) const BRIDGES: &str = "bridges";
 pub(crate) const LIVE_JOBS: &str = "live_jobs";
+pub(crate) const EXPUNGED: &str = "expunged";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -57,6 +59,7 @@ pub(crate) struct Trees {
     pub message_refs: sled::Tree,
     pub bridges: sled::Tree,
     pub live_jobs: sled::Tree,
+    pub expunged: sled::Tree,
     /// Held shared by every write, and exclusively by a backup (`backup.rs`): sled 0.34 has no
     /// snapshots, so a consistent copy of all trees is one taken while no write is under way.
     gate: Arc<RwLock<()>>,
@@ -78,12 +81,13 @@ impl Trees {
             message_refs: db.open_tree(MESSAGE_REFS)?,
             bridges: db.open_tree(BRIDGES)?,
             live_jobs: db.open_tree(LIVE_JOBS)?,
+            expunged: db.open_tree(EXPUNGED)?,
             gate: Arc::default(),
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 13] {
+    pub fn all(&self) -> [&sled::Tree; 14] {
         [
             &self.meta,
             &self.messages,
@@ -98,6 +102,7 @@ impl Trees {
             &self.message_refs,
             &self.bridges,
             &self.live_jobs,
+            &self.expunged,
         ]
     }
 
@@ -139,6 +144,7 @@ pub(crate) struct Tx<'a> {
     pub message_refs: &'a TransactionalTree,
     pub bridges: &'a TransactionalTree,
     pub live_jobs: &'a TransactionalTree,
+    pub expunged: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -157,6 +163,7 @@ impl<'a> Tx<'a> {
             message_refs: &view[10],
             bridges: &view[11],
             live_jobs: &view[12],
+            expunged: &view[13],
         }
     }
 }

@@ -57,3 +57,40 @@ async fn a_store_written_by_the_schema_8_binary_opens_with_its_mail_and_jobs() {
     let second = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
     assert_eq!(second.job().id, jobs[1].id);
 }
+
+/// Schema 10 (mod-sequences, RFC 7162) on a store an older binary wrote: every mailbox and message
+/// starts at mod-sequence 1, the next change takes 2, an expunge is remembered with its
+/// mod-sequence, the integrity check passes, and a backup carries the new tree.
+#[tokio::test]
+async fn a_schema_8_store_gains_mod_sequences_and_keeps_expunges() {
+    use crate::{FlagUpdate, ModSeq};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    copy_fixture("schema8", &path);
+    let store = Store::open(&path).unwrap();
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap();
+    assert_eq!(inbox.highest_modseq, ModSeq::FIRST);
+    let mail = store.mail(inbox.id).unwrap();
+    assert!(!mail.is_empty());
+    assert!(mail.iter().all(|m| m.modseq == ModSeq::FIRST), "{mail:?}");
+
+    let uid = mail[0].uid;
+    let seen = store.update_flags(inbox.id, &[uid], FlagUpdate::Add, &["\\Deleted".into()]).await.unwrap();
+    assert_eq!(seen[0].modseq, ModSeq(2));
+    let refused = store
+        .update_flags_unchanged_since(inbox.id, &[uid], FlagUpdate::Add, &["\\Seen".into()], Some(ModSeq::FIRST))
+        .await
+        .unwrap();
+    assert_eq!((refused.changes.len(), refused.modified.as_slice()), (0, &[uid][..]));
+    assert_eq!(store.expunge(inbox.id, None).await.unwrap(), [uid]);
+    assert_eq!(store.mailbox("me", "INBOX").unwrap().unwrap().highest_modseq, ModSeq(3));
+    assert_eq!(store.expunged_since(inbox.id, ModSeq(2)).unwrap(), [uid]);
+    assert!(store.expunged_since(inbox.id, ModSeq(3)).unwrap().is_empty());
+    let integrity = store.check().unwrap();
+    assert!(integrity.is_whole(), "{:?}", integrity.problems);
+
+    let backup = dir.path().join("backup");
+    let manifest = store.backup(&backup, &[]).unwrap();
+    let tree = manifest.trees.iter().find(|t| t.name == "expunged").expect("the backup has the expunge records");
+    assert_eq!(tree.entries, 1);
+}

@@ -54,6 +54,9 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in
         // `append::utf8_data`.
         Capability::Utf8(Utf8Kind::Accept),
+        // RFC 7162: `command/condstore.rs`, mod-sequences from the store's schema 10.
+        Capability::CondStore,
+        Capability::QResync,
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

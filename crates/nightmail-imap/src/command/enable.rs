@@ -1,5 +1,6 @@
-//! ENABLE (RFC 5161 §3.1): UTF8=ACCEPT (RFC 6855 §3) is the one extension that needs enabling;
-//! ENABLED lists it when asked for, and unknown capabilities are ignored as the RFC requires.
+//! ENABLE (RFC 5161 §3.1): UTF8=ACCEPT (RFC 6855 §3), CONDSTORE and QRESYNC (RFC 7162 §3.1,
+//! §3.2.3); ENABLED lists those asked for, and unknown capabilities are ignored as the RFC
+//! requires.
 
 use imap_next::imap_types::core::Vec1;
 use imap_next::imap_types::extensions::enable::CapabilityEnable;
@@ -7,6 +8,7 @@ use imap_next::imap_types::extensions::utf8::Utf8Kind;
 use imap_next::imap_types::response::Data;
 
 use super::Done;
+use super::condstore::{Tracking, qresync_capability};
 use crate::ImapError;
 use crate::session::{Session, State};
 
@@ -20,6 +22,17 @@ pub(crate) fn run(s: &mut Session, wanted: Vec1<CapabilityEnable<'static>>) -> R
     if wanted.as_ref().contains(&utf8) {
         s.utf8 = true;
         enabled.push(utf8);
+    }
+    // RFC 7162 §3.1 (ENABLE CONDSTORE is a CONDSTORE enabling command) and §3.2.3 (QRESYNC,
+    // which implies CONDSTORE); ENABLED names what was asked for.
+    let named = |name: &str| wanted.as_ref().iter().any(|c| c.to_string().eq_ignore_ascii_case(name));
+    if named("CONDSTORE") {
+        s.tracking = s.tracking.max(Tracking::CondStore);
+        enabled.push(CapabilityEnable::CondStore);
+    }
+    if named("QRESYNC") {
+        s.tracking = Tracking::QResync;
+        enabled.push(qresync_capability());
     }
     s.data(Data::Enabled { capabilities: enabled });
     Ok(Done::ok("ENABLE completed"))

@@ -1,6 +1,7 @@
 //! SEARCH RETURN (RFC 4731 ESEARCH) and SORT RETURN (RFC 5267 §3 ESORT): MIN, MAX, COUNT and
 //! ALL of the matches in one `* ESEARCH (TAG "t") [UID] ...` response; for SORT, MIN and MAX are
-//! the first and last in sort order and ALL lists them in that order.
+//! the first and last in sort order and ALL lists them in that order. With a MODSEQ key
+//! (RFC 7162 §3.1.5) the response ends in the highest mod-sequence of the messages it reports.
 //!
 //! imap-codec 2.0.0-alpha.10 has neither the `RETURN (...)` clause nor the ESEARCH response, so
 //! this module reads only that clause (RFC 4731 §3 `search-return-opts`), from the bytes of a
@@ -14,8 +15,10 @@ use imap_codec::CommandCodec;
 use imap_codec::decode::Decoder;
 use imap_next::imap_types::command::CommandBody;
 use imap_next::imap_types::core::Tag;
+use nightmail_store::ModSeq;
 
-use super::search::{check_charset, matching, number};
+use super::condstore;
+use super::search::{check_charset, matching, names_modseq, number};
 use super::sort::sorted;
 use crate::ImapError;
 use crate::session::Session;
@@ -118,14 +121,25 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
     let (_, command) = CommandCodec::default()
         .decode(&search.plain)
         .map_err(|_| ImapError::bad("syntax error in the command after RETURN (...)"))?;
+    // With MODSEQ among the keys, each match's mod-sequence, in the order of `numbers`.
+    let mut modseqs: Option<Vec<ModSeq>> = None;
     let (numbers, uid): (Vec<u32>, bool) = match command.body {
         CommandBody::Search { charset, criteria, uid } if !search.sort => {
             if let Some(charset) = &charset {
                 check_charset(charset)?;
             }
+            let modseq = criteria.as_ref().iter().any(names_modseq);
+            if modseq {
+                condstore::enable_condstore(s);
+                condstore::catch_up_flags(s, |_| false)?;
+            }
             let hits = matching(s, criteria.as_ref())?;
-            let mut numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
-            numbers.sort_unstable();
+            if modseq {
+                let selected = s.selected()?;
+                modseqs = Some(hits.iter().map(|&i| selected.messages[i].modseq).collect());
+            }
+            // View order is both sequence and UID order: the numbers come out ascending.
+            let numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
             (numbers, uid)
         }
         CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if search.sort => {
@@ -150,6 +164,19 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             (ReturnOption::All, Some(_), _) => write!(line, " ALL {}", sequence_set(&numbers)),
             _ => Ok(()),
         };
+    }
+    // RFC 7162 §3.1.5 with RFC 4731: the highest mod-sequence of the messages the response
+    // reports: all matches for ALL or COUNT, else only those MIN and MAX name; none if none match.
+    if let Some(modseqs) = modseqs.filter(|m| !m.is_empty()) {
+        let whole = options.contains(&ReturnOption::All) || options.contains(&ReturnOption::Count);
+        let reported = modseqs.iter().enumerate().filter(|&(i, _)| {
+            whole
+                || (i == 0 && options.contains(&ReturnOption::Min))
+                || (i + 1 == modseqs.len() && options.contains(&ReturnOption::Max))
+        });
+        if let Some((_, highest)) = reported.max_by_key(|&(_, m)| *m) {
+            let _ = write!(line, " MODSEQ {highest}");
+        }
     }
     line.push_str("\r\n");
     Ok(line.into_bytes())

@@ -2,6 +2,8 @@
 //! RFC822 or RFC822.TEXT sets `\Seen` (unless the mailbox is read-only), and the new FLAGS are
 //! returned with the data. Message structure comes from `mime` (mail-parser, panic-safe); the
 //! header-only items mutt fetches for its index skip the MIME parse altogether.
+//! RFC 7162: the MODSEQ item (§3.1.4.2) and the CHANGEDSINCE and VANISHED modifiers (§3.1.4.1,
+//! §3.2.6), checked in `condstore.rs`.
 
 use std::borrow::Cow;
 use std::num::NonZeroU32;
@@ -9,6 +11,7 @@ use std::num::NonZeroU32;
 use imap_codec::ResponseCodec;
 use imap_codec::encode::Encoder;
 use imap_next::imap_types::IntoStatic;
+use imap_next::imap_types::command::FetchModifier;
 use imap_next::imap_types::core::{IString, Literal, NString, Vec1};
 use imap_next::imap_types::datetime::DateTime;
 use imap_next::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItem, MessageDataItemName, Section};
@@ -18,7 +21,7 @@ use imap_next::imap_types::sequence::SequenceSet;
 use nightmail_store::{FlagUpdate, MailEntry};
 use nightmail_types::Timestamp;
 
-use super::{Done, binary};
+use super::{Done, binary, condstore};
 use crate::ImapError;
 use crate::error::other_code;
 use crate::mime::{self, Part};
@@ -69,6 +72,7 @@ fn needs_bytes(name: &MessageDataItemName<'_>) -> bool {
             | MessageDataItemName::Flags
             | MessageDataItemName::InternalDate
             | MessageDataItemName::Rfc822Size
+            | MessageDataItemName::ModSeq
     )
 }
 
@@ -159,6 +163,7 @@ fn fetch_items(
                 let size = binary::decoded(raw, root, &path)?.len() as u32;
                 MessageDataItem::BinarySize { section: section.clone(), size }
             }
+            MessageDataItemName::ModSeq => condstore::modseq_item(entry.modseq),
         });
     }
     if newly_seen && !names.contains(&MessageDataItemName::Flags) {
@@ -197,10 +202,12 @@ pub(crate) async fn run(
     set: SequenceSet,
     items: MacroOrMessageDataItemNames<'static>,
     uid: bool,
+    modifiers: &[FetchModifier],
 ) -> Result<Done, ImapError> {
     let store = s.shared.store.clone();
-    let selected = s.selected()?;
-    let mut names = match items {
+    s.selected()?;
+    let changed = condstore::fetch_modifiers(s, modifiers, uid)?;
+    let mut names: Vec<MessageDataItemName<'static>> = match items {
         MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(|n| n.into_static()).collect(),
         MacroOrMessageDataItemNames::MessageDataItemNames(names) => names,
     };
@@ -208,7 +215,34 @@ pub(crate) async fn run(
     if uid && !names.contains(&MessageDataItemName::Uid) {
         names.insert(0, MessageDataItemName::Uid);
     }
-    let indices = selected.resolve(&set, Numbers::of(uid))?;
+    if names.contains(&MessageDataItemName::ModSeq) {
+        condstore::enable_condstore(s);
+    }
+    // RFC 7162 §3.1.4.1: CHANGEDSINCE implies MODSEQ; once CONDSTORE is on, flags come with it.
+    let with_modseq = changed.is_some()
+        || (s.tracking.condstore() && names.iter().any(|n| *n == MessageDataItemName::Flags || sets_seen(n)));
+    if with_modseq && !names.contains(&MessageDataItemName::ModSeq) {
+        names.push(MessageDataItemName::ModSeq);
+    }
+    // §3.1: a flag change this FETCH makes (`\Seen`) is told with the UID too.
+    if s.tracking.condstore() && names.iter().any(sets_seen) && !names.contains(&MessageDataItemName::Uid) {
+        names.insert(0, MessageDataItemName::Uid);
+    }
+    let mut indices = s.selected()?.resolve(&set, Numbers::of(uid))?;
+    if changed.is_some() {
+        // The messages this FETCH answers with their flags need no FETCH of their own.
+        let flags = names.contains(&MessageDataItemName::Flags);
+        condstore::catch_up_flags(s, |i| flags && indices.binary_search(&i).is_ok())?;
+    }
+    let selected = s.selected()?;
+    let mut vanished_uids = Vec::new();
+    if let Some(changed) = &changed {
+        indices.retain(|&i| selected.messages[i].modseq > changed.since);
+        if changed.vanished {
+            vanished_uids = store.expunged_since(selected.info.id, changed.since)?;
+            vanished_uids.retain(|&u| condstore::set_contains(&set, u));
+        }
+    }
     let mut newly_seen = std::collections::HashSet::new();
     if !selected.read_only && names.iter().any(sets_seen) {
         let unseen: Vec<_> = indices
@@ -223,6 +257,7 @@ pub(crate) async fn run(
             {
                 if let Some(i) = selected.index_of_uid(change.uid) {
                     selected.messages[i].flags = change.flags.into_iter().filter(|f| f != "\\Recent").collect();
+                    selected.messages[i].modseq = change.modseq;
                     newly_seen.insert(change.uid);
                 }
             }
@@ -232,6 +267,10 @@ pub(crate) async fn run(
     let structure = names.iter().any(needs_structure);
     let recent: Vec<bool> = indices.iter().map(|&i| selected.recent.contains(&selected.messages[i].uid)).collect();
     let entries: Vec<MailEntry> = indices.iter().map(|&i| selected.messages[i].clone()).collect();
+    // §3.2.6: the UIDs expunged since, before the FETCH responses.
+    if let Some(known_uids) = condstore::uid_set(&vanished_uids) {
+        s.data(Data::Vanished { earlier: true, known_uids });
+    }
     let mut vanished = false;
     // One message at a time: its bytes are read, its response encoded and added to the session's
     // output, which is written whenever it is large (`Session::stream`); a mailbox is never held

@@ -8,6 +8,7 @@ pub(crate) mod capability;
 pub(crate) mod check;
 pub(crate) mod close;
 pub(crate) mod compress;
+pub(crate) mod condstore;
 pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
@@ -127,8 +128,8 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Logout => logout::run(s),
         CommandBody::StartTLS => starttls::run(s),
         CommandBody::Login { username, password } => login::run(s, username, password).await,
-        CommandBody::Select { mailbox } => select::run(s, mailbox, false).await,
-        CommandBody::Examine { mailbox } => select::run(s, mailbox, true).await,
+        CommandBody::Select { mailbox, parameters } => select::run(s, mailbox, false, parameters).await,
+        CommandBody::Examine { mailbox, parameters } => select::run(s, mailbox, true, parameters).await,
         CommandBody::Unselect => unselect::run(s),
         CommandBody::Create { mailbox } => create::run(s, mailbox).await,
         CommandBody::Delete { mailbox } => delete::run(s, mailbox).await,
@@ -150,11 +151,11 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         CommandBody::Thread { algorithm, charset, search_criteria, uid } => {
             thread::run(s, algorithm, charset, search_criteria, uid)
         }
-        CommandBody::Fetch { sequence_set, macro_or_item_names, uid } => {
-            fetch::run(s, sequence_set, macro_or_item_names, uid).await
+        CommandBody::Fetch { sequence_set, macro_or_item_names, uid, modifiers } => {
+            fetch::run(s, sequence_set, macro_or_item_names, uid, &modifiers).await
         }
-        CommandBody::Store { sequence_set, kind, response, flags, uid } => {
-            store::run(s, sequence_set, kind, response, flags, uid).await
+        CommandBody::Store { sequence_set, kind, response, flags, uid, modifiers } => {
+            store::run(s, sequence_set, kind, response, flags, uid, &modifiers).await
         }
         CommandBody::Copy { sequence_set, mailbox, uid } => copy::run(s, sequence_set, mailbox, uid).await,
         CommandBody::Move { sequence_set, mailbox, uid } => r#move::run(s, sequence_set, mailbox, uid).await,

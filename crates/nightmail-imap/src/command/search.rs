@@ -14,7 +14,7 @@ use imap_next::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 use mail_parser::{HeaderValue, MessageParser};
 use nightmail_store::{MailEntry, Store};
 
-use super::Done;
+use super::{Done, condstore};
 use crate::ImapError;
 use crate::mime;
 use crate::session::Session;
@@ -176,6 +176,8 @@ fn matches(key: &SearchKey<'_>, c: &mut Candidate<'_>, limits: &Limits) -> bool 
         SearchKey::Smaller(n) => c.entry.size < u64::from(*n),
         SearchKey::Not(k) => !matches(k, c, limits),
         SearchKey::Or(a, b) => matches(a, c, limits) || matches(b, c, limits),
+        // RFC 7162 §3.1.5: one mod-sequence per message, so a flag's entry name asks the same.
+        SearchKey::ModSequence { modseq, .. } => c.entry.modseq.0 >= *modseq,
         #[allow(unreachable_patterns)]
         _ => false,
     }
@@ -222,6 +224,17 @@ pub(crate) fn number(s: &mut Session, index: usize, uid: bool) -> Option<NonZero
     NonZeroU32::new(if uid { selected.messages.get(index)?.uid.0 } else { index as u32 + 1 })
 }
 
+/// Whether a search key is or holds MODSEQ (RFC 7162 §3.1.5, a CONDSTORE enabling command).
+pub(crate) fn names_modseq(key: &SearchKey<'_>) -> bool {
+    match key {
+        SearchKey::ModSequence { .. } => true,
+        SearchKey::And(keys) => keys.as_ref().iter().any(names_modseq),
+        SearchKey::Not(k) => names_modseq(k),
+        SearchKey::Or(a, b) => names_modseq(a) || names_modseq(b),
+        _ => false,
+    }
+}
+
 pub(crate) fn run(
     s: &mut Session,
     charset: Option<Charset<'static>>,
@@ -231,8 +244,21 @@ pub(crate) fn run(
     if let Some(charset) = &charset {
         check_charset(charset)?;
     }
+    let modseq = criteria.as_ref().iter().any(names_modseq);
+    if modseq {
+        condstore::enable_condstore(s);
+        condstore::catch_up_flags(s, |_| false)?;
+    }
     let hits = matching(s, criteria.as_ref())?;
+    // RFC 7162 §3.1.5: with MODSEQ among the keys, the highest mod-sequence of the matches.
+    let highest = match modseq {
+        true => {
+            let selected = s.selected()?;
+            hits.iter().map(|&i| selected.messages[i].modseq).max().map(condstore::wire)
+        }
+        false => None,
+    };
     let hits = hits.into_iter().filter_map(|i| number(s, i, uid)).collect();
-    s.data(Data::Search(hits));
+    s.data(Data::Search(hits, highest));
     Ok(Done::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" }))
 }

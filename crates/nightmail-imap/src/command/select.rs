@@ -1,17 +1,20 @@
 //! SELECT and EXAMINE (RFC 3501 §6.3.1–6.3.2): FLAGS, EXISTS, RECENT, then OK [UNSEEN],
 //! [PERMANENTFLAGS], [UIDVALIDITY], [UIDNEXT], and the tagged OK [READ-WRITE] or [READ-ONLY].
 //! SELECT claims the messages' `\Recent` for this session (§2.3.2); EXAMINE changes nothing.
+//! RFC 7162: OK [HIGHESTMODSEQ] always (§3.1.2.1), OK [CLOSED] when another mailbox was
+//! selected (§3.2.11), and the CONDSTORE and QRESYNC parameters (`condstore.rs`).
 
 use std::collections::HashSet;
 use std::num::NonZeroU32;
 
 use imap_next::imap_types::IntoStatic;
+use imap_next::imap_types::command::SelectParameter;
 use imap_next::imap_types::flag::{Flag, FlagPerm};
 use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::{Code, Data, StatusKind};
 use nightmail_store::Uid;
 
-use super::{Done, mailbox_name};
+use super::{Done, condstore, mailbox_name};
 use crate::ImapError;
 use crate::session::{Session, State};
 use crate::view::Selected;
@@ -33,8 +36,18 @@ pub(crate) fn flags_of(selected: &Selected) -> (Vec<Flag<'static>>, Vec<FlagPerm
     (flags, permanent)
 }
 
-pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: bool) -> Result<Done, ImapError> {
+pub(crate) async fn run(
+    s: &mut Session,
+    mailbox: Mailbox<'static>,
+    read_only: bool,
+    parameters: Vec<SelectParameter>,
+) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
+    let qresync = condstore::select_parameters(s, parameters)?;
+    // RFC 7162 §3.2.11: the responses before CLOSED are the old mailbox's, those after the new one's.
+    if matches!(s.state, State::Selected(..)) {
+        s.untagged(StatusKind::Ok, Some(Code::Closed), "previous mailbox closed");
+    }
     // §6.3.1: SELECT first deselects; a failed SELECT leaves no mailbox selected.
     s.deselect();
     let name = mailbox_name(s, &mailbox)?;
@@ -60,7 +73,11 @@ pub(crate) async fn run(s: &mut Session, mailbox: Mailbox<'static>, read_only: b
     if let Some(v) = NonZeroU32::new(selected.info.uid_next.0) {
         s.untagged(StatusKind::Ok, Some(Code::UidNext(v)), "predicted next UID");
     }
+    s.untagged(StatusKind::Ok, Some(condstore::highest(&selected.info)), "highest mod-sequence");
     s.state = State::Selected(user, Box::new(selected));
+    if let Some(qresync) = qresync {
+        condstore::resynchronise(s, qresync)?;
+    }
     Ok(if read_only {
         Done::with_code(Code::ReadOnly, "EXAMINE completed")
     } else {

@@ -1,6 +1,7 @@
 //! SORT and UID SORT (RFC 5256 §3): the messages SEARCH would find, ordered by the criteria in
 //! turn, ties by sequence number (§3: "the order of the messages in the mailbox"). The keys are
-//! `order::Keys`; DISPLAYFROM and DISPLAYTO (RFC 5957) are not advertised and get BAD.
+//! `order::Keys`; DISPLAYFROM and DISPLAYTO (RFC 5957) are not advertised and get BAD. A MODSEQ
+//! key (RFC 7162 §3.1.5) adds the matches' highest mod-sequence, as for SEARCH.
 
 use std::cmp::Ordering;
 use std::num::NonZeroU32;
@@ -10,11 +11,12 @@ use imap_next::imap_types::extensions::sort::{SortCriterion, SortKey};
 use imap_next::imap_types::response::Data;
 use imap_next::imap_types::search::SearchKey;
 
-use super::Done;
-use super::search::{check_charset, matching, number};
+use super::search::{check_charset, matching, names_modseq, number};
+use super::{Done, condstore};
 use crate::ImapError;
 use crate::order::Keys;
 use crate::session::Session;
+use nightmail_store::Uid;
 
 /// One message as SORT compares it.
 struct Row {
@@ -84,7 +86,22 @@ pub(crate) fn run(
     search: Vec1<SearchKey<'static>>,
     uid: bool,
 ) -> Result<Done, ImapError> {
+    let modseq = search.as_ref().iter().any(names_modseq);
+    if modseq {
+        condstore::enable_condstore(s);
+        condstore::catch_up_flags(s, |_| false)?;
+    }
     let numbers = sorted(s, &criteria, &charset, &search, uid)?;
-    s.data(Data::Sort(numbers));
+    // RFC 7162 §3.1.5 (SORT as SEARCH): with MODSEQ among the keys, the matches' highest.
+    let highest = match modseq {
+        true => {
+            let selected = s.selected()?;
+            let index =
+                |n: NonZeroU32| if uid { selected.index_of_uid(Uid(n.get())) } else { Some(n.get() as usize - 1) };
+            numbers.iter().filter_map(|&n| index(n)).map(|i| selected.messages[i].modseq).max().map(condstore::wire)
+        }
+        false => None,
+    };
+    s.data(Data::Sort(numbers, highest));
     Ok(Done::ok(if uid { "UID SORT completed" } else { "SORT completed" }))
 }

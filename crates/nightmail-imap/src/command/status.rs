@@ -1,4 +1,5 @@
-//! STATUS (RFC 3501 §6.3.10): counts of a mailbox without selecting it.
+//! STATUS (RFC 3501 §6.3.10): counts of a mailbox without selecting it, and its HIGHESTMODSEQ
+//! (RFC 7162 §3.1.6).
 
 use std::num::NonZeroU32;
 
@@ -6,7 +7,7 @@ use imap_next::imap_types::mailbox::Mailbox;
 use imap_next::imap_types::response::Data;
 use imap_next::imap_types::status::{StatusDataItem, StatusDataItemName};
 
-use super::{Done, mailbox_name};
+use super::{Done, condstore, mailbox_name};
 use crate::ImapError;
 use crate::session::Session;
 
@@ -34,11 +35,17 @@ pub(crate) fn run(s: &mut Session, mailbox: Mailbox<'static>, names: &[StatusDat
                 StatusDataItemName::DeletedStorage => StatusDataItem::DeletedStorage(
                     mail.iter().filter(|m| m.flags.iter().any(|f| f == "\\Deleted")).map(|m| m.size).sum(),
                 ),
+                // RFC 7162 §3.1.6.
+                StatusDataItemName::HighestModSeq => StatusDataItem::HighestModSeq(info.highest_modseq.0),
                 #[allow(unreachable_patterns)]
                 _ => return None,
             })
         })
         .collect();
     s.data(Data::Status { mailbox, items: items.into() });
+    // RFC 7162 §3.1: STATUS (HIGHESTMODSEQ) is a CONDSTORE enabling command.
+    if names.contains(&StatusDataItemName::HighestModSeq) {
+        condstore::enable_condstore(s);
+    }
     Ok(Done::ok("STATUS completed"))
 }
