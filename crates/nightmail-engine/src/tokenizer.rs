@@ -30,7 +30,7 @@ pub struct TextTokenizer {
 }
 
 enum Inner {
-    Hf(Tokenizer),
+    Hf(Box<Tokenizer>),
     /// llama.cpp's tokenizer for `tokenizer.ggml.model = "llama"`, which no `tokenizers` model
     /// reproduces (it merges by piece score).
     Spm(spm::Spm),
@@ -90,7 +90,7 @@ impl TextTokenizer {
         Ok(Some(TextTokenizer {
             bos: text("tokenizer.ggml.bos_token_id"),
             eos: text("tokenizer.ggml.eos_token_id"),
-            inner: Inner::Hf(inner),
+            inner: Inner::Hf(Box::new(inner)),
         }))
     }
 
@@ -116,7 +116,11 @@ impl TextTokenizer {
                 _ => None,
             }
         };
-        Ok(Some(TextTokenizer { bos: special("bos_token"), eos: special("eos_token"), inner: Inner::Hf(inner) }))
+        Ok(Some(TextTokenizer {
+            bos: special("bos_token"),
+            eos: special("eos_token"),
+            inner: Inner::Hf(Box::new(inner)),
+        }))
     }
 
     /// The tokenizer of a GGUF file alone (a whole model, or a vocabulary-only file as llama.cpp
