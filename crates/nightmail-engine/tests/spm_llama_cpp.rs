@@ -16,7 +16,7 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/spm").join(name)
 }
 
-/// Texts for both tokenizers: spaces where add_space_prefix matters, newlines and tabs (byte
+/// Texts for both tokenizers (and 300 strung at random from [`PIECES`]): spaces where add_space_prefix matters, newlines and tabs (byte
 /// tokens in this vocabulary), characters only byte fallback spells, CJK, and special tokens
 /// (control, unknown, user-defined, one llama.cpp makes control by name, unused ones that are
 /// not matched) next to text and to each other.
@@ -57,6 +57,60 @@ const TEXTS: &[&str] = &[
     "mixed: [INST] 我们 <tool>😀</s>  ",
 ];
 
+/// Pieces that random texts are strung from: words the vocabulary knows, runs of spaces and
+/// newlines, characters it spells in bytes, and its special tokens, whole and broken.
+const PIECES: &[&str] = &[
+    "the",
+    " module",
+    "ing",
+    "Python",
+    " ",
+    "  ",
+    "\n",
+    "\t",
+    "\r\n",
+    "e",
+    "é",
+    "ß",
+    "我们",
+    "见",
+    "😀",
+    "👍🏽",
+    "<s>",
+    "</s>",
+    "<unk>",
+    "[INST]",
+    "[/INST]",
+    "<|im_end|>",
+    "<tool>",
+    "<",
+    "s>",
+    "[INST",
+    "\u{2581}",
+    "2024",
+    ".",
+    ",",
+    "'s",
+    "\u{0}",
+    "Ж",
+];
+
+/// `n` texts strung from [`PIECES`] by a fixed xorshift, up to 12 pieces each.
+fn random_texts(n: usize) -> Vec<String> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..n).map(|_| (0..next() % 13).map(|_| PIECES[(next() % PIECES.len() as u64) as usize]).collect()).collect()
+}
+
+fn texts() -> Vec<String> {
+    TEXTS.iter().map(|t| t.to_string()).chain(random_texts(300)).collect()
+}
+
 struct LlamaCpp {
     encoded: Vec<(Vec<u32>, Vec<u32>)>,
     decoded: Vec<Vec<u8>>,
@@ -65,7 +119,7 @@ struct LlamaCpp {
 /// tests/fixtures/spm/llama_cpp_tokens.py on `model`: llama_tokenize with and without special
 /// tokens added for each text, and llama_detokenize of each id list.
 fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
-    let request = serde_json::json!({ "model": model, "texts": TEXTS, "ids": ids });
+    let request = serde_json::json!({ "model": model, "texts": texts(), "ids": ids });
     let mut child = Command::new("python3")
         .arg(fixture("llama_cpp_tokens.py"))
         .stdin(Stdio::piped())
@@ -101,7 +155,7 @@ fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
 fn id_lists(tk: &TextTokenizer) -> Vec<Vec<u32>> {
     let id = |t: &str| tk.token_id(t).unwrap_or_else(|| panic!("{t} is in the vocabulary"));
     let plain = |t: &str| tk.encode(t, false).unwrap();
-    let mut lists: Vec<Vec<u32>> = TEXTS.iter().map(|t| tk.encode(t, true).unwrap()).collect();
+    let mut lists: Vec<Vec<u32>> = texts().iter().map(|t| tk.encode(t, true).unwrap()).collect();
     let hello = plain("Hello world");
     let emoji = plain("😀");
     lists.extend([
@@ -127,7 +181,8 @@ fn matches_llama_cpp(file: &str) {
     let tk = TextTokenizer::from_gguf_file(&model).unwrap().expect("the fixture has a vocabulary");
     let ids = id_lists(&tk);
     let reference = llama_cpp(&model, &ids);
-    for (text, (special, plain)) in TEXTS.iter().zip(&reference.encoded) {
+    assert_eq!((reference.encoded.len(), reference.decoded.len()), (texts().len(), ids.len()));
+    for (text, (special, plain)) in texts().iter().zip(&reference.encoded) {
         assert_eq!(&tk.encode(text, true).unwrap(), special, "{file}: {text:?} with special tokens added");
         assert_eq!(&tk.encode(text, false).unwrap(), plain, "{file}: {text:?}");
     }
