@@ -15,7 +15,7 @@ LAYERS=4
 EXPERTS=64
 CACHE_MB=512
 TOKENS=8
-MODEL=$ROOT/target/bench/kimi-k3-shape.mxfp4.gguf
+MODEL=$ROOT/target/bench/kimi-k3-shape.llamacpp-layout.mxfp4.gguf
 while (($#)); do
     case $1 in
         --layers) LAYERS=$2; shift 2 ;;
@@ -35,7 +35,7 @@ mkdir -p "$(dirname "$MODEL")"
 "$NM" model plan "$MODEL" --memory-mb 3072 --batch 1
 # The real K3's shape (93 layers, 896 experts top-16, 96 heads, vocab 163840; the spine in F16 where
 # K3 has BF16, of the same size) as headers over a hole: 1.5 TB that takes no disk.
-FULL=$(dirname "$MODEL")/kimi-k3-full.sparse.gguf
+FULL=$(dirname "$MODEL")/kimi-k3-full.llamacpp-layout.sparse.gguf
 [[ -f $FULL ]] || "$NM" model synth --arch kimi_k3 --layers 93 --experts 896 --top-k 16 --hidden 7168 \
     --expert-ffn 3072 --dtype mxfp4 --heads 96 --head-dim 128 --vocab 163840 --sparse --out "$FULL"
 "$NM" model inspect "$FULL" --memory-mb 65536

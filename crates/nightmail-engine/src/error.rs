@@ -22,7 +22,7 @@ pub enum EngineError {
     #[error("{path}: {reason}: fix the file or re-download the model")]
     BadConfig { path: PathBuf, reason: String },
     #[error(
-        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2, kimi_linear and kimi_k3 (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2, kimi-linear, and kimi-k3 as model synth writes it)"
+        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2, kimi_linear and kimi_k3 (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2, kimi-linear, kimi-k3)"
     )]
     UnsupportedArchitecture(String),
     #[error(

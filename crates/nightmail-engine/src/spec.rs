@@ -351,8 +351,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("gpt-oss", _) => Architecture::GptOss,
         ("deepseek2", _) => Architecture::DeepseekV3,
         ("kimi-linear", _) => Architecture::KimiLinear,
-        // `model synth --arch kimi_k3`'s layout: kimi-linear's keys and names plus the K3 keys read
-        // below (the engine's own spellings: llama.cpp's kimi-k3 converter was not compared).
+        // As llama.cpp's converter writes it (convert_hf_to_gguf.py KimiK3Model, src/llama-arch.cpp
+        // names): kimi-linear's keys and names plus the K3 keys read below.
         ("kimi-k3", _) => Architecture::KimiK3,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
@@ -372,8 +372,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     });
     let ffn_activation = match k3 {
         true => Activation::Situ {
-            beta: g.float(&key("situ.beta")).unwrap_or(4.0) as f32,
-            linear_beta: g.float(&key("situ.linear_beta")).map(|v| v as f32),
+            beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
+            linear_beta: g.float(&key("activation.situ_linear_beta")).map(|v| v as f32),
         },
         false => Activation::SwiGlu,
     };
@@ -448,7 +448,9 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         };
         let latent = match g.uint(&key("expert_latent_length")) {
             Some(width) if k3 => {
-                Some(LatentSpec { width: width as usize, norm: g.boolean(&key("expert_latent_norm")).unwrap_or(true) })
+                // llama.cpp has no key for the latent norm: a layer has `ffn_routed_norm` or not.
+                let norm = (0..layers).any(|l| g.tensor_shape(&format!("blk.{l}.ffn_routed_norm.weight")).is_some());
+                Some(LatentSpec { width: width as usize, norm })
             }
             _ => None,
         };

@@ -30,9 +30,10 @@ pub enum SynthArch {
     /// Kimi Linear: three KDA layers to one NoPE latent-attention layer, DeepSeek-V3's MoE.
     KimiLinear,
     /// Kimi K3: Kimi Linear's layers (the last one latent attention too, as in K3) with the
-    /// lower-bounded KDA gate, full-rank output gate and fused qkv, gated MLA with a query latent,
-    /// Stable LatentMoE in half the width (K3: 7168 → 3584), SiTU and AttnRes blocks of 12
-    /// layers. Written as GGUF arch `kimi-k3` under the engine's names (format/hf.rs `hf_names`).
+    /// lower-bounded KDA gate and full-rank output gate, gated MLA with a query latent, Stable
+    /// LatentMoE in half the width (K3: 7168 → 3584), SiTU and AttnRes blocks of 12 layers.
+    /// Written as GGUF arch `kimi-k3` under llama.cpp's names and keys (convert_hf_to_gguf.py
+    /// KimiK3Model, src/llama-arch.cpp).
     KimiK3,
 }
 
@@ -360,16 +361,16 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
             ];
             keys.extend(latent_keys(2.446));
             if k3 {
-                // K3's published config: a query latent, gate_lower_bound −5, SiTU betas 4 and
-                // 25, AttnRes blocks of 12, the latent normed.
+                // K3's published config under llama.cpp's keys (convert_hf_to_gguf.py KimiK3Model):
+                // a query latent, gate_lower_bound −5, SiTU betas 4 and 25, AttnRes blocks of 12;
+                // the latent norm is there because its tensors are.
                 keys.extend([
                     (k("attention.q_lora_rank"), u32v(l.q_lora)),
                     (k("kda.gate_lower_bound"), Value::F32(-5.0)),
-                    (k("situ.beta"), Value::F32(4.0)),
-                    (k("situ.linear_beta"), Value::F32(25.0)),
+                    (k("activation.situ_beta"), Value::F32(4.0)),
+                    (k("activation.situ_linear_beta"), Value::F32(25.0)),
                     (k("attn_res.block_size"), u32v(12)),
                     (k("expert_latent_length"), u32v(expert_width)),
-                    (k("expert_latent_norm"), Value::Bool(true)),
                 ]);
             }
             keys
@@ -407,24 +408,20 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
             SynthArch::KimiLinear | SynthArch::KimiK3 if is_kda(l) => {
                 let (d, w, kernel) = (spec.head_dim, q_dim, KDA_CONV_KERNEL);
                 let f32 = WeightDType::F32;
-                if k3 {
-                    // Fused, as K3's checkpoints may store them (`qkv_proj`, `qkv_conv1d`).
-                    add(b("attn_qkv.weight"), f16, &[3 * w, h], Fill::Uniform(inv(h)), false);
-                    let conv = &[1, 3 * w, 1, kernel];
-                    add(b("ssm_conv1d.weight"), f32, conv, Fill::Uniform(inv(kernel)), false);
-                } else {
-                    for x in ["q", "k", "v"] {
-                        add(b(&format!("attn_{x}.weight")), f16, &[w, h], Fill::Uniform(inv(h)), false);
-                        let conv = &[1, w, 1, kernel];
-                        add(b(&format!("ssm_conv1d_{x}.weight")), f32, conv, Fill::Uniform(inv(kernel)), false);
-                    }
+                // Split, as llama.cpp's kimi-linear and kimi-k3 graphs take them.
+                for x in ["q", "k", "v"] {
+                    add(b(&format!("attn_{x}.weight")), f16, &[w, h], Fill::Uniform(inv(h)), false);
+                    let conv = &[1, w, 1, kernel];
+                    add(b(&format!("ssm_conv1d_{x}.weight")), f32, conv, Fill::Uniform(inv(kernel)), false);
                 }
                 add(b("ssm_f_a.weight"), f16, &[d, h], Fill::Uniform(inv(h)), false);
                 add(b("ssm_f_b.weight"), f16, &[w, d], Fill::Uniform(inv(d)), false);
                 add(b("ssm_beta.weight"), f16, &[spec.heads, h], Fill::Uniform(inv(h)), false);
                 // A = −exp(A_log) at decay rate 1, and a dt bias near fla's initial ones (the
                 // inverse softplus of 0.05): per-token decays of about 0.95.
-                add(b("ssm_a"), f32, &[1, 1, spec.heads, 1], Fill::Constant(-1.0), false);
+                // (llama.cpp's kimi-k3 takes a plain [heads], kimi-linear a padded one.)
+                let a_shape: &[usize] = if k3 { &[spec.heads] } else { &[1, 1, spec.heads, 1] };
+                add(b("ssm_a"), f32, a_shape, Fill::Constant(-1.0), false);
                 add(b("ssm_dt.bias"), f32, &[w], Fill::Constant(-2.97), false);
                 if k3 {
                     add(b("ssm_g.weight"), f16, &[w, h], Fill::Uniform(inv(h)), false);
@@ -467,10 +464,10 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
         }
         add(b("ffn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
         if k3 {
-            // AttnRes's mixing points: scores of a few tenths, as the reference fixture draws.
+            // AttnRes's mixing points, as llama.cpp stores them (the norm's weight times the
+            // projection): scores of a few tenths, as the reference fixture draws.
             for p in ["attn_res", "ffn_res"] {
-                add(b(&format!("{p}_norm.weight")), WeightDType::F32, &[h], Fill::Ones, false);
-                add(b(&format!("{p}_proj.weight")), WeightDType::F32, &[1, h], Fill::Uniform(inv(h)), false);
+                add(b(&format!("{p}_score.weight")), WeightDType::F32, &[h], Fill::Uniform(inv(h)), false);
             }
         }
         if l < dense_layers {
@@ -490,17 +487,16 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
         }
         let x = expert_width;
         if k3 {
-            add(b("ffn_latent_down.weight"), f16, &[x, h], Fill::Uniform(inv(h)), false);
-            add(b("ffn_latent_norm.weight"), WeightDType::F32, &[x], Fill::Ones, false);
-            add(b("ffn_latent_up.weight"), f16, &[h, x], Fill::Uniform(ffn_down), false);
+            add(b("ffn_routed_down.weight"), f16, &[x, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_routed_norm.weight"), WeightDType::F32, &[x], Fill::Ones, false);
+            add(b("ffn_routed_up.weight"), f16, &[h, x], Fill::Uniform(ffn_down), false);
         }
         add(b("ffn_gate_exps.weight"), expert_dtype, &[e, f, x], Fill::Uniform(inv(x)), true);
         add(b("ffn_up_exps.weight"), expert_dtype, &[e, f, x], Fill::Uniform(inv(x)), true);
         add(b("ffn_down_exps.weight"), expert_dtype, &[e, x, f], Fill::Uniform(ffn_down), true);
     }
     if k3 {
-        add("output_res_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
-        add("output_res_proj.weight".into(), WeightDType::F32, &[1, h], Fill::Uniform(inv(h)), false);
+        add("output_res_score.weight".into(), WeightDType::F32, &[h], Fill::Uniform(inv(h)), false);
     }
     add("output_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
     add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);

@@ -1,7 +1,10 @@
 //! Text ↔ token ids, through the `tokenizers` crate (pure-Rust regex backend): from
 //! `tokenizer.json`, from a tiktoken BPE file (`tiktoken.model`, Kimi K2), or built from GGUF's
 //! gpt2-style BPE metadata (vocabulary, merges, and the pre-tokenizer llama.cpp names in
-//! `tokenizer.ggml.pre`, `src/llama-vocab.cpp`).
+//! `tokenizer.ggml.pre`, `src/llama-vocab.cpp`); GGUF's SentencePiece vocabularies through
+//! llama.cpp's own SPM tokenizer (`spm.rs`).
+
+mod spm;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,9 +24,16 @@ use crate::error::{EngineError, Result};
 use crate::format::GgufFile;
 
 pub struct TextTokenizer {
-    inner: Tokenizer,
+    inner: Inner,
     bos: Option<String>,
     eos: Option<String>,
+}
+
+enum Inner {
+    Hf(Box<Tokenizer>),
+    /// llama.cpp's tokenizer for `tokenizer.ggml.model = "llama"`, which no `tokenizers` model
+    /// reproduces (it merges by piece score).
+    Spm(spm::Spm),
 }
 
 fn tk_err(e: impl std::fmt::Display) -> EngineError {
@@ -40,10 +50,15 @@ impl TextTokenizer {
             None | Some("none") => return Ok(None),
             Some(m) => m,
         };
+        if model == "llama" {
+            let spm = spm::Spm::from_gguf(g)?;
+            let text = |id: Option<u32>| id.and_then(|id| spm.token_text(id)).map(str::to_string);
+            return Ok(Some(TextTokenizer { bos: text(spm.bos()), eos: text(spm.eos()), inner: Inner::Spm(spm) }));
+        }
         if model != "gpt2" {
             return Err(EngineError::Unsupported {
                 what: format!("GGUF tokenizer model `{model}`"),
-                hint: "only gpt2-style BPE vocabularies are read from GGUF; use the Hugging Face directory with tokenizer.json".into(),
+                hint: "GGUF vocabularies are read when they are gpt2-style BPE or SentencePiece (`llama`); use the Hugging Face directory with tokenizer.json".into(),
             });
         }
         let mut inner = Tokenizer::from_gguf(g.content()).map_err(tk_err)?;
@@ -75,7 +90,7 @@ impl TextTokenizer {
         Ok(Some(TextTokenizer {
             bos: text("tokenizer.ggml.bos_token_id"),
             eos: text("tokenizer.ggml.eos_token_id"),
-            inner,
+            inner: Inner::Hf(Box::new(inner)),
         }))
     }
 
@@ -101,22 +116,42 @@ impl TextTokenizer {
                 _ => None,
             }
         };
-        Ok(Some(TextTokenizer { bos: special("bos_token"), eos: special("eos_token"), inner }))
+        Ok(Some(TextTokenizer {
+            bos: special("bos_token"),
+            eos: special("eos_token"),
+            inner: Inner::Hf(Box::new(inner)),
+        }))
+    }
+
+    /// The tokenizer of a GGUF file alone (a whole model, or a vocabulary-only file as llama.cpp
+    /// keeps for its tokenizer tests); `None` when the file has none.
+    pub fn from_gguf_file(path: &Path) -> Result<Option<Self>> {
+        Self::from_gguf(&GgufFile::open(path)?)
     }
 
     /// `add_special`: add what the tokenizer adds around a text (e.g. BOS); off for chat prompts,
-    /// whose template writes its own special tokens.
+    /// whose template writes its own special tokens. Special tokens written in the text are read
+    /// as those tokens.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        Ok(self.inner.encode(text, add_special).map_err(tk_err)?.get_ids().to_vec())
+        match &self.inner {
+            Inner::Hf(t) => Ok(t.encode(text, add_special).map_err(tk_err)?.get_ids().to_vec()),
+            Inner::Spm(s) => s.encode(text, add_special),
+        }
     }
 
     /// Text of `ids`, without special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(tk_err)
+        match &self.inner {
+            Inner::Hf(t) => t.decode(ids, true).map_err(tk_err),
+            Inner::Spm(s) => s.decode(ids),
+        }
     }
 
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id(text)
+        match &self.inner {
+            Inner::Hf(t) => t.token_to_id(text),
+            Inner::Spm(s) => s.token_id(text),
+        }
     }
 
     pub fn bos_text(&self) -> Option<&str> {
@@ -128,7 +163,10 @@ impl TextTokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.inner {
+            Inner::Hf(t) => t.get_vocab_size(true),
+            Inner::Spm(s) => s.vocab_size(),
+        }
     }
 }
 

@@ -82,11 +82,18 @@ reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kim
 
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
-/// AttnRes residuals, from the safetensors (its text model under `language_model.`).
+/// AttnRes residuals, from the safetensors (its text model under `language_model.`) and from the
+/// GGUF as llama.cpp's kimi-k3 converter lays it out (fused AttnRes scores, `ffn_routed_*`, split
+/// kv_b, A as −exp(A_log)).
 mod kimi_k3 {
     #[test]
     fn safetensors_logits_and_greedy_tokens_match_the_pytorch_reference() {
         super::check("kimi_k3", super::fixture("kimi_k3"));
+    }
+
+    #[test]
+    fn llama_cpp_layout_gguf_logits_and_greedy_tokens_match_the_pytorch_reference() {
+        super::check("kimi_k3", super::fixture("kimi_k3").join("model.gguf"));
     }
 }
 

@@ -380,8 +380,9 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ssm_g_b.weight" => &["self_attn.g_b_proj.weight"],
         "ssm_norm.weight" => &["self_attn.o_norm.weight"],
         // Kimi K3: KDA's fused projection and convolution where the checkpoint stores them fused,
-        // its full-rank output gate and gated MLA's gate (both `g_proj`), the AttnRes scores and
-        // Stable LatentMoE's projections and norm.
+        // its full-rank output gate and gated MLA's gate (both `g_proj`), the AttnRes scores (a
+        // norm and a projection here; llama.cpp's GGUF holds their product, `*_res_score`) and
+        // Stable LatentMoE's projections and norm (llama.cpp's `ffn_routed_*`).
         "attn_qkv.weight" => &["self_attn.qkv_proj.weight"],
         "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight"],
         "ssm_g.weight" | "attn_gate.weight" => &["self_attn.g_proj.weight"],
@@ -389,9 +390,9 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "attn_res_proj.weight" => &["self_attention_res_proj.weight"],
         "ffn_res_norm.weight" => &["mlp_res_norm.weight"],
         "ffn_res_proj.weight" => &["mlp_res_proj.weight"],
-        "ffn_latent_down.weight" => &["block_sparse_moe.routed_expert_down_proj.weight"],
-        "ffn_latent_up.weight" => &["block_sparse_moe.routed_expert_up_proj.weight"],
-        "ffn_latent_norm.weight" => &["block_sparse_moe.routed_expert_norm.weight"],
+        "ffn_routed_down.weight" => &["block_sparse_moe.routed_expert_down_proj.weight"],
+        "ffn_routed_up.weight" => &["block_sparse_moe.routed_expert_up_proj.weight"],
+        "ffn_routed_norm.weight" => &["block_sparse_moe.routed_expert_norm.weight"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

@@ -358,12 +358,12 @@ impl Transformer {
                 // Stable LatentMoE (model/latent_moe.rs).
                 let latent = match moe.latent {
                     Some(lat) => Some(Box::new(LatentProjection {
-                        down: linear("ffn_latent_down", lat.width, hidden)?,
+                        down: linear("ffn_routed_down", lat.width, hidden)?,
                         norm: match lat.norm {
-                            true => Some(RmsNorm::new(&t("ffn_latent_norm.weight")?, spec.rms_norm_eps, numerics)?),
+                            true => Some(RmsNorm::new(&t("ffn_routed_norm.weight")?, spec.rms_norm_eps, numerics)?),
                             false => None,
                         },
-                        up: linear("ffn_latent_up", hidden, lat.width)?,
+                        up: linear("ffn_routed_up", hidden, lat.width)?,
                     })),
                     None => None,
                 };
@@ -636,6 +636,15 @@ fn residual_score(
     eps: f64,
     numerics: Numerics,
 ) -> Result<ResidualScore> {
+    // llama.cpp's kimi-k3 GGUF holds only the product of the norm's weight and the projection
+    // (convert_hf_to_gguf.py KimiK3Model `_try_fuse_res`), which its `res_mix` multiplies into
+    // the unweighted norm and sums: that order is the norm weighted by the product, then a
+    // projection of ones.
+    if let Some(score) = ck.tensor(&format!("{name}_score.weight"))? {
+        score.expect_shape(&[hidden])?;
+        let ones = candle_core::Tensor::ones(hidden, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+        return ResidualScore::new(RmsNorm::new(&score, eps, numerics)?, ones);
+    }
     let proj = ck.require(&format!("{name}_proj.weight"))?;
     proj.expect_shape(&[1, hidden])?;
     ResidualScore::new(RmsNorm::new(&ck.require(&format!("{name}_norm.weight"))?, eps, numerics)?, proj.to_f32()?)
@@ -647,7 +656,6 @@ mod tests {
 
     use crate::format::gguf_write::{TensorHeader, write_gguf};
     use crate::format::{GgufFile, WeightDType};
-    use crate::model::ExpertId;
 
     /// The deepseek_v3 fixture's GGUF rewritten as converters before the MLA-as-MQA change wrote
     /// it: one `attn_kv_b` per layer, per-head widths in `key_length`/`value_length`, no `_mla`
@@ -708,134 +716,14 @@ mod tests {
         }
     }
 
-    /// The kimi_k3 fixture written as GGUF arch `kimi-k3` under the engine's names and keys (as
-    /// `model synth --arch kimi_k3` writes them): each tensor found by its GGUF name through the
-    /// directory's own translation, A stored as −exp(A_log) as llama.cpp's converters store it,
-    /// the experts stacked.
-    fn k3_as_gguf(dst: &std::path::Path) {
-        use crate::format::{Checkpoint, ExpertMatrix};
-        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
-        let ck = Checkpoint::open(&src).unwrap();
-        let spec = crate::spec::ModelSpec::read(&ck).unwrap();
-        let mut tensors: Vec<(TensorHeader, Vec<u8>)> = Vec::new();
-        let copied = |name: String, view: &crate::format::TensorView<'_>| {
-            (TensorHeader::new(name, view.dtype, &view.shape), view.bytes.to_vec())
-        };
-        for name in ["token_embd", "output_norm", "output", "output_res_norm", "output_res_proj"] {
-            let name = format!("{name}.weight");
-            tensors.push(copied(name.clone(), &ck.require(&name).unwrap()));
-        }
-        let names = [
-            "attn_norm.weight",
-            "ffn_norm.weight",
-            "attn_res_norm.weight",
-            "attn_res_proj.weight",
-            "ffn_res_norm.weight",
-            "ffn_res_proj.weight",
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_output.weight",
-            "ssm_conv1d_q.weight",
-            "ssm_conv1d_k.weight",
-            "ssm_conv1d_v.weight",
-            "ssm_f_a.weight",
-            "ssm_f_b.weight",
-            "ssm_dt.bias",
-            "ssm_beta.weight",
-            "ssm_norm.weight",
-            "attn_q_a.weight",
-            "attn_q_a_norm.weight",
-            "attn_q_b.weight",
-            "attn_kv_a_mqa.weight",
-            "attn_kv_a_norm.weight",
-            "attn_kv_b.weight",
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down.weight",
-            "ffn_gate_inp.weight",
-            "exp_probs_b.bias",
-            "ffn_latent_down.weight",
-            "ffn_latent_up.weight",
-            "ffn_latent_norm.weight",
-            "ffn_gate_shexp.weight",
-            "ffn_up_shexp.weight",
-            "ffn_down_shexp.weight",
-        ];
-        for l in 0..spec.layers {
-            // Both gates are `g_proj` in the directory: KDA's is `ssm_g`, gated MLA's `attn_gate`.
-            let gate = if spec.is_kda(l) { "ssm_g.weight" } else { "attn_gate.weight" };
-            for name in names.iter().chain([&gate]) {
-                let name = format!("blk.{l}.{name}");
-                if let Some(v) = ck.tensor(&name).unwrap() {
-                    tensors.push(copied(name, &v));
-                }
-            }
-            if let Some(a) = ck.tensor(&format!("blk.{l}.ssm_a")).unwrap() {
-                let a: Vec<f32> = a.to_f32().unwrap().flatten_all().unwrap().to_vec1().unwrap();
-                let bytes = a.iter().flat_map(|x| (-x.exp()).to_le_bytes()).collect();
-                tensors.push((TensorHeader::new(format!("blk.{l}.ssm_a"), WeightDType::F32, &[a.len()]), bytes));
-            }
-            if !spec.moe_layers[l] {
-                continue;
-            }
-            let experts = spec.moe.as_ref().unwrap().experts;
-            for (which, part) in [(ExpertMatrix::Gate, "gate"), (ExpertMatrix::Up, "up"), (ExpertMatrix::Down, "down")]
-            {
-                let views: Vec<_> = (0..experts)
-                    .map(|expert| ck.expert_matrix(ExpertId { layer: l, expert }, which).unwrap())
-                    .collect();
-                let shape = [experts, views[0].shape[0], views[0].shape[1]];
-                let bytes = views.iter().flat_map(|v| v.bytes.iter().copied()).collect();
-                let header = TensorHeader::new(format!("blk.{l}.ffn_{part}_exps.weight"), WeightDType::F32, &shape);
-                tensors.push((header, bytes));
-            }
-        }
-        let u = |k: &str, v: u32| (format!("kimi-k3.{k}"), Value::U32(v));
-        let f = |k: &str, v: f32| (format!("kimi-k3.{k}"), Value::F32(v));
-        let kv_heads = (0..spec.layers).map(|l| Value::U32(u32::from(!spec.is_kda(l)))).collect();
-        let metadata = vec![
-            ("general.architecture".to_string(), Value::String("kimi-k3".into())),
-            u("block_count", 6),
-            u("context_length", 4096),
-            u("embedding_length", 32),
-            u("feed_forward_length", 64),
-            u("attention.head_count", 4),
-            ("kimi-k3.attention.head_count_kv".to_string(), Value::Array(kv_heads)),
-            f("attention.layer_norm_rms_epsilon", 1e-5),
-            u("kda.head_dim", 8),
-            u("ssm.conv_kernel", 4),
-            u("rope.dimension_count", 8),
-            u("attention.key_length_mla", 24),
-            u("attention.value_length_mla", 16),
-            u("attention.kv_lora_rank", 16),
-            u("attention.q_lora_rank", 16),
-            u("expert_count", 8),
-            u("expert_used_count", 2),
-            u("expert_feed_forward_length", 8),
-            u("expert_shared_count", 2),
-            f("expert_weights_scale", 2.5),
-            ("kimi-k3.expert_weights_norm".to_string(), Value::Bool(true)),
-            u("expert_gating_func", 2),
-            u("expert_group_count", 1),
-            u("expert_group_used_count", 1),
-            f("kda.gate_lower_bound", -5.0),
-            f("situ.beta", 4.0),
-            f("situ.linear_beta", 25.0),
-            u("attn_res.block_size", 2),
-            u("expert_latent_length", 16),
-            u("vocab_size", 256),
-        ];
-        let headers: Vec<TensorHeader> = tensors.iter().map(|(h, _)| h.clone()).collect();
-        write_gguf(dst, &metadata, &headers, 32, |i, w| w.write_all(&tensors[i].1)).unwrap();
-    }
-
+    /// tests/fixtures/kimi_k3/model.gguf is the fixture as llama.cpp's kimi-k3 converter writes
+    /// it (kimi_k3.py `write_gguf`): the same model description and, to float rounding (the fused
+    /// AttnRes scores, the split kv_b's absorbed query), the same logits as the safetensors it
+    /// came from.
     #[test]
-    fn kimi_k3_as_gguf_under_the_engines_names_runs_as_its_safetensors() {
-        let dir = tempfile::tempdir().unwrap();
-        let gguf = dir.path().join("k3.gguf");
-        k3_as_gguf(&gguf);
+    fn kimi_k3_in_llama_cpps_gguf_layout_runs_as_its_safetensors() {
         let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
+        let gguf = src.join("model.gguf");
         let (hf, gg) = (crate::Model::load(&src).unwrap(), crate::Model::load(&gguf).unwrap());
         let (x, y) = (hf.spec(), gg.spec());
         assert_eq!((x.architecture, &x.kda, x.attention.mla), (y.architecture, &y.kda, y.attention.mla));
@@ -852,7 +740,7 @@ mod tests {
         for tokens in [&[5u32, 17, 99, 3, 200, 41][..], &[42], &[7]] {
             let (x, y) = (hf.logits(tokens, &mut a).unwrap(), gg.logits(tokens, &mut b).unwrap());
             let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-6, "GGUF and safetensors differ by {worst:e}");
+            assert!(worst < 1e-5, "GGUF and safetensors differ by {worst:e}");
         }
     }
 }
