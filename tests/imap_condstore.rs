@@ -63,7 +63,7 @@ typ, text, got = cmd(a, "UID", "FETCH", "1:*", "(UID)", "(CHANGEDSINCE %d)" % (h
 print("NOTHING", typ, got.get("FETCH"))
 typ, text, got = cmd(a, "SEARCH", "MODSEQ", str(h + 1))
 print("SEARCH", typ, got.get("SEARCH"))
-typ, text, got = cmd(a, "SORT", "(REVERSE ARRIVAL)", "UTF-8", "MODSEQ", "1")
+typ, text, got = cmd(a, "SORT", "(REVERSE SUBJECT)", "UTF-8", "MODSEQ", "1")
 print("SORT", typ, got.get("SORT"))
 for opts in ["(ALL)", "(MIN)"]:
     typ, text, got = cmd(a, "SEARCH", "RETURN", opts, "MODSEQ", "1")
@@ -80,6 +80,7 @@ print("CAPS", caps[0].decode())
     assert_eq!(line(&out, "CHANGED"), want, "only message 2, flagged, once");
     assert_eq!(line(&out, "NOTHING"), "NOTHING OK None", "nothing changed after it");
     assert_eq!(line(&out, "SEARCH"), format!("SEARCH OK ['2 (MODSEQ {})']", h + 1));
+    // By subject ("message 1" to "message 3"): APPENDs in the same second would tie on ARRIVAL.
     assert_eq!(line(&out, "SORT"), format!("SORT OK ['3 2 1 (MODSEQ {})']", h + 1));
     // RFC 7162 §3.1.5 with ESEARCH: the highest of what is reported, all matches for ALL, the
     // first one's for MIN (message 1, the first APPEND: mod-sequence 2).
