@@ -80,6 +80,12 @@ macro_rules! reference_tests {
 // boundary, then recurrent decoding) around a NoPE latent-attention layer.
 reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
 
+// qwen3_next: Gated DeltaNet layers (two value heads per key head; chunked prefill across a chunk
+// boundary, then recurrent decoding) around a gated full-attention layer with partial rotation
+// and (1 + w) q/k norms; the GGUF as llama.cpp's converter writes it (split attn_qkv/attn_gate,
+// norms stored as 1 + w).
+reference_tests!(qwen3_next);
+
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
 /// AttnRes residuals, from the safetensors (its text model under `language_model.`).

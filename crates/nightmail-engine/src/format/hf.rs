@@ -142,9 +142,14 @@ impl HfDir {
         Ok(None)
     }
 
-    /// The first transformers name a GGUF tensor name translates to, for messages.
+    /// The transformers name a GGUF tensor name translates to, for messages: the first whose
+    /// module holds other tensors in this file (Qwen3-Next's `linear_attn.A_log`, Kimi's
+    /// `self_attn.A_log`), else the first.
     pub fn transformers_name(&self, gguf_name: &str) -> Option<String> {
-        hf_names(gguf_name).into_iter().next().map(|n| self.stored(&n))
+        let names: Vec<String> = hf_names(gguf_name).into_iter().map(|n| self.stored(&n)).collect();
+        let module = |n: &str| n.rsplit_once('.').map_or(String::new(), |(m, _)| format!("{m}."));
+        let used = |n: &&String| self.tensors.keys().any(|k| k.starts_with(&module(n)));
+        names.iter().find(used).or(names.first()).cloned()
     }
 
     pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
@@ -369,22 +374,30 @@ fn hf_names(gguf: &str) -> Vec<String> {
         // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader
         // converts by the file's format (model/kda.rs).
         "ssm_conv1d_q.weight" => &["self_attn.q_conv1d.weight"],
+        // Qwen3-Next's and Qwen3.5's Gated DeltaNet (model/gated_delta_net.rs), under
+        // llama.cpp's `qwen3next` / `qwen35moe` names; `ssm_in` and `ssm_ba` are transformers'
+        // fused, per-key-head interleaved projections.
+        "ssm_in.weight" => &["linear_attn.in_proj_qkvz.weight"],
+        "ssm_ba.weight" => &["linear_attn.in_proj_ba.weight"],
+        "ssm_alpha.weight" => &["linear_attn.in_proj_a.weight"],
+        "ssm_out.weight" => &["linear_attn.out_proj.weight"],
         "ssm_conv1d_k.weight" => &["self_attn.k_conv1d.weight"],
         "ssm_conv1d_v.weight" => &["self_attn.v_conv1d.weight"],
         "ssm_f_a.weight" => &["self_attn.f_a_proj.weight", "self_attn.forget_gate.f_a_proj.weight"],
         "ssm_f_b.weight" => &["self_attn.f_b_proj.weight", "self_attn.forget_gate.f_b_proj.weight"],
-        "ssm_dt.bias" => &["self_attn.dt_bias", "self_attn.forget_gate.dt_bias"],
-        "ssm_a" => &["self_attn.A_log", "self_attn.forget_gate.A_log"],
-        "ssm_beta.weight" => &["self_attn.b_proj.weight"],
+        "ssm_dt.bias" => &["self_attn.dt_bias", "self_attn.forget_gate.dt_bias", "linear_attn.dt_bias"],
+        "ssm_a" => &["self_attn.A_log", "self_attn.forget_gate.A_log", "linear_attn.A_log"],
+        "ssm_beta.weight" => &["self_attn.b_proj.weight", "linear_attn.in_proj_b.weight"],
         "ssm_g_a.weight" => &["self_attn.g_a_proj.weight"],
         "ssm_g_b.weight" => &["self_attn.g_b_proj.weight"],
-        "ssm_norm.weight" => &["self_attn.o_norm.weight"],
+        "ssm_norm.weight" => &["self_attn.o_norm.weight", "linear_attn.norm.weight"],
         // Kimi K3: KDA's fused projection and convolution where the checkpoint stores them fused,
         // its full-rank output gate and gated MLA's gate (both `g_proj`), the AttnRes scores and
         // Stable LatentMoE's projections and norm.
-        "attn_qkv.weight" => &["self_attn.qkv_proj.weight"],
-        "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight"],
-        "ssm_g.weight" | "attn_gate.weight" => &["self_attn.g_proj.weight"],
+        "attn_qkv.weight" => &["self_attn.qkv_proj.weight", "linear_attn.in_proj_qkv.weight"],
+        "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight", "linear_attn.conv1d.weight"],
+        "ssm_g.weight" => &["self_attn.g_proj.weight"],
+        "attn_gate.weight" => &["self_attn.g_proj.weight", "linear_attn.in_proj_z.weight"],
         "attn_res_norm.weight" => &["self_attention_res_norm.weight"],
         "attn_res_proj.weight" => &["self_attention_res_proj.weight"],
         "ffn_res_norm.weight" => &["mlp_res_norm.weight"],
