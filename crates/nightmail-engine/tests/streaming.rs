@@ -85,6 +85,8 @@ macro_rules! streaming_tests {
 
 // kimi_linear's routed experts stream while its KDA layers keep their recurrent state.
 streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear);
+// qwen3_next's too, beside its Gated DeltaNet states and its shared expert's gate.
+streaming_tests!(qwen3_next);
 
 /// kimi_k3 (safetensors only: K3 has no GGUF form here): its routed experts live in the latent
 /// width and stream as any others do.
@@ -265,6 +267,8 @@ mod dense {
     }
 
     dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+    // A streamed Gated DeltaNet layer is built from its read buffers as a resident one is.
+    dense_streaming_tests!(qwen3_next);
 
     #[test]
     fn safetensors_and_packed_dense_layers_stream_bit_identical() {

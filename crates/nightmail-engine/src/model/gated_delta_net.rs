@@ -191,3 +191,55 @@ impl GatedDeltaNet {
         Ok(Tensor::from_vec(y, (t, vd), &Device::Cpu)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_next")
+    }
+
+    /// `file` of the fixture copied into `dir` with the bytes `from` (once) replaced by `to`, of
+    /// the same length, so every offset holds.
+    fn renamed(dir: &Path, file: &str, from: &[u8], to: &[u8]) {
+        let mut bytes = std::fs::read(fixture().join(file)).unwrap();
+        let at = bytes.windows(from.len()).position(|w| w == from).expect("the fixture has it");
+        bytes[at..at + to.len()].copy_from_slice(to);
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+
+    #[test]
+    fn a_missing_a_log_is_named_with_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(fixture().join("config.json"), dir.path().join("config.json")).unwrap();
+        renamed(
+            dir.path(),
+            "model.safetensors",
+            b"model.layers.1.linear_attn.A_log",
+            b"model.layers.1.linear_attn.X_log",
+        );
+        let err = crate::Model::load(dir.path()).err().expect("A_log is missing").to_string();
+        let want = format!(
+            "tensor `model.layers.1.linear_attn.A_log` (GGUF `blk.1.ssm_a`) is missing from {}",
+            dir.path().display()
+        );
+        assert!(err.starts_with(&want), "{err}");
+        renamed(dir.path(), "model.gguf", b"blk.1.ssm_a", b"blk.1.ssm_x");
+        let path = dir.path().join("model.gguf");
+        let err = crate::Model::load(&path).err().expect("ssm_a is missing").to_string();
+        assert!(err.starts_with(&format!("tensor `blk.1.ssm_a` is missing from {}", path.display())), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_layer_kind_is_refused_naming_it_and_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+        let config = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+        let config = config.replacen("\"linear_attention\"", "\"mamba2\"", 1);
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let err = crate::Model::load(dir.path()).err().expect("an unknown layer kind").to_string();
+        let config = dir.path().join("config.json");
+        assert!(err.contains(&config.display().to_string()) && err.contains("layer 0's kind \"mamba2\""), "{err}");
+    }
+}
