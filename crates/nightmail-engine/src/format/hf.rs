@@ -37,9 +37,9 @@ pub(crate) struct HfDir {
     config: serde_json::Value,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
-    /// Where the text model's tensors live: `language_model.` in a multimodal checkpoint (Kimi
-    /// K3, whose config.json nests the text model under `text_config`), else nothing.
-    prefix: &'static str,
+    /// Where the text model's tensors live in a multimodal checkpoint (whose config.json nests
+    /// the text model under `text_config`).
+    prefix: TextPrefix,
     /// Per layer, gpt-oss's fused experts rebuilt per expert on first use (None: not fused).
     fused: Vec<OnceLock<Option<Vec<FusedExpert>>>>,
 }
@@ -58,7 +58,7 @@ impl HfDir {
             parse_header(&path, &map, shards.len(), &mut tensors)?;
             shards.push(Shard { path, map });
         }
-        let prefix = if tensors.keys().any(|n| n.starts_with(TEXT_PREFIX)) { TEXT_PREFIX } else { "" };
+        let prefix = TextPrefix::of(&tensors);
         let count = tensors.len();
         let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new() };
         // A layer holds at least one tensor, so a count past that is a corrupt config (which the
@@ -89,7 +89,7 @@ impl HfDir {
 
     /// A text-model tensor's name as the file spells it.
     fn stored(&self, hf_name: &str) -> String {
-        format!("{}{hf_name}", self.prefix)
+        self.prefix.apply(hf_name)
     }
 
     /// The entry of a text-model tensor (under the prefix), or of a tensor by its full name.
@@ -174,7 +174,7 @@ impl HfDir {
             return Ok(expert.matrix(which).view());
         }
         // Named as the model spells its other experts (Kimi's and Mixtral's `block_sparse_moe`).
-        let kimi = format!("{}model.layers.{l}.block_sparse_moe.", self.prefix);
+        let kimi = self.prefix.apply(&format!("model.layers.{l}.block_sparse_moe."));
         let spelled = if self.tensors.keys().any(|n| n.starts_with(&kimi)) { &names[1] } else { &names[0] };
         Err(EngineError::MissingTensorIn { name: format!("`{}`", self.stored(spelled)), path: self.dir.clone() })
     }
@@ -231,9 +231,39 @@ impl HfDir {
     }
 }
 
-/// The prefix of a multimodal checkpoint's text-model tensors (Kimi K3's
-/// `KimiK3ForConditionalGeneration`).
-const TEXT_PREFIX: &str = "language_model.";
+/// Where a checkpoint keeps its text model's tensors, which the engine names `model.…` and
+/// `lm_head.…` as a text-only checkpoint does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextPrefix {
+    /// A text-only checkpoint: as named.
+    None,
+    /// Kimi K3's `KimiK3ForConditionalGeneration`: everything under `language_model.`.
+    Outer,
+    /// Qwen3.5's `Qwen3_5MoeForConditionalGeneration` (Qwen3-VL's layout): `model.` becomes
+    /// `model.language_model.`; `lm_head.` stays.
+    Inner,
+}
+
+impl TextPrefix {
+    fn of(tensors: &HashMap<String, Entry>) -> Self {
+        if tensors.keys().any(|n| n.starts_with("language_model.")) {
+            TextPrefix::Outer
+        } else if tensors.keys().any(|n| n.starts_with("model.language_model.")) {
+            TextPrefix::Inner
+        } else {
+            TextPrefix::None
+        }
+    }
+
+    fn apply(self, name: &str) -> String {
+        match (self, name.strip_prefix("model.")) {
+            (TextPrefix::None, _) => name.to_string(),
+            (TextPrefix::Outer, _) => format!("language_model.{name}"),
+            (TextPrefix::Inner, Some(rest)) => format!("model.language_model.{rest}"),
+            (TextPrefix::Inner, None) => name.to_string(),
+        }
+    }
+}
 
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
@@ -410,9 +440,60 @@ fn hf_names(gguf: &str) -> Vec<String> {
     names.iter().map(|n| format!("{p}{n}")).collect()
 }
 
+/// `tensors` (all F32) as a safetensors file: an 8-byte header length, the JSON header, the data.
+#[cfg(test)]
+pub(crate) fn write_f32_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, shape, bytes) in tensors {
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes.len()]}),
+        );
+        at += bytes.len();
+    }
+    let header = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    tensors.iter().for_each(|(_, _, b)| out.extend(b));
+    std::fs::write(path, out).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qwen3_5s_multimodal_layout_runs_as_its_text_model_alone() {
+        // The qwen3_5_moe fixture (`Qwen3_5MoeForCausalLM`) rewritten as
+        // `Qwen3_5MoeForConditionalGeneration` saves it: text weights under
+        // `model.language_model.`, a vision tower beside them, the text config in `text_config`.
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5_moe");
+        let hf = HfDir::open(&src).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = hf
+            .all_tensors()
+            .unwrap()
+            .iter()
+            .map(|v| (TextPrefix::Inner.apply(&v.name), v.shape.clone(), v.bytes.to_vec()))
+            .collect();
+        tensors.push(("model.visual.patch_embed.proj.weight".into(), vec![2], vec![0; 8]));
+        let dir = tempfile::tempdir().unwrap();
+        write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
+        let config = serde_json::json!({
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe",
+            "text_config": hf.config(),
+            "vision_config": {"depth": 1},
+        });
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let (text, multimodal) = (crate::Model::load(&src).unwrap(), crate::Model::load(dir.path()).unwrap());
+        assert_eq!(multimodal.spec().architecture, crate::Architecture::Qwen35Moe);
+        let (mut a, mut b) = (text.new_cache(), multimodal.new_cache());
+        for tokens in [&[5u32, 17, 99, 3][..], &[42]] {
+            let (x, y) = (text.logits(tokens, &mut a).unwrap(), multimodal.logits(tokens, &mut b).unwrap());
+            assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "the same weights give other logits");
+        }
+    }
 
     #[test]
     fn a_gpt_oss_block_scale_pair_dequantizes_bit_equal_to_transformers_and_splits_gate_from_up() {

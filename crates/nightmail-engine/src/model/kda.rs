@@ -266,24 +266,6 @@ mod tests {
         assert!(err.starts_with(&want), "{err}");
     }
 
-    /// `tensors` (all F32) as a safetensors file: an 8-byte header length, the JSON header, the data.
-    fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
-        let mut header = serde_json::Map::new();
-        let mut at = 0;
-        for (name, shape, bytes) in tensors {
-            header.insert(
-                name.clone(),
-                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes.len()]}),
-            );
-            at += bytes.len();
-        }
-        let header = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-        let mut out = (header.len() as u64).to_le_bytes().to_vec();
-        out.extend(header);
-        tensors.iter().for_each(|(_, _, b)| out.extend(b));
-        std::fs::write(path, out).unwrap();
-    }
-
     #[test]
     fn a_checkpoint_with_fused_qkv_projection_and_convolution_runs_as_the_split_one() {
         // The K3 fixture rewritten with each KDA layer's q/k/v projections and convolutions
@@ -324,7 +306,7 @@ mod tests {
         assert_eq!(fused, 8, "four KDA layers, a projection and a convolution each");
         let dir = tempfile::tempdir().unwrap();
         std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
-        write_safetensors(&dir.path().join("model.safetensors"), &tensors);
+        crate::format::write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
         let (split, fused) = (crate::Model::load(&src).unwrap(), crate::Model::load(dir.path()).unwrap());
         let (mut a, mut b) = (split.new_cache(), fused.new_cache());
         for tokens in [&[5u32, 17, 99, 3, 200, 41][..], &[42], &[7]] {
