@@ -85,8 +85,8 @@ macro_rules! streaming_tests {
 
 // kimi_linear's routed experts stream while its KDA layers keep their recurrent state.
 streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear);
-// qwen3_next's too, beside its Gated DeltaNet states and its shared expert's gate.
-streaming_tests!(qwen3_next);
+// qwen3_next's and qwen3_5_moe's too, beside their Gated DeltaNet states and shared experts' gates.
+streaming_tests!(qwen3_next, qwen3_5_moe);
 
 /// kimi_k3 (safetensors only: K3 has no GGUF form here): its routed experts live in the latent
 /// width and stream as any others do.

@@ -175,6 +175,37 @@ mod tests {
     }
 
     #[test]
+    fn qwen3_next_and_qwen3_5_moe_read_the_same_from_config_json_and_from_their_gguf_keys() {
+        use crate::format::Checkpoint;
+        use crate::spec::{Architecture, ModelSpec, Routing};
+        let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for (arch, want, order) in [
+            ("qwen3_next", Architecture::Qwen3Next, ValueHeadOrder::Grouped),
+            ("qwen3_5_moe", Architecture::Qwen35Moe, ValueHeadOrder::Tiled),
+        ] {
+            let read = |p: std::path::PathBuf| ModelSpec::read(&Checkpoint::open(&p).unwrap()).unwrap();
+            let (hf, gguf) = (read(fixtures.join(arch)), read(fixtures.join(arch).join("model.gguf")));
+            for (s, tiled, centred) in [(&hf, ValueHeadOrder::Grouped, true), (&gguf, order, false)] {
+                assert_eq!(s.architecture, want);
+                let d = s.delta_net.as_ref().expect("DeltaNet layers");
+                let shape = (d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, &d.layers[..]);
+                assert_eq!(shape, (2, 4, 8, 8, 4, &[0, 1, 2][..]), "{arch}");
+                assert_eq!(d.v_head_order, tiled, "{arch}: only llama.cpp's qwen35 converter tiles");
+                let a = &s.attention;
+                assert_eq!((a.heads, a.kv_heads, a.head_dim, a.rotary_dim, a.output_gate), (4, 2, 16, Some(4), true));
+                assert_eq!(s.zero_centered_norms, centred, "{arch}: the converter adds 1 to the norms");
+                let moe = s.moe.as_ref().expect("experts");
+                let routing = Routing::SoftmaxTopK { top_k: 2, normalize: true };
+                assert_eq!(
+                    (moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn),
+                    (4, routing, 16, Some(16))
+                );
+                assert!(s.moe_layers.iter().all(|m| *m) && s.is_recurrent(0) && !s.is_recurrent(3));
+            }
+        }
+    }
+
+    #[test]
     fn an_unknown_layer_kind_or_inconsistent_heads_are_refused_naming_the_config() {
         let err = of(r#"{"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}"#)
             .unwrap_err()
