@@ -817,24 +817,7 @@ fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpe
     let (heads, head_dim) = (width("num_heads", "linear_num_heads", 32)?, width("head_dim", "linear_head_dim", 128)?);
     let conv_kernel = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
     let kda_layers: Vec<usize> = if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
-        let types = types.as_array().ok_or_else(|| bad("`layer_types` is not a list".into()))?;
-        if types.len() != layers {
-            return Err(bad(format!("`layer_types` names {} layers, `num_hidden_layers` is {layers}", types.len())));
-        }
-        let mut kda = Vec::new();
-        for (l, t) in types.iter().enumerate() {
-            match t.as_str() {
-                Some("linear_attention") => kda.push(l),
-                Some("full_attention") => {}
-                _ => {
-                    return Err(bad(format!(
-                        "layer {l}'s kind {t} in `layer_types` is not one nightmail runs \
-                         (`linear_attention` or `full_attention`)"
-                    )));
-                }
-            }
-        }
-        kda
+        delta_net::linear_layers(types, layers).map_err(bad)?
     } else if let Some((kda, full)) =
         lin.and_then(|l| Some((l.get("kda_layers")?.as_array()?, l.get("full_attn_layers")?.as_array()?)))
     {

@@ -815,6 +815,16 @@ mod tests {
         assert_eq!((x.layer_kinds, x.expert_bytes, x.dense_bytes), (y.layer_kinds, y.expert_bytes, y.dense_bytes));
     }
 
+    /// The model at `path` loads, and a prompt and one more token give finite logits that differ.
+    fn runs_a_prompt_and_a_step(path: &std::path::Path) {
+        let model = crate::Model::load(path).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
+        let next = model.logits(&[4], &mut cache).unwrap();
+        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
+    }
+
     #[test]
     fn a_qwen3_next_is_written_in_the_qwen3next_layout_loaded_and_run() {
         let dir = tempfile::tempdir().unwrap();
@@ -827,12 +837,7 @@ mod tests {
         let a = &info.spec.attention;
         assert_eq!((a.output_gate, a.rotary_dim, info.spec.zero_centered_norms), (true, Some(16), false));
         assert_eq!(info.spec.moe.as_ref().unwrap().shared_expert_ffn, Some(64));
-        let model = crate::Model::load(&out).unwrap();
-        let mut cache = model.new_cache();
-        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
-        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
-        let next = model.logits(&[4], &mut cache).unwrap();
-        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
+        runs_a_prompt_and_a_step(&out);
     }
 
     #[test]
@@ -847,11 +852,6 @@ mod tests {
         assert_eq!(info.spec.moe_layers, vec![false, true, true, true, true], "the first layer is dense");
         let mla = info.spec.attention.mla.expect("latent attention");
         assert!(mla.nope && mla.q_lora_rank.is_none());
-        let model = crate::Model::load(&out).unwrap();
-        let mut cache = model.new_cache();
-        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
-        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
-        let next = model.logits(&[4], &mut cache).unwrap();
-        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
+        runs_a_prompt_and_a_step(&out);
     }
 }

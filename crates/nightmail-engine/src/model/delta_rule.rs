@@ -177,6 +177,31 @@ pub(crate) fn convolve(taps: &[f32], kernel: usize, x: &[f32], t: usize, tail: &
     out
 }
 
+/// Each head's output RMS-normed and gated, as transformers' `KimiLinearRMSNormGated` and
+/// `Qwen3NextRMSNormGated` do: w · (x · rsqrt(mean(x²) + eps)) · gate. `out` is
+/// `[heads][tokens][d]` (from [`Heads::run`]); `gate(i, c)` is token i's gate, its activation
+/// applied, for channel c = head · d + j. Returns `[tokens][heads · d]`.
+pub(crate) fn gated_norm(
+    out: &[f32],
+    (heads, t, d): (usize, usize, usize),
+    weight: &[f32],
+    eps: f32,
+    gate: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
+    let w = heads * d;
+    let mut y = vec![0f32; t * w];
+    for i in 0..t {
+        for h in 0..heads {
+            let o = &out[(h * t + i) * d..(h * t + i + 1) * d];
+            let r = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / d as f32 + eps).sqrt();
+            for (j, (x, n)) in o.iter().zip(weight).enumerate() {
+                y[i * w + h * d + j] = n * (x * r) * gate(i, h * d + j);
+            }
+        }
+    }
+    y
+}
+
 pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -15,7 +15,7 @@
 
 use candle_core::{Device, Tensor};
 
-use super::delta_rule::{DeltaState, Heads, StateShape, convolve, l2_normalize, sigmoid, softplus};
+use super::delta_rule::{DeltaState, Heads, StateShape, convolve, gated_norm, l2_normalize, sigmoid, softplus};
 use super::layers::Linear;
 use super::source::WeightSource;
 use crate::error::{EngineError, Result};
@@ -175,19 +175,12 @@ impl GatedDeltaNet {
             }
         }
         let out = x.run(&mut state.recurrent);
-        // transformers' Qwen3NextRMSNormGated: w · (x · rsqrt(mean(x²) + eps)) · SiLU(z).
-        let mut y = vec![0f32; t * vd];
-        for i in 0..t {
-            for h in 0..d.v_heads {
-                let o = &out[(h * t + i) * dv..(h * t + i + 1) * dv];
-                let r = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + self.eps).sqrt();
-                let at = i * vd + h * dv;
-                for (j, (x, n)) in o.iter().zip(&self.norm).enumerate() {
-                    let g = row(i)[self.z[h * dv + j]];
-                    y[at + j] = n * (x * r) * (g * sigmoid(g));
-                }
-            }
-        }
+        // transformers' Qwen3NextRMSNormGated: SiLU on z.
+        let silu = |i: usize, c: usize| {
+            let z = row(i)[self.z[c]];
+            z * sigmoid(z)
+        };
+        let y = gated_norm(&out, (d.v_heads, t, dv), &self.norm, self.eps, silu);
         Ok(Tensor::from_vec(y, (t, vd), &Device::Cpu)?)
     }
 }

@@ -19,7 +19,7 @@
 
 use candle_core::{Device, Tensor};
 
-use super::delta_rule::{DeltaState, Heads, StateShape, convolve, l2_normalize, sigmoid, softplus};
+use super::delta_rule::{DeltaState, Heads, StateShape, convolve, gated_norm, l2_normalize, sigmoid, softplus};
 use super::layers::Linear;
 use super::source::WeightSource;
 use crate::error::{EngineError, Result};
@@ -204,19 +204,8 @@ impl Kda {
             }
         }
         let out = x.run(&mut state.recurrent);
-        // transformers' KimiLinearRMSNormGated: x · rsqrt(mean(x²) + eps) · w · σ(gate).
-        let mut y = vec![0f32; t * w];
-        for i in 0..t {
-            for head in 0..h {
-                let o = &out[(head * t + i) * d..(head * t + i + 1) * d];
-                let r = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / d as f32 + self.eps).sqrt();
-                let at = i * w + head * d;
-                let (ys, gs) = (&mut y[at..at + d], &gate[at..at + d]);
-                for (((y, x), n), g) in ys.iter_mut().zip(o).zip(&self.norm).zip(gs) {
-                    *y = n * (x * r) * sigmoid(*g);
-                }
-            }
-        }
+        // transformers' KimiLinearRMSNormGated: σ on the gate.
+        let y = gated_norm(&out, (h, t, d), &self.norm, self.eps, |i, c| sigmoid(gate[i * w + c]));
         Ok(Tensor::from_vec(y, (t, w), &Device::Cpu)?)
     }
 }

@@ -83,29 +83,7 @@ pub(super) fn from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result
         }
     };
     let linear = match c.get("layer_types").filter(|v| !v.is_null()) {
-        Some(types) => {
-            let types = types.as_array().ok_or_else(|| bad("`layer_types` is not a list".into()))?;
-            if types.len() != layers {
-                return Err(bad(format!(
-                    "`layer_types` names {} layers, `num_hidden_layers` is {layers}",
-                    types.len()
-                )));
-            }
-            let mut linear = Vec::new();
-            for (l, t) in types.iter().enumerate() {
-                match t.as_str() {
-                    Some("linear_attention") => linear.push(l),
-                    Some("full_attention") => {}
-                    _ => {
-                        return Err(bad(format!(
-                            "layer {l}'s kind {t} in `layer_types` is not one nightmail runs \
-                             (`linear_attention` or `full_attention`)"
-                        )));
-                    }
-                }
-            }
-            linear
-        }
+        Some(types) => linear_layers(types, layers).map_err(bad)?,
         None => {
             let interval = width("full_attention_interval", 4)?;
             if interval == 0 {
@@ -124,6 +102,31 @@ pub(super) fn from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result
         v_head_order: ValueHeadOrder::Grouped,
     }
     .check(|r| bad(format!("config {r}")))
+}
+
+/// The layers `layer_types` marks `linear_attention` (Qwen3-Next's and Kimi Linear's configs
+/// both spell their kinds so); anything but that and `full_attention` is refused, as is a list
+/// of another length than `num_hidden_layers`. The error is the reason, for the caller to name
+/// its file.
+pub(super) fn linear_layers(types: &Json, layers: usize) -> std::result::Result<Vec<usize>, String> {
+    let types = types.as_array().ok_or("`layer_types` is not a list")?;
+    if types.len() != layers {
+        return Err(format!("`layer_types` names {} layers, `num_hidden_layers` is {layers}", types.len()));
+    }
+    let mut linear = Vec::new();
+    for (l, t) in types.iter().enumerate() {
+        match t.as_str() {
+            Some("linear_attention") => linear.push(l),
+            Some("full_attention") => {}
+            _ => {
+                return Err(format!(
+                    "layer {l}'s kind {t} in `layer_types` is not one nightmail runs \
+                     (`linear_attention` or `full_attention`)"
+                ));
+            }
+        }
+    }
+    Ok(linear)
 }
 
 /// llama.cpp's keys (src/models/qwen3next.cpp `load_arch_hparams`): `ssm.state_size` is the key
