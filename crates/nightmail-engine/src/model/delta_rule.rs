@@ -20,6 +20,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
+use crate::format::Format;
 
 /// transformers' and fla's chunk length.
 const CHUNK: usize = 64;
@@ -200,6 +201,15 @@ pub(crate) fn gated_norm(
         }
     }
     y
+}
+
+/// exp(A_log) per head from a layer's `ssm_a` as its file stores it: llama.cpp's converters
+/// write A = −exp(A_log), transformers keeps A_log.
+pub(crate) fn decay_rates(a: &[f32], format: Format) -> Vec<f32> {
+    match format {
+        Format::Gguf => a.iter().map(|a| -a).collect(),
+        Format::Safetensors => a.iter().map(|a| a.exp()).collect(),
+    }
 }
 
 pub(crate) fn sigmoid(x: f32) -> f32 {

@@ -15,10 +15,12 @@
 
 use candle_core::{Device, Tensor};
 
-use super::delta_rule::{DeltaState, Heads, StateShape, convolve, gated_norm, l2_normalize, sigmoid, softplus};
+use super::delta_rule::{
+    DeltaState, Heads, StateShape, convolve, decay_rates, gated_norm, l2_normalize, sigmoid, softplus,
+};
 use super::layers::Linear;
 use super::source::WeightSource;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::format::Format;
 use crate::spec::{DeltaNetSpec, ModelSpec};
 
@@ -63,13 +65,7 @@ impl GatedDeltaNet {
             m.expect_shape(&[rows, cols])?;
             ck.linear(&m, None)
         };
-        let vector = |n: &str, len: usize| -> Result<Vec<f32>> {
-            let v = ck.require(&name(n))?;
-            if v.elem_count() != len {
-                return Err(EngineError::Shape { name: v.name.clone(), found: v.shape.clone(), expected: vec![len] });
-            }
-            Ok(v.to_f32()?.flatten_all()?.to_vec1()?)
-        };
+        let vector = |n: &str, len: usize| ck.vector(&name(n), len);
         let mut projections = Vec::new();
         let (mut conv_in, mut z) = (Vec::with_capacity(channels), Vec::with_capacity(vd));
         if has("ssm_in.weight")? {
@@ -102,12 +98,7 @@ impl GatedDeltaNet {
             projections.push(linear("ssm_alpha", d.v_heads, hidden)?);
             ((at..at + d.v_heads).collect(), (at + d.v_heads..at + 2 * d.v_heads).collect())
         };
-        // llama.cpp's converter stores A = −exp(A_log); transformers keeps A_log.
-        let a_log = vector("ssm_a", d.v_heads)?;
-        let decay_rate = match format {
-            Format::Gguf => a_log.iter().map(|a| -a).collect(),
-            Format::Safetensors => a_log.iter().map(|a| a.exp()).collect(),
-        };
+        let decay_rate = decay_rates(&vector("ssm_a", d.v_heads)?, format);
         Ok(GatedDeltaNet {
             projections,
             conv_in,

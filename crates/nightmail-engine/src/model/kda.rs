@@ -19,10 +19,12 @@
 
 use candle_core::{Device, Tensor};
 
-use super::delta_rule::{DeltaState, Heads, StateShape, convolve, gated_norm, l2_normalize, sigmoid, softplus};
+use super::delta_rule::{
+    DeltaState, Heads, StateShape, convolve, decay_rates, gated_norm, l2_normalize, sigmoid, softplus,
+};
 use super::layers::Linear;
 use super::source::WeightSource;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::format::Format;
 use crate::spec::{KdaSpec, ModelSpec};
 
@@ -86,15 +88,7 @@ impl Kda {
             m.expect_shape(&[rows, cols])?;
             ck.linear(&m, None)
         };
-        // A vector stored in any shape of `n` elements ([1, 1, heads, 1] for A_log, [w, 1, k] for
-        // a convolution).
-        let vector = |name: &str, n: usize| -> Result<Vec<f32>> {
-            let v = t(name)?;
-            if v.elem_count() != n {
-                return Err(EngineError::Shape { name: v.name.clone(), found: v.shape.clone(), expected: vec![n] });
-            }
-            Ok(v.to_f32()?.flatten_all()?.to_vec1()?)
-        };
+        let vector = |name: &str, n: usize| ck.vector(&format!("blk.{l}.{name}"), n);
         // One `[3 · width, 1, kernel]` convolution where the checkpoint fuses it (K3's
         // `qkv_conv1d`), q's channels then k's then v's as the split ones concatenate.
         let conv = if ck.tensor(&format!("blk.{l}.ssm_conv1d.weight"))?.is_some() {
@@ -122,12 +116,7 @@ impl Kda {
         } else {
             OutputGate::LowRank { a: linear("ssm_g_a", d, hidden)?, b: linear("ssm_g_b", w, d)? }
         };
-        // llama.cpp's converter stores A = -exp(A_log); transformers keeps A_log.
-        let a = vector("ssm_a", h)?;
-        let decay_rate = match format {
-            Format::Gguf => a.iter().map(|a| -a).collect(),
-            Format::Safetensors => a.iter().map(|a| a.exp()).collect(),
-        };
+        let decay_rate = decay_rates(&vector("ssm_a", h)?, format);
         Ok(Kda {
             qkv,
             conv,

@@ -61,7 +61,7 @@ impl DeltaNetSpec {
                 return Err(bad(format!("gives the linear attention's {name} as 0")));
             }
         }
-        if self.v_heads % self.k_heads != 0 {
+        if !self.v_heads.is_multiple_of(self.k_heads) {
             return Err(bad(format!(
                 "gives {} value heads, not a multiple of its {} key heads",
                 self.v_heads, self.k_heads
