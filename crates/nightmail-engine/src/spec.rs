@@ -395,6 +395,12 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
     };
     let hidden_size = need("embedding_length")?;
     let layers = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
+    // Qwen3.5's converter counts its multi-token-prediction blocks in block_count
+    // (conversion/qwen.py `_Qwen35MtpMixin`); llama.cpp's main pass runs the others only.
+    let layers = match architecture.is_qwen_hybrid() {
+        true => layers - (g.uint(&key("nextn_predict_layers")).unwrap_or(0) as usize).min(layers - 1),
+        false => layers,
+    };
     let heads = need("attention.head_count")?;
     let k3 = architecture == Architecture::KimiK3;
     let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();

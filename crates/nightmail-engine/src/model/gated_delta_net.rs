@@ -216,6 +216,44 @@ mod tests {
     }
 
     #[test]
+    fn a_qwen35moe_gguf_with_a_multi_token_prediction_block_runs_its_main_layers_only() {
+        use candle_core::quantized::gguf_file::Value;
+
+        use crate::format::GgufFile;
+        use crate::format::gguf_write::{TensorHeader, write_gguf};
+        // As conversion/qwen.py writes Qwen3.5 with its MTP block: block_count one more, the
+        // block's count in nextn_predict_layers, its tensors after the main ones (here a copy of
+        // the last layer's norm).
+        let src = crate::format::GgufFile::open(&fixture().join("../qwen3_5_moe/model.gguf")).unwrap();
+        let mut metadata: Vec<(String, Value)> = src
+            .metadata()
+            .iter()
+            .filter(|(k, _)| *k != "general.alignment")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        metadata.retain(|(k, _)| k != "qwen35moe.block_count");
+        metadata.push(("qwen35moe.block_count".into(), Value::U32(5)));
+        metadata.push(("qwen35moe.nextn_predict_layers".into(), Value::U32(1)));
+        let mut tensors = src.all_tensors().unwrap();
+        let norm = tensors.iter().find(|t| t.name == "blk.3.attn_norm.weight").unwrap().clone();
+        tensors.push(crate::format::TensorView { name: "blk.4.attn_norm.weight".into(), ..norm });
+        let headers: Vec<TensorHeader> =
+            tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mtp.gguf");
+        write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
+        assert_eq!(GgufFile::open(&path).unwrap().uint("qwen35moe.block_count"), Some(5));
+        let (plain, mtp) = (
+            crate::Model::load(fixture().join("../qwen3_5_moe/model.gguf")).unwrap(),
+            crate::Model::load(&path).unwrap(),
+        );
+        assert_eq!(mtp.spec().layers, 4);
+        let (mut a, mut b) = (plain.new_cache(), mtp.new_cache());
+        let (x, y) = (plain.logits(&[5, 17, 99], &mut a).unwrap(), mtp.logits(&[5, 17, 99], &mut b).unwrap());
+        assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()));
+    }
+
+    #[test]
     fn an_unknown_layer_kind_is_refused_naming_it_and_the_config() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
