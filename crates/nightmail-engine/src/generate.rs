@@ -267,6 +267,11 @@ impl Model {
             shape.extend([k.heads, k.head_dim, k.conv_kernel, k.layers.len()]);
             shape.extend(&k.layers);
         }
+        // So do Gated DeltaNet layers.
+        if let Some(d) = &s.delta_net {
+            shape.extend([d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, d.layers.len()]);
+            shape.extend(&d.layers);
+        }
         shape
     }
 

@@ -23,7 +23,7 @@ pub struct LayerKinds {
     pub attention: usize,
     /// Latent attention (MLA: one compressed latent per token).
     pub latent_attention: usize,
-    /// KDA linear attention (a fixed-size recurrent state).
+    /// Linear attention, KDA or Gated DeltaNet (a fixed-size recurrent state).
     pub linear_attention: usize,
     pub dense_ffn: usize,
     pub moe: usize,
@@ -33,7 +33,7 @@ impl LayerKinds {
     fn of(spec: &ModelSpec) -> Self {
         let mut k = LayerKinds::default();
         for l in 0..spec.layers {
-            match (spec.is_kda(l), spec.attention.mla.is_some()) {
+            match (spec.is_recurrent(l), spec.attention.mla.is_some()) {
                 (true, _) => k.linear_attention += 1,
                 (false, true) => k.latent_attention += 1,
                 (false, false) => k.attention += 1,

@@ -9,6 +9,9 @@ use serde_json::Value as Json;
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, GgufFile, HfDir};
 
+mod delta_net;
+pub use delta_net::DeltaNetSpec;
+
 /// The architectures this engine runs. Each picks its attention and routing parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -29,9 +32,20 @@ pub enum Architecture {
     /// `language_model.`; llama.cpp `kimi-k3`): Kimi Linear's layers with the lower-bounded KDA
     /// gate and full-rank output gate, gated MLA, Stable LatentMoE, SiTU and AttnRes residuals.
     KimiK3,
+    /// Qwen3-Next (transformers `Qwen3NextForCausalLM`, llama.cpp `qwen3next`): Gated DeltaNet
+    /// layers between gated full-attention layers, Qwen-MoE experts with a gated shared expert.
+    Qwen3Next,
+    /// Qwen3.5-MoE's text model (transformers `qwen3_5_moe`, llama.cpp `qwen35moe`): Qwen3-Next's
+    /// layers with the DeltaNet projections stored apart.
+    Qwen35Moe,
 }
 
 impl Architecture {
+    /// Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet layers between gated full attention.
+    pub fn is_qwen_hybrid(self) -> bool {
+        matches!(self, Architecture::Qwen3Next | Architecture::Qwen35Moe)
+    }
+
     /// Kimi Linear and K3: KDA layers between NoPE latent-attention layers.
     pub fn is_kimi_hybrid(self) -> bool {
         matches!(self, Architecture::KimiLinear | Architecture::KimiK3)
@@ -193,6 +207,12 @@ pub struct AttentionSpec {
     /// Latent attention (DeepSeek-V3): then `head_dim` is the query/key width (nope + rope) and
     /// `kv_heads` is 1, the one latent all heads read.
     pub mla: Option<MlaSpec>,
+    /// Qwen3-Next's gated attention: q_proj also gives a gate per head, and the attention output
+    /// is multiplied by its sigmoid before o_proj (transformers `Qwen3NextAttention`).
+    pub output_gate: bool,
+    /// Rotate only the first this many dimensions of each head (`partial_rotary_factor`;
+    /// llama.cpp's `rope.dimension_count`); None: all of them.
+    pub rotary_dim: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -246,6 +266,11 @@ pub struct ModelSpec {
     pub ffn_activation: Activation,
     /// Kimi K3's AttnRes block residuals (`attn_res_block_size`): None for a plain residual.
     pub attn_res_block: Option<usize>,
+    /// Qwen3-Next's Gated DeltaNet layers, where the model has them.
+    pub delta_net: Option<DeltaNetSpec>,
+    /// The file stores RMSNorm weights as w where the norm multiplies by (1 + w) (transformers'
+    /// `Qwen3NextRMSNorm`; llama.cpp's converter adds the 1, so its GGUFs do not).
+    pub zero_centered_norms: bool,
     pub bos_token: Option<u32>,
     pub eos_tokens: Vec<u32>,
 }
@@ -254,6 +279,16 @@ impl ModelSpec {
     /// Whether layer `l` mixes tokens with KDA rather than attention.
     pub fn is_kda(&self, l: usize) -> bool {
         self.kda.as_ref().is_some_and(|k| k.layers.contains(&l))
+    }
+
+    /// Whether layer `l` mixes tokens with Gated DeltaNet.
+    pub fn is_delta_net(&self, l: usize) -> bool {
+        self.delta_net.as_ref().is_some_and(|d| d.layers.contains(&l))
+    }
+
+    /// Whether layer `l` keeps a fixed-size recurrent state instead of a key/value cache.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.is_kda(l) || self.is_delta_net(l)
     }
 }
 
@@ -354,10 +389,18 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         // As llama.cpp's converter writes it (convert_hf_to_gguf.py KimiK3Model, src/llama-arch.cpp
         // names): kimi-linear's keys and names plus the K3 keys read below.
         ("kimi-k3", _) => Architecture::KimiK3,
+        ("qwen3next", _) => Architecture::Qwen3Next,
+        ("qwen35moe", _) => Architecture::Qwen35Moe,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
     let layers = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
+    // Qwen3.5's converter counts its multi-token-prediction blocks in block_count
+    // (conversion/qwen.py `_Qwen35MtpMixin`); llama.cpp's main pass runs the others only.
+    let layers = match architecture.is_qwen_hybrid() {
+        true => layers - (g.uint(&key("nextn_predict_layers")).unwrap_or(0) as usize).min(layers - 1),
+        false => layers,
+    };
     let heads = need("attention.head_count")?;
     let k3 = architecture == Architecture::KimiK3;
     let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
@@ -370,6 +413,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         full_rank_output_gate: k3,
         ..k
     });
+    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_gguf(g, &arch_name, layers)).transpose()?;
     let ffn_activation = match k3 {
         true => Activation::Situ {
             beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
@@ -490,12 +534,19 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 | Architecture::DeepseekV3
                 | Architecture::KimiLinear
                 | Architecture::KimiK3 => RopeStyle::Interleaved,
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::GptOss => RopeStyle::HalfSplit,
+                Architecture::Qwen2Moe
+                | Architecture::Qwen3Moe
+                | Architecture::GptOss
+                | Architecture::Qwen3Next
+                // qwen35's interleaved MRoPE gives text positions the same angles as NEOX.
+                | Architecture::Qwen35Moe => RopeStyle::HalfSplit,
             },
             rope_scaling,
             sliding_window,
             sinks: architecture == Architecture::GptOss,
             mla,
+            output_gate: architecture.is_qwen_hybrid(),
+            rotary_dim: g.uint(&key("rope.dimension_count")).map(|r| r as usize).filter(|r| *r < head_dim),
         },
         moe,
         moe_layers: Vec::new(),
@@ -506,6 +557,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         } else {
             None
         },
+        delta_net,
+        zero_centered_norms: false,
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
     })
@@ -548,6 +601,9 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
         "kimi_linear" => Architecture::KimiLinear,
         "kimi_k3" => Architecture::KimiK3,
+        "qwen3_next" => Architecture::Qwen3Next,
+        // The multimodal checkpoint's type, or its text model's alone (`Qwen3_5MoeForCausalLM`).
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Architecture::Qwen35Moe,
         _ if get("architectures")
             .and_then(Json::as_array)
             .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
@@ -576,7 +632,12 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
                 let from = uint("max_window_layers").unwrap_or(0);
                 window.filter(|_| on && l >= from)
             }
-            Architecture::Llama | Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3 => None,
+            Architecture::Llama
+            | Architecture::DeepseekV3
+            | Architecture::KimiLinear
+            | Architecture::KimiK3
+            | Architecture::Qwen3Next
+            | Architecture::Qwen35Moe => None,
             // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
             // sliding first.
             Architecture::GptOss => {
@@ -600,8 +661,11 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         let top_k = need("num_experts_per_tok")?;
         let normalize = match architecture {
             Architecture::Mixtral => true,
-            // KimiLinearConfig's default renormalizes; the others' do not.
-            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(architecture.is_kimi_hybrid()),
+            // KimiLinearConfig's default renormalizes, and Qwen3.5-MoE's router always does
+            // (transformers `Qwen3VLMoeTextTopKRouter`); the others' do not.
+            _ => get("norm_topk_prob")
+                .and_then(Json::as_bool)
+                .unwrap_or(architecture.is_kimi_hybrid() || architecture == Architecture::Qwen35Moe),
         };
         let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
         let activation = match architecture {
@@ -669,6 +733,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         Architecture::KimiK3 => Some(KdaSpec { full_rank_output_gate: true, ..kda_from_hf(c, &path, layers)? }),
         _ => None,
     };
+    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_hf(c, &path, layers)).transpose()?;
     let attn_res_block = match (architecture, uint("attn_res_block_size")) {
         (Architecture::KimiK3, Some(0)) => {
             return Err(EngineError::BadConfig { path: path.clone(), reason: "`attn_res_block_size` is 0".into() });
@@ -714,6 +779,12 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             rope_scaling,
             sliding_window,
             sinks: architecture == Architecture::GptOss,
+            output_gate: architecture.is_qwen_hybrid(),
+            rotary_dim: partial_rotary(
+                rope,
+                get("partial_rotary_factor"),
+                uint("head_dim").unwrap_or(hidden_size / heads),
+            ),
             mla,
         },
         moe,
@@ -721,9 +792,18 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         kda,
         ffn_activation,
         attn_res_block,
+        delta_net,
+        zero_centered_norms: architecture.is_qwen_hybrid(),
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })
+}
+
+/// The rotated width from `partial_rotary_factor` (in transformers 5's `rope_parameters`, or
+/// flat), as transformers' `compute_default_rope_parameters`: `int(head_dim · factor)`.
+fn partial_rotary(rope: Option<&Json>, flat: Option<&Json>, head_dim: usize) -> Option<usize> {
+    let factor = rope.and_then(|r| r.get("partial_rotary_factor")).or(flat).and_then(Json::as_f64)?;
+    Some((head_dim as f64 * factor) as usize).filter(|r| *r < head_dim)
 }
 
 /// Kimi Linear's layer kinds and KDA widths, with transformers' `KimiLinearConfig` precedence:
@@ -745,24 +825,7 @@ fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpe
     let (heads, head_dim) = (width("num_heads", "linear_num_heads", 32)?, width("head_dim", "linear_head_dim", 128)?);
     let conv_kernel = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
     let kda_layers: Vec<usize> = if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
-        let types = types.as_array().ok_or_else(|| bad("`layer_types` is not a list".into()))?;
-        if types.len() != layers {
-            return Err(bad(format!("`layer_types` names {} layers, `num_hidden_layers` is {layers}", types.len())));
-        }
-        let mut kda = Vec::new();
-        for (l, t) in types.iter().enumerate() {
-            match t.as_str() {
-                Some("linear_attention") => kda.push(l),
-                Some("full_attention") => {}
-                _ => {
-                    return Err(bad(format!(
-                        "layer {l}'s kind {t} in `layer_types` is not one nightmail runs \
-                         (`linear_attention` or `full_attention`)"
-                    )));
-                }
-            }
-        }
-        kda
+        delta_net::linear_layers(types, layers).map_err(bad)?
     } else if let Some((kda, full)) =
         lin.and_then(|l| Some((l.get("kda_layers")?.as_array()?, l.get("full_attn_layers")?.as_array()?)))
     {

@@ -35,6 +35,9 @@ pub enum SynthArch {
     /// Written as GGUF arch `kimi-k3` under llama.cpp's names and keys (convert_hf_to_gguf.py
     /// KimiK3Model, src/llama-arch.cpp).
     KimiK3,
+    /// Qwen3-Next: three Gated DeltaNet layers to one gated full-attention layer, Qwen-MoE's
+    /// experts with a gated shared expert, as llama.cpp's converter writes it (`qwen3next`).
+    Qwen3Next,
 }
 
 impl std::str::FromStr for SynthArch {
@@ -45,7 +48,10 @@ impl std::str::FromStr for SynthArch {
             "deepseek_v3" => Ok(SynthArch::DeepseekV3),
             "kimi_linear" => Ok(SynthArch::KimiLinear),
             "kimi_k3" => Ok(SynthArch::KimiK3),
-            other => Err(format!("unknown architecture `{other}`: use qwen3_moe, deepseek_v3, kimi_linear or kimi_k3")),
+            "qwen3_next" => Ok(SynthArch::Qwen3Next),
+            other => Err(format!(
+                "unknown architecture `{other}`: use qwen3_moe, deepseek_v3, kimi_linear, kimi_k3 or qwen3_next"
+            )),
         }
     }
 }
@@ -258,7 +264,13 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
         SynthArch::DeepseekV3 => "deepseek2",
         SynthArch::KimiLinear => "kimi-linear",
         SynthArch::KimiK3 => "kimi-k3",
+        SynthArch::Qwen3Next => "qwen3next",
     };
+    let next = spec.arch == SynthArch::Qwen3Next;
+    // Qwen3-Next-80B's proportions: as many DeltaNet key heads as attention heads, twice as many
+    // value heads, all of the attention's head size; every 4th layer full attention.
+    let delta = DeltaShape { k_heads: spec.heads, v_heads: 2 * spec.heads, dim: spec.head_dim };
+    let is_delta_net = |l: usize| next && !(l + 1).is_multiple_of(4);
     let k3 = spec.arch == SynthArch::KimiK3;
     let kimi = k3 || spec.arch == SynthArch::KimiLinear;
     // K3's routed experts work in half the width (7168 → 3584).
@@ -338,6 +350,21 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
         ]
     };
     let arch_keys = match spec.arch {
+        // conversion/qwen.py Qwen3NextModel: the ssm keys give the DeltaNet widths; a quarter of
+        // each attention head rotates.
+        SynthArch::Qwen3Next => vec![
+            (k("attention.head_count_kv"), u32v(spec.kv_heads)),
+            (k("attention.key_length"), u32v(spec.head_dim)),
+            (k("attention.value_length"), u32v(spec.head_dim)),
+            (k("rope.dimension_count"), u32v(spec.head_dim / 4)),
+            (k("expert_shared_feed_forward_length"), u32v(spec.expert_ffn)),
+            (k("ssm.conv_kernel"), u32v(KDA_CONV_KERNEL)),
+            (k("ssm.state_size"), u32v(delta.dim)),
+            (k("ssm.group_count"), u32v(delta.k_heads)),
+            (k("ssm.time_step_rank"), u32v(delta.v_heads)),
+            (k("ssm.inner_size"), u32v(delta.v_heads * delta.dim)),
+            (k("full_attention_interval"), u32v(4)),
+        ],
         SynthArch::Qwen3Moe => vec![
             (k("attention.head_count_kv"), u32v(spec.kv_heads)),
             (k("attention.key_length"), u32v(spec.head_dim)),
@@ -405,6 +432,28 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
         let b = |n: &str| format!("blk.{l}.{n}");
         add(b("attn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
         match spec.arch {
+            SynthArch::Qwen3Next if is_delta_net(l) => {
+                let (kd, vd, kernel, f32) =
+                    (delta.k_heads * delta.dim, delta.v_heads * delta.dim, KDA_CONV_KERNEL, WeightDType::F32);
+                add(b("attn_qkv.weight"), f16, &[2 * kd + vd, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_gate.weight"), f16, &[vd, h], Fill::Uniform(inv(h)), false);
+                add(b("ssm_ba.weight"), f16, &[2 * delta.v_heads, h], Fill::Uniform(inv(h)), false);
+                add(b("ssm_conv1d.weight"), f32, &[2 * kd + vd, kernel], Fill::Uniform(inv(kernel)), false);
+                // As for KDA: decay rate 1 and a bias giving per-token decays of about 0.95.
+                add(b("ssm_a"), f32, &[delta.v_heads], Fill::Constant(-1.0), false);
+                add(b("ssm_dt.bias"), f32, &[delta.v_heads], Fill::Constant(-2.97), false);
+                add(b("ssm_norm.weight"), f32, &[delta.dim], Fill::Ones, false);
+                add(b("ssm_out.weight"), f16, &[h, vd], Fill::Uniform(inv(vd) / layers), false);
+            }
+            // Gated attention: q_proj gives each head's query and its output gate.
+            SynthArch::Qwen3Next => {
+                add(b("attn_q.weight"), f16, &[2 * q_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_k.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_v.weight"), f16, &[kv_dim, h], Fill::Uniform(inv(h)), false);
+                add(b("attn_output.weight"), f16, &[h, q_dim], Fill::Uniform(attn_out), false);
+                add(b("attn_q_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+                add(b("attn_k_norm.weight"), WeightDType::F32, &[spec.head_dim], Fill::Ones, false);
+            }
             SynthArch::KimiLinear | SynthArch::KimiK3 if is_kda(l) => {
                 let (d, w, kernel) = (spec.head_dim, q_dim, KDA_CONV_KERNEL);
                 let f32 = WeightDType::F32;
@@ -462,7 +511,9 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
                 add(b("attn_output.weight"), f16, &[h, heads * m.v], Fill::Uniform(out), false);
             }
         }
-        add(b("ffn_norm.weight"), WeightDType::F32, &[h], Fill::Ones, false);
+        // llama.cpp's qwen3next names the norm before the feed-forward `post_attention_norm`.
+        let ffn_norm = if next { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        add(b(ffn_norm), WeightDType::F32, &[h], Fill::Ones, false);
         if k3 {
             // AttnRes's mixing points, as llama.cpp stores them (the norm's weight times the
             // projection): scores of a few tenths, as the reference fixture draws.
@@ -477,7 +528,13 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
             continue;
         }
         add(b("ffn_gate_inp.weight"), WeightDType::F32, &[e, h], Fill::Uniform(inv(h)), false);
-        if spec.arch != SynthArch::Qwen3Moe {
+        if next {
+            // Qwen-MoE's shared expert, scaled by σ of its own one-row gate.
+            add(b("ffn_gate_inp_shexp.weight"), WeightDType::F32, &[1, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_gate_shexp.weight"), f16, &[f, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_up_shexp.weight"), f16, &[f, h], Fill::Uniform(inv(h)), false);
+            add(b("ffn_down_shexp.weight"), f16, &[h, f], Fill::Uniform(ffn_down), false);
+        } else if spec.arch != SynthArch::Qwen3Moe {
             // A correction bias about as large as trained ones (DeepSeek-V3's are ~0.1 of its
             // sigmoid scores' spread), and the shared expert.
             add(b("exp_probs_b.bias"), WeightDType::F32, &[e], Fill::Uniform(0.02), false);
@@ -502,6 +559,14 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
     add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
 
     Ok((metadata, plan))
+}
+
+/// A synthetic Qwen3-Next's Gated DeltaNet heads (key and value heads of one size).
+#[derive(Clone, Copy)]
+struct DeltaShape {
+    k_heads: usize,
+    v_heads: usize,
+    dim: usize,
 }
 
 /// Generate and write one tensor, in parallel chunks of whole rows.
@@ -746,6 +811,31 @@ mod tests {
         assert_eq!((x.layer_kinds, x.expert_bytes, x.dense_bytes), (y.layer_kinds, y.expert_bytes, y.dense_bytes));
     }
 
+    /// The model at `path` loads, and a prompt and one more token give finite logits that differ.
+    fn runs_a_prompt_and_a_step(path: &std::path::Path) {
+        let model = crate::Model::load(path).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
+        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
+        let next = model.logits(&[4], &mut cache).unwrap();
+        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
+    }
+
+    #[test]
+    fn a_qwen3_next_is_written_in_the_qwen3next_layout_loaded_and_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("next.gguf");
+        synth(&SynthSpec { layers: 4, ..tiny(SynthDtype::Q4_0, SynthArch::Qwen3Next) }, &out).unwrap();
+        let info = crate::inspect(&out).unwrap();
+        assert_eq!(info.spec.architecture, crate::Architecture::Qwen3Next);
+        let d = info.spec.delta_net.as_ref().expect("Gated DeltaNet layers");
+        assert_eq!((d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim, &d.layers[..]), (1, 2, 64, 64, &[0, 1, 2][..]));
+        let a = &info.spec.attention;
+        assert_eq!((a.output_gate, a.rotary_dim, info.spec.zero_centered_norms), (true, Some(16), false));
+        assert_eq!(info.spec.moe.as_ref().unwrap().shared_expert_ffn, Some(64));
+        runs_a_prompt_and_a_step(&out);
+    }
+
     #[test]
     fn a_kimi_linear_is_written_in_the_kimi_linear_layout_loaded_and_run() {
         let dir = tempfile::tempdir().unwrap();
@@ -758,11 +848,6 @@ mod tests {
         assert_eq!(info.spec.moe_layers, vec![false, true, true, true, true], "the first layer is dense");
         let mla = info.spec.attention.mla.expect("latent attention");
         assert!(mla.nope && mla.q_lora_rank.is_none());
-        let model = crate::Model::load(&out).unwrap();
-        let mut cache = model.new_cache();
-        let logits = model.logits(&[1, 2, 3], &mut cache).unwrap();
-        assert!(logits.len() == 64 && logits.iter().all(|v| v.is_finite()));
-        let next = model.logits(&[4], &mut cache).unwrap();
-        assert!(next.iter().all(|v| v.is_finite()) && next != logits);
+        runs_a_prompt_and_a_step(&out);
     }
 }

@@ -126,6 +126,15 @@ fn kda_sequences_decoded_together_each_keep_their_own_recurrent_state() {
 }
 
 #[test]
+fn gated_delta_net_sequences_decoded_together_each_keep_their_own_recurrent_state() {
+    // qwen3_next: each sequence's DeltaNet states and convolution tails are its own, and its
+    // gated attention layer's rows; the 40-token prompt joins in two chunks. F32 like
+    // deepseek_v3 (a batch's gemm rounds by its row count), and the fixture's sharpened routers
+    // and (1 + w) norms amplify that rounding to 2e-5: the logits agree to the reference's 1e-4.
+    same_tokens_together_as_alone_within("qwen3_next", 1e-4);
+}
+
+#[test]
 fn kimi_k3_sequences_decoded_together_get_what_they_get_alone() {
     // kimi_k3: AttnRes mixes each row (position) on its own, and Stable LatentMoE projects each
     // token's row down and up, so a batch's rows stay apart. F32 like deepseek_v3, and this

@@ -80,6 +80,17 @@ macro_rules! reference_tests {
 // boundary, then recurrent decoding) around a NoPE latent-attention layer.
 reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
 
+// qwen3_next: Gated DeltaNet layers (two value heads per key head; chunked prefill across a chunk
+// boundary, then recurrent decoding) around a gated full-attention layer with partial rotation
+// and (1 + w) q/k norms; the GGUF as llama.cpp's converter writes it (split attn_qkv/attn_gate,
+// norms stored as 1 + w).
+reference_tests!(qwen3_next);
+
+// qwen3_5_moe: Qwen3-Next's layers with in_proj_qkv/z/b/a stored apart; its GGUF (`qwen35moe`)
+// has the value heads in llama.cpp's tiled order. A 40-token prompt: at 72, no seed below 100
+// keeps every router gap above the margin.
+reference_tests!(qwen3_5_moe);
+
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
 /// AttnRes residuals, from the safetensors (its text model under `language_model.`) and from the

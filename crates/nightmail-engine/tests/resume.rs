@@ -126,6 +126,17 @@ fn a_recurrent_kda_state_checkpoints_and_resumes_identically() {
 }
 
 #[test]
+fn a_gated_delta_net_state_checkpoints_and_resumes_identically() {
+    // qwen3_next: three Gated DeltaNet layers (convolution tail and a k_dim × v_dim state per
+    // value head) beside a gated full-attention layer's rows, from both of its files.
+    for path in ["qwen3_next", "qwen3_next/model.gguf"] {
+        let model = Model::load(fixture(path)).unwrap();
+        check_resumes_identically(&model, Sampling::greedy());
+        check_resumes_identically(&model, sampled());
+    }
+}
+
+#[test]
 fn a_kimi_k3_generation_resumes_identically() {
     // kimi_k3: KDA states and gated-MLA latents in the checkpoint; AttnRes and Stable LatentMoE
     // keep nothing across tokens, so the same records resume it.

@@ -86,6 +86,8 @@ macro_rules! streaming_tests {
 // kimi_linear's routed experts stream while its KDA layers keep their recurrent state; kimi_k3's
 // live in the latent width and stream as any others do (its GGUF in llama.cpp's kimi-k3 layout).
 streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, kimi_k3);
+// qwen3_next's and qwen3_5_moe's too, beside their Gated DeltaNet states and shared experts' gates.
+streaming_tests!(qwen3_next, qwen3_5_moe);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.
@@ -256,6 +258,8 @@ mod dense {
     }
 
     dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+    // A streamed Gated DeltaNet layer is built from its read buffers as a resident one is.
+    dense_streaming_tests!(qwen3_next);
 
     #[test]
     fn safetensors_and_packed_dense_layers_stream_bit_identical() {

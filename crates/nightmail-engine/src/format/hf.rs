@@ -37,9 +37,9 @@ pub(crate) struct HfDir {
     config: serde_json::Value,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
-    /// Where the text model's tensors live: `language_model.` in a multimodal checkpoint (Kimi
-    /// K3, whose config.json nests the text model under `text_config`), else nothing.
-    prefix: &'static str,
+    /// Where the text model's tensors live in a multimodal checkpoint (whose config.json nests
+    /// the text model under `text_config`).
+    prefix: TextPrefix,
     /// Per layer, gpt-oss's fused experts rebuilt per expert on first use (None: not fused).
     fused: Vec<OnceLock<Option<Vec<FusedExpert>>>>,
 }
@@ -58,7 +58,7 @@ impl HfDir {
             parse_header(&path, &map, shards.len(), &mut tensors)?;
             shards.push(Shard { path, map });
         }
-        let prefix = if tensors.keys().any(|n| n.starts_with(TEXT_PREFIX)) { TEXT_PREFIX } else { "" };
+        let prefix = TextPrefix::of(&tensors);
         let count = tensors.len();
         let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new() };
         // A layer holds at least one tensor, so a count past that is a corrupt config (which the
@@ -89,7 +89,7 @@ impl HfDir {
 
     /// A text-model tensor's name as the file spells it.
     fn stored(&self, hf_name: &str) -> String {
-        format!("{}{hf_name}", self.prefix)
+        self.prefix.apply(hf_name)
     }
 
     /// The entry of a text-model tensor (under the prefix), or of a tensor by its full name.
@@ -142,9 +142,14 @@ impl HfDir {
         Ok(None)
     }
 
-    /// The first transformers name a GGUF tensor name translates to, for messages.
+    /// The transformers name a GGUF tensor name translates to, for messages: the first whose
+    /// module holds other tensors in this file (Qwen3-Next's `linear_attn.A_log`, Kimi's
+    /// `self_attn.A_log`), else the first.
     pub fn transformers_name(&self, gguf_name: &str) -> Option<String> {
-        hf_names(gguf_name).into_iter().next().map(|n| self.stored(&n))
+        let names: Vec<String> = hf_names(gguf_name).into_iter().map(|n| self.stored(&n)).collect();
+        let module = |n: &str| n.rsplit_once('.').map_or(String::new(), |(m, _)| format!("{m}."));
+        let used = |n: &&String| self.tensors.keys().any(|k| k.starts_with(&module(n)));
+        names.iter().find(used).or(names.first()).cloned()
     }
 
     pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
@@ -169,7 +174,7 @@ impl HfDir {
             return Ok(expert.matrix(which).view());
         }
         // Named as the model spells its other experts (Kimi's and Mixtral's `block_sparse_moe`).
-        let kimi = format!("{}model.layers.{l}.block_sparse_moe.", self.prefix);
+        let kimi = self.prefix.apply(&format!("model.layers.{l}.block_sparse_moe."));
         let spelled = if self.tensors.keys().any(|n| n.starts_with(&kimi)) { &names[1] } else { &names[0] };
         Err(EngineError::MissingTensorIn { name: format!("`{}`", self.stored(spelled)), path: self.dir.clone() })
     }
@@ -226,9 +231,39 @@ impl HfDir {
     }
 }
 
-/// The prefix of a multimodal checkpoint's text-model tensors (Kimi K3's
-/// `KimiK3ForConditionalGeneration`).
-const TEXT_PREFIX: &str = "language_model.";
+/// Where a checkpoint keeps its text model's tensors, which the engine names `model.…` and
+/// `lm_head.…` as a text-only checkpoint does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextPrefix {
+    /// A text-only checkpoint: as named.
+    None,
+    /// Kimi K3's `KimiK3ForConditionalGeneration`: everything under `language_model.`.
+    Outer,
+    /// Qwen3.5's `Qwen3_5MoeForConditionalGeneration` (Qwen3-VL's layout): `model.` becomes
+    /// `model.language_model.`; `lm_head.` stays.
+    Inner,
+}
+
+impl TextPrefix {
+    fn of(tensors: &HashMap<String, Entry>) -> Self {
+        if tensors.keys().any(|n| n.starts_with("language_model.")) {
+            TextPrefix::Outer
+        } else if tensors.keys().any(|n| n.starts_with("model.language_model.")) {
+            TextPrefix::Inner
+        } else {
+            TextPrefix::None
+        }
+    }
+
+    fn apply(self, name: &str) -> String {
+        match (self, name.strip_prefix("model.")) {
+            (TextPrefix::None, _) => name.to_string(),
+            (TextPrefix::Outer, _) => format!("language_model.{name}"),
+            (TextPrefix::Inner, Some(rest)) => format!("model.language_model.{rest}"),
+            (TextPrefix::Inner, None) => name.to_string(),
+        }
+    }
+}
 
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
@@ -369,23 +404,31 @@ fn hf_names(gguf: &str) -> Vec<String> {
         // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader
         // converts by the file's format (model/kda.rs).
         "ssm_conv1d_q.weight" => &["self_attn.q_conv1d.weight"],
+        // Qwen3-Next's and Qwen3.5's Gated DeltaNet (model/gated_delta_net.rs), under
+        // llama.cpp's `qwen3next` / `qwen35moe` names; `ssm_in` and `ssm_ba` are transformers'
+        // fused, per-key-head interleaved projections.
+        "ssm_in.weight" => &["linear_attn.in_proj_qkvz.weight"],
+        "ssm_ba.weight" => &["linear_attn.in_proj_ba.weight"],
+        "ssm_alpha.weight" => &["linear_attn.in_proj_a.weight"],
+        "ssm_out.weight" => &["linear_attn.out_proj.weight"],
         "ssm_conv1d_k.weight" => &["self_attn.k_conv1d.weight"],
         "ssm_conv1d_v.weight" => &["self_attn.v_conv1d.weight"],
         "ssm_f_a.weight" => &["self_attn.f_a_proj.weight", "self_attn.forget_gate.f_a_proj.weight"],
         "ssm_f_b.weight" => &["self_attn.f_b_proj.weight", "self_attn.forget_gate.f_b_proj.weight"],
-        "ssm_dt.bias" => &["self_attn.dt_bias", "self_attn.forget_gate.dt_bias"],
-        "ssm_a" => &["self_attn.A_log", "self_attn.forget_gate.A_log"],
-        "ssm_beta.weight" => &["self_attn.b_proj.weight"],
+        "ssm_dt.bias" => &["self_attn.dt_bias", "self_attn.forget_gate.dt_bias", "linear_attn.dt_bias"],
+        "ssm_a" => &["self_attn.A_log", "self_attn.forget_gate.A_log", "linear_attn.A_log"],
+        "ssm_beta.weight" => &["self_attn.b_proj.weight", "linear_attn.in_proj_b.weight"],
         "ssm_g_a.weight" => &["self_attn.g_a_proj.weight"],
         "ssm_g_b.weight" => &["self_attn.g_b_proj.weight"],
-        "ssm_norm.weight" => &["self_attn.o_norm.weight"],
+        "ssm_norm.weight" => &["self_attn.o_norm.weight", "linear_attn.norm.weight"],
         // Kimi K3: KDA's fused projection and convolution where the checkpoint stores them fused,
         // its full-rank output gate and gated MLA's gate (both `g_proj`), the AttnRes scores (a
         // norm and a projection here; llama.cpp's GGUF holds their product, `*_res_score`) and
         // Stable LatentMoE's projections and norm (llama.cpp's `ffn_routed_*`).
-        "attn_qkv.weight" => &["self_attn.qkv_proj.weight"],
-        "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight"],
-        "ssm_g.weight" | "attn_gate.weight" => &["self_attn.g_proj.weight"],
+        "attn_qkv.weight" => &["self_attn.qkv_proj.weight", "linear_attn.in_proj_qkv.weight"],
+        "ssm_conv1d.weight" => &["self_attn.qkv_conv1d.weight", "linear_attn.conv1d.weight"],
+        "ssm_g.weight" => &["self_attn.g_proj.weight"],
+        "attn_gate.weight" => &["self_attn.g_proj.weight", "linear_attn.in_proj_z.weight"],
         "attn_res_norm.weight" => &["self_attention_res_norm.weight"],
         "attn_res_proj.weight" => &["self_attention_res_proj.weight"],
         "ffn_res_norm.weight" => &["mlp_res_norm.weight"],
@@ -398,9 +441,60 @@ fn hf_names(gguf: &str) -> Vec<String> {
     names.iter().map(|n| format!("{p}{n}")).collect()
 }
 
+/// `tensors` (all F32) as a safetensors file: an 8-byte header length, the JSON header, the data.
+#[cfg(test)]
+pub(crate) fn write_f32_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, shape, bytes) in tensors {
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes.len()]}),
+        );
+        at += bytes.len();
+    }
+    let header = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    tensors.iter().for_each(|(_, _, b)| out.extend(b));
+    std::fs::write(path, out).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qwen3_5s_multimodal_layout_runs_as_its_text_model_alone() {
+        // The qwen3_5_moe fixture (`Qwen3_5MoeForCausalLM`) rewritten as
+        // `Qwen3_5MoeForConditionalGeneration` saves it: text weights under
+        // `model.language_model.`, a vision tower beside them, the text config in `text_config`.
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5_moe");
+        let hf = HfDir::open(&src).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = hf
+            .all_tensors()
+            .unwrap()
+            .iter()
+            .map(|v| (TextPrefix::Inner.apply(&v.name), v.shape.clone(), v.bytes.to_vec()))
+            .collect();
+        tensors.push(("model.visual.patch_embed.proj.weight".into(), vec![2], vec![0; 8]));
+        let dir = tempfile::tempdir().unwrap();
+        write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
+        let config = serde_json::json!({
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe",
+            "text_config": hf.config(),
+            "vision_config": {"depth": 1},
+        });
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let (text, multimodal) = (crate::Model::load(&src).unwrap(), crate::Model::load(dir.path()).unwrap());
+        assert_eq!(multimodal.spec().architecture, crate::Architecture::Qwen35Moe);
+        let (mut a, mut b) = (text.new_cache(), multimodal.new_cache());
+        for tokens in [&[5u32, 17, 99, 3][..], &[42]] {
+            let (x, y) = (text.logits(tokens, &mut a).unwrap(), multimodal.logits(tokens, &mut b).unwrap());
+            assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "the same weights give other logits");
+        }
+    }
 
     #[test]
     fn a_gpt_oss_block_scale_pair_dequantizes_bit_equal_to_transformers_and_splits_gate_from_up() {

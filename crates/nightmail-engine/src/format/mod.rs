@@ -6,6 +6,8 @@ mod fused_experts;
 mod gguf;
 pub mod gguf_write;
 mod hf;
+#[cfg(test)]
+pub(crate) use hf::write_f32_safetensors;
 pub mod mxfp4_pair;
 mod view;
 

@@ -1,7 +1,8 @@
 //! Causal multi-head attention with grouped key/value heads (GQA, Ainslie et al., arXiv
 //! 2305.13245), rotary positions, optional per-head q/k RMSNorm (Qwen3), an optional sliding
-//! window (Mistral, arXiv 2310.06825) and optional attention sinks (gpt-oss). Follows
-//! transformers' `LlamaAttention` / `Qwen3MoeAttention` / `GptOssAttention`.
+//! window (Mistral, arXiv 2310.06825), optional attention sinks (gpt-oss), and Qwen3-Next's
+//! output gate with partial rotation. Follows transformers' `LlamaAttention` /
+//! `Qwen3MoeAttention` / `GptOssAttention` / `Qwen3NextAttention`.
 
 use candle_core::{Device, Tensor};
 use half::f16;
@@ -20,6 +21,11 @@ pub struct Attention {
     /// Qwen3's per-head RMSNorm of queries and keys, before rotation.
     pub(crate) qk_norm: Option<(RmsNorm, RmsNorm)>,
     pub(crate) rope: Rope,
+    /// The dimensions of each head `rope` rotates, from the first (Qwen3-Next rotates a quarter).
+    pub(crate) rotary_dim: usize,
+    /// Qwen3-Next: q_proj gives per head `[query, gate]`, and the attended rows are multiplied by
+    /// σ(gate) before o_proj.
+    pub(crate) output_gate: bool,
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -35,9 +41,38 @@ impl Attention {
         self.o.forward(attended)
     }
 
-    /// Queries, keys and values `[tokens, heads · head_dim]` of `x`.
-    pub(crate) fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        Ok((self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?))
+    /// Queries, keys and values `[tokens, heads · head_dim]` of `x`, and the output gate's
+    /// logits (same shape) where the layer has one.
+    pub(crate) fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
+        let (k, v) = (self.k.forward(x)?, self.v.forward(x)?);
+        let q = self.q.forward(x)?;
+        if !self.output_gate {
+            return Ok((q, k, v, None));
+        }
+        // transformers `Qwen3NextAttention`: view(..., heads, 2 · head_dim), chunk in two.
+        let (t, width) = (q.dim(0)?, self.heads * self.head_dim);
+        let q = q.reshape((t, self.heads, 2, self.head_dim))?;
+        let half = |i: usize| -> Result<Tensor> { Ok(q.narrow(2, i, 1)?.contiguous()?.reshape((t, width))?) };
+        Ok((half(0)?, k, v, Some(half(1)?)))
+    }
+
+    /// Attended rows times σ(gate), for a layer with an output gate.
+    pub(crate) fn gated(&self, attended: Tensor, gate: Option<&Tensor>) -> Result<Tensor> {
+        match gate {
+            Some(g) => Ok((attended * candle_nn::ops::sigmoid(g)?)?),
+            None => Ok(attended),
+        }
+    }
+
+    /// Rotary positions on `x` (`[1, heads, tokens, head_dim]`): all of each head, or its first
+    /// `rotary_dim` dimensions with the rest passed through (transformers `apply_rotary_pos_emb`).
+    fn rotate(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        if self.rotary_dim == self.head_dim {
+            return self.rope.apply(x, start);
+        }
+        let turned = self.rope.apply(&x.narrow(3, 0, self.rotary_dim)?, start)?;
+        let kept = x.narrow(3, self.rotary_dim, self.head_dim - self.rotary_dim)?;
+        Ok(Tensor::cat(&[&turned, &kept], 3)?.contiguous()?)
     }
 
     /// Attention of projected rows at positions `start..` over `cache` (to which their keys and
@@ -74,8 +109,8 @@ impl Attention {
             k = kn.forward(&k)?;
         }
         // [1, heads, tokens, head_dim]
-        let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, start)?;
-        let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, start)?;
+        let q = self.rotate(&q.transpose(0, 1)?.unsqueeze(0)?, start)?;
+        let k = self.rotate(&k.transpose(0, 1)?.unsqueeze(0)?, start)?;
         let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let (k, v) = cache.append(&k, &v)?;
         let s = k.dim(2)?;

@@ -160,6 +160,16 @@ impl RmsNorm {
         Ok(RmsNorm { row_weight: weight.to_vec1()?, weight, eps: eps as f32, numerics })
     }
 
+    /// The norm with 1 + w as its weight: transformers' `Qwen3NextRMSNorm` multiplies the
+    /// normed row by `(1.0 + weight)`, and adding first computes the same product.
+    pub(crate) fn plus_one(self) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: (self.weight + 1.0)?,
+            row_weight: self.row_weight.iter().map(|w| w + 1.0).collect(),
+            ..self
+        })
+    }
+
     #[cfg(test)]
     pub(crate) fn from_tensor(weight: Tensor, eps: f64) -> Self {
         let row_weight = weight.to_vec1().expect("a norm weight is a vector");

@@ -4,9 +4,11 @@
 
 mod attention;
 mod attn_res;
+mod delta_rule;
 mod dense;
 mod expert;
 mod f16;
+mod gated_delta_net;
 mod ggml;
 mod kda;
 mod latent_moe;
@@ -27,12 +29,14 @@ mod transformer;
 
 pub use attention::Attention;
 pub use attn_res::{LayerResidual, ResidualBank, ResidualScore};
+pub use delta_rule::DeltaState;
 pub(crate) use dense::LayerBuilder;
 pub use dense::LayerStore;
 pub use expert::{Expert, ExpertId, ExpertStore, ResidentExperts};
 pub use f16::F16Matrix;
+pub use gated_delta_net::GatedDeltaNet;
 pub use ggml::Numerics;
-pub use kda::{Kda, KdaState};
+pub use kda::Kda;
 pub use latent_moe::LatentProjection;
 pub use layers::{Linear, MATVEC_ENV, MatVecPath, RmsNorm, matvec_path};
 pub use mla::{Mla, MlaQuery};

@@ -16,6 +16,16 @@ pub(crate) trait WeightSource {
         self.tensor(name)?.ok_or_else(|| crate::EngineError::MissingTensor { name: name.to_string() })
     }
 
+    /// A vector of `n` elements stored in any shape (`[1, 1, heads, 1]` for KDA's A_log, `[w, 1,
+    /// k]` for a convolution), as f32; another element count is refused naming the tensor.
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let v = self.require(name)?;
+        if v.elem_count() != n {
+            return Err(crate::EngineError::Shape { name: v.name.clone(), found: v.shape.clone(), expected: vec![n] });
+        }
+        Ok(v.to_f32()?.flatten_all()?.to_vec1()?)
+    }
+
     /// A matrix over `weight`: copied out of a map, or (streamed) over the read buffer itself
     /// where the kernel computes from the file's blocks as they are.
     fn linear(&self, weight: &TensorView<'_>, bias: Option<&TensorView<'_>>) -> Result<Linear> {

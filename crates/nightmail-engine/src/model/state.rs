@@ -6,13 +6,14 @@
 use candle_core::Tensor;
 
 use super::attention::LayerCache;
-use super::kda::KdaState;
+use super::delta_rule::DeltaState;
 use crate::error::{EngineError, Result};
 
 /// One layer's part of a sequence's state.
 pub(crate) enum LayerState {
     Attention(LayerCache),
-    Kda(KdaState),
+    /// A linear-attention layer's (KDA, Gated DeltaNet) recurrent state.
+    Recurrent(DeltaState),
 }
 
 /// What a checkpoint record holds of one layer.
@@ -20,7 +21,7 @@ pub(crate) enum LayerSnapshot {
     /// Key and value rows `[1, heads, positions, dim]` of the positions the record adds:
     /// restoring appends them.
     Rows(Tensor, Tensor),
-    /// A recurrent layer's whole state at the record's end (KDA: the convolution tail and S):
+    /// A recurrent layer's whole state at the record's end (the convolution tail and S):
     /// restoring replaces the state.
     State(Tensor, Tensor),
 }
@@ -39,14 +40,14 @@ pub struct SequenceState {
 
 /// A verify pass's record of what rolling back needs. Keys and values are cut back by position;
 /// a recurrent layer cannot subtract tokens from its state, so the pass keeps its state after
-/// each position (KDA: the convolution tail and S, fixed in size): rolling back takes the one at
+/// each position (the convolution tail and S, fixed in size): rolling back takes the one at
 /// the accepted position. Replaying the accepted tokens from a snapshot instead would cost a
 /// second pass over every weight whenever a draft is rejected, which is the pass drafting saves.
 pub(super) struct VerifyTrail {
     pub(super) start: usize,
     /// `states[l][i]`: layer l's recurrent state after position `start + i` (empty for
     /// attention layers).
-    pub(super) states: Vec<Vec<KdaState>>,
+    pub(super) states: Vec<Vec<DeltaState>>,
 }
 
 impl SequenceState {
@@ -88,7 +89,7 @@ impl SequenceState {
         for (layer, states) in self.layers.iter_mut().zip(&trail.states) {
             match layer {
                 LayerState::Attention(cache) => cache.truncate(position)?,
-                LayerState::Kda(state) => *state = states[at].clone(),
+                LayerState::Recurrent(state) => *state = states[at].clone(),
             }
         }
         self.position = position;
@@ -115,7 +116,7 @@ impl SequenceState {
                 let (k, v) = cache.rows(from, to)?;
                 LayerSnapshot::Rows(k, v)
             }
-            LayerState::Kda(state) => {
+            LayerState::Recurrent(state) => {
                 let (conv, recurrent) = state.snapshot()?;
                 LayerSnapshot::State(conv, recurrent)
             }
@@ -131,7 +132,9 @@ impl SequenceState {
         for (layer, snap) in self.layers.iter_mut().zip(snapshots) {
             match (layer, snap) {
                 (LayerState::Attention(cache), LayerSnapshot::Rows(k, v)) => cache.append(k, v)?,
-                (LayerState::Kda(state), LayerSnapshot::State(conv, recurrent)) => state.restore(conv, recurrent)?,
+                (LayerState::Recurrent(state), LayerSnapshot::State(conv, recurrent)) => {
+                    state.restore(conv, recurrent)?
+                }
                 _ => return Err(mismatch("a checkpoint whose layer kinds differ from the model's")),
             }
         }

@@ -7,10 +7,12 @@ use candle_core::{Device, Tensor};
 
 use super::attention::{Attention, F16Cache, LayerCache};
 use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
+use super::delta_rule::{DeltaState, StateShape};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
+use super::gated_delta_net::GatedDeltaNet;
 use super::ggml::Numerics;
-use super::kda::{Kda, KdaState};
+use super::kda::Kda;
 use super::latent_moe::LatentProjection;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
@@ -29,12 +31,13 @@ pub enum FeedForward {
 }
 
 /// How a layer mixes tokens: grouped-query heads with their own keys and values, DeepSeek's
-/// latent attention with one compressed latent per token, or Kimi Linear's KDA with a fixed-size
-/// recurrent state.
+/// latent attention with one compressed latent per token, or a linear attention with a
+/// fixed-size recurrent state (Kimi Linear's KDA, Qwen3-Next's Gated DeltaNet).
 pub enum SelfAttention {
     Grouped(Attention),
     Latent(Mla),
     Kda(Kda),
+    DeltaNet(GatedDeltaNet),
 }
 
 impl SelfAttention {
@@ -42,8 +45,9 @@ impl SelfAttention {
     fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         Ok(match self {
             SelfAttention::Grouped(a) => {
-                let (q, k, v) = a.project(x)?;
-                vec![q, k, v]
+                let (q, k, v, gate) = a.project(x)?;
+                // Qwen3-Next's output gate rides along as a fourth row set.
+                [q, k, v].into_iter().chain(gate).collect()
             }
             SelfAttention::Latent(m) => {
                 let (q, kv) = m.project(x)?;
@@ -51,16 +55,20 @@ impl SelfAttention {
                 [q, kv].into_iter().chain(m.gate_logits(x)?).collect()
             }
             SelfAttention::Kda(k) => k.project(x)?,
+            SelfAttention::DeltaNet(d) => d.project(x)?,
         })
     }
 
     fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
         match (self, rows, state) {
-            (SelfAttention::Grouped(a), [q, k, v], LayerState::Attention(cache)) => a.attend(q, k, v, start, cache),
+            (SelfAttention::Grouped(a), [q, k, v, gate @ ..], LayerState::Attention(cache)) => {
+                a.gated(a.attend(q, k, v, start, cache)?, gate.first())
+            }
             (SelfAttention::Latent(m), [q, kv, gate @ ..], LayerState::Attention(LayerCache::F32(cache))) => {
                 m.gated(m.attend(q, kv, start, cache)?, gate.first())
             }
-            (SelfAttention::Kda(k), rows, LayerState::Kda(state)) => k.attend(rows, state),
+            (SelfAttention::Kda(k), rows, LayerState::Recurrent(state)) => k.attend(rows, state),
+            (SelfAttention::DeltaNet(d), rows, LayerState::Recurrent(state)) => d.attend(rows, state),
             // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
             // and each layer the state of its kind.
             _ => Err(EngineError::Compute(candle_core::Error::Msg("a layer's state is not of its kind".into()))),
@@ -72,17 +80,18 @@ impl SelfAttention {
             SelfAttention::Grouped(a) => a.output(attended),
             SelfAttention::Latent(m) => m.output(attended),
             SelfAttention::Kda(k) => k.output(attended),
+            SelfAttention::DeltaNet(d) => d.output(attended),
         }
     }
 }
 
 /// The state a layer keeps per sequence: ggml's f16 key/value rows for grouped attention under
-/// ggml numerics, f32 rows otherwise, or KDA's recurrent state of these dimensions.
+/// ggml numerics, f32 rows otherwise, or a linear attention's recurrent state of this shape.
 #[derive(Debug, Clone, Copy)]
 enum CacheKind {
     F16 { kv_heads: usize, head_dim: usize },
     F32,
-    Kda { heads: usize, head_dim: usize, kernel: usize },
+    Recurrent(StateShape),
 }
 
 impl CacheKind {
@@ -91,10 +100,8 @@ impl CacheKind {
             (SelfAttention::Grouped(a), Numerics::Ggml) => {
                 CacheKind::F16 { kv_heads: a.kv_heads, head_dim: a.head_dim }
             }
-            (SelfAttention::Kda(k), _) => {
-                let (heads, head_dim, kernel) = k.dims();
-                CacheKind::Kda { heads, head_dim, kernel }
-            }
+            (SelfAttention::Kda(k), _) => CacheKind::Recurrent(k.state_shape()),
+            (SelfAttention::DeltaNet(d), _) => CacheKind::Recurrent(d.state_shape()),
             _ => CacheKind::F32,
         }
     }
@@ -207,7 +214,9 @@ impl Transformer {
         // ggml's numerics cover grouped attention with plain RoPE (its f16 cache and rope
         // angles); latent attention, YaRN and attention sinks compute the reference way.
         let numerics = match ck.tensor("blk.0.attn_q.weight")? {
-            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks => Numerics::for_weights(q.dtype),
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks && !a.output_gate => {
+                Numerics::for_weights(q.dtype)
+            }
             _ => Numerics::Reference,
         };
         let embd = ck.require("token_embd.weight")?;
@@ -244,7 +253,7 @@ impl Transformer {
             layers,
             streamed: None,
             caches,
-            norm: RmsNorm::new(&ck.require("output_norm.weight")?, spec.rms_norm_eps, numerics)?,
+            norm: norm(&ck.require("output_norm.weight")?, spec, numerics)?,
             lm_head: Linear::new(&head, None)?,
             attn_res: match spec.attn_res_block {
                 Some(block) => Some((block, residual_score(ck, "output_res", hidden, spec.rms_norm_eps, numerics)?)),
@@ -307,23 +316,29 @@ impl Transformer {
         };
         let attention = match (&spec.kda, &a.mla) {
             (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, format, spec, kda, l)?),
+            _ if spec.is_delta_net(l) => {
+                let d = spec.delta_net.as_ref().expect("a DeltaNet layer has its spec");
+                SelfAttention::DeltaNet(GatedDeltaNet::load(ck, format, spec, d, l)?)
+            }
             (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
             (_, None) => {
                 let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
                 let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                    (Some(q), Some(k)) => Some((
-                        RmsNorm::new(&q, spec.rms_norm_eps, numerics)?,
-                        RmsNorm::new(&k, spec.rms_norm_eps, numerics)?,
-                    )),
+                    (Some(q), Some(k)) => Some((norm(&q, spec, numerics)?, norm(&k, spec, numerics)?)),
                     _ => None,
                 };
+                let rotary = a.rotary_dim.unwrap_or(a.head_dim);
+                // Qwen3-Next's q_proj gives each head's query and then its gate.
+                let q_rows = if a.output_gate { 2 * q_dim } else { q_dim };
                 SelfAttention::Grouped(Attention {
-                    q: linear("attn_q", q_dim, hidden)?,
+                    q: linear("attn_q", q_rows, hidden)?,
                     k: linear("attn_k", kv_dim, hidden)?,
                     v: linear("attn_v", kv_dim, hidden)?,
                     o: linear("attn_output", hidden, q_dim)?,
                     qk_norm,
-                    rope: Rope::new(a.head_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+                    rope: Rope::new(rotary, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+                    rotary_dim: rotary,
+                    output_gate: a.output_gate,
                     heads: a.heads,
                     kv_heads: a.kv_heads,
                     head_dim: a.head_dim,
@@ -387,12 +402,13 @@ impl Transformer {
             None => None,
         };
         Ok(DecoderLayer {
-            attn_norm: RmsNorm::new(&t("attn_norm.weight")?, spec.rms_norm_eps, numerics)?,
+            attn_norm: norm(&t("attn_norm.weight")?, spec, numerics)?,
             attention,
-            // llama.cpp names gpt-oss's norm before the feed-forward `post_attention_norm`.
+            // llama.cpp names gpt-oss's and Qwen3-Next's norm before the feed-forward
+            // `post_attention_norm`.
             ffn_norm: match opt("ffn_norm.weight")? {
-                Some(w) => RmsNorm::new(&w, spec.rms_norm_eps, numerics)?,
-                None => RmsNorm::new(&t("post_attention_norm.weight")?, spec.rms_norm_eps, numerics)?,
+                Some(w) => norm(&w, spec, numerics)?,
+                None => norm(&t("post_attention_norm.weight")?, spec, numerics)?,
             },
             ffn,
             residual,
@@ -449,7 +465,7 @@ impl Transformer {
                 LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
             }
             CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
-            CacheKind::Kda { heads, head_dim, kernel } => LayerState::Kda(KdaState::new(heads, head_dim, kernel)),
+            CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
         };
         SequenceState::new(self.caches.iter().map(layer).collect())
     }
@@ -566,7 +582,7 @@ fn attend_group(attention: &SelfAttention, rows: &[Tensor], cache: &mut Sequence
     for i in 0..rows[0].dim(0)? {
         let one = rows.iter().map(|m| m.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?;
         outs.push(attention.attend(&one, start + i, &mut cache.layers[l])?);
-        if let LayerState::Kda(state) = &cache.layers[l] {
+        if let LayerState::Recurrent(state) = &cache.layers[l] {
             trail.states[l].push(state.clone());
         }
     }
@@ -625,6 +641,13 @@ fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> R
         // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
         softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
     })
+}
+
+/// A layer's RMSNorm, its weight taken as 1 + w where the file stores Qwen3-Next's
+/// zero-centred w.
+fn norm(weight: &TensorView<'_>, spec: &ModelSpec, numerics: Numerics) -> Result<RmsNorm> {
+    let n = RmsNorm::new(weight, spec.rms_norm_eps, numerics)?;
+    if spec.zero_centered_norms { n.plus_one() } else { Ok(n) }
 }
 
 /// One AttnRes mixing point's weights: `{name}_norm.weight` `[hidden]` and the score row

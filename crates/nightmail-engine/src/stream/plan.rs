@@ -109,7 +109,9 @@ impl ModelSizes {
         }
         let a = &spec.attention;
         let numerics = match ck.tensor("blk.0.attn_q.weight")? {
-            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks => Numerics::for_weights(q.dtype),
+            Some(q) if a.mla.is_none() && a.rope_scaling.is_none() && !a.sinks && !a.output_gate => {
+                Numerics::for_weights(q.dtype)
+            }
             _ => Numerics::Reference,
         };
         let kv_per_layer = match (&a.mla, numerics) {
@@ -123,6 +125,12 @@ impl ModelSizes {
             let width = k.heads * k.head_dim;
             (k.heads * k.head_dim * k.head_dim + (k.conv_kernel - 1) * 3 * width) * 4 * kda_layers
         });
+        // So does a Gated DeltaNet layer (value heads × k_dim × v_dim).
+        let delta_layers = (0..spec.layers).filter(|&l| spec.is_delta_net(l)).count();
+        let state_bytes = state_bytes
+            + spec.delta_net.as_ref().map_or(0, |d| {
+                (d.v_heads * d.k_head_dim * d.v_head_dim + (d.conv_kernel - 1) * d.conv_channels()) * 4 * delta_layers
+            });
         let moe_layers = spec.moe_layers.iter().filter(|m| **m).count();
         let (top_k, experts_per_layer) = spec.moe.as_ref().map_or((0, 0), |m| (m.routing.top_k(), m.experts));
         let expert_count = moe_layers * experts_per_layer;
@@ -136,7 +144,7 @@ impl ModelSizes {
             top_k,
             experts_per_layer,
             moe_layers,
-            kv_bytes_per_token: kv_per_layer * (spec.layers - kda_layers),
+            kv_bytes_per_token: kv_per_layer * (spec.layers - kda_layers - delta_layers),
             state_bytes,
             context_length: spec.context_length,
         })
