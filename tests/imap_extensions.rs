@@ -101,6 +101,44 @@ fn sort_orders_by_each_key_with_search_criteria() {
     assert!(caps.contains("COMPRESS=DEFLATE"), "{caps}");
 }
 
+/// RFC 5957 SORT=DISPLAY: DISPLAYFROM and DISPLAYTO sort on the first address's display name
+/// (RFC 2047-decoded), else its addr-spec, case-insensitively; an unknown sort key gets BAD.
+#[test]
+fn sort_display_orders_by_display_name_else_address() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+m = login()
+def put(frm, to):
+    m.append("INBOX", None, None, ("From: %s\r\nTo: %s\r\nSubject: s\r\n\r\nbody\r\n" % (frm, to)).encode())
+put("foo bar <a@b.c>", "Zed <z@x.org>")             # 1: FOO BAR / ZED
+put("b@c.d", "=?utf-8?q?Anna?= <y@x.org>")          # 2: B@C.D / ANNA
+put("\"\" <d@e.f>", "mike@x.org")                    # 3: empty name: D@E.F / MIKE@X.ORG
+put("=?iso-8859-1?q?foo_aar?= <e@f.g>", "<c@x.org>")  # 4: FOO AAR / C@X.ORG
+put("Foo Car <f@g.h>", "bob <q@x.org>")             # 5: FOO CAR / BOB
+m.select("INBOX")
+for crit in ["(DISPLAYFROM)", "(REVERSE DISPLAYFROM)", "(DISPLAYTO)", "(FROM)"]:
+    typ, data = m.sort(crit, "UTF-8", "ALL")
+    print("SORT", crit, typ, data[0].decode())
+try:
+    print("UNKNOWN", m.sort("(DISPLAYNAME)", "UTF-8", "ALL"))
+except imaplib.IMAP4.error as e:
+    print("UNKNOWN-ERR", e)
+typ, caps = m.capability()
+print("CAPS", caps[0].decode())
+"#,
+    );
+    assert!(out.contains("SORT (DISPLAYFROM) OK 2 3 4 1 5"), "{out}");
+    assert!(out.contains("SORT (REVERSE DISPLAYFROM) OK 5 1 4 3 2"), "{out}");
+    assert!(out.contains("SORT (DISPLAYTO) OK 2 5 4 3 1"), "{out}");
+    // FROM sorts on the mailbox part only: a, b, d, e, f.
+    assert!(out.contains("SORT (FROM) OK 1 2 3 4 5"), "{out}");
+    assert!(out.contains("UNKNOWN-ERR SORT command error: BAD"), "an unknown sort key: {out}");
+    let caps = out.lines().find(|l| l.starts_with("CAPS")).unwrap();
+    assert!(caps.contains(" SORT ") && caps.contains(" SORT=DISPLAY"), "{caps}");
+}
+
 /// RFC 5256 §4 THREAD=REFERENCES: References and In-Reply-To link replies under their parents, a
 /// missing parent leaves its only child at the top, a reply with the same base subject goes under
 /// the thread it names, and threads are ordered by sent date; and THREAD=ORDEREDSUBJECT.

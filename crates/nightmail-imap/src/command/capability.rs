@@ -43,6 +43,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::LiteralPlus,
         // RFC 5256: grammar from imap-codec; `command/sort.rs`, `command/thread.rs`.
         Capability::Sort(None),
+        // RFC 5957: DISPLAYFROM and DISPLAYTO, `order::Keys`.
+        Capability::Sort(Some(imap_next::imap_types::extensions::sort::SortAlgorithm::Display)),
         Capability::Thread(ThreadingAlgorithm::References),
         Capability::Thread(ThreadingAlgorithm::OrderedSubject),
         // RFC 4731, RFC 5267 §3: the RETURN clause and ESEARCH response are ours
