@@ -337,3 +337,57 @@ print("AGAIN", command(b"g COMPRESS DEFLATE\r\n", b"g").strip())
     assert!(out.contains("FETCH 1"), "{out}");
     assert!(out.contains("AGAIN g NO [COMPRESSIONACTIVE]"), "{out}");
 }
+
+/// RFC 3502 MULTIAPPEND over a raw socket (imaplib sends one message per APPEND): three messages
+/// in one APPEND, each literal after its own continuation request, stored in order with one
+/// APPENDUID naming their UIDs; one empty message (NO), a syntax error in one message (BAD) or a
+/// missing mailbox (NO [TRYCREATE]) stores none of them.
+#[test]
+fn multiappend_stores_all_messages_or_none() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+def multi(tag, mailbox, parts):
+    s.sendall(("%s APPEND %s" % (tag, mailbox)).encode())
+    for opts, body in parts:
+        s.sendall(b"%s {%d}\r\n" % (opts, len(body)))
+        line = f.readline().decode()
+        if not line.startswith("+"):
+            return [line.strip()] + until(tag)
+        s.sendall(body)
+    s.sendall(b"\r\n")
+    return until(tag)
+def mail(n):
+    return b"Subject: m%d\r\n\r\nbody %d\r\n" % (n, n)
+print("MULTI", multi("b", "INBOX", [(b" (\\Seen)", mail(1)), (b' "24-Mar-2007 23:00:00 +0200"', mail(2)), (b" (\\Flagged) \"25-Mar-2007 23:00:00 +0200\"", mail(3))]))
+print("EMPTY", multi("c", "INBOX", [(b"", mail(4)), (b"", b"")]))
+print("SYNTAX", multi("d", "INBOX", [(b"", mail(5)), (b" (\\Seen", mail(6))]))
+print("MISSING", multi("e", "Nowhere", [(b"", mail(7)), (b"", mail(8))]))
+s.sendall(b"g SELECT INBOX\r\n")
+print("SELECT", until("g"))
+s.sendall(b"h UID FETCH 1:* (FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (SUBJECT)])\r\n")
+print("FETCH", until("h"))
+s.sendall(b"i CAPABILITY\r\n")
+print("CAPS", until("i"))
+"#,
+    );
+    let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{out}")).to_string();
+    let multi = line("MULTI");
+    assert!(multi.contains("b OK [APPENDUID ") && multi.contains(" 1:3]"), "{multi}");
+    assert!(line("EMPTY").contains("c NO"), "{out}");
+    assert!(line("SYNTAX").contains("d BAD"), "{out}");
+    assert!(line("MISSING").contains("e NO [TRYCREATE]"), "{out}");
+    assert!(line("SELECT").contains("* 3 EXISTS"), "only the first MULTIAPPEND stored anything: {out}");
+    let fetch = line("FETCH");
+    let subjects: Vec<&str> = fetch.match_indices("Subject: m").map(|(i, _)| &fetch[i + 10..i + 11]).collect();
+    assert_eq!(subjects, ["1", "2", "3"], "stored in the order sent: {fetch}");
+    // The printed list escapes each backslash.
+    assert!(fetch.contains(r"UID 1 FLAGS (\\Seen"), "{fetch}");
+    assert!(fetch.contains(r#"UID 2 FLAGS (\\Recent) INTERNALDATE "24-Mar-2007 21:00:00 +0000""#), "{fetch}");
+    assert!(fetch.contains(r"UID 3 FLAGS (\\Flagged"), "{fetch}");
+    assert!(line("CAPS").contains(" MULTIAPPEND"), "{out}");
+}

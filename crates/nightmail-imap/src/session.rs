@@ -403,6 +403,16 @@ impl Session {
                     continue;
                 }
                 Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
+                    if let Some(multi) = command::multiappend::recognise(discarded_bytes.declassify()) =>
+                {
+                    command_since = None;
+                    if command::dispatch_multiappend(self, multi).await == Flow::Close {
+                        self.drain_output();
+                        return self.write_out().await;
+                    }
+                    continue;
+                }
+                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
                     if let Some(command) = command::append::utf8_append(discarded_bytes.declassify()) =>
                 {
                     command_since = None;

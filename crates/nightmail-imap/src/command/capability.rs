@@ -59,6 +59,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // RFC 7162: `command/condstore.rs`, mod-sequences from the store's schema 10.
         Capability::CondStore,
         Capability::QResync,
+        // RFC 3502: `command/multiappend.rs`, stored all or none by `append::run_all`.
+        other("MULTIAPPEND"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

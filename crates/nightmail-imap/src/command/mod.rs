@@ -22,6 +22,7 @@ pub(crate) mod list;
 pub(crate) mod login;
 pub(crate) mod logout;
 pub(crate) mod r#move;
+pub(crate) mod multiappend;
 pub(crate) mod namespace;
 pub(crate) mod noop;
 pub(crate) mod rename;
@@ -38,8 +39,8 @@ pub(crate) mod unselect;
 use std::borrow::Cow;
 
 use imap_next::imap_types::command::{Command, CommandBody};
-use imap_next::imap_types::core::Text;
 use imap_next::imap_types::core::{AString, IString};
+use imap_next::imap_types::core::{Tag, Text};
 use imap_next::imap_types::extensions::utf8::QuotedUtf8;
 use imap_next::imap_types::flag::Flag;
 use imap_next::imap_types::mailbox::{Mailbox, MailboxOther};
@@ -166,7 +167,24 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
         _ => Err(ImapError::bad("command not supported")),
     };
-    if !logout && let Err(e) = s.sync(expunges_allowed) {
+    reply(s, tag, result, expunges_allowed, !logout)
+}
+
+/// MULTIAPPEND (RFC 3502), which imap-codec does not parse: see `multiappend`.
+pub(crate) async fn dispatch_multiappend(s: &mut Session, multi: multiappend::MultiAppend) -> Flow {
+    let result = append::run_all(s, multi.mailbox, multi.messages).await;
+    reply(s, multi.tag, result, true, true)
+}
+
+/// The tagged reply to a command, after the untagged updates it allows (`sync`).
+fn reply(
+    s: &mut Session,
+    tag: Tag<'static>,
+    result: Result<Done, ImapError>,
+    expunges_allowed: bool,
+    sync: bool,
+) -> Flow {
+    if sync && let Err(e) = s.sync(expunges_allowed) {
         tracing::warn!("imap: mailbox update failed: {e}");
     }
     match result {
