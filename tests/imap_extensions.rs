@@ -391,3 +391,59 @@ print("CAPS", until("i"))
     assert!(fetch.contains(r"UID 3 FLAGS (\\Flagged"), "{fetch}");
     assert!(line("CAPS").contains(" MULTIAPPEND"), "{out}");
 }
+
+/// RFC 5267 CONTEXT=SEARCH over a raw socket: PARTIAL ranges (either way round, NIL past the
+/// end, BAD when not a range), a SEARCH RETURN (UPDATE) told of STORE and EXPUNGE by ADDTO and
+/// REMOVEFROM (the expunged message by its number, before its EXPUNGE), CANCELUPDATE ending it,
+/// and BAD for an unknown tag and for UPDATE on SORT.
+#[test]
+fn context_search_partial_update_and_cancel() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+m = login()
+for n in range(5):
+    m.append("INBOX", None, None, ("Subject: s%d\r\n\r\nbody\r\n" % n).encode())
+m.logout()
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+def cmd(tag, text):
+    s.sendall(("%s %s\r\n" % (tag, text)).encode())
+    print(tag.upper(), until(tag))
+cmd("b", "SELECT INBOX")
+cmd("p1", "SEARCH RETURN (PARTIAL 2:4) ALL")
+cmd("p2", "SEARCH RETURN (PARTIAL 4:2) 1:2,4:5")
+cmd("p3", "UID SEARCH RETURN (PARTIAL 6:6) ALL")
+cmd("p4", "SEARCH RETURN (PARTIAL 1) ALL")
+cmd("u", "SEARCH RETURN (UPDATE) SEEN")
+cmd("e", "STORE 1,2,4 +FLAGS.SILENT (\\Seen)")
+cmd("f", "STORE 1 -FLAGS.SILENT (\\Seen)")
+cmd("g", "STORE 4 +FLAGS.SILENT (\\Deleted)")
+cmd("h", "EXPUNGE")
+cmd("i", "CANCELUPDATE \"u\"")
+cmd("j", "STORE 3 +FLAGS.SILENT (\\Seen)")
+cmd("k", "CANCELUPDATE \"nope\"")
+cmd("l", "SORT RETURN (UPDATE) (DATE) UTF-8 ALL")
+cmd("c", "CAPABILITY")
+"#,
+    );
+    let line = |name: &str| {
+        out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {out}")).to_string()
+    };
+    assert!(line("P1").contains(r#"* ESEARCH (TAG "p1") PARTIAL (2:4 2:4)"#), "{out}");
+    assert!(line("P2").contains(r#"* ESEARCH (TAG "p2") PARTIAL (2:4 2,4:5)"#), "{out}");
+    assert!(line("P3").contains(r#"* ESEARCH (TAG "p3") UID PARTIAL (6:6 NIL)"#), "{out}");
+    assert!(line("P4").contains("p4 BAD"), "{out}");
+    assert!(line("U").contains(r#"'* ESEARCH (TAG "u")', 'u OK"#), "UPDATE alone returns no result: {out}");
+    assert!(line("E").contains(r#"* ESEARCH (TAG "u") ADDTO (0 1:2,4)"#), "{out}");
+    assert!(line("F").contains(r#"* ESEARCH (TAG "u") REMOVEFROM (0 1)"#), "{out}");
+    assert!(!line("G").contains("ESEARCH"), "\\Deleted does not change SEEN: {out}");
+    assert!(line("H").contains(r#"'* ESEARCH (TAG "u") REMOVEFROM (0 4)', '* 4 EXPUNGE'"#), "{out}");
+    assert!(line("I").contains("i OK"), "{out}");
+    assert!(!line("J").contains("ESEARCH"), "a cancelled search is not updated: {out}");
+    assert!(line("K").contains("k BAD"), "{out}");
+    assert!(line("L").contains("l BAD"), "{out}");
+    assert!(line("C").contains(" CONTEXT=SEARCH"), "{out}");
+}

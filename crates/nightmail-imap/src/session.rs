@@ -281,6 +281,14 @@ impl Session {
         self.tls_active || is_loopback(&self.local)
     }
 
+    /// A response imap-types has no type for (ESEARCH), after the output queued before it.
+    pub(crate) fn write_raw(&mut self, line: &[u8]) {
+        if !line.is_empty() {
+            self.flush_queued();
+            self.out.extend_from_slice(line);
+        }
+    }
+
     pub fn data(&mut self, data: Data<'static>) {
         self.server.enqueue_data(data);
     }
@@ -403,6 +411,15 @@ impl Session {
                     continue;
                 }
                 Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
+                    if let Some((tag, tags)) = command::context::recognise_cancel(discarded_bytes.declassify()) =>
+                {
+                    if command::dispatch_cancel(self, tag, tags) == Flow::Close {
+                        self.drain_output();
+                        return self.write_out().await;
+                    }
+                    continue;
+                }
+                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
                     if let Some(multi) = command::multiappend::recognise(discarded_bytes.declassify()) =>
                 {
                     command_since = None;
@@ -481,6 +498,8 @@ impl Session {
         if let Err(e) = self.sync(uid) {
             tracing::warn!("imap: mailbox update failed: {e}");
         }
+        let changes = command::context::changes(self);
+        self.write_raw(&changes);
         match result {
             Ok(line) => {
                 self.out.extend_from_slice(&line);

@@ -51,6 +51,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // (`command/esearch.rs`).
         other("ESEARCH"),
         other("ESORT"),
+        // RFC 5267 §4: RETURN (UPDATE, CONTEXT, PARTIAL) and CANCELUPDATE, `command/context.rs`.
+        other("CONTEXT=SEARCH"),
         // RFC 3516: `command/binary.rs`.
         Capability::Binary,
         // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in

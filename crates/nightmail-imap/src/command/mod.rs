@@ -9,6 +9,7 @@ pub(crate) mod check;
 pub(crate) mod close;
 pub(crate) mod compress;
 pub(crate) mod condstore;
+pub(crate) mod context;
 pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
@@ -170,6 +171,12 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
     reply(s, tag, result, expunges_allowed, !logout)
 }
 
+/// CANCELUPDATE (RFC 5267 §4.3.5), which imap-codec does not parse: see `context`.
+pub(crate) fn dispatch_cancel(s: &mut Session, tag: Tag<'static>, tags: Vec<String>) -> Flow {
+    let result = context::cancel(s, &tags).map(|()| Done::ok("CANCELUPDATE completed"));
+    reply(s, tag, result, true, true)
+}
+
 /// MULTIAPPEND (RFC 3502), which imap-codec does not parse: see `multiappend`.
 pub(crate) async fn dispatch_multiappend(s: &mut Session, multi: multiappend::MultiAppend) -> Flow {
     let result = append::run_all(s, multi.mailbox, multi.messages).await;
@@ -186,6 +193,11 @@ fn reply(
 ) -> Flow {
     if sync && let Err(e) = s.sync(expunges_allowed) {
         tracing::warn!("imap: mailbox update failed: {e}");
+    }
+    // RFC 5267 §4.3: what the command changed in the live searches, before its tagged reply.
+    if sync {
+        let lines = context::changes(s);
+        s.write_raw(&lines);
     }
     match result {
         Ok(done) => {
