@@ -33,39 +33,32 @@ pub struct Keys {
     pub references: Vec<String>,
 }
 
-/// addr-mailbox of the first address as ENVELOPE gives it (RFC 5256 §3 FROM): a group's first
-/// entry is its start marker, whose mailbox is the group's name (RFC 3501 §7.4.2).
-fn first_mailbox(address: Option<&Address<'_>>) -> String {
-    let local = |a: &mail_parser::Addr<'_>| {
-        a.address.as_deref().map(|a| a.rsplit_once('@').map_or(a, |(local, _)| local).to_string())
-    };
+/// What `of` takes from the first address (RFC 5256 §3, RFC 5957 §3): a group's first entry is
+/// its start marker, whose mailbox is the group's name (RFC 3501 §7.4.2). Upper-cased.
+fn first(address: Option<&Address<'_>>, of: impl Fn(&mail_parser::Addr<'_>) -> Option<String>) -> String {
     let first = match address {
         None => None,
-        Some(Address::List(list)) => list.first().and_then(local),
+        Some(Address::List(list)) => list.first().and_then(&of),
         Some(Address::Group(groups)) => groups.first().and_then(|g| match &g.name {
             Some(name) => Some(name.to_string()),
-            None => g.addresses.first().and_then(local),
+            None => g.addresses.first().and_then(&of),
         }),
     };
     first.unwrap_or_default().to_ascii_uppercase()
 }
 
+/// addr-mailbox of the first address as ENVELOPE gives it (RFC 5256 §3 FROM).
+fn first_mailbox(address: Option<&Address<'_>>) -> String {
+    first(address, |a| a.address.as_deref().map(|a| a.rsplit_once('@').map_or(a, |(local, _)| local).to_string()))
+}
+
 /// RFC 5957 §3: the first address's display-name (RFC 2047-decoded by mail-parser) when it is
-/// there and not empty, else its addr-spec; a group's first entry is the group's name.
+/// there and not empty, else its addr-spec.
 fn first_display(address: Option<&Address<'_>>) -> String {
-    let display = |a: &mail_parser::Addr<'_>| match a.name.as_deref().map(str::trim) {
+    first(address, |a| match a.name.as_deref().map(str::trim) {
         Some(name) if !name.is_empty() => Some(name.to_string()),
         _ => a.address.as_deref().map(str::to_string),
-    };
-    let first = match address {
-        None => None,
-        Some(Address::List(list)) => list.first().and_then(display),
-        Some(Address::Group(groups)) => groups.first().and_then(|g| match &g.name {
-            Some(name) => Some(name.to_string()),
-            None => g.addresses.first().and_then(display),
-        }),
-    };
-    first.unwrap_or_default().to_ascii_uppercase()
+    })
 }
 
 fn ids(value: &HeaderValue<'_>) -> Vec<String> {
