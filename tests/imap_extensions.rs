@@ -367,6 +367,10 @@ print("MULTI", multi("b", "INBOX", [(b" (\\Seen)", mail(1)), (b' "24-Mar-2007 23
 print("EMPTY", multi("c", "INBOX", [(b"", mail(4)), (b"", b"")]))
 print("SYNTAX", multi("d", "INBOX", [(b"", mail(5)), (b" (\\Seen", mail(6))]))
 print("MISSING", multi("e", "Nowhere", [(b"", mail(7)), (b"", mail(8))]))
+# Each message is under the literal limit (100,000 bytes here), both together over the
+# command's (the limit and 8 KiB).
+s.settimeout(20)
+print("TOOBIG", multi("t", "INBOX", [(b"", mail(9) + b"x" * 60000), (b"", mail(10) + b"y" * 60000)]))
 s.sendall(b"g SELECT INBOX\r\n")
 print("SELECT", until("g"))
 s.sendall(b"h UID FETCH 1:* (FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (SUBJECT)])\r\n")
@@ -381,6 +385,7 @@ print("CAPS", until("i"))
     assert!(line("EMPTY").contains("c NO"), "{out}");
     assert!(line("SYNTAX").contains("d BAD"), "{out}");
     assert!(line("MISSING").contains("e NO [TRYCREATE]"), "{out}");
+    assert!(line("TOOBIG").contains("t BAD"), "{out}");
     assert!(line("SELECT").contains("* 3 EXISTS"), "only the first MULTIAPPEND stored anything: {out}");
     let fetch = line("FETCH");
     let subjects: Vec<&str> = fetch.match_indices("Subject: m").map(|(i, _)| &fetch[i + 10..i + 11]).collect();
