@@ -101,6 +101,44 @@ fn sort_orders_by_each_key_with_search_criteria() {
     assert!(caps.contains("COMPRESS=DEFLATE"), "{caps}");
 }
 
+/// RFC 5957 SORT=DISPLAY: DISPLAYFROM and DISPLAYTO sort on the first address's display name
+/// (RFC 2047-decoded), else its addr-spec, case-insensitively; an unknown sort key gets BAD.
+#[test]
+fn sort_display_orders_by_display_name_else_address() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+m = login()
+def put(frm, to):
+    m.append("INBOX", None, None, ("From: %s\r\nTo: %s\r\nSubject: s\r\n\r\nbody\r\n" % (frm, to)).encode())
+put("foo bar <a@b.c>", "Zed <z@x.org>")             # 1: FOO BAR / ZED
+put("b@c.d", "=?utf-8?q?Anna?= <y@x.org>")          # 2: B@C.D / ANNA
+put("\"\" <d@e.f>", "mike@x.org")                    # 3: empty name: D@E.F / MIKE@X.ORG
+put("=?iso-8859-1?q?foo_aar?= <e@f.g>", "<c@x.org>")  # 4: FOO AAR / C@X.ORG
+put("Foo Car <f@g.h>", "bob <q@x.org>")             # 5: FOO CAR / BOB
+m.select("INBOX")
+for crit in ["(DISPLAYFROM)", "(REVERSE DISPLAYFROM)", "(DISPLAYTO)", "(FROM)"]:
+    typ, data = m.sort(crit, "UTF-8", "ALL")
+    print("SORT", crit, typ, data[0].decode())
+try:
+    print("UNKNOWN", m.sort("(DISPLAYNAME)", "UTF-8", "ALL"))
+except imaplib.IMAP4.error as e:
+    print("UNKNOWN-ERR", e)
+typ, caps = m.capability()
+print("CAPS", caps[0].decode())
+"#,
+    );
+    assert!(out.contains("SORT (DISPLAYFROM) OK 2 3 4 1 5"), "{out}");
+    assert!(out.contains("SORT (REVERSE DISPLAYFROM) OK 5 1 4 3 2"), "{out}");
+    assert!(out.contains("SORT (DISPLAYTO) OK 2 5 4 3 1"), "{out}");
+    // FROM sorts on the mailbox part only: a, b, d, e, f.
+    assert!(out.contains("SORT (FROM) OK 1 2 3 4 5"), "{out}");
+    assert!(out.contains("UNKNOWN-ERR SORT command error: BAD"), "an unknown sort key: {out}");
+    let caps = out.lines().find(|l| l.starts_with("CAPS")).unwrap();
+    assert!(caps.contains(" SORT ") && caps.contains(" SORT=DISPLAY"), "{caps}");
+}
+
 /// RFC 5256 §4 THREAD=REFERENCES: References and In-Reply-To link replies under their parents, a
 /// missing parent leaves its only child at the top, a reply with the same base subject goes under
 /// the thread it names, and threads are ordered by sent date; and THREAD=ORDEREDSUBJECT.
@@ -298,4 +336,119 @@ print("AGAIN", command(b"g COMPRESS DEFLATE\r\n", b"g").strip())
     assert!(out.contains("APPEND c OK [APPENDUID"), "{out}");
     assert!(out.contains("FETCH 1"), "{out}");
     assert!(out.contains("AGAIN g NO [COMPRESSIONACTIVE]"), "{out}");
+}
+
+/// RFC 3502 MULTIAPPEND over a raw socket (imaplib sends one message per APPEND): three messages
+/// in one APPEND, each literal after its own continuation request, stored in order with one
+/// APPENDUID naming their UIDs; one empty message (NO), a syntax error in one message (BAD) or a
+/// missing mailbox (NO [TRYCREATE]) stores none of them.
+#[test]
+fn multiappend_stores_all_messages_or_none() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+def multi(tag, mailbox, parts):
+    s.sendall(("%s APPEND %s" % (tag, mailbox)).encode())
+    for opts, body in parts:
+        s.sendall(b"%s {%d}\r\n" % (opts, len(body)))
+        line = f.readline().decode()
+        if not line.startswith("+"):
+            return [line.strip()] + until(tag)
+        s.sendall(body)
+    s.sendall(b"\r\n")
+    return until(tag)
+def mail(n):
+    return b"Subject: m%d\r\n\r\nbody %d\r\n" % (n, n)
+print("MULTI", multi("b", "INBOX", [(b" (\\Seen)", mail(1)), (b' "24-Mar-2007 23:00:00 +0200"', mail(2)), (b" (\\Flagged) \"25-Mar-2007 23:00:00 +0200\"", mail(3))]))
+print("EMPTY", multi("c", "INBOX", [(b"", mail(4)), (b"", b"")]))
+print("SYNTAX", multi("d", "INBOX", [(b"", mail(5)), (b" (\\Seen", mail(6))]))
+print("MISSING", multi("e", "Nowhere", [(b"", mail(7)), (b"", mail(8))]))
+# Each message is under the literal limit (100,000 bytes here), both together over the
+# command's (the limit and 8 KiB).
+s.settimeout(20)
+print("TOOBIG", multi("t", "INBOX", [(b"", mail(9) + b"x" * 60000), (b"", mail(10) + b"y" * 60000)]))
+s.sendall(b"g SELECT INBOX\r\n")
+print("SELECT", until("g"))
+s.sendall(b"h UID FETCH 1:* (FLAGS INTERNALDATE BODY.PEEK[HEADER.FIELDS (SUBJECT)])\r\n")
+print("FETCH", until("h"))
+s.sendall(b"i CAPABILITY\r\n")
+print("CAPS", until("i"))
+"#,
+    );
+    let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{out}")).to_string();
+    let multi = line("MULTI");
+    assert!(multi.contains("b OK [APPENDUID ") && multi.contains(" 1:3]"), "{multi}");
+    assert!(line("EMPTY").contains("c NO"), "{out}");
+    assert!(line("SYNTAX").contains("d BAD"), "{out}");
+    assert!(line("MISSING").contains("e NO [TRYCREATE]"), "{out}");
+    assert!(line("TOOBIG").contains("t BAD"), "{out}");
+    assert!(line("SELECT").contains("* 3 EXISTS"), "only the first MULTIAPPEND stored anything: {out}");
+    let fetch = line("FETCH");
+    let subjects: Vec<&str> = fetch.match_indices("Subject: m").map(|(i, _)| &fetch[i + 10..i + 11]).collect();
+    assert_eq!(subjects, ["1", "2", "3"], "stored in the order sent: {fetch}");
+    // The printed list escapes each backslash.
+    assert!(fetch.contains(r"UID 1 FLAGS (\\Seen"), "{fetch}");
+    assert!(fetch.contains(r#"UID 2 FLAGS (\\Recent) INTERNALDATE "24-Mar-2007 21:00:00 +0000""#), "{fetch}");
+    assert!(fetch.contains(r"UID 3 FLAGS (\\Flagged"), "{fetch}");
+    assert!(line("CAPS").contains(" MULTIAPPEND"), "{out}");
+}
+
+/// RFC 5267 CONTEXT=SEARCH over a raw socket: PARTIAL ranges (either way round, NIL past the
+/// end, BAD when not a range), a SEARCH RETURN (UPDATE) told of STORE and EXPUNGE by ADDTO and
+/// REMOVEFROM (the expunged message by its number, before its EXPUNGE), CANCELUPDATE ending it,
+/// and BAD for an unknown tag and for UPDATE on SORT.
+#[test]
+fn context_search_partial_update_and_cancel() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+m = login()
+for n in range(5):
+    m.append("INBOX", None, None, ("Subject: s%d\r\n\r\nbody\r\n" % n).encode())
+m.logout()
+s, f = raw()
+f.readline()
+s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+def cmd(tag, text):
+    s.sendall(("%s %s\r\n" % (tag, text)).encode())
+    print(tag.upper(), until(tag))
+cmd("b", "SELECT INBOX")
+cmd("p1", "SEARCH RETURN (PARTIAL 2:4) ALL")
+cmd("p2", "SEARCH RETURN (PARTIAL 4:2) 1:2,4:5")
+cmd("p3", "UID SEARCH RETURN (PARTIAL 6:6) ALL")
+cmd("p4", "SEARCH RETURN (PARTIAL 1) ALL")
+cmd("u", "SEARCH RETURN (UPDATE) SEEN")
+cmd("e", "STORE 1,2,4 +FLAGS.SILENT (\\Seen)")
+cmd("f", "STORE 1 -FLAGS.SILENT (\\Seen)")
+cmd("g", "STORE 4 +FLAGS.SILENT (\\Deleted)")
+cmd("h", "EXPUNGE")
+cmd("i", "CANCELUPDATE \"u\"")
+cmd("j", "STORE 3 +FLAGS.SILENT (\\Seen)")
+cmd("k", "CANCELUPDATE \"nope\"")
+cmd("l", "SORT RETURN (UPDATE) (DATE) UTF-8 ALL")
+cmd("c", "CAPABILITY")
+"#,
+    );
+    let line = |name: &str| {
+        out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {out}")).to_string()
+    };
+    assert!(line("P1").contains(r#"* ESEARCH (TAG "p1") PARTIAL (2:4 2:4)"#), "{out}");
+    assert!(line("P2").contains(r#"* ESEARCH (TAG "p2") PARTIAL (2:4 2,4:5)"#), "{out}");
+    assert!(line("P3").contains(r#"* ESEARCH (TAG "p3") UID PARTIAL (6:6 NIL)"#), "{out}");
+    assert!(line("P4").contains("p4 BAD"), "{out}");
+    assert!(line("U").contains(r#"'* ESEARCH (TAG "u")', 'u OK"#), "UPDATE alone returns no result: {out}");
+    assert!(line("E").contains(r#"* ESEARCH (TAG "u") ADDTO (0 1:2,4)"#), "{out}");
+    assert!(line("F").contains(r#"* ESEARCH (TAG "u") REMOVEFROM (0 1)"#), "{out}");
+    assert!(!line("G").contains("ESEARCH"), "\\Deleted does not change SEEN: {out}");
+    assert!(line("H").contains(r#"'* ESEARCH (TAG "u") REMOVEFROM (0 4)', '* 4 EXPUNGE'"#), "{out}");
+    assert!(line("I").contains("i OK"), "{out}");
+    assert!(!line("J").contains("ESEARCH"), "a cancelled search is not updated: {out}");
+    assert!(line("K").contains("k BAD"), "{out}");
+    assert!(line("L").contains("l BAD"), "{out}");
+    assert!(line("C").contains(" CONTEXT=SEARCH"), "{out}");
 }

@@ -1,5 +1,6 @@
 //! What SORT and THREAD compare (RFC 5256): the base subject (§2.1), the sent date (§2.2), the
-//! first address of From, To and Cc (§3), and for threading the Message-ID, References and
+//! first address of From, To and Cc (§3), the display form of the first From and To (RFC 5957
+//! §3, for SORT=DISPLAY), and for threading the Message-ID, References and
 //! In-Reply-To. Read from the header with mail-parser under `catch_unwind`, as `mime` does.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -22,27 +23,42 @@ pub struct Keys {
     pub from: String,
     pub to: String,
     pub cc: String,
+    /// RFC 5957 §3: the display name of the first From and To address, else its addr-spec,
+    /// upper-cased (§4: compared as FROM and TO are, with i;ascii-casemap).
+    pub display_from: String,
+    pub display_to: String,
     /// The Message-ID without angle brackets.
     pub message_id: Option<String>,
     /// References, else the first In-Reply-To: the ancestors, oldest first (RFC 5256 §4 step 1A).
     pub references: Vec<String>,
 }
 
-/// addr-mailbox of the first address as ENVELOPE gives it (RFC 5256 §3 FROM): a group's first
-/// entry is its start marker, whose mailbox is the group's name (RFC 3501 §7.4.2).
-fn first_mailbox(address: Option<&Address<'_>>) -> String {
-    let local = |a: &mail_parser::Addr<'_>| {
-        a.address.as_deref().map(|a| a.rsplit_once('@').map_or(a, |(local, _)| local).to_string())
-    };
+/// What `of` takes from the first address (RFC 5256 §3, RFC 5957 §3): a group's first entry is
+/// its start marker, whose mailbox is the group's name (RFC 3501 §7.4.2). Upper-cased.
+fn first(address: Option<&Address<'_>>, of: impl Fn(&mail_parser::Addr<'_>) -> Option<String>) -> String {
     let first = match address {
         None => None,
-        Some(Address::List(list)) => list.first().and_then(local),
+        Some(Address::List(list)) => list.first().and_then(&of),
         Some(Address::Group(groups)) => groups.first().and_then(|g| match &g.name {
             Some(name) => Some(name.to_string()),
-            None => g.addresses.first().and_then(local),
+            None => g.addresses.first().and_then(&of),
         }),
     };
     first.unwrap_or_default().to_ascii_uppercase()
+}
+
+/// addr-mailbox of the first address as ENVELOPE gives it (RFC 5256 §3 FROM).
+fn first_mailbox(address: Option<&Address<'_>>) -> String {
+    first(address, |a| a.address.as_deref().map(|a| a.rsplit_once('@').map_or(a, |(local, _)| local).to_string()))
+}
+
+/// RFC 5957 §3: the first address's display-name (RFC 2047-decoded by mail-parser) when it is
+/// there and not empty, else its addr-spec.
+fn first_display(address: Option<&Address<'_>>) -> String {
+    first(address, |a| match a.name.as_deref().map(str::trim) {
+        Some(name) if !name.is_empty() => Some(name.to_string()),
+        _ => a.address.as_deref().map(str::to_string),
+    })
 }
 
 fn ids(value: &HeaderValue<'_>) -> Vec<String> {
@@ -72,6 +88,8 @@ impl Keys {
                 from: first_mailbox(m.from()),
                 to: first_mailbox(m.to()),
                 cc: first_mailbox(m.cc()),
+                display_from: first_display(m.from()),
+                display_to: first_display(m.to()),
                 message_id: m.message_id().map(str::to_string),
                 references,
             })

@@ -281,6 +281,14 @@ impl Session {
         self.tls_active || is_loopback(&self.local)
     }
 
+    /// A response imap-types has no type for (ESEARCH), after the output queued before it.
+    pub(crate) fn write_raw(&mut self, line: &[u8]) {
+        if !line.is_empty() {
+            self.flush_queued();
+            self.out.extend_from_slice(line);
+        }
+    }
+
     pub fn data(&mut self, data: Data<'static>) {
         self.server.enqueue_data(data);
     }
@@ -396,24 +404,18 @@ impl Session {
                         continue;
                     }
                 }
-                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
-                    if let Some(search) = command::esearch::recognise(discarded_bytes.declassify()) =>
-                {
-                    self.return_search(search);
-                    continue;
-                }
-                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
-                    if let Some(command) = command::append::utf8_append(discarded_bytes.declassify()) =>
-                {
-                    command_since = None;
-                    if self.handle(Event::CommandReceived { command }).await == Flow::Close {
-                        self.drain_output();
-                        return self.write_out().await;
-                    }
-                    continue;
-                }
                 Err(Interrupt::Error(e)) => {
-                    if self.protocol_error(e) == Flow::Close {
+                    let extension = match &e {
+                        FlowError::MalformedMessage { discarded_bytes } => {
+                            self.extension_command(discarded_bytes.declassify(), &mut command_since).await
+                        }
+                        _ => None,
+                    };
+                    let flow = match extension {
+                        Some(flow) => flow,
+                        None => self.protocol_error(e),
+                    };
+                    if flow == Flow::Close {
                         self.drain_output();
                         return self.write_out().await;
                     }
@@ -464,6 +466,25 @@ impl Session {
     /// SEARCH and SORT RETURN (RFC 4731, 5267), which imap-codec does not parse: the ESEARCH line
     /// is written here,
     /// after every response queued before it and before the tagged result.
+    /// A command imap-codec refused that one of our extension grammars reads (ESEARCH's RETURN,
+    /// CANCELUPDATE, MULTIAPPEND, APPEND with UTF8 data): run it; `None` when it is none of them.
+    async fn extension_command(&mut self, bytes: &[u8], command_since: &mut Option<Instant>) -> Option<Flow> {
+        // The command has arrived whole.
+        *command_since = None;
+        if let Some(search) = command::esearch::recognise(bytes) {
+            self.return_search(search);
+            return Some(Flow::Continue);
+        }
+        if let Some((tag, tags)) = command::context::recognise_cancel(bytes) {
+            return Some(command::dispatch_cancel(self, tag, tags));
+        }
+        if let Some(multi) = command::multiappend::recognise(bytes) {
+            return Some(command::dispatch_multiappend(self, multi).await);
+        }
+        let command = command::append::utf8_append(bytes)?;
+        Some(self.handle(Event::CommandReceived { command }).await)
+    }
+
     fn return_search(&mut self, search: command::esearch::ReturnSearch) {
         let (tag, uid, done) = (search.tag.clone(), search.uid, search.done_text());
         let result = command::esearch::run(self, search);
@@ -471,6 +492,8 @@ impl Session {
         if let Err(e) = self.sync(uid) {
             tracing::warn!("imap: mailbox update failed: {e}");
         }
+        let changes = command::context::changes(self);
+        self.write_raw(&changes);
         match result {
             Ok(line) => {
                 self.out.extend_from_slice(&line);

@@ -50,6 +50,8 @@ pub struct Selected {
     pub keywords: BTreeSet<String>,
     /// A keyword joined `keywords` that the client has not been told of yet.
     pub keywords_changed: bool,
+    /// Searches kept up to date while this mailbox is selected (RFC 5267 §4.1 UPDATE).
+    pub live: Vec<crate::command::context::LiveSearch>,
     changes: broadcast::Receiver<MailboxChange>,
     /// The largest change announced that the client has not been told about yet: mail only
     /// added is read from the last UID on, anything else needs the whole mailbox.
@@ -77,7 +79,17 @@ impl Selected {
         let changes = store.changes();
         let messages: Vec<MailEntry> = store.mail(info.id)?.into_iter().map(without_recent).collect();
         let keywords = messages.iter().flat_map(|m| m.flags.iter()).filter(|f| is_keyword(f)).cloned().collect();
-        Ok(Selected { info, read_only, messages, recent, keywords, keywords_changed: false, changes, pending: None })
+        Ok(Selected {
+            info,
+            read_only,
+            messages,
+            recent,
+            keywords,
+            keywords_changed: false,
+            live: Vec::new(),
+            changes,
+            pending: None,
+        })
     }
 
     /// Notes the keywords among `flags`; sets `keywords_changed` when one is new.

@@ -48,7 +48,7 @@ pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use in_progress::{IN_PROGRESS, ProgressMail};
-pub use mail_ops::{Appended, Copied, FlagChange, FlagUpdate, FlagsStored};
+pub use mail_ops::{Appended, AppendedAll, Copied, FlagChange, FlagUpdate, FlagsStored, NewMail};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;

@@ -68,6 +68,24 @@ pub struct Appended {
     pub job: Option<JobId>,
 }
 
+/// One message of an APPEND or MULTIAPPEND, as the client sent it.
+#[derive(Clone, Debug)]
+pub struct NewMail<'a> {
+    pub raw: &'a [u8],
+    pub flags: Vec<String>,
+    pub internal_date: Timestamp,
+}
+
+/// What a MULTIAPPEND made (RFC 3502, RFC 4315 §3 APPENDUID with a UID set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendedAll {
+    pub uid_validity: u32,
+    /// In the order the messages were given; consecutive.
+    pub uids: Vec<Uid>,
+    /// The jobs made when the mailbox is an Ask folder.
+    pub jobs: Vec<JobId>,
+}
+
 type Abort = ConflictableTransactionError<MailboxOpError>;
 
 fn read_mailbox(mailboxes: &TransactionalTree, id: MailboxId) -> Result<MailboxInfo, Abort> {
@@ -358,30 +376,54 @@ impl Store {
         internal_date: Timestamp,
         filing: Option<&Filing<'_>>,
     ) -> Result<Appended, MailboxOpError> {
-        let key = self.new_message_key()?;
-        let ids = self.job_ids(filing, 1)?;
+        let mut all = self.append_all(mailbox, vec![NewMail { raw, flags, internal_date }], filing).await?;
+        Ok(Appended { uid_validity: all.uid_validity, uid: all.uids[0], job: all.jobs.pop() })
+    }
+
+    /// MULTIAPPEND (RFC 3502 §6.3.11): stores `mails` in `mailbox` in one transaction, so either
+    /// all of them are stored or none is; their UIDs are consecutive, in the given order.
+    pub async fn append_all(
+        &self,
+        mailbox: MailboxId,
+        mails: Vec<NewMail<'_>>,
+        filing: Option<&Filing<'_>>,
+    ) -> Result<AppendedAll, MailboxOpError> {
+        let keys = mails.iter().map(|_| self.new_message_key()).collect::<Result<Vec<_>, _>>()?;
+        let ids = self.job_ids(filing, mails.len())?;
         let now = Timestamp::now();
-        let mut flags: Vec<String> = flags.into_iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).collect();
-        flags.push(RECENT.into());
-        let entry = MailEntry {
-            uid: Uid(0),
-            message: key,
-            flags,
-            internal_date,
-            size: raw.len() as u64,
-            modseq: ModSeq::FIRST,
-        };
+        let entries: Vec<MailEntry> = mails
+            .iter()
+            .zip(&keys)
+            .map(|(mail, &key)| {
+                let mut flags: Vec<String> =
+                    mail.flags.iter().filter(|f| !f.eq_ignore_ascii_case(RECENT)).cloned().collect();
+                flags.push(RECENT.into());
+                MailEntry {
+                    uid: Uid(0),
+                    message: key,
+                    flags,
+                    internal_date: mail.internal_date,
+                    size: mail.raw.len() as u64,
+                    modseq: ModSeq::FIRST,
+                }
+            })
+            .collect();
         let appended = self.trees.transaction(|tx| {
             let mut info = read_mailbox(tx.mailboxes, mailbox)?;
-            let uid = info.uid_next;
-            info.uid_next = Uid(uid.0 + 1);
-            let entry = MailEntry { modseq: next_modseq(&mut info), ..entry.clone() };
-            tx.messages.insert(&key.to_be_bytes(), raw)?;
-            hold(tx.message_refs, key, 1, "")?;
-            tx.mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+            let mut stored = Vec::with_capacity(entries.len());
+            for (entry, mail) in entries.iter().zip(&mails) {
+                let uid = info.uid_next;
+                info.uid_next = Uid(uid.0 + 1);
+                let entry = MailEntry { uid, modseq: next_modseq(&mut info), ..entry.clone() };
+                tx.messages.insert(&entry.message.to_be_bytes(), mail.raw)?;
+                hold(tx.message_refs, entry.message, 1, "")?;
+                tx.mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
+                stored.push(entry);
+            }
             tx.mailboxes.insert(&mailbox.to_be_bytes(), encode(&info))?;
-            let job = file_all(tx, filing, std::slice::from_ref(&entry), &ids, now)?.pop();
-            Ok(Appended { uid_validity: info.uid_validity, uid, job })
+            let jobs = file_all(tx, filing, &stored, &ids, now)?;
+            let uids = stored.iter().map(|e| e.uid).collect();
+            Ok(AppendedAll { uid_validity: info.uid_validity, uids, jobs })
         })?;
         self.flush().await?;
         self.notify_added(mailbox);

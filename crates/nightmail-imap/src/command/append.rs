@@ -2,23 +2,34 @@
 //! §3). The literal's size was checked against the limit before it was read (see `session`).
 //! Filed as the user (see `copy`); into an Ask folder, only a message with a header is accepted,
 //! since anything else has nothing a model could be asked about: NO [CANNOT] (RFC 5530) says so.
-//! A literal8 (RFC 3516) is taken; see `binary` for what is stored.
+//! A literal8 (RFC 3516) is taken; see `binary` for what is stored. MULTIAPPEND (RFC 3502) is
+//! read by `multiappend` and stored here, all or none.
 
+use std::borrow::Cow;
 use std::num::NonZeroU32;
 
+use imap_next::imap_types::core::Vec1;
 use imap_next::imap_types::datetime::DateTime;
 use imap_next::imap_types::extensions::binary::LiteralOrLiteral8;
+use imap_next::imap_types::extensions::uidplus::UidElement;
 use imap_next::imap_types::flag::Flag;
 use imap_next::imap_types::mailbox::Mailbox;
-use imap_next::imap_types::response::Code;
-use nightmail_store::{Filing, Summary};
+use imap_next::imap_types::response::{Code, CodeOther};
+use nightmail_store::{AppendedAll, Filing, NewMail, Summary};
 use nightmail_types::Timestamp;
 
-use super::copy::{destination, done_text, filer};
+use super::copy::{destination, done_text, filer, uid_set};
 use super::{Done, binary, flag_names};
 use crate::ImapError;
 use crate::error::other_code;
 use crate::session::Session;
+
+/// One message of an APPEND: RFC 3502 §6 `append-message`.
+pub(crate) struct AppendMessage {
+    pub flags: Vec<Flag<'static>>,
+    pub date: Option<DateTime>,
+    pub message: LiteralOrLiteral8<'static>,
+}
 
 pub(crate) async fn run(
     s: &mut Session,
@@ -27,34 +38,81 @@ pub(crate) async fn run(
     date: Option<DateTime>,
     message: LiteralOrLiteral8<'static>,
 ) -> Result<Done, ImapError> {
+    run_all(s, mailbox, Vec1::from(AppendMessage { flags, date, message })).await
+}
+
+/// APPEND of one message, or MULTIAPPEND (RFC 3502 §6.3.11) of several: each is checked before
+/// any is stored, and the store takes them in one transaction, so a refusal stores none.
+pub(crate) async fn run_all(
+    s: &mut Session,
+    mailbox: Mailbox<'static>,
+    messages: Vec1<AppendMessage>,
+) -> Result<Done, ImapError> {
     let to = destination(s, &mailbox)?;
-    // RFC 3516 §4.4: a literal8 may carry Content-Transfer-Encoding binary, kept as base64.
-    let bytes = match &message {
-        LiteralOrLiteral8::Literal(l) => std::borrow::Cow::Borrowed(l.data()),
-        LiteralOrLiteral8::Literal8(l) => binary::for_storage(l.data.as_ref()),
-    };
-    let bytes = bytes.as_ref();
-    if bytes.is_empty() {
-        return Err(ImapError::no("an empty message cannot be appended"));
-    }
-    let when = match date {
-        Some(d) => Timestamp(d.as_ref().timestamp_millis().max(0) as u64),
-        None => Timestamp::now(),
-    };
     let (by, ask) = filer(s, &to)?;
-    if ask.is_some() && Summary::read(bytes).is_none() {
-        return Err(ImapError::no_with(
-            other_code("CANNOT"),
-            "not a mail message (no header fields): nothing to ask the model about",
-        ));
+    // RFC 3516 §4.4: a literal8 may carry Content-Transfer-Encoding binary, kept as base64.
+    let bytes: Vec<Cow<'_, [u8]>> = messages
+        .as_ref()
+        .iter()
+        .map(|m| match &m.message {
+            LiteralOrLiteral8::Literal(l) => Cow::Borrowed(l.data()),
+            LiteralOrLiteral8::Literal8(l) => binary::for_storage(l.data.as_ref()),
+        })
+        .collect();
+    for raw in &bytes {
+        if raw.is_empty() {
+            return Err(ImapError::no("an empty message cannot be appended"));
+        }
+        if ask.is_some() && Summary::read(raw).is_none() {
+            return Err(ImapError::no_with(
+                other_code("CANNOT"),
+                "not a mail message (no header fields): nothing to ask the model about",
+            ));
+        }
     }
+    let mails = messages
+        .as_ref()
+        .iter()
+        .zip(&bytes)
+        .map(|(m, raw)| NewMail {
+            raw,
+            flags: flag_names(&m.flags),
+            internal_date: match &m.date {
+                Some(d) => Timestamp(d.as_ref().timestamp_millis().max(0) as u64),
+                None => Timestamp::now(),
+            },
+        })
+        .collect();
     let filing = Filing { by: &by, ask: ask.as_ref() };
-    let appended = s.shared.store.append_mail(to.id, bytes, flag_names(&flags), when, Some(&filing)).await?;
-    let text = done_text("APPEND completed", ask.as_ref(), appended.job.as_slice());
-    Ok(match (NonZeroU32::new(appended.uid_validity), NonZeroU32::new(appended.uid.0)) {
-        (Some(uid_validity), Some(uid)) => Done::with_code(Code::AppendUid { uid_validity, uid }, text),
-        _ => Done::ok(text),
+    let appended = s.shared.store.append_all(to.id, mails, Some(&filing)).await?;
+    let text = done_text("APPEND completed", ask.as_ref(), &appended.jobs);
+    Ok(match append_uid(&appended) {
+        Some(code) => Done::with_code(code, text),
+        None => Done::ok(text),
     })
+}
+
+/// RFC 4315 §3 APPENDUID: one UID, or for a MULTIAPPEND the set of them (`append-uid =
+/// uniqueid / uid-set`, imap-types carries only the first form).
+fn append_uid(appended: &AppendedAll) -> Option<Code<'static>> {
+    let uid_validity = NonZeroU32::new(appended.uid_validity)?;
+    match appended.uids.as_slice() {
+        [one] => Some(Code::AppendUid { uid_validity, uid: NonZeroU32::new(one.0)? }),
+        uids => {
+            let set = uid_set(uids.iter().copied())?;
+            let set: Vec<String> = set
+                .0
+                .as_ref()
+                .iter()
+                .map(|e| match e {
+                    UidElement::Single(n) => n.to_string(),
+                    UidElement::Range(a, b) => format!("{a}:{b}"),
+                })
+                .collect();
+            let code = format!("APPENDUID {uid_validity} {}", set.join(","));
+            Some(Code::Other(CodeOther::unvalidated(code.into_bytes())))
+        }
+    }
 }
 
 /// The APPEND with UTF8 data in `bytes` (see [`utf8_data`]), parsed by imap-codec.

@@ -43,12 +43,16 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::LiteralPlus,
         // RFC 5256: grammar from imap-codec; `command/sort.rs`, `command/thread.rs`.
         Capability::Sort(None),
+        // RFC 5957: DISPLAYFROM and DISPLAYTO, `order::Keys`.
+        Capability::Sort(Some(imap_next::imap_types::extensions::sort::SortAlgorithm::Display)),
         Capability::Thread(ThreadingAlgorithm::References),
         Capability::Thread(ThreadingAlgorithm::OrderedSubject),
         // RFC 4731, RFC 5267 §3: the RETURN clause and ESEARCH response are ours
         // (`command/esearch.rs`).
         other("ESEARCH"),
         other("ESORT"),
+        // RFC 5267 §4: RETURN (UPDATE, CONTEXT, PARTIAL) and CANCELUPDATE, `command/context.rs`.
+        other("CONTEXT=SEARCH"),
         // RFC 3516: `command/binary.rs`.
         Capability::Binary,
         // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in
@@ -57,6 +61,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         // RFC 7162: `command/condstore.rs`, mod-sequences from the store's schema 10.
         Capability::CondStore,
         Capability::QResync,
+        // RFC 3502: `command/multiappend.rs`, stored all or none by `append::run_all`.
+        other("MULTIAPPEND"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

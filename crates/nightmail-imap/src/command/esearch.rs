@@ -13,23 +13,44 @@ use std::num::NonZeroU32;
 
 use imap_codec::CommandCodec;
 use imap_codec::decode::Decoder;
+use imap_next::imap_types::IntoStatic;
 use imap_next::imap_types::command::CommandBody;
 use imap_next::imap_types::core::Tag;
 use nightmail_store::ModSeq;
 
 use super::condstore;
+use super::context::LiveSearch;
 use super::search::{check_charset, matching, names_modseq, number};
 use super::sort::sorted;
 use crate::ImapError;
 use crate::session::Session;
 
-/// RFC 4731 §3 search-return-opt (SAVE, RFC 5182, is not offered).
+/// RFC 4731 §3 search-return-opt (SAVE, RFC 5182, is not offered), and RFC 5267 §4's
+/// CONTEXT, UPDATE and PARTIAL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReturnOption {
     Min,
     Max,
     All,
     Count,
+    /// §4.2: a hint, nothing to do.
+    Context,
+    /// §4.1: keep the search live (`context`).
+    Update,
+    /// §4.4 `"PARTIAL" SP partial-range`: the results at these positions (1-based, low first).
+    Partial(u32, u32),
+}
+
+/// RFC 5267 §4.4 `partial-range = nz-number ":" nz-number`, either way round.
+fn partial_range(range: &str) -> Result<ReturnOption, String> {
+    let bad = || format!("PARTIAL {range}: a range of two positions is needed (RFC 5267 §4.4: PARTIAL 1:10)");
+    let (a, b) = range.split_once(':').ok_or_else(bad)?;
+    let number = |n: &str| {
+        let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+        digits.then(|| n.parse::<u32>().ok()).flatten().filter(|&n| n > 0).ok_or_else(bad)
+    };
+    let (a, b) = (number(a)?, number(b)?);
+    Ok(ReturnOption::Partial(a.min(b), a.max(b)))
 }
 
 /// A SEARCH or SORT with a RETURN clause, taken apart.
@@ -73,16 +94,27 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
     let close = rest.iter().position(|&b| b == b')')?;
     let options = std::str::from_utf8(&rest[..close]).ok()?;
     let criteria = rest[close + 1..].strip_prefix(b" ")?;
-    let options = options
-        .split_ascii_whitespace()
-        .map(|o| match o.to_ascii_uppercase().as_str() {
+    let mut words = options.split_ascii_whitespace();
+    let mut parsed = Vec::new();
+    let options = loop {
+        let Some(word) = words.next() else { break Ok(parsed) };
+        let option = match word.to_ascii_uppercase().as_str() {
             "MIN" => Ok(ReturnOption::Min),
             "MAX" => Ok(ReturnOption::Max),
             "ALL" => Ok(ReturnOption::All),
             "COUNT" => Ok(ReturnOption::Count),
-            other => Err(format!("RETURN option {other} is not supported (RFC 4731: MIN MAX ALL COUNT)")),
-        })
-        .collect::<Result<Vec<_>, _>>();
+            "CONTEXT" => Ok(ReturnOption::Context),
+            "UPDATE" => Ok(ReturnOption::Update),
+            "PARTIAL" => partial_range(words.next().unwrap_or_default()),
+            other => Err(format!(
+                "RETURN option {other} is not supported (RFC 4731, RFC 5267: MIN MAX ALL COUNT CONTEXT UPDATE PARTIAL)"
+            )),
+        };
+        match option {
+            Ok(option) => parsed.push(option),
+            Err(e) => break Err(e),
+        }
+    };
     let mut plain = bytes[..space + 1].to_vec();
     if uid.is_some() {
         plain.extend_from_slice(b"UID ");
@@ -94,7 +126,7 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
 
 /// `1:3,5,7:8` (RFC 3501 sequence-set) of the numbers in their order: runs of consecutive
 /// ascending numbers become ranges.
-fn sequence_set(numbers: &[u32]) -> String {
+pub(crate) fn sequence_set(numbers: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < numbers.len() {
@@ -114,9 +146,13 @@ fn sequence_set(numbers: &[u32]) -> String {
 /// Runs the search and returns the ESEARCH response line (CRLF included).
 pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, ImapError> {
     let mut options = search.options.map_err(ImapError::bad)?;
-    // §3.1: RETURN () means RETURN (ALL).
-    if options.is_empty() {
+    // §3.1: RETURN () means RETURN (ALL); so does a CONTEXT hint alone (RFC 5267 §4.2).
+    if options.iter().all(|o| *o == ReturnOption::Context) {
         options.push(ReturnOption::All);
+    }
+    let update = options.contains(&ReturnOption::Update);
+    if update && search.sort {
+        return Err(ImapError::bad("UPDATE applies to SEARCH only here: CONTEXT=SORT is not offered"));
     }
     let (_, command) = CommandCodec::default()
         .decode(&search.plain)
@@ -134,6 +170,18 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
                 condstore::catch_up_flags(s, |_| false)?;
             }
             let hits = matching(s, criteria.as_ref())?;
+            if update {
+                let selected = s.selected()?;
+                let uids = hits.iter().map(|&i| selected.messages[i].uid).collect();
+                let tag = search.tag.inner().to_string();
+                selected.live.retain(|l| l.tag != tag);
+                selected.live.push(LiveSearch {
+                    tag,
+                    uid,
+                    criteria: criteria.as_ref().iter().map(|k| k.clone().into_static()).collect(),
+                    uids,
+                });
+            }
             if modseq {
                 let selected = s.selected()?;
                 modseqs = Some(hits.iter().map(|&i| selected.messages[i].modseq).collect());
@@ -165,6 +213,14 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             _ => Ok(()),
         };
     }
+    // RFC 5267 §4.4: the results at those positions, NIL when there are none.
+    for option in &options {
+        if let ReturnOption::Partial(low, high) = *option {
+            let part = numbers.get(low as usize - 1..(high as usize).min(numbers.len())).unwrap_or_default();
+            let set = if part.is_empty() { "NIL".to_string() } else { sequence_set(part) };
+            let _ = write!(line, " PARTIAL ({low}:{high} {set})");
+        }
+    }
     // RFC 7162 §3.1.5 with RFC 4731: the highest mod-sequence of the messages the response
     // reports: all matches for ALL or COUNT, else only those MIN and MAX name; none if none match.
     if let Some(modseqs) = modseqs.filter(|m| !m.is_empty()) {
@@ -193,6 +249,12 @@ mod tests {
         assert_eq!(r.options.unwrap(), vec![ReturnOption::Min, ReturnOption::Count]);
         assert_eq!(r.plain, b"a1 UID SEARCH SEEN\r\n");
         assert!(recognise(b"a1 SEARCH RETURN (SAVE) ALL\r\n").unwrap().options.is_err());
+        let partial = recognise(b"a1 SEARCH RETURN (PARTIAL 4:2 UPDATE) ALL\r\n").unwrap().options.unwrap();
+        assert_eq!(partial, vec![ReturnOption::Partial(2, 4), ReturnOption::Update]);
+        for bad in ["PARTIAL 1", "PARTIAL 1:*", "PARTIAL *:1", "PARTIAL 0:3", "PARTIAL"] {
+            let cmd = format!("a1 SEARCH RETURN ({bad}) ALL\r\n");
+            assert!(recognise(cmd.as_bytes()).unwrap().options.is_err(), "{bad}");
+        }
         assert!(recognise(b"a1 FETCH 1 (FLAGS)\r\n").is_none());
         assert_eq!(sequence_set(&[1, 2, 3, 5, 7, 8]), "1:3,5,7:8");
     }

@@ -5,7 +5,7 @@
 
 use imap_next::imap_types::sequence::SequenceSet;
 
-use super::{Done, condstore};
+use super::{Done, condstore, context};
 use crate::ImapError;
 use crate::session::Session;
 use crate::view::Numbers;
@@ -24,6 +24,10 @@ pub(crate) async fn run(s: &mut Session, uids: Option<SequenceSet>) -> Result<Do
         None => None,
     };
     let removed = store.expunge(selected.info.id, only.as_deref()).await?;
+    // RFC 5267 §4.3.4: live searches lose them by the numbers they had, before the EXPUNGEs.
+    let lines = context::before_expunge(s, &removed);
+    s.write_raw(&lines);
+    let selected = s.selected()?;
     let out = condstore::expunged(selected, &removed, tracking);
     for data in out {
         s.data(data);

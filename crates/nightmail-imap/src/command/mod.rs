@@ -9,6 +9,7 @@ pub(crate) mod check;
 pub(crate) mod close;
 pub(crate) mod compress;
 pub(crate) mod condstore;
+pub(crate) mod context;
 pub(crate) mod copy;
 pub(crate) mod create;
 pub(crate) mod delete;
@@ -22,6 +23,7 @@ pub(crate) mod list;
 pub(crate) mod login;
 pub(crate) mod logout;
 pub(crate) mod r#move;
+pub(crate) mod multiappend;
 pub(crate) mod namespace;
 pub(crate) mod noop;
 pub(crate) mod rename;
@@ -38,8 +40,8 @@ pub(crate) mod unselect;
 use std::borrow::Cow;
 
 use imap_next::imap_types::command::{Command, CommandBody};
-use imap_next::imap_types::core::Text;
 use imap_next::imap_types::core::{AString, IString};
+use imap_next::imap_types::core::{Tag, Text};
 use imap_next::imap_types::extensions::utf8::QuotedUtf8;
 use imap_next::imap_types::flag::Flag;
 use imap_next::imap_types::mailbox::{Mailbox, MailboxOther};
@@ -166,8 +168,36 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
         // AUTHENTICATE and IDLE arrive as their own flow events; the rest are not advertised.
         _ => Err(ImapError::bad("command not supported")),
     };
-    if !logout && let Err(e) = s.sync(expunges_allowed) {
+    reply(s, tag, result, expunges_allowed, !logout)
+}
+
+/// CANCELUPDATE (RFC 5267 §4.3.5), which imap-codec does not parse: see `context`.
+pub(crate) fn dispatch_cancel(s: &mut Session, tag: Tag<'static>, tags: Vec<String>) -> Flow {
+    let result = context::cancel(s, &tags).map(|()| Done::ok("CANCELUPDATE completed"));
+    reply(s, tag, result, true, true)
+}
+
+/// MULTIAPPEND (RFC 3502), which imap-codec does not parse: see `multiappend`.
+pub(crate) async fn dispatch_multiappend(s: &mut Session, multi: multiappend::MultiAppend) -> Flow {
+    let result = append::run_all(s, multi.mailbox, multi.messages).await;
+    reply(s, multi.tag, result, true, true)
+}
+
+/// The tagged reply to a command, after the untagged updates it allows (`sync`).
+fn reply(
+    s: &mut Session,
+    tag: Tag<'static>,
+    result: Result<Done, ImapError>,
+    expunges_allowed: bool,
+    sync: bool,
+) -> Flow {
+    if sync && let Err(e) = s.sync(expunges_allowed) {
         tracing::warn!("imap: mailbox update failed: {e}");
+    }
+    // RFC 5267 §4.3: what the command changed in the live searches, before its tagged reply.
+    if sync {
+        let lines = context::changes(s);
+        s.write_raw(&lines);
     }
     match result {
         Ok(done) => {

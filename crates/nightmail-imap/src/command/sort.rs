@@ -1,6 +1,7 @@
 //! SORT and UID SORT (RFC 5256 §3): the messages SEARCH would find, ordered by the criteria in
 //! turn, ties by sequence number (§3: "the order of the messages in the mailbox"). The keys are
-//! `order::Keys`; DISPLAYFROM and DISPLAYTO (RFC 5957) are not advertised and get BAD. A MODSEQ
+//! `order::Keys`, DISPLAYFROM and DISPLAYTO among them (RFC 5957 §4, SORT=DISPLAY; imap-codec
+//! parses them, and an unknown key gets its BAD). A MODSEQ
 //! key (RFC 7162 §3.1.5) adds the matches' highest mod-sequence, as for SEARCH.
 
 use std::cmp::Ordering;
@@ -35,7 +36,8 @@ fn compare(a: &Row, b: &Row, key: &SortKey) -> Ordering {
         SortKey::Size => a.size.cmp(&b.size),
         SortKey::Subject => a.keys.subject.cmp(&b.keys.subject),
         SortKey::To => a.keys.to.cmp(&b.keys.to),
-        SortKey::DisplayFrom | SortKey::DisplayTo => Ordering::Equal,
+        SortKey::DisplayFrom => a.keys.display_from.cmp(&b.keys.display_from),
+        SortKey::DisplayTo => a.keys.display_to.cmp(&b.keys.display_to),
     }
 }
 
@@ -62,9 +64,6 @@ pub(crate) fn sorted(
     uid: bool,
 ) -> Result<Vec<NonZeroU32>, ImapError> {
     check_charset(charset)?;
-    if criteria.as_ref().iter().any(|c| matches!(c.key, SortKey::DisplayFrom | SortKey::DisplayTo)) {
-        return Err(ImapError::bad("DISPLAYFROM and DISPLAYTO are not supported (no SORT=DISPLAY)"));
-    }
     let hits = matching(s, search.as_ref())?;
     let mut rows: Vec<Row> =
         keys_of(s, &hits)?.into_iter().map(|(index, size, arrival, keys)| Row { index, size, arrival, keys }).collect();
