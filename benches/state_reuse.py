@@ -12,7 +12,7 @@ Each mode runs the real daemon in a temporary directory, with Python's smtplib a
      (measuring the prompt, restoring or prefilling it, drawing one token);
   3. another follow-up, answered in full (`max_tokens`), whose text is compared across modes.
 
-    python3 benches/state_reuse.py [--repeat 3] [--threads 2] [--lines 60] [--model PATH]
+    python3 benches/state_reuse.py [--repeat 3] [--threads 2] [--lines 50] [--model PATH]
 
 Needs a built `nightmail` binary (cargo build --release -p nightmail; NIGHTMAIL_BIN=path).
 """
@@ -121,7 +121,7 @@ concurrency = 1
 
 
 def words(reply):
-    text = reply.get_body(preferencelist=("plain",)).get_content()
+    text = reply.get_body(preferencelist=("plain",)).get_content().replace("\r\n", "\n")
     return text.split("\n-- \n")[0]
 
 
@@ -160,7 +160,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--lines", type=int, default=60, help="lines of the forwarded log (60: ~2,000 prompt tokens)")
+    ap.add_argument("--lines", type=int, default=50, help="lines of the forwarded log (50: ~2,000 prompt tokens)")
     ap.add_argument("--state-cache-mb", type=int, default=1024)
     ap.add_argument("--model")
     a = ap.parse_args()
