@@ -134,19 +134,21 @@ fn a_recurrent_state_is_restored_exactly_and_answers_as_a_full_prefill() {
 
 #[test]
 fn a_follow_up_that_differs_inside_the_answer_restores_the_common_part_only() {
-    // An answer the template renders other than it was generated: attention rows are cut back
-    // to the first difference.
-    let model = Model::load(fixture("llama")).unwrap();
+    // An answer the template renders other than it was generated: attention rows (and latent
+    // attention's latents) are cut back to the first difference.
     let dir = tempfile::tempdir().unwrap();
-    let states = StateCache::open(&model, dir.path(), 1 << 30).unwrap();
     let first = first_prompt();
-    let answer = answer_and_keep(&model, &states, &first);
-    let mut edited = answer.clone();
-    edited[2] = edited[2].wrapping_add(1) % 50 + 1;
-    let next = thread_follow_up(&first, &edited);
-    let (steps, restored, _) = follow_up(&model, &states, &next);
-    assert_eq!(restored, first.len() + 2);
-    same(&steps, &fresh(&model, &next, 6), "follow-up");
+    for path in ["llama", "deepseek_v3"] {
+        let model = Model::load(fixture(path)).unwrap();
+        let states = StateCache::open(&model, dir.path().join(path), 1 << 30).unwrap();
+        let answer = answer_and_keep(&model, &states, &first);
+        let mut edited = answer.clone();
+        edited[2] = edited[2].wrapping_add(1) % 50 + 1;
+        let next = thread_follow_up(&first, &edited);
+        let (steps, restored, _) = follow_up(&model, &states, &next);
+        assert_eq!(restored, first.len() + 2, "{path}");
+        same(&steps, &fresh(&model, &next, 6), path);
+    }
 
     // A recurrent state holds the last position only: nothing is reused.
     let model = Model::load(fixture("kimi_linear")).unwrap();
