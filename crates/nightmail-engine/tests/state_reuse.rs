@@ -184,11 +184,14 @@ fn state_file(dir: &Path) -> PathBuf {
     files[0].clone()
 }
 
+/// What is done to a saved state's bytes.
+type Damage = fn(&mut Vec<u8>);
+
 #[test]
 fn a_damaged_or_truncated_state_is_reported_removed_and_never_used() {
     let model = Model::load(fixture("llama")).unwrap();
     let first = first_prompt();
-    let damages: [(&str, fn(&mut Vec<u8>)); 3] = [
+    let damages: [(&str, Damage); 3] = [
         ("a flipped byte", |b| {
             let at = b.len() - 100;
             b[at] ^= 0x40;
