@@ -176,6 +176,10 @@ pub struct LocalBackend {
     pub max_batch: usize,
     /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"none"`).
     pub draft: Draft,
+    /// MiB of disk (under `data_dir/state_cache/`) for the states of finished answers, which a
+    /// follow-up in the thread restores instead of prefilling its prompt again; least recently
+    /// used out first. 0 keeps none.
+    pub state_cache_mb: u64,
 }
 
 /// `draft`: guess tokens ahead and verify them in one model pass. The answer is the same

@@ -262,6 +262,15 @@ struct RawModel {
     max_batch: Spanned<usize>,
     /// "lookup" (the default) or "none".
     draft: Option<Spanned<String>>,
+    /// MiB of disk for finished answers' states, reused by follow-ups (0: none kept).
+    #[serde(default = "default_state_cache_mb")]
+    state_cache_mb: u64,
+}
+
+/// Room for about twenty 2,000-token threads of SmolLM2 (46 KiB of keys and values a token),
+/// or seven of Kimi K2's latent cache (140 KiB a token).
+fn default_state_cache_mb() -> u64 {
+    2048
 }
 
 fn default_checkpoint_every_tokens() -> u32 {
@@ -680,6 +689,7 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
                 checkpoint_every_tokens: m.checkpoint_every_tokens.max(1),
                 checkpoint_every: Duration::from_secs(m.checkpoint_every_secs.max(1)),
                 max_batch: *m.max_batch.get_ref(),
+                state_cache_mb: m.state_cache_mb,
                 draft: match m.draft.as_ref().map(|d| d.get_ref().as_str()) {
                     None | Some("lookup") => crate::Draft::Lookup,
                     Some("none") => crate::Draft::None,
@@ -994,6 +1004,20 @@ mod tests {
         assert_eq!(draft(&format!("{local}draft = \"lookup\"\n")), crate::Draft::Lookup);
         let e = err(&format!("{local}draft = \"medusa\"\n"));
         assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\" or \"none\""), "{e}");
+    }
+
+    #[test]
+    fn the_state_cache_budget_is_read_with_a_default_and_0_turns_it_off() {
+        let local = "[[model]]\naddress = \"k@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
+        let mb = |text: &str| match &parse(text, None).unwrap().models[0].backend {
+            BackendConfig::Local(b) => b.state_cache_mb,
+            BackendConfig::OpenAi { .. } => panic!("a local model"),
+        };
+        assert_eq!(mb(local), 2048);
+        assert_eq!(mb(&format!("{local}state_cache_mb = 64\n")), 64);
+        assert_eq!(mb(&format!("{local}state_cache_mb = 0\n")), 0);
+        let e = err(&format!("{local}state_cache_mb = -1\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("expected u64"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,11 @@ impl ChatTemplate {
         ChatTemplate { source: source.into() }
     }
 
+    /// The template's Jinja text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub(crate) fn from_gguf(g: &GgufFile) -> Option<Self> {
         g.string("tokenizer.chat_template").map(ChatTemplate::new)
     }

@@ -16,6 +16,7 @@ use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
 use crate::resume::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::sampling::{Sampler, Sampling};
+use crate::state_cache::{Reuse, StateCache};
 
 /// What to continue.
 #[derive(Debug, Clone)]
@@ -139,6 +140,8 @@ pub struct TokenStream<'m> {
     verify_steps: usize,
     drafted: usize,
     accepted: usize,
+    /// Prompt positions restored rather than run: from a checkpoint, or a saved thread state.
+    restored_prompt: usize,
 }
 
 impl Model {
@@ -231,6 +234,7 @@ impl Model {
                     sampling: request.sampling,
                     stop: request.stop.clone(),
                     stop_at_eos: request.stop_at_eos,
+                    template: None,
                 };
                 let (journal, saved) = Journal::open(path, &identity, self.spec().layers)?;
                 (Some(journal), saved)
@@ -254,7 +258,7 @@ impl Model {
     }
 
     /// What a checkpoint's key/value rows must fit: layers, widths and vocabulary.
-    fn network_shape(&self) -> Vec<usize> {
+    pub(crate) fn network_shape(&self) -> Vec<usize> {
         let s = self.spec();
         let a = &s.attention;
         let mut shape = vec![s.layers, s.hidden_size, s.vocab_size, a.heads, a.kv_heads, a.head_dim];
@@ -290,6 +294,7 @@ impl Model {
         let mut cache = self.new_cache();
         // Nothing to generate (e.g. only tokenizing): skip the prefill.
         let nothing = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
+        let restored_prompt = if saved.is_some() { prompt_tokens.len() } else { 0 };
         let (logits, stop, restored, prompt_fed) = match saved {
             Some(saved) => {
                 sampler.set_position(saved.sampler_position);
@@ -323,6 +328,7 @@ impl Model {
             verify_steps: 0,
             drafted: 0,
             accepted: 0,
+            restored_prompt,
         };
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
@@ -396,18 +402,18 @@ impl TokenStream<'_> {
     /// checkpoint file now covers; `None` for a stream opened without one, or once it has stopped
     /// on its own (nothing is left to resume).
     pub fn checkpoint(&mut self) -> Result<Option<usize>> {
-        let Some(journal) = self.journal.as_mut() else { return Ok(None) };
-        let Some(logits) = self.next_logits.as_deref() else { return Ok(None) };
+        if self.journal.is_none() || self.next_logits.is_none() {
+            return Ok(None);
+        }
         if matches!(self.stop, Some(s) if s != StopReason::Cancelled) {
             return Ok(None);
         }
         // Drafts still waiting for their verdict are not part of the generation yet: a
         // checkpoint holds only accepted tokens (the next token is drawn from `logits` again).
-        if !self.ahead.is_empty() {
-            let accepted = self.cache.position() - self.ahead.len();
-            self.ahead.clear();
-            self.cache.roll_back(accepted)?;
-        }
+        self.forget_drafts()?;
+        let (Some(journal), Some(logits)) = (self.journal.as_mut(), self.next_logits.as_deref()) else {
+            return Ok(None);
+        };
         let (tokens, from) = journal.saved();
         let to = self.cache.position();
         if from == to {
@@ -607,5 +613,64 @@ impl Iterator for TokenStream<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.next_token().transpose()
+    }
+}
+
+/// Thread state reuse ([`crate::state_cache`]).
+impl TokenStream<'_> {
+    /// Starts the prompt from the longest state `states` saved of it: the prompt's prefill then
+    /// runs only the tokens after it. Only before any of the prompt has run (a stream of
+    /// [`Model::stream_deferred`] not yet stepped); a stream resumed from its checkpoint has
+    /// nothing to reuse.
+    pub fn reuse(&mut self, states: &StateCache) -> Reuse {
+        let mut reuse = Reuse::default();
+        if self.prompt_fed > 0 || self.stop.is_some() || self.cache.position() > 0 {
+            return reuse;
+        }
+        let Some(found) = states.find(&self.prompt_tokens, &mut reuse.ignored) else { return reuse };
+        if let Err(e) = self.cache.restore(&found.kv, found.position) {
+            // A part may be in: start over from an empty state.
+            self.cache = self.model.new_cache();
+            reuse.ignored.push(e);
+            return reuse;
+        }
+        self.prompt_fed = found.position;
+        self.restored_prompt = found.position;
+        reuse.restored = found.position;
+        reuse
+    }
+
+    /// Saves the state of everything this finished stream ran (its prompt and the answer's
+    /// tokens but the last drawn, which no pass ran) to `states`, keyed by its prompt. Returns
+    /// the bytes written; `None` for a stream that did not finish on its own, or a state
+    /// larger than the cache's budget.
+    pub fn keep(&mut self, states: &StateCache) -> Result<Option<u64>> {
+        if !matches!(self.stop, Some(s) if s != StopReason::Cancelled) || self.is_prefilling() {
+            return Ok(None);
+        }
+        self.forget_drafts()?;
+        let mut run = self.prompt_tokens.clone();
+        run.extend(&self.tokens);
+        if self.cache.position() > run.len() {
+            return Ok(None);
+        }
+        run.truncate(self.cache.position());
+        states.save(&run, self.prompt_tokens.len(), &self.cache)
+    }
+
+    /// Prompt tokens this stream ran through the model; the rest were restored.
+    pub fn prefilled_tokens(&self) -> usize {
+        self.prompt_tokens.len() - self.restored_prompt
+    }
+
+    /// Rolls back drafts still waiting for their verdict: they are not part of the generation
+    /// (a checkpoint or a saved state holds accepted tokens only).
+    fn forget_drafts(&mut self) -> Result<()> {
+        if !self.ahead.is_empty() {
+            let accepted = self.cache.position() - self.ahead.len();
+            self.ahead.clear();
+            self.cache.roll_back(accepted)?;
+        }
+        Ok(())
     }
 }

@@ -24,6 +24,7 @@ mod reasoning;
 mod resume;
 mod sampling;
 mod spec;
+mod state_cache;
 pub mod stream;
 pub mod synth;
 mod tokenizer;
@@ -45,6 +46,7 @@ pub use plan::{KernelRate, PlanOptions, PlanReport, PredictedStep, plan};
 pub use reasoning::{Reply, split_reasoning};
 pub use sampling::Sampling;
 pub use spec::{Activation, Architecture, AttentionSpec, MlaSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
+pub use state_cache::{Reuse, StateCache};
 pub use stream::{
     CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
     StreamingLayers,

@@ -68,6 +68,10 @@ pub(crate) struct Identity {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stop_at_eos: bool,
+    /// SHA-256 of the chat template, for a saved thread state ([`crate::state_cache`]); absent
+    /// from a generation's checkpoint, whose identity serializes as it did before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// One file of a model's weights, as a checkpoint's identity knows it.
@@ -282,82 +286,129 @@ impl Journal {
     /// the first: written beside it, made durable, then renamed over it, so a crash leaves
     /// either file whole.
     pub fn compact(&mut self, delta: &Delta<'_>) -> Result<()> {
-        let path = self.path.clone();
-        let io = |e| bad(&path, e);
-        let mut bytes = header(&path, &self.identity)?;
         self.version = VERSION;
         let (record, state) = self.record(delta, 0, 0)?;
-        bytes.extend_from_slice(&record);
-        let mut name = path.file_name().unwrap_or_default().to_os_string();
-        name.push(".compacting");
-        let tmp = path.with_file_name(name);
-        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(io)?;
         // Locked before it takes the name: a writer opening the path after the rename finds
         // the new file already ours.
-        lock(&file, &tmp)?;
-        file.write_all(&bytes).and_then(|_| file.sync_all()).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
-        if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
-            let _ = dir.sync_all();
-        }
+        let (file, bytes) = write_replacing(&self.path, &self.identity, &record, true)?;
         self.file = file;
         self.tokens = delta.tokens.len();
         self.position = delta.end_position;
-        self.bytes = bytes.len() as u64;
+        self.bytes = bytes;
         self.superseded = 0;
         self.last_state = state;
         self.torn = false;
         Ok(())
     }
 
-    /// One record of what `delta` holds past `tokens_before` tokens and position `from`, and
-    /// the bytes of recurrent state in it.
+    /// One record of what `delta` holds past `tokens_before` tokens and position `from`, in
+    /// this file's layout.
     fn record(&self, delta: &Delta<'_>, tokens_before: usize, from: usize) -> Result<(Vec<u8>, u64)> {
-        let mut p = Vec::new();
-        let new = &delta.tokens[tokens_before..];
-        p.extend_from_slice(&(tokens_before as u64).to_le_bytes());
-        p.extend_from_slice(&(new.len() as u32).to_le_bytes());
-        for t in new {
-            p.extend_from_slice(&t.to_le_bytes());
-        }
-        p.extend_from_slice(&delta.sampler_position.to_le_bytes());
-        p.extend_from_slice(&(from as u64).to_le_bytes());
-        p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
-        for snapshot in &delta.kv {
-            match snapshot {
-                LayerSnapshot::Rows(k, v) => {
-                    // A version 1 file (resumed after an upgrade) goes on in its own layout.
-                    if self.version >= 2 {
-                        p.push(ROWS);
-                    }
-                    put_tensor(&mut p, k)?;
-                    put_tensor(&mut p, v)?;
+        record(&self.path, self.version, delta, tokens_before, from)
+    }
+}
+
+/// One record, in the layout of `version`, of what `delta` holds past `tokens_before` tokens and
+/// position `from`, and the bytes of recurrent state in it.
+fn record(path: &Path, version: u32, delta: &Delta<'_>, tokens_before: usize, from: usize) -> Result<(Vec<u8>, u64)> {
+    let mut p = Vec::new();
+    let new = &delta.tokens[tokens_before..];
+    p.extend_from_slice(&(tokens_before as u64).to_le_bytes());
+    p.extend_from_slice(&(new.len() as u32).to_le_bytes());
+    for t in new {
+        p.extend_from_slice(&t.to_le_bytes());
+    }
+    p.extend_from_slice(&delta.sampler_position.to_le_bytes());
+    p.extend_from_slice(&(from as u64).to_le_bytes());
+    p.extend_from_slice(&(delta.end_position as u64).to_le_bytes());
+    for snapshot in &delta.kv {
+        match snapshot {
+            LayerSnapshot::Rows(k, v) => {
+                // A version 1 file (resumed after an upgrade) goes on in its own layout.
+                if version >= 2 {
+                    p.push(ROWS);
                 }
-                // Version 1 files were written only for models without recurrent layers, whose
-                // network shape differs from any model with them.
-                LayerSnapshot::State(..) if self.version < 2 => {
-                    return Err(bad(&self.path, "a recurrent state in a version 1 checkpoint"));
-                }
-                LayerSnapshot::State(conv, recurrent) => {
-                    p.push(STATE);
-                    for t in [conv, recurrent] {
-                        p.extend_from_slice(&(t.dim(2)? as u64).to_le_bytes());
-                        put_tensor(&mut p, t)?;
-                    }
+                put_tensor(&mut p, k)?;
+                put_tensor(&mut p, v)?;
+            }
+            // Version 1 files were written only for models without recurrent layers, whose
+            // network shape differs from any model with them.
+            LayerSnapshot::State(..) if version < 2 => {
+                return Err(bad(path, "a recurrent state in a version 1 checkpoint"));
+            }
+            LayerSnapshot::State(conv, recurrent) => {
+                p.push(STATE);
+                for t in [conv, recurrent] {
+                    p.extend_from_slice(&(t.dim(2)? as u64).to_le_bytes());
+                    put_tensor(&mut p, t)?;
                 }
             }
         }
-        p.extend_from_slice(&(delta.logits.len() as u32).to_le_bytes());
-        for l in delta.logits {
-            p.extend_from_slice(&l.to_le_bytes());
-        }
-        let mut record = Vec::with_capacity(RECORD_FIXED + p.len());
-        record.extend_from_slice(RECORD);
-        record.extend_from_slice(&(p.len() as u64).to_le_bytes());
-        record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
-        record.extend_from_slice(&p);
-        Ok((record, state_bytes(&delta.kv)))
     }
+    p.extend_from_slice(&(delta.logits.len() as u32).to_le_bytes());
+    for l in delta.logits {
+        p.extend_from_slice(&l.to_le_bytes());
+    }
+    let mut record = Vec::with_capacity(RECORD_FIXED + p.len());
+    record.extend_from_slice(RECORD);
+    record.extend_from_slice(&(p.len() as u64).to_le_bytes());
+    record.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+    record.extend_from_slice(&p);
+    Ok((record, state_bytes(&delta.kv)))
+}
+
+/// Writes a file of `identity`'s header and `record` beside `path` under a name of its own,
+/// makes it durable, then renames it over `path` and makes the directory entry durable: a crash
+/// leaves either file whole, never a part of the new one under the name. With `locked`, the new
+/// file is locked before it takes the name. Returns it, positioned at its end, and its length.
+fn write_replacing(path: &Path, identity: &Identity, record: &[u8], locked: bool) -> Result<(File, u64)> {
+    let io = |e| bad(path, e);
+    let mut bytes = header(path, identity)?;
+    bytes.extend_from_slice(record);
+    // Unique per writer: two models of the same weights may save the same state at once.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}-{n}.tmp", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(io)?;
+    if locked {
+        lock(&file, &tmp)?;
+    }
+    let written = file.write_all(&bytes).and_then(|_| file.sync_all()).and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    if let Some(dir) = path.parent().and_then(|d| File::open(d).ok()) {
+        let _ = dir.sync_all();
+    }
+    Ok((file, bytes.len() as u64))
+}
+
+/// Writes a whole state (`delta` covering every position from the first, in one record) to
+/// `path` for `identity`, atomically ([`write_replacing`]). Returns the bytes written. The
+/// thread state cache's files ([`crate::state_cache`]) are such files.
+pub(crate) fn write_whole(path: &Path, identity: &Identity, delta: &Delta<'_>) -> Result<u64> {
+    let (record, _) = record(path, VERSION, delta, 0, 0)?;
+    Ok(write_replacing(path, identity, &record, false)?.1)
+}
+
+/// Reads a file [`write_whole`] wrote, without changing it: its identity and state. A file that
+/// is not whole and intact (a bad header, a torn or damaged record, bytes after it) is an error
+/// saying what is wrong, never a state.
+pub(crate) fn read_whole(path: &Path, layers: usize) -> Result<(Identity, Saved)> {
+    let file = File::open(path).map_err(|e| bad(path, e))?;
+    let len = file.metadata().map_err(|e| bad(path, e))?.len();
+    let mut reader = Bounded { inner: BufReader::new(file), left: len };
+    let (header_end, version, identity) =
+        read_any_header(&mut reader).ok_or_else(|| bad(path, "no intact header of a version this build reads"))?;
+    let (saved, good_end, _) = replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+    let saved = saved.ok_or_else(|| bad(path, "no intact record"))?;
+    if header_end + good_end != len {
+        return Err(bad(path, format!("{} bytes after the last intact record", len - header_end - good_end)));
+    }
+    Ok((identity, saved))
 }
 
 /// Takes the checkpoint's advisory lock (flock(2) on Unix, LockFileEx on Windows): one writer
@@ -418,6 +469,13 @@ impl<R: Read> Bounded<R> {
 /// The end of the header and the file's version, if the header is whole, of a version this
 /// build reads, and names this generation.
 fn read_header(r: &mut Bounded<impl Read>, identity: &Identity) -> Option<(u64, u32)> {
+    let (end, version, found) = read_any_header(r)?;
+    (found == *identity).then_some((end, version))
+}
+
+/// The end of the header, the file's version and the identity it names, if the header is whole
+/// and of a version this build reads.
+fn read_any_header(r: &mut Bounded<impl Read>) -> Option<(u64, u32, Identity)> {
     let fixed = r.bytes(HEADER_FIXED)?;
     if &fixed[..8] != MAGIC {
         return None;
@@ -436,7 +494,7 @@ fn read_header(r: &mut Bounded<impl Read>, identity: &Identity) -> Option<(u64, 
         return None;
     }
     let found: Identity = serde_json::from_slice(&id).ok()?;
-    (found == *identity).then_some(((HEADER_FIXED + len + 4) as u64, version))
+    Some(((HEADER_FIXED + len + 4) as u64, version, found))
 }
 
 /// Applies the records in order; returns the state and the length of the good prefix.
@@ -628,6 +686,7 @@ mod tests {
             sampling: Sampling::greedy(),
             stop: Vec::new(),
             stop_at_eos: true,
+            template: None,
         }
     }
 

@@ -9,6 +9,13 @@ pub fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoints")
 }
 
+/// Where the local engine keeps finished answers' states for follow-ups in their threads
+/// (`nightmail_engine::StateCache`): outside `checkpoints/`, whose sweep removes what belongs
+/// to no job.
+pub fn states_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("state_cache")
+}
+
 pub fn path(data_dir: &Path, job: JobId) -> PathBuf {
     dir(data_dir).join(format!("job-{}.ckpt", job.0))
 }

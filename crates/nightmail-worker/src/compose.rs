@@ -196,9 +196,15 @@ impl Stats<'_> {
         let o = self.outcome;
         let reasoning =
             if o.reasoning_tokens > 0 { format!(" (+{} reasoning)", o.reasoning_tokens) } else { String::new() };
-        let prompt = match o.prompt_tokens {
-            Some(n) => format!("{n} prompt tokens"),
-            None => "prompt tokens not reported".to_string(),
+        let prompt = match (o.prompt_tokens, o.prefilled_tokens) {
+            (Some(n), Some(computed)) if computed < n => {
+                format!(
+                    "{n} prompt tokens ({} restored from the thread's saved state, {computed} computed)",
+                    n - computed
+                )
+            }
+            (Some(n), _) => format!("{n} prompt tokens"),
+            (None, _) => "prompt tokens not reported".to_string(),
         };
         let mut footer = format!(
             "-- \nnightmail: {} via {}\n{prompt}, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
@@ -289,6 +295,9 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, 
     ];
     if let Some(n) = o.prompt_tokens {
         headers.push(("X-Nightmail-Prompt-Tokens", n.to_string()));
+    }
+    if let Some(n) = o.prefilled_tokens {
+        headers.push(("X-Nightmail-Prefilled-Tokens", n.to_string()));
     }
     if let Some(energy) = stats.energy {
         headers.push(("X-Nightmail-Energy-Wh", format!("{:.4}", energy.watt_hours)));
@@ -408,5 +417,44 @@ mod tests {
         assert!(text.contains("Content-Type: multipart/alternative"), "{text}");
         let html = mail_parser::MessageParser::default().parse(&raw).unwrap().body_html(0).unwrap().to_string();
         assert!(html.contains("<p>Hello Ann.</p>"), "{html}");
+    }
+
+    #[test]
+    fn restored_prompt_tokens_are_stated_in_a_header_and_the_footer() {
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let stats = |prefilled: Option<u64>| {
+            let outcome = Outcome {
+                content: "Yes.".into(),
+                prompt_tokens: Some(2000),
+                prefilled_tokens: prefilled,
+                ..Default::default()
+            };
+            let stats = Stats {
+                model_address: &kimi_address,
+                backend: "local m.gguf".into(),
+                outcome: &outcome,
+                wall: Duration::from_secs(1),
+                job: 1,
+                energy: None,
+                api_price: None,
+            };
+            let (body, headers) = answer(&stats, &[]);
+            let Body::Markdown(body) = body else { panic!("a Markdown answer") };
+            (body, headers)
+        };
+        let (body, headers) = stats(Some(60));
+        assert!(
+            body.contains("\n2000 prompt tokens (1940 restored from the thread's saved state, 60 computed), "),
+            "{body}"
+        );
+        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", "60".to_string())), "{headers:?}");
+        assert!(headers.contains(&("X-Nightmail-Prompt-Tokens", "2000".to_string())), "{headers:?}");
+        // All computed: the footer says nothing more, the header says so.
+        let (body, headers) = stats(Some(2000));
+        assert!(body.contains("\n2000 prompt tokens, "), "{body}");
+        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", "2000".to_string())), "{headers:?}");
+        // A server that does not say: no header.
+        let (_, headers) = stats(None);
+        assert!(!headers.iter().any(|(name, _)| *name == "X-Nightmail-Prefilled-Tokens"), "{headers:?}");
     }
 }

@@ -54,16 +54,18 @@ pub type Backends = HashMap<Address, Arc<dyn Backend>>;
 
 /// Builds the backends the configuration names.
 pub fn backends(config: &Config) -> Backends {
-    config.models.iter().map(|model| (model.address.clone(), backend_for(model))).collect()
+    config.models.iter().map(|model| (model.address.clone(), backend_for(model, &config.data_dir))).collect()
 }
 
-fn backend_for(model: &Model) -> Arc<dyn Backend> {
+fn backend_for(model: &Model, data_dir: &std::path::Path) -> Arc<dyn Backend> {
     match &model.backend {
         nightmail_config::BackendConfig::OpenAi { url, model: name, api_key_env, timeout, retries } => {
             let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
             Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
         }
-        nightmail_config::BackendConfig::Local(local) => Arc::new(backend::local::Local::new(local.clone())),
+        nightmail_config::BackendConfig::Local(local) => {
+            Arc::new(backend::local::Local::new(local.clone(), checkpoints::states_dir(data_dir)))
+        }
     }
 }
 
@@ -100,7 +102,7 @@ impl Setup {
             let old = self.config.model(&model.address).filter(|old| old.backend == model.backend);
             let backend = match old.and_then(|old| self.backends.get(&old.address)) {
                 Some(backend) => backend.clone(),
-                None => backend_for(model),
+                None => backend_for(model, &config.data_dir),
             };
             map.insert(model.address.clone(), backend);
         }

@@ -14,14 +14,14 @@
 //! - Each job checkpoints on its own schedule and stops on its own signal between steps.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::time::{Duration, Instant};
 
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
-    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StopReason,
-    StreamConfig, TokenEvent, TokenStream,
+    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StateCache,
+    StopReason, StreamConfig, TokenEvent, TokenStream,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -36,6 +36,8 @@ pub struct Local {
 
 struct Inner {
     config: LocalBackend,
+    /// Where finished answers' states are kept for follow-ups (`state_cache_mb` of them).
+    state_dir: PathBuf,
     /// The engine thread's queue, once started. Shared with the thread, which empties it when
     /// the model fails to load.
     engine: EngineSlot,
@@ -80,8 +82,8 @@ struct Job {
 }
 
 impl Local {
-    pub fn new(config: LocalBackend) -> Local {
-        Local { inner: Arc::new(Inner { config, engine: Arc::new(Mutex::new(None)) }) }
+    pub fn new(config: LocalBackend, state_dir: PathBuf) -> Local {
+        Local { inner: Arc::new(Inner { config, state_dir, engine: Arc::new(Mutex::new(None)) }) }
     }
 }
 
@@ -114,10 +116,11 @@ impl Inner {
         let (tx, rx) = std_mpsc::channel();
         tx.send(job).expect("the receiver is still here");
         let config = self.config.clone();
+        let state_dir = self.state_dir.clone();
         let engine = Arc::clone(&self.engine);
         std::thread::Builder::new()
             .name("nightmail-engine".into())
-            .spawn(move || engine_thread(&config, rx, &engine))
+            .spawn(move || engine_thread(&config, &state_dir, rx, &engine))
             .expect("spawning the engine thread");
         *slot = Some(tx);
     }
@@ -125,7 +128,7 @@ impl Inner {
 
 /// Loads the model, then serves jobs until every sender is gone. A model that cannot be loaded
 /// fails every job given to it (permanently: it will not load on a retry either).
-fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: &EngineSlot) {
+fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiver<Work>, engine: &EngineSlot) {
     let options = LoadOptions {
         stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb),
         // A key/value cache for every job of a batch, and the union of their experts.
@@ -145,6 +148,7 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: 
             return;
         }
     };
+    let states = thread_states(&model, config, state_dir);
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut batch: Vec<Running<'_>> = Vec::new();
     let mut gauge = super::gauge::Gauge::default();
@@ -161,7 +165,7 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: 
         }
         while batch.len() < config.max_batch.max(1) {
             let Some(job) = waiting.pop_front() else { break };
-            if let Some(running) = Running::start(&model, config, job) {
+            if let Some(running) = Running::start(&model, config, job, states.as_ref()) {
                 batch.push(running);
             }
         }
@@ -196,6 +200,7 @@ fn engine_thread(config: &LocalBackend, jobs: std_mpsc::Receiver<Work>, engine: 
                     Some(_) => {
                         let outcome = r.outcome();
                         r.finish(outcome);
+                        r.keep_state(states.as_ref());
                         false
                     }
                 });
@@ -240,14 +245,17 @@ struct Running<'m> {
 impl<'m> Running<'m> {
     /// Opens the job's stream (resuming from its checkpoint if it has one); a job that cannot
     /// start is answered at once.
-    fn start(model: &'m Model, config: &LocalBackend, job: Job) -> Option<Running<'m>> {
-        let stream = match model.stream_deferred(job.request, job.checkpoint.as_deref()) {
+    fn start(model: &'m Model, config: &LocalBackend, job: Job, states: Option<&StateCache>) -> Option<Running<'m>> {
+        let mut stream = match model.stream_deferred(job.request, job.checkpoint.as_deref()) {
             Ok(s) => s,
             Err(e) => {
                 let _ = job.done.send(Err(backend_error(e)));
                 return None;
             }
         };
+        if let Some(states) = states {
+            reuse_state(&mut stream, states);
+        }
         let mut r = Running {
             stream,
             events: job.events,
@@ -336,6 +344,7 @@ impl<'m> Running<'m> {
         outcome.reasoning_tokens = reasoning;
         outcome.output_tokens = generated - reasoning;
         outcome.prompt_tokens = Some(self.stream.prompt_tokens().len() as u64);
+        outcome.prefilled_tokens = Some(self.stream.prefilled_tokens() as u64);
         outcome.finish_reason = match self.stream.stop_reason() {
             Some(StopReason::Eos | StopReason::StopString) => "stop",
             Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",
@@ -348,6 +357,50 @@ impl<'m> Running<'m> {
     fn finish(&mut self, result: Result<Outcome, BackendError>) {
         if let Some(done) = self.done.take() {
             let _ = done.send(result);
+        }
+    }
+}
+
+/// The engine's saved thread states, when `state_cache_mb` keeps any; one that cannot be set
+/// up is logged and the engine runs without.
+fn thread_states(model: &Model, config: &LocalBackend, dir: &Path) -> Option<StateCache> {
+    if config.state_cache_mb == 0 {
+        return None;
+    }
+    match StateCache::open(model, dir, config.state_cache_mb.saturating_mul(1 << 20)) {
+        Ok(states) => Some(states),
+        Err(e) => {
+            tracing::warn!("thread states are not kept: {e}");
+            None
+        }
+    }
+}
+
+/// Starts a job's prompt from its thread's saved state, if one fits: a follow-up prefills only
+/// its new turn. Saved states that could not be used are logged; the prompt is then prefilled.
+fn reuse_state(stream: &mut TokenStream<'_>, states: &StateCache) {
+    let reuse = stream.reuse(states);
+    for e in &reuse.ignored {
+        tracing::warn!("a saved thread state was ignored and removed (the prompt is prefilled): {e}");
+    }
+    if reuse.restored > 0 {
+        tracing::info!(
+            restored = reuse.restored,
+            prompt = stream.prompt_tokens().len(),
+            "the prompt starts from a saved thread state"
+        );
+    }
+}
+
+impl Running<'_> {
+    /// Keeps the finished answer's state for a follow-up in its thread; a failed write is
+    /// logged (the follow-up then prefills its prompt).
+    fn keep_state(&mut self, states: Option<&StateCache>) {
+        let Some(states) = states else { return };
+        match self.stream.keep(states) {
+            Ok(Some(bytes)) => tracing::debug!(bytes, "thread state kept"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("thread state not kept: {e}"),
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct Outcome {
     pub reasoning: String,
     /// `None` when the server did not report usage (llama-cpp-python's stream does not).
     pub prompt_tokens: Option<u64>,
+    /// Of the prompt tokens, those the model ran; the rest were restored (a thread's saved
+    /// state, or the job's checkpoint). `None` when the backend does not say (a server's).
+    pub prefilled_tokens: Option<u64>,
     /// Answer tokens, reasoning not included.
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
