@@ -90,7 +90,7 @@ EIGHT=(--memory-mb "$BUDGET_MB" --kv-tokens "$KV_TOKENS_BATCH" --batch 1,8)
 # Verify passes of up to 8 rows: reserve for 8 sequences' experts in flight, as batch 8 does.
 VERIFY=(--memory-mb "$BUDGET_MB" --kv-tokens "$KV_TOKENS_BATCH" --verify 1,2,4,8)
 # Experts alone streamed: the dense weights resident beside an expert cache.
-DENSE_MB=$("$NM" model plan "$MODEL" "${ONE[@]}" --disk-gbps 1 --json | python3 -c '
+DENSE_MB=$("$NM" model plan "$MODEL" "${ONE[@]}" --batch 1 --disk-gbps 1 --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)["plan"]["sizes"]
 print((s["fixed_bytes"] + sum(l["resident_bytes"] for l in s["layers"])) >> 20)')
