@@ -203,6 +203,9 @@ pub struct BatchReport {
     pub experts: usize,
     pub top_k: usize,
     pub points: Vec<BatchPoint>,
+    /// The process's memory after the last batch size (its peak over all of them).
+    #[serde(flatten)]
+    pub rss: Rss,
 }
 
 /// Aggregate decode rate at each batch size, in one run on one loaded model: `batch` sequences
@@ -232,6 +235,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
         measured.push((batch, t0.elapsed().as_secs_f64(), stream_stats(&model)));
         eprintln!("batch {batch}: {:.3} s/step", measured.last().map_or(0.0, |m| m.1) / opts.tokens.max(1) as f64);
     }
+    let rss = rss();
     drop(model);
     let bw = (before + probe_disk(opts, &file, start, "after")?) / 2.0;
     let steps = opts.tokens.max(1) as f64;
@@ -276,7 +280,7 @@ pub fn bench_batch(opts: &BenchOptions, batches: &[usize]) -> Result<BatchReport
             }
         })
         .collect();
-    Ok(BatchReport { tokens: opts.tokens, disk_gbps: bw / 1e9, experts, top_k: k, points })
+    Ok(BatchReport { tokens: opts.tokens, disk_gbps: bw / 1e9, experts, top_k: k, points, rss })
 }
 
 /// One width of [`bench_verify`]: a pass over `positions` rows of one sequence (the drawn token
