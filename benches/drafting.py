@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Issue 18's drafting goal on SmolLM2-135M-Instruct (Q4_1) with real mail text: a "summarize
 this forwarded transcript" job and a reply that must quote the question, each run greedily with
-`--draft none` and `--draft lookup` in the same run (alternating, `--repeat` times). Prints, per
-job: the tokens, the model passes after the prompt (`verify_steps`), tokens per pass (1 + the
-accepted drafts per pass: the issue's "mean tokens accepted per verify step", goal >= 1.6),
-whether the text is identical to plain greedy, and the median decode wall time per answer of
-each mode.
+`--draft none`, `--draft lookup` (as many guesses per pass as the measured cost of a row and the
+acceptance rate make worth it) and `--draft lookup --draft-row-cost 0` ("all": every guess lookup
+finds, the schedule before it measured costs) in the same run (alternating, `--repeat` times).
+Prints, per job: the tokens, the model passes after the prompt (`verify_steps`), tokens per pass
+(1 + the accepted drafts per pass: the issue's "mean tokens accepted per verify step", goal >=
+1.6), whether the text is identical to plain greedy, and the median decode wall time per answer
+of each mode.
 
     python3 benches/drafting.py [--tokens 200] [--repeat 3] [--threads 2] [--draft-max N] [--model PATH]
 
@@ -35,10 +37,13 @@ def jobs():
     ]
 
 
-def generate(model, prompt, tokens, draft, threads, draft_max=None):
+def generate(model, prompt, tokens, mode, threads, draft_max=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    draft = "none" if mode == "none" else "lookup"
     cmd = [nightmail_binary(), "model", "generate", "--model", model, "--chat", "--prompt", prompt,
            "--max-new-tokens", str(tokens), "--greedy", "--json", "--draft", draft]
+    if mode == "all":
+        cmd += ["--draft-row-cost", "0"]
     if draft_max and draft != "none":
         cmd += ["--draft-max", str(draft_max)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -55,24 +60,29 @@ def main():
     a = ap.parse_args()
     model = a.model or model_path()
     print(f"model {model}, {a.threads} threads, up to {a.tokens} new tokens, {a.repeat} runs per mode")
-    print(f"{'job':<10} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
-          f"{'drafted':>7} {'same':>5} {'plain s':>8} {'lookup s':>8} {'speedup':>7}")
+    print(f"{'job':<10} {'mode':<7} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
+          f"{'drafted':>7} {'same':>5} {'plain s':>8} {'mode s':>8} {'speedup':>7}  row cost")
     all_ok = True
+    modes = ("none", "lookup", "all")
     for name, prompt in jobs():
-        runs = {"none": [], "lookup": []}
+        runs = {m: [] for m in modes}
         for _ in range(a.repeat):
-            for draft in ("none", "lookup"):
-                runs[draft].append(generate(model, prompt, a.tokens, draft, a.threads, a.draft_max))
-        plain, look = runs["none"][0], runs["lookup"][0]
-        same = all(r["text"] == plain["text"] and r["tokens"] == plain["tokens"] for r in runs["none"] + runs["lookup"])
-        all_ok &= same
-        passes = look["verify_steps"]
-        per_pass = (passes + look["accepted"]) / passes if passes else 0.0
+            for mode in modes:
+                runs[mode].append(generate(model, prompt, a.tokens, mode, a.threads, a.draft_max))
+        plain = runs["none"][0]
         t_plain = statistics.median(r["decode_seconds"] for r in runs["none"])
-        t_look = statistics.median(r["decode_seconds"] for r in runs["lookup"])
-        print(f"{name:<10} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} {per_pass:>8.2f} "
-              f"{look['accepted']:>8} {look['drafted']:>7} {'yes' if same else 'NO':>5} {t_plain:>8.2f} "
-              f"{t_look:>8.2f} {t_plain / t_look:>6.2f}x")
+        for mode in modes[1:]:
+            look = runs[mode][0]
+            same = all(r["text"] == plain["text"] and r["tokens"] == plain["tokens"] for r in runs["none"] + runs[mode])
+            all_ok &= same
+            passes = look["verify_steps"]
+            per_pass = (passes + look["accepted"]) / passes if passes else 0.0
+            t_look = statistics.median(r["decode_seconds"] for r in runs[mode])
+            costs = [r["pass_cost"] for r in runs[mode] if r.get("pass_cost")]
+            row = statistics.median(c["per_row_s"] / c["base_s"] for c in costs) if costs else float("nan")
+            print(f"{name:<10} {mode:<7} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} "
+                  f"{per_pass:>8.2f} {look['accepted']:>8} {look['drafted']:>7} {'yes' if same else 'NO':>5} "
+                  f"{t_plain:>8.2f} {t_look:>8.2f} {t_plain / t_look:>6.2f}x  {row:.2f}")
         if os.environ.get("DRAFTING_SHOW"):
             print(plain["text"])
     sys.exit(0 if all_ok else 1)

@@ -264,3 +264,47 @@ fn a_striped_int8_spine_pack_generates_and_benches_per_disk() {
         assert!(d["disk_bytes"].as_u64().unwrap() > 0 && d["busy_gbps"].as_f64().unwrap() > 0.0, "{d}");
     }
 }
+
+/// `model bench --memory-mb` with dense layers streamed: `--batch 1,4` reads the dense stream once
+/// per step, not once per sequence, and the experts of the union of the routes; `--verify 1,4`
+/// reads it once per pass for all the pass's rows.
+#[test]
+fn bench_batch_and_verify_read_the_dense_stream_once_per_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    run(Command::new(BIN).args(["model", "synth", "--layers", "4", "--experts", "16", "--top-k", "4"]).args([
+        "--hidden",
+        "1024",
+        "--expert-ffn",
+        "256",
+        "--vocab",
+        "2000",
+        "--out",
+        model.to_str().unwrap(),
+    ]));
+    let bench = |args: &[&str]| -> serde_json::Value {
+        let out = run(Command::new(BIN)
+            .args(["model", "bench", "--model", model.to_str().unwrap(), "--kv-tokens", "64", "--tokens", "4"])
+            .args(["--probe-mb", "1", "--json"])
+            .args(args));
+        serde_json::from_str(&out).unwrap()
+    };
+    let f = |v: &serde_json::Value, key: &str| v[key].as_f64().unwrap();
+    // 24 MiB holds the embedding, head and caches, not the 21 MiB of dense layers: they stream.
+    let batch = bench(&["--memory-mb", "24", "--batch", "1,4"]);
+    let [one, four] = batch["points"].as_array().unwrap().as_slice() else { panic!("{batch}") };
+    let dense = f(one, "dense_disk_bytes_per_step");
+    assert!(dense > 0.0, "{batch}");
+    // Per sequence it would be 4x; the read-ahead at the end of the timed steps may add a layer.
+    assert!(f(four, "dense_disk_bytes_per_step") < 1.5 * dense, "{batch}");
+    assert_eq!(f(one, "experts_per_layer_step"), 4.0, "{batch}");
+    assert!((4.0..=16.0).contains(&f(four, "experts_per_layer_step")), "{batch}");
+    assert!(f(four, "union_bound_speedup") > 1.0 && f(four, "speedup") > 0.0, "{batch}");
+
+    let verify = bench(&["--memory-mb", "16", "--verify", "1,4"]);
+    let [one, four] = verify["points"].as_array().unwrap().as_slice() else { panic!("{verify}") };
+    assert!(f(one, "dense_disk_bytes_per_pass") > 0.0, "{verify}");
+    assert!(f(four, "dense_disk_bytes_per_pass") < 1.5 * f(one, "dense_disk_bytes_per_pass"), "{verify}");
+    assert_eq!((f(one, "bound_ratio"), f(one, "cost_ratio")), (1.0, 1.0), "{verify}");
+    assert!(f(four, "experts_per_layer_pass") > 4.0 && f(four, "bound_ratio") > 1.0, "{verify}");
+}

@@ -10,6 +10,10 @@
 
 use serde::{Deserialize, Serialize};
 
+mod schedule;
+
+pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
+
 /// How a generation drafts tokens ahead of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -34,20 +38,24 @@ impl std::str::FromStr for Draft {
 }
 
 /// Prompt lookup's parameters: the longest n-gram tried first (a longer match predicts better),
-/// the shortest accepted, and the most tokens guessed per pass.
+/// the shortest accepted, the most tokens guessed per pass, and how many of those to guess at
+/// each pass ([`DraftLength`]: from the measured cost of a pass's rows and the stream's
+/// acceptance rate, `schedule.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct PromptLookup {
     pub max_ngram: usize,
     pub min_ngram: usize,
     pub max_draft: usize,
+    pub length: DraftLength,
 }
 
 impl Default for PromptLookup {
     /// transformers' `prompt_lookup_num_tokens` default is 10 with n-grams of up to 2. Here
     /// n-grams of 3 down to 2 (a single repeated token predicts little) and at most 8 guesses
-    /// per pass, fewer while guesses are rejected (see `benches/drafting.py`).
+    /// per pass, as many as the measured cost and acceptance make worth it (see
+    /// `benches/drafting.py`).
     fn default() -> Self {
-        PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 8 }
+        PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 8, length: DraftLength::Measured }
     }
 }
 
@@ -81,7 +89,7 @@ mod tests {
 
     #[test]
     fn the_longest_suffix_that_occurred_before_gives_what_followed_it() {
-        let p = PromptLookup { max_ngram: 3, min_ngram: 1, max_draft: 4 };
+        let p = PromptLookup { max_ngram: 3, min_ngram: 1, max_draft: 4, ..PromptLookup::default() };
         // "7 8 9" occurred at 1..4 followed by 10 11 12 13; "8 9" alone occurs later too.
         let context = [1, 7, 8, 9, 10, 11, 12, 13, 5, 8, 9, 4, 2, 7, 8, 9];
         assert_eq!(p.propose(&context, 8), vec![10, 11, 12, 13]);
@@ -90,7 +98,7 @@ mod tests {
 
     #[test]
     fn a_shorter_match_is_used_when_no_longer_one_occurred_and_the_latest_wins() {
-        let p = PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 3 };
+        let p = PromptLookup { max_ngram: 3, min_ngram: 2, max_draft: 3, ..PromptLookup::default() };
         let context = [5, 6, 1, 2, 5, 6, 3, 4, 9, 5, 6];
         assert_eq!(p.propose(&context, 8), vec![3, 4, 9]);
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
-use crate::draft::{Draft, PromptLookup};
+use crate::draft::{Acceptance, Draft, DraftLength, PromptLookup, best_draft_len};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -133,10 +133,15 @@ pub struct TokenStream<'m> {
     /// Drafted tokens the last verify pass ran after the last generated token, each with the
     /// logits that follow it: in the cache, but not accepted yet.
     ahead: VecDeque<(u32, Vec<f32>)>,
-    /// How many tokens the next verify pass may guess: more after a pass whose guesses were all
-    /// accepted, fewer after a rejection (transformers' "heuristic" schedule for assistant
-    /// models), since each guessed position costs compute whether it is accepted or not.
-    draft_len: usize,
+    /// Guesses made but not run (the schedule chose plain decoding), judged against the drawn
+    /// tokens as run guesses are, so that the acceptance rate is known whether drafting pays or
+    /// not.
+    shadow: VecDeque<u32>,
+    /// The running rate at which guesses hold, and the guesses accepted so far in the current
+    /// run (run or shadow): with the model's pass costs they set each pass's number of guesses
+    /// (`draft/schedule.rs`).
+    acceptance: Acceptance,
+    run_accepted: usize,
     verify_steps: usize,
     drafted: usize,
     accepted: usize,
@@ -193,7 +198,12 @@ impl Model {
         if groups.is_empty() {
             return Ok(events);
         }
+        let rows: usize = groups.iter().map(|(_, t)| t.len()).sum();
+        let t0 = Instant::now();
         let logits = rayon::scope(|_| self.net.forward_verify_groups(&mut groups))?;
+        if !prefilling {
+            self.passes.record(rows, t0.elapsed().as_secs_f64());
+        }
         let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t)));
         for ((s, fed), rows) in fed.zip(logits) {
             let rows = rows.to_vec2::<f32>()?;
@@ -306,7 +316,6 @@ impl Model {
             }
             None => (None, nothing, Vec::new(), 0),
         };
-        let draft_len = request.lookup.max_draft;
         let mut stream = TokenStream {
             model: self,
             cache,
@@ -324,7 +333,9 @@ impl Model {
             replay: Vec::new(),
             prompt_fed,
             ahead: VecDeque::new(),
-            draft_len,
+            shadow: VecDeque::new(),
+            acceptance: Acceptance::default(),
+            run_accepted: 0,
             verify_steps: 0,
             drafted: 0,
             accepted: 0,
@@ -461,6 +472,7 @@ impl TokenStream<'_> {
         }
         let Some((event, feed)) = self.pick()? else { return Ok(None) };
         if let Some(fed) = feed.map(|id| self.plan_feed(id)).transpose()?.flatten() {
+            let t0 = Instant::now();
             let rows = if self.cache.verifying() {
                 let model = self.model;
                 let mut group = [(&mut self.cache, &fed[..])];
@@ -469,6 +481,7 @@ impl TokenStream<'_> {
             } else {
                 vec![self.model.logits(&fed, &mut self.cache)?]
             };
+            self.model.passes.record(fed.len(), t0.elapsed().as_secs_f64());
             self.take_rows(&fed, rows);
         }
         Ok(Some(event))
@@ -489,16 +502,18 @@ impl TokenStream<'_> {
         if self.request.draft == Draft::None {
             return Ok(Some(vec![id]));
         }
+        self.judge_shadow(id);
         if let Some((draft, logits)) = self.ahead.pop_front() {
             if draft == id {
                 self.accepted += 1;
+                self.run_accepted += 1;
                 self.next_logits = Some(logits);
                 if self.ahead.is_empty() {
-                    self.draft_len = (self.draft_len + 2).min(self.request.lookup.max_draft);
+                    self.verdict(false);
                 }
                 return Ok(None);
             }
-            self.draft_len = self.draft_len.saturating_sub(1).max(1);
+            self.verdict(true);
             let before_draft = self.cache.position() - self.ahead.len() - 1;
             self.ahead.clear();
             self.cache.roll_back(before_draft)?;
@@ -506,12 +521,57 @@ impl TokenStream<'_> {
         // Guesses that the context or the token budget has no room for are never needed.
         let context_room = self.model.spec().context_length.saturating_sub(self.cache.position() + 2);
         let budget = self.request.max_new_tokens.saturating_sub(self.tokens.len());
-        let mut fed = vec![id];
+        let room = context_room.min(budget).min(self.request.lookup.max_draft);
         let mut history = self.prompt_tokens.clone();
         history.extend(&self.tokens);
-        fed.extend(self.request.lookup.propose(&history, context_room.min(budget).min(self.draft_len)));
-        self.cache.begin_verify();
+        let k = self.draft_len(room);
+        let mut fed = vec![id];
+        if k == 0 {
+            if self.shadow.is_empty() {
+                self.shadow = self.request.lookup.propose(&history, room).into();
+            }
+        } else {
+            // A run of guesses not run that still holds ends here, none of it rejected.
+            if !self.shadow.is_empty() {
+                self.shadow.clear();
+                self.verdict(false);
+            }
+            fed.extend(self.request.lookup.propose(&history, k));
+        }
+        if fed.len() > 1 {
+            self.cache.begin_verify();
+        }
         Ok(Some(fed))
+    }
+
+    /// How many tokens to guess, at most `room`: as many as pay for their rows
+    /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
+    /// extra row (none measured yet: as many as allowed, which measures it).
+    fn draft_len(&self, room: usize) -> usize {
+        let row_cost = match self.request.lookup.length {
+            DraftLength::RowCost(r) => r,
+            DraftLength::Measured => self.model.passes.line().map_or(0.0, |l| l.row_cost()),
+        };
+        best_draft_len(self.acceptance.rate(), row_cost, room)
+    }
+
+    /// Judges the next guess that was not run against the drawn token `id`.
+    fn judge_shadow(&mut self, id: u32) {
+        let Some(guess) = self.shadow.pop_front() else { return };
+        if guess == id {
+            self.run_accepted += 1;
+            if self.shadow.is_empty() {
+                self.verdict(false);
+            }
+        } else {
+            self.shadow.clear();
+            self.verdict(true);
+        }
+    }
+
+    /// A run of guesses ended: rejected at its next guess, or all accepted.
+    fn verdict(&mut self, rejected: bool) {
+        self.acceptance.record(std::mem::take(&mut self.run_accepted), rejected);
     }
 
     /// The logits of a pass over `fed` (one row per token of a verify pass, else the last):

@@ -32,9 +32,12 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use bench::{BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, bench, bench_batch, rss};
+pub use bench::{
+    AcceptancePoint, BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, VerifyPoint, VerifyReport,
+    bench, bench_batch, bench_verify, rss,
+};
 pub use chat::{ChatMessage, ChatTemplate};
-pub use draft::{Draft, PromptLookup};
+pub use draft::{CostLine, Draft, DraftLength, PassCosts, PromptLookup};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
@@ -69,6 +72,8 @@ pub struct Model {
     streaming: Option<Arc<StreamingExperts>>,
     dense: Option<Arc<StreamingLayers>>,
     plan: Option<MemoryPlan>,
+    /// The time of its decode and verify passes by width, which sets how much drafts guess.
+    passes: PassCosts,
 }
 
 /// How to load a model.
@@ -151,7 +156,13 @@ impl Model {
             streaming,
             dense,
             plan,
+            passes: PassCosts::default(),
         })
+    }
+
+    /// The measured cost of this model's passes by their rows (drafting's cost model).
+    pub fn pass_costs(&self) -> &PassCosts {
+        &self.passes
     }
 
     /// The dense layer stream, when a memory budget left some layers on disk.

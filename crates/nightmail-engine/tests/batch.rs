@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use nightmail_engine::{
-    GenerateRequest, LoadOptions, Model, Prompt, Sampling, StreamConfig, SynthArch, SynthDtype, SynthSpec, synth,
+    GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StreamConfig, SynthArch, SynthDtype,
+    SynthSpec, synth,
 };
 
 /// A small model of the benchmark's kind: Q4_0 experts, F16 dense weights.
@@ -66,6 +67,12 @@ fn alone(model: &Model, prompts: &[Vec<u32>], i: usize) -> Steps {
 
 /// All four together, sequence i joining after 2·i steps.
 fn together(model: &Model, prompts: &[Vec<u32>]) -> Vec<Steps> {
+    together_counted(model, prompts).0
+}
+
+/// As [`together`], with the number of model passes the steps ran.
+fn together_counted(model: &Model, prompts: &[Vec<u32>]) -> (Vec<Steps>, u64) {
+    let mut passes = 0;
     let mut streams: Vec<_> =
         (0..4).map(|i| model.stream_deferred(request(prompts[i].clone(), 12, samplings()[i]), None).unwrap()).collect();
     let mut out = vec![Vec::new(); 4];
@@ -73,14 +80,18 @@ fn together(model: &Model, prompts: &[Vec<u32>]) -> Vec<Steps> {
     while streams.iter().any(|s| s.stop_reason().is_none()) {
         let joined = (step / 2 + 1).min(4);
         let mut batch: Vec<_> = streams.iter_mut().take(joined).collect();
+        // A step runs a pass if a stream prefills, or draws a token and goes on (runs it).
+        let mut ran = batch.iter().any(|s| s.stop_reason().is_none() && s.is_prefilling());
         for (i, e) in model.step(&mut batch, 8).unwrap().into_iter().enumerate() {
             if let Some(e) = e {
                 out[i].push((e.id, e.logits.unwrap()));
+                ran |= batch[i].stop_reason().is_none();
             }
         }
+        passes += u64::from(ran);
         step += 1;
     }
-    out
+    (out, passes)
 }
 
 #[test]
@@ -99,6 +110,37 @@ fn sequences_decoded_together_get_exactly_what_they_get_alone() {
     assert_eq!(together(&streamed, &prompts()), want);
     let stats = streamed.streaming().unwrap().stats();
     assert!(stats.misses > 0, "{stats:?}");
+}
+
+#[test]
+fn streamed_dense_layers_are_read_once_per_step_for_the_whole_batch() {
+    // Issue 17's batching: every dense layer streamed (the window holds one layer) and the
+    // expert cache one sequence's step of experts (a quarter of a layer's), four sequences
+    // together: each gets the bits it gets alone from the resident model, and each step asks the
+    // layer stream for each layer once, whatever the number of sequences in it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth_model(dir.path());
+    let want: Vec<Steps> = {
+        let model = Model::load(&path).unwrap();
+        (0..4).map(|i| alone(&model, &prompts(), i)).collect()
+    };
+    let layers = 3;
+    let ask = |bytes| MemoryBudget { bytes, kv_tokens: 128, batch: 1, stream_layers: Some((0..layers).collect()) };
+    let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap().minimum_bytes;
+    let streamed = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least)) }).unwrap();
+    let plan = streamed.memory_plan().unwrap();
+    assert_eq!(plan.streamed_layers.len(), layers, "{plan:?}");
+    let cached = plan.expert_cache_bytes / plan.sizes.expert_max_bytes;
+    assert!(cached < plan.sizes.experts_per_layer, "the expert cache holds a layer's experts: {plan:?}");
+    let (got, passes) = together_counted(&streamed, &prompts());
+    assert_eq!(got, want);
+    let dense = streamed.dense_stream().unwrap().stats();
+    assert_eq!(dense.requests, passes * layers as u64, "one request per layer per step: {dense:?}");
+    // Read ahead or on demand, each layer is read at most once per step (none is read for one
+    // sequence and again for the next).
+    assert!(dense.layer_reads <= dense.requests + layers as u64, "{dense:?}");
+    let experts = streamed.streaming().unwrap().stats();
+    assert!(experts.misses > 0 && experts.evictions > 0, "{experts:?}");
 }
 
 #[test]

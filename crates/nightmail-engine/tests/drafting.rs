@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, PromptLookup, Sampling};
+use nightmail_engine::{Completion, Draft, DraftLength, GenerateRequest, Model, Prompt, PromptLookup, Sampling};
 
 /// A prompt that repeats itself, so that lookup finds n-grams to draft from at once, and long
 /// enough that the answer runs into its own repetitions too.
@@ -32,7 +32,9 @@ fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Dra
     r.draft = draft;
     // Single-token matches too: a random-weight fixture rarely repeats a pair of tokens, and
     // both verdicts should be exercised.
-    r.lookup = PromptLookup { min_ngram: 1, ..PromptLookup::default() };
+    // These tests check what drafts do, so each pass guesses all lookup finds, whatever a row
+    // costs on this machine (`the_draft_length_follows_the_cost_of_a_row` checks the schedule).
+    r.lookup = PromptLookup { min_ngram: 1, length: DraftLength::RowCost(0.0), ..PromptLookup::default() };
     r
 }
 
@@ -121,6 +123,30 @@ fn sampled_with_drafts_draws_the_tokens_plain_sampling_draws() {
             assert_eq!(drafted.tokens, plain.tokens, "{arch} seed {seed}");
         }
     }
+}
+
+#[test]
+fn the_draft_length_follows_the_cost_of_a_row() {
+    let model = Model::load(common::fixture("qwen3_moe")).unwrap();
+    let prompt = Prompt::Tokens(repetitive_prompt());
+    let (plain, _) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Draft::None));
+    assert_eq!(model.pass_costs().line(), None, "plain decoding times one width only");
+    // A row that costs a whole pass: no guess can pay for itself, so none is run (lookup still
+    // guesses, judged against the drawn tokens), and the tokens are the plain ones.
+    let mut dear = request(prompt.clone(), 24, Sampling::greedy(), Draft::Lookup);
+    dear.lookup.length = DraftLength::RowCost(1.0);
+    let (c, _) = run(&model, dear);
+    assert_eq!(c.tokens, plain.tokens);
+    assert_eq!((c.drafted, c.verify_steps), (0, plain.verify_steps));
+    // Measured: before a wider pass has been timed the stream guesses (and so times one); after,
+    // it guesses as the measured cost allows. The tokens are the plain ones either way.
+    let mut measured = request(prompt, 24, Sampling::greedy(), Draft::Lookup);
+    measured.lookup.length = DraftLength::Measured;
+    let (m, _) = run(&model, measured);
+    assert_eq!(m.tokens, plain.tokens);
+    assert!(m.drafted > 0, "no wider pass was timed");
+    let line = model.pass_costs().line().expect("one-row and wider passes were timed");
+    assert!(line.base_s > 0.0 && line.per_row_s >= 0.0, "{line:?}");
 }
 
 fn smollm2() -> PathBuf {

@@ -66,10 +66,14 @@ pub enum ModelCommand {
         /// way; only the number of passes (`verify_steps`) changes.
         #[arg(long, default_value = "none")]
         draft: nightmail_engine::Draft,
-        /// With --draft lookup: the most tokens guessed per pass (the guesses per pass adapt
-        /// below it to how many were accepted).
+        /// With --draft lookup: the most tokens guessed per pass (below it, as many as pay for
+        /// their rows at the acceptance rate so far and this model's measured cost of a row).
         #[arg(long)]
         draft_max: Option<usize>,
+        /// With --draft lookup: take an extra row of a pass to cost this fraction of a one-row
+        /// pass instead of measuring it (0: guess as many as --draft-max allows).
+        #[arg(long)]
+        draft_row_cost: Option<f64>,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
         /// them all.
         #[arg(long, conflicts_with = "memory_mb")]
@@ -125,7 +129,7 @@ pub enum ModelCommand {
         #[arg(long)]
         model: PathBuf,
         /// The expert cache's budget.
-        #[arg(long, required_unless_present = "memory_mb", conflicts_with = "memory_mb")]
+        #[arg(long, required_unless_present_any = ["memory_mb", "verify"], conflicts_with = "memory_mb")]
         cache_mb: Option<usize>,
         /// One memory budget for the whole model (dense layers stream too; the plan sizes the
         /// expert cache).
@@ -166,6 +170,18 @@ pub enum ModelCommand {
         /// compare their aggregate tokens/s with the first's (`--tokens` steps each).
         #[arg(long, value_delimiter = ',')]
         batch: Vec<usize>,
+        /// Instead: time verify passes of one sequence over this many rows each, e.g. 1,2,4,8
+        /// (the first is the reference), `--tokens` passes per width, against the bound that
+        /// reading each weight once allows; without --cache-mb or --memory-mb the model is
+        /// resident.
+        #[arg(long, value_delimiter = ',', conflicts_with = "batch")]
+        verify: Vec<usize>,
+        /// With --verify: the acceptance rates (per guess) to give s/token at.
+        #[arg(long, value_delimiter = ',', default_value = "0.5,0.7,0.9")]
+        acceptance: Vec<f64>,
+        /// With --verify: rounds that take the widths in turn.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -247,6 +263,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             json,
             draft,
             draft_max,
+            draft_row_cost,
             cache_mb,
             memory_mb,
         } => {
@@ -268,6 +285,9 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             request.draft = draft;
             if let Some(n) = draft_max {
                 request.lookup.max_draft = n;
+            }
+            if let Some(cost) = draft_row_cost {
+                request.lookup.length = nightmail_engine::DraftLength::RowCost(cost);
             }
             let options = LoadOptions {
                 stream: cache_mb.map(StreamConfig::with_cache_mb),
@@ -337,6 +357,9 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             probe_parallel,
             greedy,
             batch,
+            verify,
+            acceptance,
+            rounds,
             json,
         } => {
             let mut stream = StreamConfig::with_cache_mb(cache_mb.unwrap_or(0));
@@ -359,6 +382,15 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 probe_parallel,
                 greedy,
             };
+            if !verify.is_empty() {
+                let r = nightmail_engine::bench_verify(&opts, &verify, &acceptance, rounds)?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print_verify_bench(&r);
+                }
+                return Ok(());
+            }
             if !batch.is_empty() {
                 let r = nightmail_engine::bench_batch(&opts, &batch)?;
                 if json {
@@ -433,10 +465,12 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
 
 fn print_batch_bench(r: &nightmail_engine::BatchReport) {
     println!("{} steps per batch size; disk {:.2} GB/s; {} experts, top {}", r.tokens, r.disk_gbps, r.experts, r.top_k);
-    println!("batch  s/step  tokens/s  speedup  union bound  experts/layer/step  disk/step  measured/floor  hit rate");
+    println!(
+        "batch  s/step  tokens/s  speedup  union bound  experts/layer/step  disk/step  (dense)  measured/floor  hit rate"
+    );
     for p in &r.points {
         println!(
-            "{:>5}  {:>6.3}  {:>8.3}  {:>7.2}  {:>11.2}  {:>18.1}  {:>9}  {:>14.2}  {:>7.1}%",
+            "{:>5}  {:>6.3}  {:>8.3}  {:>7.2}  {:>11.2}  {:>18.1}  {:>9}  {:>7}  {:>14.2}  {:>7.1}%",
             p.batch,
             p.s_per_step,
             p.tokens_per_s,
@@ -444,8 +478,38 @@ fn print_batch_bench(r: &nightmail_engine::BatchReport) {
             p.union_bound_speedup,
             p.experts_per_layer_step,
             bytes(p.disk_bytes_per_step as u64),
+            bytes(p.dense_disk_bytes_per_step as u64),
             p.ratio_to_floor,
             100.0 * p.hit_rate
+        );
+    }
+}
+
+fn print_verify_bench(r: &nightmail_engine::VerifyReport) {
+    println!(
+        "{} passes per width in {} rounds; disk {:.2} GB/s; {} experts, top {}",
+        r.passes, r.rounds, r.disk_gbps, r.experts, r.top_k
+    );
+    println!(
+        "rows  s/pass  cost ratio  bound  cost/bound  experts/layer/pass  disk/pass  (dense)  s/token at acceptance"
+    );
+    for p in &r.points {
+        let at: Vec<String> = p
+            .at_acceptance
+            .iter()
+            .map(|a| format!("{:.2}: {:.3} ({:.2}x)", a.acceptance, a.s_per_token, a.speedup))
+            .collect();
+        println!(
+            "{:>4}  {:>6.3}  {:>10.2}  {:>5.2}  {:>10.2}  {:>18.1}  {:>9}  {:>7}  {}",
+            p.positions,
+            p.s_per_pass,
+            p.cost_ratio,
+            p.bound_ratio,
+            p.ratio_to_bound,
+            p.experts_per_layer_pass,
+            bytes(p.disk_bytes_per_pass as u64),
+            bytes(p.dense_disk_bytes_per_pass as u64),
+            at.join(", ")
         );
     }
 }
@@ -756,6 +820,8 @@ fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadO
             "verify_steps": completion.verify_steps,
             "drafted": completion.drafted,
             "accepted": completion.accepted,
+            // The cost line drafting chose its guesses by (one-row pass and each extra row, s).
+            "pass_cost": model.pass_costs().line(),
         });
         if !rows.is_empty() {
             out["logits"] = serde_json::json!(rows);

@@ -457,6 +457,31 @@ impl Transformer {
         Ok(())
     }
 
+    /// Verify passes' rows (`(first row, rows)` of `h`, the post-attention state at MoE layer
+    /// `l`): guess layer l+1's experts for each row with its router, as [`Transformer::look_ahead`]
+    /// does for a decode step, and prefetch the union, so that a verify pass's expert reads
+    /// overlap its compute as a decode step's do. (Recall is scored on decode steps only.)
+    fn look_ahead_rows(&self, l: usize, h: &Tensor, rows: &[(usize, usize)]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let Some(layer) = self.peek(l + 1) else { return Ok(()) };
+        let FeedForward::Moe(moe) = &layer.ffn else { return Ok(()) };
+        let mut ids: Vec<ExpertId> = Vec::new();
+        for &(first, n) in rows {
+            for route in moe.router.route(&layer.ffn_norm.forward(&h.narrow(0, first, n)?)?)? {
+                for &(expert, _) in route.experts.iter().take(self.prefetch.depth) {
+                    let id = ExpertId { layer: l + 1, expert };
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        self.experts.prefetch(&ids);
+        Ok(())
+    }
+
     /// A new sequence's state: an empty cache or a zero recurrent state per layer (known for a
     /// streamed layer without its weights in memory).
     pub fn new_cache(&self) -> SequenceState {
@@ -546,13 +571,18 @@ impl Transformer {
                 FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
                     let routes = moe.router.route(&n)?;
-                    // Decoding sequences guess their next layer's experts (prefills do not).
+                    // Decoding sequences and verify passes guess their next layer's experts
+                    // (prefills do not).
+                    let mut verify_rows = Vec::new();
                     for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
                         if prefetching && t.len() == 1 {
                             let route: Vec<usize> = routes[off].experts.iter().map(|(e, _)| *e).collect();
                             self.look_ahead(l, &h.narrow(0, off, 1)?, &route, cache)?;
+                        } else if prefetching && cache.verifying() {
+                            verify_rows.push((off, t.len()));
                         }
                     }
+                    self.look_ahead_rows(l, &h, &verify_rows)?;
                     moe.forward_routed(&n, &routes)?
                 }
             };
