@@ -84,7 +84,7 @@ macro_rules! streaming_tests {
 }
 
 // kimi_linear's routed experts stream while its KDA layers keep their recurrent state.
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear);
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, glm4_moe, minimax_m2);
 
 /// kimi_k3 (safetensors only: K3 has no GGUF form here): its routed experts live in the latent
 /// width and stream as any others do.
@@ -264,7 +264,17 @@ mod dense {
         )*};
     }
 
-    dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+    dense_streaming_tests!(
+        llama,
+        mixtral,
+        qwen2_moe,
+        qwen3_moe,
+        deepseek_v3,
+        gpt_oss,
+        kimi_linear,
+        glm4_moe,
+        minimax_m2
+    );
 
     #[test]
     fn safetensors_and_packed_dense_layers_stream_bit_identical() {
