@@ -92,36 +92,35 @@ mod tests {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
     }
 
-    #[test]
-    fn glm4_moe_reads_the_same_from_config_json_and_from_its_gguf_keys() {
-        // The GGUF counts a NextN block past the 3 layers, as GLM-4.5's conversions do.
-        for path in [fixture("glm4_moe"), fixture("glm4_moe/model.gguf")] {
+    /// `name`'s spec from its config.json and from its GGUF, each checked for the grouped-query
+    /// attention both fixtures share (4 heads over 2 kv heads of 16, half of each rotated) and
+    /// for `routing`, the expert widths and which layers route.
+    fn check_both(name: &str, architecture: Architecture, routing: Routing, shared: Option<usize>, moe: &[bool]) {
+        for path in [fixture(name), fixture(name).join("model.gguf")] {
             let at = path.display();
             let s = ModelSpec::read(&Checkpoint::open(&path).unwrap()).unwrap();
-            assert_eq!((s.architecture, s.layers), (Architecture::Glm4Moe, 3), "{at}");
+            assert_eq!((s.architecture, s.layers), (architecture, moe.len()), "{at}");
             let a = &s.attention;
             assert_eq!((a.heads, a.kv_heads, a.head_dim, a.rope_dim), (4, 2, 16, 8), "{at}");
             assert_eq!(a.rope_style, crate::spec::RopeStyle::HalfSplit, "{at}");
-            let moe = s.moe.expect("experts");
-            let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
-            assert_eq!((moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn), (8, routing, 32, Some(32)));
-            assert_eq!(s.moe_layers, vec![false, true, true], "{at}: the first layer is dense");
+            let m = s.moe.expect("experts");
+            assert_eq!((m.experts, m.routing, m.expert_ffn, m.shared_expert_ffn), (8, routing, 32, shared), "{at}");
+            assert_eq!(s.moe_layers, moe, "{at}");
         }
     }
 
     #[test]
+    fn glm4_moe_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        // The GGUF counts a NextN block past the 3 layers, as GLM-4.5's conversions do; the first
+        // layer is dense.
+        let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
+        check_both("glm4_moe", Architecture::Glm4Moe, routing, Some(32), &[false, true, true]);
+    }
+
+    #[test]
     fn minimax_m2_reads_the_same_from_config_json_and_from_its_gguf_keys() {
-        for path in [fixture("minimax_m2"), fixture("minimax_m2/model.gguf")] {
-            let at = path.display();
-            let s = ModelSpec::read(&Checkpoint::open(&path).unwrap()).unwrap();
-            assert_eq!((s.architecture, s.layers), (Architecture::MinimaxM2, 2), "{at}");
-            let a = &s.attention;
-            assert_eq!((a.heads, a.kv_heads, a.head_dim, a.rope_dim), (4, 2, 16, 8), "{at}");
-            let moe = s.moe.expect("experts");
-            let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 1.0 };
-            assert_eq!((moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn), (8, routing, 32, None));
-            assert_eq!(s.moe_layers, vec![true, true], "{at}");
-        }
+        let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 1.0 };
+        check_both("minimax_m2", Architecture::MinimaxM2, routing, None, &[true, true]);
     }
 
     /// A copy of `fixture`'s `file` (and config.json) with one tensor's name changed in place:
