@@ -11,6 +11,7 @@ use crate::format::{Checkpoint, GgufFile, HfDir};
 
 mod delta_net;
 pub use delta_net::DeltaNetSpec;
+mod gqa_moe;
 
 /// The architectures this engine runs. Each picks its attention and routing parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -38,6 +39,14 @@ pub enum Architecture {
     /// Qwen3.5-MoE's text model (transformers `qwen3_5_moe`, llama.cpp `qwen35moe`): Qwen3-Next's
     /// layers with the DeltaNet projections stored apart.
     Qwen35Moe,
+    /// Zhipu's GLM-4.5 (transformers `Glm4MoeForCausalLM`, llama.cpp `glm4moe`): grouped-query
+    /// attention with q/k/v biases, rotary on part of each head and optional per-head q/k norms;
+    /// DeepSeek-V3's sigmoid routing and shared expert.
+    Glm4Moe,
+    /// MiniMax-M2 (transformers `MiniMaxM2ForCausalLM`, llama.cpp `minimax-m2`): grouped-query
+    /// attention with q/k norms across all heads and partial rotary; sigmoid routing with a
+    /// correction bias, no shared expert.
+    MinimaxM2,
 }
 
 impl Architecture {
@@ -49,6 +58,11 @@ impl Architecture {
     /// Kimi Linear and K3: KDA layers between NoPE latent-attention layers.
     pub fn is_kimi_hybrid(self) -> bool {
         matches!(self, Architecture::KimiLinear | Architecture::KimiK3)
+    }
+
+    /// Grouped-query attention with DeepSeek-V3's sigmoid router (spec/gqa_moe.rs).
+    pub fn is_sigmoid_gqa(self) -> bool {
+        matches!(self, Architecture::Glm4Moe | Architecture::MinimaxM2)
     }
 }
 
@@ -195,6 +209,9 @@ pub struct AttentionSpec {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Grouped attention: the dimensions of each head that rotate, from its start (GLM-4.5's
+    /// and MiniMax-M2's partial rotary; head_dim for the others); the rest pass unrotated.
+    pub rope_dim: usize,
     pub rope_theta: f64,
     pub rope_style: RopeStyle,
     /// YaRN context extension, when the model was trained with it.
@@ -210,9 +227,6 @@ pub struct AttentionSpec {
     /// Qwen3-Next's gated attention: q_proj also gives a gate per head, and the attention output
     /// is multiplied by its sigmoid before o_proj (transformers `Qwen3NextAttention`).
     pub output_gate: bool,
-    /// Rotate only the first this many dimensions of each head (`partial_rotary_factor`;
-    /// llama.cpp's `rope.dimension_count`); None: all of them.
-    pub rotary_dim: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -391,16 +405,13 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("kimi-k3", _) => Architecture::KimiK3,
         ("qwen3next", _) => Architecture::Qwen3Next,
         ("qwen35moe", _) => Architecture::Qwen35Moe,
+        ("glm4moe", _) => Architecture::Glm4Moe,
+        ("minimax-m2", _) => Architecture::MinimaxM2,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
-    let layers = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
-    // Qwen3.5's converter counts its multi-token-prediction blocks in block_count
-    // (conversion/qwen.py `_Qwen35MtpMixin`); llama.cpp's main pass runs the others only.
-    let layers = match architecture.is_qwen_hybrid() {
-        true => layers - (g.uint(&key("nextn_predict_layers")).unwrap_or(0) as usize).min(layers - 1),
-        false => layers,
-    };
+    let blocks = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
+    let layers = gqa_moe::layers_from_gguf(g, &arch_name, blocks)?;
     let heads = need("attention.head_count")?;
     let k3 = architecture == Architecture::KimiK3;
     let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
@@ -425,6 +436,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
     };
+    let rope_dim = gqa_moe::rope_dim_from_gguf(g, &arch_name, head_dim, mla.is_some())?;
     let rope_scaling = if kda.is_some() { None } else { yarn_from_gguf(g, &arch_name)? };
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let sliding_window = (0..layers)
@@ -448,7 +460,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         // (unless told) do not.
         let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
         // (Kimi Linear's converter writes it.)
-        let normalize = g.boolean(&key("expert_weights_norm")).unwrap_or(default_norm);
+        let normalize =
+            gqa_moe::normalize_from_gguf(architecture, g.boolean(&key("expert_weights_norm"))).unwrap_or(default_norm);
         let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
             Some(f) => f as usize,
             None => need("feed_forward_length")?,
@@ -462,10 +475,12 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             },
             _ => ffn_activation,
         };
-        let (routing, shared_expert_ffn) = if latent {
+        let (routing, shared_expert_ffn) = if latent || architecture.is_sigmoid_gqa() {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
-            // gating with its max-scored groups is another router.
-            let gating = g.uint(&key("expert_gating_func")).unwrap_or(1);
+            // gating with its max-scored groups is another router. glm4moe and minimax-m2 route
+            // by sigmoid when the key is absent (llama.cpp's glm4moe loader; transformers has
+            // no other router for either).
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(if latent { 1 } else { 2 });
             if gating != 2 {
                 return Err(EngineError::Unsupported {
                     what: format!("{arch_name} expert gating function {gating}"),
@@ -525,6 +540,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 None => g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
             },
             head_dim,
+            rope_dim,
             rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
             // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
             // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
@@ -539,14 +555,15 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 | Architecture::GptOss
                 | Architecture::Qwen3Next
                 // qwen35's interleaved MRoPE gives text positions the same angles as NEOX.
-                | Architecture::Qwen35Moe => RopeStyle::HalfSplit,
+                | Architecture::Qwen35Moe
+                | Architecture::Glm4Moe
+                | Architecture::MinimaxM2 => RopeStyle::HalfSplit,
             },
             rope_scaling,
             sliding_window,
             sinks: architecture == Architecture::GptOss,
             mla,
             output_gate: architecture.is_qwen_hybrid(),
-            rotary_dim: g.uint(&key("rope.dimension_count")).map(|r| r as usize).filter(|r| *r < head_dim),
         },
         moe,
         moe_layers: Vec::new(),
@@ -604,6 +621,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "qwen3_next" => Architecture::Qwen3Next,
         // The multimodal checkpoint's type, or its text model's alone (`Qwen3_5MoeForCausalLM`).
         "qwen3_5_moe" | "qwen3_5_moe_text" => Architecture::Qwen35Moe,
+        "glm4_moe" => Architecture::Glm4Moe,
+        "minimax_m2" => Architecture::MinimaxM2,
         _ if get("architectures")
             .and_then(Json::as_array)
             .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
@@ -637,7 +656,9 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             | Architecture::KimiLinear
             | Architecture::KimiK3
             | Architecture::Qwen3Next
-            | Architecture::Qwen35Moe => None,
+            | Architecture::Qwen35Moe
+            | Architecture::Glm4Moe
+            | Architecture::MinimaxM2 => None,
             // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
             // sliding first.
             Architecture::GptOss => {
@@ -660,14 +681,19 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let moe = if experts > 0 && architecture != Architecture::Llama {
         let top_k = need("num_experts_per_tok")?;
         let normalize = match architecture {
-            Architecture::Mixtral => true,
-            // KimiLinearConfig's default renormalizes, and Qwen3.5-MoE's router always does
-            // (transformers `Qwen3VLMoeTextTopKRouter`); the others' do not.
-            _ => get("norm_topk_prob")
-                .and_then(Json::as_bool)
-                .unwrap_or(architecture.is_kimi_hybrid() || architecture == Architecture::Qwen35Moe),
+            // MiniMaxM2TopKRouter always renormalizes.
+            Architecture::Mixtral | Architecture::MinimaxM2 => true,
+            // KimiLinearConfig's and Glm4MoeConfig's defaults renormalize, and Qwen3.5-MoE's router
+            // always does (transformers `Qwen3VLMoeTextTopKRouter`); the others' do not.
+            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(
+                architecture.is_kimi_hybrid()
+                    || architecture == Architecture::Qwen35Moe
+                    || architecture == Architecture::Glm4Moe,
+            ),
         };
         let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
+        // GLM-4.5's default is one shared expert (Glm4MoeConfig); the others' none.
+        let shared_experts = uint("n_shared_experts").unwrap_or(usize::from(architecture == Architecture::Glm4Moe));
         let activation = match architecture {
             Architecture::GptOss => Activation::ClampedSwiGlu {
                 alpha: get("swiglu_alpha").and_then(Json::as_f64).map_or(Activation::GPT_OSS_ALPHA, |v| v as f32),
@@ -675,36 +701,39 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             },
             _ => ffn_activation,
         };
-        let (routing, shared_expert_ffn) =
-            if matches!(architecture, Architecture::DeepseekV3) || architecture.is_kimi_hybrid() {
-                // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`, the same); the
-                // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
-                // Kimi's checkpoints name the scoring `moe_router_activation_func`.
-                let scoring = get("scoring_func")
-                    .or_else(|| get("moe_router_activation_func"))
-                    .and_then(Json::as_str)
-                    .unwrap_or("sigmoid");
-                if scoring != "sigmoid" {
-                    return Err(EngineError::Unsupported {
-                        what: format!("{model_type} scoring function `{scoring}`"),
-                        hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
-                    });
-                }
-                let routing = Routing::GroupedSigmoid {
-                    top_k,
-                    groups: uint("n_group").unwrap_or(1).max(1),
-                    top_groups: uint("topk_group").unwrap_or(1).max(1),
-                    normalize,
-                    scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
-                };
-                (routing, Some(uint("n_shared_experts").unwrap_or(0) * expert_ffn).filter(|v| *v > 0))
-            } else {
-                let routing = match architecture {
-                    Architecture::GptOss => Routing::TopKSoftmax { top_k },
-                    _ => Routing::SoftmaxTopK { top_k, normalize },
-                };
-                (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
+        let (routing, shared_expert_ffn) = if matches!(architecture, Architecture::DeepseekV3)
+            || architecture.is_kimi_hybrid()
+            || architecture.is_sigmoid_gqa()
+        {
+            // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`,
+            // `Glm4MoeTopkRouter`, the same; `MiniMaxM2TopKRouter` is it with one group); the
+            // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
+            // Kimi's checkpoints name the scoring `moe_router_activation_func`.
+            let scoring = get("scoring_func")
+                .or_else(|| get("moe_router_activation_func"))
+                .and_then(Json::as_str)
+                .unwrap_or("sigmoid");
+            if scoring != "sigmoid" {
+                return Err(EngineError::Unsupported {
+                    what: format!("{model_type} scoring function `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
+                });
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: uint("n_group").unwrap_or(1).max(1),
+                top_groups: uint("topk_group").unwrap_or(1).max(1),
+                normalize,
+                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
             };
+            (routing, Some(shared_experts * expert_ffn).filter(|v| *v > 0))
+        } else {
+            let routing = match architecture {
+                Architecture::GptOss => Routing::TopKSoftmax { top_k },
+                _ => Routing::SoftmaxTopK { top_k, normalize },
+            };
+            (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
+        };
         // K3's routed experts work in `routed_expert_hidden_size` (kimi-k3.cpp build_latent_moe).
         let latent = match uint("routed_expert_hidden_size") {
             Some(width) if architecture == Architecture::KimiK3 => {
@@ -741,6 +770,10 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         (Architecture::KimiK3, block) => block,
         _ => None,
     };
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => uint("head_dim").unwrap_or(hidden_size / heads),
+    };
     let generation = crate::format::read_json_opt(&h.dir().join("generation_config.json"));
     let ids = |v: Option<&Json>| -> Vec<u32> {
         match v {
@@ -766,10 +799,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         attention: AttentionSpec {
             heads,
             kv_heads: if mla.is_some() { 1 } else { uint("num_key_value_heads").unwrap_or(heads) },
-            head_dim: match &mla {
-                Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
-                None => uint("head_dim").unwrap_or(hidden_size / heads),
-            },
+            head_dim,
+            rope_dim: gqa_moe::rope_dim_from_hf(c, architecture, head_dim, &path)?,
             rope_theta,
             // transformers' `rope_interleave` (DeepSeek's own weights rotate adjacent pairs).
             rope_style: match (&mla, get("rope_interleave").and_then(Json::as_bool)) {
@@ -780,11 +811,6 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             sliding_window,
             sinks: architecture == Architecture::GptOss,
             output_gate: architecture.is_qwen_hybrid(),
-            rotary_dim: partial_rotary(
-                rope,
-                get("partial_rotary_factor"),
-                uint("head_dim").unwrap_or(hidden_size / heads),
-            ),
             mla,
         },
         moe,
@@ -797,13 +823,6 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })
-}
-
-/// The rotated width from `partial_rotary_factor` (in transformers 5's `rope_parameters`, or
-/// flat), as transformers' `compute_default_rope_parameters`: `int(head_dim · factor)`.
-fn partial_rotary(rope: Option<&Json>, flat: Option<&Json>, head_dim: usize) -> Option<usize> {
-    let factor = rope.and_then(|r| r.get("partial_rotary_factor")).or(flat).and_then(Json::as_f64)?;
-    Some((head_dim as f64 * factor) as usize).filter(|r| *r < head_dim)
 }
 
 /// Kimi Linear's layer kinds and KDA widths, with transformers' `KimiLinearConfig` precedence:

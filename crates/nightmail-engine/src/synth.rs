@@ -831,7 +831,7 @@ mod tests {
         let d = info.spec.delta_net.as_ref().expect("Gated DeltaNet layers");
         assert_eq!((d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim, &d.layers[..]), (1, 2, 64, 64, &[0, 1, 2][..]));
         let a = &info.spec.attention;
-        assert_eq!((a.output_gate, a.rotary_dim, info.spec.zero_centered_norms), (true, Some(16), false));
+        assert_eq!((a.output_gate, a.rope_dim, info.spec.zero_centered_norms), (true, 16, false));
         assert_eq!(info.spec.moe.as_ref().unwrap().shared_expert_ffn, Some(64));
         runs_a_prompt_and_a_step(&out);
     }

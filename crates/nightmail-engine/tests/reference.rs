@@ -78,7 +78,9 @@ macro_rules! reference_tests {
 
 // kimi_linear: KDA layers (a 72-token prompt, so transformers' chunked prefill crosses a chunk
 // boundary, then recurrent decoding) around a NoPE latent-attention layer.
-reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+// glm4_moe: partial rotary, q/k/v biases, per-head q/k norms, DeepSeek-V3's routing; its GGUF
+// counts a NextN block. minimax_m2: q/k norms across all heads, partial rotary, sigmoid routing.
+reference_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear, glm4_moe, minimax_m2);
 
 // qwen3_next: Gated DeltaNet layers (two value heads per key head; chunked prefill across a chunk
 // boundary, then recurrent decoding) around a gated full-attention layer with partial rotation

@@ -74,7 +74,8 @@ macro_rules! requantize_tests {
     )*};
 }
 
-requantize_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+// minimax_m2 quantized takes ggml's numerics: partial rotary and q/k norms across heads in its row loops.
+requantize_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear, minimax_m2);
 
 #[test]
 fn an_unknown_dense_type_is_refused_naming_the_choices() {

@@ -88,6 +88,8 @@ macro_rules! streaming_tests {
 streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, kimi_k3);
 // qwen3_next's and qwen3_5_moe's too, beside their Gated DeltaNet states and shared experts' gates.
 streaming_tests!(qwen3_next, qwen3_5_moe);
+// GLM-4.5's and MiniMax-M2's rotate part of each head; MiniMax-M2 norms q and k across heads.
+streaming_tests!(glm4_moe, minimax_m2);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.
@@ -260,6 +262,7 @@ mod dense {
     dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
     // A streamed Gated DeltaNet layer is built from its read buffers as a resident one is.
     dense_streaming_tests!(qwen3_next);
+    dense_streaming_tests!(glm4_moe, minimax_m2);
 
     #[test]
     fn safetensors_and_packed_dense_layers_stream_bit_identical() {

@@ -399,7 +399,14 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "attn_kv_a_mqa.weight" => &["self_attn.kv_a_proj_with_mqa.weight"],
         "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight"],
         "attn_kv_b.weight" => &["self_attn.kv_b_proj.weight"],
-        "exp_probs_b.bias" => &["mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias"],
+        // MiniMax-M2 keeps its router's bias on the MoE block (`block_sparse_moe`, transformers
+        // 5's in-memory `mlp`).
+        "exp_probs_b.bias" => &[
+            "mlp.gate.e_score_correction_bias",
+            "block_sparse_moe.gate.e_score_correction_bias",
+            "block_sparse_moe.e_score_correction_bias",
+            "mlp.e_score_correction_bias",
+        ],
         // Kimi Linear's KDA layers, under llama.cpp's `kimi-linear` names. `ssm_a` is the same
         // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader
         // converts by the file's format (model/kda.rs).

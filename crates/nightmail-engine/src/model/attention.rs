@@ -1,8 +1,9 @@
 //! Causal multi-head attention with grouped key/value heads (GQA, Ainslie et al., arXiv
-//! 2305.13245), rotary positions, optional per-head q/k RMSNorm (Qwen3), an optional sliding
-//! window (Mistral, arXiv 2310.06825), optional attention sinks (gpt-oss), and Qwen3-Next's
-//! output gate with partial rotation. Follows transformers' `LlamaAttention` /
-//! `Qwen3MoeAttention` / `GptOssAttention` / `Qwen3NextAttention`.
+//! 2305.13245), rotary positions (on part of each head for Qwen3-Next, GLM-4.5 and MiniMax-M2),
+//! optional q/k RMSNorm per head (Qwen3, GLM-4.5) or across all heads (MiniMax-M2), an optional
+//! sliding window (Mistral, arXiv 2310.06825), optional attention sinks (gpt-oss) and Qwen3-Next's
+//! output gate. Follows transformers' `LlamaAttention` / `Qwen3MoeAttention` / `GptOssAttention` /
+//! `Qwen3NextAttention` / `Glm4MoeAttention` / `MiniMaxM2Attention`.
 
 use candle_core::{Device, Tensor};
 use half::f16;
@@ -18,11 +19,11 @@ pub struct Attention {
     pub(crate) k: Linear,
     pub(crate) v: Linear,
     pub(crate) o: Linear,
-    /// Qwen3's per-head RMSNorm of queries and keys, before rotation.
+    /// RMSNorm of queries and keys before rotation: per head where the weight is one head wide
+    /// (Qwen3, GLM-4.5), across all heads where it is as wide as them (MiniMax-M2, whose
+    /// `q_norm` normalizes the whole q_proj output before the split into heads).
     pub(crate) qk_norm: Option<(RmsNorm, RmsNorm)>,
     pub(crate) rope: Rope,
-    /// The dimensions of each head `rope` rotates, from the first (Qwen3-Next rotates a quarter).
-    pub(crate) rotary_dim: usize,
     /// Qwen3-Next: q_proj gives per head `[query, gate]`, and the attended rows are multiplied by
     /// σ(gate) before o_proj.
     pub(crate) output_gate: bool,
@@ -64,17 +65,6 @@ impl Attention {
         }
     }
 
-    /// Rotary positions on `x` (`[1, heads, tokens, head_dim]`): all of each head, or its first
-    /// `rotary_dim` dimensions with the rest passed through (transformers `apply_rotary_pos_emb`).
-    fn rotate(&self, x: &Tensor, start: usize) -> Result<Tensor> {
-        if self.rotary_dim == self.head_dim {
-            return self.rope.apply(x, start);
-        }
-        let turned = self.rope.apply(&x.narrow(3, 0, self.rotary_dim)?, start)?;
-        let kept = x.narrow(3, self.rotary_dim, self.head_dim - self.rotary_dim)?;
-        Ok(Tensor::cat(&[&turned, &kept], 3)?.contiguous()?)
-    }
-
     /// Attention of projected rows at positions `start..` over `cache` (to which their keys and
     /// values are appended): `[tokens, heads · head_dim]`, before the output projection.
     pub(crate) fn attend(
@@ -101,16 +91,13 @@ impl Attention {
         cache: &mut candle_nn::kv_cache::KvCache,
     ) -> Result<Tensor> {
         let (t, d) = (q.dim(0)?, self.head_dim);
-        let mut q = q.reshape((t, self.heads, d))?;
-        let mut k = k.reshape((t, self.kv_heads, d))?;
+        let (q, k) = self.normed(q, k)?;
+        let q = q.reshape((t, self.heads, d))?;
+        let k = k.reshape((t, self.kv_heads, d))?;
         let v = v.reshape((t, self.kv_heads, d))?;
-        if let Some((qn, kn)) = &self.qk_norm {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
         // [1, heads, tokens, head_dim]
-        let q = self.rotate(&q.transpose(0, 1)?.unsqueeze(0)?, start)?;
-        let k = self.rotate(&k.transpose(0, 1)?.unsqueeze(0)?, start)?;
+        let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, start)?;
+        let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, start)?;
         let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let (k, v) = cache.append(&k, &v)?;
         let s = k.dim(2)?;
@@ -148,11 +135,7 @@ impl Attention {
     /// tinyBLAS's dot order, a single token `ggml_vec_dot_f16`'s (see [`DotOrder`]).
     fn attend_ggml(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize, cache: &mut F16Cache) -> Result<Tensor> {
         let (t, d, heads, kv_heads) = (q.dim(0)?, self.head_dim, self.heads, self.kv_heads);
-        let (mut q, mut k) = (q.clone(), k.clone());
-        if let Some((qn, kn)) = &self.qk_norm {
-            q = qn.forward(&q.reshape((t, heads, d))?)?.reshape((t, heads * d))?;
-            k = kn.forward(&k.reshape((t, kv_heads, d))?)?.reshape((t, kv_heads * d))?;
-        }
+        let (q, k) = self.normed(q, k)?;
         let mut q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let mut k = k.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let v = v.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
@@ -198,6 +181,17 @@ impl Attention {
             out.par_chunks_mut(d).enumerate().for_each(head_row);
         }
         Ok(Tensor::from_vec(out, (t, heads * d), &Device::Cpu)?)
+    }
+
+    /// Queries and keys `[tokens, heads · head_dim]` after the q/k norms, each over rows as wide
+    /// as its weight (one head, or all of them).
+    fn normed(&self, q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
+        let Some((qn, kn)) = &self.qk_norm else { return Ok((q.clone(), k.clone())) };
+        let rows = |norm: &RmsNorm, x: &Tensor| -> Result<Tensor> {
+            let (t, width) = x.dims2()?;
+            Ok(norm.forward(&x.reshape((t * width / norm.len(), norm.len()))?)?.reshape((t, width))?)
+        };
+        Ok((rows(qn, q)?, rows(kn, k)?))
     }
 
     /// Additive mask `[tokens, keys]`: query i (at position start+i) sees key j when j ≤ start+i

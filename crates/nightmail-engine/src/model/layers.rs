@@ -176,6 +176,11 @@ impl RmsNorm {
         RmsNorm { weight, row_weight, eps: eps as f32, numerics: Numerics::Reference }
     }
 
+    /// The width of the rows it normalizes.
+    pub(crate) fn len(&self) -> usize {
+        self.row_weight.len()
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         match self.numerics {

@@ -53,8 +53,17 @@ impl Rope {
         super::ggml::rotate(row, angles, self.style == RopeStyle::Interleaved)
     }
 
-    /// Rotate `x`: `[1, heads, tokens, dim]` for positions `start..start + tokens`.
+    /// Rotate `x`: `[1, heads, tokens, head_dim]` for positions `start..start + tokens`. A head
+    /// wider than the rotation keeps its last dimensions as they are (partial rotary,
+    /// transformers' `apply_rotary_pos_emb` with a `rotary_dim` below head_dim; ggml_rope's
+    /// `n_dims`).
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let (head_dim, rotated) = (x.dim(3)?, 2 * self.inv_freq.len());
+        if head_dim > rotated {
+            let turned = self.apply(&x.narrow(3, 0, rotated)?, start)?;
+            let kept = x.narrow(3, rotated, head_dim - rotated)?.contiguous()?;
+            return Ok(Tensor::cat(&[&turned, &kept], 3)?.contiguous()?);
+        }
         let tokens = x.dim(2)?;
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(tokens * half);

@@ -323,11 +323,23 @@ impl Transformer {
             (_, Some(dims)) => SelfAttention::Latent(load_mla(ck, spec, l, dims)?),
             (_, None) => {
                 let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+                // A pair or neither (MiniMax-M2 always has them); half a pair is a broken file.
+                let required = spec.architecture == crate::spec::Architecture::MinimaxM2;
                 let qk_norm = match (opt("attn_q_norm.weight")?, opt("attn_k_norm.weight")?) {
-                    (Some(q), Some(k)) => Some((norm(&q, spec, numerics)?, norm(&k, spec, numerics)?)),
-                    _ => None,
+                    (None, None) if !required => None,
+                    (q, k) => {
+                        let q = q.map_or_else(|| t("attn_q_norm.weight"), Ok)?;
+                        let k = k.map_or_else(|| t("attn_k_norm.weight"), Ok)?;
+                        // One head wide, or (MiniMax-M2) as wide as all of them.
+                        if q.shape != [q_dim] {
+                            q.expect_shape(&[a.head_dim])?;
+                        }
+                        if k.shape != [kv_dim] {
+                            k.expect_shape(&[a.head_dim])?;
+                        }
+                        Some((norm(&q, spec, numerics)?, norm(&k, spec, numerics)?))
+                    }
                 };
-                let rotary = a.rotary_dim.unwrap_or(a.head_dim);
                 // Qwen3-Next's q_proj gives each head's query and then its gate.
                 let q_rows = if a.output_gate { 2 * q_dim } else { q_dim };
                 SelfAttention::Grouped(Attention {
@@ -336,8 +348,7 @@ impl Transformer {
                     v: linear("attn_v", kv_dim, hidden)?,
                     o: linear("attn_output", hidden, q_dim)?,
                     qk_norm,
-                    rope: Rope::new(rotary, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
-                    rotary_dim: rotary,
+                    rope: Rope::new(a.rope_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
                     output_gate: a.output_gate,
                     heads: a.heads,
                     kv_heads: a.kv_heads,
@@ -349,7 +360,13 @@ impl Transformer {
         };
         let ffn = match (&spec.moe, spec.moe_layers[l]) {
             (Some(moe), true) => {
-                let choice_bias = match opt("exp_probs_b.bias")? {
+                // GLM-4.5's and MiniMax-M2's routers always have one: without it the choice
+                // would quietly differ from the reference, so its absence is a broken file.
+                let bias = match spec.architecture.is_sigmoid_gqa() {
+                    true => Some(t("exp_probs_b.bias")?),
+                    false => opt("exp_probs_b.bias")?,
+                };
+                let choice_bias = match bias {
                     Some(b) => {
                         b.expect_shape(&[moe.experts])?;
                         Some(b.to_f32()?.to_vec1::<f32>()?)

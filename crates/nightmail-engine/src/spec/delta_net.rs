@@ -195,7 +195,7 @@ mod tests {
                 assert_eq!(shape, (2, 4, 8, 8, 4, &[0, 1, 2][..]), "{arch}");
                 assert_eq!(d.v_head_order, tiled, "{arch}: only llama.cpp's qwen35 converter tiles");
                 let a = &s.attention;
-                assert_eq!((a.heads, a.kv_heads, a.head_dim, a.rotary_dim, a.output_gate), (4, 2, 16, Some(4), true));
+                assert_eq!((a.heads, a.kv_heads, a.head_dim, a.rope_dim, a.output_gate), (4, 2, 16, 4, true));
                 assert_eq!(s.zero_centered_norms, centred, "{arch}: the converter adds 1 to the norms");
                 let moe = s.moe.as_ref().expect("experts");
                 let routing = Routing::SoftmaxTopK { top_k: 2, normalize: true };
