@@ -134,6 +134,8 @@ pub(crate) struct Session {
     pub utf8: bool,
     /// COMPRESS DEFLATE is active (RFC 4978).
     pub compressed: bool,
+    /// The client enabled IMAP4rev2 (RFC 9051 §6.3.1): rev2's responses where they differ.
+    pub rev2: bool,
     pub state: State,
     pub server: Server,
     /// The tag of the IDLE in progress.
@@ -226,6 +228,7 @@ pub(crate) async fn run(
         tls_active: false,
         utf8: false,
         compressed: false,
+        rev2: false,
         state: State::NotAuthenticated,
         idle: None,
         authenticating: None,
@@ -400,6 +403,12 @@ impl Session {
                     continue;
                 }
                 Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
+                    if let Some(list) = command::list_extended::recognise(discarded_bytes.declassify()) =>
+                {
+                    self.extended_list(list);
+                    continue;
+                }
+                Err(Interrupt::Error(FlowError::MalformedMessage { discarded_bytes }))
                     if let Some(command) = command::append::utf8_append(discarded_bytes.declassify()) =>
                 {
                     command_since = None;
@@ -480,6 +489,21 @@ impl Session {
         }
     }
 
+    /// LIST with RFC 5258 syntax, which imap-codec does not parse (`command/list_extended.rs`).
+    fn extended_list(&mut self, list: command::list_extended::ExtendedList) {
+        let result = list.request.map_err(ImapError::bad).and_then(|request| command::list::list(self, &request));
+        if let Err(e) = self.sync(true) {
+            tracing::warn!("imap: mailbox update failed: {e}");
+        }
+        match result {
+            Ok(done) => self.tagged(list.tag, StatusKind::Ok, done.code, &done.text),
+            Err(e) => {
+                let (kind, code, message) = e.reply();
+                self.tagged(list.tag, kind, code, &message);
+            }
+        }
+    }
+
     /// Moves the flow's queued output to `out`. Once the queue is empty the flow goes on to the
     /// input, so what it returns then (a pipelined command, an error) is kept in `stolen` for the
     /// session loop to take next; a request for more input is not kept, since the flow asks again.
@@ -501,6 +525,13 @@ impl Session {
         self.transport.write_all(&self.out, limit).await?;
         self.out.clear();
         Ok(())
+    }
+
+    /// Adds an encoded response to `out` behind everything queued before it: for what imap-codec
+    /// cannot encode whole (LIST's CHILDINFO).
+    pub(crate) fn raw(&mut self, encoded: &[u8]) {
+        self.flush_queued();
+        self.out.extend_from_slice(encoded);
     }
 
     /// Adds an encoded response to `out` behind everything queued before it, and writes `out`
