@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{Daemon, PASSWORD, config};
 
-const MESSAGES: usize = 64;
+const MESSAGES: usize = 48;
 const MESSAGE_BYTES: usize = 1024 * 1024;
 
 fn connect(daemon: &Daemon) -> (TcpStream, BufReader<TcpStream>) {

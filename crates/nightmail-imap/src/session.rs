@@ -134,8 +134,6 @@ pub(crate) struct Session {
     pub utf8: bool,
     /// COMPRESS DEFLATE is active (RFC 4978).
     pub compressed: bool,
-    /// The client enabled IMAP4rev2 (RFC 9051 §6.3.1): rev2's responses where they differ.
-    pub rev2: bool,
     pub state: State,
     pub server: Server,
     /// The tag of the IDLE in progress.
@@ -228,7 +226,6 @@ pub(crate) async fn run(
         tls_active: false,
         utf8: false,
         compressed: false,
-        rev2: false,
         state: State::NotAuthenticated,
         idle: None,
         authenticating: None,

@@ -89,7 +89,7 @@ pub(crate) fn run(
             patterns: vec![pattern],
             select: Selection::default(),
             returns: Returns::default(),
-            extended: s.rev2,
+            extended: false,
         };
         return list(s, &request);
     }

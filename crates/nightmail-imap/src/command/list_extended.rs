@@ -71,8 +71,8 @@ pub(crate) struct ListRequest {
     pub patterns: Vec<ListMailbox<'static>>,
     pub select: Selection,
     pub returns: Returns,
-    /// RFC 5258 syntax was used (or the session enabled IMAP4rev2): a hierarchy level that is no
-    /// mailbox is `\NonExistent` (§3), and CHILDINFO may be sent.
+    /// RFC 5258 syntax was used: a hierarchy level that is no mailbox is `\NonExistent` (§3),
+    /// and CHILDINFO may be sent.
     pub extended: bool,
 }
 
