@@ -475,6 +475,10 @@ impl Session {
             self.return_search(search);
             return Some(Flow::Continue);
         }
+        if let Some(list) = command::list_extended::recognise(bytes) {
+            self.extended_list(list);
+            return Some(Flow::Continue);
+        }
         if let Some((tag, tags)) = command::context::recognise_cancel(bytes) {
             return Some(command::dispatch_cancel(self, tag, tags));
         }
@@ -506,6 +510,21 @@ impl Session {
         }
     }
 
+    /// LIST with RFC 5258 syntax, which imap-codec does not parse (`command/list_extended.rs`).
+    fn extended_list(&mut self, list: command::list_extended::ExtendedList) {
+        let result = list.request.map_err(ImapError::bad).and_then(|request| command::list::list(self, &request));
+        if let Err(e) = self.sync(true) {
+            tracing::warn!("imap: mailbox update failed: {e}");
+        }
+        match result {
+            Ok(done) => self.tagged(list.tag, StatusKind::Ok, done.code, &done.text),
+            Err(e) => {
+                let (kind, code, message) = e.reply();
+                self.tagged(list.tag, kind, code, &message);
+            }
+        }
+    }
+
     /// Moves the flow's queued output to `out`. Once the queue is empty the flow goes on to the
     /// input, so what it returns then (a pipelined command, an error) is kept in `stolen` for the
     /// session loop to take next; a request for more input is not kept, since the flow asks again.
@@ -527,6 +546,13 @@ impl Session {
         self.transport.write_all(&self.out, limit).await?;
         self.out.clear();
         Ok(())
+    }
+
+    /// Adds an encoded response to `out` behind everything queued before it: for what imap-codec
+    /// cannot encode whole (LIST's CHILDINFO).
+    pub(crate) fn raw(&mut self, encoded: &[u8]) {
+        self.flush_queued();
+        self.out.extend_from_slice(encoded);
     }
 
     /// Adds an encoded response to `out` behind everything queued before it, and writes `out`

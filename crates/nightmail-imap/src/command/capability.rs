@@ -53,6 +53,10 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         other("ESORT"),
         // RFC 5267 §4: RETURN (UPDATE, CONTEXT, PARTIAL) and CANCELUPDATE, `command/context.rs`.
         other("CONTEXT=SEARCH"),
+        // RFC 5258, RFC 5819: the grammar is ours (`command/list_extended.rs`), the listing
+        // `command/list.rs`.
+        other("LIST-EXTENDED"),
+        other("LIST-STATUS"),
         // RFC 3516: `command/binary.rs`.
         Capability::Binary,
         // RFC 6855: `enable.rs`, names in `mailbox_name`/`wire_name`, APPEND's UTF8 data in

@@ -4,14 +4,20 @@
 //! matched as UTF-8 and sent in modified UTF-7 (RFC 3501 §5.1.3); the wildcards are ASCII, so
 //! decoding the reference and pattern first matches what the user sees.
 
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use imap_codec::ResponseCodec;
+use imap_codec::encode::Encoder;
 use imap_next::imap_types::core::{Atom, QuotedChar};
 use imap_next::imap_types::flag::FlagNameAttribute;
 use imap_next::imap_types::mailbox::{ListMailbox, Mailbox};
-use imap_next::imap_types::response::Data;
-use nightmail_store::SpecialUse;
+use imap_next::imap_types::response::{Data, Response};
+use nightmail_store::{MailboxInfo, SpecialUse};
 use nightmail_types::utf7;
 
 use super::Done;
+use super::list_extended::{ListRequest, Returns, Selection};
 use crate::ImapError;
 use crate::session::Session;
 
@@ -70,28 +76,32 @@ fn matching_ancestors<'n>(pattern: &[u8], name: &'n str) -> impl Iterator<Item =
     name.match_indices(DELIMITER).map(move |(i, _)| &name[..i]).filter(move |a| matches(pattern, a.as_bytes()))
 }
 
+/// LIST (RFC 3501 §6.3.8) or LSUB (§6.3.9), as imap-codec parsed them.
 pub(crate) fn run(
     s: &mut Session,
     reference: Mailbox<'static>,
     pattern: ListMailbox<'static>,
     lsub: bool,
 ) -> Result<Done, ImapError> {
+    if !lsub {
+        let request = ListRequest {
+            reference,
+            patterns: vec![pattern],
+            select: Selection::default(),
+            returns: Returns::default(),
+            extended: false,
+        };
+        return list(s, &request);
+    }
     let user = s.user()?.clone();
-    let done = || Ok(Done::ok(if lsub { "LSUB completed" } else { "LIST completed" }));
+    let done = || Ok(Done::ok("LSUB completed"));
     let reference = match &reference {
         Mailbox::Inbox => Some(b"INBOX".to_vec()),
         Mailbox::Other(o) => decode(o.inner().as_ref(), s.utf8),
     };
     let (Some(reference), Some(pattern)) = (reference, pattern_text(&pattern, s.utf8)) else { return done() };
-    let make = |items, mailbox| {
-        if lsub {
-            Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
-        } else {
-            Data::List { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox }
-        }
-    };
+    let make = |items, mailbox| Data::Lsub { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox };
     if pattern.is_empty() {
-        // §6.3.8: an empty pattern asks for the delimiter and the root of the reference.
         let root = Mailbox::try_from(String::new()).unwrap_or(Mailbox::Inbox);
         s.data(make(vec![FlagNameAttribute::Noselect], root));
         return done();
@@ -99,11 +109,13 @@ pub(crate) fn run(
     let mut full = reference;
     full.extend_from_slice(&pattern);
     let mailboxes = s.shared.store.mailboxes(&user.name)?;
-    let names: Vec<&str> = mailboxes.iter().map(|m| m.name.as_str()).collect();
     let mut out = Vec::new();
     let mut noselect: Vec<&str> = Vec::new();
     for mailbox in &mailboxes {
-        if lsub && mailbox.subscribed && full.contains(&b'%') {
+        if !mailbox.subscribed {
+            continue;
+        }
+        if full.contains(&b'%') {
             for ancestor in matching_ancestors(&full, &mailbox.name) {
                 let subscribed = mailboxes.iter().any(|m| m.name == ancestor && m.subscribed);
                 if !subscribed && !noselect.contains(&ancestor) {
@@ -111,27 +123,14 @@ pub(crate) fn run(
                 }
             }
         }
-        if lsub && !mailbox.subscribed {
+        if !name_matches(&full, &mailbox.name) {
             continue;
         }
-        let candidate = mailbox.name.as_bytes();
-        let hit = if mailbox.name == "INBOX" {
-            matches(&full.to_ascii_uppercase(), candidate) || matches(&full, candidate)
-        } else {
-            matches(&full, candidate)
-        };
-        if !hit {
-            continue;
-        }
-        let prefix = format!("{}{DELIMITER}", mailbox.name);
-        let mut items = vec![if names.iter().any(|n| n.starts_with(&prefix)) {
+        let items = vec![if has_children(mailboxes.iter().map(|m| m.name.as_str()), &mailbox.name) {
             attribute("HasChildren")
         } else {
             attribute("HasNoChildren")
         }];
-        if let Some(role) = SpecialUse::of_name(&mailbox.name) {
-            items.push(attribute(role.name()));
-        }
         if let Some(name) = super::wire_name(s, &mailbox.name) {
             out.push(make(items, name));
         }
@@ -143,6 +142,150 @@ pub(crate) fn run(
     }
     for data in out {
         s.data(data);
+    }
+    done()
+}
+
+/// RFC 3501 §6.3.8: INBOX is matched case-insensitively.
+fn name_matches(pattern: &[u8], name: &str) -> bool {
+    if name == "INBOX" {
+        matches(&pattern.to_ascii_uppercase(), name.as_bytes()) || matches(pattern, name.as_bytes())
+    } else {
+        matches(pattern, name.as_bytes())
+    }
+}
+
+fn has_children<'n>(mut names: impl Iterator<Item = &'n str>, name: &str) -> bool {
+    names.any(|n| n.len() > name.len() + 1 && n.starts_with(name) && n.as_bytes()[name.len()] == DELIMITER as u8)
+}
+
+/// A name in the user's hierarchy: a mailbox, or a level above one that is no mailbox.
+struct Node<'m> {
+    mailbox: Option<&'m MailboxInfo>,
+}
+
+impl Node<'_> {
+    fn subscribed(&self) -> bool {
+        self.mailbox.is_some_and(|m| m.subscribed)
+    }
+
+    /// The RFC 5258 §3 base options (as CHILDINFO names them) this name meets.
+    fn meets(&self, name: &str, select: &Selection) -> Vec<&'static str> {
+        let mut met = Vec::new();
+        if select.subscribed && self.subscribed() {
+            met.push("SUBSCRIBED");
+        }
+        if select.special_use && self.mailbox.is_some() && SpecialUse::of_name(name).is_some() {
+            met.push("SPECIAL-USE");
+        }
+        met
+    }
+
+    /// Whether it passes the selection options themselves (every base option given).
+    fn selected(&self, name: &str, select: &Selection) -> bool {
+        let met = self.meets(name, select);
+        (!select.subscribed || met.contains(&"SUBSCRIBED")) && (!select.special_use || met.contains(&"SPECIAL-USE"))
+    }
+}
+
+/// LIST, plain (RFC 3501 §6.3.8) or extended (RFC 5258 §3, RFC 5819 LIST-STATUS). Every pattern
+/// is matched against the user's mailboxes and the hierarchy levels above them that are no
+/// mailbox; such a level is listed only for a `%` pattern (§6.3.8: "\Noselect"; RFC 5258 §3:
+/// `\NonExistent`). Responses are encoded by imap-codec and written in order, since CHILDINFO
+/// (RFC 5258 §3.5), which imap-types cannot carry, is added to the encoded line.
+pub(crate) fn list(s: &mut Session, request: &ListRequest) -> Result<Done, ImapError> {
+    let user = s.user()?.clone();
+    let done = || Ok(Done::ok("LIST completed"));
+    let reference = match &request.reference {
+        Mailbox::Inbox => Some(b"INBOX".to_vec()),
+        Mailbox::Other(o) => decode(o.inner().as_ref(), s.utf8),
+    };
+    let Some(reference) = reference else { return done() };
+    let patterns: Vec<Vec<u8>> = request.patterns.iter().filter_map(|p| pattern_text(p, s.utf8)).collect();
+    if patterns.len() == 1 && patterns[0].is_empty() {
+        // §6.3.8: an empty pattern asks for the delimiter and the root of the reference.
+        let root = Mailbox::try_from(String::new()).unwrap_or(Mailbox::Inbox);
+        s.data(Data::List {
+            items: vec![FlagNameAttribute::Noselect],
+            delimiter: Some(QuotedChar::unvalidated(DELIMITER)),
+            mailbox: root,
+        });
+        return done();
+    }
+    let full: Vec<Vec<u8>> = patterns
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut full = reference.clone();
+            full.extend_from_slice(&p);
+            full
+        })
+        .collect();
+    let mailboxes = s.shared.store.mailboxes(&user.name)?;
+    let mut tree: BTreeMap<&str, Node> = BTreeMap::new();
+    for mailbox in &mailboxes {
+        for (i, _) in mailbox.name.match_indices(DELIMITER) {
+            tree.entry(&mailbox.name[..i]).or_insert(Node { mailbox: None });
+        }
+        tree.insert(&mailbox.name, Node { mailbox: Some(mailbox) });
+    }
+    let hit = |name: &str| full.iter().any(|p| name_matches(p, name));
+    let level_hit = |name: &str| full.iter().any(|p| p.contains(&b'%') && name_matches(p, name));
+    let select = &request.select;
+    let codec = ResponseCodec::default();
+    for (&name, node) in &tree {
+        let exists = node.mailbox.is_some();
+        if !hit(name) {
+            continue;
+        }
+        let prefix = format!("{name}{DELIMITER}");
+        let below = || {
+            tree.range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(&prefix))
+        };
+        // RFC 5258 §3 RECURSIVEMATCH: the base options some descendant meets that no pattern names.
+        let mut childinfo: Vec<&'static str> = Vec::new();
+        if select.recursive {
+            for (&child, child_node) in below().filter(|(child, _)| !hit(child)) {
+                for option in child_node.meets(child, select) {
+                    if !childinfo.contains(&option) {
+                        childinfo.push(option);
+                    }
+                }
+            }
+        }
+        let selected = if select.narrows() { node.selected(name, select) } else { exists || level_hit(name) };
+        if !selected && childinfo.is_empty() {
+            continue;
+        }
+        let children = below().next().is_some();
+        let mut items = Vec::new();
+        if !exists {
+            items.push(if request.extended { attribute("NonExistent") } else { FlagNameAttribute::Noselect });
+        }
+        if (select.subscribed || request.returns.subscribed) && node.subscribed() {
+            items.push(attribute("Subscribed"));
+        }
+        items.push(if children { attribute("HasChildren") } else { attribute("HasNoChildren") });
+        if exists && let Some(role) = SpecialUse::of_name(name) {
+            items.push(attribute(role.name()));
+        }
+        let Some(wire) = super::wire_name(s, name) else { continue };
+        let data = Data::List { items, delimiter: Some(QuotedChar::unvalidated(DELIMITER)), mailbox: wire.clone() };
+        let mut line = codec.encode(&Response::Data(data)).dump();
+        if request.extended && !childinfo.is_empty() {
+            line.truncate(line.len() - 2);
+            let options: Vec<String> = childinfo.iter().map(|o| format!("\"{o}\"")).collect();
+            line.extend_from_slice(format!(" (\"CHILDINFO\" ({}))\r\n", options.join(" ")).as_bytes());
+        }
+        s.raw(&line);
+        // RFC 5819 §2: STATUS for each listed mailbox that can be selected, right after its LIST.
+        if exists
+            && let Some(names) = &request.returns.status
+            && let Ok(items) = super::status::items(s, &user.name, name, names)
+        {
+            s.raw(&codec.encode(&Response::Data(Data::Status { mailbox: wire, items: items.into() })).dump());
+        }
     }
     done()
 }

@@ -20,6 +20,7 @@ pub(crate) mod fetch;
 pub(crate) mod id;
 pub(crate) mod idle;
 pub(crate) mod list;
+pub(crate) mod list_extended;
 pub(crate) mod login;
 pub(crate) mod logout;
 pub(crate) mod r#move;

@@ -14,8 +14,24 @@ use crate::session::Session;
 pub(crate) fn run(s: &mut Session, mailbox: Mailbox<'static>, names: &[StatusDataItemName]) -> Result<Done, ImapError> {
     let user = s.user()?.clone();
     let name = mailbox_name(s, &mailbox)?;
+    let items = items(s, &user.name, &name, names)?;
+    s.data(Data::Status { mailbox, items: items.into() });
+    // RFC 7162 §3.1: STATUS (HIGHESTMODSEQ) is a CONDSTORE enabling command.
+    if names.contains(&StatusDataItemName::HighestModSeq) {
+        condstore::enable_condstore(s);
+    }
+    Ok(Done::ok("STATUS completed"))
+}
+
+/// The items STATUS reports for `owner`'s mailbox `name` (also LIST-STATUS's, `list.rs`).
+pub(crate) fn items(
+    s: &Session,
+    owner: &str,
+    name: &str,
+    names: &[StatusDataItemName],
+) -> Result<Vec<StatusDataItem>, ImapError> {
     let store = &s.shared.store;
-    let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
+    let info = store.mailbox(owner, name)?.ok_or_else(ImapError::nonexistent)?;
     let mail = store.mail(info.id)?;
     let count =
         |flag: &str| mail.iter().filter(|m| m.flags.iter().any(|f| f.eq_ignore_ascii_case(flag))).count() as u32;
@@ -42,10 +58,5 @@ pub(crate) fn run(s: &mut Session, mailbox: Mailbox<'static>, names: &[StatusDat
             })
         })
         .collect();
-    s.data(Data::Status { mailbox, items: items.into() });
-    // RFC 7162 §3.1: STATUS (HIGHESTMODSEQ) is a CONDSTORE enabling command.
-    if names.contains(&StatusDataItemName::HighestModSeq) {
-        condstore::enable_condstore(s);
-    }
-    Ok(Done::ok("STATUS completed"))
+    Ok(items)
 }
