@@ -224,9 +224,7 @@ fn logout_sends_pending_updates_before_bye() {
         r#"
 other = login()
 other.append("INBOX", None, None, b"Subject: gone\r\n\r\nbody\r\n")
-s, f = raw()
-f.readline()
-s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+s, f = raw_login()
 s.sendall(b"b SELECT INBOX\r\n"); until("b")
 other.select("INBOX")
 other.store("1", "+FLAGS", r"(\Deleted)")

@@ -220,9 +220,7 @@ fn binary_fetches_decoded_parts_and_appends_literal8() {
     let out = imaplib(
         &daemon,
         r#"
-s, f = raw()
-f.readline()
-s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+s, f = raw_login()
 msg = (b"From: a@b.org\r\nContent-Type: application/octet-stream\r\n"
        b"Content-Transfer-Encoding: binary\r\n\r\n\x00-\xe4\r\n")
 s.sendall(b"b APPEND INBOX ~{%d}\r\n" % len(msg))
@@ -348,9 +346,7 @@ fn multiappend_stores_all_messages_or_none() {
     let out = imaplib(
         &daemon,
         r#"
-s, f = raw()
-f.readline()
-s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+s, f = raw_login()
 def multi(tag, mailbox, parts):
     s.sendall(("%s APPEND %s" % (tag, mailbox)).encode())
     for opts, body in parts:
@@ -411,9 +407,7 @@ m = login()
 for n in range(5):
     m.append("INBOX", None, None, ("Subject: s%d\r\n\r\nbody\r\n" % n).encode())
 m.logout()
-s, f = raw()
-f.readline()
-s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+s, f = raw_login()
 def cmd(tag, text):
     s.sendall(("%s %s\r\n" % (tag, text)).encode())
     print(tag.upper(), until(tag))

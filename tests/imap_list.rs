@@ -94,9 +94,7 @@ fn bad_list_extended_options_get_bad_and_status_follows_its_list() {
     let out = imaplib(
         &daemon,
         r#"
-s, f = raw()
-f.readline()
-s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+s, f = raw_login()
 for tag, args in [("b1", '(BOGUS) "" *'), ("b2", '(RECURSIVEMATCH) "" *'), ("b3", '(RECURSIVEMATCH REMOTE) "" *'),
                   ("b4", '"" * RETURN (BOGUS)'), ("b5", '"" * RETURN (STATUS (BOGUS))'), ("b6", '"" (INBOX Sent'),
                   ("b7", '"" * RETURN (STATUS)'), ("b8", '(SUBSCRIBED) "" * RETURN')]:

@@ -410,7 +410,8 @@ pub fn python(daemon: &Daemon, script: &str) -> String {
 }
 
 /// What `imaplib` puts before a test's script: `login(user)` opens an imaplib session, `raw()` a
-/// socket and its reader `f` (greeting unread), and `until(tag)` reads `f` up to that tag's line.
+/// socket and its reader `f` (greeting unread), `raw_login()` the same with the greeting read and
+/// `me` logged in (tag `a`), and `until(tag)` reads `f` up to that tag's line.
 const IMAPLIB_PRELUDE: &str = r#"
 import imaplib, os, socket
 PORT = int(os.environ["IMAP"])
@@ -421,6 +422,12 @@ def login(user="me"):
 def raw():
     s = socket.create_connection(("127.0.0.1", PORT))
     return s, s.makefile("rb")
+def raw_login():
+    global f
+    s, f = raw()
+    f.readline()
+    s.sendall(("a LOGIN me \"%s\"\r\n" % os.environ["PASSWORD"]).encode()); until("a")
+    return s, f
 def until(tag):
     lines = []
     while True:
