@@ -11,6 +11,7 @@
 
 mod command;
 mod error;
+mod imap_url;
 mod mime;
 mod order;
 mod session;

@@ -467,7 +467,7 @@ impl Session {
     /// is written here,
     /// after every response queued before it and before the tagged result.
     /// A command imap-codec refused that one of our extension grammars reads (ESEARCH's RETURN,
-    /// CANCELUPDATE, MULTIAPPEND, APPEND with UTF8 data): run it; `None` when it is none of them.
+    /// CANCELUPDATE, CATENATE, MULTIAPPEND, APPEND with UTF8 data): run it; `None` when it is none of them.
     async fn extension_command(&mut self, bytes: &[u8], command_since: &mut Option<Instant>) -> Option<Flow> {
         // The command has arrived whole.
         *command_since = None;
@@ -481,6 +481,9 @@ impl Session {
         }
         if let Some((tag, tags)) = command::context::recognise_cancel(bytes) {
             return Some(command::dispatch_cancel(self, tag, tags));
+        }
+        if let Some(catenate) = command::catenate::recognise(bytes) {
+            return Some(command::dispatch_catenate(self, catenate).await);
         }
         if let Some(multi) = command::multiappend::recognise(bytes) {
             return Some(command::dispatch_multiappend(self, multi).await);

@@ -67,6 +67,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::QResync,
         // RFC 3502: `command/multiappend.rs`, stored all or none by `append::run_all`.
         other("MULTIAPPEND"),
+        // RFC 4469: `command/catenate.rs`, URLs (RFC 5092) in `imap_url.rs`; no URLAUTH.
+        other("CATENATE"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

@@ -55,6 +55,17 @@ fn literal(bytes: Cow<'_, [u8]>) -> NString<'static> {
     NString(Some(IString::Literal(Literal::unvalidated(bytes.into_owned()))))
 }
 
+/// RFC 3501 §6.4.5 `<origin.octets>`: a slice, empty past the end; to the end without a count
+/// (RFC 5092 `partial-range`, for CATENATE's URLs).
+pub(crate) fn partial(data: Cow<'_, [u8]>, origin: u32, count: Option<u32>) -> Cow<'_, [u8]> {
+    let start = (origin as usize).min(data.len());
+    let end = count.map_or(data.len(), |n| start.saturating_add(n as usize).min(data.len()));
+    match data {
+        Cow::Borrowed(b) => Cow::Borrowed(&b[start..end]),
+        Cow::Owned(v) => Cow::Owned(v[start..end].to_vec()),
+    }
+}
+
 fn sets_seen(name: &MessageDataItemName<'_>) -> bool {
     matches!(
         name,
@@ -125,12 +136,7 @@ fn fetch_items(
             MessageDataItemName::BodyExt { section, partial, .. } => {
                 let data = mime::section(raw, root, section.as_ref()).unwrap_or(Cow::Borrowed(&[]));
                 let data = match partial {
-                    // §6.4.5 <origin.octets>: a slice, empty past the end.
-                    Some((origin, count)) => {
-                        let start = (*origin as usize).min(data.len());
-                        let end = start.saturating_add(count.get() as usize).min(data.len());
-                        Cow::Owned(data[start..end].to_vec())
-                    }
+                    Some((origin, count)) => self::partial(data, *origin, Some(count.get())),
                     None => data,
                 };
                 MessageDataItem::BodyExt {

@@ -5,6 +5,7 @@ pub(crate) mod append;
 pub(crate) mod authenticate;
 pub(crate) mod binary;
 pub(crate) mod capability;
+pub(crate) mod catenate;
 pub(crate) mod check;
 pub(crate) mod close;
 pub(crate) mod compress;
@@ -182,6 +183,15 @@ pub(crate) fn dispatch_cancel(s: &mut Session, tag: Tag<'static>, tags: Vec<Stri
 pub(crate) async fn dispatch_multiappend(s: &mut Session, multi: multiappend::MultiAppend) -> Flow {
     let result = append::run_all(s, multi.mailbox, multi.messages).await;
     reply(s, multi.tag, result, true, true)
+}
+
+/// APPEND with CATENATE (RFC 4469), which imap-codec does not parse: see `catenate`.
+pub(crate) async fn dispatch_catenate(s: &mut Session, recognised: catenate::Recognised) -> Flow {
+    let result = match recognised.request {
+        Ok(request) => catenate::run(s, request).await,
+        Err(syntax) => Err(ImapError::bad(syntax)),
+    };
+    reply(s, recognised.tag, result, true, true)
 }
 
 /// The tagged reply to a command, after the untagged updates it allows (`sync`).

@@ -69,8 +69,9 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<MultiAppend> {
     Some(MultiAppend { tag: first.tag, mailbox, messages: Vec1::try_from(messages).ok()? })
 }
 
-/// `command` and a CRLF, parsed by imap-codec as an APPEND with nothing left over.
-fn parse(command: &[u8]) -> Option<Command<'static>> {
+/// `command` and a CRLF, parsed by imap-codec as an APPEND with nothing left over (also
+/// `catenate`'s way to read a message's flags and date).
+pub(crate) fn parse(command: &[u8]) -> Option<Command<'static>> {
     let mut line = command.to_vec();
     line.extend_from_slice(b"\r\n");
     match CommandCodec::default().decode(&line) {
