@@ -228,7 +228,7 @@ fn url_text(astring: &[u8]) -> Option<String> {
     login.extend_from_slice(astring);
     login.extend_from_slice(b" x\r\n");
     match CommandCodec::default().decode(&login) {
-        Ok((rest, command)) if rest.is_empty() => match command.body {
+        Ok(([], command)) => match command.body {
             CommandBody::Login { username, .. } => String::from_utf8(username.as_ref().to_vec()).ok(),
             _ => None,
         },
