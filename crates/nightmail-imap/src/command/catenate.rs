@@ -96,15 +96,15 @@ struct Lit {
 }
 
 /// The command's bytes and its literals, as imap-codec's `Fragmentizer` finds them.
-struct Scan {
-    bytes: Vec<u8>,
+struct Scan<'c> {
+    bytes: &'c [u8],
     literals: Vec<Lit>,
 }
 
 const KEYWORD: &[u8] = b"CATENATE (";
 
-impl Scan {
-    fn of(command: &[u8]) -> Option<Scan> {
+impl<'c> Scan<'c> {
+    fn of(command: &'c [u8]) -> Option<Scan<'c>> {
         let mut fragments = Fragmentizer::without_max_message_size();
         fragments.enqueue_bytes(command);
         let mut literals = Vec::new();
@@ -117,7 +117,7 @@ impl Scan {
                 FragmentInfo::Line { .. } => announce = None,
                 FragmentInfo::Literal { start, end } => {
                     let at = announce.take()?;
-                    let eight = at > 0 && fragments.message_bytes().get(at - 1) == Some(&b'~');
+                    let eight = at > 0 && command.get(at - 1) == Some(&b'~');
                     literals.push(Lit { announce: at - usize::from(eight), data: start..end, eight });
                 }
             }
@@ -125,7 +125,8 @@ impl Scan {
                 break;
             }
         }
-        Some(Scan { bytes: fragments.message_bytes().to_vec(), literals })
+        // One whole command, so its positions are `command`'s.
+        (fragments.message_bytes().len() == command.len()).then_some(Scan { bytes: command, literals })
     }
 
     fn literal_at(&self, at: usize) -> Option<&Lit> {
@@ -238,6 +239,10 @@ fn url_text(astring: &[u8]) -> Option<String> {
 
 /// `bytes` (a whole command imap-codec refused) as an APPEND with CATENATE, if it is one.
 pub(crate) fn recognise(bytes: &[u8]) -> Option<Recognised> {
+    // A cheap look first: every MULTIAPPEND passes here.
+    if !bytes.windows(KEYWORD.len()).any(|w| w.eq_ignore_ascii_case(KEYWORD)) {
+        return None;
+    }
     let space = bytes.iter().position(|&b| b == b' ')?;
     let tag = Tag::try_from(String::from_utf8(bytes[..space].to_vec()).ok()?).ok()?;
     let scan = Scan::of(bytes)?;
@@ -252,8 +257,8 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<Recognised> {
 
 /// The messages of the APPEND whose mailbox starts at `after`. `None` for a syntax error that
 /// imap-codec found, `Some(Err)` for one found here.
-fn messages(scan: &Scan, after: usize) -> Option<Result<Catenate, String>> {
-    let bytes = &scan.bytes;
+fn messages(scan: &Scan<'_>, after: usize) -> Option<Result<Catenate, String>> {
+    let bytes = scan.bytes;
     // A literal mailbox name is not the message.
     let mut from = scan.literal_at(after).map_or(after, |l| l.data.end);
     let mut mailbox = None;
@@ -267,27 +272,26 @@ fn messages(scan: &Scan, after: usize) -> Option<Result<Catenate, String>> {
             Some(_) => b"x APPEND INBOX".to_vec(),
         };
         one.extend_from_slice(&bytes[if mailbox.is_none() { 0 } else { from }..start]);
-        let (data, end) = match catenated {
-            true => {
-                let (parts, end) = match scan.cat_parts(start + KEYWORD.len()) {
-                    Ok(found) => found,
-                    Err(e) => return Some(Err(e)),
-                };
-                one.extend_from_slice(b"{1}\r\nx");
-                (Data::Catenate(parts), end)
-            }
+        let (parts, end) = match catenated {
+            true => match scan.cat_parts(start + KEYWORD.len()) {
+                Ok((parts, end)) => {
+                    one.extend_from_slice(b"{1}\r\nx");
+                    (Some(parts), end)
+                }
+                Err(e) => return Some(Err(e)),
+            },
             false => {
                 let end = scan.literal_at(start)?.data.end;
                 one.extend_from_slice(&bytes[start..end]);
-                (Data::Literal(LiteralOrLiteral8::Literal(Literal::unvalidated(&b"x"[..]))), end)
+                (None, end)
             }
         };
         let CommandBody::Append { mailbox: to, flags, date, message } = multiappend::parse(&one)?.body else {
             return None;
         };
-        let data = match data {
-            Data::Literal(_) => Data::Literal(message.into_static()),
-            catenate => catenate,
+        let data = match parts {
+            Some(parts) => Data::Catenate(parts),
+            None => Data::Literal(message),
         };
         mailbox.get_or_insert(to);
         messages.push(Message { flags, date, data });
@@ -412,7 +416,13 @@ pub(crate) async fn run(s: &mut Session, catenate: Catenate) -> Result<Done, Ima
     let mut messages = Vec::with_capacity(catenate.messages.as_ref().len());
     for message in catenate.messages.into_iter() {
         let data = match message.data {
-            Data::Literal(literal) => literal,
+            Data::Literal(literal) => {
+                total += match &literal {
+                    LiteralOrLiteral8::Literal(l) => l.data().len(),
+                    LiteralOrLiteral8::Literal8(l) => l.data.len(),
+                };
+                literal
+            }
             Data::Catenate(parts) => {
                 let mut joined = Vec::new();
                 for part in parts.into_iter() {
@@ -425,12 +435,12 @@ pub(crate) async fn run(s: &mut Session, catenate: Catenate) -> Result<Done, Ima
                     }
                 }
                 total += joined.len();
-                if total > command_limit {
-                    return Err(too_big(limit));
-                }
                 literal_or_8(joined)
             }
         };
+        if total > command_limit {
+            return Err(too_big(limit));
+        }
         messages.push(AppendMessage { flags: message.flags, date: message.date, message: data });
     }
     let messages = Vec1::try_from(messages).map_err(|_| ImapError::bad("APPEND without a message"))?;
