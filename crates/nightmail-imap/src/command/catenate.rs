@@ -517,4 +517,24 @@ mod tests {
         assert!(recognise(b"a APPEND INBOX {12}\r\n CATENATE (x\r\n").is_none());
         assert!(recognise(b"a SEARCH CATENATE (TEXT x)\r\n").is_none());
     }
+
+    /// Positions come from the client's bytes: every cut and every swap of a byte for one that
+    /// matters to the grammar is refused or read, never a panic (the fuzz target covers more).
+    #[test]
+    fn cut_or_changed_commands_never_panic() {
+        let commands: [&[u8]; 2] = [
+            b"a1 APPEND {6}\r\nDrafts (\\Seen) CATENATE (TEXT {3}\r\nabc URL \"/INBOX/;UID=1\" URL x) {2+}\r\nde\r\n",
+            b"a2 APPEND \"a b\" \"24-Mar-2007 23:00:00 +0200\" CATENATE (URL {5}\r\n;UID=1) CATENATE (TEXT ~{1}\r\nx)\r\n",
+        ];
+        for command in commands {
+            for cut in 0..command.len() {
+                let _ = recognise(&command[..cut]);
+                for b in *b"{}\"() \r\n~\\+" {
+                    let mut changed = command.to_vec();
+                    changed[cut] = b;
+                    let _ = recognise(&changed);
+                }
+            }
+        }
+    }
 }
