@@ -218,6 +218,28 @@ impl Selected {
     ) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
         let Some(kind) = self.pending.filter(|_| expunges_allowed) else { return Ok(Vec::new()) };
+        self.update(store, kind, true, tracking)
+    }
+
+    /// RFC 5465 §6.2 `selected-delayed`: new mail and flag changes are told now, expunges wait
+    /// for a command that allows them (the view keeps the messages until then).
+    pub fn sync_holding_expunges(
+        &mut self,
+        store: &Store,
+        tracking: Tracking,
+    ) -> Result<Vec<Data<'static>>, ImapError> {
+        self.drain();
+        let Some(kind) = self.pending else { return Ok(Vec::new()) };
+        self.update(store, kind, false, tracking)
+    }
+
+    fn update(
+        &mut self,
+        store: &Store,
+        kind: ChangeKind,
+        expunges: bool,
+        tracking: Tracking,
+    ) -> Result<Vec<Data<'static>>, ImapError> {
         self.pending = None;
         let mut out = Vec::new();
         let last_known = self.messages.last().map_or(Uid(0), |m| m.uid);
@@ -252,7 +274,11 @@ impl Selected {
         let present: HashSet<Uid> = now.iter().map(|m| m.uid).collect();
         if whole {
             let gone: Vec<Uid> = self.messages.iter().map(|m| m.uid).filter(|u| !present.contains(u)).collect();
-            out.extend(condstore::expunged(self, &gone, tracking));
+            if expunges {
+                out.extend(condstore::expunged(self, &gone, tracking));
+            } else if !gone.is_empty() {
+                self.note(ChangeKind::Changed);
+            }
         }
         let last = self.messages.last().map_or(0, |m| m.uid.0);
         let mut added = false;
