@@ -12,8 +12,11 @@ use common::{Daemon, imaplib};
 const PRELUDE: &str = r#"
 import select, time, re
 class Conn:
-    def __init__(self):
-        self.s = socket.create_connection(("127.0.0.1", PORT)); self.buf = b""
+    def __init__(self, rcvbuf=None):
+        self.s = socket.socket()
+        if rcvbuf:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.connect(("127.0.0.1", PORT)); self.buf = b""
         self.line(10)
         self.cmd("a", "LOGIN me \"%s\"" % os.environ["PASSWORD"])
     def line(self, limit):
@@ -150,6 +153,38 @@ seen = a.expect("* 3 EXISTS")
 assert not any(l.endswith("EXPUNGE") for l in seen), seen
 got = a.cmd("z", "NOOP")
 assert "* 1 EXPUNGE" in got, got
+print("DONE")
+"#,
+    );
+    assert!(out.contains("DONE"), "{out}");
+}
+
+/// RFC 5465 §5.8: a session that falls behind (here blocked writing FETCH output to a client that
+/// does not read, while another session makes more changes than the feed keeps) is told
+/// `* OK [NOTIFICATIONOVERFLOW]` once it can be, and NOTIFY is off: a later change is not told.
+#[test]
+fn a_session_that_falls_behind_gets_notificationoverflow() {
+    let daemon = Daemon::start();
+    let out = run(
+        &daemon,
+        r#"
+b = login()
+b.append("INBOX", None, None, b"Subject: big\r\n\r\n" + b"x" * 90000 + b"\r\n")
+b.append("Drafts", None, None, b"Subject: small\r\n\r\nbody\r\n")
+a = Conn(rcvbuf=4096)
+a.cmd("s", "SELECT INBOX")
+assert a.cmd("n", "NOTIFY SET (personal (MessageNew MessageExpunge FlagChange))")[-1] == "n OK NOTIFY completed"
+# About 12 MB of output the client does not read: the session blocks writing it.
+a.s.sendall(b"".join(b"f%d FETCH 1 BODY.PEEK[]\r\n" % i for i in range(130)))
+r = Conn()
+r.cmd("d", "SELECT Drafts")
+r.s.sendall(b"".join(b"t%d STORE 1 %sFLAGS (\\Flagged)\r\n" % (i, b"+-"[i % 2:i % 2 + 1]) for i in range(1200)))
+r.expect("t1199 OK STORE completed", 60)
+a.expect("f129 OK FETCH completed", 60)
+a.expect("* OK [NOTIFICATIONOVERFLOW] NOTIFY is off: too many changes at once")
+b.append("Drafts", None, None, b"Subject: later\r\n\r\nbody\r\n")
+got = a.cmd("z", "NOOP")
+assert not any(l.startswith("* STATUS") for l in got), got
 print("DONE")
 "#,
     );

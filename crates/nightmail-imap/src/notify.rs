@@ -267,6 +267,8 @@ pub(crate) fn deliver(s: &mut Session) {
     if watch.overflow {
         // §5.8: the session is behind; NOTIFY is off, as after NOTIFY NONE.
         s.untagged(StatusKind::Ok, Some(other_code("NOTIFICATIONOVERFLOW")), "NOTIFY is off: too many changes at once");
+        // Out of the flow's queue now: the session waits for input next.
+        s.flush_queued();
         return;
     }
     let store = s.shared.store.clone();
