@@ -408,3 +408,61 @@ pub(crate) async fn push_selected(s: &mut Session) {
         tracing::warn!("imap: NOTIFY's FETCH of new mail failed: {e}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(line: &str) -> Result<Request, Refusal> {
+        recognise(line.as_bytes()).expect("a NOTIFY").request
+    }
+
+    #[test]
+    fn groups_filters_and_fetch_items_are_taken_apart() {
+        let Request::Set { status, selected, groups } = parsed(
+            "a notify set status (SELECTED-delayed (MessageNew (UID BODY.PEEK[HEADER.FIELDS (FROM)]) messageexpunge)) \
+             (subtree (INBOX {3+}\r\nA b) (MailboxName)) (mailboxes \"Sent\" (MessageNew)) (subscribed NONE)\r\n",
+        )
+        .unwrap() else {
+            panic!("SET")
+        };
+        assert!(status);
+        let selected = selected.unwrap();
+        assert!(selected.delayed && selected.events.message_new && selected.events.message_expunge);
+        assert!(
+            matches!(selected.fetch, Some(MacroOrMessageDataItemNames::MessageDataItemNames(ref n)) if n.len() == 2)
+        );
+        assert_eq!(groups.len(), 3);
+        assert!(matches!(&groups[0].filter, Filter::Subtree(m) if m.len() == 2 && m[0] == Mailbox::Inbox));
+        assert!(groups[0].events.mailbox_name && !groups[0].events.any_message());
+        assert!(matches!(&groups[1].filter, Filter::Mailboxes(m) if m.len() == 1));
+        assert_eq!(groups[2].events, Events::default());
+        assert_eq!(parsed("a NOTIFY NONE\r\n").unwrap(), Request::None);
+        assert!(recognise(b"a NOOP\r\n").is_none());
+    }
+
+    #[test]
+    fn what_the_rfc_forbids_is_bad_and_what_we_lack_is_badevent() {
+        for bad in [
+            "a NOTIFY SET\r\n",
+            "a NOTIFY SET (personal (MessageNew)\r\n",
+            "a NOTIFY SET (personal ())\r\n",
+            "a NOTIFY SET (anywhere (MessageNew))\r\n",
+            "a NOTIFY SET (selected (MessageExpunge))\r\n",
+            "a NOTIFY SET (selected (FlagChange MessageNew))\r\n",
+            "a NOTIFY SET (selected (MessageNew MessageExpunge SubscriptionChange))\r\n",
+            "a NOTIFY SET (selected NONE) (selected-delayed NONE)\r\n",
+            "a NOTIFY SET (inboxes (MessageNew (UID) MessageExpunge))\r\n",
+            "a NOTIFY SET (mailboxes () (MessageNew))\r\n",
+            "a NOTIFY NONE (personal (MessageNew))\r\n",
+        ] {
+            assert!(matches!(parsed(bad), Err(Refusal::Bad(_))), "{bad}");
+        }
+        for unsupported in [
+            "a NOTIFY SET (personal (AnnotationChange))\r\n",
+            "a NOTIFY SET (personal (MailboxName ServerMetadataChange))\r\n",
+        ] {
+            assert!(matches!(parsed(unsupported), Err(Refusal::BadEvent(_))), "{unsupported}");
+        }
+    }
+}
