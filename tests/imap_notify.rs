@@ -111,6 +111,37 @@ print("DONE")
     assert!(out.contains("DONE"), "{out}");
 }
 
+/// RFC 5465 §6.5, §6.6: `subtree` names a mailbox and everything below it (a RENAME of it tells
+/// each moved mailbox with its old name), `subscribed` only subscribed mailboxes; changes
+/// elsewhere are not told (each `expect` sees no other line on the way).
+#[test]
+fn subtree_and_subscribed_filters_name_only_their_mailboxes() {
+    let daemon = Daemon::start();
+    let out = run(
+        &daemon,
+        r#"
+b = login()
+b.create("Lists")
+b.create("Other")
+a = Conn()
+got = a.cmd("n", "NOTIFY SET (subtree Lists (MailboxName)) (subscribed (MessageNew MessageExpunge))")
+assert got == ["n OK NOTIFY completed"], got
+b.create("Other/x")
+b.create("Lists/a")
+assert a.expect('* LIST () "/" Lists/a') == ['* LIST () "/" Lists/a']
+b.append("Other", None, None, b"Subject: unsubscribed\r\n\r\nbody\r\n")
+b.append("Sent", None, None, b"Subject: subscribed\r\n\r\nbody\r\n")
+v = validity(b, "Sent")
+assert a.expect("* STATUS Sent (MESSAGES 1 UIDNEXT 2 UIDVALIDITY %d)" % v) == ["* STATUS Sent (MESSAGES 1 UIDNEXT 2 UIDVALIDITY %d)" % v]
+b.rename("Lists", "Groups")
+seen = a.expect('* LIST () "/" Groups/a ("OLDNAME" (Lists/a))')
+assert seen[0] == '* LIST () "/" Groups ("OLDNAME" (Lists))' and len(seen) == 2, seen
+print("DONE")
+"#,
+    );
+    assert!(out.contains("DONE"), "{out}");
+}
+
 /// RFC 5465 §6.1, §5.2: with `selected` events the selected mailbox's changes are pushed while
 /// the client sends nothing (EXISTS and MessageNew's FETCH items for new mail, EXPUNGE), and it
 /// gets no STATUS of its own; a filter naming other mailboxes, here `mailboxes Drafts`, sees
