@@ -111,7 +111,7 @@ print("DONE")
     assert!(out.contains("DONE"), "{out}");
 }
 
-/// RFC 5465 §6.5, §6.6: `subtree` names a mailbox and everything below it (a RENAME of it tells
+/// RFC 5465 §6: `subtree` names a mailbox and everything below it (a RENAME of it tells
 /// each moved mailbox with its old name), `subscribed` only subscribed mailboxes; changes
 /// elsewhere are not told (each `expect` sees no other line on the way).
 #[test]
@@ -145,7 +145,7 @@ print("DONE")
 /// RFC 5465 §6.1, §5.2: with `selected` events the selected mailbox's changes are pushed while
 /// the client sends nothing (EXISTS and MessageNew's FETCH items for new mail, EXPUNGE), and it
 /// gets no STATUS of its own; a filter naming other mailboxes, here `mailboxes Drafts`, sees
-/// only those. With `selected-delayed` an expunge waits for a command that allows it (§6.2)
+/// only those. With `selected-delayed` an expunge waits for a command that allows it
 /// while new mail is still pushed.
 #[test]
 fn the_selected_mailbox_is_pushed_and_selected_delayed_holds_expunges() {

@@ -105,7 +105,7 @@ impl Watch {
         Ok(watch)
     }
 
-    /// The events the groups ask for about mailbox `name` (§6.3-§6.7; groups add up).
+    /// The events the groups ask for about mailbox `name` (§6; groups add up).
     fn events_of(&self, name: &str, subscribed: bool) -> Events {
         let below =
             |root: &String| name == root || name.strip_prefix(root.as_str()).is_some_and(|r| r.starts_with('/'));

@@ -221,7 +221,7 @@ impl Selected {
         self.update(store, kind, true, tracking)
     }
 
-    /// RFC 5465 §6.2 `selected-delayed`: new mail and flag changes are told now, expunges wait
+    /// RFC 5465 §6.1 `selected-delayed`: new mail and flag changes are told now, expunges wait
     /// for a command that allows them (the view keeps the messages until then).
     pub fn sync_holding_expunges(
         &mut self,

@@ -41,7 +41,7 @@ use crate::ImapError;
 use crate::notify::Watch;
 use crate::session::{Session, State};
 
-/// The events of one event group (RFC 5465 section 5). AnnotationChange and the METADATA events are
+/// The events of one event group (RFC 5465 §5). AnnotationChange and the METADATA events are
 /// never set: they are refused with BADEVENT, since this server has no METADATA (RFC 5464).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Events {
@@ -71,19 +71,19 @@ impl Events {
 /// RFC 5465 §6: which mailboxes an event group speaks of, other than the selected one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Filter<M> {
-    /// §6.3: mailboxes mail is delivered to; here, INBOX.
+    /// §6 inboxes: mailboxes mail is delivered to; here, INBOX.
     Inboxes,
-    /// §6.4: every mailbox of the user.
+    /// §6 personal: every mailbox of the user.
     Personal,
-    /// §6.5: the subscribed mailboxes.
+    /// §6 subscribed: the subscribed mailboxes.
     Subscribed,
-    /// §6.6: each named mailbox and every mailbox below it.
+    /// §6 subtree: each named mailbox and every mailbox below it.
     Subtree(Vec<M>),
-    /// §6.7: exactly the named mailboxes.
+    /// §6 mailboxes: exactly the named mailboxes.
     Mailboxes(Vec<M>),
 }
 
-/// §6.1, §6.2: the events of the selected mailbox, and whether expunges wait for a command that
+/// §6.1: the events of the selected mailbox, and whether expunges wait for a command that
 /// allows them (`selected-delayed`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SelectedEvents {
@@ -122,7 +122,7 @@ pub(crate) struct Notify {
     pub request: Result<Request, Refusal>,
 }
 
-/// The events this server can report, as the BADEVENT code lists them (RFC 5465 section 8).
+/// The events this server can report, as the BADEVENT code lists them (RFC 5465 §8).
 const BADEVENT: &[u8] = b"BADEVENT (MessageNew MessageExpunge FlagChange MailboxName SubscriptionChange)";
 
 /// `tag SP "NOTIFY" SP ...`, or `None` when `bytes` is not a NOTIFY command.
@@ -133,6 +133,7 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<Notify> {
     Some(Notify { tag, request: parse(rest) })
 }
 
+/// Response text is ASCII (RFC 3501 §9 TEXT-CHAR): the messages say "section", not "§".
 fn bad(why: impl Into<String>) -> Refusal {
     Refusal::Bad(why.into())
 }
@@ -268,7 +269,7 @@ fn events(s: &[u8]) -> Result<(Events, Option<MacroOrMessageDataItemNames<'stati
             "mailboxname" => events.mailbox_name = true,
             "subscriptionchange" => events.subscription_change = true,
             "" => return Err(bad("an event was expected (RFC 5465 section 8)")),
-            // §5.5, §5.8, §5.9 need METADATA (RFC 5464), and an unknown `event-ext` is not ours
+            // AnnotationChange (§5.1) and the METADATA events need METADATA (RFC 5464), and an unknown `event-ext` is not ours
             // either: both are answered NO [BADEVENT] once the whole command is read.
             _ => unsupported = true,
         }
@@ -318,7 +319,7 @@ fn codec_mailbox(name: &[u8]) -> Result<Mailbox<'static>, Refusal> {
     }
 }
 
-/// MessageNew's fetch-atts (RFC 5465 section 5.2), as imap-codec reads a FETCH command's.
+/// MessageNew's fetch-atts (RFC 5465 §5.2), as imap-codec reads a FETCH command's.
 fn codec_fetch(items: &[u8]) -> Result<MacroOrMessageDataItemNames<'static>, Refusal> {
     let mut line = b"x FETCH 1 (".to_vec();
     line.extend_from_slice(items);
