@@ -43,15 +43,16 @@ class Conn:
             seen.append(line)
             if line.startswith(tag + " "):
                 return seen
-    def expect(self, want, limit=10):
-        """Reads until the line `want` arrives; every line read on the way is returned."""
+    def expect(self, want, limit=10, prefix=False):
+        """Reads until the line `want` (or one starting with it) arrives; every line read on the
+        way is returned."""
         seen = []
         while True:
             line = self.line(limit)
             if line is None:
                 raise SystemExit("never got %r; saw %r" % (want, seen))
             seen.append(line)
-            if line == want:
+            if line == want or (prefix and line.startswith(want)):
                 return seen
 def validity(m, name):
     typ, data = m.status(name, "(UIDVALIDITY)")
@@ -145,7 +146,8 @@ print("DONE")
 /// RFC 5465 §6.1, §5.2: with `selected` events the selected mailbox's changes are pushed while
 /// the client sends nothing (EXISTS and MessageNew's FETCH items for new mail, EXPUNGE), and it
 /// gets no STATUS of its own; a filter naming other mailboxes, here `mailboxes Drafts`, sees
-/// only those. With `selected-delayed` an expunge waits for a command that allows it
+/// only those; without FlagChange (§5.1) no flag change is told, with it one is. With
+/// `selected-delayed` an expunge waits for a command that allows it
 /// while new mail is still pushed.
 #[test]
 fn the_selected_mailbox_is_pushed_and_selected_delayed_holds_expunges() {
@@ -166,9 +168,11 @@ b.append("Drafts", None, None, b"Subject: draft\r\n\r\nbody\r\n")
 seen = a.expect("* STATUS Drafts (MESSAGES 1 UIDNEXT 2 UIDVALIDITY %d)" % validity(b, "Drafts"))
 assert not any("Sent" in l or "INBOX" in l for l in seen), seen
 b.select("INBOX")
+b.store("1", "+FLAGS", "(\\Flagged)")
 b.store("1", "+FLAGS", "(\\Deleted)")
 b.expunge()
-a.expect("* 1 EXPUNGE")
+seen = a.expect("* 1 EXPUNGE")
+assert not any("FETCH" in l for l in seen), ("no FlagChange asked, no flags told", seen)
 got = a.cmd("d", "NOTIFY SET (selected-delayed (MessageNew MessageExpunge))")
 assert got[-1] == "d OK NOTIFY completed", got
 b.append("INBOX", None, None, b"Subject: two\r\n\r\nbody\r\n")
@@ -184,6 +188,9 @@ seen = a.expect("* 3 EXISTS")
 assert not any(l.endswith("EXPUNGE") for l in seen), seen
 got = a.cmd("z", "NOOP")
 assert "* 1 EXPUNGE" in got, got
+assert a.cmd("f", "NOTIFY SET (selected (MessageNew MessageExpunge FlagChange))")[-1] == "f OK NOTIFY completed"
+b.store("1", "+FLAGS", "(\\Seen)")
+a.expect("* 1 FETCH (FLAGS (\\Seen", prefix=True)
 print("DONE")
 "#,
     );

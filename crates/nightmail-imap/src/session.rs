@@ -142,6 +142,9 @@ pub(crate) struct Session {
     pub idle: Option<Tag<'static>>,
     /// What NOTIFY SET asked to be told (RFC 5465), until NOTIFY NONE.
     pub notify: Option<Box<crate::notify::Watch>>,
+    /// Other sessions' flag changes in the selected mailbox are told (FETCH FLAGS): always, till
+    /// a NOTIFY leaves FlagChange out of its selected group (RFC 5465 §5.1, as Dovecot).
+    pub selected_flag_changes: bool,
     /// The tag of the AUTHENTICATE in progress.
     pub authenticating: Option<Tag<'static>>,
     /// Failed LOGIN/AUTHENTICATE attempts on this connection.
@@ -234,6 +237,7 @@ pub(crate) async fn run(
         state: State::NotAuthenticated,
         idle: None,
         notify: None,
+        selected_flag_changes: true,
         authenticating: None,
         failed_logins: 0,
         close_after_reply: false,
@@ -343,9 +347,9 @@ impl Session {
 
     /// Tells the client what changed in its selected mailbox (see [`Selected::sync`]).
     pub fn sync(&mut self, expunges_allowed: bool) -> Result<(), ImapError> {
-        let (store, tracking) = (self.shared.store.clone(), self.tracking);
+        let (store, tracking, flags) = (self.shared.store.clone(), self.tracking, self.selected_flag_changes);
         let updates = match &mut self.state {
-            State::Selected(_, selected) => selected.sync(&store, expunges_allowed, tracking)?,
+            State::Selected(_, selected) => selected.sync(&store, expunges_allowed, tracking, flags)?,
             _ => return Ok(()),
         };
         self.announce_new_keywords();

@@ -210,15 +210,19 @@ impl Selected {
     ///
     /// Once CONDSTORE is on, a change of mod-sequence alone is told too, with UID and MODSEQ, and
     /// once QRESYNC is, expunges are one VANISHED (RFC 7162 §3.1, §3.2.10).
+    ///
+    /// With `flags` false (NOTIFY without FlagChange for the selected mailbox, RFC 5465 §5.1)
+    /// other sessions' flag changes are taken into the view without a FETCH.
     pub fn sync(
         &mut self,
         store: &Store,
         expunges_allowed: bool,
         tracking: Tracking,
+        flags: bool,
     ) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
         let Some(kind) = self.pending.filter(|_| expunges_allowed) else { return Ok(Vec::new()) };
-        self.update(store, kind, true, tracking)
+        self.update(store, kind, true, tracking, flags)
     }
 
     /// RFC 5465 §6.1 `selected-delayed`: new mail and flag changes are told now, expunges wait
@@ -227,10 +231,11 @@ impl Selected {
         &mut self,
         store: &Store,
         tracking: Tracking,
+        flags: bool,
     ) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
         let Some(kind) = self.pending else { return Ok(Vec::new()) };
-        self.update(store, kind, false, tracking)
+        self.update(store, kind, false, tracking, flags)
     }
 
     fn update(
@@ -239,6 +244,7 @@ impl Selected {
         kind: ChangeKind,
         expunges: bool,
         tracking: Tracking,
+        flags: bool,
     ) -> Result<Vec<Data<'static>>, ImapError> {
         self.pending = None;
         let mut out = Vec::new();
@@ -291,7 +297,7 @@ impl Selected {
                 let told = known.flags != entry.flags || (tracking.condstore() && known.modseq != entry.modseq);
                 self.messages[index].flags = entry.flags;
                 self.messages[index].modseq = entry.modseq;
-                if told {
+                if told && flags {
                     out.extend(condstore::flags_fetch(self, index, tracking));
                 }
             }

@@ -346,6 +346,9 @@ pub(crate) fn run(s: &mut Session, request: Result<Request, Refusal>) -> Result<
             return Err(ImapError::no_with(Code::Other(CodeOther::unvalidated(BADEVENT)), why));
         }
     };
+    // §5.1: FlagChange not asked for the selected mailbox (NONE asks for nothing): its flag
+    // changes by others are no longer told.
+    s.selected_flag_changes = matches!(&request, Request::Set { selected: Some(sel), .. } if sel.events.flag_change);
     let Request::Set { status, selected, groups } = request else {
         s.notify = None;
         return Ok(Done::ok("NOTIFY NONE completed"));
@@ -380,10 +383,10 @@ pub(crate) fn run(s: &mut Session, request: Result<Request, Refusal>) -> Result<
 pub(crate) async fn push_selected(s: &mut Session) {
     let Some(events) = s.notify.as_ref().and_then(|n| n.selected.clone()) else { return };
     let last_uid = s.selected().ok().and_then(|v| v.messages.last().map(|m| m.uid));
-    let (store, tracking) = (s.shared.store.clone(), s.tracking);
+    let (store, tracking, flags) = (s.shared.store.clone(), s.tracking, s.selected_flag_changes);
     let updates = match &mut s.state {
-        State::Selected(_, view) if events.delayed => view.sync_holding_expunges(&store, tracking),
-        State::Selected(_, view) => view.sync(&store, true, tracking),
+        State::Selected(_, view) if events.delayed => view.sync_holding_expunges(&store, tracking, flags),
+        State::Selected(_, view) => view.sync(&store, true, tracking, flags),
         _ => return,
     };
     match updates {
