@@ -3,7 +3,7 @@
 //! UNSELECT (RFC 3691), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE (RFC 2342), SPECIAL-USE
 //! (RFC 6154), SASL-IR (RFC 4959), LITERAL+ (RFC 7888), SORT and THREAD=REFERENCES/ORDEREDSUBJECT (RFC 5256),
 //! ESEARCH (RFC 4731), ESORT (RFC 5267), BINARY (RFC 3516), UTF8=ACCEPT (RFC 6855),
-//! COMPRESS=DEFLATE (RFC 4978).
+//! COMPRESS=DEFLATE (RFC 4978), NOTIFY (RFC 5465).
 //!
 //! The grammar, literals, AUTHENTICATE and IDLE framing are imap-codec's and imap-next's (its
 //! sans-I/O server flow); this crate holds the session state, one module per command in
@@ -13,6 +13,7 @@ mod command;
 mod error;
 mod imap_url;
 mod mime;
+mod notify;
 mod order;
 mod session;
 mod view;

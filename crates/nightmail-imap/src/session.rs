@@ -140,6 +140,11 @@ pub(crate) struct Session {
     pub server: Server,
     /// The tag of the IDLE in progress.
     pub idle: Option<Tag<'static>>,
+    /// What NOTIFY SET asked to be told (RFC 5465), until NOTIFY NONE.
+    pub notify: Option<Box<crate::notify::Watch>>,
+    /// Other sessions' flag changes in the selected mailbox are told (FETCH FLAGS): always, till
+    /// a NOTIFY leaves FlagChange out of its selected group (RFC 5465 §5.1, as Dovecot).
+    pub selected_flag_changes: bool,
     /// The tag of the AUTHENTICATE in progress.
     pub authenticating: Option<Tag<'static>>,
     /// Failed LOGIN/AUTHENTICATE attempts on this connection.
@@ -231,6 +236,8 @@ pub(crate) async fn run(
         tracking: Default::default(),
         state: State::NotAuthenticated,
         idle: None,
+        notify: None,
+        selected_flag_changes: true,
         authenticating: None,
         failed_logins: 0,
         close_after_reply: false,
@@ -340,9 +347,9 @@ impl Session {
 
     /// Tells the client what changed in its selected mailbox (see [`Selected::sync`]).
     pub fn sync(&mut self, expunges_allowed: bool) -> Result<(), ImapError> {
-        let (store, tracking) = (self.shared.store.clone(), self.tracking);
+        let (store, tracking, flags) = (self.shared.store.clone(), self.tracking, self.selected_flag_changes);
         let updates = match &mut self.state {
-            State::Selected(_, selected) => selected.sync(&store, expunges_allowed, tracking)?,
+            State::Selected(_, selected) => selected.sync(&store, expunges_allowed, tracking, flags)?,
             _ => return Ok(()),
         };
         self.announce_new_keywords();
@@ -422,19 +429,31 @@ impl Session {
                     continue;
                 }
             }
+            // RFC 5465 §3: NOTIFY's responses go out whenever no command is arriving.
+            if command_since.is_none() {
+                crate::notify::deliver(self);
+            }
             if !self.out.is_empty() {
                 self.write_out().await?;
             }
             let idling = self.idle.is_some();
+            // RFC 5465 §6.1: with events for the selected mailbox, its changes are pushed at once
+            // (EXPUNGE too unless `selected-delayed`), not only in IDLE.
+            let pushing = command_since.is_none() && self.notify.as_ref().is_some_and(|n| n.pushes_selected());
             let store = self.shared.store.clone();
             let read = tokio::select! {
                 read = tokio::time::timeout_at(read_deadline(command_since, limit).into(), self.transport.read(&mut buf)) => read,
-                () = idle_wait(&mut self.state, &store), if idling => {
-                    if let Err(e) = self.sync(true) {
-                        tracing::warn!("imap: idle update failed: {e}");
+                () = idle_wait(&mut self.state, &store), if idling || pushing => {
+                    if idling {
+                        if let Err(e) = self.sync(true) {
+                            tracing::warn!("imap: idle update failed: {e}");
+                        }
+                    } else {
+                        command::notify::push_selected(self).await;
                     }
                     continue;
                 }
+                () = crate::notify::changed(&mut self.notify), if command_since.is_none() => continue,
                 _ = stop.changed() => {
                     self.untagged_bye("server shutting down");
                     self.drain_output();
@@ -484,6 +503,9 @@ impl Session {
         }
         if let Some(catenate) = command::catenate::recognise(bytes) {
             return Some(command::dispatch_catenate(self, catenate).await);
+        }
+        if let Some(notify) = command::notify::recognise(bytes) {
+            return Some(command::dispatch_notify(self, notify));
         }
         if let Some(multi) = command::multiappend::recognise(bytes) {
             return Some(command::dispatch_multiappend(self, multi).await);

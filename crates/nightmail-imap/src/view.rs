@@ -210,14 +210,42 @@ impl Selected {
     ///
     /// Once CONDSTORE is on, a change of mod-sequence alone is told too, with UID and MODSEQ, and
     /// once QRESYNC is, expunges are one VANISHED (RFC 7162 §3.1, §3.2.10).
+    ///
+    /// With `flags` false (NOTIFY without FlagChange for the selected mailbox, RFC 5465 §5.1)
+    /// other sessions' flag changes are taken into the view without a FETCH.
     pub fn sync(
         &mut self,
         store: &Store,
         expunges_allowed: bool,
         tracking: Tracking,
+        flags: bool,
     ) -> Result<Vec<Data<'static>>, ImapError> {
         self.drain();
         let Some(kind) = self.pending.filter(|_| expunges_allowed) else { return Ok(Vec::new()) };
+        self.update(store, kind, true, tracking, flags)
+    }
+
+    /// RFC 5465 §6.1 `selected-delayed`: new mail and flag changes are told now, expunges wait
+    /// for a command that allows them (the view keeps the messages until then).
+    pub fn sync_holding_expunges(
+        &mut self,
+        store: &Store,
+        tracking: Tracking,
+        flags: bool,
+    ) -> Result<Vec<Data<'static>>, ImapError> {
+        self.drain();
+        let Some(kind) = self.pending else { return Ok(Vec::new()) };
+        self.update(store, kind, false, tracking, flags)
+    }
+
+    fn update(
+        &mut self,
+        store: &Store,
+        kind: ChangeKind,
+        expunges: bool,
+        tracking: Tracking,
+        flags: bool,
+    ) -> Result<Vec<Data<'static>>, ImapError> {
         self.pending = None;
         let mut out = Vec::new();
         let last_known = self.messages.last().map_or(Uid(0), |m| m.uid);
@@ -252,7 +280,11 @@ impl Selected {
         let present: HashSet<Uid> = now.iter().map(|m| m.uid).collect();
         if whole {
             let gone: Vec<Uid> = self.messages.iter().map(|m| m.uid).filter(|u| !present.contains(u)).collect();
-            out.extend(condstore::expunged(self, &gone, tracking));
+            if expunges {
+                out.extend(condstore::expunged(self, &gone, tracking));
+            } else if !gone.is_empty() {
+                self.note(ChangeKind::Changed);
+            }
         }
         let last = self.messages.last().map_or(0, |m| m.uid.0);
         let mut added = false;
@@ -265,7 +297,7 @@ impl Selected {
                 let told = known.flags != entry.flags || (tracking.condstore() && known.modseq != entry.modseq);
                 self.messages[index].flags = entry.flags;
                 self.messages[index].modseq = entry.modseq;
-                if told {
+                if told && flags {
                     out.extend(condstore::flags_fetch(self, index, tracking));
                 }
             }

@@ -188,6 +188,8 @@ impl Store {
         })?;
         drop(writing);
         self.flush().await?;
+        // RFC 5465 §5.4: a NOTIFY session watching for MailboxName learns of the new mailbox.
+        self.notify(info.id);
         Ok(info)
     }
 }

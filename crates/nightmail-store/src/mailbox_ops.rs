@@ -196,6 +196,10 @@ impl Store {
         })?;
         drop(writing);
         self.flush().await?;
+        // RFC 5465 §5.4: NOTIFY sessions learn the new names (each keeps its id).
+        for m in &moving {
+            self.notify(m.id);
+        }
         self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
     }
 
@@ -223,6 +227,8 @@ impl Store {
         })?;
         drop(writing);
         self.flush().await?;
+        // RFC 5465 §5.5: NOTIFY's SubscriptionChange.
+        self.notify(id);
         Ok(())
     }
 }

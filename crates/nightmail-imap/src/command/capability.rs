@@ -69,6 +69,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         other("MULTIAPPEND"),
         // RFC 4469: `command/catenate.rs`, URLs (RFC 5092) in `imap_url.rs`; no URLAUTH.
         other("CATENATE"),
+        // RFC 5465: `command/notify.rs` (grammar), `notify.rs` (the feed).
+        other("NOTIFY"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

@@ -82,7 +82,7 @@ pub(crate) struct ExtendedList {
     pub request: Result<ListRequest, String>,
 }
 
-fn strip_prefix_ci<'b>(bytes: &'b [u8], prefix: &[u8]) -> Option<&'b [u8]> {
+pub(crate) fn strip_prefix_ci<'b>(bytes: &'b [u8], prefix: &[u8]) -> Option<&'b [u8]> {
     (bytes.len() >= prefix.len() && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)).then(|| &bytes[prefix.len()..])
 }
 
@@ -101,7 +101,7 @@ fn sp(s: &[u8]) -> Result<&[u8], String> {
 
 /// One `mailbox` or `list-mailbox` (RFC 3501 §9): a quoted string or a run of list-chars. Its
 /// contents are imap-codec's to judge; here only where it ends.
-fn token(s: &[u8]) -> Result<(&[u8], &[u8]), String> {
+pub(crate) fn token(s: &[u8]) -> Result<(&[u8], &[u8]), String> {
     match s.first() {
         Some(b'"') => {
             let mut i = 1;
@@ -113,23 +113,23 @@ fn token(s: &[u8]) -> Result<(&[u8], &[u8]), String> {
                     _ => i += 1,
                 }
             }
-            Err("syntax error in LIST: an unterminated quoted string".into())
+            Err("syntax error: an unterminated quoted string".into())
         }
         Some(b'{') => {
             // RFC 3501 §4.3 literal, RFC 7888 `{n+}` / `{n-}`: imap-next has read its bytes.
-            let close = s.iter().position(|&c| c == b'}').ok_or("syntax error in LIST: a literal's '}' is missing")?;
+            let close = s.iter().position(|&c| c == b'}').ok_or("syntax error: a literal's '}' is missing")?;
             let digits = std::str::from_utf8(&s[1..close]).unwrap_or("").trim_end_matches(['+', '-']);
-            let n: usize = digits.parse().map_err(|_| "syntax error in LIST: a literal's length")?;
+            let n: usize = digits.parse().map_err(|_| "syntax error: a literal's length")?;
             let end = close + 3 + n;
             if s.get(close + 1..close + 3) != Some(&b"\r\n"[..]) || s.len() < end {
-                return Err("syntax error in LIST: a literal is cut short".into());
+                return Err("syntax error: a literal is cut short".into());
             }
             Ok(s.split_at(end))
         }
         _ => {
             let end = s.iter().position(|&c| matches!(c, b' ' | b'(' | b')' | b'\r' | b'\n')).unwrap_or(s.len());
             if end == 0 {
-                return Err("syntax error in LIST: a mailbox name or pattern was expected".into());
+                return Err("syntax error: a mailbox name or pattern was expected".into());
             }
             Ok(s.split_at(end))
         }

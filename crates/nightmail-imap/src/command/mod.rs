@@ -28,6 +28,7 @@ pub(crate) mod r#move;
 pub(crate) mod multiappend;
 pub(crate) mod namespace;
 pub(crate) mod noop;
+pub(crate) mod notify;
 pub(crate) mod rename;
 pub(crate) mod search;
 pub(crate) mod select;
@@ -177,6 +178,12 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
 pub(crate) fn dispatch_cancel(s: &mut Session, tag: Tag<'static>, tags: Vec<String>) -> Flow {
     let result = context::cancel(s, &tags).map(|()| Done::ok("CANCELUPDATE completed"));
     reply(s, tag, result, true, true)
+}
+
+/// NOTIFY (RFC 5465), which imap-codec does not parse: see `notify`.
+pub(crate) fn dispatch_notify(s: &mut Session, command: notify::Notify) -> Flow {
+    let result = notify::run(s, command.request);
+    reply(s, command.tag, result, true, true)
 }
 
 /// MULTIAPPEND (RFC 3502), which imap-codec does not parse: see `multiappend`.
