@@ -134,6 +134,8 @@ pub(crate) struct Session {
     pub utf8: bool,
     /// COMPRESS DEFLATE is active (RFC 4978).
     pub compressed: bool,
+    /// The client enabled IMAP4rev2 (RFC 9051; `command/rev2.rs`).
+    pub rev2: bool,
     /// What of CONDSTORE and QRESYNC (RFC 7162) the client has turned on.
     pub tracking: command::condstore::Tracking,
     pub state: State,
@@ -228,6 +230,7 @@ pub(crate) async fn run(
         tls_active: false,
         utf8: false,
         compressed: false,
+        rev2: false,
         tracking: Default::default(),
         state: State::NotAuthenticated,
         idle: None,

@@ -67,6 +67,8 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         Capability::QResync,
         // RFC 3502: `command/multiappend.rs`, stored all or none by `append::run_all`.
         other("MULTIAPPEND"),
+        // RFC 8438: STATUS SIZE, `command/status.rs` (imap-codec's `ext_status_size`).
+        other("STATUS=SIZE"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

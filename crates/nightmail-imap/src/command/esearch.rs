@@ -150,17 +150,38 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
     if options.iter().all(|o| *o == ReturnOption::Context) {
         options.push(ReturnOption::All);
     }
-    let update = options.contains(&ReturnOption::Update);
-    if update && search.sort {
+    if options.contains(&ReturnOption::Update) && search.sort {
         return Err(ImapError::bad("UPDATE applies to SEARCH only here: CONTEXT=SORT is not offered"));
     }
     let (_, command) = CommandCodec::default()
         .decode(&search.plain)
         .map_err(|_| ImapError::bad("syntax error in the command after RETURN (...)"))?;
+    answer(s, &search.tag, search.sort, options, command.body)
+}
+
+/// A plain SEARCH in an IMAP4rev2 session: RFC 9051 §6.4.4 answers it with ESEARCH, as if it
+/// said RETURN (ALL) (§7.3.4: the SEARCH response is IMAP4rev1's).
+pub(crate) fn as_esearch(
+    s: &mut Session,
+    tag: &Tag<'static>,
+    body: CommandBody<'static>,
+) -> Result<Vec<u8>, ImapError> {
+    answer(s, tag, false, vec![ReturnOption::All], body)
+}
+
+/// The ESEARCH line of a parsed SEARCH or SORT with these return options.
+fn answer(
+    s: &mut Session,
+    tag: &Tag<'static>,
+    sort: bool,
+    options: Vec<ReturnOption>,
+    body: CommandBody<'_>,
+) -> Result<Vec<u8>, ImapError> {
+    let update = options.contains(&ReturnOption::Update);
     // With MODSEQ among the keys, each match's mod-sequence, in the order of `numbers`.
     let mut modseqs: Option<Vec<ModSeq>> = None;
-    let (numbers, uid): (Vec<u32>, bool) = match command.body {
-        CommandBody::Search { charset, criteria, uid } if !search.sort => {
+    let (numbers, uid): (Vec<u32>, bool) = match body {
+        CommandBody::Search { charset, criteria, uid } if !sort => {
             if let Some(charset) = &charset {
                 check_charset(charset)?;
             }
@@ -173,7 +194,7 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             if update {
                 let selected = s.selected()?;
                 let uids = hits.iter().map(|&i| selected.messages[i].uid).collect();
-                let tag = search.tag.inner().to_string();
+                let tag = tag.inner().to_string();
                 selected.live.retain(|l| l.tag != tag);
                 selected.live.push(LiveSearch {
                     tag,
@@ -190,13 +211,13 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             let numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
             (numbers, uid)
         }
-        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if search.sort => {
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if sort => {
             let numbers = sorted(s, &sort_criteria, &charset, &search_criteria, uid)?;
             (numbers.into_iter().map(NonZeroU32::get).collect(), uid)
         }
         _ => return Err(ImapError::bad("syntax error in the command after RETURN (...)")),
     };
-    let mut line = format!("* ESEARCH (TAG \"{}\")", search.tag.inner());
+    let mut line = format!("* ESEARCH (TAG \"{}\")", tag.inner());
     if uid {
         line.push_str(" UID");
     }
