@@ -97,3 +97,67 @@ print("EXPECTED", len(ONE) + len(TWO))
     assert!(out.contains("t4 BAD"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("CAPS") && l.contains("STATUS=SIZE")), "{out}");
 }
+
+/// RFC 5182 SEARCHRES (RFC 9051 §6.4.4.1): RETURN (SAVE) alone answers no ESEARCH; `$` stands
+/// for the saved messages in FETCH, UID FETCH, STORE, COPY and inside SEARCH criteria; with MIN
+/// only the lowest is kept; an empty result is an empty set; an expunge takes its message out;
+/// a failed SEARCH (SAVE) empties it, and so does SELECT.
+#[test]
+fn searchres_saves_a_result_and_dollar_reuses_it() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        &format!(
+            r#"{MESSAGES}
+m.append("INBOX", None, None, b"Subject: three\r\n\r\nx\r\n")
+s, f = raw_login()
+run("a0", "SELECT INBOX")
+run("a1", "SEARCH RETURN (SAVE) UNSEEN")
+run("a2", "FETCH $ (FLAGS)")
+run("a3", "UID FETCH $ (FLAGS)")
+run("a4", "SEARCH $ SUBJECT three")
+run("a5", "STORE $ +FLAGS.SILENT (\\Flagged)")
+run("a6", "SEARCH FLAGGED")
+run("a7", "UID SEARCH RETURN (SAVE MIN) UNSEEN")
+run("a8", "FETCH $ (FLAGS)")
+run("b1", "SEARCH RETURN (SAVE) DELETED")
+run("b2", "FETCH $ (FLAGS)")
+run("b3", "COPY $ Sent")
+run("c1", "SEARCH RETURN (SAVE) ALL")
+run("c2", "STORE 1 +FLAGS.SILENT (\\Deleted)")
+run("c3", "EXPUNGE")
+run("c4", "FETCH $ (UID)")
+run("d1", "SEARCH RETURN (SAVE) NOSUCHKEY")
+run("d2", "FETCH $ (UID)")
+run("e1", "SEARCH RETURN (SAVE) ALL")
+run("e2", "SELECT INBOX")
+run("e3", "FETCH $ (UID)")
+print("CAPS", m.capability()[1][0].decode())
+"#
+        ),
+    );
+    let line = |tag: &str| out.lines().find(|l| l.starts_with(&format!("{tag} "))).unwrap_or_default().to_string();
+    assert_eq!(line("a1"), "a1 ['a1 OK SEARCH completed']", "SAVE alone answers nothing: {out}");
+    let fetch = line("a2");
+    assert!(fetch.contains("* 2 FETCH") && fetch.contains("* 3 FETCH") && !fetch.contains("* 1 FETCH"), "{fetch}");
+    let uid_fetch = line("a3");
+    assert!(uid_fetch.contains("UID 2") && uid_fetch.contains("UID 3") && !uid_fetch.contains("UID 1"), "{uid_fetch}");
+    assert!(line("a4").contains("'* SEARCH 3'"), "{out}");
+    assert!(line("a6").contains("'* SEARCH 2 3'"), "STORE $ flagged the saved two: {out}");
+    assert!(line("a7").contains(r#"* ESEARCH (TAG "a7") UID MIN 2"#), "{out}");
+    let min = line("a8");
+    assert!(min.contains("* 2 FETCH") && !min.contains("* 3 FETCH"), "only the MIN is kept: {min}");
+    // An empty `$` runs as the UID form over no message: OK and nothing else.
+    let nothing = |tag: &str| line(tag).starts_with(&format!("{tag} ['{tag} OK ")) && !line(tag).contains("'*");
+    assert!(nothing("b2"), "an empty result is an empty set: {out}");
+    assert!(line("b3").contains("b3 OK"), "{out}");
+    let after_expunge = line("c4");
+    assert!(
+        after_expunge.contains("* 1 FETCH (UID 2)") && after_expunge.contains("* 2 FETCH (UID 3)"),
+        "{after_expunge}"
+    );
+    assert!(line("d1").contains("d1 BAD"), "{out}");
+    assert!(nothing("d2"), "a failed SAVE empties $: {out}");
+    assert!(nothing("e3"), "SELECT empties $: {out}");
+    assert!(out.lines().any(|l| l.starts_with("CAPS") && l.contains("SEARCHRES") && l.contains("IMAP4rev2")), "{out}");
+}

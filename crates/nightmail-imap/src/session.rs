@@ -474,6 +474,14 @@ impl Session {
     async fn extension_command(&mut self, bytes: &[u8], command_since: &mut Option<Instant>) -> Option<Flow> {
         // The command has arrived whole.
         *command_since = None;
+        // RFC 5182 `$`: written out, then parsed again (`command/searchres.rs`).
+        let substituted = command::searchres::substitute(self, bytes);
+        if let Some(rewritten) = &substituted
+            && let Some(command) = command::searchres::parse(rewritten)
+        {
+            return Some(self.handle(Event::CommandReceived { command }).await);
+        }
+        let bytes = substituted.as_deref().unwrap_or(bytes);
         if let Some(search) = command::esearch::recognise(bytes) {
             self.return_search(search);
             return Some(Flow::Continue);

@@ -55,6 +55,8 @@ pub struct Selected {
     /// Selected by an IMAP4rev2 session (`command/rev2.rs`): RFC 9051 has no `\Recent`, so new
     /// mail is claimed by no one here and no RECENT is sent.
     pub rev2: bool,
+    /// RFC 5182 search result variable (`$`), as UIDs: empty at SELECT, set by RETURN (SAVE).
+    pub saved: Vec<Uid>,
     changes: broadcast::Receiver<MailboxChange>,
     /// The largest change announced that the client has not been told about yet: mail only
     /// added is read from the last UID on, anything else needs the whole mailbox.
@@ -91,6 +93,7 @@ impl Selected {
             keywords_changed: false,
             live: Vec::new(),
             rev2: false,
+            saved: Vec::new(),
             changes,
             pending: None,
         })

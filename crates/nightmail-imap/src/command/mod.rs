@@ -30,6 +30,7 @@ pub(crate) mod noop;
 pub(crate) mod rename;
 pub(crate) mod rev2;
 pub(crate) mod search;
+pub(crate) mod searchres;
 pub(crate) mod select;
 pub(crate) mod sort;
 pub(crate) mod starttls;

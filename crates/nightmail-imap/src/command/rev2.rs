@@ -7,11 +7,12 @@
 //! - SELECT and EXAMINE send a LIST line of the mailbox and no UNSEEN code (§6.3.2);
 //! - SEARCH is answered with ESEARCH (§6.4.4, §7.3.4), as RETURN (ALL).
 //!
-//! The rest of Appendix E was already spoken to both: ESEARCH, NAMESPACE, UNSELECT, UIDPLUS, MOVE,
-//! LITERAL-, BINARY, LIST-EXTENDED and LIST-STATUS, SPECIAL-USE, STATUS DELETED and SIZE, IDLE,
-//! SASL-IR, ENABLE, `[CLOSED]` on every SELECT over a selected mailbox (`select.rs`), and
-//! subscriptions that outlive their mailbox (`\NonExistent`, store schema 11). Not yet: SEARCHRES
-//! (RFC 5182 `$`), so IMAP4rev2 is not advertised.
+//! The rest of Appendix E is spoken to both: ESEARCH, SEARCHRES (`searchres.rs`), NAMESPACE,
+//! UNSELECT, UIDPLUS, MOVE, LITERAL- (as LITERAL+), BINARY, LIST-EXTENDED and LIST-STATUS,
+//! SPECIAL-USE, STATUS DELETED and SIZE, IDLE, SASL-IR, ENABLE, `[CLOSED]` on every SELECT over a
+//! selected mailbox (`select.rs`), and subscriptions that outlive their mailbox (`\NonExistent`,
+//! store schema 11). LSUB, CHECK and the STATUS RECENT item, which RFC 9051 drops, are still
+//! answered. Not done: OLDNAME (§6.3.9.7).
 
 use imap_next::imap_types::command::CommandBody;
 use imap_next::imap_types::core::{Atom, Tag};
