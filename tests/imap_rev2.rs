@@ -6,6 +6,17 @@ mod common;
 
 use common::{Daemon, imaplib};
 
+/// Runs `script` after [`MESSAGES`] against a fresh daemon; `line(out, tag)` is what `run` printed
+/// for that tag.
+fn replies(script: &str) -> String {
+    let daemon = Daemon::start();
+    imaplib(&daemon, &format!("{MESSAGES}{script}"))
+}
+
+fn line(out: &str, tag: &str) -> String {
+    out.lines().find(|l| l.starts_with(&format!("{tag} "))).unwrap_or_default().to_string()
+}
+
 const MESSAGES: &str = r#"
 ONE = b"Subject: one\r\n\r\nfirst\r\n"
 TWO = b"Subject: two\r\n\r\nsecond message\r\n"
@@ -23,11 +34,8 @@ def run(tag, command):
 /// SELECT replaces the selected mailbox (§7.1); the rev1 session keeps RFC 3501's answers.
 #[test]
 fn an_imap4rev2_session_gets_rev2_answers_and_a_rev1_session_keeps_its_own() {
-    let daemon = Daemon::start();
-    let out = imaplib(
-        &daemon,
-        &format!(
-            r#"{MESSAGES}
+    let out = replies(
+        r#"
 s, f = raw_login()
 run("e1", "ENABLE IMAP4rev2")
 run("s1", "SELECT INBOX")
@@ -44,10 +52,9 @@ s, f = raw_login()
 run("r1", "SELECT INBOX")
 run("r2", "SEARCH ALL")
 run("r3", 'LIST "" "Entw*"')
-"#
-        ),
+"#,
     );
-    let line = |tag: &str| out.lines().find(|l| l.starts_with(&format!("{tag} "))).unwrap_or_default().to_string();
+    let line = |tag: &str| line(&out, tag);
     assert!(line("e1").contains("* ENABLED IMAP4rev2"), "{out}");
     let select = line("s1");
     assert!(select.contains("* 2 EXISTS") && select.contains(r#"* LIST (\\HasNoChildren) "/" INBOX"#), "{select}");
@@ -75,11 +82,8 @@ run("r3", 'LIST "" "Entw*"')
 /// LIST-STATUS (RFC 5819); an unknown item beside it is BAD.
 #[test]
 fn status_size_sums_the_messages_octets() {
-    let daemon = Daemon::start();
-    let out = imaplib(
-        &daemon,
-        &format!(
-            r#"{MESSAGES}
+    let out = replies(
+        r#"
 s, f = raw_login()
 run("t1", "STATUS INBOX (SIZE MESSAGES)")
 run("t2", 'LIST "" INBOX RETURN (STATUS (SIZE))')
@@ -87,8 +91,7 @@ run("t3", "STATUS Sent (SIZE)")
 run("t4", "STATUS INBOX (SIZE BOGUS)")
 print("CAPS", m.capability()[1][0].decode())
 print("EXPECTED", len(ONE) + len(TWO))
-"#
-        ),
+"#,
     );
     let expected = out.lines().find_map(|l| l.strip_prefix("EXPECTED ")).unwrap().to_string();
     assert!(out.contains(&format!("* STATUS INBOX (SIZE {expected} MESSAGES 2)")), "{out}");
@@ -104,11 +107,8 @@ print("EXPECTED", len(ONE) + len(TWO))
 /// a failed SEARCH (SAVE) empties it, and so does SELECT.
 #[test]
 fn searchres_saves_a_result_and_dollar_reuses_it() {
-    let daemon = Daemon::start();
-    let out = imaplib(
-        &daemon,
-        &format!(
-            r#"{MESSAGES}
+    let out = replies(
+        r#"
 m.append("INBOX", None, None, b"Subject: three\r\n\r\nx\r\n")
 s, f = raw_login()
 run("a0", "SELECT INBOX")
@@ -133,10 +133,9 @@ run("e1", "SEARCH RETURN (SAVE) ALL")
 run("e2", "SELECT INBOX")
 run("e3", "FETCH $ (UID)")
 print("CAPS", m.capability()[1][0].decode())
-"#
-        ),
+"#,
     );
-    let line = |tag: &str| out.lines().find(|l| l.starts_with(&format!("{tag} "))).unwrap_or_default().to_string();
+    let line = |tag: &str| line(&out, tag);
     assert_eq!(line("a1"), "a1 ['a1 OK SEARCH completed']", "SAVE alone answers nothing: {out}");
     let fetch = line("a2");
     assert!(fetch.contains("* 2 FETCH") && fetch.contains("* 3 FETCH") && !fetch.contains("* 1 FETCH"), "{fetch}");

@@ -17,7 +17,7 @@ use nightmail_store::{MailboxInfo, SpecialUse};
 use nightmail_types::utf7;
 
 use super::Done;
-use super::list_extended::{ListRequest, Returns, Selection};
+use super::list_extended::{ListRequest, Selection};
 use crate::ImapError;
 use crate::session::Session;
 
@@ -84,14 +84,7 @@ pub(crate) fn run(
     lsub: bool,
 ) -> Result<Done, ImapError> {
     if !lsub {
-        let request = ListRequest {
-            reference,
-            patterns: vec![pattern],
-            select: Selection::default(),
-            returns: Returns::default(),
-            extended: false,
-        };
-        return list(s, &request);
+        return list(s, &ListRequest::plain(reference, pattern));
     }
     let user = s.user()?.clone();
     let done = || Ok(Done::ok("LSUB completed"));

@@ -19,7 +19,7 @@ use imap_next::imap_types::core::{Atom, Tag};
 use imap_next::imap_types::extensions::enable::CapabilityEnable;
 use imap_next::imap_types::mailbox::{ListMailbox, Mailbox};
 
-use super::list_extended::{ListRequest, Returns, Selection};
+use super::list_extended::ListRequest;
 use super::{Done, esearch};
 use crate::ImapError;
 use crate::session::Session;
@@ -35,14 +35,7 @@ pub(crate) fn enable(s: &mut Session) -> CapabilityEnable<'static> {
 pub(crate) fn list_selected(s: &mut Session, name: &str) -> Result<(), ImapError> {
     let Ok(pattern) = ListMailbox::try_from(name.to_string()) else { return Ok(()) };
     let reference = Mailbox::try_from(String::new()).unwrap_or(Mailbox::Inbox);
-    let request = ListRequest {
-        reference,
-        patterns: vec![pattern],
-        select: Selection::default(),
-        returns: Returns::default(),
-        extended: false,
-    };
-    super::list::list(s, &request).map(|_| ())
+    super::list::list(s, &ListRequest::plain(reference, pattern)).map(|_| ())
 }
 
 /// SEARCH in a rev2 session: the ESEARCH line goes out after what was queued before it.
