@@ -10,13 +10,20 @@ use crate::mailbox::{MailEntry, MailboxInfo};
 use crate::modseq::ModSeq;
 use crate::schema::{EXPUNGED, MAIL, MAILBOXES, decode, encode};
 
+fn encode_value(modseq: ModSeq) -> serde_json::Value {
+    serde_json::to_value(modseq).expect("a mod-sequence serialises")
+}
+
 pub fn apply(db: &sled::Db) -> Result<(), StoreError> {
     let mailboxes = db.open_tree(MAILBOXES)?;
     for entry in mailboxes.iter() {
         let (key, value) = entry?;
+        // Checked as a `MailboxInfo`, but rewritten as it was with the one field set: a field a
+        // later step takes out of the type (schema 11's `subscribed`) must reach that step.
         let info: MailboxInfo = decode(MAILBOXES, &value)?;
-        let info = MailboxInfo { highest_modseq: info.highest_modseq.max(ModSeq::FIRST), ..info };
-        mailboxes.insert(key, encode(&info))?;
+        let mut record: serde_json::Map<String, serde_json::Value> = decode(MAILBOXES, &value)?;
+        record.insert("highest_modseq".into(), encode_value(info.highest_modseq.max(ModSeq::FIRST)));
+        mailboxes.insert(key, encode(&record))?;
     }
     let mail = db.open_tree(MAIL)?;
     for entry in mail.iter() {

@@ -29,6 +29,8 @@ mod m0008_bridges;
 mod m0009_live_jobs;
 #[path = "0010_modseq.rs"]
 mod m0010_modseq;
+#[path = "0011_subscriptions.rs"]
+mod m0011_subscriptions;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -44,6 +46,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (8, "bridges", m0008_bridges::apply),
     (9, "live_jobs", m0009_live_jobs::apply),
     (10, "modseq", m0010_modseq::apply),
+    (11, "subscriptions", m0011_subscriptions::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

@@ -114,3 +114,58 @@ print("ORDER", until("d"))
     let expected = r#"ORDER ['* LIST (\\HasNoChildren) "/" INBOX', '* STATUS INBOX (MESSAGES 0 UIDNEXT 1)', '* LIST (\\HasNoChildren \\Sent) "/" Sent', '* STATUS Sent (MESSAGES 0 UIDNEXT 1)', 'c OK LIST completed', 'd OK NOOP completed']"#;
     assert_eq!(order, expected);
 }
+
+/// RFC 9051 §6.3.7 and RFC 5258 §3.1 (imaptest's `listext`): a subscription outlives DELETE and
+/// is listed by LIST (SUBSCRIBED) as `\Subscribed \NonExistent`, by LSUB as `\Noselect`, counts
+/// for RECURSIVEMATCH's CHILDINFO, never shows in a plain LIST, and goes with UNSUBSCRIBE; RENAME
+/// takes the subscriptions of the names it moves along.
+#[test]
+fn a_subscription_outlives_delete_and_follows_rename() {
+    let daemon = Daemon::start();
+    let out = imaplib(
+        &daemon,
+        r#"
+s, f = raw_login()
+def run(tag, command):
+    s.sendall(("%s %s\r\n" % (tag, command)).encode())
+    print(tag, until(tag))
+for i, name in enumerate(["t/test1", "t/test6", "t/test8/test9", "t/r", "t/r/a"]):
+    run("c%d" % i, "CREATE %s" % name)
+    run("s%d" % i, "SUBSCRIBE %s" % name)
+run("d1", "DELETE t/test6")
+run("d2", "DELETE t/test8/test9")
+run("l1", 'LIST (SUBSCRIBED) "" t/*')
+run("l2", 'LIST (SUBSCRIBED RECURSIVEMATCH) "" t/%')
+run("l3", 'LIST "" t/*')
+run("l4", 'LSUB "" t/*')
+run("r1", "RENAME t/r t/q")
+run("l5", 'LSUB "" t/*')
+run("u1", "UNSUBSCRIBE t/test6")
+run("u2", "UNSUBSCRIBE t/test6")
+run("l6", 'LIST (SUBSCRIBED) "" t/*')
+"#,
+    );
+    let line = |tag: &str| out.lines().find(|l| l.starts_with(&format!("{tag} "))).unwrap_or_default().to_string();
+    let subscribed = line("l1");
+    assert!(subscribed.contains(r#"* LIST (\\NonExistent \\Subscribed \\HasNoChildren) "/" t/test6"#), "{subscribed}");
+    assert!(subscribed.contains(r#"* LIST (\\Subscribed \\HasNoChildren) "/" t/test1"#), "{subscribed}");
+    assert!(subscribed.contains(r#"(\\NonExistent \\Subscribed \\HasNoChildren) "/" t/test8/test9"#), "{subscribed}");
+    let recursive = line("l2");
+    assert!(
+        recursive.contains(r#"* LIST (\\NonExistent \\HasNoChildren) "/" t/test8 ("CHILDINFO" ("SUBSCRIBED"))"#),
+        "a deleted subscribed child still counts: {recursive}"
+    );
+    let plain = line("l3");
+    assert!(!plain.contains("test6") && !plain.contains("test9") && plain.contains("t/test1"), "{plain}");
+    let lsub = line("l4");
+    assert!(lsub.contains(r#"* LSUB (\\Noselect) "/" t/test6"#) && lsub.contains("t/test1"), "{lsub}");
+    let renamed = line("l5");
+    assert!(
+        renamed.contains(r#""/" t/q/a"#) && renamed.contains(r#""/" t/q'"#) && !renamed.contains("t/r"),
+        "{renamed}"
+    );
+    assert!(line("u1").contains("u1 OK"), "{out}");
+    assert!(line("u2").contains("u2 NO"), "neither subscribed nor a mailbox: {out}");
+    let after = line("l6");
+    assert!(!after.contains("test6") && after.contains("t/test1"), "{after}");
+}

@@ -94,13 +94,15 @@ impl Watch {
             foreign: HashSet::new(),
             overflow: false,
         };
+        let subscriptions: HashSet<String> = store.subscriptions(&watch.owner)?.into_iter().collect();
         for info in store.mailboxes(&watch.owner)? {
-            let counts = if watch.events_of(&info.name, info.subscribed).any_message() {
+            let subscribed = subscriptions.contains(&info.name);
+            let counts = if watch.events_of(&info.name, subscribed).any_message() {
                 counts(store, &info)?
             } else {
                 Counts::default()
             };
-            watch.known.insert(info.id, Known { name: info.name, subscribed: info.subscribed, counts });
+            watch.known.insert(info.id, Known { name: info.name, subscribed, counts });
         }
         Ok(watch)
     }
@@ -298,9 +300,13 @@ pub(crate) fn deliver(s: &mut Session) {
             watch.foreign.insert(id);
             continue;
         }
-        let events = watch.events_of(&info.name, info.subscribed);
+        let is_subscribed = store.is_subscribed(&watch.owner, &info.name).unwrap_or_else(|e| {
+            tracing::warn!("imap: NOTIFY could not read a subscription: {e}");
+            false
+        });
+        let events = watch.events_of(&info.name, is_subscribed);
         let now = if events.any_message() { counts(&store, &info).unwrap_or_default() } else { Counts::default() };
-        let subscribed = || if info.subscribed { vec![attribute("Subscribed")] } else { vec![] };
+        let subscribed = || if is_subscribed { vec![attribute("Subscribed")] } else { vec![] };
         let Some(was) = watch.known.get(&id).cloned() else {
             // §5.4: a new mailbox.
             if events.mailbox_name
@@ -308,7 +314,7 @@ pub(crate) fn deliver(s: &mut Session) {
             {
                 s.raw(&line);
             }
-            watch.known.insert(id, Known { name: info.name.clone(), subscribed: info.subscribed, counts: now });
+            watch.known.insert(id, Known { name: info.name.clone(), subscribed: is_subscribed, counts: now });
             continue;
         };
         if was.name != info.name
@@ -318,7 +324,7 @@ pub(crate) fn deliver(s: &mut Session) {
             s.raw(&line);
         }
         // §5.5: SubscriptionChange, told as LIST with or without `\Subscribed`.
-        if was.subscribed != info.subscribed
+        if was.subscribed != is_subscribed
             && (events.subscription_change || watch.events_of(&was.name, was.subscribed).subscription_change)
             && let Some(line) = list_line(s, subscribed(), &info.name, None)
         {
@@ -333,7 +339,7 @@ pub(crate) fn deliver(s: &mut Session) {
         {
             s.raw(&line);
         }
-        watch.known.insert(id, Known { name: info.name, subscribed: info.subscribed, counts: now });
+        watch.known.insert(id, Known { name: info.name, subscribed: is_subscribed, counts: now });
     }
     s.notify = Some(watch);
 }

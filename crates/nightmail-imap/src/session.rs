@@ -134,6 +134,8 @@ pub(crate) struct Session {
     pub utf8: bool,
     /// COMPRESS DEFLATE is active (RFC 4978).
     pub compressed: bool,
+    /// The client enabled IMAP4rev2 (RFC 9051; `command/rev2.rs`).
+    pub rev2: bool,
     /// What of CONDSTORE and QRESYNC (RFC 7162) the client has turned on.
     pub tracking: command::condstore::Tracking,
     pub state: State,
@@ -233,6 +235,7 @@ pub(crate) async fn run(
         tls_active: false,
         utf8: false,
         compressed: false,
+        rev2: false,
         tracking: Default::default(),
         state: State::NotAuthenticated,
         idle: None,
@@ -490,6 +493,14 @@ impl Session {
     async fn extension_command(&mut self, bytes: &[u8], command_since: &mut Option<Instant>) -> Option<Flow> {
         // The command has arrived whole.
         *command_since = None;
+        // RFC 5182 `$`: written out, then parsed again (`command/searchres.rs`).
+        let substituted = command::searchres::substitute(self, bytes);
+        if let Some(rewritten) = &substituted
+            && let Some(command) = command::searchres::parse(rewritten)
+        {
+            return Some(self.handle(Event::CommandReceived { command }).await);
+        }
+        let bytes = substituted.as_deref().unwrap_or(bytes);
         if let Some(search) = command::esearch::recognise(bytes) {
             self.return_search(search);
             return Some(Flow::Continue);

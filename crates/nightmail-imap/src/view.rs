@@ -52,6 +52,11 @@ pub struct Selected {
     pub keywords_changed: bool,
     /// Searches kept up to date while this mailbox is selected (RFC 5267 §4.1 UPDATE).
     pub live: Vec<crate::command::context::LiveSearch>,
+    /// Selected by an IMAP4rev2 session (`command/rev2.rs`): RFC 9051 has no `\Recent`, so new
+    /// mail is claimed by no one here and no RECENT is sent.
+    pub rev2: bool,
+    /// RFC 5182 search result variable (`$`), as UIDs: empty at SELECT, set by RETURN (SAVE).
+    pub saved: Vec<Uid>,
     changes: broadcast::Receiver<MailboxChange>,
     /// The largest change announced that the client has not been told about yet: mail only
     /// added is read from the last UID on, anything else needs the whole mailbox.
@@ -87,6 +92,8 @@ impl Selected {
             keywords,
             keywords_changed: false,
             live: Vec::new(),
+            rev2: false,
+            saved: Vec::new(),
             changes,
             pending: None,
         })
@@ -270,7 +277,7 @@ impl Selected {
             .filter(|m| m.uid.0 > last && m.flags.iter().any(|f| f.eq_ignore_ascii_case("\\Recent")))
             .map(|m| m.uid)
             .collect();
-        if !self.read_only && !unclaimed.is_empty() {
+        if !self.read_only && !self.rev2 && !unclaimed.is_empty() {
             self.recent.extend(store.claim_recent_of(self.info.id, &unclaimed)?);
         }
         let now: Vec<MailEntry> = now.into_iter().map(without_recent).collect();
@@ -304,7 +311,9 @@ impl Selected {
         }
         if added {
             out.push(Data::Exists(self.exists()));
-            out.push(Data::Recent(self.recent.len() as u32));
+            if !self.rev2 {
+                out.push(Data::Recent(self.recent.len() as u32));
+            }
         }
         Ok(out)
     }

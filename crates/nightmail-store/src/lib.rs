@@ -30,6 +30,7 @@ mod queue;
 mod refs;
 mod schema;
 mod space;
+mod subscriptions;
 
 #[path = "../../../migrations/mod.rs"]
 mod migrations;

@@ -32,7 +32,6 @@ pub struct MailboxInfo {
     pub name: String,
     pub uid_validity: u32,
     pub uid_next: Uid,
-    pub subscribed: bool,
     /// RFC 7162 §3.1.2.1 HIGHESTMODSEQ: the mod-sequence of the last change to the mailbox's
     /// messages (schema 10; see `modseq.rs`).
     #[serde(default)]
@@ -88,7 +87,6 @@ pub(crate) fn ensure_mailbox(
         name: canonical_name(name).to_string(),
         uid_validity,
         uid_next: Uid(1),
-        subscribed: true,
         highest_modseq: ModSeq::FIRST,
     };
     mailboxes.insert(&new_id.to_be_bytes(), encode(&info))?;
@@ -165,8 +163,8 @@ impl Store {
         self.create_mailbox_subscribed(owner, name, true).await
     }
 
-    /// Creates `owner`'s mailbox `name` if it does not exist, subscribed or not; an existing one is
-    /// returned as it is.
+    /// Creates `owner`'s mailbox `name` if it does not exist, subscribing to it if asked (in the
+    /// same transaction); an existing one is returned as it is, its subscription untouched.
     pub(crate) async fn create_mailbox_subscribed(
         &self,
         owner: &str,
@@ -177,15 +175,15 @@ impl Store {
         let now = Timestamp::now();
         let t = &self.trees;
         let writing = self.trees.writing();
-        let info = (&t.meta, &t.mailboxes, &t.mailbox_names).transaction(|(meta, mailboxes, names)| {
-            let info = ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now)?;
-            if info.id != new_id || info.subscribed == subscribed {
-                return Ok(info);
-            }
-            let info = MailboxInfo { subscribed, ..info };
-            mailboxes.insert(&new_id.to_be_bytes(), encode(&info))?;
-            Ok(info)
-        })?;
+        let info = (&t.meta, &t.mailboxes, &t.mailbox_names, &t.subscriptions).transaction(
+            |(meta, mailboxes, names, subscriptions)| {
+                let info = ensure_mailbox(meta, mailboxes, names, owner, name, new_id, now)?;
+                if info.id == new_id && subscribed {
+                    subscriptions.insert(name_key(owner, &info.name), &[])?;
+                }
+                Ok(info)
+            },
+        )?;
         drop(writing);
         self.flush().await?;
         // RFC 5465 §5.4: a NOTIFY session watching for MailboxName learns of the new mailbox.

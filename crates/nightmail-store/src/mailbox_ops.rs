@@ -1,5 +1,5 @@
-//! Mailbox management for IMAP: the default set of mailboxes, CREATE, DELETE, RENAME and
-//! SUBSCRIBE (RFC 3501 §6.3.3–6.3.7), and special-use roles (RFC 6154).
+//! Mailbox management for IMAP: the default set of mailboxes, CREATE, DELETE and RENAME
+//! (RFC 3501 §6.3.3–6.3.5), and special-use roles (RFC 6154). Subscriptions: `subscriptions.rs`.
 //!
 //! sled transactions cannot scan, so DELETE and RENAME list the affected keys first and then
 //! change them in one transaction. A message delivered to a mailbox between the two steps of its
@@ -56,7 +56,7 @@ pub enum MailboxOpError {
     Store(#[from] StoreError),
 }
 
-type Abort = ConflictableTransactionError<MailboxOpError>;
+pub(crate) type Abort = ConflictableTransactionError<MailboxOpError>;
 
 impl From<sled::transaction::TransactionError<MailboxOpError>> for MailboxOpError {
     fn from(e: sled::transaction::TransactionError<MailboxOpError>) -> Self {
@@ -174,9 +174,18 @@ impl Store {
                 return Err(MailboxOpError::AlreadyExists(renamed(m)));
             }
         }
+        let subscribed = self.subscriptions_below(owner, &info.name)?;
         let t = &self.trees;
         let writing = self.trees.writing();
-        (&t.mailboxes, &t.mailbox_names).transaction(|(mailboxes, names)| {
+        (&t.mailboxes, &t.mailbox_names, &t.subscriptions).transaction(|(mailboxes, names, subscriptions)| {
+            // The subscriptions go with the names (as Dovecot does): a subscription is to a name,
+            // and the client that renamed the mailbox still wants it listed.
+            for old in &subscribed {
+                let new_name =
+                    if *old == info.name { to.to_string() } else { format!("{to}/{}", &old[prefix.len()..]) };
+                subscriptions.remove(name_key(owner, old))?;
+                subscriptions.insert(name_key(owner, &new_name), &[])?;
+            }
             for m in &moving {
                 let new_name = renamed(m);
                 if names.get(name_key(owner, &new_name))?.is_some() {
@@ -208,27 +217,5 @@ impl Store {
         let uids: Vec<crate::Uid> = self.mail(inbox.id)?.iter().map(|m| m.uid).collect();
         self.move_mail(inbox.id, &uids, created.id, None).await?;
         self.mailbox(owner, to)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(to.to_string()))
-    }
-
-    /// RFC 3501 §6.3.6–6.3.7: marks a mailbox subscribed or not (LSUB lists the subscribed ones).
-    pub async fn set_subscribed(&self, owner: &str, name: &str, subscribed: bool) -> Result<(), MailboxOpError> {
-        let info = self.mailbox(owner, name)?.ok_or_else(|| MailboxOpError::NoSuchMailbox(name.to_string()))?;
-        let id: MailboxId = info.id;
-        let writing = self.trees.writing();
-        self.trees.mailboxes.transaction(|mailboxes| {
-            let record = mailboxes
-                .get(id.to_be_bytes())?
-                .ok_or_else(|| Abort::Abort(MailboxOpError::NoSuchMailbox(name.to_string())))?;
-            let mut current: MailboxInfo =
-                decode(MAILBOXES, &record).map_err(|e| Abort::Abort(MailboxOpError::Store(e)))?;
-            current.subscribed = subscribed;
-            mailboxes.insert(&id.to_be_bytes(), encode(&current))?;
-            Ok(())
-        })?;
-        drop(writing);
-        self.flush().await?;
-        // RFC 5465 §5.5: NOTIFY's SubscriptionChange.
-        self.notify(id);
-        Ok(())
     }
 }

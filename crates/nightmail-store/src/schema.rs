@@ -16,6 +16,7 @@
 //! | `bridges`       | a bridge's upstream address      | JSON `BridgeState`: the upstream UIDVALIDITY, the last UID and INTERNALDATE taken, the UIDs still to flag (schema 8) |
 //! | `live_jobs`     | `n` ++ JobId, `r` ++ JobId       | empty: the queued jobs not yet triaged (`n`, the concierge's work) and the running ones (`r`, the lease sweeper's), kept by `write_job` (schema 9) |
 //! | `expunged`      | MailboxId ++ ModSeq ++ Uid       | empty: each UID expunged from a mailbox and the mod-sequence of its expunge, for QRESYNC's VANISHED (schema 10, `modseq.rs`; the same step gave `MailEntry::modseq` and `MailboxInfo::highest_modseq`) |
+//! | `subscriptions` | owner `\0` name (UTF-8)          | empty: the user's IMAP subscriptions, names that need not exist (schema 11, `subscriptions.rs`; the step took them out of `MailboxInfo`) |
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -24,7 +25,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -40,6 +41,7 @@ pub(crate) const MESSAGE_REFS: &str = "message_refs";
 pub(crate) const BRIDGES: &str = "bridges";
 pub(crate) const LIVE_JOBS: &str = "live_jobs";
 pub(crate) const EXPUNGED: &str = "expunged";
+pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -60,6 +62,7 @@ pub(crate) struct Trees {
     pub bridges: sled::Tree,
     pub live_jobs: sled::Tree,
     pub expunged: sled::Tree,
+    pub subscriptions: sled::Tree,
     /// Held shared by every write, and exclusively by a backup (`backup.rs`): sled 0.34 has no
     /// snapshots, so a consistent copy of all trees is one taken while no write is under way.
     gate: Arc<RwLock<()>>,
@@ -82,12 +85,13 @@ impl Trees {
             bridges: db.open_tree(BRIDGES)?,
             live_jobs: db.open_tree(LIVE_JOBS)?,
             expunged: db.open_tree(EXPUNGED)?,
+            subscriptions: db.open_tree(SUBSCRIPTIONS)?,
             gate: Arc::default(),
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 14] {
+    pub fn all(&self) -> [&sled::Tree; 15] {
         [
             &self.meta,
             &self.messages,
@@ -103,6 +107,7 @@ impl Trees {
             &self.bridges,
             &self.live_jobs,
             &self.expunged,
+            &self.subscriptions,
         ]
     }
 
@@ -145,6 +150,9 @@ pub(crate) struct Tx<'a> {
     pub bridges: &'a TransactionalTree,
     pub live_jobs: &'a TransactionalTree,
     pub expunged: &'a TransactionalTree,
+    /// No transaction over every tree changes subscriptions yet (`subscriptions.rs` uses its own).
+    #[allow(dead_code)]
+    pub subscriptions: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -164,6 +172,7 @@ impl<'a> Tx<'a> {
             bridges: &view[11],
             live_jobs: &view[12],
             expunged: &view[13],
+            subscriptions: &view[14],
         }
     }
 }

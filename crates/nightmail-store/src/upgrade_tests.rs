@@ -94,3 +94,56 @@ async fn a_schema_8_store_gains_mod_sequences_and_keeps_expunges() {
     let tree = manifest.trees.iter().find(|t| t.name == "expunged").expect("the backup has the expunge records");
     assert_eq!(tree.entries, 1);
 }
+
+/// Schema 11 (subscriptions in a tree of their own, RFC 9051 §6.3.7) on a store the schema 8
+/// binary wrote: the mailboxes it made subscribed stay subscribed, the records lose the field,
+/// and a subscription now outlives DELETE until UNSUBSCRIBE.
+#[tokio::test]
+async fn a_schema_8_store_keeps_its_subscriptions_in_their_own_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    copy_fixture("schema8", &path);
+    let store = Store::open(&path).unwrap();
+    // The fixture's one mailbox, INBOX, was made (and so subscribed) by the server.
+    assert_eq!(store.subscriptions("me").unwrap(), ["INBOX"]);
+    for record in store.trees.mailboxes.iter().values() {
+        let text = String::from_utf8(record.unwrap().to_vec()).unwrap();
+        assert!(!text.contains("subscribed"), "{text}");
+    }
+
+    store.create_mailbox("me", "Archive").await.unwrap();
+    assert_eq!(store.subscriptions("me").unwrap(), ["Archive", "INBOX"]);
+    store.delete_mailbox("me", "Archive").await.unwrap();
+    assert!(store.subscriptions("me").unwrap().contains(&"Archive".to_string()), "DELETE keeps the name");
+    store.set_subscribed("me", "Archive", false).await.unwrap();
+    assert!(!store.subscriptions("me").unwrap().contains(&"Archive".to_string()));
+    assert!(store.set_subscribed("me", "Archive", false).await.is_err(), "neither subscribed nor a mailbox");
+}
+
+/// The step itself on records as schema 10 wrote them: only `subscribed: true` is carried over,
+/// and running it twice (a crash before the version was recorded) loses nothing.
+#[tokio::test]
+async fn a_schema_10_store_carries_only_subscribed_mailboxes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_to(dir.path(), 10).unwrap();
+        for (id, name, subscribed) in [(1u64, "Kept", true), (2, "Left", false)] {
+            let record = format!(
+                r#"{{"id":{id},"owner":"me","name":"{name}","uid_validity":{id},"uid_next":1,"subscribed":{subscribed},"highest_modseq":1}}"#
+            );
+            store.trees.mailboxes.insert(id.to_be_bytes(), record.as_bytes()).unwrap();
+            store.trees.mailbox_names.insert(crate::mailbox::name_key("me", name), &id.to_be_bytes()).unwrap();
+        }
+        store.db.flush().unwrap();
+        // Step 11 runs, then the version goes back to 10 as if the process died before recording
+        // it: the next open runs the step again over records it already rewrote.
+        crate::migrations::migrate(&store.db, 11).unwrap();
+        assert_eq!(store.trees.subscriptions.len(), 1);
+        store.trees.meta.insert(crate::schema::KEY_SCHEMA_VERSION, &10u32.to_be_bytes()).unwrap();
+        store.db.flush().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.subscriptions("me").unwrap(), ["Kept"]);
+    assert_eq!(store.mailbox("me", "Left").unwrap().unwrap().uid_validity, 2);
+}

@@ -18,7 +18,8 @@ fn other(atom: &'static str) -> Capability<'static> {
 }
 
 pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
-    let mut caps = vec![Capability::Imap4Rev1];
+    // RFC 9051: IMAP4rev2 beside IMAP4rev1; a client picks it with ENABLE (`command/rev2.rs`).
+    let mut caps = vec![Capability::Imap4Rev1, other("IMAP4rev2")];
     if s.shared.tls.is_some() && !s.tls_active {
         caps.push(Capability::StartTls);
     }
@@ -71,6 +72,10 @@ pub(crate) fn list(s: &Session) -> Vec1<Capability<'static>> {
         other("CATENATE"),
         // RFC 5465: `command/notify.rs` (grammar), `notify.rs` (the feed).
         other("NOTIFY"),
+        // RFC 8438: STATUS SIZE, `command/status.rs` (imap-codec's `ext_status_size`).
+        other("STATUS=SIZE"),
+        // RFC 5182: RETURN (SAVE) and `$`, `command/searchres.rs`.
+        other("SEARCHRES"),
     ]);
     // RFC 4978: `command/compress.rs`, until it is active.
     if !s.compressed {

@@ -1,5 +1,5 @@
 //! ENABLE (RFC 5161 §3.1): UTF8=ACCEPT (RFC 6855 §3), CONDSTORE and QRESYNC (RFC 7162 §3.1,
-//! §3.2.3); ENABLED lists those asked for, and unknown capabilities are ignored as the RFC
+//! §3.2.3), IMAP4rev2 (RFC 9051 §6.3.1, `rev2.rs`); ENABLED lists those asked for, and unknown capabilities are ignored as the RFC
 //! requires.
 
 use imap_next::imap_types::core::Vec1;
@@ -33,6 +33,9 @@ pub(crate) fn run(s: &mut Session, wanted: Vec1<CapabilityEnable<'static>>) -> R
     if named("QRESYNC") {
         s.tracking = Tracking::QResync;
         enabled.push(qresync_capability());
+    }
+    if named("IMAP4rev2") {
+        enabled.push(super::rev2::enable(s));
     }
     s.data(Data::Enabled { capabilities: enabled });
     Ok(Done::ok("ENABLE completed"))

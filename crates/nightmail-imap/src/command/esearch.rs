@@ -16,16 +16,17 @@ use imap_codec::decode::Decoder;
 use imap_next::imap_types::IntoStatic;
 use imap_next::imap_types::command::CommandBody;
 use imap_next::imap_types::core::Tag;
-use nightmail_store::ModSeq;
+use nightmail_store::{ModSeq, Uid};
 
 use super::condstore;
 use super::context::LiveSearch;
 use super::search::{check_charset, matching, names_modseq, number};
+use super::searchres::kept;
 use super::sort::sorted;
 use crate::ImapError;
 use crate::session::Session;
 
-/// RFC 4731 §3 search-return-opt (SAVE, RFC 5182, is not offered), and RFC 5267 §4's
+/// RFC 4731 §3 search-return-opt, RFC 5182's SAVE (`searchres.rs`), and RFC 5267 §4's
 /// CONTEXT, UPDATE and PARTIAL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReturnOption {
@@ -37,6 +38,8 @@ enum ReturnOption {
     Context,
     /// §4.1: keep the search live (`context`).
     Update,
+    /// RFC 5182 §2.4: keep the result for `$`.
+    Save,
     /// §4.4 `"PARTIAL" SP partial-range`: the results at these positions (1-based, low first).
     Partial(u32, u32),
 }
@@ -105,9 +108,10 @@ pub(crate) fn recognise(bytes: &[u8]) -> Option<ReturnSearch> {
             "COUNT" => Ok(ReturnOption::Count),
             "CONTEXT" => Ok(ReturnOption::Context),
             "UPDATE" => Ok(ReturnOption::Update),
+            "SAVE" => Ok(ReturnOption::Save),
             "PARTIAL" => partial_range(words.next().unwrap_or_default()),
             other => Err(format!(
-                "RETURN option {other} is not supported (RFC 4731, RFC 5267: MIN MAX ALL COUNT CONTEXT UPDATE PARTIAL)"
+                "RETURN option {other} is not supported (RFC 4731, RFC 5267: MIN MAX ALL COUNT SAVE CONTEXT UPDATE PARTIAL)"
             )),
         };
         match option {
@@ -150,17 +154,47 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
     if options.iter().all(|o| *o == ReturnOption::Context) {
         options.push(ReturnOption::All);
     }
-    let update = options.contains(&ReturnOption::Update);
-    if update && search.sort {
+    if options.contains(&ReturnOption::Update) && search.sort {
         return Err(ImapError::bad("UPDATE applies to SEARCH only here: CONTEXT=SORT is not offered"));
     }
-    let (_, command) = CommandCodec::default()
-        .decode(&search.plain)
-        .map_err(|_| ImapError::bad("syntax error in the command after RETURN (...)"))?;
+    let save = options.contains(&ReturnOption::Save);
+    let result = match CommandCodec::default().decode(&search.plain) {
+        Ok((_, command)) => answer(s, &search.tag, search.sort, options, command.body),
+        Err(_) => Err(ImapError::bad("syntax error in the command after RETURN (...)")),
+    };
+    // RFC 5182 §2.4: a SEARCH (SAVE) that fails leaves the variable empty.
+    if result.is_err()
+        && save
+        && let Ok(selected) = s.selected()
+    {
+        selected.saved.clear();
+    }
+    result
+}
+
+/// A plain SEARCH in an IMAP4rev2 session: RFC 9051 §6.4.4 answers it with ESEARCH, as if it
+/// said RETURN (ALL) (§7.3.4: the SEARCH response is IMAP4rev1's).
+pub(crate) fn as_esearch(
+    s: &mut Session,
+    tag: &Tag<'static>,
+    body: CommandBody<'static>,
+) -> Result<Vec<u8>, ImapError> {
+    answer(s, tag, false, vec![ReturnOption::All], body)
+}
+
+/// The ESEARCH line of a parsed SEARCH or SORT with these return options.
+fn answer(
+    s: &mut Session,
+    tag: &Tag<'static>,
+    sort: bool,
+    options: Vec<ReturnOption>,
+    body: CommandBody<'_>,
+) -> Result<Vec<u8>, ImapError> {
+    let update = options.contains(&ReturnOption::Update);
     // With MODSEQ among the keys, each match's mod-sequence, in the order of `numbers`.
     let mut modseqs: Option<Vec<ModSeq>> = None;
-    let (numbers, uid): (Vec<u32>, bool) = match command.body {
-        CommandBody::Search { charset, criteria, uid } if !search.sort => {
+    let (numbers, uid): (Vec<u32>, bool) = match body {
+        CommandBody::Search { charset, criteria, uid } if !sort => {
             if let Some(charset) = &charset {
                 check_charset(charset)?;
             }
@@ -173,7 +207,7 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             if update {
                 let selected = s.selected()?;
                 let uids = hits.iter().map(|&i| selected.messages[i].uid).collect();
-                let tag = search.tag.inner().to_string();
+                let tag = tag.inner().to_string();
                 selected.live.retain(|l| l.tag != tag);
                 selected.live.push(LiveSearch {
                     tag,
@@ -190,13 +224,27 @@ pub(crate) fn run(s: &mut Session, search: ReturnSearch) -> Result<Vec<u8>, Imap
             let numbers: Vec<u32> = hits.into_iter().filter_map(|i| number(s, i, uid)).map(|n| n.get()).collect();
             (numbers, uid)
         }
-        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if search.sort => {
+        CommandBody::Sort { sort_criteria, charset, search_criteria, uid } if sort => {
             let numbers = sorted(s, &sort_criteria, &charset, &search_criteria, uid)?;
             (numbers.into_iter().map(NonZeroU32::get).collect(), uid)
         }
         _ => return Err(ImapError::bad("syntax error in the command after RETURN (...)")),
     };
-    let mut line = format!("* ESEARCH (TAG \"{}\")", search.tag.inner());
+    if options.contains(&ReturnOption::Save) {
+        let selected = s.selected()?;
+        let uids: Vec<Uid> = match uid {
+            true => numbers.iter().map(|&n| Uid(n)).collect(),
+            false => numbers.iter().filter_map(|&n| selected.messages.get(n as usize - 1)).map(|m| m.uid).collect(),
+        };
+        let has = |o| options.contains(&o);
+        let whole = has(ReturnOption::All) || has(ReturnOption::Count);
+        selected.saved = kept(&uids, has(ReturnOption::Min), has(ReturnOption::Max), whole);
+        // §2.4: SAVE alone returns no ESEARCH.
+        if options.iter().all(|o| matches!(o, ReturnOption::Save | ReturnOption::Context)) {
+            return Ok(Vec::new());
+        }
+    }
+    let mut line = format!("* ESEARCH (TAG \"{}\")", tag.inner());
     if uid {
         line.push_str(" UID");
     }
@@ -248,7 +296,8 @@ mod tests {
         assert_eq!(r.tag.inner(), "a1");
         assert_eq!(r.options.unwrap(), vec![ReturnOption::Min, ReturnOption::Count]);
         assert_eq!(r.plain, b"a1 UID SEARCH SEEN\r\n");
-        assert!(recognise(b"a1 SEARCH RETURN (SAVE) ALL\r\n").unwrap().options.is_err());
+        assert_eq!(recognise(b"a1 SEARCH RETURN (SAVE) ALL\r\n").unwrap().options.unwrap(), [ReturnOption::Save]);
+        assert!(recognise(b"a1 SEARCH RETURN (KEEP) ALL\r\n").unwrap().options.is_err());
         let partial = recognise(b"a1 SEARCH RETURN (PARTIAL 4:2 UPDATE) ALL\r\n").unwrap().options.unwrap();
         assert_eq!(partial, vec![ReturnOption::Partial(2, 4), ReturnOption::Update]);
         for bad in ["PARTIAL 1", "PARTIAL 1:*", "PARTIAL *:1", "PARTIAL 0:3", "PARTIAL"] {

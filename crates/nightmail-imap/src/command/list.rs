@@ -17,7 +17,7 @@ use nightmail_store::{MailboxInfo, SpecialUse};
 use nightmail_types::utf7;
 
 use super::Done;
-use super::list_extended::{ListRequest, Returns, Selection};
+use super::list_extended::{ListRequest, Selection};
 use crate::ImapError;
 use crate::session::Session;
 
@@ -84,14 +84,7 @@ pub(crate) fn run(
     lsub: bool,
 ) -> Result<Done, ImapError> {
     if !lsub {
-        let request = ListRequest {
-            reference,
-            patterns: vec![pattern],
-            select: Selection::default(),
-            returns: Returns::default(),
-            extended: false,
-        };
-        return list(s, &request);
+        return list(s, &ListRequest::plain(reference, pattern));
     }
     let user = s.user()?.clone();
     let done = || Ok(Done::ok("LSUB completed"));
@@ -109,30 +102,29 @@ pub(crate) fn run(
     let mut full = reference;
     full.extend_from_slice(&pattern);
     let mailboxes = s.shared.store.mailboxes(&user.name)?;
+    let subscribed = s.shared.store.subscriptions(&user.name)?;
+    let is_subscribed = |name: &str| subscribed.iter().any(|n| n == name);
     let mut out = Vec::new();
     let mut noselect: Vec<&str> = Vec::new();
-    for mailbox in &mailboxes {
-        if !mailbox.subscribed {
-            continue;
-        }
+    for name in &subscribed {
         if full.contains(&b'%') {
-            for ancestor in matching_ancestors(&full, &mailbox.name) {
-                let subscribed = mailboxes.iter().any(|m| m.name == ancestor && m.subscribed);
-                if !subscribed && !noselect.contains(&ancestor) {
+            for ancestor in matching_ancestors(&full, name) {
+                if !is_subscribed(ancestor) && !noselect.contains(&ancestor) {
                     noselect.push(ancestor);
                 }
             }
         }
-        if !name_matches(&full, &mailbox.name) {
+        if !name_matches(&full, name) {
             continue;
         }
-        let items = vec![if has_children(mailboxes.iter().map(|m| m.name.as_str()), &mailbox.name) {
-            attribute("HasChildren")
-        } else {
-            attribute("HasNoChildren")
-        }];
-        if let Some(name) = super::wire_name(s, &mailbox.name) {
-            out.push(make(items, name));
+        // A subscription outlives its mailbox (RFC 9051 §6.3.7); LSUB names it \Noselect.
+        let items = match mailboxes.iter().any(|m| m.name == *name) {
+            false => vec![FlagNameAttribute::Noselect],
+            true if has_children(mailboxes.iter().map(|m| m.name.as_str()), name) => vec![attribute("HasChildren")],
+            true => vec![attribute("HasNoChildren")],
+        };
+        if let Some(wire) = super::wire_name(s, name) {
+            out.push(make(items, wire));
         }
     }
     for ancestor in noselect {
@@ -159,14 +151,19 @@ fn has_children<'n>(mut names: impl Iterator<Item = &'n str>, name: &str) -> boo
     names.any(|n| n.len() > name.len() + 1 && n.starts_with(name) && n.as_bytes()[name.len()] == DELIMITER as u8)
 }
 
-/// A name in the user's hierarchy: a mailbox, or a level above one that is no mailbox.
+/// A name in the user's hierarchy: a mailbox, a level above one that is no mailbox, or a
+/// subscribed name (which may outlive its mailbox, RFC 9051 §6.3.7) and the levels above it.
+#[derive(Default)]
 struct Node<'m> {
     mailbox: Option<&'m MailboxInfo>,
+    /// Some mailbox lies below it.
+    level: bool,
+    subscribed: bool,
 }
 
 impl Node<'_> {
     fn subscribed(&self) -> bool {
-        self.mailbox.is_some_and(|m| m.subscribed)
+        self.subscribed
     }
 
     /// The RFC 5258 §3 base options (as CHILDINFO names them) this name meets.
@@ -222,12 +219,19 @@ pub(crate) fn list(s: &mut Session, request: &ListRequest) -> Result<Done, ImapE
         })
         .collect();
     let mailboxes = s.shared.store.mailboxes(&user.name)?;
+    let subscribed = s.shared.store.subscriptions(&user.name)?;
     let mut tree: BTreeMap<&str, Node> = BTreeMap::new();
     for mailbox in &mailboxes {
         for (i, _) in mailbox.name.match_indices(DELIMITER) {
-            tree.entry(&mailbox.name[..i]).or_insert(Node { mailbox: None });
+            tree.entry(&mailbox.name[..i]).or_default().level = true;
         }
-        tree.insert(&mailbox.name, Node { mailbox: Some(mailbox) });
+        tree.entry(&mailbox.name).or_default().mailbox = Some(mailbox);
+    }
+    for name in &subscribed {
+        for (i, _) in name.match_indices(DELIMITER) {
+            tree.entry(&name[..i]).or_default();
+        }
+        tree.entry(name).or_default().subscribed = true;
     }
     let hit = |name: &str| full.iter().any(|p| name_matches(p, name));
     let level_hit = |name: &str| full.iter().any(|p| p.contains(&b'%') && name_matches(p, name));
@@ -254,11 +258,13 @@ pub(crate) fn list(s: &mut Session, request: &ListRequest) -> Result<Done, ImapE
                 }
             }
         }
-        let selected = if select.narrows() { node.selected(name, select) } else { exists || level_hit(name) };
+        let selected =
+            if select.narrows() { node.selected(name, select) } else { exists || (node.level && level_hit(name)) };
         if !selected && childinfo.is_empty() {
             continue;
         }
-        let children = below().next().is_some();
+        // A subscription to a name that is gone makes no child (RFC 3348 counts mailboxes).
+        let children = below().any(|(_, n)| n.mailbox.is_some());
         let mut items = Vec::new();
         if !exists {
             items.push(if request.extended { attribute("NonExistent") } else { FlagNameAttribute::Noselect });

@@ -76,6 +76,19 @@ pub(crate) struct ListRequest {
     pub extended: bool,
 }
 
+impl ListRequest {
+    /// A plain LIST of one pattern (RFC 3501 §6.3.8).
+    pub fn plain(reference: Mailbox<'static>, pattern: ListMailbox<'static>) -> ListRequest {
+        ListRequest {
+            reference,
+            patterns: vec![pattern],
+            select: Selection::default(),
+            returns: Returns::default(),
+            extended: false,
+        }
+    }
+}
+
 /// An extended LIST command taken apart, or why it is BAD.
 pub(crate) struct ExtendedList {
     pub tag: Tag<'static>,

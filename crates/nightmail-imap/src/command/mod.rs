@@ -30,7 +30,9 @@ pub(crate) mod namespace;
 pub(crate) mod noop;
 pub(crate) mod notify;
 pub(crate) mod rename;
+pub(crate) mod rev2;
 pub(crate) mod search;
+pub(crate) mod searchres;
 pub(crate) mod select;
 pub(crate) mod sort;
 pub(crate) mod starttls;
@@ -128,6 +130,7 @@ pub(crate) async fn dispatch(s: &mut Session, command: Command<'static>) -> Flow
     );
     let logout = matches!(command.body, CommandBody::Logout);
     let result = match command.body {
+        body @ CommandBody::Search { .. } if s.rev2 => rev2::search(s, &tag, body),
         CommandBody::Capability => capability::run(s),
         CommandBody::Noop => noop::run(s),
         CommandBody::Logout => logout::run(s),

@@ -1,6 +1,7 @@
 //! SELECT and EXAMINE (RFC 3501 §6.3.1–6.3.2): FLAGS, EXISTS, RECENT, then OK [UNSEEN],
 //! [PERMANENTFLAGS], [UIDVALIDITY], [UIDNEXT], and the tagged OK [READ-WRITE] or [READ-ONLY].
 //! SELECT claims the messages' `\Recent` for this session (§2.3.2); EXAMINE changes nothing.
+//! After ENABLE IMAP4rev2 (RFC 9051 §6.3.2): no RECENT, no UNSEEN, a LIST line of the mailbox.
 //! RFC 7162: OK [HIGHESTMODSEQ] always (§3.1.2.1), OK [CLOSED] when another mailbox was
 //! selected (§3.2.11), and the CONDSTORE and QRESYNC parameters (`condstore.rs`).
 
@@ -53,17 +54,27 @@ pub(crate) async fn run(
     let name = mailbox_name(s, &mailbox)?;
     let store = s.shared.store.clone();
     let info = store.mailbox(&user.name, &name)?.ok_or_else(ImapError::nonexistent)?;
-    let recent: HashSet<Uid> = if read_only {
+    // RFC 9051 has no `\Recent`: an IMAP4rev2 session claims none (`rev2.rs`).
+    let recent: HashSet<Uid> = if s.rev2 {
+        HashSet::new()
+    } else if read_only {
         store.mail(info.id)?.into_iter().filter(|m| m.flags.iter().any(|f| f == "\\Recent")).map(|m| m.uid).collect()
     } else {
         store.claim_recent(info.id).await?.into_iter().collect()
     };
-    let selected = Selected::load(&store, info, read_only, recent)?;
+    let mut selected = Selected::load(&store, info, read_only, recent)?;
+    selected.rev2 = s.rev2;
     let (flags, permanent) = flags_of(&selected);
     s.data(Data::Flags(flags));
     s.data(Data::Exists(selected.exists()));
-    s.data(Data::Recent(selected.recent.len() as u32));
-    if let Some(first) = selected.messages.iter().position(|m| !m.flags.iter().any(|f| f == "\\Seen")) {
+    if !s.rev2 {
+        s.data(Data::Recent(selected.recent.len() as u32));
+    }
+    // RFC 9051 §6.3.2: a rev2 session is told the mailbox's name and attributes in a LIST line
+    // (the name as the server spells it) and no UNSEEN code (§7.1, removed).
+    if s.rev2 {
+        super::rev2::list_selected(s, &selected.info.name)?;
+    } else if let Some(first) = selected.messages.iter().position(|m| !m.flags.iter().any(|f| f == "\\Seen")) {
         s.untagged(StatusKind::Ok, Some(Code::Unseen(NonZeroU32::new(first as u32 + 1).expect("+1"))), "first unseen");
     }
     s.untagged(StatusKind::Ok, Some(Code::PermanentFlags(permanent)), "flags kept");

@@ -1,5 +1,5 @@
-//! STATUS (RFC 3501 §6.3.10): counts of a mailbox without selecting it, and its HIGHESTMODSEQ
-//! (RFC 7162 §3.1.6).
+//! STATUS (RFC 3501 §6.3.10): counts of a mailbox without selecting it, its HIGHESTMODSEQ
+//! (RFC 7162 §3.1.6) and SIZE (RFC 8438).
 
 use std::num::NonZeroU32;
 
@@ -51,6 +51,8 @@ pub(crate) fn items(
                 StatusDataItemName::DeletedStorage => StatusDataItem::DeletedStorage(
                     mail.iter().filter(|m| m.flags.iter().any(|f| f == "\\Deleted")).map(|m| m.size).sum(),
                 ),
+                // RFC 8438 (RFC 9051 §6.3.11): the octets of every message, as RFC822.SIZE counts.
+                StatusDataItemName::Size => StatusDataItem::Size(mail.iter().map(|m| m.size).sum()),
                 // RFC 7162 §3.1.6.
                 StatusDataItemName::HighestModSeq => StatusDataItem::HighestModSeq(info.highest_modseq.0),
                 #[allow(unreachable_patterns)]
