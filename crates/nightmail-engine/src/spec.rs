@@ -425,6 +425,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("qwen35moe", _) => Architecture::Qwen35Moe,
         ("glm4moe", _) => Architecture::Glm4Moe,
         ("minimax-m2", _) => Architecture::MinimaxM2,
+        ("deepseek4", _) => Architecture::DeepseekV4,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
@@ -443,25 +444,33 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ..k
     });
     let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_gguf(g, &arch_name, layers)).transpose()?;
-    let ffn_activation = match k3 {
-        true => Activation::Situ {
+    let v4 = architecture == Architecture::DeepseekV4;
+    let deepseek_v4 = v4.then(|| deepseek_v4::from_gguf(g, &arch_name, layers)).transpose()?;
+    let ffn_activation = match (k3, v4) {
+        (true, _) => Activation::Situ {
             beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
             linear_beta: g.float(&key("activation.situ_linear_beta")).map(|v| v as f32),
         },
-        false => Activation::SwiGlu,
+        // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
+        (_, true) => Activation::ClampedSilu {
+            limit: g.float(&key("swiglu_clamp_exp")).ok_or_else(|| missing(&key("swiglu_clamp_exp")))? as f32,
+        },
+        _ => Activation::SwiGlu,
     };
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
     };
     let rope_dim = gqa_moe::rope_dim_from_gguf(g, &arch_name, head_dim, mla.is_some())?;
-    let rope_scaling = if kda.is_some() { None } else { yarn_from_gguf(g, &arch_name)? };
+    let rope_scaling = if kda.is_some() || v4 { None } else { yarn_from_gguf(g, &arch_name)? };
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let sliding_window = (0..layers)
         .map(|l| match architecture {
             // GGUF has no per-layer list: llama.cpp's `set_swa_pattern(2)` for gpt-oss makes the
             // even layers sliding and the odd ones full, as transformers' default `layer_types`.
             Architecture::GptOss => window.filter(|_| l % 2 == 0),
+            // DeepSeek-V4's window is its attention's own (spec/deepseek_v4.rs).
+            Architecture::DeepseekV4 => None,
             _ => window,
         })
         .collect();
@@ -493,7 +502,20 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             },
             _ => ffn_activation,
         };
-        let (routing, shared_expert_ffn) = if latent || architecture.is_sigmoid_gqa() {
+        let (routing, shared_expert_ffn) = if v4 {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, which its deepseek4 loader
+            // requires.
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(0);
+            if gating != 4 {
+                return Err(EngineError::Unsupported {
+                    what: format!("{arch_name} expert gating function {gating}"),
+                    hint: "DeepSeek-V4 routes by sqrtsoftplus (expert_gating_func 4)".into(),
+                });
+            }
+            let scale = g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32;
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (Routing::SqrtSoftplus { top_k, scale }, Some(shared).filter(|s| *s > 0))
+        } else if latent || architecture.is_sigmoid_gqa() {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
             // gating with its max-scored groups is another router. glm4moe and minimax-m2 route
             // by sigmoid when the key is absent (llama.cpp's glm4moe loader; transformers has
@@ -594,7 +616,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             None
         },
         delta_net,
-        deepseek_v4: None,
+        deepseek_v4,
         zero_centered_norms: false,
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,

@@ -397,7 +397,6 @@ fn hf_names(gguf: &str) -> Vec<String> {
         // the low-rank query, the one key/value head, the grouped output, the compressors, the
         // Lightning Indexer, the hyper-connection mixes and the hash table.
         "attn_kv.weight" => &["attn.wkv.weight"],
-        "attn_kv_norm.weight" => &["attn.kv_norm.weight", "attn.norm.weight"],
         "attn_output_a.weight" => &["attn.wo_a.weight"],
         "attn_output_b.weight" => &["attn.wo_b.weight"],
         "attn_compressor_kv.weight" => &["attn.compressor.wkv.weight"],
@@ -461,7 +460,8 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "attn_q_a_norm.weight" => &["self_attn.q_a_layernorm.weight", "attn.q_norm.weight"],
         "attn_q_b.weight" => &["self_attn.q_b_proj.weight", "attn.wq_b.weight"],
         "attn_kv_a_mqa.weight" => &["self_attn.kv_a_proj_with_mqa.weight"],
-        "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight"],
+        // DeepSeek-V4's key/value norm too (`attn.kv_norm`, saved by transformers as `attn.norm`).
+        "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight", "attn.kv_norm.weight", "attn.norm.weight"],
         "attn_kv_b.weight" => &["self_attn.kv_b_proj.weight"],
         // MiniMax-M2 keeps its router's bias on the MoE block (`block_sparse_moe`, transformers
         // 5's in-memory `mlp`).

@@ -804,7 +804,7 @@ fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec
         q_norm: rms("attn_q_a_norm.weight", v4.q_lora_rank)?,
         q_b: linear("attn_q_b", heads * hd, v4.q_lora_rank)?,
         kv: linear("attn_kv", hd, hidden)?,
-        kv_norm: rms("attn_kv_norm.weight", hd)?,
+        kv_norm: rms("attn_kv_a_norm.weight", hd)?,
         out_a: out_a.to_f32()?.reshape((groups, rank, heads * hd / groups))?,
         out_b: linear("attn_output_b", hidden, groups * rank)?,
         sinks: sinks(&t("attn_sinks.weight")?, heads)?.to_vec1()?,

@@ -9,6 +9,9 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use crate::error::{EngineError, Result};
+use crate::format::GgufFile;
+use crate::format::gguf_value_as_u64 as value_as_u64;
+use candle_core::quantized::gguf_file::Value;
 
 /// How a DeepSeek-V4 layer attends (`layer_types`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,6 +160,60 @@ pub(super) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: usize) -> 
     })
 }
 
+/// The V4 keys of a GGUF as llama.cpp's deepseek4 loader reads them (src/models/deepseek4.cpp
+/// `load_arch_hparams`; key names from src/llama-arch.cpp): a layer's kind from its
+/// `attention.compress_ratios` entry (0 sliding; 4 compressed-sparse, with the indexer, as the
+/// loader's `coff = ratio == 4 ? 2 : 1` has it; any other heavily-compressed), the first
+/// `hash_layer_count` layers hash-routed.
+pub(super) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<DeepseekV4Spec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| match g.uint(&key(k)) {
+        Some(0) => Err(EngineError::BadMetadata { key: key(k), reason: "as 0".into() }),
+        Some(v) => Ok(v as usize),
+        None => Err(EngineError::MissingMetadata { key: key(k) }),
+    };
+    let ratios_key = key("attention.compress_ratios");
+    let ratios: Vec<usize> = match g.value(&ratios_key) {
+        Some(Value::Array(a)) if a.len() >= layers => {
+            a[..layers].iter().map(|v| value_as_u64(v).map(|v| v as usize)).collect::<Option<_>>().ok_or_else(|| {
+                EngineError::BadMetadata { key: ratios_key.clone(), reason: "holds a non-integer".into() }
+            })?
+        }
+        Some(_) => {
+            return Err(EngineError::BadMetadata {
+                key: ratios_key,
+                reason: format!("is not an array of one ratio per layer ({layers})"),
+            });
+        }
+        None => return Err(EngineError::MissingMetadata { key: ratios_key }),
+    };
+    let kinds = ratios
+        .iter()
+        .map(|&rate| match rate {
+            0 => V4AttentionKind::Sliding,
+            4 => V4AttentionKind::CompressedSparse { rate },
+            _ => V4AttentionKind::HeavilyCompressed { rate },
+        })
+        .collect();
+    let hashed = g.uint(&key("hash_layer_count")).unwrap_or(0) as usize;
+    Ok(DeepseekV4Spec {
+        hc_mult: need("hyper_connection.count")?,
+        hc_sinkhorn_iters: need("hyper_connection.sinkhorn_iterations")?,
+        hc_eps: g.float(&key("hyper_connection.epsilon")).unwrap_or(1e-6) as f32,
+        kinds,
+        hash_layers: (0..layers).map(|l| l < hashed).collect(),
+        sliding_window: need("attention.sliding_window")?,
+        q_lora_rank: need("attention.q_lora_rank")?,
+        rope_dim: need("rope.dimension_count")?,
+        compress_rope_theta: g.float(&key("attention.compress_rope_freq_base")).unwrap_or(160000.0),
+        o_groups: need("attention.output_group_count")?,
+        o_lora_rank: need("attention.output_lora_rank")?,
+        index_heads: need("attention.indexer.head_count")?,
+        index_head_dim: need("attention.indexer.key_length")?,
+        index_topk: need("attention.indexer.top_k")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::format::Checkpoint;
@@ -204,6 +261,30 @@ mod tests {
         );
         missing("model.layers.2.hc_ffn_fn", "model.layers.2.hc_ffn_fx", "blk.2.hc_ffn_fn.weight");
         missing("model.hc_head.hc_base", "model.hc_head.hc_basx", "output_hc_base.weight");
+        // The GGUF names its own.
+        for (from, to) in [
+            ("blk.0.ffn_gate_tid2eid.weight", "blk.0.ffn_gate_tid2eix.weight"),
+            ("blk.1.indexer_compressor_ape.weight", "blk.1.indexer_compressor_apx.weight"),
+        ] {
+            let dir = renamed("deepseek_v4", "model.gguf", from, to);
+            let path = dir.path().join("model.gguf");
+            let err = crate::Model::load(&path).err().expect("a tensor is missing").to_string();
+            assert!(err.starts_with(&format!("tensor `{from}` is missing from {}", path.display())), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_gguf_reads_as_the_config_json() {
+        let read = |p: std::path::PathBuf| ModelSpec::read(&Checkpoint::open(&p).unwrap()).unwrap();
+        let (hf, gg) = (read(fixture("deepseek_v4")), read(fixture("deepseek_v4").join("model.gguf")));
+        assert_eq!((hf.deepseek_v4, hf.ffn_activation), (gg.deepseek_v4, gg.ffn_activation));
+        let (a, b) = (hf.moe.unwrap(), gg.moe.unwrap());
+        assert_eq!((a.routing, a.activation, a.shared_expert_ffn), (b.routing, b.activation, b.shared_expert_ffn));
+        assert_eq!((hf.attention.heads, hf.attention.kv_heads, hf.attention.head_dim), (2, 1, 16));
+        assert_eq!(
+            (gg.attention.heads, gg.attention.kv_heads, gg.attention.head_dim, gg.attention.rope_theta),
+            (2, 1, 16, hf.attention.rope_theta)
+        );
     }
 
     /// The fixture with its config.json edited by `edit`: the load error.
