@@ -180,7 +180,7 @@ pub struct Transformer {
     /// DeepSeek-V4's hyper-connection streams: their count and the collapse before the norm.
     hyper: Option<(usize, HyperHead)>,
     /// DeepSeek-V4's hash-routed layers: per token id, its experts (`tid2eid`, `[vocab, top_k]`).
-    hash_routes: Vec<Option<(Vec<u32>, usize)>>,
+    hash_routes: Vec<Option<HashTable>>,
     experts: Arc<dyn ExpertStore>,
     prefetch: Prefetcher,
 }
@@ -857,9 +857,12 @@ fn hyper_head(ck: &Checkpoint, spec: &ModelSpec, v4: &DeepseekV4Spec) -> Result<
     })
 }
 
+/// A hash-routed layer's `tid2eid` rows, flat, and the experts per token.
+type HashTable = (Vec<u32>, usize);
+
 /// Per layer, DeepSeek-V4's token-id → experts table where the layer is hash-routed: `[vocab,
 /// top_k]` ids below the expert count, or an error naming the tensor and the file.
-fn hash_routes(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<Option<(Vec<u32>, usize)>>> {
+fn hash_routes(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<Option<HashTable>>> {
     let (Some(v4), Some(moe)) = (&spec.deepseek_v4, &spec.moe) else { return Ok(vec![None; spec.layers]) };
     let k = moe.routing.top_k();
     (0..spec.layers)
@@ -870,7 +873,11 @@ fn hash_routes(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<Option<(Vec<u32>
             let name = format!("blk.{l}.ffn_gate_tid2eid.weight");
             let (table, shape) = match ck.index_table(&name)? {
                 Some(t) => t,
-                None => return Err(ck.require(&name).err().expect("the table is absent")),
+                // Absent: `require`'s error names it as the file would.
+                None => {
+                    ck.require(&name)?;
+                    return Err(EngineError::MissingTensor { name });
+                }
             };
             if shape != [spec.vocab_size, k] || table.iter().any(|&e| e as usize >= moe.experts) {
                 return Err(EngineError::BadMetadata {
