@@ -256,6 +256,10 @@ impl HfDir {
             if n.strip_suffix("_scales").is_some_and(|base| self.tensors.contains_key(&format!("{base}_blocks"))) {
                 continue;
             }
+            // DeepSeek-V4's `tid2eid`: a table of expert ids, not a weight (`index_table`).
+            if matches!(self.tensors[n].dtype.as_str(), "I64" | "I32") {
+                continue;
+            }
             out.push(self.view(n)?.expect("listed tensor"));
         }
         Ok(out)

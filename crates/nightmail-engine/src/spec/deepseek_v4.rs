@@ -274,6 +274,16 @@ mod tests {
     }
 
     #[test]
+    fn inspect_counts_the_weights_and_passes_over_the_hash_table() {
+        // The I64 `tid2eid` is an index table, not a weight: inspecting the directory reads it
+        // as the model does, not as a weight of a type it cannot compute with.
+        let hf = crate::inspect(&fixture("deepseek_v4")).unwrap();
+        let gg = crate::inspect(&fixture("deepseek_v4").join("model.gguf")).unwrap();
+        assert_eq!((hf.experts, hf.expert_bytes), (gg.experts, gg.expert_bytes));
+        assert!(hf.dense_bytes > 0 && hf.expert_bytes > 0);
+    }
+
+    #[test]
     fn the_gguf_reads_as_the_config_json() {
         let read = |p: std::path::PathBuf| ModelSpec::read(&Checkpoint::open(&p).unwrap()).unwrap();
         let (hf, gg) = (read(fixture("deepseek_v4")), read(fixture("deepseek_v4").join("model.gguf")));
