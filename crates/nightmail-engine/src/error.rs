@@ -22,7 +22,7 @@ pub enum EngineError {
     #[error("{path}: {reason}: fix the file or re-download the model")]
     BadConfig { path: PathBuf, reason: String },
     #[error(
-        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2, kimi_linear, kimi_k3, qwen3_next, qwen3_5_moe, glm4_moe and minimax_m2 (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2, kimi-linear, kimi-k3, qwen3next, qwen35moe, glm4moe, minimax-m2)"
+        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2, kimi_linear, kimi_k3, qwen3_next, qwen3_5_moe, glm4_moe, minimax_m2 and deepseek_v4 (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2, kimi-linear, kimi-k3, qwen3next, qwen35moe, glm4moe, minimax-m2, deepseek4)"
     )]
     UnsupportedArchitecture(String),
     #[error(

@@ -286,6 +286,16 @@ impl Model {
             shape.extend([d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim, d.conv_kernel, d.layers.len()]);
             shape.extend(&d.layers);
         }
+        // DeepSeek-V4's window states: their widths, and each layer's kind (0 for sliding, its
+        // compression rate otherwise).
+        if let Some(v) = &s.deepseek_v4 {
+            shape.extend([v.hc_mult, v.sliding_window, v.rope_dim, v.index_heads, v.index_head_dim, v.index_topk]);
+            shape.extend(v.kinds.iter().map(|k| match *k {
+                crate::spec::V4AttentionKind::Sliding => 0,
+                crate::spec::V4AttentionKind::HeavilyCompressed { rate }
+                | crate::spec::V4AttentionKind::CompressedSparse { rate } => rate,
+            }));
+        }
         shape
     }
 
@@ -300,6 +310,14 @@ impl Model {
         saved: Option<Saved>,
         prefill: bool,
     ) -> Result<TokenStream<'_>> {
+        // A verify pass is rolled back by position; DeepSeek-V4's compressors cannot un-close a
+        // window (model/sliding_mqa.rs), so it runs one pass per token.
+        if request.draft != Draft::None && self.spec().deepseek_v4.is_some() {
+            return Err(EngineError::Unsupported {
+                what: "drafting with a DeepSeek-V4 model".into(),
+                hint: "run it without drafts (draft = none)".into(),
+            });
+        }
         let mut sampler = Sampler::new(request.sampling)?;
         let mut cache = self.new_cache();
         // Nothing to generate (e.g. only tokenizing): skip the prefill.

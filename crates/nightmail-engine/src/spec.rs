@@ -11,7 +11,9 @@ use crate::format::{Checkpoint, GgufFile, HfDir};
 
 mod delta_net;
 pub use delta_net::DeltaNetSpec;
+mod deepseek_v4;
 mod gqa_moe;
+pub use deepseek_v4::{DeepseekV4Spec, V4AttentionKind};
 
 /// The architectures this engine runs. Each picks its attention and routing parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -47,6 +49,10 @@ pub enum Architecture {
     /// attention with q/k norms across all heads and partial rotary; sigmoid routing with a
     /// correction bias, no shared expert.
     MinimaxM2,
+    /// DeepSeek-V4 (transformers `DeepseekV4ForCausalLM`): hyper-connection residual streams,
+    /// sliding-window MQA with heavily-compressed or compressed-sparse entries, the grouped
+    /// output projection, sqrt-softplus and hash routing (spec/deepseek_v4.rs).
+    DeepseekV4,
 }
 
 impl Architecture {
@@ -92,6 +98,11 @@ pub enum Routing {
     /// two best biased scores, and only the best `top_groups` groups eligible; the top k of
     /// those weighted by their unbiased scores, normalized when `normalize`, times `scale`.
     GroupedSigmoid { top_k: usize, groups: usize, top_groups: usize, normalize: bool, scale: f32 },
+    /// DeepSeek-V4 (transformers `DeepseekV4TopKRouter`): scores `sqrt(softplus(logit))`; the
+    /// correction bias added for the choice only; the top k weighted by their scores,
+    /// renormalized, times `scale`. A hash-routed layer takes the same weights for the experts
+    /// its token id names (`DeepseekV4HashRouter`).
+    SqrtSoftplus { top_k: usize, scale: f32 },
 }
 
 impl Routing {
@@ -99,7 +110,8 @@ impl Routing {
         match self {
             Routing::SoftmaxTopK { top_k, .. }
             | Routing::TopKSoftmax { top_k }
-            | Routing::GroupedSigmoid { top_k, .. } => *top_k,
+            | Routing::GroupedSigmoid { top_k, .. }
+            | Routing::SqrtSoftplus { top_k, .. } => *top_k,
         }
     }
 }
@@ -120,6 +132,10 @@ pub enum Activation {
     /// `activation_situ_linear_beta`; llama.cpp `kimi_k3_situ`).
     #[serde(rename = "situ")]
     Situ { beta: f32, linear_beta: Option<f32> },
+    /// DeepSeek-V4's: the gate clamped from above and the up projection to ±`limit`, then
+    /// `silu(gate) ⊙ up` (transformers `DeepseekV4Experts._apply_gate`, `DeepseekV4MLP`).
+    #[serde(rename = "clamped_silu")]
+    ClampedSilu { limit: f32 },
 }
 
 impl Activation {
@@ -282,6 +298,8 @@ pub struct ModelSpec {
     pub attn_res_block: Option<usize>,
     /// Qwen3-Next's Gated DeltaNet layers, where the model has them.
     pub delta_net: Option<DeltaNetSpec>,
+    /// DeepSeek-V4's hyper-connections, attention kinds and hash routing.
+    pub deepseek_v4: Option<DeepseekV4Spec>,
     /// The file stores RMSNorm weights as w where the norm multiplies by (1 + w) (transformers'
     /// `Qwen3NextRMSNorm`; llama.cpp's converter adds the 1, so its GGUFs do not).
     pub zero_centered_norms: bool,
@@ -407,6 +425,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ("qwen35moe", _) => Architecture::Qwen35Moe,
         ("glm4moe", _) => Architecture::Glm4Moe,
         ("minimax-m2", _) => Architecture::MinimaxM2,
+        ("deepseek4", _) => Architecture::DeepseekV4,
         (other, _) => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     let hidden_size = need("embedding_length")?;
@@ -425,25 +444,33 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         ..k
     });
     let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_gguf(g, &arch_name, layers)).transpose()?;
-    let ffn_activation = match k3 {
-        true => Activation::Situ {
+    let v4 = architecture == Architecture::DeepseekV4;
+    let deepseek_v4 = v4.then(|| deepseek_v4::from_gguf(g, &arch_name, layers)).transpose()?;
+    let ffn_activation = match (k3, v4) {
+        (true, _) => Activation::Situ {
             beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
             linear_beta: g.float(&key("activation.situ_linear_beta")).map(|v| v as f32),
         },
-        false => Activation::SwiGlu,
+        // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
+        (_, true) => Activation::ClampedSilu {
+            limit: g.float(&key("swiglu_clamp_exp")).ok_or_else(|| missing(&key("swiglu_clamp_exp")))? as f32,
+        },
+        _ => Activation::SwiGlu,
     };
     let head_dim = match &mla {
         Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
         None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
     };
     let rope_dim = gqa_moe::rope_dim_from_gguf(g, &arch_name, head_dim, mla.is_some())?;
-    let rope_scaling = if kda.is_some() { None } else { yarn_from_gguf(g, &arch_name)? };
+    let rope_scaling = if kda.is_some() || v4 { None } else { yarn_from_gguf(g, &arch_name)? };
     let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
     let sliding_window = (0..layers)
         .map(|l| match architecture {
             // GGUF has no per-layer list: llama.cpp's `set_swa_pattern(2)` for gpt-oss makes the
             // even layers sliding and the odd ones full, as transformers' default `layer_types`.
             Architecture::GptOss => window.filter(|_| l % 2 == 0),
+            // DeepSeek-V4's window is its attention's own (spec/deepseek_v4.rs).
+            Architecture::DeepseekV4 => None,
             _ => window,
         })
         .collect();
@@ -475,7 +502,20 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             },
             _ => ffn_activation,
         };
-        let (routing, shared_expert_ffn) = if latent || architecture.is_sigmoid_gqa() {
+        let (routing, shared_expert_ffn) = if v4 {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, which its deepseek4 loader
+            // requires.
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(0);
+            if gating != 4 {
+                return Err(EngineError::Unsupported {
+                    what: format!("{arch_name} expert gating function {gating}"),
+                    hint: "DeepSeek-V4 routes by sqrtsoftplus (expert_gating_func 4)".into(),
+                });
+            }
+            let scale = g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32;
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (Routing::SqrtSoftplus { top_k, scale }, Some(shared).filter(|s| *s > 0))
+        } else if latent || architecture.is_sigmoid_gqa() {
             // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
             // gating with its max-scored groups is another router. glm4moe and minimax-m2 route
             // by sigmoid when the key is absent (llama.cpp's glm4moe loader; transformers has
@@ -549,7 +589,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
                 | Architecture::Mixtral
                 | Architecture::DeepseekV3
                 | Architecture::KimiLinear
-                | Architecture::KimiK3 => RopeStyle::Interleaved,
+                | Architecture::KimiK3
+                | Architecture::DeepseekV4 => RopeStyle::Interleaved,
                 Architecture::Qwen2Moe
                 | Architecture::Qwen3Moe
                 | Architecture::GptOss
@@ -575,6 +616,7 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
             None
         },
         delta_net,
+        deepseek_v4,
         zero_centered_norms: false,
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
@@ -623,6 +665,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         "qwen3_5_moe" | "qwen3_5_moe_text" => Architecture::Qwen35Moe,
         "glm4_moe" => Architecture::Glm4Moe,
         "minimax_m2" => Architecture::MinimaxM2,
+        "deepseek_v4" => Architecture::DeepseekV4,
         _ if get("architectures")
             .and_then(Json::as_array)
             .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
@@ -639,7 +682,11 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
     let rope_theta =
         rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
     // Kimi Linear has no position encoding at all (transformers removes its rope settings).
-    let rope_scaling = if architecture.is_kimi_hybrid() { None } else { yarn_from_hf(c, &path)? };
+    let rope_scaling = if architecture.is_kimi_hybrid() || architecture == Architecture::DeepseekV4 {
+        None
+    } else {
+        yarn_from_hf(c, &path)?
+    };
     // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
     // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
     let window = uint("sliding_window").filter(|w| *w > 0);
@@ -658,7 +705,8 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             | Architecture::Qwen3Next
             | Architecture::Qwen35Moe
             | Architecture::Glm4Moe
-            | Architecture::MinimaxM2 => None,
+            | Architecture::MinimaxM2
+            | Architecture::DeepseekV4 => None,
             // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
             // sliding first.
             Architecture::GptOss => {
@@ -670,6 +718,9 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         .collect();
     // K3's SiTU (`hidden_act: situ`, kimi-k3.cpp kimi_k3_situ) in every feed-forward.
     let ffn_activation = match get("hidden_act").and_then(Json::as_str) {
+        _ if architecture == Architecture::DeepseekV4 => {
+            Activation::ClampedSilu { limit: get("swiglu_limit").and_then(Json::as_f64).unwrap_or(10.0) as f32 }
+        }
         Some("situ") => Activation::Situ {
             beta: get("activation_situ_beta").and_then(Json::as_f64).unwrap_or(4.0) as f32,
             linear_beta: get("activation_situ_linear_beta").and_then(Json::as_f64).map(|v| v as f32),
@@ -701,7 +752,18 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
             },
             _ => ffn_activation,
         };
-        let (routing, shared_expert_ffn) = if matches!(architecture, Architecture::DeepseekV3)
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV4 {
+            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sqrtsoftplus");
+            if scoring != "sqrtsoftplus" {
+                return Err(EngineError::Unsupported {
+                    what: format!("{model_type} scoring function `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V4's sqrtsoftplus routing".into(),
+                });
+            }
+            let scale = get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.5) as f32;
+            let shared = uint("n_shared_experts").unwrap_or(1);
+            (Routing::SqrtSoftplus { top_k, scale }, Some(shared * expert_ffn).filter(|v| *v > 0))
+        } else if matches!(architecture, Architecture::DeepseekV3)
             || architecture.is_kimi_hybrid()
             || architecture.is_sigmoid_gqa()
         {
@@ -763,6 +825,10 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         _ => None,
     };
     let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_hf(c, &path, layers)).transpose()?;
+    let deepseek_v4 = match architecture {
+        Architecture::DeepseekV4 => Some(deepseek_v4::from_hf(c, &path, layers, need("head_dim")?)?),
+        _ => None,
+    };
     let attn_res_block = match (architecture, uint("attn_res_block_size")) {
         (Architecture::KimiK3, Some(0)) => {
             return Err(EngineError::BadConfig { path: path.clone(), reason: "`attn_res_block_size` is 0".into() });
@@ -819,6 +885,7 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         ffn_activation,
         attn_res_block,
         delta_net,
+        deepseek_v4,
         zero_centered_norms: architecture.is_qwen_hybrid(),
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
@@ -1029,6 +1096,28 @@ fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
         mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
     }))
 }
+/// Fixture copies for the spec modules' bad-input tests.
+#[cfg(test)]
+pub(crate) mod test_files {
+    pub(crate) fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    /// A copy of `fixture`'s `file` (and config.json) with one tensor's name changed in place:
+    /// `from` and `to` of one length, so that every offset holds.
+    pub(crate) fn renamed(fixture_dir: &str, file: &str, from: &str, to: &str) -> tempfile::TempDir {
+        assert_eq!(from.len(), to.len());
+        let src = fixture(fixture_dir);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        let mut bytes = std::fs::read(src.join(file)).unwrap();
+        let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("the fixture has it");
+        bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
+        std::fs::write(dir.path().join(file), bytes).unwrap();
+        dir
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

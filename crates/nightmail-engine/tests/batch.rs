@@ -185,6 +185,14 @@ fn kimi_k3_sequences_decoded_together_get_what_they_get_alone() {
     same_tokens_together_as_alone_within("kimi_k3", 1e-4);
 }
 
+#[test]
+fn deepseek_v4_sequences_decoded_together_each_keep_their_own_window_and_compressors() {
+    // deepseek_v4: each sequence's window of keys and compressor states are its own (prompts
+    // prefilled 8 at a time, across window and compression boundaries); hyper-connection mixing
+    // and hash routing work row by row, each row with its own token id.
+    same_tokens_together_as_alone("deepseek_v4");
+}
+
 /// A fixture's four sequences decoded together: each gets its tokens alone, logits within 1e-5.
 fn same_tokens_together_as_alone(fixture: &str) {
     same_tokens_together_as_alone_within(fixture, 1e-5)

@@ -93,6 +93,12 @@ reference_tests!(qwen3_next);
 // keeps every router gap above the margin.
 reference_tests!(qwen3_5_moe);
 
+// deepseek_v4: hyper-connection streams, one layer each of sliding-window MQA, compressed-sparse
+// attention (Lightning Indexer keeping 3 entries) and heavily-compressed attention, a 40-token
+// prompt past the window (8) and across 10 CSA and 5 HCA windows, a hash-routed layer and
+// sqrtsoftplus routing, the swiglu clamp biting; its GGUF under llama.cpp's deepseek4 names.
+reference_tests!(deepseek_v4);
+
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
 /// AttnRes residuals, from the safetensors (its text model under `language_model.`) and from the

@@ -146,6 +146,16 @@ fn a_kimi_k3_generation_resumes_identically() {
 }
 
 #[test]
+fn a_deepseek_v4_window_and_compressor_state_checkpoints_and_resumes_identically() {
+    // deepseek_v4: each layer's window of keys, its compressors' waiting positions, overlap series
+    // and entries (29 positions: past the window of 8, across 7 CSA and 3 HCA windows) are
+    // replaced by each record; the hyper-connection streams keep nothing across tokens.
+    let model = Model::load(fixture("deepseek_v4")).unwrap();
+    check_resumes_identically(&model, Sampling::greedy());
+    check_resumes_identically(&model, sampled());
+}
+
+#[test]
 fn a_sliding_window_model_with_sinks_checkpoints_and_resumes_identically() {
     // gpt_oss: the 24 positions run past its window of 5 on the sliding layers.
     for path in ["gpt_oss", "gpt_oss/model.gguf"] {

@@ -90,6 +90,9 @@ streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, kimi_k
 streaming_tests!(qwen3_next, qwen3_5_moe);
 // GLM-4.5's and MiniMax-M2's rotate part of each head; MiniMax-M2 norms q and k across heads.
 streaming_tests!(glm4_moe, minimax_m2);
+// DeepSeek-V4's stream beside each layer's window and compressor states; the hash-routed layer's
+// experts come from the token id.
+streaming_tests!(deepseek_v4);
 
 /// gpt-oss's experts carry biases, read with their matrices. Its Hugging Face experts are stored
 /// fused and rebuilt at load, so only its GGUF streams.

@@ -737,6 +737,7 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
                     Some(lb) => format!(", SiTU (beta {beta}, linear beta {lb})"),
                     None => format!(", SiTU (beta {beta})"),
                 },
+                Activation::ClampedSilu { limit } => format!(", SwiGLU clamped at {limit}"),
             }
         ),
         None => println!("experts        none (dense ffn {})", s.ffn),
@@ -785,6 +786,11 @@ fn routing(r: &Routing) -> String {
             "top-{top_k}, sigmoid routing in {groups} groups (best {top_groups}), {}weights × {scale}",
             if *normalize { "normalized " } else { "" }
         ),
+        Routing::SqrtSoftplus { top_k, scale } => {
+            format!(
+                "top-{top_k}, sqrt(softplus) routing, normalized weights × {scale} (hash-routed layers by token id)"
+            )
+        }
     }
 }
 

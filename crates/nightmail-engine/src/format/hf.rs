@@ -132,6 +132,30 @@ impl HfDir {
         Mxfp4Pair::new(name, b, b_shape, s, s_shape).map(Some)
     }
 
+    /// An integer table by its GGUF name (DeepSeek-V4's `tid2eid`, stored as I64 or I32), as
+    /// u32 values and its shape.
+    pub fn index_table(&self, gguf_name: &str) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
+        for candidate in hf_names(gguf_name) {
+            let Some((name, e)) = self.entry(&candidate) else { continue };
+            let bytes = &self.shards[e.shard].map[e.start..e.end];
+            let values: Vec<i64> = match e.dtype.as_str() {
+                "I64" => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
+                "I32" => bytes.chunks_exact(4).map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap()))).collect(),
+                _ => return Err(EngineError::UnsupportedDType { name, dtype: e.dtype.clone() }),
+            };
+            if values.len() != e.shape.iter().product::<usize>()
+                || values.iter().any(|v| *v < 0 || *v > u32::MAX as i64)
+            {
+                return Err(EngineError::BadSafetensors {
+                    path: self.dir.clone(),
+                    reason: format!("tensor {name} is not a table of {:?} expert ids", e.shape),
+                });
+            }
+            return Ok(Some((values.into_iter().map(|v| v as u32).collect(), e.shape.clone())));
+        }
+        Ok(None)
+    }
+
     /// A tensor by its GGUF name, translated to the transformers name.
     pub fn tensor(&self, gguf_name: &str) -> Result<Option<TensorView<'_>>> {
         for candidate in hf_names(gguf_name) {
@@ -161,9 +185,11 @@ impl HfDir {
             ExpertMatrix::Up => ("up_proj", "w3"),
             ExpertMatrix::Down => ("down_proj", "w2"),
         };
+        // DeepSeek-V4's checkpoints: `ffn.experts.E.w1` as Mixtral's.
         let names = [
             format!("model.layers.{l}.mlp.experts.{e}.{qwen}.weight"),
             format!("model.layers.{l}.block_sparse_moe.experts.{e}.{mixtral}.weight"),
+            format!("model.layers.{l}.ffn.experts.{e}.{mixtral}.weight"),
         ];
         for name in &names {
             if let Some(v) = self.view(name)? {
@@ -175,7 +201,12 @@ impl HfDir {
         }
         // Named as the model spells its other experts (Kimi's and Mixtral's `block_sparse_moe`).
         let kimi = self.prefix.apply(&format!("model.layers.{l}.block_sparse_moe."));
-        let spelled = if self.tensors.keys().any(|n| n.starts_with(&kimi)) { &names[1] } else { &names[0] };
+        let v4 = self.prefix.apply(&format!("model.layers.{l}.ffn."));
+        let spelled = match () {
+            _ if self.tensors.keys().any(|n| n.starts_with(&kimi)) => &names[1],
+            _ if self.tensors.keys().any(|n| n.starts_with(&v4)) => &names[2],
+            _ => &names[0],
+        };
         Err(EngineError::MissingTensorIn { name: format!("`{}`", self.stored(spelled)), path: self.dir.clone() })
     }
 
@@ -223,6 +254,10 @@ impl HfDir {
                 continue;
             }
             if n.strip_suffix("_scales").is_some_and(|base| self.tensors.contains_key(&format!("{base}_blocks"))) {
+                continue;
+            }
+            // DeepSeek-V4's `tid2eid`: a table of expert ids, not a weight (`index_table`).
+            if matches!(self.tensors[n].dtype.as_str(), "I64" | "I32") {
                 continue;
             }
             out.push(self.view(n)?.expect("listed tensor"));
@@ -345,19 +380,46 @@ fn hf_names(gguf: &str) -> Vec<String> {
     match gguf {
         "token_embd.weight" => return vec!["model.embed_tokens.weight".into()],
         "output_norm.weight" => return vec!["model.norm.weight".into()],
-        "output.weight" => return vec!["lm_head.weight".into()],
+        "output.weight" => return vec!["lm_head.weight".into(), "head.weight".into()],
         // Kimi K3's AttnRes mix before the final norm.
         "output_res_norm.weight" => return vec!["model.output_attn_res_norm.weight".into()],
         "output_res_proj.weight" => return vec!["model.output_attn_res_proj.weight".into()],
+        // DeepSeek-V4's checkpoint names: its head and the hyper-connection collapse before the norm.
+        "output_hc_fn.weight" => return vec!["model.hc_head.hc_fn".into()],
+        "output_hc_base.weight" => return vec!["model.hc_head.hc_base".into()],
+        "output_hc_scale.weight" => return vec!["model.hc_head.hc_scale".into()],
         _ => {}
     }
     let Some(rest) = gguf.strip_prefix("blk.") else { return vec![] };
     let Some((layer, tail)) = rest.split_once('.') else { return vec![] };
     let p = format!("model.layers.{layer}.");
     let names: &[&str] = match tail {
-        "attn_norm.weight" => &["input_layernorm.weight"],
-        "ffn_norm.weight" => &["post_attention_layernorm.weight"],
-        "attn_sinks.weight" => &["self_attn.sinks"],
+        "attn_norm.weight" => &["input_layernorm.weight", "attn_norm.weight"],
+        "ffn_norm.weight" => &["post_attention_layernorm.weight", "ffn_norm.weight"],
+        "attn_sinks.weight" => &["self_attn.sinks", "attn.attn_sink"],
+        // DeepSeek-V4 as its checkpoints name it (transformers' conversion mapping reads them):
+        // the low-rank query, the one key/value head, the grouped output, the compressors, the
+        // Lightning Indexer, the hyper-connection mixes and the hash table.
+        "attn_kv.weight" => &["attn.wkv.weight"],
+        "attn_output_a.weight" => &["attn.wo_a.weight"],
+        "attn_output_b.weight" => &["attn.wo_b.weight"],
+        "attn_compressor_kv.weight" => &["attn.compressor.wkv.weight"],
+        "attn_compressor_gate.weight" => &["attn.compressor.wgate.weight"],
+        "attn_compressor_ape.weight" => &["attn.compressor.ape"],
+        "attn_compressor_norm.weight" => &["attn.compressor.norm.weight"],
+        "indexer_compressor_kv.weight" => &["attn.indexer.compressor.wkv.weight"],
+        "indexer_compressor_gate.weight" => &["attn.indexer.compressor.wgate.weight"],
+        "indexer_compressor_ape.weight" => &["attn.indexer.compressor.ape"],
+        "indexer_compressor_norm.weight" => &["attn.indexer.compressor.norm.weight"],
+        "indexer.proj.weight" => &["attn.indexer.weights_proj.weight"],
+        "indexer.attn_q_b.weight" => &["attn.indexer.wq_b.weight"],
+        "hc_attn_fn.weight" => &["hc_attn_fn"],
+        "hc_attn_base.weight" => &["hc_attn_base"],
+        "hc_attn_scale.weight" => &["hc_attn_scale"],
+        "hc_ffn_fn.weight" => &["hc_ffn_fn"],
+        "hc_ffn_base.weight" => &["hc_ffn_base"],
+        "hc_ffn_scale.weight" => &["hc_ffn_scale"],
+        "ffn_gate_tid2eid.weight" => &["ffn.gate.tid2eid"],
         "attn_q.weight" => &["self_attn.q_proj.weight"],
         "attn_k.weight" => &["self_attn.k_proj.weight"],
         "attn_v.weight" => &["self_attn.v_proj.weight"],
@@ -373,7 +435,9 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ffn_gate.weight" => &["mlp.gate_proj.weight", "block_sparse_moe.gate_proj.weight"],
         "ffn_up.weight" => &["mlp.up_proj.weight", "block_sparse_moe.up_proj.weight"],
         "ffn_down.weight" => &["mlp.down_proj.weight", "block_sparse_moe.down_proj.weight"],
-        "ffn_gate_inp.weight" => &["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight"],
+        "ffn_gate_inp.weight" => {
+            &["mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight", "ffn.gate.weight"]
+        }
         "ffn_gate_inp.bias" => &["mlp.router.bias"],
         "ffn_gate_inp_shexp.weight" => &["mlp.shared_expert_gate.weight"],
         // Qwen2-MoE's `shared_expert`, DeepSeek's `shared_experts`.
@@ -381,23 +445,27 @@ fn hf_names(gguf: &str) -> Vec<String> {
             "mlp.shared_expert.gate_proj.weight",
             "mlp.shared_experts.gate_proj.weight",
             "block_sparse_moe.shared_experts.gate_proj.weight",
+            "ffn.shared_experts.w1.weight",
         ],
         "ffn_up_shexp.weight" => &[
             "mlp.shared_expert.up_proj.weight",
             "mlp.shared_experts.up_proj.weight",
             "block_sparse_moe.shared_experts.up_proj.weight",
+            "ffn.shared_experts.w3.weight",
         ],
         "ffn_down_shexp.weight" => &[
             "mlp.shared_expert.down_proj.weight",
             "mlp.shared_experts.down_proj.weight",
             "block_sparse_moe.shared_experts.down_proj.weight",
+            "ffn.shared_experts.w2.weight",
         ],
         // DeepSeek's latent attention and router bias.
-        "attn_q_a.weight" => &["self_attn.q_a_proj.weight"],
-        "attn_q_a_norm.weight" => &["self_attn.q_a_layernorm.weight"],
-        "attn_q_b.weight" => &["self_attn.q_b_proj.weight"],
+        "attn_q_a.weight" => &["self_attn.q_a_proj.weight", "attn.wq_a.weight"],
+        "attn_q_a_norm.weight" => &["self_attn.q_a_layernorm.weight", "attn.q_norm.weight"],
+        "attn_q_b.weight" => &["self_attn.q_b_proj.weight", "attn.wq_b.weight"],
         "attn_kv_a_mqa.weight" => &["self_attn.kv_a_proj_with_mqa.weight"],
-        "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight"],
+        // DeepSeek-V4's key/value norm too (`attn.kv_norm`, saved by transformers as `attn.norm`).
+        "attn_kv_a_norm.weight" => &["self_attn.kv_a_layernorm.weight", "attn.kv_norm.weight", "attn.norm.weight"],
         "attn_kv_b.weight" => &["self_attn.kv_b_proj.weight"],
         // MiniMax-M2 keeps its router's bias on the MoE block (`block_sparse_moe`, transformers
         // 5's in-memory `mlp`).
@@ -406,6 +474,7 @@ fn hf_names(gguf: &str) -> Vec<String> {
             "block_sparse_moe.gate.e_score_correction_bias",
             "block_sparse_moe.e_score_correction_bias",
             "mlp.e_score_correction_bias",
+            "ffn.gate.bias",
         ],
         // Kimi Linear's KDA layers, under llama.cpp's `kimi-linear` names. `ssm_a` is the same
         // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader

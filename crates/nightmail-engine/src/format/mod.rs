@@ -93,6 +93,20 @@ impl Checkpoint {
         }
     }
 
+    /// An integer table by its GGUF name (DeepSeek-V4's `tid2eid`): its values and shape.
+    pub fn index_table(&self, name: &str) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
+        match self {
+            Checkpoint::Hf(h) => h.index_table(name),
+            Checkpoint::Gguf(g) => match g.tensor(name)? {
+                Some(t) => {
+                    let values: Vec<f32> = t.to_f32()?.flatten_all()?.to_vec1()?;
+                    Ok(Some((values.into_iter().map(|v| v as u32).collect(), t.shape.clone())))
+                }
+                None => Ok(None),
+            },
+        }
+    }
+
     /// A tensor the model must have; the error names it as the file would (a Hugging Face
     /// directory's transformers name beside the GGUF one) and the file or directory.
     pub fn require(&self, name: &str) -> Result<TensorView<'_>> {

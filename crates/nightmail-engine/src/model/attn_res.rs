@@ -4,11 +4,13 @@
 //! `attn_res_block_size` banks its raw input and restarts the running sum from its attention
 //! output; before attention, before the MLP and before the final norm, the running sum and the
 //! banked inputs are mixed by a softmax over `res_proj(res_norm(candidate))`. The mix is over
-//! layers at one position, so it needs no state across tokens.
+//! layers at one position, so it needs no state across tokens. DeepSeek-V4's hyper-connection
+//! streams (model/hyper.rs) are the third kind of residual here.
 
 use candle_core::{D, Tensor};
 
 use super::RmsNorm;
+use super::hyper::{HyperHead, HyperMix, Spread};
 use crate::error::{EngineError, Result};
 
 /// One mixing point's weights: `*_res_norm` and the `*_res_proj` row (`[hidden]`).
@@ -63,15 +65,18 @@ impl ResidualBank {
     }
 }
 
-/// A layer's two mixing points: before its attention (`self_attention_res_*`) and before its
-/// MLP (`mlp_res_*`).
-pub struct LayerResidual {
-    pub attention: ResidualScore,
-    pub ffn: ResidualScore,
+/// A layer's two mixing points: before its attention (`self_attention_res_*`, `hc_attn_*`)
+/// and before its MLP (`mlp_res_*`, `hc_ffn_*`).
+pub enum LayerResidual {
+    /// Kimi K3's AttnRes scores.
+    AttnRes { attention: ResidualScore, ffn: ResidualScore },
+    /// DeepSeek-V4's hyper-connection mixes (model/hyper.rs).
+    Hyper { attention: HyperMix, ffn: HyperMix },
 }
 
 /// The residual stream through the layers of one forward pass (every row a position): the plain
-/// sum `x + attention + mlp`, or AttnRes's running sum beside its bank, mixed at each point.
+/// sum `x + attention + mlp`, AttnRes's running sum beside its bank, mixed at each point, or
+/// DeepSeek-V4's hyper-connection streams.
 pub(crate) enum ResidualStream {
     Plain(Tensor),
     Blocks {
@@ -80,10 +85,16 @@ pub(crate) enum ResidualStream {
         /// Whether the current layer banked its input (its attention output restarts the sum).
         restart: bool,
     },
+    Hyper {
+        /// `[tokens, hc_mult, hidden]`.
+        streams: Tensor,
+        /// The open block's spread (set by the collapse before it).
+        open: Option<Spread>,
+    },
 }
 
 fn no_scores() -> EngineError {
-    EngineError::Compute(candle_core::Error::Msg("an AttnRes model's layer has no residual scores".into()))
+    EngineError::Compute(candle_core::Error::Msg("a layer has no weights for the model's residual kind".into()))
 }
 
 impl ResidualStream {
@@ -95,16 +106,29 @@ impl ResidualStream {
         }
     }
 
+    /// The embeddings `x` copied into `n` hyper-connection streams.
+    pub fn hyper(x: &Tensor, n: usize) -> Result<Self> {
+        let (tokens, hidden) = x.dims2()?;
+        let streams = x.unsqueeze(1)?.broadcast_as((tokens, n, hidden))?.contiguous()?;
+        Ok(ResidualStream::Hyper { streams, open: None })
+    }
+
     /// What layer `l`'s attention norm reads: the stream, or its mix with the bank (which the
-    /// layer then joins if it starts a block).
+    /// layer then joins if it starts a block), or the streams collapsed.
     pub fn before_attention(&mut self, l: usize, scores: Option<&LayerResidual>) -> Result<Tensor> {
-        match self {
-            ResidualStream::Plain(x) => Ok(x.clone()),
-            ResidualStream::Blocks { sum, bank, restart } => {
-                let mixed = scores.ok_or_else(no_scores)?.attention.mix(sum, bank.inputs())?;
+        match (self, scores) {
+            (ResidualStream::Plain(x), _) => Ok(x.clone()),
+            (ResidualStream::Blocks { sum, bank, restart }, Some(LayerResidual::AttnRes { attention, .. })) => {
+                let mixed = attention.mix(sum, bank.inputs())?;
                 *restart = bank.bank(l, sum);
                 Ok(mixed)
             }
+            (ResidualStream::Hyper { streams, open }, Some(LayerResidual::Hyper { attention, .. })) => {
+                let (x, spread) = attention.collapse(streams)?;
+                *open = Some(spread);
+                Ok(x)
+            }
+            _ => Err(no_scores()),
         }
     }
 
@@ -113,37 +137,60 @@ impl ResidualStream {
             ResidualStream::Plain(x) => *x = (&*x + a)?,
             ResidualStream::Blocks { sum, restart: true, .. } => *sum = a.clone(),
             ResidualStream::Blocks { sum, .. } => *sum = (&*sum + a)?,
+            ResidualStream::Hyper { .. } => self.spread(a)?,
+        }
+        Ok(())
+    }
+
+    fn spread(&mut self, block: &Tensor) -> Result<()> {
+        if let ResidualStream::Hyper { streams, open } = self {
+            let spread = open.take().ok_or_else(no_scores)?;
+            *streams = HyperMix::spread(&spread, block, streams)?;
         }
         Ok(())
     }
 
     /// What the MLP norm reads.
-    pub fn before_ffn(&self, scores: Option<&LayerResidual>) -> Result<Tensor> {
-        match self {
-            ResidualStream::Plain(x) => Ok(x.clone()),
-            ResidualStream::Blocks { sum, bank, .. } => scores.ok_or_else(no_scores)?.ffn.mix(sum, bank.inputs()),
+    pub fn before_ffn(&mut self, scores: Option<&LayerResidual>) -> Result<Tensor> {
+        match (self, scores) {
+            (ResidualStream::Plain(x), _) => Ok(x.clone()),
+            (ResidualStream::Blocks { sum, bank, .. }, Some(LayerResidual::AttnRes { ffn, .. })) => {
+                ffn.mix(sum, bank.inputs())
+            }
+            (ResidualStream::Hyper { streams, open }, Some(LayerResidual::Hyper { ffn, .. })) => {
+                let (x, spread) = ffn.collapse(streams)?;
+                *open = Some(spread);
+                Ok(x)
+            }
+            _ => Err(no_scores()),
         }
     }
 
     pub fn add_ffn(&mut self, f: &Tensor) -> Result<()> {
         match self {
             ResidualStream::Plain(x) | ResidualStream::Blocks { sum: x, .. } => *x = (&*x + f)?,
+            ResidualStream::Hyper { .. } => self.spread(f)?,
         }
         Ok(())
     }
 
-    /// The running sum (the plain stream), which the prefetcher's lookahead reads.
-    pub fn current(&self) -> &Tensor {
+    /// The running sum (the plain stream; the streams' mean for hyper-connections), which the
+    /// prefetcher's lookahead reads.
+    pub fn current(&self) -> Result<Tensor> {
         match self {
-            ResidualStream::Plain(x) | ResidualStream::Blocks { sum: x, .. } => x,
+            ResidualStream::Plain(x) | ResidualStream::Blocks { sum: x, .. } => Ok(x.clone()),
+            ResidualStream::Hyper { streams, .. } => Ok(streams.mean(1)?),
         }
     }
 
-    /// What the final norm reads: the stream, or its last mix with the bank (`output_attn_res_*`).
-    pub fn finish(self, scores: Option<&ResidualScore>) -> Result<Tensor> {
-        match self {
-            ResidualStream::Plain(x) => Ok(x),
-            ResidualStream::Blocks { sum, bank, .. } => scores.ok_or_else(no_scores)?.mix(&sum, bank.inputs()),
+    /// What the final norm reads: the stream, or its last mix with the bank (`output_attn_res_*`),
+    /// or the streams collapsed by the head.
+    pub fn finish(self, scores: Option<&ResidualScore>, head: Option<&HyperHead>) -> Result<Tensor> {
+        match (self, head) {
+            (ResidualStream::Plain(x), _) => Ok(x),
+            (ResidualStream::Blocks { sum, bank, .. }, _) => scores.ok_or_else(no_scores)?.mix(&sum, bank.inputs()),
+            (ResidualStream::Hyper { streams, .. }, Some(head)) => head.collapse(&streams),
+            (ResidualStream::Hyper { .. }, None) => Err(no_scores()),
         }
     }
 }

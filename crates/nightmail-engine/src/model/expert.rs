@@ -57,6 +57,10 @@ impl Expert {
                 let glu = (&g * candle_nn::ops::sigmoid(&(&g * alpha)?)?)?;
                 ((u + 1.0)? * glu)?
             }
+            (Activation::ClampedSilu { limit }, _) => {
+                let limit = f64::from(limit);
+                (g.minimum(limit)?.silu()? * u.clamp(-limit, limit)?)?
+            }
             (Activation::Situ { beta, linear_beta }, _) => super::situ::situ(&g, &u, beta, linear_beta)?,
         };
         self.down.forward(&h)

@@ -145,6 +145,13 @@ fn candle_matmul(weight: &TensorView<'_>) -> Result<Weight> {
     Ok(Weight::Candle(weight.to_matmul()?))
 }
 
+/// RMSNorm without a weight, `x · rsqrt(mean(x²) + eps)` over the last axis (DeepSeek-V4's
+/// `DeepseekV4UnweightedRMSNorm`: its per-head query norm and the hyper-connection input).
+pub(crate) fn unweighted_rms(x: &Tensor, eps: f32) -> Result<Tensor> {
+    let mean = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+    Ok(x.broadcast_mul(&(mean + f64::from(eps))?.sqrt()?.recip()?)?)
+}
+
 /// Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467), over the last axis.
 pub struct RmsNorm {
     weight: Tensor,

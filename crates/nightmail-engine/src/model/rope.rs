@@ -53,6 +53,22 @@ impl Rope {
         super::ggml::rotate(row, angles, self.style == RopeStyle::Interleaved)
     }
 
+    /// Rotate one head's rotated part `x` (adjacent pairs, as many as the rope's frequencies) to
+    /// `position` in place, or back from it (`inverse`: DeepSeek-V4 turns its attention output
+    /// back by the query's angle, transformers' `apply_rotary_pos_emb(…, cos, -sin)`).
+    pub fn rotate_pairs(&self, x: &mut [f32], position: usize, inverse: bool) {
+        for (pair, f) in x.chunks_exact_mut(2).zip(&self.inv_freq) {
+            let angle = position as f32 * f;
+            let (cos, mut sin) = (angle.cos() * self.attention_factor, angle.sin() * self.attention_factor);
+            if inverse {
+                sin = -sin;
+            }
+            let (a, b) = (pair[0], pair[1]);
+            pair[0] = a * cos + -b * sin;
+            pair[1] = b * cos + a * sin;
+        }
+    }
+
     /// Rotate `x`: `[1, heads, tokens, head_dim]` for positions `start..start + tokens`. A head
     /// wider than the rotation keeps its last dimensions as they are (partial rotary,
     /// transformers' `apply_rotary_pos_emb` with a `rotary_dim` below head_dim; ggml_rope's

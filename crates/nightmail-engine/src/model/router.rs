@@ -27,6 +27,25 @@ impl Router {
         Ok(logits.iter().map(|row| self.choose(row)).collect())
     }
 
+    /// DeepSeek-V4's hash-routed layers (transformers `DeepseekV4HashRouter`): the experts are
+    /// `experts[t]`, fixed by token t's id (`tid2eid`); the gate still weighs them, as
+    /// [`Routing::SqrtSoftplus`] weighs its own choice.
+    pub fn route_hashed(&self, x: &Tensor, experts: &[&[u32]]) -> Result<Vec<Route>> {
+        let logits = self.gate.forward(x)?.to_vec2::<f32>()?;
+        let scale = match self.routing {
+            Routing::SqrtSoftplus { scale, .. } => scale,
+            _ => 1.0,
+        };
+        Ok(logits
+            .iter()
+            .zip(experts)
+            .map(|(row, chosen)| {
+                let scores = sqrt_softplus(row);
+                weighed(chosen.iter().map(|&e| (e as usize, scores[e as usize])).collect(), scale)
+            })
+            .collect())
+    }
+
     fn choose(&self, logits: &[f32]) -> Route {
         match self.routing {
             // transformers `MixtralTopKRouter` / `Qwen2MoeTopKRouter`: softmax in f32, top-k of the
@@ -71,8 +90,34 @@ impl Router {
                 experts.iter_mut().for_each(|(_, w)| *w *= scale);
                 Route { experts }
             }
+            // transformers `DeepseekV4TopKRouter`: topk of the biased scores; the weights are the
+            // unbiased scores, renormalized (+1e-20), times the scaling factor.
+            Routing::SqrtSoftplus { top_k, scale } => {
+                let scores = sqrt_softplus(logits);
+                let choice: Vec<f32> = match &self.choice_bias {
+                    Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                    None => scores.clone(),
+                };
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_by(|a, b| choice[*b].total_cmp(&choice[*a]).then(a.cmp(b)));
+                weighed(order[..top_k].iter().map(|&e| (e, scores[e])).collect(), scale)
+            }
         }
     }
+}
+
+/// `sqrt(softplus(x))` (transformers `SqrtSoftplusActivation`; torch's softplus is x itself
+/// past 20).
+fn sqrt_softplus(logits: &[f32]) -> Vec<f32> {
+    logits.iter().map(|&l| if l > 20.0 { l } else { l.exp().ln_1p() }.sqrt()).collect()
+}
+
+/// Chosen experts' scores renormalized to sum to one (the reference's 1e-20 keeps an all-zero
+/// choice finite), times `scale`.
+fn weighed(mut experts: Vec<(usize, f32)>, scale: f32) -> Route {
+    let sum: f32 = experts.iter().map(|(_, w)| w).sum::<f32>() + 1e-20;
+    experts.iter_mut().for_each(|(_, w)| *w = *w / sum * scale);
+    Route { experts }
 }
 
 /// DeepSeek-V3's node-limited choice (`Gate.forward` in DeepSeek-V3's `inference/model.py`,

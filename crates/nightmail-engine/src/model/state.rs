@@ -7,6 +7,7 @@ use candle_core::Tensor;
 
 use super::attention::LayerCache;
 use super::delta_rule::DeltaState;
+use super::sliding_mqa::WindowState;
 use crate::error::{EngineError, Result};
 
 /// One layer's part of a sequence's state.
@@ -14,6 +15,8 @@ pub(crate) enum LayerState {
     Attention(LayerCache),
     /// A linear-attention layer's (KDA, Gated DeltaNet) recurrent state.
     Recurrent(DeltaState),
+    /// A DeepSeek-V4 layer's window of keys and its compressors' state.
+    Window(WindowState),
 }
 
 /// What a checkpoint record holds of one layer.
@@ -90,6 +93,7 @@ impl SequenceState {
             match layer {
                 LayerState::Attention(cache) => cache.truncate(position)?,
                 LayerState::Recurrent(state) => *state = states[at].clone(),
+                LayerState::Window(_) => return Err(mismatch("a DeepSeek-V4 layer cannot roll back (no drafting)")),
             }
         }
         self.position = position;
@@ -120,6 +124,16 @@ impl SequenceState {
                 let (conv, recurrent) = state.snapshot()?;
                 LayerSnapshot::State(conv, recurrent)
             }
+            // The whole state as one row `[1, 1, n, 1]` beside an empty one: restoring replaces it.
+            LayerState::Window(state) => {
+                let flat = state.to_flat();
+                let n = flat.len();
+                let cpu = &candle_core::Device::Cpu;
+                LayerSnapshot::State(
+                    Tensor::from_vec(flat, (1, 1, n, 1), cpu)?,
+                    Tensor::zeros((1, 1, 1, 1), candle_core::DType::F32, cpu)?,
+                )
+            }
         })
     }
 
@@ -134,6 +148,11 @@ impl SequenceState {
                 (LayerState::Attention(cache), LayerSnapshot::Rows(k, v)) => cache.append(k, v)?,
                 (LayerState::Recurrent(state), LayerSnapshot::State(conv, recurrent)) => {
                     state.restore(conv, recurrent)?
+                }
+                (LayerState::Window(state), LayerSnapshot::State(flat, _)) => {
+                    let flat: Vec<f32> = flat.flatten_all()?.to_vec1()?;
+                    *state = WindowState::from_flat(&flat, state.shape())
+                        .ok_or_else(|| mismatch("a checkpoint whose DeepSeek-V4 layer state does not parse"))?;
                 }
                 _ => return Err(mismatch("a checkpoint whose layer kinds differ from the model's")),
             }

@@ -7,11 +7,13 @@ use candle_core::{Device, Tensor};
 
 use super::attention::{Attention, F16Cache, LayerCache};
 use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
+use super::compressor::Compressor;
 use super::delta_rule::{DeltaState, StateShape};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::gated_delta_net::GatedDeltaNet;
 use super::ggml::Numerics;
+use super::hyper::{HyperHead, HyperMix};
 use super::kda::Kda;
 use super::latent_moe::LatentProjection;
 use super::layers::{Linear, RmsNorm};
@@ -19,11 +21,12 @@ use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
 use super::rope::Rope;
 use super::router::Router;
+use super::sliding_mqa::{Compressed, Indexer, SlidingMqa, WindowShape, WindowState};
 use super::source::{Recorded, Recording, WeightSource};
 use super::state::{LayerState, SequenceState};
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, Format, TensorView};
-use crate::spec::{MlaSpec, ModelSpec};
+use crate::spec::{DeepseekV4Spec, MlaSpec, ModelSpec, RopeStyle, V4AttentionKind};
 
 pub enum FeedForward {
     Dense(Expert),
@@ -38,6 +41,8 @@ pub enum SelfAttention {
     Latent(Mla),
     Kda(Kda),
     DeltaNet(GatedDeltaNet),
+    /// DeepSeek-V4's sliding-window MQA, with compressed entries on HCA and CSA layers.
+    Window(SlidingMqa),
 }
 
 impl SelfAttention {
@@ -56,6 +61,7 @@ impl SelfAttention {
             }
             SelfAttention::Kda(k) => k.project(x)?,
             SelfAttention::DeltaNet(d) => d.project(x)?,
+            SelfAttention::Window(w) => w.project(x)?,
         })
     }
 
@@ -69,6 +75,7 @@ impl SelfAttention {
             }
             (SelfAttention::Kda(k), rows, LayerState::Recurrent(state)) => k.attend(rows, state),
             (SelfAttention::DeltaNet(d), rows, LayerState::Recurrent(state)) => d.attend(rows, state),
+            (SelfAttention::Window(w), rows, LayerState::Window(state)) => w.attend(rows, start, state),
             // The transformer gives latent attention an f32 cache (it never takes ggml numerics)
             // and each layer the state of its kind.
             _ => Err(EngineError::Compute(candle_core::Error::Msg("a layer's state is not of its kind".into()))),
@@ -81,6 +88,7 @@ impl SelfAttention {
             SelfAttention::Latent(m) => m.output(attended),
             SelfAttention::Kda(k) => k.output(attended),
             SelfAttention::DeltaNet(d) => d.output(attended),
+            SelfAttention::Window(w) => w.output(attended),
         }
     }
 }
@@ -92,6 +100,7 @@ enum CacheKind {
     F16 { kv_heads: usize, head_dim: usize },
     F32,
     Recurrent(StateShape),
+    Window(WindowShape),
 }
 
 impl CacheKind {
@@ -102,6 +111,7 @@ impl CacheKind {
             }
             (SelfAttention::Kda(k), _) => CacheKind::Recurrent(k.state_shape()),
             (SelfAttention::DeltaNet(d), _) => CacheKind::Recurrent(d.state_shape()),
+            (SelfAttention::Window(w), _) => CacheKind::Window(w.shape()),
             _ => CacheKind::F32,
         }
     }
@@ -167,6 +177,10 @@ pub struct Transformer {
     lm_head: Linear,
     /// Kimi K3's AttnRes: the block size and the mix before the final norm.
     attn_res: Option<(usize, ResidualScore)>,
+    /// DeepSeek-V4's hyper-connection streams: their count and the collapse before the norm.
+    hyper: Option<(usize, HyperHead)>,
+    /// DeepSeek-V4's hash-routed layers: per token id, its experts (`tid2eid`, `[vocab, top_k]`).
+    hash_routes: Vec<Option<HashTable>>,
     experts: Arc<dyn ExpertStore>,
     prefetch: Prefetcher,
 }
@@ -259,6 +273,11 @@ impl Transformer {
                 Some(block) => Some((block, residual_score(ck, "output_res", hidden, spec.rms_norm_eps, numerics)?)),
                 None => None,
             },
+            hyper: match &spec.deepseek_v4 {
+                Some(v4) => Some((v4.hc_mult, hyper_head(ck, spec, v4)?)),
+                None => None,
+            },
+            hash_routes: hash_routes(ck, spec)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
         };
@@ -315,6 +334,9 @@ impl Transformer {
             ck.linear(&w, opt(&format!("{name}.bias"))?.as_ref())
         };
         let attention = match (&spec.kda, &a.mla) {
+            _ if spec.deepseek_v4.is_some() => {
+                SelfAttention::Window(load_sliding_mqa(ck, spec, spec.deepseek_v4.as_ref().expect("checked"), l)?)
+            }
             (Some(kda), _) if spec.is_kda(l) => SelfAttention::Kda(Kda::load(ck, format, spec, kda, l)?),
             _ if spec.is_delta_net(l) => {
                 let d = spec.delta_net.as_ref().expect("a DeltaNet layer has its spec");
@@ -414,9 +436,15 @@ impl Transformer {
             Some(_) => {
                 let score =
                     |name: &str| residual_score(ck, &format!("blk.{l}.{name}"), hidden, spec.rms_norm_eps, numerics);
-                Some(LayerResidual { attention: score("attn_res")?, ffn: score("ffn_res")? })
+                Some(LayerResidual::AttnRes { attention: score("attn_res")?, ffn: score("ffn_res")? })
             }
-            None => None,
+            None => match &spec.deepseek_v4 {
+                Some(v4) => Some(LayerResidual::Hyper {
+                    attention: hyper_mix(ck, spec, v4, &format!("blk.{l}.hc_attn"))?,
+                    ffn: hyper_mix(ck, spec, v4, &format!("blk.{l}.hc_ffn"))?,
+                }),
+                None => None,
+            },
         };
         Ok(DecoderLayer {
             attn_norm: norm(&t("attn_norm.weight")?, spec, numerics)?,
@@ -508,6 +536,7 @@ impl Transformer {
             }
             CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
             CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
+            CacheKind::Window(shape) => LayerState::Window(WindowState::new(shape)),
         };
         SequenceState::new(self.caches.iter().map(layer).collect())
     }
@@ -569,7 +598,11 @@ impl Transformer {
                 cache.verify = None;
             }
         }
-        let mut stream = ResidualStream::new(self.embedding.rows(&tokens)?, self.attn_res.as_ref().map(|(b, _)| *b));
+        let embedded = self.embedding.rows(&tokens)?;
+        let mut stream = match &self.hyper {
+            Some((n, _)) => ResidualStream::hyper(&embedded, *n)?,
+            None => ResidualStream::new(embedded, self.attn_res.as_ref().map(|(b, _)| *b)),
+        };
         let prefetching = self.prefetch.depth > 0;
         for l in 0..self.layers.len() {
             let held = self.hold(l)?;
@@ -582,12 +615,19 @@ impl Transformer {
                 outs.push(attend_group(&layer.attention, &rows, cache, l)?);
             }
             stream.add_attention(&layer.attention.output(&Tensor::cat(&outs, 0)?)?)?;
-            let h = stream.current().clone();
+            let h = stream.current()?;
             let n = layer.ffn_norm.forward(&stream.before_ffn(layer.residual.as_ref())?)?;
             let f = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
-                    let routes = moe.router.route(&n)?;
+                    let routes = match &self.hash_routes[l] {
+                        Some((table, k)) => {
+                            let chosen: Vec<&[u32]> =
+                                tokens.iter().map(|&t| &table[t as usize * k..(t as usize + 1) * k]).collect();
+                            moe.router.route_hashed(&n, &chosen)?
+                        }
+                        None => moe.router.route(&n)?,
+                    };
                     // Decoding sequences and verify passes guess their next layer's experts
                     // (prefills do not).
                     let mut verify_rows = Vec::new();
@@ -605,7 +645,7 @@ impl Transformer {
             };
             stream.add_ffn(&f)?;
         }
-        let x = stream.finish(self.attn_res.as_ref().map(|(_, s)| s))?;
+        let x = stream.finish(self.attn_res.as_ref().map(|(_, s)| s), self.hyper.as_ref().map(|(_, h)| h))?;
         let mut ends = Vec::with_capacity(groups.len());
         for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
             cache.position += t.len();
@@ -688,6 +728,166 @@ fn load_mla(ck: &dyn WeightSource, spec: &ModelSpec, l: usize, d: &MlaSpec) -> R
         // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
         softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
     })
+}
+
+/// Layer `l`'s DeepSeek-V4 attention (model/sliding_mqa.rs, model/compressor.rs), under the
+/// names spec's hf.rs maps from the checkpoint (`attn.wq_a`, `attn.compressor.wkv`, ...).
+fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec, l: usize) -> Result<SlidingMqa> {
+    let (a, hidden) = (&spec.attention, spec.hidden_size);
+    let (heads, hd) = (a.heads, a.head_dim);
+    let t = |name: &str| ck.require(&format!("blk.{l}.{name}"));
+    let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+        let w = t(&format!("{name}.weight"))?;
+        w.expect_shape(&[rows, cols])?;
+        ck.linear(&w, None)
+    };
+    let eps = spec.rms_norm_eps;
+    let rms = |name: &str, width: usize| -> Result<RmsNorm> {
+        let w = t(name)?;
+        w.expect_shape(&[width])?;
+        RmsNorm::new(&w, eps, Numerics::Reference)
+    };
+    let compress_rope = || Rope::new(v4.rope_dim, v4.compress_rope_theta, RopeStyle::Interleaved, None);
+    let compressor = |prefix: &str, rate: usize, dim: usize, overlap: bool| -> Result<Compressor> {
+        let width = if overlap { 2 * dim } else { dim };
+        let ape = t(&format!("{prefix}_ape.weight"))?;
+        ape.expect_shape(&[rate, width])?;
+        if v4.rope_dim > dim {
+            return Err(EngineError::Unsupported {
+                what: format!("a compressor of {dim}-wide entries under a {}-wide rotation", v4.rope_dim),
+                hint: "the rotation covers the end of each entry".into(),
+            });
+        }
+        Ok(Compressor {
+            kv: linear(&format!("{prefix}_kv"), width, hidden)?,
+            gate: linear(&format!("{prefix}_gate"), width, hidden)?,
+            position_bias: ape.to_f32()?.flatten_all()?.to_vec1()?,
+            norm: rms(&format!("{prefix}_norm.weight"), dim)?,
+            rate,
+            dim,
+            overlap,
+            rope: compress_rope(),
+            rope_dim: v4.rope_dim,
+        })
+    };
+    let (compressed, theta) = match v4.kinds[l] {
+        V4AttentionKind::Sliding => (Compressed::None, a.rope_theta),
+        V4AttentionKind::HeavilyCompressed { rate } => {
+            (Compressed::All(compressor("attn_compressor", rate, hd, false)?), v4.compress_rope_theta)
+        }
+        V4AttentionKind::CompressedSparse { rate } => {
+            let indexer = Indexer {
+                compressor: compressor("indexer_compressor", rate, v4.index_head_dim, true)?,
+                q_b: linear("indexer.attn_q_b", v4.index_heads * v4.index_head_dim, v4.q_lora_rank)?,
+                weights: linear("indexer.proj", v4.index_heads, hidden)?,
+                heads: v4.index_heads,
+                head_dim: v4.index_head_dim,
+                top_k: v4.index_topk,
+            };
+            (
+                Compressed::Sparse(compressor("attn_compressor", rate, hd, true)?, Box::new(indexer)),
+                v4.compress_rope_theta,
+            )
+        }
+    };
+    let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
+    if (heads * hd) % groups != 0 {
+        return Err(EngineError::BadMetadata {
+            key: "o_groups".into(),
+            reason: format!("as {groups}, which does not divide {heads} heads of {hd}"),
+        });
+    }
+    let out_a = t("attn_output_a.weight")?;
+    out_a.expect_shape(&[groups * rank, heads * hd / groups])?;
+    Ok(SlidingMqa {
+        q_a: linear("attn_q_a", v4.q_lora_rank, hidden)?,
+        q_norm: rms("attn_q_a_norm.weight", v4.q_lora_rank)?,
+        q_b: linear("attn_q_b", heads * hd, v4.q_lora_rank)?,
+        kv: linear("attn_kv", hd, hidden)?,
+        kv_norm: rms("attn_kv_a_norm.weight", hd)?,
+        out_a: out_a.to_f32()?.reshape((groups, rank, heads * hd / groups))?,
+        out_b: linear("attn_output_b", hidden, groups * rank)?,
+        sinks: sinks(&t("attn_sinks.weight")?, heads)?.to_vec1()?,
+        rope: Rope::new(v4.rope_dim, theta, RopeStyle::Interleaved, None),
+        rope_dim: v4.rope_dim,
+        heads,
+        head_dim: hd,
+        window: v4.sliding_window,
+        eps: eps as f32,
+        compressed,
+    })
+}
+
+/// One hyper-connection mixing point (`{prefix}_fn`, `_base`, `_scale`).
+fn hyper_mix(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec, prefix: &str) -> Result<HyperMix> {
+    let (n, mix) = (v4.hc_mult, v4.hc_mix());
+    let proj = ck.require(&format!("{prefix}_fn.weight"))?;
+    proj.expect_shape(&[mix, n * spec.hidden_size])?;
+    let base = ck.require(&format!("{prefix}_base.weight"))?;
+    base.expect_shape(&[mix])?;
+    let scale = ck.require(&format!("{prefix}_scale.weight"))?;
+    scale.expect_shape(&[3])?;
+    let scale: Vec<f32> = scale.to_f32()?.to_vec1()?;
+    Ok(HyperMix {
+        proj: proj.to_f32()?,
+        base: base.to_f32()?.to_vec1()?,
+        scale: [scale[0], scale[1], scale[2]],
+        streams: n,
+        sinkhorn_iters: v4.hc_sinkhorn_iters,
+        hc_eps: v4.hc_eps,
+        norm_eps: spec.rms_norm_eps as f32,
+    })
+}
+
+/// The hyper-connection head (`output_hc_fn`, `_base`, `_scale`).
+fn hyper_head(ck: &Checkpoint, spec: &ModelSpec, v4: &DeepseekV4Spec) -> Result<HyperHead> {
+    let n = v4.hc_mult;
+    let proj = ck.require("output_hc_fn.weight")?;
+    proj.expect_shape(&[n, n * spec.hidden_size])?;
+    let base = ck.require("output_hc_base.weight")?;
+    base.expect_shape(&[n])?;
+    let scale = ck.require("output_hc_scale.weight")?;
+    scale.expect_shape(&[1])?;
+    Ok(HyperHead {
+        proj: proj.to_f32()?,
+        base: base.to_f32()?.to_vec1()?,
+        scale: scale.to_f32()?.to_vec1::<f32>()?[0],
+        hc_eps: v4.hc_eps,
+        norm_eps: spec.rms_norm_eps as f32,
+    })
+}
+
+/// A hash-routed layer's `tid2eid` rows, flat, and the experts per token.
+type HashTable = (Vec<u32>, usize);
+
+/// Per layer, DeepSeek-V4's token-id → experts table where the layer is hash-routed: `[vocab,
+/// top_k]` ids below the expert count, or an error naming the tensor and the file.
+fn hash_routes(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<Option<HashTable>>> {
+    let (Some(v4), Some(moe)) = (&spec.deepseek_v4, &spec.moe) else { return Ok(vec![None; spec.layers]) };
+    let k = moe.routing.top_k();
+    (0..spec.layers)
+        .map(|l| {
+            if !v4.hash_layers[l] {
+                return Ok(None);
+            }
+            let name = format!("blk.{l}.ffn_gate_tid2eid.weight");
+            let (table, shape) = match ck.index_table(&name)? {
+                Some(t) => t,
+                // Absent: `require`'s error names it as the file would.
+                None => {
+                    ck.require(&name)?;
+                    return Err(EngineError::MissingTensor { name });
+                }
+            };
+            if shape != [spec.vocab_size, k] || table.iter().any(|&e| e as usize >= moe.experts) {
+                return Err(EngineError::BadMetadata {
+                    key: name,
+                    reason: format!("shape {shape:?}: [{}, {k}] ids below {} expected", spec.vocab_size, moe.experts),
+                });
+            }
+            Ok(Some((table, k)))
+        })
+        .collect()
 }
 
 /// A layer's RMSNorm, its weight taken as 1 + w where the file stores Qwen3-Next's

@@ -88,11 +88,8 @@ fn checked(dim: usize, head_dim: usize) -> std::result::Result<usize, String> {
 mod tests {
     use super::*;
     use crate::format::Checkpoint;
+    use crate::spec::test_files::{fixture, renamed};
     use crate::spec::{ModelSpec, Routing};
-
-    fn fixture(name: &str) -> std::path::PathBuf {
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
-    }
 
     /// `name`'s spec from its config.json and from its GGUF, each checked for the grouped-query
     /// attention both fixtures share (4 heads over 2 kv heads of 16, half of each rotated) and
@@ -123,20 +120,6 @@ mod tests {
     fn minimax_m2_reads_the_same_from_config_json_and_from_its_gguf_keys() {
         let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 1.0 };
         check_both("minimax_m2", Architecture::MinimaxM2, routing, None, &[true, true]);
-    }
-
-    /// A copy of `fixture`'s `file` (and config.json) with one tensor's name changed in place:
-    /// `from` and `to` of one length, so that every offset holds.
-    fn renamed(fixture_dir: &str, file: &str, from: &str, to: &str) -> tempfile::TempDir {
-        assert_eq!(from.len(), to.len());
-        let src = fixture(fixture_dir);
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
-        let mut bytes = std::fs::read(src.join(file)).unwrap();
-        let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("the fixture has it");
-        bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
-        std::fs::write(dir.path().join(file), bytes).unwrap();
-        dir
     }
 
     #[test]
