@@ -7,10 +7,16 @@
 //! llama.cpp's `lookup` example) guesses without a model: the text so far ends with an n-gram
 //! that occurred before, so guess what followed it then. Mail is its best case: a reply quotes
 //! the question, a summary repeats the names and phrases of the transcript it summarizes.
+//!
+//! A draft model (`model.rs`) guesses with a second, small model of the same vocabulary, which
+//! guesses well where the answer is in the model's own words too.
 
 use serde::{Deserialize, Serialize};
 
+mod model;
 mod schedule;
+
+pub(crate) use model::{DrafterState, check_draft_model, guess_cost};
 
 pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
 
@@ -23,6 +29,9 @@ pub enum Draft {
     None,
     /// N-gram matches against the prompt and the answer so far ([`PromptLookup`]).
     Lookup,
+    /// The greedy guesses of the draft model loaded beside the model
+    /// ([`crate::Model::attach_draft_model`]).
+    Model,
 }
 
 impl std::str::FromStr for Draft {
@@ -32,14 +41,15 @@ impl std::str::FromStr for Draft {
         match s {
             "none" => Ok(Draft::None),
             "lookup" => Ok(Draft::Lookup),
-            other => Err(format!("unknown drafter {other:?}: use \"lookup\" or \"none\"")),
+            "model" => Ok(Draft::Model),
+            other => Err(format!("unknown drafter {other:?}: use \"lookup\", \"model\" or \"none\"")),
         }
     }
 }
 
 /// Prompt lookup's parameters: the longest n-gram tried first (a longer match predicts better),
 /// the shortest accepted, the most tokens guessed per pass, and how many of those to guess at
-/// each pass ([`DraftLength`]: from the measured cost of a pass's rows and the stream's
+/// each pass (the last two for a draft model's guesses too) ([`DraftLength`]: from the measured cost of a pass's rows and the stream's
 /// acceptance rate, `schedule.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct PromptLookup {
