@@ -567,6 +567,11 @@ impl TokenStream<'_> {
     fn draft_len(&self, room: usize) -> usize {
         let row_cost = match self.request.lookup.length {
             DraftLength::RowCost(r) => r,
+            // A drafter that always guesses (a draft model) would never time a one-row pass, and
+            // without one no row's cost is known: after a verify pass, one plain pass times it.
+            DraftLength::Measured if self.verify_steps > 0 && self.model.passes.one_row_s().is_none() => {
+                return 0;
+            }
             DraftLength::Measured => {
                 let line = self.model.passes.line();
                 let drafting = match (&self.drafter, self.model.draft_model()) {

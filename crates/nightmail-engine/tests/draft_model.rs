@@ -195,9 +195,21 @@ fn smollm2_with_a_draft_model_of_its_tokenizer_gives_the_plain_text() {
             let mut dear = request(chat.clone(), 24, Sampling::greedy(), Draft::Model);
             dear.lookup.length = DraftLength::RowCost(1.0);
             let c = run(&model, dear);
-            assert_eq!((c.tokens, c.drafted, c.verify_steps), (plain.tokens, 0, plain.verify_steps));
+            assert_eq!((c.tokens, c.drafted, c.verify_steps), (plain.tokens.clone(), 0, plain.verify_steps));
         }
     }
+    // Measured on a fresh load: a draft model always has a guess, so after its first verify pass
+    // a plain pass times the one-row cost (else no row's cost would ever be known, and every
+    // guess would count as free); the draft model's own pass is timed as it guesses.
+    let model = with_draft(&smollm2, &dir.path().join("random.gguf"));
+    let mut measured = request(chat.clone(), 24, Sampling::greedy(), Draft::Model);
+    measured.lookup.length = DraftLength::Measured;
+    let c = run(&model, measured);
+    let plain = run(&model, request(chat, 24, Sampling::greedy(), Draft::None));
+    assert_eq!(c.tokens, plain.tokens);
+    assert!(c.drafted > 0, "the first pass guesses, before any cost is known");
+    assert!(model.pass_costs().line().is_some(), "one-row and wider passes were timed");
+    assert!(model.draft_model().unwrap().pass_costs().one_row_s().is_some());
 }
 
 #[test]
