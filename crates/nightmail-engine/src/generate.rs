@@ -547,6 +547,9 @@ impl TokenStream<'_> {
                 };
             }
         } else {
+            if let Some(d) = self.drafter.as_mut() {
+                d.drafting();
+            }
             // A run of guesses not run that still holds ends here, none of it rejected.
             if !self.shadow.is_empty() {
                 self.shadow.clear();
@@ -596,7 +599,7 @@ impl TokenStream<'_> {
     fn judge_shadow(&mut self, id: u32) {
         let Some(guess) = self.shadow.pop_front() else { return };
         if let Some(d) = self.drafter.as_mut() {
-            d.probed(guess == id);
+            d.probed();
         }
         if guess == id {
             self.run_accepted += 1;

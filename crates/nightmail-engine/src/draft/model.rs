@@ -94,9 +94,10 @@ pub(crate) struct DrafterState {
 }
 
 /// Guesses made only to be judged (the schedule chose plain decoding) each cost a draft model's
-/// pass: while they keep failing they are made ever more rarely (the gap doubles at each
-/// rejection, up to [`MAX_PROBE_GAP`] tokens), and the rate they measure decays at the pace of
-/// their verdicts.
+/// pass: while the schedule keeps choosing plain decoding they are made ever more rarely (the
+/// gap doubles at each, up to [`MAX_PROBE_GAP`] tokens), whether they hold or not: a guess that
+/// holds but costs more than it saves (a draft model nearly as slow as the model) does not pay
+/// either. The rate they measure decays at the pace of their verdicts.
 #[derive(Debug, Default)]
 struct Probes {
     gap: usize,
@@ -112,9 +113,14 @@ impl Probes {
         false
     }
 
-    fn judged(&mut self, held: bool) {
-        self.gap = if held { 0 } else { (self.gap * 2).clamp(1, MAX_PROBE_GAP) };
+    fn judged(&mut self) {
+        self.gap = (self.gap * 2).clamp(1, MAX_PROBE_GAP);
         self.until_next = self.gap;
+    }
+
+    /// The schedule runs guesses again: probe at once the next time it stops.
+    fn reset(&mut self) {
+        *self = Probes::default();
     }
 }
 
@@ -128,9 +134,14 @@ impl DrafterState {
         self.probes.due()
     }
 
-    /// The verdict on such a guess.
-    pub(crate) fn probed(&mut self, held: bool) {
-        self.probes.judged(held);
+    /// Such a guess was judged.
+    pub(crate) fn probed(&mut self) {
+        self.probes.judged();
+    }
+
+    /// The schedule runs guesses: probing starts over when it stops.
+    pub(crate) fn drafting(&mut self) {
+        self.probes.reset();
     }
 
     /// Up to `k` tokens the draft model guesses to follow `history` (the prompt and the tokens
@@ -181,19 +192,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probes_grow_rarer_while_they_fail_and_resume_at_once_when_one_holds() {
+    fn probes_grow_rarer_while_plain_decoding_lasts_and_start_over_after_drafting() {
         let mut p = Probes::default();
         let mut made = Vec::new();
         for t in 0..200 {
-            if p.due() {
+            // The schedule drafts from token 150 to 159.
+            if (150..160).contains(&t) {
+                p.reset();
+            } else if p.due() {
                 made.push(t);
-                // Every guess fails until token 150, then every one holds.
-                p.judged(t >= 150);
+                p.judged();
             }
         }
-        // Gaps of 1, 2, 4, … up to 32 tokens between failing probes, then one per token.
+        // Gaps of 1, 2, 4, … up to 32 tokens between probes, then from the start again.
         let gaps: Vec<usize> = made.windows(2).map(|w| w[1] - w[0] - 1).take(8).collect();
         assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 32, 32]);
-        assert!(made.ends_with(&[196, 197, 198, 199]), "{made:?}");
+        let after: Vec<usize> = made.iter().copied().filter(|&t| t >= 160).take(4).collect();
+        assert_eq!(after, [160, 162, 165, 170]);
     }
 }
