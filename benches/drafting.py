@@ -7,9 +7,12 @@ finds, the schedule before it measured costs) in the same run (alternating, `--r
 Prints, per job: the tokens, the model passes after the prompt (`verify_steps`), tokens per pass
 (1 + the accepted drafts per pass: the issue's "mean tokens accepted per verify step", goal >=
 1.6), whether the text is identical to plain greedy, and the median decode wall time per answer
-of each mode.
+of each mode. With `--draft-model PATH`, also `--draft-model PATH` ("model": the schedule) and the
+same with `--draft-row-cost 0` ("model-all": every guess the draft model makes), in the same
+run; `benches/draft_model.py` makes one of SmolLM2's own first layers.
 
     python3 benches/drafting.py [--tokens 200] [--repeat 3] [--threads 2] [--draft-max N] [--model PATH]
+                                [--draft-model PATH]
 
 Needs a built `nightmail` binary (cargo build -p nightmail).
 """
@@ -37,14 +40,17 @@ def jobs():
     ]
 
 
-def generate(model, prompt, tokens, mode, threads, draft_max=None):
+def generate(model, prompt, tokens, mode, threads, draft_max=None, draft_model=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    draft = "none" if mode == "none" else "lookup"
     cmd = [nightmail_binary(), "model", "generate", "--model", model, "--chat", "--prompt", prompt,
-           "--max-new-tokens", str(tokens), "--greedy", "--json", "--draft", draft]
-    if mode == "all":
+           "--max-new-tokens", str(tokens), "--greedy", "--json"]
+    if mode.startswith("model"):
+        cmd += ["--draft-model", draft_model]
+    else:
+        cmd += ["--draft", "none" if mode == "none" else "lookup"]
+    if mode.endswith("all"):
         cmd += ["--draft-row-cost", "0"]
-    if draft_max and draft != "none":
+    if draft_max and mode != "none":
         cmd += ["--draft-max", str(draft_max)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
@@ -57,18 +63,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft-max", type=int, help="most tokens guessed per pass (the engine's default otherwise)")
     ap.add_argument("--model")
+    ap.add_argument("--draft-model", help="also measure this draft model (benches/draft_model.py makes one)")
     a = ap.parse_args()
     model = a.model or model_path()
     print(f"model {model}, {a.threads} threads, up to {a.tokens} new tokens, {a.repeat} runs per mode")
-    print(f"{'job':<10} {'mode':<7} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
+    print(f"{'job':<10} {'mode':<9} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
           f"{'drafted':>7} {'same':>5} {'plain s':>8} {'mode s':>8} {'speedup':>7}  row cost")
     all_ok = True
-    modes = ("none", "lookup", "all")
+    modes = ("none", "lookup", "all") + (("model", "model-all") if a.draft_model else ())
     for name, prompt in jobs():
         runs = {m: [] for m in modes}
         for _ in range(a.repeat):
             for mode in modes:
-                runs[mode].append(generate(model, prompt, a.tokens, mode, a.threads, a.draft_max))
+                runs[mode].append(generate(model, prompt, a.tokens, mode, a.threads, a.draft_max, a.draft_model))
         plain = runs["none"][0]
         t_plain = statistics.median(r["decode_seconds"] for r in runs["none"])
         for mode in modes[1:]:
@@ -80,7 +87,7 @@ def main():
             t_look = statistics.median(r["decode_seconds"] for r in runs[mode])
             costs = [r["pass_cost"] for r in runs[mode] if r.get("pass_cost")]
             row = statistics.median(c["per_row_s"] / c["base_s"] for c in costs) if costs else float("nan")
-            print(f"{name:<10} {mode:<7} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} "
+            print(f"{name:<10} {mode:<9} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} "
                   f"{per_pass:>8.2f} {look['accepted']:>8} {look['drafted']:>7} {'yes' if same else 'NO':>5} "
                   f"{t_plain:>8.2f} {t_look:>8.2f} {t_plain / t_look:>6.2f}x  {row:.2f}")
         if os.environ.get("DRAFTING_SHOW"):

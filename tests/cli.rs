@@ -317,5 +317,39 @@ fn model_generate_with_lookup_drafts_gives_the_plain_text_in_fewer_verify_steps(
     assert!(steps(&drafted) < steps(&plain), "{drafted}");
     let bad =
         nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "medusa"]);
-    assert!(!bad.status.success() && stderr(&bad).contains("use \"lookup\" or \"none\""), "{}", stderr(&bad));
+    assert!(
+        !bad.status.success() && stderr(&bad).contains("use \"lookup\", \"model\" or \"none\""),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
+fn model_generate_with_a_draft_model_gives_the_plain_text_in_fewer_verify_steps() {
+    let model = common::demo_model();
+    let model = model.to_str().unwrap();
+    let generate = |draft: &[&str]| -> serde_json::Value {
+        let mut args = vec!["model", "generate", "--model", model, "--chat", "--prompt"];
+        args.extend(["Write one sentence about the sea.", "--max-new-tokens", "16", "--json"]);
+        args.extend(draft);
+        let out = nightmail(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // The demo model as its own draft model: it shares the tokenizer, and its guesses hold.
+    let (plain, drafted) = (generate(&[]), generate(&["--draft-model", model, "--draft-row-cost", "0"]));
+    assert_eq!(drafted["text"], plain["text"]);
+    assert_eq!(drafted["tokens"], plain["tokens"]);
+    let steps = |v: &serde_json::Value| v["verify_steps"].as_u64().unwrap();
+    assert!(steps(&drafted) * 3 < steps(&plain), "{drafted}");
+    for (args, says) in [
+        (&["--draft", "model"][..], "--draft model needs --draft-model PATH"),
+        (&["--draft", "lookup", "--draft-model", model][..], "drop --draft, or --draft-model"),
+        (&["--draft-model", "/nonexistent/small.gguf"][..], "loading draft model /nonexistent/small.gguf"),
+    ] {
+        let mut all = vec!["model", "generate", "--model", model, "--prompt", "hi"];
+        all.extend(args);
+        let bad = nightmail(&all);
+        assert!(!bad.status.success() && stderr(&bad).contains(says), "{args:?}: {}", stderr(&bad));
+    }
 }

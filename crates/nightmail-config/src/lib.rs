@@ -174,7 +174,8 @@ pub struct LocalBackend {
     pub checkpoint_every: Duration,
     /// Jobs of this model decoded together, in lockstep (each step reads the weights once).
     pub max_batch: usize,
-    /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"none"`).
+    /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"none"`, or
+    /// `draft_model = PATH`).
     pub draft: Draft,
     /// MiB of disk (under `data_dir/state_cache/`) for the states of finished answers, which a
     /// follow-up in the thread restores instead of prefilling its prompt again; least recently
@@ -184,13 +185,16 @@ pub struct LocalBackend {
 
 /// `draft`: guess tokens ahead and verify them in one model pass. The answer is the same
 /// either way; drafts only save passes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Draft {
     /// One pass per token.
     None,
     /// Prompt lookup: n-gram matches against the conversation, the forwarded mail and the
     /// attachments (no extra model).
     Lookup,
+    /// `draft_model = PATH`: a small model of the same tokenizer (a GGUF file or a model
+    /// directory), kept resident beside the model, guesses the tokens.
+    Model(PathBuf),
 }
 
 impl BackendConfig {

@@ -260,8 +260,10 @@ struct RawModel {
     checkpoint_every_secs: u64,
     #[serde(default = "default_max_batch")]
     max_batch: Spanned<usize>,
-    /// "lookup" (the default) or "none".
+    /// "lookup" (the default), "none", or "model" (with `draft_model`).
     draft: Option<Spanned<String>>,
+    /// A small model of the same tokenizer that drafts (implies draft = "model").
+    draft_model: Option<Spanned<PathBuf>>,
     /// MiB of disk for finished answers' states, reused by follow-ups (0: none kept).
     #[serde(default = "default_state_cache_mb")]
     state_cache_mb: u64,
@@ -271,6 +273,36 @@ struct RawModel {
 /// or seven of Kimi K2's latent cache (140 KiB a token).
 fn default_state_cache_mb() -> u64 {
     2048
+}
+
+/// `draft` and `draft_model` together: a draft model drafts (`draft` unset or "model"), else
+/// `draft` names the drafter (lookup by default).
+fn drafter(
+    draft: &Option<Spanned<String>>,
+    model: &Option<Spanned<PathBuf>>,
+    loc: &Locator<'_>,
+) -> Result<crate::Draft, ConfigError> {
+    let name = draft.as_ref().map(|d| (d.get_ref().as_str(), d));
+    Ok(match (name, model) {
+        (None | Some(("lookup", _)), None) => crate::Draft::Lookup,
+        (Some(("none", _)), None) => crate::Draft::None,
+        (None | Some(("model", _)), Some(path)) => crate::Draft::Model(path.get_ref().clone()),
+        (Some(("model", span)), None) => {
+            return Err(loc.spanned(
+                span,
+                "model.draft \"model\" needs draft_model = PATH (the small model that guesses)".into(),
+            ));
+        }
+        (Some((other @ ("lookup" | "none"), span)), Some(_)) => {
+            return Err(loc.spanned(
+                span,
+                format!("model.draft `{other}` and model.draft_model are both set: drop draft to draft with the model, or draft_model"),
+            ));
+        }
+        (Some((other, span)), _) => {
+            return Err(loc.spanned(span, format!("model.draft `{other}`: use \"lookup\", \"model\" or \"none\"")));
+        }
+    })
 }
 
 fn default_checkpoint_every_tokens() -> u32 {
@@ -690,14 +722,7 @@ fn check_model(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, 
                 checkpoint_every: Duration::from_secs(m.checkpoint_every_secs.max(1)),
                 max_batch: *m.max_batch.get_ref(),
                 state_cache_mb: m.state_cache_mb,
-                draft: match m.draft.as_ref().map(|d| d.get_ref().as_str()) {
-                    None | Some("lookup") => crate::Draft::Lookup,
-                    Some("none") => crate::Draft::None,
-                    Some(other) => {
-                        let span = m.draft.as_ref().expect("matched Some");
-                        return Err(loc.spanned(span, format!("model.draft `{other}`: use \"lookup\" or \"none\"")));
-                    }
-                },
+                draft: drafter(&m.draft, &m.draft_model, loc)?,
             })
         }
         other => {
@@ -996,14 +1021,23 @@ mod tests {
     fn a_drafter_is_read_lookup_by_default_and_an_unknown_one_is_named() {
         let local = "[[model]]\naddress = \"k@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
         let draft = |text: &str| match &parse(text, None).unwrap().models[0].backend {
-            BackendConfig::Local(b) => b.draft,
+            BackendConfig::Local(b) => b.draft.clone(),
             BackendConfig::OpenAi { .. } => panic!("a local model"),
         };
         assert_eq!(draft(local), crate::Draft::Lookup);
         assert_eq!(draft(&format!("{local}draft = \"none\"\n")), crate::Draft::None);
         assert_eq!(draft(&format!("{local}draft = \"lookup\"\n")), crate::Draft::Lookup);
         let e = err(&format!("{local}draft = \"medusa\"\n"));
-        assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\" or \"none\""), "{e}");
+        assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\", \"model\" or \"none\""), "{e}");
+        // A draft model drafts whether or not draft = "model" says so; it needs its path, and
+        // another drafter beside it is refused, at the line that names it.
+        let small = crate::Draft::Model(PathBuf::from("small.gguf"));
+        assert_eq!(draft(&format!("{local}draft_model = \"small.gguf\"\n")), small);
+        assert_eq!(draft(&format!("{local}draft = \"model\"\ndraft_model = \"small.gguf\"\n")), small);
+        let e = err(&format!("{local}draft = \"model\"\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("needs draft_model = PATH"), "{e}");
+        let e = err(&format!("{local}draft = \"none\"\ndraft_model = \"small.gguf\"\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("both set"), "{e}");
     }
 
     #[test]

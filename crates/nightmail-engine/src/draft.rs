@@ -7,13 +7,18 @@
 //! llama.cpp's `lookup` example) guesses without a model: the text so far ends with an n-gram
 //! that occurred before, so guess what followed it then. Mail is its best case: a reply quotes
 //! the question, a summary repeats the names and phrases of the transcript it summarizes.
+//!
+//! A draft model (`model.rs`) guesses with a second, small model of the same vocabulary, which
+//! guesses well where the answer is in the model's own words too.
 
 use serde::{Deserialize, Serialize};
 
 mod lookup;
+mod model;
 mod schedule;
 
 pub use lookup::PromptLookup;
+pub(crate) use model::{DrafterState, check_draft_model, guess_cost};
 pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
 
 /// How a generation drafts tokens ahead of the model.
@@ -25,6 +30,9 @@ pub enum Draft {
     None,
     /// N-gram matches against the prompt and the answer so far ([`PromptLookup`]).
     Lookup,
+    /// The greedy guesses of the draft model loaded beside the model
+    /// ([`crate::Model::attach_draft_model`]).
+    Model,
 }
 
 impl std::str::FromStr for Draft {
@@ -34,7 +42,8 @@ impl std::str::FromStr for Draft {
         match s {
             "none" => Ok(Draft::None),
             "lookup" => Ok(Draft::Lookup),
-            other => Err(format!("unknown drafter {other:?}: use \"lookup\" or \"none\"")),
+            "model" => Ok(Draft::Model),
+            other => Err(format!("unknown drafter {other:?}: use \"lookup\", \"model\" or \"none\"")),
         }
     }
 }

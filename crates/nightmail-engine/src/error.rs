@@ -93,6 +93,16 @@ pub enum EngineError {
         "checkpoint {path} is being written by another generation of the same job: wait for it to end (this attempt is retried later)"
     )]
     CheckpointBusy { path: PathBuf },
+    #[error(
+        "draft model {draft} does not share the tokenizer of {target} ({why}): a draft model's guesses are token ids, so it must read and write the target's vocabulary; pick a draft model of the same family (e.g. a small Qwen3 for a Qwen3-MoE), or use draft = \"lookup\""
+    )]
+    DraftTokenizer { draft: PathBuf, target: PathBuf, why: String },
+    #[error("draft model {path} cannot draft: {why}")]
+    DraftModel { path: PathBuf, why: String },
+    #[error(
+        "this generation drafts with a draft model, but none is loaded: load one with draft_model = PATH (--draft-model PATH), or draft with \"lookup\""
+    )]
+    NoDraftModel,
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
-use crate::draft::{Acceptance, Draft, DraftLength, PromptLookup, best_draft_len};
+use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len, guess_cost};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -44,7 +44,8 @@ pub struct GenerateRequest {
     /// the model gives without drafting (greedy or sampled, for the same seed); only the number
     /// of passes changes.
     pub draft: Draft,
-    /// Prompt lookup's n-gram sizes and most guesses per pass, for `Draft::Lookup`.
+    /// Prompt lookup's n-gram sizes, for `Draft::Lookup`, and the most guesses per pass and how
+    /// many to make, for any drafter.
     pub lookup: PromptLookup,
 }
 
@@ -147,6 +148,8 @@ pub struct TokenStream<'m> {
     accepted: usize,
     /// Prompt positions restored rather than run: from a checkpoint, or a saved thread state.
     restored_prompt: usize,
+    /// The draft model's cache, for `Draft::Model`.
+    drafter: Option<DrafterState>,
 }
 
 impl Model {
@@ -319,6 +322,10 @@ impl Model {
             });
         }
         let mut sampler = Sampler::new(request.sampling)?;
+        let drafter = match request.draft {
+            Draft::Model => Some(DrafterState::new(self.draft_model().ok_or(EngineError::NoDraftModel)?)),
+            _ => None,
+        };
         let mut cache = self.new_cache();
         // Nothing to generate (e.g. only tokenizing): skip the prefill.
         let nothing = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
@@ -358,6 +365,7 @@ impl Model {
             drafted: 0,
             accepted: 0,
             restored_prompt,
+            drafter,
         };
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
@@ -536,9 +544,10 @@ impl TokenStream<'_> {
             self.ahead.clear();
             self.cache.roll_back(before_draft)?;
         }
-        // Guesses that the context or the token budget has no room for are never needed.
+        // Guesses that the context or the token budget has no room for are never needed (nor
+        // one for the last token: the logits after it are not).
         let context_room = self.model.spec().context_length.saturating_sub(self.cache.position() + 2);
-        let budget = self.request.max_new_tokens.saturating_sub(self.tokens.len());
+        let budget = self.request.max_new_tokens.saturating_sub(self.tokens.len() + 1);
         let room = context_room.min(budget).min(self.request.lookup.max_draft);
         let mut history = self.prompt_tokens.clone();
         history.extend(&self.tokens);
@@ -546,15 +555,25 @@ impl TokenStream<'_> {
         let mut fed = vec![id];
         if k == 0 {
             if self.shadow.is_empty() {
-                self.shadow = self.request.lookup.propose(&history, room).into();
+                // A draft model's guess costs a pass of its own: one at a time, and rarer while
+                // they fail, is enough to measure how often they hold.
+                let probe = self.drafter.as_mut().map(DrafterState::probe_due);
+                self.shadow = match probe {
+                    Some(false) => VecDeque::new(),
+                    Some(true) => self.propose(&history, room.min(1))?.into(),
+                    None => self.request.lookup.propose(&history, room).into(),
+                };
             }
         } else {
+            if let Some(d) = self.drafter.as_mut() {
+                d.drafting();
+            }
             // A run of guesses not run that still holds ends here, none of it rejected.
             if !self.shadow.is_empty() {
                 self.shadow.clear();
                 self.verdict(false);
             }
-            fed.extend(self.request.lookup.propose(&history, k));
+            fed.extend(self.propose(&history, k)?);
         }
         if fed.len() > 1 {
             self.cache.begin_verify();
@@ -564,18 +583,42 @@ impl TokenStream<'_> {
 
     /// How many tokens to guess, at most `room`: as many as pay for their rows
     /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
-    /// extra row (none measured yet: as many as allowed, which measures it).
+    /// extra row, plus a draft model's pass per guess (none measured yet: as many as allowed,
+    /// which measures it).
     fn draft_len(&self, room: usize) -> usize {
         let row_cost = match self.request.lookup.length {
             DraftLength::RowCost(r) => r,
-            DraftLength::Measured => self.model.passes.line().map_or(0.0, |l| l.row_cost()),
+            // A drafter that always guesses (a draft model) would never time a one-row pass, and
+            // without one no row's cost is known: after a verify pass, one plain pass times it.
+            DraftLength::Measured if self.verify_steps > 0 && self.model.passes.one_row_s().is_none() => {
+                return 0;
+            }
+            DraftLength::Measured => {
+                let line = self.model.passes.line();
+                let drafting = match (&self.drafter, self.model.draft_model()) {
+                    (Some(_), Some(drafter)) => guess_cost(drafter, line),
+                    _ => 0.0,
+                };
+                line.map_or(0.0, |l| l.row_cost()) + drafting
+            }
         };
         best_draft_len(self.acceptance.rate(), row_cost, room)
+    }
+
+    /// Up to `k` guesses of the tokens after `history`, from the request's drafter.
+    fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        match (self.drafter.as_mut(), self.model.draft_model()) {
+            (Some(state), Some(drafter)) => state.propose(drafter, history, k, self.model.spec().vocab_size),
+            _ => Ok(self.request.lookup.propose(history, k)),
+        }
     }
 
     /// Judges the next guess that was not run against the drawn token `id`.
     fn judge_shadow(&mut self, id: u32) {
         let Some(guess) = self.shadow.pop_front() else { return };
+        if let Some(d) = self.drafter.as_mut() {
+            d.probed();
+        }
         if guess == id {
             self.run_accepted += 1;
             if self.shadow.is_empty() {

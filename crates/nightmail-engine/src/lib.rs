@@ -74,6 +74,8 @@ pub struct Model {
     plan: Option<MemoryPlan>,
     /// The time of its decode and verify passes by width, which sets how much drafts guess.
     passes: PassCosts,
+    /// The small model of the same vocabulary that guesses tokens for `Draft::Model`.
+    drafter: Option<Box<Model>>,
 }
 
 /// How to load a model.
@@ -157,7 +159,23 @@ impl Model {
             dense,
             plan,
             passes: PassCosts::default(),
+            drafter: None,
         })
+    }
+
+    /// Loads the model at `path`, resident, as this model's draft model (`Draft::Model`). It is
+    /// refused unless its tokenizer spells every id as this model's does, and unless its state
+    /// is keys and values (cut back to the accepted tokens after each verify pass).
+    pub fn attach_draft_model(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let drafter = Model::load(path)?;
+        draft::check_draft_model(self, &drafter)?;
+        self.drafter = Some(Box::new(drafter));
+        Ok(())
+    }
+
+    /// The draft model, when one is attached.
+    pub fn draft_model(&self) -> Option<&Model> {
+        self.drafter.as_deref()
     }
 
     /// The measured cost of this model's passes by their rows (drafting's cost model).

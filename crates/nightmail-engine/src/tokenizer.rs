@@ -154,6 +154,14 @@ impl TextTokenizer {
         }
     }
 
+    /// The vocabulary's spelling of token `id` (as the file stores it, special tokens included).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match &self.inner {
+            Inner::Hf(t) => t.id_to_token(id),
+            Inner::Spm(s) => s.token_text(id).map(str::to_string),
+        }
+    }
+
     pub fn bos_text(&self) -> Option<&str> {
         self.bos.as_deref()
     }

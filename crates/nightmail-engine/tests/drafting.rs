@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use nightmail_engine::{Completion, Draft, DraftLength, GenerateRequest, Model, Prompt, PromptLookup, Sampling};
+use nightmail_engine::{Completion, Draft, DraftLength, GenerateRequest, Model, Prompt, Sampling};
 
 /// A prompt that repeats itself, so that lookup finds n-grams to draft from at once, and long
 /// enough that the answer runs into its own repetitions too.
@@ -24,17 +24,12 @@ fn repetitive_prompt() -> Vec<u32> {
 }
 
 fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
-    let mut r = GenerateRequest::new(prompt);
-    r.max_new_tokens = max_new_tokens;
-    r.sampling = sampling;
-    r.stop_at_eos = false;
+    let mut r = common::draft_request(prompt, max_new_tokens, sampling, draft);
     r.record_logits = true;
-    r.draft = draft;
     // Single-token matches too: a random-weight fixture rarely repeats a pair of tokens, and
-    // both verdicts should be exercised.
-    // These tests check what drafts do, so each pass guesses all lookup finds, whatever a row
-    // costs on this machine (`the_draft_length_follows_the_cost_of_a_row` checks the schedule).
-    r.lookup = PromptLookup { min_ngram: 1, length: DraftLength::RowCost(0.0), ..PromptLookup::default() };
+    // both verdicts should be exercised. Each pass guesses all lookup finds
+    // (`the_draft_length_follows_the_cost_of_a_row` checks the schedule).
+    r.lookup.min_ngram = 1;
     r
 }
 
@@ -63,16 +58,10 @@ fn same_greedy(path: &Path, tolerance: f32) -> Completion {
     let (plain, plain_rows) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Draft::None));
     let (drafted, drafted_rows) = run(&model, request(prompt, 24, Sampling::greedy(), Draft::Lookup));
     let name = path.display();
-    assert_eq!(drafted.tokens, plain.tokens, "{name}: greedy tokens with drafts");
+    common::assert_drafts_save_passes(&plain, &drafted, &name.to_string());
     let w = worst(&drafted_rows, &plain_rows);
     assert!(w <= tolerance, "{name}: logits differ by {w:e} with drafts");
     assert_eq!(plain.verify_steps, plain.tokens.len() - 1, "{name}: one pass per token after the first");
-    assert!(drafted.drafted > 0, "{name}: lookup drafted nothing");
-    assert_eq!(
-        drafted.verify_steps + drafted.accepted,
-        plain.verify_steps,
-        "{name}: each accepted draft saves one pass"
-    );
     drafted
 }
 
@@ -149,19 +138,9 @@ fn the_draft_length_follows_the_cost_of_a_row() {
     assert!(line.base_s > 0.0 && line.per_row_s >= 0.0, "{line:?}");
 }
 
-fn smollm2() -> PathBuf {
-    if let Some(p) = std::env::var_os("NIGHTMAIL_SMOLLM2") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::process::Command::new("bash").arg(root.join("scripts/fetch-model.sh")).output().unwrap();
-    assert!(out.status.success(), "scripts/fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
-}
-
 #[test]
 fn smollm2_quoting_a_question_accepts_drafts_and_gives_the_plain_tokens_bit_for_bit() {
-    let model = Model::load(smollm2()).unwrap();
+    let model = Model::load(common::smollm2()).unwrap();
     let question = "Can you confirm that the meeting on Thursday at 3pm in room 204 is still on?";
     let prompt = Prompt::Chat(vec![nightmail_engine::ChatMessage::new(
         "user",
@@ -177,9 +156,7 @@ fn smollm2_quoting_a_question_accepts_drafts_and_gives_the_plain_tokens_bit_for_
     assert!(drafted.verify_steps < plain.verify_steps);
 }
 
-/// Checkpoints after every token land while drafts wait for their verdict; each run is
-/// dropped (a crash) and resumed. A checkpoint that held a draft not yet accepted would restore
-/// a state one or more positions ahead of its tokens, and what follows would differ.
+/// Checkpoints land while drafts wait for their verdict (`common::across_crashes`).
 fn resumes_with_drafts(path: &Path) {
     resumes_with_drafts_within(path, 1e-5)
 }
@@ -189,28 +166,13 @@ fn resumes_with_drafts_within(path: &Path, tolerance: f32) {
     let model = Model::load(path).unwrap();
     let prompt = Prompt::Tokens(repetitive_prompt());
     let (want, want_rows) = run(&model, request(prompt.clone(), 20, Sampling::greedy(), Draft::None));
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("job.ckpt");
-    let mut got = Vec::new();
-    let mut got_rows = Vec::new();
-    for crash_after in [3usize, 5, 7, 100] {
-        let mut s =
-            model.stream_resumable(request(prompt.clone(), 20, Sampling::greedy(), Draft::Lookup), &ckpt).unwrap();
-        let restored: Vec<u32> = s.take_replay().iter().map(|e| e.id).collect();
-        assert_eq!(restored, got, "{}: restored what was checkpointed", path.display());
-        for _ in 0..crash_after {
-            let Some(e) = s.next_token().unwrap() else { break };
-            got.push(e.id);
-            got_rows.push(e.logits.unwrap());
-            // Checkpoint every other token; the last ones before the crash are redone.
-            if s.generated().is_multiple_of(2) && s.stop_reason().is_none() {
-                assert_eq!(s.checkpoint().unwrap(), Some(s.generated()));
-            }
-        }
-        let kept = if s.stop_reason().is_some() { got.len() } else { got.len() / 2 * 2 };
-        got.truncate(kept);
-        got_rows.truncate(kept);
-    }
+    let events = common::across_crashes(
+        &model,
+        &request(prompt, 20, Sampling::greedy(), Draft::Lookup),
+        &path.display().to_string(),
+    );
+    let got: Vec<u32> = events.iter().map(|e| e.id).collect();
+    let got_rows: Vec<Vec<f32>> = events.into_iter().map(|e| e.logits.unwrap()).collect();
     assert_eq!(got, want.tokens, "{}: tokens across crashes", path.display());
     assert!(worst(&got_rows, &want_rows) <= tolerance);
 }
@@ -241,19 +203,10 @@ fn streams_with_and_without_drafts_batched_together_get_what_they_get_alone() {
             .iter()
             .map(|(p, s, d)| model.stream_deferred(request(Prompt::Tokens(p.clone()), 12, *s, *d), None).unwrap())
             .collect();
-        let mut got = vec![Vec::new(); setups.len()];
-        let mut steps = 0;
-        while streams.iter().any(|s| s.stop_reason().is_none()) {
-            let mut batch: Vec<_> = streams.iter_mut().collect();
-            for (i, e) in model.step(&mut batch, 8).unwrap().into_iter().enumerate() {
-                got[i].extend(e.map(|e| e.id));
-            }
-            steps += 1;
-        }
+        let got = common::step_together(&model, &mut streams);
         assert_eq!(got, want, "{arch}");
         let completions: Vec<Completion> = streams.into_iter().map(|s| s.into_completion()).collect();
         assert!(completions.iter().any(|c| c.drafted > 0), "{arch}: something was drafted");
-        assert!(steps > 0);
     }
 }
 

@@ -62,16 +62,21 @@ pub enum ModelCommand {
         #[arg(long)]
         json: bool,
         /// Draft tokens ahead and verify them in one model pass: `lookup` (n-gram matches
-        /// against the prompt and the answer so far) or `none`. The tokens are the same either
-        /// way; only the number of passes (`verify_steps`) changes.
-        #[arg(long, default_value = "none")]
-        draft: nightmail_engine::Draft,
-        /// With --draft lookup: the most tokens guessed per pass (below it, as many as pay for
-        /// their rows at the acceptance rate so far and this model's measured cost of a row).
+        /// against the prompt and the answer so far), `model` (the --draft-model's guesses) or
+        /// `none` (the default without --draft-model). The tokens are the same either way; only
+        /// the number of passes (`verify_steps`) changes.
+        #[arg(long)]
+        draft: Option<nightmail_engine::Draft>,
+        /// A small model of the same tokenizer that guesses the tokens (implies --draft model);
+        /// loaded resident beside MODEL.
+        #[arg(long)]
+        draft_model: Option<PathBuf>,
+        /// With drafts: the most tokens guessed per pass (below it, as many as pay for their
+        /// rows at the acceptance rate so far and this model's measured cost of a row).
         #[arg(long)]
         draft_max: Option<usize>,
-        /// With --draft lookup: take an extra row of a pass to cost this fraction of a one-row
-        /// pass instead of measuring it (0: guess as many as --draft-max allows).
+        /// With drafts: take a guess (its row, and a draft model's pass) to cost this fraction
+        /// of a one-row pass instead of measuring it (0: guess as many as --draft-max allows).
         #[arg(long)]
         draft_row_cost: Option<f64>,
         /// Stream routed experts from disk through a cache of this many MiB instead of loading
@@ -262,11 +267,21 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             logits,
             json,
             draft,
+            draft_model,
             draft_max,
             draft_row_cost,
             cache_mb,
             memory_mb,
         } => {
+            let draft = match (draft, &draft_model) {
+                (None, None) => nightmail_engine::Draft::None,
+                (None | Some(nightmail_engine::Draft::Model), Some(_)) => nightmail_engine::Draft::Model,
+                (Some(nightmail_engine::Draft::Model), None) => {
+                    bail!("--draft model needs --draft-model PATH: the small model that guesses")
+                }
+                (Some(d), None) => d,
+                (Some(_), Some(_)) => bail!("--draft-model drafts with that model: drop --draft, or --draft-model"),
+            };
             let prompt = match (prompt, prompt_tokens, chat) {
                 (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)]),
                 (Some(text), None, false) => Prompt::Text(text),
@@ -293,7 +308,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 stream: cache_mb.map(StreamConfig::with_cache_mb),
                 memory: memory_mb.map(MemoryBudget::mb),
             };
-            generate(model, request, json, &options)
+            generate(model, draft_model, request, json, &options)
         }
         ModelCommand::Synth {
             arch,
@@ -794,8 +809,17 @@ fn routing(r: &Routing) -> String {
     }
 }
 
-fn generate(path: PathBuf, request: GenerateRequest, json: bool, options: &LoadOptions) -> anyhow::Result<()> {
-    let model = Model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))?;
+fn generate(
+    path: PathBuf,
+    draft_model: Option<PathBuf>,
+    request: GenerateRequest,
+    json: bool,
+    options: &LoadOptions,
+) -> anyhow::Result<()> {
+    let mut model = Model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(draft) = draft_model {
+        model.attach_draft_model(&draft).with_context(|| format!("loading draft model {}", draft.display()))?;
+    }
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();
     let completion = model.generate(request, |event| {

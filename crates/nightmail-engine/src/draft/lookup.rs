@@ -20,8 +20,9 @@ use super::DraftLength;
 
 /// Prompt lookup's parameters: the shortest match accepted and the longest compared (longer
 /// matches count as this long, so the latest of them wins), the most tokens guessed per pass, and
-/// how many of those to guess at each pass ([`DraftLength`]: from the measured cost of a pass's
-/// rows and the stream's acceptance rate, `schedule.rs`).
+/// how many of those to guess at each pass (the last two for a draft model's guesses too)
+/// ([`DraftLength`]: from the measured cost of a pass's rows and the stream's acceptance rate,
+/// `schedule.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct PromptLookup {
     pub max_ngram: usize,

@@ -68,6 +68,12 @@ impl PassCosts {
         *seen += 1;
     }
 
+    /// The running mean of a one-row pass, once one was timed (a draft model's guess).
+    pub fn one_row_s(&self) -> Option<f64> {
+        let by_width = self.by_width.lock().expect("pass costs lock");
+        by_width.first().filter(|(_, seen)| *seen > 0).map(|(mean, _)| *mean)
+    }
+
     /// The least-squares line through the widths seen (each weighted by its passes, up to 8),
     /// with a per-row cost of at least zero; `None` until passes of two widths, one of them a
     /// one-row pass, have been timed.
@@ -179,6 +185,8 @@ mod tests {
         let line = costs.line().unwrap();
         assert!((line.base_s - 1.0).abs() < 1e-9 && (line.per_row_s - 0.25).abs() < 1e-9, "{line:?}");
         assert!((line.row_cost() - 0.25).abs() < 1e-9);
+        assert_eq!(costs.one_row_s(), Some(1.0));
+        assert_eq!(PassCosts::default().one_row_s(), None);
         // A running mean: a slower pass moves its width's mean a fifth of the way.
         costs.record(9, 8.0);
         assert!(costs.line().unwrap().per_row_s > 0.25);

@@ -103,6 +103,31 @@ impl SequenceState {
         Ok(())
     }
 
+    /// Forgets the tokens after `position` in a state of attention layers only (a draft model's,
+    /// `draft/model.rs`): their keys and values are cut back, at any position. A recurrent
+    /// state cannot be cut back outside a verify pass's trail.
+    pub(crate) fn truncate(&mut self, position: usize) -> Result<()> {
+        if position >= self.position {
+            return Ok(());
+        }
+        for layer in &mut self.layers {
+            match layer {
+                LayerState::Attention(cache) => cache.truncate(position)?,
+                LayerState::Recurrent(_) => return Err(mismatch("a recurrent state cannot be cut back")),
+                LayerState::Window(_) => return Err(mismatch("a DeepSeek-V4 window state cannot be cut back")),
+            }
+        }
+        self.position = position;
+        self.verify = None;
+        Ok(())
+    }
+
+    /// Whether a layer keeps a state that [`SequenceState::truncate`] cannot cut back: a recurrent
+    /// one (KDA, Gated DeltaNet) or DeepSeek-V4's window and compressors.
+    pub(crate) fn has_recurrent_layers(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerState::Recurrent(_) | LayerState::Window(_)))
+    }
+
     /// Tokens already run.
     pub fn position(&self) -> usize {
         self.position

@@ -134,7 +134,15 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
         // A key/value cache for every job of a batch, and the union of their experts.
         memory: config.memory_mb.map(|mb| MemoryBudget { batch: config.max_batch, ..MemoryBudget::mb(mb) }),
     };
-    let model = match Model::load_with(&config.path, &options) {
+    let load = |options: &LoadOptions| -> Result<Model, EngineError> {
+        let mut model = Model::load_with(&config.path, options)?;
+        // The draft model is resident beside it, refused unless it shares the tokenizer.
+        if let nightmail_config::Draft::Model(path) = &config.draft {
+            model.attach_draft_model(path)?;
+        }
+        Ok(model)
+    };
+    let model = match load(&options) {
         Ok(m) => m,
         Err(e) => {
             // Fail what is queued and end; the next job starts a new thread, which tries the
@@ -459,6 +467,7 @@ impl Backend for Local {
             generate.draft = match c.draft {
                 nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
                 nightmail_config::Draft::None => nightmail_engine::Draft::None,
+                nightmail_config::Draft::Model(_) => nightmail_engine::Draft::Model,
             };
             let (done, result) = oneshot::channel();
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
