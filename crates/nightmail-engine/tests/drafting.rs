@@ -213,7 +213,7 @@ fn streams_with_and_without_drafts_batched_together_get_what_they_get_alone() {
 #[test]
 fn drafting_with_deepseek_v4_is_refused_saying_what_to_do() {
     // Its compressors cannot roll a verify pass back.
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v4");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v4");
     let model = Model::load(&dir).unwrap();
     let Err(err) = model.stream(request(Prompt::Tokens(vec![1, 2, 3]), 4, Sampling::greedy(), Draft::Lookup)) else {
         panic!("drafting was not refused")
