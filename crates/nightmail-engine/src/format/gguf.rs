@@ -20,6 +20,9 @@ pub(crate) struct GgufFile {
     /// The metadata, in candle's type (its tokenizer reads it); its `tensor_infos` stay empty.
     meta: Content,
     tensors: HashMap<String, TensorInfo>,
+    /// I32 tensors (`GGML_TYPE_I32`, llama.cpp's deepseek4 `tid2eid`): integer tables read by
+    /// `index_table`, kept apart from the weights so no kernel is ever handed one.
+    tables: HashMap<String, TableInfo>,
     /// A model packed with `--stripe`: the files on other disks that hold its experts
     /// (`nightmail.stripe.parts` in this, the main file). A tensor is looked up here, then in them.
     parts: Vec<GgufFile>,
@@ -27,6 +30,15 @@ pub(crate) struct GgufFile {
 
 /// The metadata key listing a striped model's part files, in the main file.
 pub(crate) const STRIPE_PARTS: &str = "nightmail.stripe.parts";
+
+/// `GGML_TYPE_I32` in `ggml.h` `enum ggml_type`.
+const I32_TYPE_ID: u32 = 26;
+
+/// An I32 tensor's entry in the header: shape (outermost first) and offset into the data.
+struct TableInfo {
+    shape: Vec<usize>,
+    offset: usize,
+}
 
 /// One tensor's entry in the header: type, shape (outermost first) and offset into the data.
 struct TensorInfo {
@@ -45,9 +57,9 @@ impl GgufFile {
         if map.get(..4) != Some(b"GGUF") {
             return Err(EngineError::UnknownFormat { path: path.to_path_buf() });
         }
-        let (meta, tensors) =
+        let (meta, tensors, tables) =
             read_header(&map).map_err(|reason| EngineError::BadGguf { path: path.to_path_buf(), reason })?;
-        let mut g = GgufFile { path: path.to_path_buf(), map, meta, tensors, parts: Vec::new() };
+        let mut g = GgufFile { path: path.to_path_buf(), map, meta, tensors, tables, parts: Vec::new() };
         let parts: Vec<PathBuf> = match g.value(STRIPE_PARTS) {
             Some(Value::Array(list)) => list.iter().filter_map(|v| v.to_string().ok()).map(PathBuf::from).collect(),
             _ => Vec::new(),
@@ -131,6 +143,30 @@ impl GgufFile {
             });
         }
         Ok(Some(TensorView { name: name.to_string(), dtype: info.dtype, shape, bytes: &self.map[start..end] }))
+    }
+
+    /// The names of the I32 tables, the stripe parts' too.
+    pub fn table_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.files().flat_map(|f| f.tables.keys().cloned()).collect();
+        names.sort();
+        names
+    }
+
+    /// An I32 table by name (DeepSeek-V4's `tid2eid`), from this file or a stripe part: its
+    /// values, which must be non-negative, and its shape.
+    pub fn index_table(&self, name: &str) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
+        let Some((f, info)) = self.files().find_map(|f| f.tables.get(name).map(|i| (f, i))) else { return Ok(None) };
+        let start = f.meta.tensor_data_offset as usize + info.offset;
+        let end = start.saturating_add(4 * info.shape.iter().product::<usize>());
+        if end > f.map.len() {
+            return Err(EngineError::Truncated { name: name.to_string(), path: f.path.clone(), end, len: f.map.len() });
+        }
+        let values = f.map[start..end].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()));
+        let values = values
+            .map(|v| u32::try_from(v).ok())
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| EngineError::BadMetadata { key: name.to_string(), reason: "holds a negative id".into() })?;
+        Ok(Some((values, info.shape.clone())))
     }
 
     /// Expert `id.expert`'s slice of the stacked `[experts, rows, cols]` tensor `name`. Only
@@ -272,7 +308,9 @@ impl<'a> Reader<'a> {
 }
 
 /// The metadata and tensor infos (`docs/gguf.md` "File Structure"), and where the data begins.
-fn read_header(map: &[u8]) -> Result<(Content, HashMap<String, TensorInfo>), String> {
+type Header = (Content, HashMap<String, TensorInfo>, HashMap<String, TableInfo>);
+
+fn read_header(map: &[u8]) -> Result<Header, String> {
     let mut r = Reader { bytes: map, pos: 4, wide: true };
     let (magic, wide) = match r.u32()? {
         1 => (VersionedMagic::GgufV1, false),
@@ -293,6 +331,7 @@ fn read_header(map: &[u8]) -> Result<(Content, HashMap<String, TensorInfo>), Str
         metadata.insert(key, value);
     }
     let mut tensors = HashMap::with_capacity(tensor_count);
+    let mut tables = HashMap::new();
     for _ in 0..tensor_count {
         let name = r.string()?;
         let dims = r.u32()?;
@@ -302,9 +341,13 @@ fn read_header(map: &[u8]) -> Result<(Content, HashMap<String, TensorInfo>), Str
         let mut shape = (0..dims).map(|_| r.len()).collect::<Result<Vec<_>, _>>()?;
         shape.reverse();
         let id = r.u32()?;
+        let offset = usize::try_from(r.u64()?).map_err(|_| format!("tensor `{name}`: offset too large"))?;
+        if id == I32_TYPE_ID {
+            tables.insert(name, TableInfo { shape, offset });
+            continue;
+        }
         let dtype = WeightDType::from_gguf_type_id(id)
             .ok_or_else(|| format!("tensor `{name}` has ggml type {id}, which nightmail cannot read"))?;
-        let offset = usize::try_from(r.u64()?).map_err(|_| format!("tensor `{name}`: offset too large"))?;
         if shape.last().is_some_and(|c| c % dtype.block_size() != 0) {
             return Err(format!("tensor `{name}` of type {dtype:?} has rows of {shape:?}, not whole blocks"));
         }
@@ -315,7 +358,7 @@ fn read_header(map: &[u8]) -> Result<(Content, HashMap<String, TensorInfo>), Str
         return Err("general.alignment is 0".into());
     }
     let tensor_data_offset = r.pos.next_multiple_of(alignment) as u64;
-    Ok((Content { magic, metadata, tensor_infos: HashMap::new(), tensor_data_offset }, tensors))
+    Ok((Content { magic, metadata, tensor_infos: HashMap::new(), tensor_data_offset }, tensors, tables))
 }
 
 pub(crate) fn value_as_u64(v: &Value) -> Option<u64> {

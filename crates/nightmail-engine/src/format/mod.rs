@@ -93,16 +93,20 @@ impl Checkpoint {
         }
     }
 
-    /// An integer table by its GGUF name (DeepSeek-V4's `tid2eid`): its values and shape.
+    /// An integer table by its GGUF name (DeepSeek-V4's `tid2eid`): its values and shape. A
+    /// GGUF holds it as I32, as llama.cpp's converter writes it, or as F32 weights.
     pub fn index_table(&self, name: &str) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
         match self {
             Checkpoint::Hf(h) => h.index_table(name),
-            Checkpoint::Gguf(g) => match g.tensor(name)? {
-                Some(t) => {
-                    let values: Vec<f32> = t.to_f32()?.flatten_all()?.to_vec1()?;
-                    Ok(Some((values.into_iter().map(|v| v as u32).collect(), t.shape.clone())))
-                }
-                None => Ok(None),
+            Checkpoint::Gguf(g) => match g.index_table(name)? {
+                Some(t) => Ok(Some(t)),
+                None => g
+                    .tensor(name)?
+                    .map(|t| {
+                        let values: Vec<f32> = t.to_f32()?.flatten_all()?.to_vec1()?;
+                        Ok((values.into_iter().map(|v| v as u32).collect(), t.shape.clone()))
+                    })
+                    .transpose(),
             },
         }
     }

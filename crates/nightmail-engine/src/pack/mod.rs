@@ -90,8 +90,26 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         metadata.push(("nightmail.dense_type".into(), Value::String(q.name().into())));
     }
 
+    // I32 index tables (DeepSeek-V4's `tid2eid`) go into the pack as F32 (exact small
+    // integers), which `Checkpoint::index_table` reads back.
+    let tables = g
+        .table_names()
+        .into_iter()
+        .map(|n| {
+            let (values, shape) = g.index_table(&n)?.expect("a listed table");
+            Ok((n, shape, values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect::<Vec<u8>>()))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut report = PackReport::default();
     let mut tensors: Vec<Packed<'_>> = Vec::new();
+    for (name, shape, bytes) in &tables {
+        tensors.push(Packed {
+            header: TensorHeader::new(name.clone(), WeightDType::F32, shape),
+            view: TensorView { name: name.clone(), dtype: WeightDType::F32, shape: shape.clone(), bytes },
+            requantize: false,
+            expert: None,
+        });
+    }
     let tied = ck.tensor("output.weight")?.is_none();
     for t in ck.all_tensors()?.into_iter().filter(|t| !is_expert_tensor(&t.name)) {
         let head = t.name == "output.weight" || (tied && t.name == "token_embd.weight");

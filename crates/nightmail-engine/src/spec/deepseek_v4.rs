@@ -284,6 +284,19 @@ mod tests {
     }
 
     #[test]
+    fn the_ggufs_i32_hash_table_reads_as_the_safetensors_i64_one() {
+        // llama.cpp stores `tid2eid` as GGML_TYPE_I32 (26), as the fixture does: an index table,
+        // read apart from the weights.
+        let name = "blk.0.ffn_gate_tid2eid.weight";
+        let gg = Checkpoint::open(&fixture("deepseek_v4").join("model.gguf")).unwrap();
+        assert!(gg.tensor(name).unwrap().is_none(), "an I32 table is no weight");
+        let hf = Checkpoint::open(&fixture("deepseek_v4")).unwrap();
+        let (a, b) = (hf.index_table(name).unwrap().unwrap(), gg.index_table(name).unwrap().unwrap());
+        assert_eq!(a, b);
+        assert!(a.0.iter().any(|&e| e > 0));
+    }
+
+    #[test]
     fn the_gguf_reads_as_the_config_json() {
         let read = |p: std::path::PathBuf| ModelSpec::read(&Checkpoint::open(&p).unwrap()).unwrap();
         let (hf, gg) = (read(fixture("deepseek_v4")), read(fixture("deepseek_v4").join("model.gguf")));
