@@ -73,9 +73,23 @@ impl Done {
     }
 }
 
-/// Response text: imap-types refuses empty text and line breaks, so fall back to a plain word.
+/// Response text (RFC 3501 §9 `text`: 7-bit characters, no CR or LF, not empty). Our texts cite
+/// sections as "§", and a mailbox name or a client's word may bring any character, so each
+/// character `text` cannot carry is written in ASCII ("§" as "section ", a line break as a
+/// space, anything else as "?") rather than losing the whole explanation; an empty text becomes a
+/// plain word.
 pub(crate) fn text(message: &str) -> Text<'static> {
-    Text::try_from(message.to_string()).unwrap_or_else(|_| Text::unvalidated("done"))
+    let mut ascii = String::with_capacity(message.len());
+    for c in message.chars() {
+        match c {
+            '§' => ascii.push_str("section "),
+            '\r' | '\n' => ascii.push(' '),
+            c if c.is_ascii() && c != '\0' => ascii.push(c),
+            _ => ascii.push('?'),
+        }
+    }
+    let ascii = ascii.replace("section  ", "section ");
+    Text::try_from(ascii).unwrap_or_else(|_| Text::unvalidated("done"))
 }
 
 /// A mailbox name as the store keeps it: UTF-8, decoded from the wire's modified UTF-7
@@ -230,5 +244,20 @@ fn reply(
             s.tagged(tag, kind, code, &message);
             if s.close_after_reply { Flow::Close } else { Flow::Continue }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text;
+
+    #[test]
+    fn a_text_keeps_its_words_when_it_holds_what_imap_text_cannot_carry() {
+        assert_eq!(
+            text("unknown LIST return option X (RFC 5258 §3)").inner(),
+            "unknown LIST return option X (RFC 5258 section 3)"
+        );
+        assert_eq!(text("no mailbox Entwürfe\r\nhere").inner(), "no mailbox Entw?rfe  here");
+        assert_eq!(text("").inner(), "done");
     }
 }
