@@ -39,7 +39,7 @@ pub(crate) fn check_draft_model(target: &Model, draft: &Model) -> Result<()> {
     if let Some(why) = why {
         return Err(EngineError::DraftTokenizer { draft: draft.path().into(), target: target.path().into(), why });
     }
-    if draft.new_cache().has_recurrent_layers() {
+    if draft.new_cache().has_state_that_cannot_be_cut_back() {
         return Err(EngineError::DraftModel {
             path: draft.path().into(),
             why: "its layers keep a recurrent state (linear attention) or compressed windows (DeepSeek-V4), \

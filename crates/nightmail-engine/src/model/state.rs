@@ -124,7 +124,7 @@ impl SequenceState {
 
     /// Whether a layer keeps a state that [`SequenceState::truncate`] cannot cut back: a recurrent
     /// one (KDA, Gated DeltaNet) or DeepSeek-V4's window and compressors.
-    pub(crate) fn has_recurrent_layers(&self) -> bool {
+    pub(crate) fn has_state_that_cannot_be_cut_back(&self) -> bool {
         self.layers.iter().any(|l| matches!(l, LayerState::Recurrent(_) | LayerState::Window(_)))
     }
 

@@ -80,15 +80,20 @@ impl Done {
 /// plain word.
 pub(crate) fn text(message: &str) -> Text<'static> {
     let mut ascii = String::with_capacity(message.len());
-    for c in message.chars() {
+    let mut chars = message.chars().peekable();
+    while let Some(c) = chars.next() {
         match c {
-            '§' => ascii.push_str("section "),
+            '§' => {
+                ascii.push_str("section");
+                if chars.peek().is_some_and(|next| !next.is_whitespace()) {
+                    ascii.push(' ');
+                }
+            }
             '\r' | '\n' => ascii.push(' '),
             c if c.is_ascii() && c != '\0' => ascii.push(c),
             _ => ascii.push('?'),
         }
     }
-    let ascii = ascii.replace("section  ", "section ");
     Text::try_from(ascii).unwrap_or_else(|_| Text::unvalidated("done"))
 }
 
@@ -258,6 +263,7 @@ mod tests {
             "unknown LIST return option X (RFC 5258 section 3)"
         );
         assert_eq!(text("no mailbox Entwürfe\r\nhere").inner(), "no mailbox Entw?rfe  here");
+        assert_eq!(text("RFC 3501 § 6.3").inner(), "RFC 3501 section 6.3");
         assert_eq!(text("").inner(), "done");
     }
 }
