@@ -1057,6 +1057,12 @@ fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
     let Some(r) = ["rope_parameters", "rope_scaling"].iter().find_map(|k| c.get(*k).filter(|v| v.is_object())) else {
         return Ok(None);
     };
+    yarn_from_parameters(r, c, path)
+}
+
+/// YaRN from one rope-parameters object `r` of `config.json` `c` (DeepSeek-V4 keeps one per
+/// rotary, `rope_parameters.main` and `.compress`).
+fn yarn_from_parameters(r: &Json, c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
     let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str).unwrap_or("default");
     match kind {
         "default" => return Ok(None),

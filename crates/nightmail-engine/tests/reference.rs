@@ -96,7 +96,8 @@ reference_tests!(qwen3_5_moe);
 // deepseek_v4: hyper-connection streams, one layer each of sliding-window MQA, compressed-sparse
 // attention (Lightning Indexer keeping 3 entries) and heavily-compressed attention, a 40-token
 // prompt past the window (8) and across 10 CSA and 5 HCA windows, a hash-routed layer and
-// sqrtsoftplus routing, the swiglu clamp biting; its GGUF under llama.cpp's deepseek4 names.
+// sqrtsoftplus routing, the swiglu clamp biting, YaRN on the compressed layers' rotary (original
+// context 16, factor 4); its GGUF under llama.cpp's deepseek4 names.
 reference_tests!(deepseek_v4);
 
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the

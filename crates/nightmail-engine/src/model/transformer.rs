@@ -747,7 +747,11 @@ fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec
         w.expect_shape(&[width])?;
         RmsNorm::new(&w, eps, Numerics::Reference)
     };
-    let compress_rope = || Rope::new(v4.rope_dim, v4.compress_rope_theta, RopeStyle::Interleaved, None);
+    // DeepSeek's inference/model.py (`Attention.__init__`): a layer with a compressor rotates its
+    // queries, keys, compressed entries and indexer with `compress_rope_theta` and YaRN; a purely
+    // sliding layer with `rope_theta` and no YaRN.
+    let compress_rope =
+        || Rope::new(v4.rope_dim, v4.compress_rope_theta, RopeStyle::Interleaved, v4.compress_rope_scaling.as_ref());
     let compressor = |prefix: &str, rate: usize, dim: usize, overlap: bool| -> Result<Compressor> {
         let width = if overlap { 2 * dim } else { dim };
         let ape = t(&format!("{prefix}_ape.weight"))?;
@@ -770,10 +774,12 @@ fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec
             rope_dim: v4.rope_dim,
         })
     };
-    let (compressed, theta) = match v4.kinds[l] {
-        V4AttentionKind::Sliding => (Compressed::None, a.rope_theta),
+    let (compressed, rope) = match v4.kinds[l] {
+        V4AttentionKind::Sliding => {
+            (Compressed::None, Rope::new(v4.rope_dim, a.rope_theta, RopeStyle::Interleaved, None))
+        }
         V4AttentionKind::HeavilyCompressed { rate } => {
-            (Compressed::All(compressor("attn_compressor", rate, hd, false)?), v4.compress_rope_theta)
+            (Compressed::All(compressor("attn_compressor", rate, hd, false)?), compress_rope())
         }
         V4AttentionKind::CompressedSparse { rate } => {
             let indexer = Indexer {
@@ -784,10 +790,7 @@ fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec
                 head_dim: v4.index_head_dim,
                 top_k: v4.index_topk,
             };
-            (
-                Compressed::Sparse(compressor("attn_compressor", rate, hd, true)?, Box::new(indexer)),
-                v4.compress_rope_theta,
-            )
+            (Compressed::Sparse(compressor("attn_compressor", rate, hd, true)?, Box::new(indexer)), compress_rope())
         }
     };
     let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
@@ -808,7 +811,7 @@ fn load_sliding_mqa(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec
         out_a: out_a.to_f32()?.reshape((groups, rank, heads * hd / groups))?,
         out_b: linear("attn_output_b", hidden, groups * rank)?,
         sinks: sinks(&t("attn_sinks.weight")?, heads)?.to_vec1()?,
-        rope: Rope::new(v4.rope_dim, theta, RopeStyle::Interleaved, None),
+        rope,
         rope_dim: v4.rope_dim,
         heads,
         head_dim: hd,

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use super::{Yarn, yarn_from_gguf, yarn_from_parameters};
 use crate::error::{EngineError, Result};
 use crate::format::GgufFile;
 use crate::format::gguf_value_as_u64 as value_as_u64;
@@ -43,6 +44,10 @@ pub struct DeepseekV4Spec {
     pub rope_dim: usize,
     /// The rotary base of the compressed layers and their compressors (`compress_rope_theta`).
     pub compress_rope_theta: f64,
+    /// YaRN on that rotary only (the sliding layers keep the plain one), without YaRN's
+    /// magnitude factor on cos and sin: `DeepseekV4Config.__post_init__` sets the compress
+    /// entry's `attention_factor` to 1, as the V4 reference multiplies by nothing.
+    pub compress_rope_scaling: Option<Yarn>,
     pub o_groups: usize,
     pub o_lora_rank: usize,
     pub index_heads: usize,
@@ -122,14 +127,24 @@ pub(super) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: usize) -> 
     if rope_dim > head_dim || rope_dim % 2 == 1 {
         return Err(bad(format!("the rotated width {rope_dim} does not fit heads of {head_dim} in pairs")));
     }
-    // The compressed branches' YaRN (`rope_parameters.compress.rope_type: yarn`) is not read yet.
-    let compress = get("rope_parameters").and_then(|r| r.get("compress"));
-    if let Some(t) = compress.and_then(|r| r.get("rope_type")).and_then(Json::as_str).filter(|t| *t != "default") {
-        return Err(EngineError::Unsupported {
-            what: format!("DeepSeek-V4 with `{t}` rotary on its compressed branches"),
-            hint: "nightmail runs DeepSeek-V4's default rotary".into(),
-        });
-    }
+    // `DeepseekV4Config` nests `rope_parameters` as {main, compress} (what it saves); a flat
+    // `rope_parameters`, or the released configs' `rope_scaling`, is the compress rotary's, with
+    // `attention_factor` 1 unless given (its `__post_init__`). DeepSeek's own inference/model.py
+    // (`precompute_freqs_cis`) blends YaRN's frequencies and leaves cos and sin at magnitude 1.
+    let compress = get("rope_parameters").and_then(|r| r.get("compress")).filter(|r| r.is_object());
+    let flat =
+        ["rope_parameters", "rope_scaling"].into_iter().find_map(|k| Some((k, get(k).filter(|v| v.is_object())?)));
+    let compress_rope_scaling = match (compress, flat) {
+        (Some(r), _) => compress_yarn(r, "rope_parameters.compress", c, path)?,
+        (None, Some((key, r))) => {
+            let mut r = r.clone();
+            if let Some(o) = r.as_object_mut() {
+                o.entry("attention_factor").or_insert(1.0.into());
+            }
+            compress_yarn(&r, key, c, path)?
+        }
+        (None, None) => None,
+    };
     let compress_rope_theta = compress
         .and_then(|r| r.get("rope_theta"))
         .or_else(|| get("compress_rope_theta"))
@@ -152,12 +167,25 @@ pub(super) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: usize) -> 
         q_lora_rank: positive("q_lora_rank", 1024)?,
         rope_dim,
         compress_rope_theta,
+        compress_rope_scaling,
         o_groups: positive("o_groups", 8)?,
         o_lora_rank: positive("o_lora_rank", 1024)?,
         index_heads: positive("index_n_heads", 64)?,
         index_head_dim: positive("index_head_dim", 128)?,
         index_topk: positive("index_topk", 512)?,
     })
+}
+
+/// The compressed branches' YaRN from the rope-parameters object at `key` of `config.json`;
+/// a rotary kind other than default or YaRN is refused with the key and the file.
+fn compress_yarn(r: &Json, key: &str, c: &Json, path: &Path) -> Result<Option<Yarn>> {
+    match r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str) {
+        None | Some("default" | "yarn") => yarn_from_parameters(r, c, path),
+        Some(other) => Err(EngineError::Unsupported {
+            what: format!("`{key}.rope_type` `{other}` in {}", path.display()),
+            hint: "nightmail runs DeepSeek-V4's compressed branches with the default rotary or YaRN".into(),
+        }),
+    }
 }
 
 /// The V4 keys of a GGUF as llama.cpp's deepseek4 loader reads them (src/models/deepseek4.cpp
@@ -196,6 +224,12 @@ pub(super) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<Deeps
         })
         .collect();
     let hashed = g.uint(&key("hash_layer_count")).unwrap_or(0) as usize;
+    // llama.cpp's deepseek4 (src/models/deepseek4.cpp, `build_attention_impl`) rotates the
+    // compressed layers with the shared `rope.scaling.*` YaRN (type, factor,
+    // original_context_length, yarn_beta_fast/slow) on `attention.compress_rope_freq_base`, and
+    // the sliding layers without it. Its `dsv4_rope_attn_factor` divides ggml's YaRN magnitude
+    // back out whatever `yarn_attn_factor` says: cos and sin stay at magnitude 1.
+    let compress_rope_scaling = yarn_from_gguf(g, arch)?.map(|y| Yarn { attention_factor: 1.0, ..y });
     Ok(DeepseekV4Spec {
         hc_mult: need("hyper_connection.count")?,
         hc_sinkhorn_iters: need("hyper_connection.sinkhorn_iterations")?,
@@ -206,6 +240,7 @@ pub(super) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<Deeps
         q_lora_rank: need("attention.q_lora_rank")?,
         rope_dim: need("rope.dimension_count")?,
         compress_rope_theta: g.float(&key("attention.compress_rope_freq_base")).unwrap_or(160000.0),
+        compress_rope_scaling,
         o_groups: need("attention.output_group_count")?,
         o_lora_rank: need("attention.output_lora_rank")?,
         index_heads: need("attention.indexer.head_count")?,
@@ -229,12 +264,55 @@ mod tests {
         assert_eq!(v4.kinds, [Sliding, CompressedSparse { rate: 4 }, HeavilyCompressed { rate: 8 }]);
         assert_eq!((v4.hash_layers, v4.hc_mult, v4.rope_dim, v4.sliding_window), (vec![true, false, false], 4, 8, 8));
         assert_eq!((v4.index_heads, v4.index_head_dim, v4.index_topk, v4.o_groups), (4, 12, 3, 2));
+        // YaRN on the compress rotary alone (`rope_parameters.compress`), without the magnitude
+        // factor; the sliding layers' main rotary stays plain.
+        let y = v4.compress_rope_scaling.expect("YaRN on the compressed branches");
+        assert_eq!((y.factor, y.original_context, y.attention_factor), (4.0, 16, 1.0));
+        assert_eq!(s.attention.rope_scaling, None);
         let m = s.moe.expect("experts");
         assert_eq!(
             (m.routing, m.activation),
             (Routing::SqrtSoftplus { top_k: 2, scale: 1.5 }, Activation::ClampedSilu { limit: 0.4 })
         );
         assert_eq!(s.moe_layers, [true, true, true]);
+    }
+
+    #[test]
+    fn the_compress_yarn_reads_the_same_from_config_json_and_from_the_gguf() {
+        let read = |p: &std::path::Path| {
+            let s = ModelSpec::read(&Checkpoint::open(p).unwrap()).unwrap();
+            (s.deepseek_v4.expect("V4 parts").compress_rope_scaling, s.attention.rope_scaling)
+        };
+        let hf = read(&fixture("deepseek_v4"));
+        assert!(hf.0.is_some());
+        assert_eq!(hf, read(&fixture("deepseek_v4").join("model.gguf")));
+    }
+
+    #[test]
+    fn the_released_configs_flat_rope_scaling_is_the_compress_rotarys_yarn_at_magnitude_one() {
+        // DeepSeek-V4-Flash's config.json: YaRN under the legacy `rope_scaling`, the compress
+        // base apart; `DeepseekV4Config.__post_init__` gives it `attention_factor` 1.
+        let c = serde_json::json!({"rope_theta": 10000, "compress_rope_theta": 160000,
+            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                             "beta_fast": 32, "beta_slow": 1}});
+        let v4 = super::from_hf(&c, std::path::Path::new("config.json"), 4, 512).unwrap();
+        let y = v4.compress_rope_scaling.expect("YaRN");
+        assert_eq!((y.factor, y.original_context, y.beta_fast, y.beta_slow), (16.0, 65536, 32.0, 1.0));
+        assert_eq!((y.attention_factor, v4.compress_rope_theta), (1.0, 160000.0));
+    }
+
+    #[test]
+    fn a_compress_rotary_of_another_kind_is_refused_naming_the_key_and_the_file() {
+        let (src, dir) = (fixture("deepseek_v4"), tempfile::tempdir().unwrap());
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+        c["rope_parameters"]["compress"]["rope_type"] = "longrope".into();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
+        std::fs::copy(src.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+        let err = crate::Model::load(dir.path()).err().expect("refused").to_string();
+        let config = dir.path().join("config.json");
+        let want = format!("`rope_parameters.compress.rope_type` `longrope` in {}", config.display());
+        assert!(err.starts_with(&want), "{err}");
     }
 
     /// The load error for the fixture with `from` renamed to `to` in its safetensors: it must
