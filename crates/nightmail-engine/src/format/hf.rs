@@ -512,6 +512,14 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ffn_routed_down.weight" => &["block_sparse_moe.routed_expert_down_proj.weight"],
         "ffn_routed_up.weight" => &["block_sparse_moe.routed_expert_up_proj.weight"],
         "ffn_routed_norm.weight" => &["block_sparse_moe.routed_expert_norm.weight"],
+        // A multi-token-prediction layer's own parts (DeepSeek-V3's and GLM-4.5's checkpoints
+        // keep them beside its decoder block, `model.layers.N.`), under gguf-py's NEXTN_* names.
+        "nextn.eh_proj.weight" => &["eh_proj.weight"],
+        "nextn.enorm.weight" => &["enorm.weight"],
+        "nextn.hnorm.weight" => &["hnorm.weight"],
+        "nextn.shared_head_norm.weight" => &["shared_head.norm.weight"],
+        "nextn.shared_head_head.weight" => &["shared_head.head.weight"],
+        "nextn.embed_tokens.weight" => &["embed_tokens.weight"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

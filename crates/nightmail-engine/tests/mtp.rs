@@ -1,0 +1,180 @@
+//! Drafting with the model's own multi-token-prediction layer (`draft = "mtp"`), on the
+//! deepseek_v3_mtp fixture (tests/fixtures/generate.py `write_mtp_fixture`: a tiny random
+//! DeepSeek-V3 with one MTP layer, its reference built from transformers' own DeepseekV3 decoder
+//! layer and RMSNorm composed as vLLM's deepseek_mtp.py runs it). The layer's logits match the
+//! reference at every position, from the safetensors (the layer in a shard of its own, with
+//! copies of the embedding and head) and from the GGUF (llama.cpp's `blk.N.nextn.*` names,
+//! sharing them); drafting with it gives the plain tokens, greedy and sampled, through
+//! checkpoints and in batches; a model without the layer, or with a truncated one, is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, Sampling};
+
+const FIXTURE: &str = "deepseek_v3_mtp";
+
+#[derive(serde::Deserialize)]
+struct MtpReference {
+    prompt_tokens: Vec<u32>,
+    greedy_tokens: Vec<u32>,
+    mtp_logits: Vec<Vec<f32>>,
+}
+
+fn mtp_reference() -> MtpReference {
+    let text = std::fs::read_to_string(common::fixture(FIXTURE).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn files() -> [PathBuf; 2] {
+    [common::fixture(FIXTURE), common::fixture(FIXTURE).join("model.gguf")]
+}
+
+fn with_mtp(path: &Path) -> Model {
+    let mut model = Model::load(path).unwrap();
+    model.attach_mtp().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    model
+}
+
+fn request(prompt: &[u32], tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+    let mut r = common::draft_request(Prompt::Tokens(prompt.to_vec()), tokens, sampling, draft);
+    r.record_logits = true;
+    r
+}
+
+fn run(model: &Model, r: GenerateRequest) -> Completion {
+    model.generate(r, |_| std::ops::ControlFlow::Continue(())).unwrap()
+}
+
+#[test]
+fn the_mtp_layers_logits_match_the_reference_at_every_position() {
+    let reference = mtp_reference();
+    let mut sequence = reference.prompt_tokens.clone();
+    sequence.extend(&reference.greedy_tokens);
+    for path in files() {
+        let model = with_mtp(&path);
+        let rows = model.mtp_logits(&sequence).unwrap();
+        assert_eq!(rows.len(), reference.mtp_logits.len(), "{}: one row per position but the last", path.display());
+        let mut worst = 0f32;
+        for (i, (ours, theirs)) in rows.iter().zip(&reference.mtp_logits).enumerate() {
+            let err = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "{} position {i}: max |Δlogit| = {err:e}", path.display());
+            worst = worst.max(err);
+        }
+        eprintln!("{}: MTP logits within {worst:.3e} over {} positions", path.display(), rows.len());
+    }
+}
+
+#[test]
+fn greedy_with_mtp_drafts_gives_the_plain_tokens() {
+    let reference = mtp_reference();
+    for path in files() {
+        let model = with_mtp(&path);
+        let name = path.display().to_string();
+        let plain = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Draft::None));
+        let drafted = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Draft::Mtp));
+        common::assert_drafts_save_passes(&plain, &drafted, &name);
+        assert_eq!(plain.tokens[..16], reference.greedy_tokens[..], "{name}: the reference's tokens");
+        eprintln!(
+            "{name}: {} of {} MTP guesses held, {} passes for {} tokens (random weights)",
+            drafted.accepted,
+            drafted.drafted,
+            drafted.verify_steps,
+            drafted.tokens.len()
+        );
+    }
+}
+
+#[test]
+fn sampled_with_mtp_drafts_draws_the_tokens_plain_sampling_draws() {
+    let model = with_mtp(&common::fixture(FIXTURE));
+    let prompt = mtp_reference().prompt_tokens;
+    for seed in 0..4 {
+        let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
+        let plain = run(&model, request(&prompt, 24, sampling, Draft::None));
+        let drafted = run(&model, request(&prompt, 24, sampling, Draft::Mtp));
+        assert_eq!(drafted.tokens, plain.tokens, "seed {seed}");
+        assert!(drafted.drafted > 0, "seed {seed}: nothing drafted");
+    }
+}
+
+#[test]
+fn a_checkpoint_holds_only_accepted_tokens_and_resumes_with_mtp_drafts() {
+    // A resumed stream's MTP layer starts at the restored position (no hidden states before it).
+    let model = with_mtp(&common::fixture(FIXTURE));
+    let prompt = mtp_reference().prompt_tokens;
+    let want = run(&model, request(&prompt, 20, Sampling::greedy(), Draft::None));
+    let events = common::across_crashes(&model, &request(&prompt, 20, Sampling::greedy(), Draft::Mtp), FIXTURE);
+    let got: Vec<u32> = events.iter().map(|e| e.id).collect();
+    assert_eq!(got, want.tokens);
+}
+
+#[test]
+fn streams_with_mtp_lookup_and_no_drafts_batched_together_get_what_they_get_alone() {
+    let model = with_mtp(&common::fixture(FIXTURE));
+    let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
+    let prompt = mtp_reference().prompt_tokens;
+    let setups = [
+        (prompt.clone(), Sampling::greedy(), Draft::Mtp),
+        ((1..20).collect::<Vec<u32>>(), sampled, Draft::Mtp),
+        (prompt.clone(), sampled, Draft::None),
+        (vec![7, 8, 9, 7, 8], Sampling::greedy(), Draft::Lookup),
+    ];
+    let want: Vec<Vec<u32>> =
+        setups.iter().map(|(p, s, _)| run(&model, request(p, 12, *s, Draft::None)).tokens).collect();
+    let mut streams: Vec<_> =
+        setups.iter().map(|(p, s, d)| model.stream_deferred(request(p, 12, *s, *d), None).unwrap()).collect();
+    let got = common::step_together(&model, &mut streams);
+    assert_eq!(got, want);
+    let completions: Vec<Completion> = streams.into_iter().map(|s| s.into_completion()).collect();
+    assert!(completions[..2].iter().all(|c| c.drafted > 0), "the MTP streams drafted");
+}
+
+#[test]
+fn mtp_drafting_on_a_model_without_the_layer_is_refused_naming_the_model_and_the_key() {
+    // No count at all: the key is named, in config.json's spelling or the GGUF's.
+    for (path, key) in [
+        (common::fixture("llama"), "`num_nextn_predict_layers`"),
+        (common::fixture("llama").join("model.gguf"), "`llama.nextn_predict_layers`"),
+        (common::fixture("deepseek_v3").join("model.gguf"), "`deepseek2.nextn_predict_layers`"),
+    ] {
+        let err = Model::load(&path).unwrap().attach_mtp().unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains(key), "{err}");
+        assert!(err.contains("no multi-token-prediction layer"), "{err}");
+    }
+    // transformers' DeepseekV3Config counts one by default: the weights are looked for, and the
+    // first missing one is named with the directory.
+    let dir = common::fixture("deepseek_v3");
+    let err = Model::load(&dir).unwrap().attach_mtp().unwrap_err().to_string();
+    assert!(err.contains("`model.layers.3.eh_proj.weight`") && err.contains(&dir.display().to_string()), "{err}");
+    // Drafting with the layer not loaded says how to load it.
+    let model = Model::load(common::fixture(FIXTURE)).unwrap();
+    let Err(err) = model.stream(request(&[1, 2, 3], 4, Sampling::greedy(), Draft::Mtp)) else {
+        panic!("drafting without the layer was not refused")
+    };
+    assert!(err.to_string().contains("draft = \"mtp\""), "{err}");
+}
+
+#[test]
+fn a_truncated_mtp_tensor_is_named_with_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["config.json", "model.safetensors", "mtp.safetensors"] {
+        std::fs::copy(common::fixture(FIXTURE).join(name), dir.path().join(name)).unwrap();
+    }
+    let shard = dir.path().join("mtp.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len - 100).unwrap();
+    let Err(err) = Model::load(dir.path()) else { panic!("a truncated shard loaded") };
+    let err = err.to_string();
+    assert!(err.contains("model.layers.2.") && err.contains(&shard.display().to_string()), "{err}");
+    // The GGUF, read in place, checks a tensor's extent when it is used: its last tensor is
+    // the MTP layer's.
+    let gguf = dir.path().join("model.gguf");
+    std::fs::copy(common::fixture(FIXTURE).join("model.gguf"), &gguf).unwrap();
+    let len = std::fs::metadata(&gguf).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&gguf).unwrap().set_len(len - 100).unwrap();
+    // The model's own layers load; the MTP layer's load reads the cut tensor.
+    let err = Model::load(&gguf).unwrap().attach_mtp().unwrap_err().to_string();
+    assert!(err.contains("blk.2.") && err.contains(&gguf.display().to_string()), "{err}");
+}
