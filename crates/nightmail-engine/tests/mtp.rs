@@ -1,7 +1,8 @@
 //! Drafting with the model's own multi-token-prediction layer (`draft = "mtp"`), on the
-//! deepseek_v3_mtp fixture (tests/fixtures/generate.py `write_mtp_fixture`: a tiny random
-//! DeepSeek-V3 with one MTP layer, its reference built from transformers' own DeepseekV3 decoder
-//! layer and RMSNorm composed as vLLM's deepseek_mtp.py runs it). The layer's logits match the
+//! deepseek_v3_mtp and glm4_moe_mtp fixtures (tests/fixtures/generate.py `write_mtp_fixture`:
+//! tiny random DeepSeek-V3 and GLM-4.5 models with one MTP layer, the reference built from
+//! transformers' own decoder layer and RMSNorm of each, composed as vLLM's deepseek_mtp.py runs
+//! it). The layer's logits match the
 //! reference at every position, from the safetensors (the layer in a shard of its own, with
 //! copies of the embedding and head) and from the GGUF (llama.cpp's `blk.N.nextn.*` names,
 //! sharing them); drafting with it gives the plain tokens, greedy and sampled, through
@@ -15,6 +16,10 @@ use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, Sampli
 
 const FIXTURE: &str = "deepseek_v3_mtp";
 
+/// Every fixture with an MTP layer: DeepSeek-V3's (latent attention) and GLM-4.5's NextN layer
+/// (grouped-query attention with biases, q/k norms and partial rotary), same names, same parts.
+const FIXTURES: [&str; 2] = [FIXTURE, "glm4_moe_mtp"];
+
 #[derive(serde::Deserialize)]
 struct MtpReference {
     prompt_tokens: Vec<u32>,
@@ -22,13 +27,14 @@ struct MtpReference {
     mtp_logits: Vec<Vec<f32>>,
 }
 
-fn mtp_reference() -> MtpReference {
-    let text = std::fs::read_to_string(common::fixture(FIXTURE).join("reference.json")).unwrap();
+fn mtp_reference(fixture: &str) -> MtpReference {
+    let text = std::fs::read_to_string(common::fixture(fixture).join("reference.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
-fn files() -> [PathBuf; 2] {
-    [common::fixture(FIXTURE), common::fixture(FIXTURE).join("model.gguf")]
+/// Each fixture's safetensors directory and GGUF, with the fixture's name.
+fn files() -> Vec<(&'static str, PathBuf)> {
+    FIXTURES.iter().flat_map(|f| [(*f, common::fixture(f)), (*f, common::fixture(f).join("model.gguf"))]).collect()
 }
 
 fn with_mtp(path: &Path) -> Model {
@@ -49,10 +55,10 @@ fn run(model: &Model, r: GenerateRequest) -> Completion {
 
 #[test]
 fn the_mtp_layers_logits_match_the_reference_at_every_position() {
-    let reference = mtp_reference();
-    let mut sequence = reference.prompt_tokens.clone();
-    sequence.extend(&reference.greedy_tokens);
-    for path in files() {
+    for (fixture, path) in files() {
+        let reference = mtp_reference(fixture);
+        let mut sequence = reference.prompt_tokens.clone();
+        sequence.extend(&reference.greedy_tokens);
         let model = with_mtp(&path);
         let rows = model.mtp_logits(&sequence).unwrap();
         assert_eq!(rows.len(), reference.mtp_logits.len(), "{}: one row per position but the last", path.display());
@@ -68,8 +74,8 @@ fn the_mtp_layers_logits_match_the_reference_at_every_position() {
 
 #[test]
 fn greedy_with_mtp_drafts_gives_the_plain_tokens() {
-    let reference = mtp_reference();
-    for path in files() {
+    for (fixture, path) in files() {
+        let reference = mtp_reference(fixture);
         let model = with_mtp(&path);
         let name = path.display().to_string();
         let plain = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Draft::None));
@@ -88,33 +94,37 @@ fn greedy_with_mtp_drafts_gives_the_plain_tokens() {
 
 #[test]
 fn sampled_with_mtp_drafts_draws_the_tokens_plain_sampling_draws() {
-    let model = with_mtp(&common::fixture(FIXTURE));
-    let prompt = mtp_reference().prompt_tokens;
-    for seed in 0..4 {
-        let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
-        let plain = run(&model, request(&prompt, 24, sampling, Draft::None));
-        let drafted = run(&model, request(&prompt, 24, sampling, Draft::Mtp));
-        assert_eq!(drafted.tokens, plain.tokens, "seed {seed}");
-        assert!(drafted.drafted > 0, "seed {seed}: nothing drafted");
+    for fixture in FIXTURES {
+        let model = with_mtp(&common::fixture(fixture));
+        let prompt = mtp_reference(fixture).prompt_tokens;
+        for seed in 0..4 {
+            let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
+            let plain = run(&model, request(&prompt, 24, sampling, Draft::None));
+            let drafted = run(&model, request(&prompt, 24, sampling, Draft::Mtp));
+            assert_eq!(drafted.tokens, plain.tokens, "{fixture} seed {seed}");
+            assert!(drafted.drafted > 0, "{fixture} seed {seed}: nothing drafted");
+        }
     }
 }
 
 #[test]
 fn a_checkpoint_holds_only_accepted_tokens_and_resumes_with_mtp_drafts() {
     // A resumed stream's MTP layer starts at the restored position (no hidden states before it).
-    let model = with_mtp(&common::fixture(FIXTURE));
-    let prompt = mtp_reference().prompt_tokens;
-    let want = run(&model, request(&prompt, 20, Sampling::greedy(), Draft::None));
-    let events = common::across_crashes(&model, &request(&prompt, 20, Sampling::greedy(), Draft::Mtp), FIXTURE);
-    let got: Vec<u32> = events.iter().map(|e| e.id).collect();
-    assert_eq!(got, want.tokens);
+    for fixture in FIXTURES {
+        let model = with_mtp(&common::fixture(fixture));
+        let prompt = mtp_reference(fixture).prompt_tokens;
+        let want = run(&model, request(&prompt, 20, Sampling::greedy(), Draft::None));
+        let events = common::across_crashes(&model, &request(&prompt, 20, Sampling::greedy(), Draft::Mtp), fixture);
+        let got: Vec<u32> = events.iter().map(|e| e.id).collect();
+        assert_eq!(got, want.tokens, "{fixture}");
+    }
 }
 
 #[test]
 fn streams_with_mtp_lookup_and_no_drafts_batched_together_get_what_they_get_alone() {
     let model = with_mtp(&common::fixture(FIXTURE));
     let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
-    let prompt = mtp_reference().prompt_tokens;
+    let prompt = mtp_reference(FIXTURE).prompt_tokens;
     let setups = [
         (prompt.clone(), Sampling::greedy(), Draft::Mtp),
         ((1..20).collect::<Vec<u32>>(), sampled, Draft::Mtp),
