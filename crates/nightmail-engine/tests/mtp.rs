@@ -17,8 +17,10 @@ use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, Sampli
 const FIXTURE: &str = "deepseek_v3_mtp";
 
 /// Every fixture with an MTP layer: DeepSeek-V3's (latent attention) and GLM-4.5's NextN layer
-/// (grouped-query attention with biases, q/k norms and partial rotary), same names, same parts.
-const FIXTURES: [&str; 2] = [FIXTURE, "glm4_moe_mtp"];
+/// (grouped-query attention with biases, q/k norms and partial rotary), same names, same parts;
+/// Qwen3-Next's (`mtp.*`: gated full attention, (1 + w) norms, a chained guess reading the
+/// normed output).
+const FIXTURES: [&str; 3] = [FIXTURE, "glm4_moe_mtp", "qwen3_next_mtp"];
 
 #[derive(serde::Deserialize)]
 struct MtpReference {
@@ -32,9 +34,12 @@ fn mtp_reference(fixture: &str) -> MtpReference {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Each fixture's safetensors directory and GGUF, with the fixture's name.
+/// Each fixture's safetensors directory and GGUF, with the fixture's name (llama.cpp's qwen3next
+/// converter drops the MTP layer, so that GGUF has none: see the refusal test).
 fn files() -> Vec<(&'static str, PathBuf)> {
-    FIXTURES.iter().flat_map(|f| [(*f, common::fixture(f)), (*f, common::fixture(f).join("model.gguf"))]).collect()
+    let mut files: Vec<_> = FIXTURES.iter().map(|f| (*f, common::fixture(f))).collect();
+    files.extend(FIXTURES[..2].iter().map(|f| (*f, common::fixture(f).join("model.gguf"))));
+    files
 }
 
 fn with_mtp(path: &Path) -> Model {
@@ -148,6 +153,7 @@ fn mtp_drafting_on_a_model_without_the_layer_is_refused_naming_the_model_and_the
         (common::fixture("llama"), "`num_nextn_predict_layers`"),
         (common::fixture("llama").join("model.gguf"), "`llama.nextn_predict_layers`"),
         (common::fixture("deepseek_v3").join("model.gguf"), "`deepseek2.nextn_predict_layers`"),
+        (common::fixture("qwen3_next_mtp").join("model.gguf"), "`qwen3next.nextn_predict_layers`"),
     ] {
         let err = Model::load(&path).unwrap().attach_mtp().unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()) && err.contains(key), "{err}");

@@ -41,6 +41,10 @@ pub struct Mtp {
     embedding: Option<Embedding>,
     cache: CacheKind,
     numerics: Numerics,
+    /// A chained guess reads the block's output after the final norm (Qwen3-Next's and
+    /// Qwen3.5's layer: vLLM's qwen3_next_mtp.py returns it normed), else before it
+    /// (DeepSeek-V3's, GLM-4.5's: deepseek_mtp.py returns it unnormed).
+    chain_normed: bool,
 }
 
 impl Mtp {
@@ -94,6 +98,7 @@ impl Mtp {
             head: own("shared_head_head", head)?.map(|w| Linear::new(&w, None)).transpose()?,
             embedding: own("embed_tokens", embd)?.map(|w| Embedding::of(&w, spec.vocab_size, hidden)),
             numerics,
+            chain_normed: spec.architecture.is_qwen_hybrid(),
         })
     }
 
@@ -127,7 +132,8 @@ impl Mtp {
         };
         let x = x.add(&f)?;
         state.position += tokens.len();
-        let logits = self.head.as_ref().unwrap_or(model_head).forward(&self.norm.forward(&x)?)?;
-        Ok((logits, x))
+        let normed = self.norm.forward(&x)?;
+        let logits = self.head.as_ref().unwrap_or(model_head).forward(&normed)?;
+        Ok((logits, if self.chain_normed { normed } else { x }))
     }
 }
