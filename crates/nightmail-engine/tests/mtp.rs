@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use nightmail_engine::{Completion, Draft, GenerateRequest, Model, Prompt, Sampling};
+use nightmail_engine::{Completion, Draft, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling};
 
 const FIXTURE: &str = "deepseek_v3_mtp";
 
@@ -193,4 +193,21 @@ fn a_truncated_mtp_tensor_is_named_with_its_file() {
     // The model's own layers load; the MTP layer's load reads the cut tensor.
     let err = Model::load(&gguf).unwrap().attach_mtp().unwrap_err().to_string();
     assert!(err.contains("blk.2.") && err.contains(&gguf.display().to_string()), "{err}");
+}
+
+#[test]
+fn a_streamed_model_drafts_with_its_resident_mtp_layer() {
+    // Every dense layer streamed and the experts through a small cache: the MTP layer (loaded
+    // resident beside them) reads the same hidden states, and the tokens are the plain ones.
+    let path = common::fixture(FIXTURE);
+    let prompt = mtp_reference(FIXTURE).prompt_tokens;
+    let want = run(&with_mtp(&path), request(&prompt, 16, Sampling::greedy(), Draft::None)).tokens;
+    let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, stream_layers: Some(vec![0, 1]) };
+    let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap().minimum_bytes;
+    let mut streamed = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least)) }).unwrap();
+    assert_eq!(streamed.memory_plan().unwrap().streamed_layers.len(), 2);
+    streamed.attach_mtp().unwrap();
+    let drafted = run(&streamed, request(&prompt, 16, Sampling::greedy(), Draft::Mtp));
+    assert_eq!(drafted.tokens, want);
+    assert!(drafted.drafted > 0);
 }
