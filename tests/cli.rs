@@ -380,6 +380,9 @@ fn model_generate_with_the_models_mtp_layer_gives_the_plain_tokens_or_says_it_ha
     let (plain, drafted) = (generate("none"), generate("mtp"));
     assert_eq!(drafted["tokens"], plain["tokens"]);
     assert!(drafted["drafted"].as_u64().unwrap() > 0, "{drafted}");
+    let inspect = nightmail(&["model", "inspect", fixture.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(text.contains("mtp            1 multi-token-prediction layer(s)"), "{text}");
     let model = common::demo_model();
     let bad = nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "mtp"]);
     let said = stderr(&bad);

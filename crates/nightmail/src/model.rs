@@ -701,6 +701,13 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
         "layers         {} ({} attention, {} latent attention, {} KDA linear attention; {} dense, {} MoE)",
         s.layers, k.attention, k.latent_attention, k.linear_attention, k.dense_ffn, k.moe
     );
+    if s.mtp_layers > 0 {
+        // Counted by the configuration; the weights are looked for when draft = "mtp" loads them.
+        println!(
+            "mtp            {} multi-token-prediction layer(s) declared past the last (draft = \"mtp\")",
+            s.mtp_layers
+        );
+    }
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
     match &a.mla {
         Some(m) => println!(
