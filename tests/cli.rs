@@ -318,7 +318,7 @@ fn model_generate_with_lookup_drafts_gives_the_plain_text_in_fewer_verify_steps(
     let bad =
         nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "medusa"]);
     assert!(
-        !bad.status.success() && stderr(&bad).contains("use \"lookup\", \"model\" or \"none\""),
+        !bad.status.success() && stderr(&bad).contains("use \"lookup\", \"model\", \"mtp\" or \"none\""),
         "{}",
         stderr(&bad)
     );
@@ -352,4 +352,40 @@ fn model_generate_with_a_draft_model_gives_the_plain_text_in_fewer_verify_steps(
         let bad = nightmail(&all);
         assert!(!bad.status.success() && stderr(&bad).contains(says), "{args:?}: {}", stderr(&bad));
     }
+}
+
+#[test]
+fn model_generate_with_the_models_mtp_layer_gives_the_plain_tokens_or_says_it_has_none() {
+    // The deepseek_v3_mtp fixture (random weights: its guesses seldom hold, tests/mtp.rs).
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3_mtp");
+    let generate = |draft: &str| -> serde_json::Value {
+        let out = nightmail(&[
+            "model",
+            "generate",
+            "--model",
+            fixture.to_str().unwrap(),
+            "--prompt-tokens",
+            "5,17,99,3",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            "--draft",
+            draft,
+            "--draft-row-cost",
+            "0",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (plain, drafted) = (generate("none"), generate("mtp"));
+    assert_eq!(drafted["tokens"], plain["tokens"]);
+    assert!(drafted["drafted"].as_u64().unwrap() > 0, "{drafted}");
+    let inspect = nightmail(&["model", "inspect", fixture.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(text.contains("mtp            1 multi-token-prediction layer(s)"), "{text}");
+    let model = common::demo_model();
+    let bad = nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "mtp"]);
+    let said = stderr(&bad);
+    assert!(!bad.status.success() && said.contains("no multi-token-prediction layer"), "{said}");
+    assert!(said.contains("`llama.nextn_predict_layers`") && said.contains(model.to_str().unwrap()), "{said}");
 }

@@ -1,7 +1,8 @@
 //! A draft model set in the configuration, end to end: the real daemon with its own engine
 //! (SmolLM2, drafted by a second copy of itself, which shares its tokenizer), a question over
 //! SMTP, the answer read from the store. The answer is the one a daemon without drafts gives;
-//! a draft model of another tokenizer fails the job with a notice that says so.
+//! a draft model of another tokenizer fails the job with a notice that says so, and so does
+//! `draft = "mtp"` for a model without a multi-token-prediction layer.
 
 mod common;
 
@@ -73,4 +74,17 @@ fn a_draft_model_of_another_tokenizer_fails_the_job_saying_so() {
     let why = answer(&notice);
     assert!(why.contains("does not share the tokenizer") && why.contains(&other.display().to_string()), "{why}");
     assert!(why.contains("vocabulary holds 49152 tokens, the draft model's 2048"), "{why}");
+}
+
+#[test]
+fn mtp_drafting_for_a_model_without_the_layer_fails_the_job_saying_so() {
+    let (job, notice) = ask("draft = \"mtp\"");
+    assert_eq!(job["state"], "failed", "{job:#}");
+    assert!(header(&notice, "X-Nightmail-Failure").is_some(), "{notice}");
+    let why = answer(&notice);
+    assert!(why.contains("no multi-token-prediction layer"), "{why}");
+    assert!(
+        why.contains("`llama.nextn_predict_layers`") && why.contains(&common::demo_model().display().to_string()),
+        "{why}"
+    );
 }

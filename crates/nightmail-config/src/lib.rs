@@ -174,7 +174,7 @@ pub struct LocalBackend {
     pub checkpoint_every: Duration,
     /// Jobs of this model decoded together, in lockstep (each step reads the weights once).
     pub max_batch: usize,
-    /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"none"`, or
+    /// How the engine drafts tokens ahead of the model (`draft = "lookup"|"mtp"|"none"`, or
     /// `draft_model = PATH`).
     pub draft: Draft,
     /// MiB of disk (under `data_dir/state_cache/`) for the states of finished answers, which a
@@ -195,6 +195,9 @@ pub enum Draft {
     /// `draft_model = PATH`: a small model of the same tokenizer (a GGUF file or a model
     /// directory), kept resident beside the model, guesses the tokens.
     Model(PathBuf),
+    /// `draft = "mtp"`: the model's own multi-token-prediction layer (DeepSeek-V3's
+    /// `num_nextn_predict_layers`), loaded beside it.
+    Mtp,
 }
 
 impl BackendConfig {

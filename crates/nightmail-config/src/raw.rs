@@ -286,6 +286,7 @@ fn drafter(
     Ok(match (name, model) {
         (None | Some(("lookup", _)), None) => crate::Draft::Lookup,
         (Some(("none", _)), None) => crate::Draft::None,
+        (Some(("mtp", _)), None) => crate::Draft::Mtp,
         (None | Some(("model", _)), Some(path)) => crate::Draft::Model(path.get_ref().clone()),
         (Some(("model", span)), None) => {
             return Err(loc.spanned(
@@ -293,14 +294,16 @@ fn drafter(
                 "model.draft \"model\" needs draft_model = PATH (the small model that guesses)".into(),
             ));
         }
-        (Some((other @ ("lookup" | "none"), span)), Some(_)) => {
+        (Some((other @ ("lookup" | "none" | "mtp"), span)), Some(_)) => {
             return Err(loc.spanned(
                 span,
                 format!("model.draft `{other}` and model.draft_model are both set: drop draft to draft with the model, or draft_model"),
             ));
         }
         (Some((other, span)), _) => {
-            return Err(loc.spanned(span, format!("model.draft `{other}`: use \"lookup\", \"model\" or \"none\"")));
+            return Err(
+                loc.spanned(span, format!("model.draft `{other}`: use \"lookup\", \"model\", \"mtp\" or \"none\""))
+            );
         }
     })
 }
@@ -1027,8 +1030,11 @@ mod tests {
         assert_eq!(draft(local), crate::Draft::Lookup);
         assert_eq!(draft(&format!("{local}draft = \"none\"\n")), crate::Draft::None);
         assert_eq!(draft(&format!("{local}draft = \"lookup\"\n")), crate::Draft::Lookup);
+        assert_eq!(draft(&format!("{local}draft = \"mtp\"\n")), crate::Draft::Mtp);
         let e = err(&format!("{local}draft = \"medusa\"\n"));
-        assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\", \"model\" or \"none\""), "{e}");
+        assert!(e.starts_with("nm.toml:5:") && e.contains("use \"lookup\", \"model\", \"mtp\" or \"none\""), "{e}");
+        let e = err(&format!("{local}draft = \"mtp\"\ndraft_model = \"small.gguf\"\n"));
+        assert!(e.starts_with("nm.toml:5:") && e.contains("both set"), "{e}");
         // A draft model drafts whether or not draft = "model" says so; it needs its path, and
         // another drafter beside it is refused, at the line that names it.
         let small = crate::Draft::Model(PathBuf::from("small.gguf"));

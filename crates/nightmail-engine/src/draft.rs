@@ -9,16 +9,18 @@
 //! the question, a summary repeats the names and phrases of the transcript it summarizes.
 //!
 //! A draft model (`model.rs`) guesses with a second, small model of the same vocabulary, which
-//! guesses well where the answer is in the model's own words too.
+//! guesses well where the answer is in the model's own words too. So does the model's own
+//! multi-token-prediction layer where the checkpoint ships one (`mtp.rs`, DeepSeek-V3's).
 
 use serde::{Deserialize, Serialize};
 
 mod lookup;
 mod model;
+mod mtp;
 mod schedule;
 
 pub use lookup::PromptLookup;
-pub(crate) use model::{DrafterState, check_draft_model, guess_cost};
+pub(crate) use model::{DrafterState, check_draft_model};
 pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
 
 /// How a generation drafts tokens ahead of the model.
@@ -33,6 +35,9 @@ pub enum Draft {
     /// The greedy guesses of the draft model loaded beside the model
     /// ([`crate::Model::attach_draft_model`]).
     Model,
+    /// The greedy guesses of the model's own multi-token-prediction layer
+    /// ([`crate::Model::attach_mtp`]).
+    Mtp,
 }
 
 impl std::str::FromStr for Draft {
@@ -43,7 +48,8 @@ impl std::str::FromStr for Draft {
             "none" => Ok(Draft::None),
             "lookup" => Ok(Draft::Lookup),
             "model" => Ok(Draft::Model),
-            other => Err(format!("unknown drafter {other:?}: use \"lookup\", \"model\" or \"none\"")),
+            "mtp" => Ok(Draft::Mtp),
+            other => Err(format!("unknown drafter {other:?}: use \"lookup\", \"model\", \"mtp\" or \"none\"")),
         }
     }
 }

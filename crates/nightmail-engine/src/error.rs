@@ -103,6 +103,14 @@ pub enum EngineError {
         "this generation drafts with a draft model, but none is loaded: load one with draft_model = PATH (--draft-model PATH), or draft with \"lookup\""
     )]
     NoDraftModel,
+    #[error(
+        "{path} has no multi-token-prediction layer (`{key}` is 0 or absent): draft with \"lookup\" or a draft model"
+    )]
+    NoMtp { path: PathBuf, key: String },
+    #[error(
+        "this generation drafts with the model's MTP layer, but it is not loaded: load it with draft = \"mtp\" (--draft mtp)"
+    )]
+    NoMtpLayer,
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

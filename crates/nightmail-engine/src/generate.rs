@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
-use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len, guess_cost};
+use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -148,7 +148,7 @@ pub struct TokenStream<'m> {
     accepted: usize,
     /// Prompt positions restored rather than run: from a checkpoint, or a saved thread state.
     restored_prompt: usize,
-    /// The draft model's cache, for `Draft::Model`.
+    /// The draft model's cache, for `Draft::Model`, or the MTP layer's, for `Draft::Mtp`.
     drafter: Option<DrafterState>,
 }
 
@@ -196,6 +196,13 @@ impl Model {
                 };
             }
         }
+        // Where each fed stream's positions start, and whether its MTP layer wants their hidden states.
+        let (starts, want): (Vec<usize>, Vec<bool>) = streams
+            .iter()
+            .zip(&feeds)
+            .filter(|(_, f)| f.is_some())
+            .map(|(s, _)| (s.cache.position(), s.wants_hidden()))
+            .unzip();
         let mut groups: Vec<(&mut SequenceState, &[u32])> =
             streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_deref().map(|t| (&mut s.cache, t))).collect();
         if groups.is_empty() {
@@ -203,12 +210,13 @@ impl Model {
         }
         let rows: usize = groups.iter().map(|(_, t)| t.len()).sum();
         let t0 = Instant::now();
-        let logits = rayon::scope(|_| self.net.forward_verify_groups(&mut groups))?;
+        let (logits, hidden) = rayon::scope(|_| self.net.forward_verify_groups_hidden(&mut groups, &want))?;
         if !prefilling {
             self.passes.record(rows, t0.elapsed().as_secs_f64());
         }
         let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t)));
-        for ((s, fed), rows) in fed.zip(logits) {
+        for (((s, fed), rows), (hidden, start)) in fed.zip(logits).zip(hidden.into_iter().zip(starts)) {
+            s.target_ran(start, hidden.as_ref())?;
             let rows = rows.to_vec2::<f32>()?;
             if s.is_prefilling() {
                 s.prompt_fed += fed.len();
@@ -324,20 +332,20 @@ impl Model {
         let mut sampler = Sampler::new(request.sampling)?;
         let drafter = match request.draft {
             Draft::Model => Some(DrafterState::new(self.draft_model().ok_or(EngineError::NoDraftModel)?)),
+            Draft::Mtp => Some(DrafterState::mtp(self)?),
             _ => None,
         };
         let mut cache = self.new_cache();
         // Nothing to generate (e.g. only tokenizing): skip the prefill.
         let nothing = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
         let restored_prompt = if saved.is_some() { prompt_tokens.len() } else { 0 };
+        // The prompt runs once the stream exists (an MTP drafter takes its hidden states).
+        let prefill = prefill && nothing.is_none() && saved.is_none();
         let (logits, stop, restored, prompt_fed) = match saved {
             Some(saved) => {
                 sampler.set_position(saved.sampler_position);
                 cache.restore(&saved.kv, saved.position)?;
                 (Some(saved.logits), None, saved.tokens, prompt_tokens.len())
-            }
-            None if prefill && nothing.is_none() => {
-                (Some(self.logits(&prompt_tokens, &mut cache)?), None, Vec::new(), prompt_tokens.len())
             }
             None => (None, nothing, Vec::new(), 0),
         };
@@ -367,6 +375,9 @@ impl Model {
             restored_prompt,
             drafter,
         };
+        if prefill {
+            stream.prefill_rest()?;
+        }
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
             stream.tokens.push(id);
@@ -491,26 +502,50 @@ impl TokenStream<'_> {
     /// The next token, or None once stopped.
     pub fn next_token(&mut self) -> Result<Option<TokenEvent>> {
         if self.stop.is_none() && self.is_prefilling() {
-            let rest = self.prompt_tokens[self.prompt_fed..].to_vec();
-            self.next_logits = Some(self.model.logits(&rest, &mut self.cache)?);
-            self.prompt_fed = self.prompt_tokens.len();
-            self.prefill = self.started.elapsed();
+            self.prefill_rest()?;
         }
         let Some((event, feed)) = self.pick()? else { return Ok(None) };
         if let Some(fed) = feed.map(|id| self.plan_feed(id)).transpose()?.flatten() {
             let t0 = Instant::now();
-            let rows = if self.cache.verifying() {
-                let model = self.model;
-                let mut group = [(&mut self.cache, &fed[..])];
-                let rows = rayon::scope(|_| model.net.forward_verify_groups(&mut group))?;
-                rows[0].to_vec2::<f32>()?
-            } else {
-                vec![self.model.logits(&fed, &mut self.cache)?]
-            };
+            let rows = self.run_pass(&fed)?;
             self.model.passes.record(fed.len(), t0.elapsed().as_secs_f64());
             self.take_rows(&fed, rows);
         }
         Ok(Some(event))
+    }
+
+    /// Runs the rest of the prompt at once.
+    fn prefill_rest(&mut self) -> Result<()> {
+        let rest = self.prompt_tokens[self.prompt_fed..].to_vec();
+        self.next_logits = self.run_pass(&rest)?.pop();
+        self.prompt_fed = self.prompt_tokens.len();
+        self.prefill = self.started.elapsed();
+        Ok(())
+    }
+
+    /// Runs `tokens` after what the cache holds: the logits of each of them in a verify pass,
+    /// else of the last. An MTP drafter gets their hidden states.
+    fn run_pass(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let model = self.model;
+        let start = self.cache.position();
+        let want = [self.wants_hidden()];
+        let mut group = [(&mut self.cache, tokens)];
+        let (rows, hidden) = rayon::scope(|_| model.net.forward_verify_groups_hidden(&mut group, &want))?;
+        self.target_ran(start, hidden[0].as_ref())?;
+        Ok(rows[0].to_vec2::<f32>()?)
+    }
+
+    /// Whether this stream's drafter reads the model's hidden states (an MTP layer).
+    fn wants_hidden(&self) -> bool {
+        self.drafter.as_ref().is_some_and(DrafterState::wants_hidden)
+    }
+
+    /// The model ran this stream's positions `start..` with these hidden states.
+    fn target_ran(&mut self, start: usize, hidden: Option<&candle_core::Tensor>) -> Result<()> {
+        match (hidden, self.drafter.as_mut()) {
+            (Some(h), Some(d)) => d.target_ran(self.model, start, h),
+            _ => Ok(()),
+        }
     }
 
     /// What to run after `id` was drawn: `id` alone, or with drafts (a verify pass, begun on
@@ -583,7 +618,7 @@ impl TokenStream<'_> {
 
     /// How many tokens to guess, at most `room`: as many as pay for their rows
     /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
-    /// extra row, plus a draft model's pass per guess (none measured yet: as many as allowed,
+    /// extra row, plus a drafter's pass per guess (none measured yet: as many as allowed,
     /// which measures it).
     fn draft_len(&self, room: usize) -> usize {
         let row_cost = match self.request.lookup.length {
@@ -595,10 +630,7 @@ impl TokenStream<'_> {
             }
             DraftLength::Measured => {
                 let line = self.model.passes.line();
-                let drafting = match (&self.drafter, self.model.draft_model()) {
-                    (Some(_), Some(drafter)) => guess_cost(drafter, line),
-                    _ => 0.0,
-                };
+                let drafting = self.drafter.as_ref().map_or(0.0, |d| d.guess_cost(self.model, line));
                 line.map_or(0.0, |l| l.row_cost()) + drafting
             }
         };
@@ -607,9 +639,9 @@ impl TokenStream<'_> {
 
     /// Up to `k` guesses of the tokens after `history`, from the request's drafter.
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
-        match (self.drafter.as_mut(), self.model.draft_model()) {
-            (Some(state), Some(drafter)) => state.propose(drafter, history, k, self.model.spec().vocab_size),
-            _ => Ok(self.request.lookup.propose(history, k)),
+        match self.drafter.as_mut() {
+            Some(state) => state.propose(self.model, history, k),
+            None => Ok(self.request.lookup.propose(history, k)),
         }
     }
 

@@ -32,6 +32,8 @@ mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use candle_core::Tensor;
+
 pub use bench::{
     AcceptancePoint, BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, VerifyPoint, VerifyReport,
     bench, bench_batch, bench_verify, rss,
@@ -76,6 +78,8 @@ pub struct Model {
     passes: PassCosts,
     /// The small model of the same vocabulary that guesses tokens for `Draft::Model`.
     drafter: Option<Box<Model>>,
+    /// The time of the MTP layer's one-row passes (`Draft::Mtp`), once it is loaded.
+    mtp_passes: Option<PassCosts>,
 }
 
 /// How to load a model.
@@ -160,6 +164,7 @@ impl Model {
             plan,
             passes: PassCosts::default(),
             drafter: None,
+            mtp_passes: None,
         })
     }
 
@@ -171,6 +176,42 @@ impl Model {
         draft::check_draft_model(self, &drafter)?;
         self.drafter = Some(Box::new(drafter));
         Ok(())
+    }
+
+    /// Loads the model's own multi-token-prediction layer (`Draft::Mtp`, `model/mtp.rs`): refused
+    /// for a model whose configuration counts none, naming the key, or whose file lacks its
+    /// tensors, naming the first missing one.
+    pub fn attach_mtp(&mut self) -> Result<()> {
+        if self.spec.mtp_layers == 0 {
+            return Err(EngineError::NoMtp { path: self.path.clone(), key: self.spec.mtp_key.clone() });
+        }
+        let ck = Checkpoint::open(&self.path)?;
+        self.net.attach_mtp(&ck, &self.spec)?;
+        ck.release_pages();
+        self.mtp_passes = Some(PassCosts::default());
+        Ok(())
+    }
+
+    /// The MTP layer's logits at each position of `tokens` but the last (`[len − 1][vocab]`):
+    /// row i reads the model's hidden state at i and the token at i + 1, and predicts the token
+    /// at i + 2. For checking it against a reference; drafting runs it a guess at a time.
+    pub fn mtp_logits(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut state = self.net.new_mtp_cache().ok_or(EngineError::NoMtpLayer)?;
+        if tokens.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let mut cache = self.new_cache();
+        let logits = rayon::scope(|_| -> Result<Tensor> {
+            let (_, hidden) = self.net.forward_verify_groups_hidden(&mut [(&mut cache, tokens)], &[true])?;
+            let hidden = hidden[0].as_ref().expect("asked for").narrow(0, 0, tokens.len() - 1)?;
+            Ok(self.net.forward_mtp(&tokens[1..], &hidden, &mut state)?.0)
+        })?;
+        Ok(logits.to_vec2::<f32>()?)
+    }
+
+    /// The measured cost of the MTP layer's passes, when it is loaded.
+    pub(crate) fn mtp_passes(&self) -> Option<&PassCosts> {
+        self.mtp_passes.as_ref()
     }
 
     /// The draft model, when one is attached.

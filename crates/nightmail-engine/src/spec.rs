@@ -303,6 +303,11 @@ pub struct ModelSpec {
     /// The file stores RMSNorm weights as w where the norm multiplies by (1 + w) (transformers'
     /// `Qwen3NextRMSNorm`; llama.cpp's converter adds the 1, so its GGUFs do not).
     pub zero_centered_norms: bool,
+    /// Multi-token-prediction layers past the last one (DeepSeek-V3's `num_nextn_predict_layers`,
+    /// GGUF `nextn_predict_layers`), which only `draft = "mtp"` runs (`model/mtp.rs`), and where
+    /// the count is read from (for messages).
+    pub mtp_layers: usize,
+    pub mtp_key: String,
     pub bos_token: Option<u32>,
     pub eos_tokens: Vec<u32>,
 }
@@ -618,6 +623,8 @@ fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
         delta_net,
         deepseek_v4,
         zero_centered_norms: false,
+        mtp_layers: blocks - layers,
+        mtp_key: key("nextn_predict_layers"),
         bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
         eos_tokens,
     })
@@ -887,6 +894,10 @@ fn from_hf(h: &HfDir) -> Result<ModelSpec> {
         delta_net,
         deepseek_v4,
         zero_centered_norms: architecture.is_qwen_hybrid(),
+        // transformers' DeepseekV3Config says 1 whether or not the checkpoint holds the layer: the
+        // MTP's load looks for its tensors.
+        mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
+        mtp_key: "num_nextn_predict_layers".into(),
         bos_token: ids(get("bos_token_id")).first().copied(),
         eos_tokens,
     })

@@ -100,6 +100,11 @@ reference_tests!(qwen3_5_moe);
 // context 16, factor 4); its GGUF under llama.cpp's deepseek4 names.
 reference_tests!(deepseek_v4);
 
+// deepseek_v3_mtp, glm4_moe_mtp, qwen3_next_mtp: DeepSeek-V3, GLM-4.5 and Qwen3-Next (`mtp.*`) with a multi-token-prediction layer past the last (its own shard
+// `mtp.safetensors`; the GGUF's blk.2 counted in block_count and `nextn_predict_layers`): the
+// model runs as if it were not there (tests/mtp.rs checks the layer itself).
+reference_tests!(deepseek_v3_mtp, glm4_moe_mtp, qwen3_next_mtp);
+
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and
 /// AttnRes residuals, from the safetensors (its text model under `language_model.`) and from the

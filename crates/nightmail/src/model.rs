@@ -62,8 +62,9 @@ pub enum ModelCommand {
         #[arg(long)]
         json: bool,
         /// Draft tokens ahead and verify them in one model pass: `lookup` (n-gram matches
-        /// against the prompt and the answer so far), `model` (the --draft-model's guesses) or
-        /// `none` (the default without --draft-model). The tokens are the same either way; only
+        /// against the prompt and the answer so far), `model` (the --draft-model's guesses),
+        /// `mtp` (the model's own multi-token-prediction layer, DeepSeek-V3's) or `none` (the
+        /// default without --draft-model). The tokens are the same either way; only
         /// the number of passes (`verify_steps`) changes.
         #[arg(long)]
         draft: Option<nightmail_engine::Draft>,
@@ -700,6 +701,13 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
         "layers         {} ({} attention, {} latent attention, {} KDA linear attention; {} dense, {} MoE)",
         s.layers, k.attention, k.latent_attention, k.linear_attention, k.dense_ffn, k.moe
     );
+    if s.mtp_layers > 0 {
+        // Counted by the configuration; the weights are looked for when draft = "mtp" loads them.
+        println!(
+            "mtp            {} multi-token-prediction layer(s) declared past the last (draft = \"mtp\")",
+            s.mtp_layers
+        );
+    }
     println!("hidden         {}  vocab {}  context {}", s.hidden_size, s.vocab_size, s.context_length);
     match &a.mla {
         Some(m) => println!(
@@ -819,6 +827,9 @@ fn generate(
     let mut model = Model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))?;
     if let Some(draft) = draft_model {
         model.attach_draft_model(&draft).with_context(|| format!("loading draft model {}", draft.display()))?;
+    }
+    if request.draft == nightmail_engine::Draft::Mtp {
+        model.attach_mtp().with_context(|| format!("loading the MTP layer of {}", path.display()))?;
     }
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();

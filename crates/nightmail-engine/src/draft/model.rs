@@ -11,7 +11,10 @@
 
 use std::time::Instant;
 
-use super::schedule::CostLine;
+use candle_core::Tensor;
+
+use super::mtp::MtpState;
+use super::schedule::{CostLine, PassCosts};
 use crate::Model;
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
@@ -74,10 +77,11 @@ fn tokenizer_difference(target: &TextTokenizer, draft: &TextTokenizer) -> Option
     ))
 }
 
-/// A guess's cost beyond its row in the verify pass: the draft model's pass that made it, as a
-/// fraction of the target's one-row pass (0 until both were timed).
-pub(crate) fn guess_cost(drafter: &Model, target: Option<CostLine>) -> f64 {
-    match (drafter.passes.one_row_s(), target) {
+/// A guess's cost beyond its row in the verify pass: the drafter's pass that made it (of
+/// `drafter`'s measured costs), as a fraction of the target's one-row pass (0 until both were
+/// timed).
+fn guess_cost(drafter: &PassCosts, target: Option<CostLine>) -> f64 {
+    match (drafter.one_row_s(), target) {
         (Some(d), Some(t)) if t.base_s > 0.0 => d / t.base_s,
         _ => 0.0,
     }
@@ -86,12 +90,18 @@ pub(crate) fn guess_cost(drafter: &Model, target: Option<CostLine>) -> f64 {
 /// The most tokens between two guesses made only to measure how often guesses hold.
 const MAX_PROBE_GAP: usize = 32;
 
-/// One stream's side of the draft model: its cache and the tokens that cache has run, and when
-/// to guess next while drafting does not pay.
+/// One stream's side of a drafter that runs a network of its own (a draft model, or the model's
+/// MTP layer): its cache, and when to guess next while drafting does not pay.
 pub(crate) struct DrafterState {
-    cache: SequenceState,
-    run: Vec<u32>,
+    side: Side,
     probes: Probes,
+}
+
+enum Side {
+    /// The draft model's cache and the tokens it has run.
+    Model { cache: SequenceState, run: Vec<u32> },
+    /// The MTP layer's cache and the model's hidden states it has yet to run (`mtp.rs`).
+    Mtp(MtpState),
 }
 
 /// Guesses made only to be judged (the schedule chose plain decoding) each cost a draft model's
@@ -127,7 +137,34 @@ impl Probes {
 
 impl DrafterState {
     pub(crate) fn new(drafter: &Model) -> Self {
-        DrafterState { cache: drafter.new_cache(), run: Vec::new(), probes: Probes::default() }
+        DrafterState { side: Side::Model { cache: drafter.new_cache(), run: Vec::new() }, probes: Probes::default() }
+    }
+
+    /// For `model`'s own MTP layer.
+    pub(crate) fn mtp(model: &Model) -> Result<Self> {
+        Ok(DrafterState { side: Side::Mtp(MtpState::new(model)?), probes: Probes::default() })
+    }
+
+    /// Whether the model's passes must hand their hidden states to [`DrafterState::target_ran`].
+    pub(crate) fn wants_hidden(&self) -> bool {
+        matches!(self.side, Side::Mtp(_))
+    }
+
+    /// The model ran positions `start..` with these hidden states (`[tokens, hidden]`).
+    pub(crate) fn target_ran(&mut self, model: &Model, start: usize, hidden: &Tensor) -> Result<()> {
+        match &mut self.side {
+            Side::Mtp(m) => m.target_ran(model, start, hidden),
+            Side::Model { .. } => Ok(()),
+        }
+    }
+
+    /// A guess's cost beyond its row (see [`guess_cost`]), for the stream of `model`.
+    pub(crate) fn guess_cost(&self, model: &Model, target: Option<CostLine>) -> f64 {
+        let passes = match &self.side {
+            Side::Model { .. } => model.draft_model().map(|d| &d.passes),
+            Side::Mtp(_) => model.mtp_passes(),
+        };
+        passes.map_or(0.0, |p| guess_cost(p, target))
     }
 
     /// Whether to make a guess that will only be judged, not run ([`Probes`]).
@@ -145,47 +182,66 @@ impl DrafterState {
         self.probes.reset();
     }
 
-    /// Up to `k` tokens the draft model guesses to follow `history` (the prompt and the tokens
-    /// generated so far, the last one drawn but not yet run by the target), each the draft
-    /// model's most likely token after the ones before; fewer where its context ends or it
-    /// guesses an id past the target's `vocab`.
-    pub(crate) fn propose(&mut self, drafter: &Model, history: &[u32], k: usize, vocab: usize) -> Result<Vec<u32>> {
-        // The last guess is not run: positions up to history.len() + k − 2 must fit.
-        let k = k.min((drafter.spec().context_length + 1).saturating_sub(history.len()));
-        if k == 0 || history.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Keep what the cache shares with the history, less at least one token to run for logits.
-        let shared = self.run.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
-        self.cache.truncate(shared)?;
-        self.run.truncate(shared);
-        let mut logits = self.pass(drafter, &history[shared..])?;
-        self.run.extend(&history[shared..]);
-        let mut guesses = Vec::with_capacity(k);
-        loop {
-            let id = argmax(&logits);
-            if id as usize >= vocab {
-                break;
+    /// Up to `k` tokens the drafter of `model`'s stream guesses to follow `history`.
+    pub(crate) fn propose(&mut self, model: &Model, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        let vocab = model.spec().vocab_size;
+        match &mut self.side {
+            Side::Mtp(m) => m.propose(model, history, k, vocab),
+            Side::Model { cache, run } => {
+                let drafter = model.draft_model().ok_or(EngineError::NoDraftModel)?;
+                propose_with_model(cache, run, drafter, history, k, vocab)
             }
-            guesses.push(id);
-            if guesses.len() == k {
-                break;
-            }
-            logits = self.pass(drafter, &[id])?;
-            self.run.push(id);
         }
-        Ok(guesses)
     }
+}
 
-    /// Runs `tokens` on the draft model's cache, timing a one-token pass (the cost of a guess).
-    fn pass(&mut self, drafter: &Model, tokens: &[u32]) -> Result<Vec<f32>> {
-        let t0 = Instant::now();
-        let logits = drafter.logits(tokens, &mut self.cache)?;
-        if tokens.len() == 1 {
-            drafter.passes.record(1, t0.elapsed().as_secs_f64());
-        }
-        Ok(logits)
+/// Up to `k` tokens the draft model guesses to follow `history` (the prompt and the tokens
+/// generated so far, the last one drawn but not yet run by the target), each the draft model's
+/// most likely token after the ones before; fewer where its context ends or it guesses an id
+/// past the target's `vocab`. `cache` holds the draft model's run of the tokens `run`.
+fn propose_with_model(
+    cache: &mut SequenceState,
+    run: &mut Vec<u32>,
+    drafter: &Model,
+    history: &[u32],
+    k: usize,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    // The last guess is not run: positions up to history.len() + k − 2 must fit.
+    let k = k.min((drafter.spec().context_length + 1).saturating_sub(history.len()));
+    if k == 0 || history.is_empty() {
+        return Ok(Vec::new());
     }
+    // Keep what the cache shares with the history, less at least one token to run for logits.
+    let shared = run.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
+    cache.truncate(shared)?;
+    run.truncate(shared);
+    let mut logits = pass(cache, drafter, &history[shared..])?;
+    run.extend(&history[shared..]);
+    let mut guesses = Vec::with_capacity(k);
+    loop {
+        let id = argmax(&logits);
+        if id as usize >= vocab {
+            break;
+        }
+        guesses.push(id);
+        if guesses.len() == k {
+            break;
+        }
+        logits = pass(cache, drafter, &[id])?;
+        run.push(id);
+    }
+    Ok(guesses)
+}
+
+/// Runs `tokens` on the draft model's `cache`, timing a one-token pass (the cost of a guess).
+fn pass(cache: &mut SequenceState, drafter: &Model, tokens: &[u32]) -> Result<Vec<f32>> {
+    let t0 = Instant::now();
+    let logits = drafter.logits(tokens, cache)?;
+    if tokens.len() == 1 {
+        drafter.passes.record(1, t0.elapsed().as_secs_f64());
+    }
+    Ok(logits)
 }
 
 #[cfg(test)]

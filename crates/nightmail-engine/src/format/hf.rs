@@ -42,6 +42,8 @@ pub(crate) struct HfDir {
     prefix: TextPrefix,
     /// Per layer, gpt-oss's fused experts rebuilt per expert on first use (None: not fused).
     fused: Vec<OnceLock<Option<Vec<FusedExpert>>>>,
+    /// `num_hidden_layers`: the index a multi-token-prediction layer takes (`mtp_names`).
+    layers: usize,
 }
 
 impl HfDir {
@@ -60,12 +62,13 @@ impl HfDir {
         }
         let prefix = TextPrefix::of(&tensors);
         let count = tensors.len();
-        let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new() };
+        let mut hf = HfDir { dir: dir.to_path_buf(), config, shards, tensors, prefix, fused: Vec::new(), layers: 0 };
         // A layer holds at least one tensor, so a count past that is a corrupt config (which the
         // spec refuses): nothing is sized by it here.
         let layers =
             hf.text_config().get("num_hidden_layers").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
         hf.fused = (0..layers.min(count)).map(|_| OnceLock::new()).collect();
+        hf.layers = layers;
         Ok(hf)
     }
 
@@ -158,12 +161,40 @@ impl HfDir {
 
     /// A tensor by its GGUF name, translated to the transformers name.
     pub fn tensor(&self, gguf_name: &str) -> Result<Option<TensorView<'_>>> {
-        for candidate in hf_names(gguf_name) {
+        for candidate in hf_names(gguf_name).into_iter().chain(self.mtp_names(gguf_name)) {
             if let Some(v) = self.view(&candidate)? {
                 return Ok(Some(v));
             }
         }
         Ok(None)
+    }
+
+    /// Where Qwen3-Next's and Qwen3.5's checkpoints keep their multi-token-prediction layer, as
+    /// `blk.{num_hidden_layers}.*` translates (vLLM's qwen3_next_mtp.py; llama.cpp's
+    /// conversion/qwen.py maps them to the same NEXTN names): its own parts `mtp.fc`,
+    /// `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, its block `mtp.layers.0.`.
+    fn mtp_names(&self, gguf_name: &str) -> Vec<String> {
+        let Some((layer, tail)) = gguf_name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else {
+            return vec![];
+        };
+        if layer.parse::<usize>().ok() != Some(self.layers) {
+            return vec![];
+        }
+        let own = match tail {
+            "nextn.eh_proj.weight" => Some("fc"),
+            "nextn.enorm.weight" => Some("pre_fc_norm_embedding"),
+            "nextn.hnorm.weight" => Some("pre_fc_norm_hidden"),
+            "nextn.shared_head_norm.weight" => Some("norm"),
+            _ => None,
+        };
+        if let Some(own) = own {
+            return vec![format!("mtp.{own}.weight")];
+        }
+        let block = format!("model.layers.{layer}.");
+        hf_names(gguf_name)
+            .into_iter()
+            .filter_map(|n| n.strip_prefix(&block).map(|r| format!("mtp.layers.0.{r}")))
+            .collect()
     }
 
     /// The transformers name a GGUF tensor name translates to, for messages: the first whose
@@ -190,6 +221,8 @@ impl HfDir {
             format!("model.layers.{l}.mlp.experts.{e}.{qwen}.weight"),
             format!("model.layers.{l}.block_sparse_moe.experts.{e}.{mixtral}.weight"),
             format!("model.layers.{l}.ffn.experts.{e}.{mixtral}.weight"),
+            // Qwen3-Next's MTP layer (`mtp_names`).
+            if l == self.layers { format!("mtp.layers.0.mlp.experts.{e}.{qwen}.weight") } else { String::new() },
         ];
         for name in &names {
             if let Some(v) = self.view(name)? {
@@ -512,6 +545,14 @@ fn hf_names(gguf: &str) -> Vec<String> {
         "ffn_routed_down.weight" => &["block_sparse_moe.routed_expert_down_proj.weight"],
         "ffn_routed_up.weight" => &["block_sparse_moe.routed_expert_up_proj.weight"],
         "ffn_routed_norm.weight" => &["block_sparse_moe.routed_expert_norm.weight"],
+        // A multi-token-prediction layer's own parts (DeepSeek-V3's and GLM-4.5's checkpoints
+        // keep them beside its decoder block, `model.layers.N.`), under gguf-py's NEXTN_* names.
+        "nextn.eh_proj.weight" => &["eh_proj.weight"],
+        "nextn.enorm.weight" => &["enorm.weight"],
+        "nextn.hnorm.weight" => &["hnorm.weight"],
+        "nextn.shared_head_norm.weight" => &["shared_head.norm.weight"],
+        "nextn.shared_head_head.weight" => &["shared_head.head.weight"],
+        "nextn.embed_tokens.weight" => &["embed_tokens.weight"],
         _ => &[],
     };
     names.iter().map(|n| format!("{p}{n}")).collect()

@@ -88,9 +88,14 @@ pub struct ResidentExperts {
 
 impl ResidentExperts {
     pub(crate) fn load(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
+        Self::load_layers(ck, spec, (0..spec.layers).filter(|l| spec.moe_layers[*l]))
+    }
+
+    /// The routed experts of `layers` only (an MTP layer's, `model/mtp.rs`).
+    pub(crate) fn load_layers(ck: &Checkpoint, spec: &ModelSpec, layers: impl Iterator<Item = usize>) -> Result<Self> {
         let mut experts = HashMap::new();
         let Some(moe) = &spec.moe else { return Ok(ResidentExperts { experts }) };
-        for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
+        for layer in layers {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
                 let [gate, up, down] = expert_views(ck, spec, id)?;

@@ -19,6 +19,7 @@ use super::latent_moe::LatentProjection;
 use super::layers::{Linear, RmsNorm};
 use super::mla::{Mla, MlaQuery};
 use super::moe::{MoeBlock, SharedExpert};
+use super::mtp::Mtp;
 use super::rope::Rope;
 use super::router::Router;
 use super::sliding_mqa::{Compressed, Indexer, SlidingMqa, WindowShape, WindowState};
@@ -47,7 +48,7 @@ pub enum SelfAttention {
 
 impl SelfAttention {
     /// The per-token projections of `x` (rows `[tokens, _]`) that [`SelfAttention::attend`] takes.
-    fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+    pub(super) fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         Ok(match self {
             SelfAttention::Grouped(a) => {
                 let (q, k, v, gate) = a.project(x)?;
@@ -82,7 +83,7 @@ impl SelfAttention {
         }
     }
 
-    fn output(&self, attended: &Tensor) -> Result<Tensor> {
+    pub(super) fn output(&self, attended: &Tensor) -> Result<Tensor> {
         match self {
             SelfAttention::Grouped(a) => a.output(attended),
             SelfAttention::Latent(m) => m.output(attended),
@@ -96,7 +97,7 @@ impl SelfAttention {
 /// The state a layer keeps per sequence: ggml's f16 key/value rows for grouped attention under
 /// ggml numerics, f32 rows otherwise, or a linear attention's recurrent state of this shape.
 #[derive(Debug, Clone, Copy)]
-enum CacheKind {
+pub(super) enum CacheKind {
     F16 { kv_heads: usize, head_dim: usize },
     F32,
     Recurrent(StateShape),
@@ -104,7 +105,19 @@ enum CacheKind {
 }
 
 impl CacheKind {
-    fn of(attention: &SelfAttention, numerics: Numerics) -> Self {
+    /// A new sequence's state for a layer of this kind: an empty cache or a zero recurrent state.
+    pub(super) fn state(&self) -> LayerState {
+        match *self {
+            CacheKind::F16 { kv_heads, head_dim } => {
+                LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
+            }
+            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
+            CacheKind::Window(shape) => LayerState::Window(WindowState::new(shape)),
+        }
+    }
+
+    pub(super) fn of(attention: &SelfAttention, numerics: Numerics) -> Self {
         match (attention, numerics) {
             (SelfAttention::Grouped(a), Numerics::Ggml) => {
                 CacheKind::F16 { kv_heads: a.kv_heads, head_dim: a.head_dim }
@@ -122,16 +135,16 @@ impl CacheKind {
 const LATENT_NORM_EPS: f64 = 1e-6;
 
 pub struct DecoderLayer {
-    attn_norm: RmsNorm,
-    attention: SelfAttention,
-    ffn_norm: RmsNorm,
-    ffn: FeedForward,
+    pub(super) attn_norm: RmsNorm,
+    pub(super) attention: SelfAttention,
+    pub(super) ffn_norm: RmsNorm,
+    pub(super) ffn: FeedForward,
     /// Kimi K3's AttnRes mixing weights (None for a plain residual).
     residual: Option<LayerResidual>,
 }
 
 /// Token embeddings, kept in their file encoding and dequantized a row at a time.
-struct Embedding {
+pub(super) struct Embedding {
     bytes: Vec<u8>,
     dtype: crate::format::WeightDType,
     rows: usize,
@@ -139,7 +152,12 @@ struct Embedding {
 }
 
 impl Embedding {
-    fn rows(&self, tokens: &[u32]) -> Result<Tensor> {
+    /// A copy of `view`'s bytes, `[rows, cols]` (checked by the caller).
+    pub(super) fn of(view: &TensorView<'_>, rows: usize, cols: usize) -> Self {
+        Embedding { bytes: view.bytes.to_vec(), dtype: view.dtype, rows, cols }
+    }
+
+    pub(super) fn rows(&self, tokens: &[u32]) -> Result<Tensor> {
         let view = TensorView {
             name: "token_embd.weight".into(),
             dtype: self.dtype,
@@ -183,6 +201,8 @@ pub struct Transformer {
     hash_routes: Vec<Option<HashTable>>,
     experts: Arc<dyn ExpertStore>,
     prefetch: Prefetcher,
+    /// The multi-token-prediction layer, once [`Transformer::attach_mtp`] loaded it.
+    mtp: Option<Mtp>,
 }
 
 /// Guesses the next layer's experts while a layer computes, so their reads overlap its compute:
@@ -235,8 +255,7 @@ impl Transformer {
         };
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
-        let embedding =
-            Embedding { bytes: embd.bytes.to_vec(), dtype: embd.dtype, rows: spec.vocab_size, cols: hidden };
+        let embedding = Embedding::of(&embd, spec.vocab_size, hidden);
         // Tied embeddings (SmolLM2, the llama fixture): no output.weight, reuse token_embd.
         let head = ck.tensor("output.weight")?.unwrap_or(embd);
         head.expect_shape(&[spec.vocab_size, hidden])?;
@@ -280,6 +299,7 @@ impl Transformer {
             hash_routes: hash_routes(ck, spec)?,
             experts,
             prefetch: Prefetcher { depth: prefetch_depth, recall: Mutex::new(Vec::new()) },
+            mtp: None,
         };
         ck.release_pages();
         Ok((t, recorded))
@@ -289,6 +309,34 @@ impl Transformer {
     pub(crate) fn layer_builder(&self, spec: &ModelSpec) -> LayerBuilder {
         let (spec, numerics, format, experts) = (spec.clone(), self.numerics, self.format, self.experts.clone());
         Arc::new(move |source, l| Self::load_layer(source, &spec, numerics, format, &experts, l))
+    }
+
+    /// Loads the model's first multi-token-prediction layer (`model/mtp.rs`) from `ck`.
+    pub(crate) fn attach_mtp(&mut self, ck: &Checkpoint, spec: &ModelSpec) -> Result<()> {
+        let embd = ck.require("token_embd.weight")?;
+        let head = ck.tensor("output.weight")?.unwrap_or_else(|| embd.clone());
+        self.mtp = Some(Mtp::load(ck, spec, self.numerics, &embd, &head)?);
+        Ok(())
+    }
+
+    /// An empty state for the MTP layer, when one is loaded.
+    pub(crate) fn new_mtp_cache(&self) -> Option<SequenceState> {
+        self.mtp.as_ref().map(Mtp::new_cache)
+    }
+
+    /// The MTP layer over `tokens` (t_{i+1}) and the model's hidden rows `hidden` (h_i) after
+    /// what `state` holds: each row's logits and its hidden state for a chained guess.
+    pub(crate) fn forward_mtp(
+        &self,
+        tokens: &[u32],
+        hidden: &Tensor,
+        state: &mut SequenceState,
+    ) -> Result<(Tensor, Tensor)> {
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| EngineError::Compute(candle_core::Error::Msg("no MTP layer is loaded".into())))?;
+        mtp.forward(&self.embedding, &self.lm_head, tokens, hidden, state)
     }
 
     /// Take the layers [`Transformer::load`] did not keep from `store`.
@@ -530,15 +578,7 @@ impl Transformer {
     /// A new sequence's state: an empty cache or a zero recurrent state per layer (known for a
     /// streamed layer without its weights in memory).
     pub fn new_cache(&self) -> SequenceState {
-        let layer = |c: &CacheKind| match *c {
-            CacheKind::F16 { kv_heads, head_dim } => {
-                LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
-            }
-            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
-            CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
-            CacheKind::Window(shape) => LayerState::Window(WindowState::new(shape)),
-        };
-        SequenceState::new(self.caches.iter().map(layer).collect())
+        SequenceState::new(self.caches.iter().map(CacheKind::state).collect())
     }
 
     /// Run `tokens` after what `cache` holds; returns the logits `[vocab]` of the last one.
@@ -561,8 +601,26 @@ impl Transformer {
     /// ([`SequenceState::begin_verify`]) gets the logits of each of its tokens `[tokens, vocab]`
     /// (the others of their last, `[1, vocab]`).
     pub fn forward_verify_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Vec<Tensor>> {
+        Ok(self.forward_verify_groups_hidden(groups, &[])?.0)
+    }
+
+    /// As [`Transformer::forward_verify_groups`], and for each group `g` with `hidden[g]` the
+    /// final hidden state after the final norm of each of its tokens, `[tokens, hidden]` (what
+    /// an MTP layer reads, `model/mtp.rs`).
+    pub(crate) fn forward_verify_groups_hidden(
+        &self,
+        groups: &mut [(&mut SequenceState, &[u32])],
+        hidden: &[bool],
+    ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>)> {
         let verifying: Vec<bool> = groups.iter().map(|(cache, _)| cache.verifying()).collect();
         let (x, ends) = self.run_groups(groups)?;
+        let mut states = Vec::with_capacity(groups.len());
+        for (g, ((_, t), &end)) in groups.iter().zip(&ends).enumerate() {
+            states.push(match hidden.get(g) {
+                Some(true) => Some(self.norm.forward(&x.narrow(0, end - t.len(), t.len())?)?),
+                _ => None,
+            });
+        }
         let mut rows = Vec::with_capacity(groups.len());
         for (((_, t), &end), verifying) in groups.iter().zip(&ends).zip(verifying) {
             let n = if verifying { t.len() } else { 1 };
@@ -570,13 +628,15 @@ impl Transformer {
         }
         let logits = self.lm_head.forward(&self.norm.forward(&Tensor::cat(&rows, 0)?)?)?;
         let mut at = 0;
-        rows.iter()
+        let logits = rows
+            .iter()
             .map(|r| {
                 let n = r.dim(0)?;
                 at += n;
                 Ok(logits.narrow(0, at - n, n)?)
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((logits, states))
     }
 
     /// The layers over every group's tokens: the final hidden rows `[tokens, hidden]` (groups
@@ -660,7 +720,12 @@ impl Transformer {
 /// gives the tokens it gives without; the projections around it still read each weight once for
 /// all positions), keeping each recurrent state it passes; any other pass, a prefill chunk or a
 /// decode step, attends all its positions at once.
-fn attend_group(attention: &SelfAttention, rows: &[Tensor], cache: &mut SequenceState, l: usize) -> Result<Tensor> {
+pub(super) fn attend_group(
+    attention: &SelfAttention,
+    rows: &[Tensor],
+    cache: &mut SequenceState,
+    l: usize,
+) -> Result<Tensor> {
     let start = cache.position;
     let Some(trail) = cache.verify.as_mut().filter(|t| t.start == start) else {
         return attention.attend(rows, start, &mut cache.layers[l]);
@@ -895,7 +960,7 @@ fn hash_routes(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<Option<HashTable
 
 /// A layer's RMSNorm, its weight taken as 1 + w where the file stores Qwen3-Next's
 /// zero-centred w.
-fn norm(weight: &TensorView<'_>, spec: &ModelSpec, numerics: Numerics) -> Result<RmsNorm> {
+pub(super) fn norm(weight: &TensorView<'_>, spec: &ModelSpec, numerics: Numerics) -> Result<RmsNorm> {
     let n = RmsNorm::new(weight, spec.rms_norm_eps, numerics)?;
     if spec.zero_centered_norms { n.plus_one() } else { Ok(n) }
 }

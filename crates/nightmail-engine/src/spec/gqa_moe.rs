@@ -18,7 +18,9 @@ use crate::format::GgufFile;
 pub(super) fn layers_from_gguf(g: &GgufFile, arch: &str, blocks: usize) -> Result<usize> {
     // GLM-4.5's and Qwen3.5's converters count their multi-token-prediction blocks in block_count
     // (conversion/qwen.py `_Qwen35MtpMixin`); llama.cpp's main pass runs the others only.
-    if !matches!(arch, "glm4moe" | "qwen3next" | "qwen35moe") {
+    // DeepSeek-V3 with its MTP layer kept the same way (llama.cpp's DeepseekV2Model drops it,
+    // DeepseekV32Model keeps it so).
+    if !matches!(arch, "glm4moe" | "qwen3next" | "qwen35moe" | "deepseek2") {
         return Ok(blocks);
     }
     let key = format!("{arch}.nextn_predict_layers");

@@ -137,8 +137,11 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
     let load = |options: &LoadOptions| -> Result<Model, EngineError> {
         let mut model = Model::load_with(&config.path, options)?;
         // The draft model is resident beside it, refused unless it shares the tokenizer.
-        if let nightmail_config::Draft::Model(path) = &config.draft {
-            model.attach_draft_model(path)?;
+        // So is the model's own MTP layer, refused for a model without one.
+        match &config.draft {
+            nightmail_config::Draft::Model(path) => model.attach_draft_model(path)?,
+            nightmail_config::Draft::Mtp => model.attach_mtp()?,
+            _ => {}
         }
         Ok(model)
     };
@@ -468,6 +471,7 @@ impl Backend for Local {
                 nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
                 nightmail_config::Draft::None => nightmail_engine::Draft::None,
                 nightmail_config::Draft::Model(_) => nightmail_engine::Draft::Model,
+                nightmail_config::Draft::Mtp => nightmail_engine::Draft::Mtp,
             };
             let (done, result) = oneshot::channel();
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
