@@ -13,7 +13,8 @@
 #
 # NIGHTMAIL_BIN=PATH runs that binary instead of building this tree's (to bench another build,
 # e.g. main's, or on another machine); NIGHTMAIL_SUMMARY=PATH writes each run's figures there as
-# JSON lines. benches/dense_streaming_device.sh wraps this for a machine with cgroups v2.
+# JSON lines; NIGHTMAIL_THREADS=N computes on N threads (default 2). benches/dense_streaming_device.sh
+# wraps this for another machine.
 #
 # --small (default): dense 1.0 GiB F16, experts 1.27 GiB Q4_0, budget 512 MiB (minutes).
 # --medium: dense 2.1 GiB F16, experts 4.1 GiB Q4_0, budget 1024 MiB (6.4 GB on disk).
@@ -42,7 +43,7 @@ while (($#)); do
         --no-llama) LLAMA=0; shift ;;
         --no-verify) VERIFY=0; shift ;;
         --model) MODEL=$2; shift 2 ;;
-        *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,25p' "$0" >&2; exit 2 ;;
     esac
 done
 [[ $(id -u) == 0 ]] || { echo "dense_streaming.sh: needs root (drop_caches, cgroups)" >&2; exit 1; }
@@ -59,7 +60,7 @@ else
     fi
     NM=$ROOT/target/$PROFILE/nightmail
 fi
-export RAYON_NUM_THREADS=2
+export RAYON_NUM_THREADS=${NIGHTMAIL_THREADS:-2}
 case $SIZE in
     small)
         MODEL=${MODEL:-$ROOT/target/bench/dense-heavy-small.gguf}
@@ -124,7 +125,7 @@ s = json.load(sys.stdin)["plan"]["sizes"]
 print((s["fixed_bytes"] + sum(l["resident_bytes"] for l in s["layers"])) >> 20)')
 VERIFY_EXPERTS=(--cache-mb "$EXPERT_CACHE_MB" --verify 1,2,4,8)
 
-echo "model $MODEL ($(du -h "$MODEL" | cut -f1)), budget $BUDGET_MB MiB in a $CG_MB MiB cgroup, $PROFILE build, 2 threads"
+echo "model $MODEL ($(du -h "$MODEL" | cut -f1)), budget $BUDGET_MB MiB in a $CG_MB MiB cgroup, $PROFILE build, $RAYON_NUM_THREADS threads"
 for run in $(seq 1 "$REPEAT"); do
     echo "=== run $run of $REPEAT: $(uptime)"
     sync; echo 3 > /proc/sys/vm/drop_caches
@@ -222,7 +223,7 @@ PY
 done
 
 if [[ $LLAMA == 1 ]]; then
-    echo "=== llama.cpp, same file, $CG_MB MiB cgroup, 2 threads: $(uptime)"
+    echo "=== llama.cpp, same file, $CG_MB MiB cgroup, $RAYON_NUM_THREADS threads: $(uptime)"
     benches/llama_cpp_build.sh >/dev/null
     benches/llama_cpp.sh "$MODEL" --mem-mib "$CG_MB" --tokens "$TOKENS" --threads 2
     echo "=== after llama.cpp: $(uptime)"

@@ -149,3 +149,35 @@ impl From<&[u8]> for WeightBytes {
         WeightBytes::Owned(Arc::new(bytes.to_vec()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lengths no other test asks for, so that their reads cannot take these maps.
+    const KEPT: usize = 777 * ALIGN;
+    const LOOSE: usize = 779 * ALIGN;
+    const OTHER: usize = (4 << 20) + 3 * ALIGN;
+
+    fn marked(len: usize) -> AlignedBuf {
+        let mut b = AlignedBuf::new(len);
+        b.as_mut_slice()[0] = 0xAB;
+        b
+    }
+
+    #[test]
+    fn a_reserved_length_keeps_its_map_while_the_oldest_others_go() {
+        reserve_pool(&[KEPT]);
+        drop(marked(KEPT));
+        drop(marked(LOOSE));
+        // Five maps of 4 MiB, newer than both, overflow the pool's 8 MiB: the unreserved
+        // map goes (oldest first), the reserved one stays.
+        let others: Vec<AlignedBuf> = (0..5).map(|_| AlignedBuf::new(OTHER)).collect();
+        drop(others);
+        // A reused map keeps its bytes; a fresh anonymous map is zeroed.
+        assert_eq!(AlignedBuf::new(KEPT).as_slice()[0], 0xAB, "the reserved map was unmapped");
+        assert_eq!(AlignedBuf::new(LOOSE).as_slice()[0], 0, "the oldest unreserved map was kept");
+        unreserve_pool(&[KEPT]);
+        assert!(!POOL.lock().unwrap().kept.contains(&KEPT));
+    }
+}

@@ -56,3 +56,24 @@ pub(crate) fn record(what: &'static str, layer: usize, expert: Option<usize>, by
         spans.push(Span { what, layer, expert, bytes, start_us: us(since), end_us: us(end) });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_recorded_only_between_start_and_stop() {
+        // Other tests' streams may record while this one runs: only this test's kind is counted.
+        record("test_span", 1, None, 0, now());
+        start();
+        let t = now();
+        assert!(t.is_some());
+        record("test_span", 2, Some(5), 4096, t);
+        let spans: Vec<Span> = stop().into_iter().filter(|s| s.what == "test_span").collect();
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        let s = &spans[0];
+        assert_eq!((s.layer, s.expert, s.bytes), (2, Some(5), 4096));
+        assert!(s.start_us <= s.end_us);
+        assert!(now().is_none());
+    }
+}
