@@ -150,12 +150,13 @@ import json, os
 def parse(text):
     obj = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
     oom = [l.split()[1] for l in text.splitlines() if l.startswith("oom_kills")]
-    return (obj[0] if obj else None), (oom[0] if oom else "?")
+    peak = [int(l.split()[1]) for l in text.splitlines() if l.startswith("cgroup_peak_bytes")]
+    return (obj[0] if obj else None), (oom[0] if oom else "?"), (peak[0] if peak else 0)
 load = lambda k: os.environ[k].split("load average:")[-1].strip()
 plan = json.loads(os.environ["PLAN"])
 plan8 = json.loads(os.environ["PLAN8"])
-one, oom1 = parse(os.environ["ONE"])
-batch, oom8 = parse(os.environ["BATCH"])
+one, oom1, peak1 = parse(os.environ["ONE"])
+batch, oom8, peak8 = parse(os.environ["BATCH"])
 budget = int(os.environ["BUDGET_MB"]) * 2**20
 summary = {"run": int(os.environ["RUN"]), "budget_bytes": budget}
 p = plan["plan"]
@@ -163,7 +164,8 @@ print(f"plan        {len(p['resident_layers'])} of {len(p['sizes']['layers'])} d
       f"{p['dense_disk_bytes_per_token'] / 2**20:.0f} MiB dense + experts per token from disk; "
       f"predicted {plan['predicted_s_per_token']:.3f} s/token at {plan['disk_gbps']:.2f} GB/s")
 if one is None:
-    print(f"batch 1     no result (OOM kills {oom1})")
+    print(f"batch 1     no result (OOM kills {oom1}, cgroup peak {peak1 / 2**20:.0f} MiB)")
+    summary.update(oom_kills_batch1=oom1, cgroup_peak_bytes_batch1=peak1)
 else:
     print(f"batch 1     {one['s_per_token']:.3f} s/token, {one['disk_bytes_per_token'] / 2**20:.0f} MiB/token "
           f"(dense {one['dense_disk_bytes_per_token'] / 2**20:.0f}), disk {one['disk_gbps']:.2f} GB/s, "
@@ -173,7 +175,7 @@ else:
           f"(expert reads {one.get('expert_busy_fraction', float('nan')):.0%}), dense waits "
           f"{(one['dense_stats'] or {}).get('wait_s', 0):.2f} s")
     print(f"memory      peak RSS {one['rss_peak_bytes'] / 2**20:.0f} MiB = {one['rss_peak_bytes'] / budget:.2f} x budget"
-          f"  (goal <= 1.10), OOM kills {oom1}")
+          f"  (goal <= 1.10), OOM kills {oom1}, cgroup peak {peak1 / 2**20:.0f} MiB")
     # The plan's prediction at the disk rate the bench measured (the disk is shared and drifts).
     at_bench = plan["steps"][0]["disk_s_per_step"] * plan["disk_gbps"] / one["disk_gbps"]
     pred = max(at_bench, plan["steps"][0]["compute_s_per_step"])
@@ -183,9 +185,11 @@ else:
                    floor_s_per_token=one["floor_s_per_token"], ratio_to_floor=one["ratio_to_floor"],
                    disk_busy_fraction=one["disk_busy_fraction"], busy_read_gbps=one["busy_read_gbps"],
                    rss_peak_over_budget=one["rss_peak_bytes"] / budget, plan_s_per_token=pred,
-                   plan_over_bench_batch1=pred / one["s_per_token"], oom_kills_batch1=oom1)
+                   plan_over_bench_batch1=pred / one["s_per_token"], oom_kills_batch1=oom1,
+                   cgroup_peak_bytes_batch1=peak1)
 if batch is None:
-    print(f"batch 8     no result (OOM kills {oom8})")
+    print(f"batch 8     no result (OOM kills {oom8}, cgroup peak {peak8 / 2**20:.0f} MiB)")
+    summary.update(oom_kills_batch8=oom8, cgroup_peak_bytes_batch8=peak8)
 else:
     b1, b8 = batch["points"][0], batch["points"][-1]
     print(f"batch 8     {b8['tokens_per_s']:.2f} tokens/s = {b8['speedup']:.2f} x batch 1  (goal >= 3); "
@@ -201,14 +205,15 @@ else:
     summary.update(load_batch8=load("LOAD_BATCH"), batch8_s_per_step=b8["s_per_step"], speedup=b8["speedup"],
                    union_bound_speedup=b8["union_bound_speedup"],
                    fraction_of_union_bound=b8["speedup"] / b8["union_bound_speedup"],
-                   plan_over_bench_batch8=pred / b8["s_per_step"], oom_kills_batch8=oom8)
+                   plan_over_bench_batch8=pred / b8["s_per_step"], oom_kills_batch8=oom8,
+                   rss_peak_over_budget_batch8=batch["rss_peak_bytes"] / budget, cgroup_peak_bytes_batch8=peak8)
 if os.environ.get("NIGHTMAIL_SUMMARY"):
     with open(os.environ["NIGHTMAIL_SUMMARY"], "a") as f:
         f.write(json.dumps(summary) + "\n")
 for name, key in (("dense+experts streamed", "VERIFY"), ("experts streamed", "VERIFY_EXPERTS")):
     if not os.environ[key]:
         continue
-    v, oom = parse(os.environ[key])
+    v, oom, _ = parse(os.environ[key])
     if v is None:
         print(f"verify      {name}: no result (OOM kills {oom})")
         continue
