@@ -12,7 +12,11 @@ use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, is_expert_tensor};
 use crate::model::LayerRecall;
 use crate::sampling::argmax;
-use crate::stream::{DenseStats, MemoryBudget, StreamConfig, StreamStats, io::sequential_bandwidth};
+use crate::stream::{
+    DenseStats, MemoryBudget, StreamConfig, StreamStats,
+    io::{disk_busy_s, reset_disk_busy, sequential_bandwidth},
+    timeline,
+};
 use crate::{LoadOptions, Model, StreamingExperts};
 
 #[derive(Debug, Clone)]
@@ -33,6 +37,8 @@ pub struct BenchOptions {
     /// as llama.cpp's llama-bench does: a random-weight model's greedy output repeats one token,
     /// whose identical routes would make the cache look far better than real text does.
     pub greedy: bool,
+    /// Write the decode's timeline here (`stream::timeline`: one JSON span per line).
+    pub timeline: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -55,10 +61,13 @@ pub struct BenchReport {
     pub expert_bytes_per_token: f64,
     /// Disk bytes over the bytes of experts that were not already cached.
     pub read_amplification: f64,
-    /// Of the decode time, the fraction with at least one expert read in flight, and the rate
-    /// the reads achieved while so: where the time over the floor goes.
+    /// Of the decode time, the fraction with at least one read (dense or expert) in flight, and
+    /// the rate the reads achieved while so: where the time over the floor goes (a busy disk
+    /// slower than the probe, or an idle one).
     pub disk_busy_fraction: f64,
     pub busy_read_gbps: f64,
+    /// The same for expert reads alone.
+    pub expert_busy_fraction: f64,
     pub disk_gbps_before: f64,
     pub disk_gbps_after: f64,
     pub direct_io: bool,
@@ -435,6 +444,16 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
     Ok(VerifyReport { passes: passes as usize, rounds, disk_gbps: bw / 1e9, experts, top_k: k, points })
 }
 
+/// One JSON span per line (`benches/timeline.py` reads them).
+fn write_timeline(path: &Path, spans: &[timeline::Span]) -> Result<()> {
+    let mut text = String::new();
+    for s in spans {
+        text.push_str(&serde_json::to_string(s).expect("a span serializes"));
+        text.push('\n');
+    }
+    std::fs::write(path, text).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })
+}
+
 /// xorshift64* (Marsaglia 2003; Vigna 2016): the bench's seeded token stream.
 struct XorShift(u64);
 
@@ -458,13 +477,23 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     let mut logits = model.logits(&prompt, &mut cache)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     model.reset_stats();
+    reset_disk_busy();
+    if opts.timeline.is_some() {
+        timeline::start();
+    }
     let t0 = Instant::now();
     let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
     for _ in 0..opts.tokens {
         let next = if opts.greedy { argmax(&logits) } else { rng.next() % vocab };
+        let step = timeline::now();
         logits = model.logits(&[next], &mut cache)?;
+        timeline::record("step", 0, None, 0, step);
     }
     let decode_s = t0.elapsed().as_secs_f64();
+    let busy_s = disk_busy_s();
+    if let Some(path) = &opts.timeline {
+        write_timeline(path, &timeline::stop())?;
+    }
     let (stats, dense_stats) = stream_stats(&model);
     let recall = model.prefetch_recall();
     let rss = rss();
@@ -497,8 +526,9 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         ratio_to_floor: if floor > 0.0 { s_per_token / floor } else { f64::INFINITY },
         expert_bytes_per_token: stats.requests as f64 / n * avg_expert,
         read_amplification: if not_cached > 0.0 { stats.disk_bytes as f64 / not_cached } else { 0.0 },
-        disk_busy_fraction: stats.disk_busy_s / decode_s,
-        busy_read_gbps: if stats.disk_busy_s > 0.0 { stats.disk_bytes as f64 / stats.disk_busy_s / 1e9 } else { 0.0 },
+        disk_busy_fraction: busy_s / decode_s,
+        busy_read_gbps: if busy_s > 0.0 { disk_bytes_per_token * n / busy_s / 1e9 } else { 0.0 },
+        expert_busy_fraction: stats.disk_busy_s / decode_s,
         disk_gbps_before: before / 1e9,
         disk_gbps_after: after / 1e9,
         direct_io,

@@ -191,6 +191,10 @@ pub enum ModelCommand {
         /// One JSON object.
         #[arg(long)]
         json: bool,
+        /// Write the decode's timeline to this file (one JSON span per line: reads in flight,
+        /// and what the step was doing; `benches/timeline.py FILE` finds where the disk idles).
+        #[arg(long)]
+        timeline: Option<PathBuf>,
     },
     /// Time the MXFP4 mat-vec against this machine's memory bandwidth and candle's Q4_0 mat-vec
     /// on the same shape (GB/s of weights read, and their ratios).
@@ -377,6 +381,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             acceptance,
             rounds,
             json,
+            timeline,
         } => {
             let mut stream = StreamConfig::with_cache_mb(cache_mb.unwrap_or(0));
             stream.policy = policy;
@@ -397,6 +402,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 probe_bytes: probe_mb << 20,
                 probe_parallel,
                 greedy,
+                timeline,
             };
             if !verify.is_empty() {
                 let r = nightmail_engine::bench_verify(&opts, &verify, &acceptance, rounds)?;

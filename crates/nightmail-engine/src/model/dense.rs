@@ -26,12 +26,25 @@ pub trait LayerStore: Send + Sync {
 /// A layer held by a step: streamed ones are handed back to their store when the step is done
 /// with them (or fails), so the read-ahead window never waits on a step that went away.
 pub(crate) struct HeldLayer<'a> {
-    pub layer: Arc<DecoderLayer>,
-    pub release: Option<(&'a dyn LayerStore, usize)>,
+    layer: Option<Arc<DecoderLayer>>,
+    release: Option<(&'a dyn LayerStore, usize)>,
+}
+
+impl<'a> HeldLayer<'a> {
+    pub fn new(layer: Arc<DecoderLayer>, release: Option<(&'a dyn LayerStore, usize)>) -> Self {
+        HeldLayer { layer: Some(layer), release }
+    }
+
+    pub fn layer(&self) -> &DecoderLayer {
+        self.layer.as_deref().expect("a held layer is held until dropped")
+    }
 }
 
 impl Drop for HeldLayer<'_> {
     fn drop(&mut self) {
+        // The step's reference goes first, so that the store's removal drops the last one and
+        // the read buffers are free for the next read-ahead at once (stream/buf.rs's pool).
+        self.layer = None;
         if let Some((store, l)) = self.release {
             store.done(l);
         }

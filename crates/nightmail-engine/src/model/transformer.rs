@@ -28,6 +28,7 @@ use super::state::{LayerState, SequenceState};
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, Format, TensorView};
 use crate::spec::{DeepseekV4Spec, MlaSpec, ModelSpec, RopeStyle, V4AttentionKind};
+use crate::stream::timeline;
 
 pub enum FeedForward {
     Dense(Expert),
@@ -347,8 +348,8 @@ impl Transformer {
     /// Layer `l` for this step: resident, or from the store (waiting for its read).
     fn hold(&self, l: usize) -> Result<HeldLayer<'_>> {
         match (&self.layers[l], &self.streamed) {
-            (Some(layer), _) => Ok(HeldLayer { layer: layer.clone(), release: None }),
-            (None, Some(store)) => Ok(HeldLayer { layer: store.layer(l)?, release: Some((store.as_ref(), l)) }),
+            (Some(layer), _) => Ok(HeldLayer::new(layer.clone(), None)),
+            (None, Some(store)) => Ok(HeldLayer::new(store.layer(l)?, Some((store.as_ref(), l)))),
             (None, None) => unreachable!("a layer that is not resident streams"),
         }
     }
@@ -593,8 +594,11 @@ impl Transformer {
     /// the logits of each group's last token, `[groups, vocab]`.
     pub fn forward_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Tensor> {
         let (x, ends) = self.run_groups(groups)?;
+        let head = timeline::now();
         let last = ends.iter().map(|&end| x.narrow(0, end - 1, 1)).collect::<Result<Vec<_>, _>>()?;
-        self.lm_head.forward(&self.norm.forward(&Tensor::cat(&last, 0)?)?)
+        let logits = self.lm_head.forward(&self.norm.forward(&Tensor::cat(&last, 0)?)?)?;
+        timeline::record("head", 0, None, 0, head);
+        Ok(logits)
     }
 
     /// As [`Transformer::forward_groups`], but a group whose state is in a verify pass
@@ -665,8 +669,9 @@ impl Transformer {
         };
         let prefetching = self.prefetch.depth > 0;
         for l in 0..self.layers.len() {
+            let attention = timeline::now();
             let held = self.hold(l)?;
-            let layer = held.layer.as_ref();
+            let layer = held.layer();
             let xn = layer.attn_norm.forward(&stream.before_attention(l, layer.residual.as_ref())?)?;
             let projected = layer.attention.project(&xn)?;
             let mut outs = Vec::with_capacity(groups.len());
@@ -676,10 +681,12 @@ impl Transformer {
             }
             stream.add_attention(&layer.attention.output(&Tensor::cat(&outs, 0)?)?)?;
             let h = stream.current()?;
+            timeline::record("attention", l, None, 0, attention);
             let n = layer.ffn_norm.forward(&stream.before_ffn(layer.residual.as_ref())?)?;
             let f = match &layer.ffn {
                 FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
                 FeedForward::Moe(moe) => {
+                    let routing = timeline::now();
                     let routes = match &self.hash_routes[l] {
                         Some((table, k)) => {
                             let chosen: Vec<&[u32]> =
@@ -700,7 +707,11 @@ impl Transformer {
                         }
                     }
                     self.look_ahead_rows(l, &h, &verify_rows)?;
-                    moe.forward_routed(&n, &routes)?
+                    timeline::record("route", l, None, 0, routing);
+                    let experts = timeline::now();
+                    let f = moe.forward_routed(&n, &routes)?;
+                    timeline::record("experts", l, None, 0, experts);
+                    f
                 }
             };
             stream.add_ffn(&f)?;

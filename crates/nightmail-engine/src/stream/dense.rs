@@ -13,9 +13,10 @@ use std::time::Instant;
 use candle_core::quantized::GgmlDType;
 use serde::Serialize;
 
-use super::buf::WeightBytes;
+use super::buf::{WeightBytes, reserve_pool, unreserve_pool};
 use super::index::{MatrixExtent, Run, aligned_span, runs};
 use super::io::{ExpertFile, ReadRange};
+use super::timeline;
 use crate::error::{EngineError, Result};
 use crate::format::{TensorView, WeightDType};
 use crate::model::{DecoderLayer, LayerBuilder, LayerStore, Linear, Recorded, WeightSource};
@@ -155,6 +156,8 @@ struct Shared {
 pub struct StreamingLayers {
     shared: Arc<Shared>,
     readers: Vec<JoinHandle<()>>,
+    /// The buffer lengths the pool keeps for this stream's released layers (one layer's reads).
+    reserved: Vec<usize>,
 }
 
 impl StreamingLayers {
@@ -210,6 +213,13 @@ impl StreamingLayers {
             state: Mutex::new(state),
             changed: Condvar::new(),
         });
+        let reserved: Vec<usize> = shared
+            .extents
+            .values()
+            .max_by_key(|e| e.disk_bytes())
+            .map(|e| e.runs.iter().map(|r| aligned_span(r.offset, r.len)).collect())
+            .unwrap_or_default();
+        reserve_pool(&reserved);
         let readers = (0..readers.max(1))
             .map(|i| {
                 let shared = shared.clone();
@@ -219,7 +229,7 @@ impl StreamingLayers {
                     .expect("spawn a layer I/O thread")
             })
             .collect();
-        Ok(StreamingLayers { shared, readers })
+        Ok(StreamingLayers { shared, readers, reserved })
     }
 
     pub fn stats(&self) -> DenseStats {
@@ -262,6 +272,7 @@ impl Drop for StreamingLayers {
         for r in self.readers.drain(..) {
             let _ = r.join();
         }
+        unreserve_pool(&self.reserved);
     }
 }
 
@@ -278,6 +289,7 @@ impl LayerStore for StreamingLayers {
                     let layer = layer.clone();
                     if let Some(t0) = waited {
                         st.stats.wait_s += t0.elapsed().as_secs_f64();
+                        timeline::record("dense_wait", l, None, 0, timeline::now().map(|_| t0));
                     }
                     return Ok(layer);
                 }
@@ -322,6 +334,7 @@ impl LayerStore for StreamingLayers {
                     let mut st = shared.state.lock().expect("layer stream lock");
                     shared.finish_read(&mut st, l, &result);
                     st.stats.wait_s += t0.elapsed().as_secs_f64();
+                    timeline::record("dense_wait", l, None, 0, timeline::now().map(|_| t0));
                     shared.changed.notify_all();
                     return match result {
                         Ok((layer, _)) => Ok(layer),
@@ -344,6 +357,7 @@ impl LayerStore for StreamingLayers {
     }
 
     fn done(&self, l: usize) {
+        let t = timeline::now();
         let mut st = self.shared.state.lock().expect("layer stream lock");
         let Some(e) = st.window.get_mut(&l) else { return };
         e.held = e.held.saturating_sub(1);
@@ -351,6 +365,8 @@ impl LayerStore for StreamingLayers {
             self.shared.remove(&mut st, l);
             self.shared.changed.notify_all();
         }
+        drop(st);
+        timeline::record("dense_release", l, None, 0, t);
     }
 }
 
@@ -441,6 +457,7 @@ impl Shared {
     fn read(&self, l: usize) -> Result<(Arc<DecoderLayer>, usize)> {
         let extent = self.extent(l)?;
         let mut disk = 0;
+        let io = timeline::now();
         let mut bytes: Vec<Option<WeightBytes>> = vec![None; extent.tensors.len()];
         for run in &extent.runs {
             let file = &self.files[run.file];
@@ -452,9 +469,12 @@ impl Shared {
                 bytes[t] = Some(WeightBytes::Shared(buf.clone(), start..start + extent.tensors[t].len));
             }
         }
+        timeline::record("dense_io", l, None, disk as u64, io);
+        let built = timeline::now();
         let source =
             LayerBuffers { extent, bytes: bytes.into_iter().map(|b| b.expect("every tensor is in a run")).collect() };
         let layer = (self.build)(&source, l)?;
+        timeline::record("dense_build", l, None, 0, built);
         Ok((Arc::new(layer), disk))
     }
 }

@@ -62,6 +62,7 @@ impl ExpertFile {
     /// large direct read runs at a fraction of the disk's rate, which needs a deep queue (a
     /// streamed layer is tens of MiB).
     pub fn read_parallel(&self, offset: u64, len: usize, parallel: usize) -> std::io::Result<ReadRange> {
+        let _busy = InFlight::begin();
         let start = offset / ALIGN as u64 * ALIGN as u64;
         let skip = (offset - start) as usize;
         let want = skip + len;
@@ -112,6 +113,56 @@ impl ExpertFile {
     }
 }
 
+/// Seconds during which at least one read of any stream (dense layers or experts, any file) was
+/// in flight, since the last [`reset_disk_busy`]: the disk's busy time as the decode saw it, which
+/// each stream's own counter cannot give (their reads overlap).
+pub fn disk_busy_s() -> f64 {
+    let d = DISK.lock().expect("disk busy lock");
+    d.busy_s + d.since.map_or(0.0, |t| t.elapsed().as_secs_f64())
+}
+
+pub fn reset_disk_busy() {
+    let mut d = DISK.lock().expect("disk busy lock");
+    d.busy_s = 0.0;
+    if d.since.is_some() {
+        d.since = Some(Instant::now());
+    }
+}
+
+struct DiskBusy {
+    reading: usize,
+    since: Option<Instant>,
+    busy_s: f64,
+}
+
+static DISK: std::sync::Mutex<DiskBusy> = std::sync::Mutex::new(DiskBusy { reading: 0, since: None, busy_s: 0.0 });
+
+/// One read in flight, counted in [`DISK`] until dropped.
+struct InFlight;
+
+impl InFlight {
+    fn begin() -> Self {
+        let mut d = DISK.lock().expect("disk busy lock");
+        if d.reading == 0 {
+            d.since = Some(Instant::now());
+        }
+        d.reading += 1;
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut d = DISK.lock().expect("disk busy lock");
+        d.reading -= 1;
+        if d.reading == 0
+            && let Some(t) = d.since.take()
+        {
+            d.busy_s += t.elapsed().as_secs_f64();
+        }
+    }
+}
+
 /// The piece of a parallel read: the disk probe's size.
 pub const PARALLEL_CHUNK: usize = 4 << 20;
 
@@ -153,8 +204,10 @@ pub fn drop_from_page_cache(file: &File, offset: u64, len: usize) {
     let _ = (file, offset, len);
 }
 
-/// Sequential read bandwidth of `path` (bytes per second), measured the way experts are read:
-/// direct reads of `chunk` bytes, `parallel` in flight, over at most `limit` bytes from `start`.
+/// Sequential read bandwidth of `path` (bytes per second): direct reads of `chunk` bytes,
+/// `parallel` in flight, over at most `limit` bytes from `start`. Each reader reads into one
+/// buffer again and again, so that what is measured is the disk, not the kernel faulting in
+/// fresh pages (which the streams avoid by recycling their buffers, `buf.rs`).
 pub fn sequential_bandwidth(
     path: &Path,
     start: u64,
@@ -173,11 +226,14 @@ pub fn sequential_bandwidth(
             .map(|_| {
                 s.spawn(|| -> std::io::Result<u64> {
                     let mut bytes = 0u64;
+                    let mut buf = AlignedBuf::new(chunk);
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&off) = chunks.get(i) else { return Ok(bytes) };
                         let len = chunk.min((end - off) as usize);
-                        bytes += file.read(off, len)?.disk_bytes as u64;
+                        let want = len.next_multiple_of(ALIGN);
+                        file.fill(&mut buf.as_mut_slice()[..want], off, len)?;
+                        bytes += want as u64;
                     }
                 })
             })

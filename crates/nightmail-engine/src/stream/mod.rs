@@ -10,6 +10,7 @@ mod index;
 pub mod io;
 mod plan;
 mod store;
+pub mod timeline;
 
 pub use buf::{ALIGN, AlignedBuf, WeightBytes};
 pub use dense::{DenseStats, LayerExtent, StreamingLayers};

@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::buf::WeightBytes;
 use super::index::{ExpertExtent, ExpertIndex};
 use super::io::{ExpertFile, ReadRange};
+use super::timeline;
 use crate::error::{EngineError, Result};
 use crate::format::TensorView;
 use crate::model::{Expert, ExpertId, ExpertStore, Linear};
@@ -348,13 +349,20 @@ impl ExpertStore for StreamingExperts {
             }
         }
         self.shared.work.notify_all();
+        let layer = ids.first().map_or(0, |id| id.layer);
+        let mut run = |i: usize, e: &Expert| {
+            let t = timeline::now();
+            use_expert(i, e)?;
+            timeline::record("expert_compute", layer, Some(ids[i].expert), 0, t);
+            Ok::<(), EngineError>(())
+        };
         for (i, e) in ready {
-            use_expert(i, &e)?;
+            run(i, &e)?;
         }
         for _ in 0..pending {
             let (i, e) = rx.recv().expect("the I/O threads answer every waiter");
             let e = e?;
-            use_expert(i, &e)?;
+            run(i, &e)?;
         }
         Ok(())
     }
@@ -461,7 +469,11 @@ impl Shared {
                 *reading += 1;
             }
             drop(st);
+            let io = timeline::now();
             let result = self.read(id);
+            let bytes = result.as_ref().map_or(0, |(_, disk)| *disk as u64);
+            let what = if prefetch { "prefetch_io" } else { "expert_io" };
+            timeline::record(what, id.layer, Some(id.expert), bytes, io);
             st = self.state.lock().expect("expert cache lock");
             if let Some((reading, since)) = st.file_reading.get_mut(file) {
                 *reading -= 1;
