@@ -60,14 +60,7 @@ impl Q4_1Matrix {
         #[cfg(target_arch = "x86_64")]
         if super::matvec::has_avx2_f16c() {
             // SAFETY: AVX2, FMA and F16C were detected at run time.
-            return unsafe {
-                match xs.len() {
-                    1 => out.copy_from_slice(&token_dots_avx2::<1>(row, [xs[0]])),
-                    2 => out.copy_from_slice(&token_dots_avx2::<2>(row, [xs[0], xs[1]])),
-                    3 => out.copy_from_slice(&token_dots_avx2::<3>(row, [xs[0], xs[1], xs[2]])),
-                    _ => out.copy_from_slice(&token_dots_avx2::<4>(row, [xs[0], xs[1], xs[2], xs[3]])),
-                }
-            };
+            return unsafe { by_tokens!(xs, out, token_dots_avx2(row)) };
         }
         out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot_scalar(row, x));
     }
@@ -102,6 +95,20 @@ pub(super) fn has_avx2() -> bool {
 /// Tokens whose dot products with a row share one decoding of each weight block (one
 /// accumulator each: the tokens are the independent chains).
 pub(super) const TOKENS: usize = 4;
+
+/// `out.copy_from_slice(&kernel::<N>(args.., [xs[0], .., xs[N - 1]]))` for the N = `xs.len()`
+/// (1 to [`TOKENS`]) of a chunk of tokens: a kernel that keeps one accumulator per token.
+macro_rules! by_tokens {
+    ($xs:ident, $out:ident, $kernel:ident($($arg:expr),*)) => {
+        match $xs.len() {
+            1 => $out.copy_from_slice(&$kernel::<1>($($arg,)* [$xs[0]])),
+            2 => $out.copy_from_slice(&$kernel::<2>($($arg,)* [$xs[0], $xs[1]])),
+            3 => $out.copy_from_slice(&$kernel::<3>($($arg,)* [$xs[0], $xs[1], $xs[2]])),
+            _ => $out.copy_from_slice(&$kernel::<4>($($arg,)* [$xs[0], $xs[1], $xs[2], $xs[3]])),
+        }
+    };
+}
+pub(super) use by_tokens;
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
 /// blocks. One token: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r

@@ -42,7 +42,7 @@ impl Q8_0Matrix {
         )
     }
 
-    /// Row `r` against up to four tokens' blocks, into `out` (one per token).
+    /// Row `r` against up to four tokens' blocks (`TOKENS`), into `out` (one per token).
     fn token_dots(&self, r: usize, xs: &[&[Q8Block]], out: &mut [f32]) {
         let nb = self.cols / QK;
         let range = r * nb..(r + 1) * nb;
@@ -50,14 +50,7 @@ impl Q8_0Matrix {
         if has_avx2() {
             let (d, qs) = (&self.d[range.clone()], &self.qs[range.clone()]);
             // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe {
-                match xs.len() {
-                    1 => out.copy_from_slice(&token_dots_avx2::<1>(d, qs, [xs[0]])),
-                    2 => out.copy_from_slice(&token_dots_avx2::<2>(d, qs, [xs[0], xs[1]])),
-                    3 => out.copy_from_slice(&token_dots_avx2::<3>(d, qs, [xs[0], xs[1], xs[2]])),
-                    _ => out.copy_from_slice(&token_dots_avx2::<4>(d, qs, [xs[0], xs[1], xs[2], xs[3]])),
-                }
-            };
+            return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx2(d, qs)) };
         }
         out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot_scalar(&self.d[range.clone()], &self.qs[range.clone()], x));
     }
