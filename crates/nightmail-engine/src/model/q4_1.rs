@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, fill_group, row_groups_by_tokens};
+use super::matvec::{activations, fill_group, row_groups_by_tokens, rows_by_tokens};
 
 use crate::error::Result;
 
@@ -43,7 +43,26 @@ impl Q4_1Matrix {
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        q8_matmul(self.rows, self.cols, x, |r0, x| self.dots::<ROWS>(r0, x), |r, x| self.dots::<1>(r, x)[0])
+        q8_matmul(
+            self.rows,
+            self.cols,
+            x,
+            |r0, x| self.dots::<ROWS>(r0, x),
+            |r, x| self.dots::<1>(r, x)[0],
+            |r, xs, out| self.token_dots(r, xs, out),
+        )
+    }
+
+    /// Row `r` against up to [`TOKENS`] tokens' blocks, into `out` (one per token).
+    fn token_dots(&self, r: usize, xs: &[&[Q8Block]], out: &mut [f32]) {
+        let nb = self.cols / QK;
+        let row = &self.blocks[r * nb..(r + 1) * nb];
+        #[cfg(target_arch = "x86_64")]
+        if super::matvec::has_avx2_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            return unsafe { by_tokens!(xs, out, token_dots_avx2(row)) };
+        }
+        out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot_scalar(row, x));
     }
 
     /// Rows `r0..r0 + N` against one token's blocks.
@@ -73,19 +92,50 @@ pub(super) fn has_avx2() -> bool {
     }
 }
 
+/// Tokens whose dot products with a row share one decoding of each weight block (one
+/// accumulator each: the tokens are the independent chains).
+pub(super) const TOKENS: usize = 4;
+
+/// `out.copy_from_slice(&kernel::<N>(args.., [xs[0], .., xs[N - 1]]))` for the N = `xs.len()`
+/// (1 to [`TOKENS`]) of a chunk of tokens: a kernel that keeps one accumulator per token.
+macro_rules! by_tokens {
+    ($xs:ident, $out:ident, $kernel:ident($($arg:expr),*)) => {
+        match $xs.len() {
+            1 => $out.copy_from_slice(&$kernel::<1>($($arg,)* [$xs[0]])),
+            2 => $out.copy_from_slice(&$kernel::<2>($($arg,)* [$xs[0], $xs[1]])),
+            3 => $out.copy_from_slice(&$kernel::<3>($($arg,)* [$xs[0], $xs[1], $xs[2]])),
+            _ => $out.copy_from_slice(&$kernel::<4>($($arg,)* [$xs[0], $xs[1], $xs[2], $xs[3]])),
+        }
+    };
+}
+pub(super) use by_tokens;
+
 /// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
-/// blocks: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r alone.
+/// blocks. One token: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r
+/// alone. Several (a verify pass's or a batch's rows): `row_tokens(r, xs, out)` row r against
+/// up to [`TOKENS`] tokens, each weight block decoded once for all of them. Each (row, token)
+/// sum is computed in the same order either way, so a token's result does not depend on the
+/// tokens beside it.
 pub(super) fn q8_matmul<const N: usize>(
     rows: usize,
     cols: usize,
     x: &Tensor,
     dots: impl Fn(usize, &[Q8Block]) -> [f32; N] + Sync,
     one: impl Fn(usize, &[Q8Block]) -> f32 + Sync,
+    row_tokens: impl Fn(usize, &[&[Q8Block]], &mut [f32]) + Sync,
 ) -> Result<Tensor> {
     let tokens = x.dim(0)?;
     let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
-    row_groups_by_tokens(rows, tokens, rows * cols * tokens, N, |r0, out| {
-        fill_group(out, tokens, |t| dots(r0, &q8[t]), |i, t| one(r0 + i, &q8[t]))
+    if tokens == 1 {
+        return row_groups_by_tokens(rows, tokens, rows * cols, N, |r0, out| {
+            fill_group(out, tokens, |t| dots(r0, &q8[t]), |i, t| one(r0 + i, &q8[t]))
+        });
+    }
+    let xs: Vec<&[Q8Block]> = q8.iter().map(|x| &x[..]).collect();
+    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
+        for (xs, out) in xs.chunks(TOKENS).zip(out.chunks_mut(TOKENS)) {
+            row_tokens(r, xs, out);
+        }
     })
 }
 
@@ -192,21 +242,61 @@ fn block_step(
     block: &[u8; BLOCK_BYTES],
     xq: std::arch::x86_64::__m256i,
     xb: &Q8Block,
-    (acc, offsets): (std::arch::x86_64::__m256, f32),
+    acc: (std::arch::x86_64::__m256, f32),
 ) -> (std::arch::x86_64::__m256, f32) {
+    token_step(unpack(block), xq, xb, acc)
+}
+
+/// A block's scale d, offset m and 32 weights as unsigned bytes (elements 0..15, then 16..31).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack(block: &[u8; BLOCK_BYTES]) -> (f32, f32, std::arch::x86_64::__m256i) {
     use std::arch::x86_64::*;
     // SAFETY: 4- and 16-byte unaligned loads within the block.
     let (dm, packed) =
         unsafe { (_mm_cvtph_ps(_mm_loadu_si32(block.as_ptr().cast())), _mm_loadu_si128(block.as_ptr().add(4).cast())) };
-    let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
     let low = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(packed, low);
     let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-    let wq = _mm256_set_m128i(hi, lo); // elements 0..15 then 16..31
+    (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), _mm256_set_m128i(hi, lo))
+}
+
+/// An unpacked block against one token's block.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn token_step(
+    (d, m, wq): (f32, f32, std::arch::x86_64::__m256i),
+    xq: std::arch::x86_64::__m256i,
+    xb: &Q8Block,
+    (acc, offsets): (std::arch::x86_64::__m256, f32),
+) -> (std::arch::x86_64::__m256, f32) {
+    use std::arch::x86_64::*;
     // u8 (≤ 15) × i8 pairs summed to i16 cannot overflow: 2 · 15 · 128 < 2^15.
     let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), _mm256_set1_epi16(1));
     // ggml's `summs += m * s`, which GCC contracts to one fused multiply-add.
     (_mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), acc), m.mul_add(xb.s, offsets))
+}
+
+/// One row against `N` tokens' blocks, each block unpacked once; each token's sum in exactly
+/// the order [`dots_avx2`] gives a lone token.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn token_dots_avx2<const N: usize>(row: &[[u8; BLOCK_BYTES]], xs: [&[Q8Block]; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let xs = xs.map(|x| &x[..row.len()]);
+    let mut acc = [(_mm256_setzero_ps(), 0f32); N];
+    for (b, block) in row.iter().enumerate() {
+        let w = unpack(block);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b];
+            // SAFETY: a 32-byte unaligned load within the token's block.
+            let xq = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            *a = token_step(w, xq, xb, *a);
+        }
+    }
+    acc.map(|(acc, offsets)| super::matvec::hsum_avx2(acc) + offsets)
 }
 
 #[cfg(test)]
@@ -223,6 +313,26 @@ mod tests {
                 ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    #[test]
+    fn each_token_of_a_multi_token_call_equals_that_token_alone_bit_for_bit() {
+        // 11 tokens: whole groups of TOKENS and a shorter last one; 7 rows: a group of ROWS
+        // and a shorter last one in the one-token path.
+        let (rows, cols, tokens) = (7, 256, 11);
+        let w = Tensor::from_vec(random(rows * cols, 3), (rows, cols), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(random(tokens * cols, 4), (tokens, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+        let m = Q4_1Matrix::from_ggml(&q.data().unwrap(), rows, cols);
+        let all = m.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        for n in 2..=TOKENS {
+            let some = m.forward(&x.narrow(0, 0, n).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(some[..], all[..n], "the first {n} tokens");
+        }
+        for (t, row) in all.iter().enumerate() {
+            let alone = m.forward(&x.narrow(0, t, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(row, &alone[0], "token {t}");
+        }
     }
 
     #[test]
