@@ -30,7 +30,7 @@ TOKENS=8
 REPEAT=1
 PROFILE=debug
 LLAMA=1
-VERIFY=1
+RUN_VERIFY=1
 MODEL=
 while (($#)); do
     case $1 in
@@ -41,7 +41,7 @@ while (($#)); do
         --repeat) REPEAT=$2; shift 2 ;;
         --release) PROFILE=release; shift ;;
         --no-llama) LLAMA=0; shift ;;
-        --no-verify) VERIFY=0; shift ;;
+        --no-verify) RUN_VERIFY=0; shift ;;
         --model) MODEL=$2; shift 2 ;;
         *) sed -n '2,25p' "$0" >&2; exit 2 ;;
     esac
@@ -137,7 +137,7 @@ for run in $(seq 1 "$REPEAT"); do
     batch=$(in_cgroup "$CG_MB" "$NM" model bench --model "$MODEL" "${EIGHT[@]}" --tokens $((TOKENS / 2)) --json)
     load_verify="$(uptime)"
     verify= verify_experts=
-    if [[ $VERIFY == 1 ]]; then
+    if [[ $RUN_VERIFY == 1 ]]; then
         verify=$(in_cgroup "$CG_MB" "$NM" model bench --model "$MODEL" "${VERIFY[@]}" --tokens $((TOKENS / 2)) --json)
         # The dense weights resident, the expert cache and 512 MiB for the rest (KV, buffers, binary).
         verify_experts=$(in_cgroup $((DENSE_MB + EXPERT_CACHE_MB + 512)) "$NM" model bench --model "$MODEL" \
