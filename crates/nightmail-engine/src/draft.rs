@@ -23,6 +23,30 @@ pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
 pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
 
+/// Greedy guesses, for a drafter that runs a network of its own (a draft model, an MTP layer):
+/// the most likely id of `logits`, then of each pass `next` runs over the guess before, until
+/// `k` (at least one) are made or a guess is an id past the target's `vocab`.
+fn greedy_guesses(
+    k: usize,
+    vocab: usize,
+    mut logits: Vec<f32>,
+    mut next: impl FnMut(u32) -> crate::error::Result<Vec<f32>>,
+) -> crate::error::Result<Vec<u32>> {
+    let mut guesses = Vec::with_capacity(k);
+    loop {
+        let id = crate::sampling::argmax(&logits);
+        if id as usize >= vocab {
+            break;
+        }
+        guesses.push(id);
+        if guesses.len() == k {
+            break;
+        }
+        logits = next(id)?;
+    }
+    Ok(guesses)
+}
+
 /// How a generation drafts tokens ahead of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

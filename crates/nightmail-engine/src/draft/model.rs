@@ -18,7 +18,6 @@ use super::schedule::{CostLine, PassCosts};
 use crate::Model;
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
-use crate::sampling::argmax;
 use crate::tokenizer::TextTokenizer;
 
 /// Refuses a draft model whose guesses the target would misread: its tokenizer must spell every
@@ -216,22 +215,13 @@ fn propose_with_model(
     let shared = run.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
     cache.truncate(shared)?;
     run.truncate(shared);
-    let mut logits = pass(cache, drafter, &history[shared..])?;
+    let logits = pass(cache, drafter, &history[shared..])?;
     run.extend(&history[shared..]);
-    let mut guesses = Vec::with_capacity(k);
-    loop {
-        let id = argmax(&logits);
-        if id as usize >= vocab {
-            break;
-        }
-        guesses.push(id);
-        if guesses.len() == k {
-            break;
-        }
-        logits = pass(cache, drafter, &[id])?;
+    super::greedy_guesses(k, vocab, logits, |id| {
+        let logits = pass(cache, drafter, &[id])?;
         run.push(id);
-    }
-    Ok(guesses)
+        Ok(logits)
+    })
 }
 
 /// Runs `tokens` on the draft model's `cache`, timing a one-token pass (the cost of a guess).

@@ -22,7 +22,6 @@ use candle_core::Tensor;
 use crate::Model;
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
-use crate::sampling::argmax;
 
 pub(crate) struct MtpState {
     cache: SequenceState,
@@ -85,23 +84,15 @@ impl MtpState {
         if self.run != p {
             return Ok(Vec::new());
         }
-        let mut logits = logits.narrow(0, count - 1, 1)?;
+        let logits = logits.get(count - 1)?.to_vec1::<f32>()?;
         let mut h = out.narrow(0, count - 1, 1)?;
-        let mut guesses = Vec::with_capacity(k);
         #[cfg(test)]
-        tests::FIRST_GUESSES.with(|g| g.borrow_mut().push((p, argmax(&logits.squeeze(0).unwrap().to_vec1().unwrap()))));
-        loop {
-            let id = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
-            if id as usize >= vocab {
-                break;
-            }
-            guesses.push(id);
-            if guesses.len() == k {
-                break;
-            }
-            (logits, h) = self.pass(model, &[id], &h)?;
-        }
-        Ok(guesses)
+        tests::FIRST_GUESSES.with(|g| g.borrow_mut().push((p, crate::sampling::argmax(&logits))));
+        super::greedy_guesses(k, vocab, logits, |id| {
+            let (logits, next) = self.pass(model, &[id], &h)?;
+            h = next;
+            Ok(logits.get(0)?.to_vec1::<f32>()?)
+        })
     }
 
     /// The layer over `tokens` and `hidden`, timing a one-row pass (the cost of a guess).
