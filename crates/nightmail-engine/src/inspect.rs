@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::format::{Checkpoint, Format, is_expert_tensor};
+use crate::format::{Checkpoint, Format, is_expert_tensor, is_mtp_tensor};
 use crate::spec::ModelSpec;
 use crate::stream::{MemoryBudget, MemoryPlan, ModelSizes};
 
@@ -44,6 +44,16 @@ impl LayerKinds {
     }
 }
 
+/// The multi-token-prediction layers' tensors (`model/mtp.rs`), counted apart from the model's.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MtpTensors {
+    pub tensors: usize,
+    pub parameters: u64,
+    pub bytes: u64,
+    /// Their routed experts' share of `bytes`.
+    pub expert_bytes: u64,
+}
+
 /// What a memory budget holds of the model (the split `model plan` and `--memory-mb` use).
 #[derive(Debug, Clone, Serialize)]
 pub struct RamFit {
@@ -62,12 +72,16 @@ pub struct ModelInfo {
     pub layer_kinds: LayerKinds,
     /// Routed experts over all MoE layers.
     pub experts: usize,
+    /// The model proper's: the MTP layers' are in `mtp`.
     pub parameters: u64,
-    /// Tensors and bytes per element type.
+    /// Tensors and bytes per element type (the model proper's).
     pub dtypes: BTreeMap<String, DtypeUse>,
     /// Everything but routed experts: read for every token.
     pub dense_bytes: u64,
     pub expert_bytes: u64,
+    /// The multi-token-prediction layers past the last layer, where the file holds any: read
+    /// only to draft with them (`draft = "mtp"`).
+    pub mtp: Option<MtpTensors>,
     /// Routed-expert bytes one token reads: top-k experts in each MoE layer.
     pub expert_bytes_per_token: u64,
     pub has_tokenizer: bool,
@@ -86,10 +100,21 @@ pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<
     let spec = ModelSpec::read(&ck)?;
     let (mut dense, mut experts, mut parameters) = (0u64, 0u64, 0u64);
     let mut dtypes: BTreeMap<String, DtypeUse> = BTreeMap::new();
+    let mut mtp: Option<MtpTensors> = None;
     for t in ck.all_tensors()? {
         // By the type's size, not the view's bytes: a Hugging Face MXFP4 pair is viewed through
         // its blocks, and its scales count too.
         let bytes = t.dtype.byte_len(t.elem_count()) as u64;
+        if is_mtp_tensor(&t.name, spec.layers) {
+            let m = mtp.get_or_insert_default();
+            m.tensors += 1;
+            m.parameters += t.elem_count() as u64;
+            m.bytes += bytes;
+            if is_expert_tensor(&t.name) {
+                m.expert_bytes += bytes;
+            }
+            continue;
+        }
         parameters += t.elem_count() as u64;
         let u = dtypes.entry(format!("{:?}", t.dtype)).or_default();
         u.tensors += 1;
@@ -134,6 +159,7 @@ pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<
         dtypes,
         dense_bytes: dense,
         expert_bytes: experts,
+        mtp,
         expert_bytes_per_token: per_token,
         has_tokenizer,
         has_chat_template,

@@ -43,7 +43,7 @@ pub use draft::{CostLine, Draft, DraftLength, PassCosts, PromptLookup};
 pub use error::{EngineError, Result};
 pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
-pub use inspect::{DtypeUse, LayerKinds, ModelInfo, RamFit, inspect, inspect_with_memory};
+pub use inspect::{DtypeUse, LayerKinds, ModelInfo, MtpTensors, RamFit, inspect, inspect_with_memory};
 pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
 pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
 pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};
@@ -186,7 +186,7 @@ impl Model {
             return Err(EngineError::NoMtp { path: self.path.clone(), key: self.spec.mtp_key.clone() });
         }
         let ck = Checkpoint::open(&self.path)?;
-        self.net.attach_mtp(&ck, &self.spec)?;
+        self.net.attach_mtp(&ck, &self.spec, self.streaming.is_some())?;
         ck.release_pages();
         self.mtp_passes = Some(PassCosts::default());
         Ok(())

@@ -622,6 +622,15 @@ fn print_plan(r: &nightmail_engine::PlanReport) {
         p.resident_layers.len(),
         bytes(p.resident_layer_bytes as u64)
     );
+    if let Some(m) = &p.sizes.mtp {
+        println!(
+            "mtp             layer {}: dense {} resident, routed experts {} {}",
+            m.layer,
+            bytes(p.mtp_bytes as u64),
+            bytes(m.expert_bytes as u64),
+            if p.experts_resident { "resident" } else { "through the expert cache" }
+        );
+    }
     if !p.streamed_layers.is_empty() {
         println!(
             "streamed        {} dense layers, read ahead through a window of {}",
@@ -629,7 +638,7 @@ fn print_plan(r: &nightmail_engine::PlanReport) {
             bytes(p.window_bytes as u64)
         );
     }
-    match (p.experts_resident, p.sizes.expert_bytes) {
+    match (p.experts_resident, p.sizes.cached_expert_bytes()) {
         (_, 0) => {}
         (true, n) => println!("experts         all resident ({})", bytes(n as u64)),
         (false, n) => println!(
@@ -778,6 +787,15 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
     println!("dense weights  {}", bytes(info.dense_bytes));
     println!("expert weights {}", bytes(info.expert_bytes));
     println!("experts/token  {} ({} routed experts in all)", bytes(info.expert_bytes_per_token), info.experts);
+    if let Some(m) = &info.mtp {
+        println!(
+            "mtp            {} tensors, {} ({} of routed experts), {} parameters: apart from the totals above",
+            m.tensors,
+            bytes(m.bytes),
+            bytes(m.expert_bytes),
+            m.parameters
+        );
+    }
     if let Some(r) = &info.ram {
         let p = &r.plan;
         println!(

@@ -202,6 +202,23 @@ pub(crate) fn is_expert_tensor(name: &str) -> bool {
     name.contains("_exps.") || (name.contains(".experts.") && !name.contains("shared_expert"))
 }
 
+/// The layer index of a layer's tensor (`blk.N.` in GGUF, `model.layers.N.` in transformers).
+pub(crate) fn layer_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "blk" || p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Whether a tensor belongs to a multi-token-prediction layer past the model's `layers`
+/// (`model/mtp.rs`): `blk.N.` / `model.layers.N.` with N ≥ `layers`, or Qwen3-Next's `mtp.*`.
+pub(crate) fn is_mtp_tensor(name: &str, layers: usize) -> bool {
+    name.starts_with("mtp.") || layer_of(name).is_some_and(|l| l >= layers)
+}
+
 /// A JSON file that may be absent or unreadable (optional extras such as generation_config.json).
 pub(crate) fn read_json_opt(path: &Path) -> Option<serde_json::Value> {
     hf::read_json(path).ok()

@@ -18,7 +18,7 @@ mod layers;
 mod matvec;
 mod mla;
 mod moe;
-mod mtp;
+pub(crate) mod mtp;
 pub mod mxfp4;
 mod q4_0;
 mod q4_1;

@@ -47,15 +47,46 @@ pub struct Mtp {
     chain_normed: bool,
 }
 
+/// The index of the checkpoint's first MTP layer (`spec.layers`) where its configuration counts
+/// one and the file holds it (its `eh_proj`): the layer [`Mtp::load`] loads.
+pub(crate) fn shipped_layer(ck: &Checkpoint, spec: &ModelSpec) -> Result<Option<usize>> {
+    let l = spec.layers;
+    let held = spec.mtp_layers > 0 && ck.tensor(&format!("blk.{l}.nextn.eh_proj.weight"))?.is_some();
+    Ok(held.then_some(l))
+}
+
+/// The shipped MTP layer's index where it is a MoE layer (it has a router): its routed experts
+/// are the model's too, streamed through the same store and cache (`stream/index.rs`), listed in
+/// the memory plan and packed with the rest (`pack/`).
+pub(crate) fn moe_layer(ck: &Checkpoint, spec: &ModelSpec) -> Result<Option<usize>> {
+    let Some(l) = shipped_layer(ck, spec)? else { return Ok(None) };
+    Ok((spec.moe.is_some() && ck.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?.is_some()).then_some(l))
+}
+
+/// The MTP layer's own `name` (`embed_tokens`, `shared_head_head`) where the checkpoint holds
+/// one that is not a copy of the model's `model` (vLLM and SGLang share a copy; so does this).
+pub(crate) fn own_copy<'a>(
+    ck: &'a Checkpoint,
+    spec: &ModelSpec,
+    name: &str,
+    model: &TensorView<'_>,
+) -> Result<Option<TensorView<'a>>> {
+    let Some(w) = ck.tensor(&format!("blk.{}.nextn.{name}.weight", spec.layers))? else { return Ok(None) };
+    w.expect_shape(&[spec.vocab_size, spec.hidden_size])?;
+    Ok((w.dtype != model.dtype || w.bytes != model.bytes).then_some(w))
+}
+
 impl Mtp {
-    /// The first MTP layer (`spec.layers`, counted from 0), its routed experts resident. The
-    /// model's embedding and head (`embd`, `head`) stand in for copies of them.
+    /// The first MTP layer (`spec.layers`, counted from 0). Its routed experts come from
+    /// `experts`, the model's store, where the model streams them (that store's index lists the
+    /// layer: [`moe_layer`]); else they are loaded resident here. The model's embedding and head
+    /// (`embd`, `head`) stand in for copies of them.
     pub(super) fn load(
         ck: &Checkpoint,
         spec: &ModelSpec,
         numerics: Numerics,
-        embd: &TensorView<'_>,
-        head: &TensorView<'_>,
+        (embd, head): (&TensorView<'_>, &TensorView<'_>),
+        experts: Option<&Arc<dyn ExpertStore>>,
     ) -> Result<Self> {
         let l = spec.layers;
         let hidden = spec.hidden_size;
@@ -80,13 +111,11 @@ impl Mtp {
         deeper.layers = l + 1;
         deeper.moe_layers.push(ck.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))?.is_some());
         deeper.attention.sliding_window.push(None);
-        let experts: Arc<dyn ExpertStore> = Arc::new(ResidentExperts::load_layers(ck, &deeper, [l].into_iter())?);
-        // A copy of the model's own: shared, as vLLM and SGLang share it.
-        let own = |name: &str, model: &TensorView<'_>| -> Result<Option<TensorView<'_>>> {
-            let Some(w) = ck.tensor(&format!("blk.{l}.nextn.{name}.weight"))? else { return Ok(None) };
-            w.expect_shape(&[spec.vocab_size, hidden])?;
-            Ok((w.dtype != model.dtype || w.bytes != model.bytes).then_some(w))
+        let experts: Arc<dyn ExpertStore> = match experts {
+            Some(store) => store.clone(),
+            None => Arc::new(ResidentExperts::load_layers(ck, &deeper, [l].into_iter())?),
         };
+        let own = |name: &str, model: &TensorView<'_>| own_copy(ck, spec, name, model);
         let block = super::Transformer::load_layer(ck, &deeper, numerics, ck.format(), &experts, l)?;
         Ok(Mtp {
             enorm,

@@ -312,11 +312,13 @@ impl Transformer {
         Arc::new(move |source, l| Self::load_layer(source, &spec, numerics, format, &experts, l))
     }
 
-    /// Loads the model's first multi-token-prediction layer (`model/mtp.rs`) from `ck`.
-    pub(crate) fn attach_mtp(&mut self, ck: &Checkpoint, spec: &ModelSpec) -> Result<()> {
+    /// Loads the model's first multi-token-prediction layer (`model/mtp.rs`) from `ck`, its
+    /// routed experts from the model's own store where `streamed` (the store lists them).
+    pub(crate) fn attach_mtp(&mut self, ck: &Checkpoint, spec: &ModelSpec, streamed: bool) -> Result<()> {
         let embd = ck.require("token_embd.weight")?;
         let head = ck.tensor("output.weight")?.unwrap_or_else(|| embd.clone());
-        self.mtp = Some(Mtp::load(ck, spec, self.numerics, &embd, &head)?);
+        let experts = streamed.then_some(&self.experts);
+        self.mtp = Some(Mtp::load(ck, spec, self.numerics, (&embd, &head), experts)?);
         Ok(())
     }
 

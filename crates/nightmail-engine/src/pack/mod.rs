@@ -18,7 +18,7 @@ use crate::format::{
 };
 use crate::model::ExpertId;
 use crate::spec::ModelSpec;
-use crate::stream::{expert_biases, expert_views};
+use crate::stream::{expert_biases, expert_layers, expert_views};
 
 mod requantize;
 
@@ -112,7 +112,10 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
     }
     let tied = ck.tensor("output.weight")?.is_none();
     for t in ck.all_tensors()?.into_iter().filter(|t| !is_expert_tensor(&t.name)) {
-        let head = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+        // The MTP layer's own head, where it has one, is a head too.
+        let head = t.name == "output.weight"
+            || (tied && t.name == "token_embd.weight")
+            || t.name.ends_with(".nextn.shared_head_head.weight");
         let to = opts.dense.and_then(|q| requantize::target(&t, q, head));
         let header = TensorHeader::new(t.name.clone(), to.map_or(t.dtype, Into::into), &t.shape);
         if to.is_some() {
@@ -123,7 +126,8 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         tensors.push(Packed { header, view: t, requantize: to.is_some(), expert: None });
     }
     if let Some(moe) = &spec.moe {
-        for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
+        // The MTP layer's experts too (`model/mtp.rs`): its dense tensors are among the rest.
+        for layer in expert_layers(&ck, &spec)? {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
                 for (m, v) in ExpertMatrix::ALL.into_iter().zip(expert_views(&ck, &spec, id)?) {

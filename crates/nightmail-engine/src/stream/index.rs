@@ -113,6 +113,15 @@ pub(crate) fn expert_biases<'a>(
     Ok(biases)
 }
 
+/// The layers whose routed experts lie on disk for the model to read: its MoE layers, and the
+/// MTP layer where the checkpoint ships one with experts (`model/mtp.rs`), which draws on the
+/// same store and cache when it drafts.
+pub(crate) fn expert_layers(ck: &Checkpoint, spec: &ModelSpec) -> Result<Vec<usize>> {
+    let mut layers: Vec<usize> = (0..spec.layers).filter(|l| spec.moe_layers[*l]).collect();
+    layers.extend(crate::model::mtp::moe_layer(ck, spec)?);
+    Ok(layers)
+}
+
 impl ExpertIndex {
     pub(crate) fn build(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
         let mut files: Vec<PathBuf> = Vec::new();
@@ -146,7 +155,7 @@ impl ExpertIndex {
                 shape: v.shape.clone(),
             })
         };
-        for layer in (0..spec.layers).filter(|l| spec.moe_layers[*l]) {
+        for layer in expert_layers(ck, spec)? {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
                 let [g, u, d] = expert_views(ck, spec, id)?;

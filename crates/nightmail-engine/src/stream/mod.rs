@@ -15,6 +15,6 @@ pub mod timeline;
 pub use buf::{ALIGN, AlignedBuf, WeightBytes};
 pub use dense::{DenseStats, LayerExtent, StreamingLayers};
 pub use index::{ExpertExtent, ExpertIndex, MatrixExtent, aligned_span};
-pub(crate) use index::{expert_biases, expert_views};
-pub use plan::{DEFAULT_KV_TOKENS, LayerSize, MemoryBudget, MemoryPlan, ModelSizes};
+pub(crate) use index::{expert_biases, expert_layers, expert_views};
+pub use plan::{DEFAULT_KV_TOKENS, LayerSize, MemoryBudget, MemoryPlan, ModelSizes, MtpSize};
 pub use store::{CachePolicy, FileStats, StreamConfig, StreamStats, StreamingExperts};

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::dense::copied_bytes;
 use super::index::aligned_span;
 use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, is_expert_tensor};
+use crate::format::{Checkpoint, is_expert_tensor, is_mtp_tensor, layer_of};
 use crate::model::Numerics;
 use crate::spec::ModelSpec;
 
@@ -51,6 +51,21 @@ pub struct LayerSize {
     pub stream_bytes: usize,
 }
 
+/// The multi-token-prediction layer a checkpoint ships (`model/mtp.rs`), counted apart from the
+/// model's layers: its dense weights stay resident beside the embedding and head, and its routed
+/// experts share the model's cache. Counted whenever the checkpoint holds the layer, so that a
+/// budget holds with `draft = "mtp"` (a model that never drafts with it reserves its dense bytes
+/// for nothing: about 1% of DeepSeek-V3).
+#[derive(Debug, Clone, Serialize)]
+pub struct MtpSize {
+    pub layer: usize,
+    /// Memory its dense weights take resident (copies of the model's embedding and head, which
+    /// it shares, not counted).
+    pub resident_bytes: usize,
+    /// Its routed experts' bytes on disk (streamed with the model's).
+    pub expert_bytes: usize,
+}
+
 /// A model's sizes, from its tensor headers alone.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSizes {
@@ -70,9 +85,16 @@ pub struct ModelSizes {
     /// tail), whatever its length.
     pub state_bytes: usize,
     pub context_length: usize,
+    /// The MTP layer, where the checkpoint ships one; `expert_bytes` above excludes its experts.
+    pub mtp: Option<MtpSize>,
 }
 
 impl ModelSizes {
+    /// Routed-expert bytes the cache may hold: the model's and the MTP layer's.
+    pub fn cached_expert_bytes(&self) -> usize {
+        self.expert_bytes + self.mtp.as_ref().map_or(0, |m| m.expert_bytes)
+    }
+
     pub(crate) fn read(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
         let mut layers: BTreeMap<usize, LayerSize> = (0..spec.layers)
             .map(|l| (l, LayerSize { layer: l, disk_bytes: 0, resident_bytes: 0, stream_bytes: 0 }))
@@ -80,8 +102,29 @@ impl ModelSizes {
         let (mut fixed, mut experts) = (0, 0);
         let mut has_output = false;
         let mut embedding = 0;
+        let mut mtp = crate::model::mtp::shipped_layer(ck, spec)?.map(|layer| MtpSize {
+            layer,
+            resident_bytes: 0,
+            expert_bytes: 0,
+        });
+        // Only the first MTP layer is ever loaded: `blk.N.` / `model.layers.N.`, or Qwen3-Next's
+        // own parts and `mtp.layers.0.`.
+        let first_mtp = |name: &str| match name.strip_prefix("mtp.") {
+            Some(rest) => layer_of(rest).is_none_or(|k| k == 0),
+            None => layer_of(name) == Some(spec.layers),
+        };
         for t in ck.all_tensors()? {
             let len = t.bytes.len();
+            if is_mtp_tensor(&t.name, spec.layers) {
+                if let Some(m) = mtp.as_mut().filter(|_| first_mtp(&t.name)) {
+                    if is_expert_tensor(&t.name) {
+                        m.expert_bytes += len;
+                    } else {
+                        m.resident_bytes += copied_bytes(t.dtype, &t.shape, len, false);
+                    }
+                }
+                continue;
+            }
             if is_expert_tensor(&t.name) {
                 experts += len;
                 continue;
@@ -106,6 +149,18 @@ impl ModelSizes {
         // Tied embeddings: the head is a second copy of the embedding.
         if !has_output {
             fixed += embedding;
+        }
+        // The MTP layer shares copies of the model's embedding and head (`mtp::own_copy`).
+        if let Some(m) = &mut mtp {
+            let embd = ck.require("token_embd.weight")?;
+            let head = ck.tensor("output.weight")?.unwrap_or_else(|| embd.clone());
+            for (name, model) in [("embed_tokens", &embd), ("shared_head_head", &head)] {
+                if let Some(w) = ck.tensor(&format!("blk.{}.nextn.{name}.weight", m.layer))?
+                    && crate::model::mtp::own_copy(ck, spec, name, model)?.is_none()
+                {
+                    m.resident_bytes -= copied_bytes(w.dtype, &w.shape, w.bytes.len(), false);
+                }
+            }
         }
         let a = &spec.attention;
         let numerics = match ck.tensor("blk.0.attn_q.weight")? {
@@ -147,19 +202,9 @@ impl ModelSizes {
             kv_bytes_per_token: kv_per_layer * (spec.layers - kda_layers - delta_layers),
             state_bytes,
             context_length: spec.context_length,
+            mtp,
         })
     }
-}
-
-/// The layer index of a dense tensor (`blk.N.` in GGUF, `model.layers.N.` in transformers).
-fn layer_of(name: &str) -> Option<usize> {
-    let mut parts = name.split('.');
-    while let Some(p) = parts.next() {
-        if p == "blk" || p == "layers" {
-            return parts.next()?.parse().ok();
-        }
-    }
-    None
 }
 
 /// What stays in RAM and what streams, for one budget.
@@ -170,13 +215,15 @@ pub struct MemoryPlan {
     /// layer streamed, and one layer's routed experts in flight.
     pub minimum_bytes: usize,
     pub fixed_bytes: usize,
+    /// The MTP layer's dense weights, resident (0 without one: `ModelSizes::mtp`).
+    pub mtp_bytes: usize,
     pub kv_bytes: usize,
     pub resident_layers: Vec<usize>,
     pub resident_layer_bytes: usize,
     pub streamed_layers: Vec<usize>,
     /// The read-ahead window of streamed layers (0 when none streams).
     pub window_bytes: usize,
-    /// The expert cache, or every expert when `experts_resident`.
+    /// The expert cache, or every expert (the MTP layer's too) when `experts_resident`.
     pub expert_cache_bytes: usize,
     pub experts_resident: bool,
     /// Dense bytes read from disk per step (the streamed layers).
@@ -210,15 +257,17 @@ impl MemoryPlan {
             Some((pinned, largest)) => pinned + largest,
             None => largest.min(all_layers),
         };
-        let minimum = sizes.fixed_bytes + kv + dense_minimum + in_flight;
+        let mtp = sizes.mtp.as_ref().map_or(0, |m| m.resident_bytes);
+        let minimum = sizes.fixed_bytes + mtp + kv + dense_minimum + in_flight;
         if budget.bytes < minimum {
             return Err(EngineError::MemoryBudget {
                 budget_mb: budget.bytes as f64 / MIB,
                 minimum_mb: (minimum as f64 / MIB).ceil() as usize,
                 detail: format!(
-                    "embedding and head {:.1} MiB, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
+                    "embedding and head {:.1} MiB{}, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
                      layers {:.1} MiB (the largest streamed), {} routed experts in flight {:.1} MiB",
                     sizes.fixed_bytes as f64 / MIB,
+                    if mtp > 0 { format!(", MTP layer {:.1} MiB", mtp as f64 / MIB) } else { String::new() },
                     budget.kv_tokens.min(sizes.context_length.max(1)),
                     kv as f64 / MIB,
                     dense_minimum as f64 / MIB,
@@ -227,7 +276,7 @@ impl MemoryPlan {
                 ),
             });
         }
-        let mut left = budget.bytes - sizes.fixed_bytes - kv - in_flight;
+        let mut left = budget.bytes - sizes.fixed_bytes - mtp - kv - in_flight;
         let (mut resident, mut streamed) = (Vec::new(), Vec::new());
         let window = if let (Some(set), Some((pinned, _))) = (&budget.stream_layers, forced) {
             left -= pinned;
@@ -277,7 +326,7 @@ impl MemoryPlan {
             window
         };
         let expert_cache = left + in_flight;
-        let experts_resident = expert_cache >= sizes.expert_bytes;
+        let experts_resident = expert_cache >= sizes.cached_expert_bytes();
         let resident_layer_bytes = resident.iter().map(|&l| sizes.layers[l].resident_bytes).sum();
         let dense_disk = streamed.iter().map(|&l| sizes.layers[l].disk_bytes).sum();
         let expert_per_token = (sizes.expert_bytes * sizes.top_k).checked_div(sizes.experts_per_layer).unwrap_or(0);
@@ -285,12 +334,13 @@ impl MemoryPlan {
             budget_bytes: budget.bytes,
             minimum_bytes: minimum,
             fixed_bytes: sizes.fixed_bytes,
+            mtp_bytes: mtp,
             kv_bytes: kv,
             resident_layers: resident,
             resident_layer_bytes,
             streamed_layers: streamed,
             window_bytes: window,
-            expert_cache_bytes: if experts_resident { sizes.expert_bytes } else { expert_cache },
+            expert_cache_bytes: if experts_resident { sizes.cached_expert_bytes() } else { expert_cache },
             experts_resident,
             dense_disk_bytes_per_token: dense_disk,
             expert_bytes_per_token: expert_per_token,
@@ -304,7 +354,7 @@ impl MemoryPlan {
         if self.experts_resident || self.sizes.expert_bytes == 0 {
             1.0
         } else {
-            (self.expert_cache_bytes as f64 / self.sizes.expert_bytes as f64).min(1.0)
+            (self.expert_cache_bytes as f64 / self.sizes.cached_expert_bytes() as f64).min(1.0)
         }
     }
 
@@ -365,6 +415,7 @@ mod tests {
             kv_bytes_per_token: 10,
             state_bytes: 0,
             context_length: 100,
+            mtp: None,
         }
     }
 
@@ -450,6 +501,7 @@ mod tests {
 
     #[test]
     fn layer_indices_come_from_gguf_and_transformers_names() {
+        use crate::format::layer_of;
         assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
         assert_eq!(layer_of("model.layers.3.self_attn.q_proj.weight"), Some(3));
         assert_eq!(layer_of("token_embd.weight"), None);
