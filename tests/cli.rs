@@ -383,6 +383,8 @@ fn model_generate_with_the_models_mtp_layer_gives_the_plain_tokens_or_says_it_ha
     let inspect = nightmail(&["model", "inspect", fixture.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&inspect.stdout);
     assert!(text.contains("mtp            1 multi-token-prediction layer(s)"), "{text}");
+    // Its tensors (mtp.safetensors: 44, 192 KiB of them routed experts) apart from the model's.
+    assert!(text.contains("mtp weights    44 tensors, ") && text.contains("(192.0 KiB of routed experts)"), "{text}");
     let model = common::demo_model();
     let bad = nightmail(&["model", "generate", "--model", model.to_str().unwrap(), "--prompt", "hi", "--draft", "mtp"]);
     let said = stderr(&bad);

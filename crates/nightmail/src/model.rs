@@ -789,7 +789,7 @@ fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> anyhow::Resul
     println!("experts/token  {} ({} routed experts in all)", bytes(info.expert_bytes_per_token), info.experts);
     if let Some(m) = &info.mtp {
         println!(
-            "mtp            {} tensors, {} ({} of routed experts), {} parameters: apart from the totals above",
+            "mtp weights    {} tensors, {} ({} of routed experts), {} parameters, apart from the totals above",
             m.tensors,
             bytes(m.bytes),
             bytes(m.expert_bytes),

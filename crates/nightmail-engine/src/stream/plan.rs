@@ -158,7 +158,8 @@ impl ModelSizes {
                 if let Some(w) = ck.tensor(&format!("blk.{}.nextn.{name}.weight", m.layer))?
                     && crate::model::mtp::own_copy(ck, spec, name, model)?.is_none()
                 {
-                    m.resident_bytes -= copied_bytes(w.dtype, &w.shape, w.bytes.len(), false);
+                    m.resident_bytes =
+                        m.resident_bytes.saturating_sub(copied_bytes(w.dtype, &w.shape, w.bytes.len(), false));
                 }
             }
         }
