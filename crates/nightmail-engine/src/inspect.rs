@@ -52,6 +52,8 @@ pub struct MtpTensors {
     pub bytes: u64,
     /// Their routed experts' share of `bytes`.
     pub expert_bytes: u64,
+    /// Tensors and bytes per element type.
+    pub dtypes: BTreeMap<String, DtypeUse>,
 }
 
 /// What a memory budget holds of the model (the split `model plan` and `--memory-mb` use).
@@ -113,6 +115,9 @@ pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<
             if is_expert_tensor(&t.name) {
                 m.expert_bytes += bytes;
             }
+            let u = m.dtypes.entry(format!("{:?}", t.dtype)).or_default();
+            u.tensors += 1;
+            u.bytes += bytes;
             continue;
         }
         parameters += t.elem_count() as u64;

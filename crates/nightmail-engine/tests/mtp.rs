@@ -369,9 +369,21 @@ fn a_packed_model_keeps_its_mtp_layer_and_drafts_with_it() {
             let report = nightmail_engine::pack_with(&src, &packed, &PackOptions { dense, stripe: vec![] }).unwrap();
             let what = format!("{fixture} packed, dense {dense:?}");
             assert!(dense.is_none() || report.requantized > 0, "{what}");
-            // The packed file holds the MTP layer's experts, one by one.
-            let mtp_experts = |p: &Path| nightmail_engine::inspect(p).unwrap().mtp.unwrap().expert_bytes;
-            assert_eq!(mtp_experts(&packed), mtp_experts(&src), "{what}");
+            // The packed file holds the MTP layer's experts, one by one, and its dense matrices
+            // requantized with the model's (its norms and router stay f32).
+            let (before, after) =
+                (nightmail_engine::inspect(&src).unwrap(), nightmail_engine::inspect(&packed).unwrap());
+            let (before, after) = (before.mtp.unwrap(), after.mtp.unwrap());
+            assert_eq!(after.expert_bytes, before.expert_bytes, "{what}");
+            // Three stacked expert tensors became three per expert.
+            assert_eq!(after.tensors, before.tensors - 3 + 3 * 8, "{what}");
+            if dense.is_none() {
+                assert_eq!(after.bytes, before.bytes, "{what}");
+            }
+            if let Some(q) = dense {
+                let requantized = after.dtypes.get(&format!("{q:?}")).map_or(0, |u| u.tensors);
+                assert!(requantized >= 4, "{what}: {:?}", after.dtypes);
+            }
             let mut seen = Vec::new();
             for model in [with_mtp(&packed), streamed_with_mtp(&packed)] {
                 let got = model.mtp_logits(&sequence).unwrap();
