@@ -21,7 +21,7 @@ mod schedule;
 
 pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
-pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens};
+pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens, lookup_draft_len};
 
 /// Greedy guesses, for a drafter that runs a network of its own (a draft model, an MTP layer):
 /// the most likely id of `logits`, then of each pass `next` runs over the guess before, until

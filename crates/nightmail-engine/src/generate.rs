@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
-use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len};
+use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len, lookup_draft_len};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -134,15 +134,20 @@ pub struct TokenStream<'m> {
     /// Drafted tokens the last verify pass ran after the last generated token, each with the
     /// logits that follow it: in the cache, but not accepted yet.
     ahead: VecDeque<(u32, Vec<f32>)>,
-    /// Guesses made but not run (the schedule chose plain decoding), judged against the drawn
-    /// tokens as run guesses are, so that the acceptance rate is known whether drafting pays or
-    /// not.
+    /// A drafter's guesses made but not run (the schedule chose plain decoding), judged against
+    /// the drawn tokens as run guesses are, so that the acceptance rate is known whether drafting
+    /// pays or not.
     shadow: VecDeque<u32>,
     /// The running rate at which guesses hold, and the guesses accepted so far in the current
     /// run (run or shadow): with the model's pass costs they set each pass's number of guesses
     /// (`draft/schedule.rs`).
     acceptance: Acceptance,
     run_accepted: usize,
+    /// Prompt lookup's first guess at the last pass planned (run or not), judged against the
+    /// next drawn token, and the rate at which first guesses hold: lookup's α, since the guesses
+    /// after the first follow the copy's length, not one rate (`draft::lookup_draft_len`).
+    first_guess: Option<u32>,
+    first_guess_rate: Acceptance,
     verify_steps: usize,
     drafted: usize,
     accepted: usize,
@@ -368,6 +373,8 @@ impl Model {
             ahead: VecDeque::new(),
             shadow: VecDeque::new(),
             acceptance: Acceptance::default(),
+            first_guess: None,
+            first_guess_rate: Acceptance::default(),
             run_accepted: 0,
             verify_steps: 0,
             drafted: 0,
@@ -564,6 +571,9 @@ impl TokenStream<'_> {
             return Ok(Some(vec![id]));
         }
         self.judge_shadow(id);
+        if let Some(guess) = self.first_guess.take() {
+            self.first_guess_rate.record(usize::from(guess == id), guess != id);
+        }
         if let Some((draft, logits)) = self.ahead.pop_front() {
             if draft == id {
                 self.accepted += 1;
@@ -586,18 +596,21 @@ impl TokenStream<'_> {
         let room = context_room.min(budget).min(self.request.lookup.max_draft);
         let mut history = self.prompt_tokens.clone();
         history.extend(&self.tokens);
-        let k = self.draft_len(room);
+        let matched = match self.drafter {
+            None => self.request.lookup.longest_match(&history),
+            Some(_) => None,
+        };
+        self.first_guess = matched.filter(|_| room > 0).map(|m| history[m.continues_at]);
+        let k = self.draft_len(room, matched.map_or(0, |m| m.len));
         let mut fed = vec![id];
         if k == 0 {
-            if self.shadow.is_empty() {
+            // Lookup's rate is judged on its first guesses; a drafter's on its guesses not run.
+            if self.shadow.is_empty() && self.drafter.is_some() {
                 // A draft model's guess costs a pass of its own: one at a time, and rarer while
                 // they fail, is enough to measure how often they hold.
-                let probe = self.drafter.as_mut().map(DrafterState::probe_due);
-                self.shadow = match probe {
-                    Some(false) => VecDeque::new(),
-                    Some(true) => self.propose(&history, room.min(1))?.into(),
-                    None => self.request.lookup.propose(&history, room).into(),
-                };
+                if self.drafter.as_mut().is_some_and(DrafterState::probe_due) {
+                    self.shadow = self.propose(&history, room.min(1))?.into();
+                }
             }
         } else {
             if let Some(d) = self.drafter.as_mut() {
@@ -619,8 +632,10 @@ impl TokenStream<'_> {
     /// How many tokens to guess, at most `room`: as many as pay for their rows
     /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
     /// extra row, plus a drafter's pass per guess (none measured yet: as many as allowed,
-    /// which measures it).
-    fn draft_len(&self, room: usize) -> usize {
+    /// which measures it); for prompt lookup, whose text so far ends with `matched` tokens of an
+    /// earlier passage, at the rate its first guesses hold, and when guessing pays, at least as
+    /// many as the copy has run ([`lookup_draft_len`]).
+    fn draft_len(&self, room: usize, matched: usize) -> usize {
         let row_cost = match self.request.lookup.length {
             DraftLength::RowCost(r) => r,
             // A drafter that always guesses (a draft model) would never time a one-row pass, and
@@ -634,7 +649,10 @@ impl TokenStream<'_> {
                 line.map_or(0.0, |l| l.row_cost()) + drafting
             }
         };
-        best_draft_len(self.acceptance.rate(), row_cost, room)
+        match self.drafter {
+            None => lookup_draft_len(best_draft_len(self.first_guess_rate.rate(), row_cost, room), matched, room),
+            Some(_) => best_draft_len(self.acceptance.rate(), row_cost, room),
+        }
     }
 
     /// Up to `k` guesses of the tokens after `history`, from the request's drafter.
