@@ -134,7 +134,8 @@ struct Entry {
     /// A prefetch for a layer that has not routed yet: never evicted (a prefetch is older, in
     /// use order, than the experts the current layer then asks for, so plain LRU would drop
     /// the next layer's experts first and read them again), and only queued while the budget
-    /// has room for it beside everything else that cannot be evicted.
+    /// has room for it beside everything else that cannot be evicted (or that the layer
+    /// computing now still holds).
     ahead: bool,
 }
 
@@ -163,6 +164,9 @@ struct State {
     /// the last [`ExpertStore::prefetch`] call made (a verify pass guesses the union of its rows'
     /// routes, which must be read while the layer before computes).
     prefetch_allowed: usize,
+    /// The layer that routed last: its experts are being computed, alive whether or not the
+    /// cache still counts them.
+    routed_layer: Option<usize>,
     used: usize,
     tick: u64,
     stats: StreamStats,
@@ -223,6 +227,7 @@ impl StreamingExperts {
             prefetch: VecDeque::new(),
             prefetch_in_flight: 0,
             prefetch_allowed: config.max_prefetch_in_flight,
+            routed_layer: None,
             used: 0,
             tick: 0,
             stats: StreamStats { cache_budget_bytes: config.cache_bytes as u64, ..StreamStats::default() },
@@ -389,8 +394,14 @@ impl ExpertStore for StreamingExperts {
             let depth = self.shared.config.prefetch_depth.max(1);
             let cap = depth.max(ids.len());
             st.prefetch_allowed = self.shared.config.max_prefetch_in_flight * cap.div_ceil(depth);
-            let mut pinned: usize =
-                st.entries.values().filter(|e| e.ahead || !matches!(e.slot, Slot::Ready(_))).map(|e| e.bytes).sum();
+            // What the budget must hold besides a new guess: reads queued or in flight, other
+            // unrouted guesses, and the experts of the layer computing now.
+            let mut pinned: usize = st
+                .entries
+                .iter()
+                .filter(|(id, e)| e.ahead || !matches!(e.slot, Slot::Ready(_)) || st.routed_layer == Some(id.layer))
+                .map(|(_, e)| e.bytes)
+                .sum();
             for &id in ids {
                 if st.prefetch.len() >= cap {
                     break;
@@ -418,6 +429,7 @@ impl ExpertStore for StreamingExperts {
 
     fn routed(&self, layer: usize, chosen: &[ExpertId]) {
         let mut st = self.shared.state.lock().expect("expert cache lock");
+        st.routed_layer = Some(layer);
         let State { entries, prefetch, used, .. } = &mut *st;
         // The layer's guesses are settled: the right ones are about to be used, the wrong ones
         // are cached experts like any other.
