@@ -9,7 +9,7 @@
 # the same file in a cgroup of the same size (benches/llama_cpp.sh, its three settings).
 #
 #   benches/dense_streaming.sh [--small | --medium | --full] [--tokens N] [--repeat R] [--release]
-#                              [--no-llama] [--no-verify] [--model PATH]
+#                              [--no-llama] [--no-verify] [--model PATH] [--timeline DIR]
 #
 # NIGHTMAIL_BIN=PATH runs that binary instead of building this tree's (to bench another build,
 # e.g. main's, or on another machine); NIGHTMAIL_SUMMARY=PATH writes each run's figures there as
@@ -21,6 +21,8 @@
 # --full: the reference, dense 5.1 GiB F16, experts 10.2 GiB Q4_0, budget 2560 MiB in a
 #         3 GiB cgroup (writes 16 GiB; an hour on a slow disk).
 # --repeat: the nightmail measurements R times (the machine is shared: each run prints uptime).
+# --timeline: the verify runs write their timelines to DIR (verify-dense-RUN.jsonl,
+#             verify-experts-RUN.jsonl; `benches/timeline.py FILE --rows K` reads them).
 # Needs root (drop_caches, a cgroups v1 memory controller, or v2 with memory in its controllers).
 # Prints each figure and ratio; exits 0 whatever they are.
 set -euo pipefail
@@ -32,6 +34,7 @@ PROFILE=debug
 LLAMA=1
 RUN_VERIFY=1
 MODEL=
+TIMELINE=
 while (($#)); do
     case $1 in
         --small) SIZE=small; shift ;;
@@ -43,7 +46,8 @@ while (($#)); do
         --no-llama) LLAMA=0; shift ;;
         --no-verify) RUN_VERIFY=0; shift ;;
         --model) MODEL=$2; shift 2 ;;
-        *) sed -n '2,25p' "$0" >&2; exit 2 ;;
+        --timeline) TIMELINE=$2; shift 2 ;;
+        *) sed -n '2,27p' "$0" >&2; exit 2 ;;
     esac
 done
 [[ $(id -u) == 0 ]] || { echo "dense_streaming.sh: needs root (drop_caches, cgroups)" >&2; exit 1; }
@@ -138,10 +142,17 @@ for run in $(seq 1 "$REPEAT"); do
     load_verify="$(uptime)"
     verify= verify_experts=
     if [[ $RUN_VERIFY == 1 ]]; then
-        verify=$(in_cgroup "$CG_MB" "$NM" model bench --model "$MODEL" "${VERIFY[@]}" --tokens $((TOKENS / 2)) --json)
+        tl_dense=() tl_experts=()
+        if [[ -n $TIMELINE ]]; then
+            mkdir -p "$TIMELINE"
+            tl_dense=(--timeline "$TIMELINE/verify-dense-$run.jsonl")
+            tl_experts=(--timeline "$TIMELINE/verify-experts-$run.jsonl")
+        fi
+        verify=$(in_cgroup "$CG_MB" "$NM" model bench --model "$MODEL" "${VERIFY[@]}" "${tl_dense[@]}" \
+            --tokens $((TOKENS / 2)) --json)
         # The dense weights resident, the expert cache and 512 MiB for the rest (KV, buffers, binary).
         verify_experts=$(in_cgroup $((DENSE_MB + EXPERT_CACHE_MB + 512)) "$NM" model bench --model "$MODEL" \
-            "${VERIFY_EXPERTS[@]}" --tokens $((TOKENS / 2)) --json)
+            "${VERIFY_EXPERTS[@]}" "${tl_experts[@]}" --tokens $((TOKENS / 2)) --json)
     fi
 
     RUN="$run" PLAN="$plan" PLAN8="$plan8" ONE="$one" BATCH="$batch" VERIFY="$verify" VERIFY_EXPERTS="$verify_experts" \

@@ -4,7 +4,11 @@ line, crates/nightmail-engine/src/stream/timeline.rs) and prints, over the timed
 with no read in flight and what the step was doing then, the busy time split by what was being
 read, and per layer kind (streamed or resident dense weights) the step's phases.
 
-    benches/timeline.py FILE [--skip N]   (N: leading steps to leave out, default 1)
+    benches/timeline.py FILE [--skip N] [--rows K]
+
+N: leading steps to leave out (default 1). K: only the steps of K rows (`model bench --verify
+... --timeline FILE` records passes of every width, prefills between them; only the time inside
+the chosen steps is counted).
 """
 import json
 import sys
@@ -16,12 +20,20 @@ BIN = 100  # microseconds
 def main():
     path = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 1
+    rows = int(sys.argv[sys.argv.index("--rows") + 1]) if "--rows" in sys.argv else None
     spans = [json.loads(l) for l in open(path) if l.strip()]
-    steps = sorted((s for s in spans if s["what"] == "step"), key=lambda s: s["start_us"])[skip:]
+    steps = sorted((s for s in spans if s["what"] == "step" and (rows is None or s.get("rows", 1) == rows)),
+                   key=lambda s: s["start_us"])[skip:]
     if not steps:
         sys.exit("no steps in the timeline")
     t0, t1 = steps[0]["start_us"], steps[-1]["end_us"]
     n = (t1 - t0) // BIN + 1
+    # Only the bins inside a chosen step count (a verify bench runs other widths and prefills
+    # between them).
+    inside = [False] * n
+    for s in steps:
+        for i in range((s["start_us"] - t0) // BIN, min(n, (s["end_us"] - t0) // BIN)):
+            inside[i] = True
     # Per bin: reads in flight of each kind, and the step's phase (innermost span wins).
     dense = [0] * n
     expert = [0] * n
@@ -52,10 +64,12 @@ def main():
                 for i in bins(s):
                     phase[i] = label
     # Attention without the wait for its layer: attention compute.
-    total = n * BIN / 1e6
+    total = sum(inside) * BIN / 1e6
     idle = defaultdict(float)
     busy = defaultdict(float)
     for i in range(n):
+        if not inside[i]:
+            continue
         d, e, p = dense[i], expert[i], prefetch[i]
         if d + e + p == 0:
             idle[phase[i]] += BIN / 1e6
@@ -72,7 +86,7 @@ def main():
     for k, v in sorted(busy.items(), key=lambda kv: -kv[1]):
         print(f"    {k:22s} {v / nsteps:.3f} s/step")
     # Bytes and rates.
-    in_steps = lambda s: s["end_us"] > t0 and s["start_us"] < t1
+    in_steps = lambda s: any(s["end_us"] > st["start_us"] and s["start_us"] < st["end_us"] for st in steps)
     for w in ("dense_io", "expert_io", "prefetch_io"):
         xs = [s for s in spans if s["what"] == w and in_steps(s)]
         if xs:

@@ -361,6 +361,9 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
     let per_round = opts.tokens.div_ceil(rounds).max(1);
     // Per width: seconds, expert stats summed (disk bytes, reads, requests, hits), dense bytes.
     let mut sums = vec![(0.0, 0u64, 0u64, 0u64, 0u64, 0u64); widths.len()];
+    if opts.timeline.is_some() {
+        timeline::start();
+    }
     for _ in 0..rounds {
         for (i, &width) in widths.iter().enumerate() {
             let width = width.max(1);
@@ -370,6 +373,7 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
             let t0 = Instant::now();
             for _ in 0..per_round {
                 let fed: Vec<u32> = (0..width).map(|_| rng.next() % vocab).collect();
+                let pass = timeline::now();
                 if width == 1 {
                     model.logits(&fed, &mut cache)?;
                 } else {
@@ -379,6 +383,7 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
                     rayon::scope(|_| model.net.forward_verify_groups(&mut group))?;
                     cache.roll_back(at + 1)?;
                 }
+                timeline::record_step(width, pass);
             }
             let secs = t0.elapsed().as_secs_f64();
             let (stats, dense) = stream_stats(&model);
@@ -391,14 +396,19 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
             s.5 += dense.map_or(0, |d| d.disk_bytes);
         }
     }
+    if let Some(path) = &opts.timeline {
+        write_timeline(path, &timeline::stop())?;
+    }
     drop(model);
     let bw = (before + probe_disk(opts, &file, start, "after")?) / 2.0;
     let passes = (per_round * rounds) as f64;
     let (reads, read_bytes) = sums.iter().fold((0, 0), |(r, b), s| (r + s.2, b + s.1));
     let one_expert = if reads > 0 { read_bytes as f64 / reads as f64 } else { 0.0 };
     // The bytes an I/O-bound pass of `w` rows needs: the dense stream once, the experts of the
-    // expected union of `w` independent uniform routes.
-    let dense_pass = sums.first().map_or(0.0, |s| s.5 as f64 / passes);
+    // expected union of `w` independent uniform routes. The dense stream is the same at every
+    // width: its mean over them, since a width's count moves by a layer with where the
+    // read-ahead stood when its timing began.
+    let dense_pass = sums.iter().map(|s| s.5 as f64).sum::<f64>() / passes / sums.len().max(1) as f64;
     let needed = |w: usize| {
         let union =
             if experts > 0 { experts as f64 * (1.0 - (1.0 - k as f64 / experts as f64).powi(w as i32)) } else { 0.0 };
@@ -487,7 +497,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
         let next = if opts.greedy { argmax(&logits) } else { rng.next() % vocab };
         let step = timeline::now();
         logits = model.logits(&[next], &mut cache)?;
-        timeline::record("step", 0, None, 0, step);
+        timeline::record_step(1, step);
     }
     let decode_s = t0.elapsed().as_secs_f64();
     let busy_s = disk_busy_s();

@@ -193,6 +193,8 @@ pub enum ModelCommand {
         json: bool,
         /// Write the decode's timeline to this file (one JSON span per line: reads in flight,
         /// and what the step was doing; `benches/timeline.py FILE` finds where the disk idles).
+        /// With --verify: every timed pass, each step span giving its rows (`timeline.py FILE
+        /// --rows K` reads the passes of K rows).
         #[arg(long)]
         timeline: Option<PathBuf>,
     },

@@ -46,10 +46,28 @@ impl MoeBlock {
     /// `x`: `[tokens, hidden]` → `[tokens, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let routes = self.router.route(x)?;
+        self.announce(&routes);
         self.forward_routed(x, &routes)
     }
 
-    /// The block with its routes already chosen (the transformer routes first to prefetch).
+    /// Tell the store which experts this layer's routes chose, before [`MoeBlock::forward_routed`]
+    /// asks for them: its guesses for the layer are settled, and a prefetch for the next layer
+    /// (issued after this) has the room the wrong ones took.
+    pub(crate) fn announce(&self, routes: &[Route]) {
+        let mut ids: Vec<ExpertId> = Vec::new();
+        for route in routes {
+            for &(e, _) in &route.experts {
+                let id = ExpertId { layer: self.layer, expert: e };
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        self.experts.routed(self.layer, &ids);
+    }
+
+    /// The block with its routes already chosen and announced (the transformer routes first to
+    /// prefetch).
     /// Each chosen expert is fetched once and run once on all the tokens routed to it: the
     /// union of the routes of a prefill's tokens, or of a batch of sequences decoding together.
     pub fn forward_routed(&self, full: &Tensor, routes: &[Route]) -> Result<Tensor> {
@@ -74,7 +92,6 @@ impl MoeBlock {
                 users[i].push((t, k));
             }
         }
-        self.experts.routed(self.layer, &ids);
         // terms[t][k]: token t's k-th expert output times its router weight.
         let mut terms: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
         self.experts.with_experts(&ids, &mut |i, expert| {

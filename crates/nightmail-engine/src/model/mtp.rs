@@ -157,7 +157,7 @@ impl Mtp {
         let n = b.ffn_norm.forward(&x)?;
         let f = match &b.ffn {
             FeedForward::Dense(mlp) => mlp.forward(&n, self.numerics)?,
-            FeedForward::Moe(moe) => moe.forward_routed(&n, &moe.router.route(&n)?)?,
+            FeedForward::Moe(moe) => moe.forward(&n)?,
         };
         let x = x.add(&f)?;
         state.position += tokens.len();

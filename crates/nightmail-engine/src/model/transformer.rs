@@ -697,6 +697,7 @@ impl Transformer {
                         }
                         None => moe.router.route(&n)?,
                     };
+                    moe.announce(&routes);
                     // Decoding sequences and verify passes guess their next layer's experts
                     // (prefills do not).
                     let mut verify_rows = Vec::new();

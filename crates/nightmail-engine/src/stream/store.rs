@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 
 use super::buf::WeightBytes;
-use super::index::{ExpertExtent, ExpertIndex};
+use super::index::{ExpertExtent, ExpertIndex, Run};
 use super::io::{ExpertFile, ReadRange};
 use super::timeline;
 use crate::error::{EngineError, Result};
@@ -131,6 +131,12 @@ struct Entry {
     uses: u64,
     /// Read by a prefetch and not used yet.
     unused_prefetch: bool,
+    /// A prefetch for a layer that has not routed yet: never evicted (a prefetch is older, in
+    /// use order, than the experts the current layer then asks for, so plain LRU would drop
+    /// the next layer's experts first and read them again), and only queued while the budget
+    /// has room for it beside everything else that cannot be evicted (or that the layer
+    /// computing now still holds).
+    ahead: bool,
 }
 
 impl Entry {
@@ -144,6 +150,7 @@ impl Entry {
             last_use: tick,
             uses: u64::from(!prefetch),
             unused_prefetch: prefetch,
+            ahead: prefetch,
         }
     }
 }
@@ -153,6 +160,13 @@ struct State {
     demand: VecDeque<ExpertId>,
     prefetch: VecDeque<ExpertId>,
     prefetch_in_flight: usize,
+    /// Prefetches in flight allowed now: `max_prefetch_in_flight` per `prefetch_depth` guesses
+    /// the last [`ExpertStore::prefetch`] call made (a verify pass guesses the union of its rows'
+    /// routes, which must be read while the layer before computes).
+    prefetch_allowed: usize,
+    /// The layer that routed last: its experts are being computed, alive whether or not the
+    /// cache still counts them.
+    routed_layer: Option<usize>,
     used: usize,
     tick: u64,
     stats: StreamStats,
@@ -212,6 +226,8 @@ impl StreamingExperts {
             demand: VecDeque::new(),
             prefetch: VecDeque::new(),
             prefetch_in_flight: 0,
+            prefetch_allowed: config.max_prefetch_in_flight,
+            routed_layer: None,
             used: 0,
             tick: 0,
             stats: StreamStats { cache_budget_bytes: config.cache_bytes as u64, ..StreamStats::default() },
@@ -300,6 +316,7 @@ impl ExpertStore for StreamingExperts {
                     Some(e) => {
                         e.last_use = tick;
                         e.uses += 1;
+                        e.ahead = false;
                         match &e.slot {
                             Slot::Ready(x) => {
                                 if std::mem::take(&mut e.unused_prefetch) {
@@ -371,10 +388,22 @@ impl ExpertStore for StreamingExperts {
         let mut queued = false;
         {
             let mut st = self.shared.state.lock().expect("expert cache lock");
+            // A batch's sequences each guess the next layer: keep one call's worth of guesses
+            // queued, not one per sequence (they would crowd out the demand reads). One call
+            // may name more: a verify pass's union over its rows, all needed by its next layer.
+            let depth = self.shared.config.prefetch_depth.max(1);
+            let cap = depth.max(ids.len());
+            st.prefetch_allowed = self.shared.config.max_prefetch_in_flight * cap.div_ceil(depth);
+            // What the budget must hold besides a new guess: reads queued or in flight, other
+            // unrouted guesses, and the experts of the layer computing now.
+            let mut pinned: usize = st
+                .entries
+                .iter()
+                .filter(|(id, e)| e.ahead || !matches!(e.slot, Slot::Ready(_)) || st.routed_layer == Some(id.layer))
+                .map(|(_, e)| e.bytes)
+                .sum();
             for &id in ids {
-                // A batch's sequences each guess the next layer: keep one sequence's worth of
-                // guesses queued, not one per sequence (they would crowd out the demand reads).
-                if st.prefetch.len() >= self.shared.config.prefetch_depth.max(1) {
+                if st.prefetch.len() >= cap {
                     break;
                 }
                 if st.entries.contains_key(&id) {
@@ -382,6 +411,10 @@ impl ExpertStore for StreamingExperts {
                 }
                 let Ok(extent) = self.shared.extent(id) else { continue };
                 let bytes = extent.buffer_bytes();
+                if pinned + bytes > self.shared.config.cache_bytes {
+                    break;
+                }
+                pinned += bytes;
                 st.used += bytes;
                 let tick = st.tick;
                 st.entries.insert(id, Entry::queued(bytes, tick, None));
@@ -396,7 +429,11 @@ impl ExpertStore for StreamingExperts {
 
     fn routed(&self, layer: usize, chosen: &[ExpertId]) {
         let mut st = self.shared.state.lock().expect("expert cache lock");
+        st.routed_layer = Some(layer);
         let State { entries, prefetch, used, .. } = &mut *st;
+        // The layer's guesses are settled: the right ones are about to be used, the wrong ones
+        // are cached experts like any other.
+        entries.iter_mut().filter(|(id, _)| id.layer == layer).for_each(|(_, e)| e.ahead = false);
         prefetch.retain(|id| {
             let keep = id.layer != layer || chosen.contains(id);
             if !keep && let Some(e) = entries.remove(id) {
@@ -443,7 +480,7 @@ impl Shared {
             }
             let job = match self.take(&mut st.demand, home) {
                 Some(id) => Some((id, false)),
-                None if st.prefetch_in_flight < self.config.max_prefetch_in_flight => {
+                None if st.prefetch_in_flight < st.prefetch_allowed => {
                     self.take(&mut st.prefetch, home).map(|id| (id, true))
                 }
                 None => None,
@@ -542,7 +579,7 @@ impl Shared {
             let victim = st
                 .entries
                 .iter()
-                .filter(|(id, e)| **id != keep && matches!(e.slot, Slot::Ready(_)))
+                .filter(|(id, e)| **id != keep && !e.ahead && matches!(e.slot, Slot::Ready(_)))
                 .min_by_key(|(_, e)| match self.config.policy {
                     CachePolicy::Lru => (0, e.last_use),
                     CachePolicy::Lfu => (e.uses, e.last_use),
@@ -566,15 +603,29 @@ impl Shared {
         let extent = self.extent(id)?;
         let mut disk = 0;
         let mut bytes: [Option<WeightBytes>; 6] = Default::default();
-        for run in &extent.runs {
+        let read_run = |run: &Run| {
             let file = &self.files[run.file];
-            let ReadRange { buf, skip, disk_bytes } =
-                file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
-                    path: file.path().to_path_buf(),
-                    layer: id.layer,
-                    expert: id.expert,
-                    reason: e.to_string(),
-                })?;
+            file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
+                path: file.path().to_path_buf(),
+                layer: id.layer,
+                expert: id.expert,
+                reason: e.to_string(),
+            })
+        };
+        // An unpacked expert's matrices lie apart (gate, up and down each in its own tensor):
+        // their reads go in flight together, since the disk's rate needs many bytes in flight
+        // and a verify pass's or batch's experts are most of a step's reads.
+        let read: Vec<Result<ReadRange>> = match &extent.runs[..] {
+            [first, rest @ ..] if !rest.is_empty() => std::thread::scope(|s| {
+                let others: Vec<_> = rest.iter().map(|run| s.spawn(move || read_run(run))).collect();
+                std::iter::once(read_run(first))
+                    .chain(others.into_iter().map(|h| h.join().expect("expert run reader")))
+                    .collect()
+            }),
+            runs => runs.iter().map(read_run).collect(),
+        };
+        for (run, read) in extent.runs.iter().zip(read) {
+            let ReadRange { buf, skip, disk_bytes } = read?;
             disk += disk_bytes;
             for &m in &run.matrices {
                 let part = extent.part(m).expect("a run covers parts the expert has");
@@ -663,6 +714,46 @@ mod tests {
         let st = s.stats();
         assert_eq!((st.prefetch_hits, st.hits, st.misses, st.disk_reads), (1, 1, 0, 1), "{st:?}");
         assert_eq!(st.prefetch_reads, 1);
+    }
+
+    fn wait_for_prefetch_reads(s: &StreamingExperts, n: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while s.stats().prefetch_reads < n {
+            assert!(std::time::Instant::now() < deadline, "the prefetches never completed");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_next_layers_prefetch_outlives_this_layers_experts_overflowing_the_cache() {
+        // A verify pass: the current layer's union fills the cache while the next layer's
+        // guesses, read ahead, wait for their layer.
+        let s = store(4, CachePolicy::Lru);
+        let next: Vec<ExpertId> = (0..2).map(|expert| ExpertId { layer: 1, expert }).collect();
+        s.prefetch(&next);
+        wait_for_prefetch_reads(&s, 2);
+        let this: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 0, expert }).collect();
+        s.routed(0, &this);
+        s.with_experts(&this, &mut |_, _| Ok(())).unwrap();
+        s.routed(1, &next);
+        s.with_experts(&next, &mut |_, _| Ok(())).unwrap();
+        let st = s.stats();
+        assert_eq!((st.prefetch_hits, st.disk_reads, st.prefetch_wasted), (2, 6, 0), "{st:?}");
+    }
+
+    #[test]
+    fn prefetches_are_queued_only_while_the_budget_holds_them() {
+        let s = store(2, CachePolicy::Lru);
+        let guesses: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 1, expert }).collect();
+        s.prefetch(&guesses);
+        let st = s.stats();
+        assert!(st.cache_used_bytes <= st.cache_budget_bytes, "{st:?}");
+        wait_for_prefetch_reads(&s, 2);
+        // Settled wrong, the guesses are cached experts like any other: a new one evicts them.
+        s.routed(1, &[]);
+        s.with_experts(&[ExpertId { layer: 2, expert: 0 }], &mut |_, _| Ok(())).unwrap();
+        let st = s.stats();
+        assert_eq!((st.prefetch_reads, st.evictions, st.prefetch_wasted), (2, 1, 1), "{st:?}");
     }
 
     #[test]

@@ -16,13 +16,16 @@ pub struct Span {
     /// `dense_io`, `dense_build`, `dense_wait`, `dense_release` (a step handing a streamed
     /// layer back), `expert_io`, `prefetch_io`, `attention` (with the wait for its layer),
     /// `route`, `experts` (the whole wait-and-compute of a MoE block's routed experts),
-    /// `expert_compute`, `head`, `step`.
+    /// `expert_compute`, `head`, `step` (a decode step or a verify pass, with its `rows`).
     pub what: &'static str,
     pub layer: usize,
     /// The expert, for expert spans.
     pub expert: Option<usize>,
     /// The bytes read, for I/O spans.
     pub bytes: u64,
+    /// The rows a `step` ran (a verify pass's width; 1 for a decode step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows: Option<usize>,
     pub start_us: u64,
     pub end_us: u64,
 }
@@ -49,11 +52,27 @@ pub(crate) fn now() -> Option<Instant> {
 
 /// Record a span from `since` (from [`now`]) to this moment.
 pub(crate) fn record(what: &'static str, layer: usize, expert: Option<usize>, bytes: u64, since: Option<Instant>) {
+    push(what, layer, expert, bytes, None, since);
+}
+
+/// Record a `step` of `rows` rows from `since` to this moment.
+pub(crate) fn record_step(rows: usize, since: Option<Instant>) {
+    push("step", 0, None, 0, Some(rows), since);
+}
+
+fn push(
+    what: &'static str,
+    layer: usize,
+    expert: Option<usize>,
+    bytes: u64,
+    rows: Option<usize>,
+    since: Option<Instant>,
+) {
     let Some(since) = since else { return };
     let end = Instant::now();
     if let Some((origin, spans)) = TIMELINE.lock().expect("timeline lock").as_mut() {
         let us = |t: Instant| t.saturating_duration_since(*origin).as_micros() as u64;
-        spans.push(Span { what, layer, expert, bytes, start_us: us(since), end_us: us(end) });
+        spans.push(Span { what, layer, expert, bytes, rows, start_us: us(since), end_us: us(end) });
     }
 }
 
