@@ -3,10 +3,12 @@
 //! ask for tensors by their GGUF name and never learn which.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use super::layers::Linear;
 use crate::error::Result;
-use crate::format::{Checkpoint, TensorView};
+use crate::format::{Checkpoint, TensorView, is_expert_tensor};
+use crate::stream::{AlignedBuf, WeightBytes};
 
 /// Tensors by GGUF name (`blk.3.attn_q.weight`), and the matrices built over them.
 pub(crate) trait WeightSource {
@@ -55,15 +57,28 @@ pub(crate) struct Recorded {
 }
 
 /// A checkpoint that notes every tensor a build asks for, so a layer built once at load can be
-/// read again later from exactly those extents.
+/// read again later from exactly those extents. The build sees each tensor's name, type and
+/// shape as the file's header gives them (a missing, misshapen or truncated tensor fails as it
+/// would resident), but zeros in place of its bytes: checking a streamed layer reads none of
+/// its weights (for Kimi K3's spine, ~100 GB at start-up that would also fill the page cache).
 pub(crate) struct Recording<'a> {
     ck: &'a Checkpoint,
     seen: RefCell<Vec<Recorded>>,
+    /// Zeros, at least as long as any tensor the build asks for (see [`Recording::blank`]).
+    blank: Arc<AlignedBuf>,
 }
 
 impl<'a> Recording<'a> {
-    pub fn new(ck: &'a Checkpoint) -> Self {
-        Recording { ck, seen: RefCell::new(Vec::new()) }
+    pub fn new(ck: &'a Checkpoint, blank: Arc<AlignedBuf>) -> Self {
+        Recording { ck, seen: RefCell::new(Vec::new()), blank }
+    }
+
+    /// The zeros every layer's build reads: as long as the checkpoint's largest tensor that is
+    /// not a routed expert's (reading them maps the kernel's zero page, no memory).
+    pub fn blank(ck: &Checkpoint) -> Result<Arc<AlignedBuf>> {
+        let all = ck.all_tensors()?;
+        let longest = all.iter().filter(|t| !is_expert_tensor(&t.name)).map(|t| t.bytes.len()).max();
+        Ok(Arc::new(AlignedBuf::zeroed(longest.unwrap_or(0))))
     }
 
     pub fn take(&self) -> Vec<Recorded> {
@@ -73,20 +88,22 @@ impl<'a> Recording<'a> {
 
 impl WeightSource for Recording<'_> {
     fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
-        let view = self.ck.tensor(name)?;
-        if let Some(v) = &view {
-            let mut seen = self.seen.borrow_mut();
-            if !seen.iter().any(|r| r.name == name) {
-                seen.push(Recorded {
-                    name: name.to_string(),
-                    dtype: v.dtype,
-                    shape: v.shape.clone(),
-                    location: self.ck.locate(v),
-                    len: v.bytes.len(),
-                });
-            }
+        // The header's view: its extent was checked against the file; its bytes are not read.
+        let Some(v) = self.ck.tensor(name)? else { return Ok(None) };
+        let mut seen = self.seen.borrow_mut();
+        if !seen.iter().any(|r| r.name == name) {
+            seen.push(Recorded {
+                name: name.to_string(),
+                dtype: v.dtype,
+                shape: v.shape.clone(),
+                location: self.ck.locate(&v),
+                len: v.bytes.len(),
+            });
         }
-        Ok(view)
+        // Only a routed expert's stacked tensor is longer, and no layer build asks for one; if
+        // one did, it would read the map as a resident build does.
+        let Some(bytes) = self.blank.as_slice().get(..v.bytes.len()) else { return Ok(Some(v)) };
+        Ok(Some(TensorView { bytes, ..v }))
     }
 
     fn require(&self, name: &str) -> Result<TensorView<'_>> {
@@ -94,5 +111,182 @@ impl WeightSource for Recording<'_> {
             Some(view) => Ok(view),
             None => self.ck.require(name),
         }
+    }
+
+    /// Over the zeros themselves, as a streamed layer's matrices are over its read buffers: the
+    /// kernels that compute from the file's blocks copy nothing here either.
+    fn linear(&self, weight: &TensorView<'_>, bias: Option<&TensorView<'_>>) -> Result<Linear> {
+        if std::ptr::eq(weight.bytes.as_ptr(), self.blank.as_slice().as_ptr()) {
+            Linear::from_bytes(weight, WeightBytes::Shared(self.blank.clone(), 0..weight.bytes.len()), bias)
+        } else {
+            Linear::new(weight, bias)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::{ExpertStore, ResidentExperts, Transformer};
+    use crate::spec::ModelSpec;
+
+    const PAGE: usize = 4096;
+
+    /// Pages of a mapped file made unreadable while the guard lives (mprotect(2) `PROT_NONE`):
+    /// touching one of them kills the test with SIGSEGV, so a load that returns read none.
+    struct Unreadable(Vec<(usize, usize)>);
+
+    impl Unreadable {
+        fn new(pages: Vec<(usize, usize)>) -> Self {
+            for &(start, len) in &pages {
+                // SAFETY: `start..start + len` is whole pages of a live read-only file map.
+                let rc = unsafe { libc::mprotect(start as *mut libc::c_void, len, libc::PROT_NONE) };
+                assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+            }
+            Unreadable(pages)
+        }
+    }
+
+    impl Drop for Unreadable {
+        fn drop(&mut self) {
+            for &(start, len) in &self.0 {
+                // SAFETY: as in `new`; the map was read-only to begin with.
+                unsafe { libc::mprotect(start as *mut libc::c_void, len, libc::PROT_READ) };
+            }
+        }
+    }
+
+    /// The whole pages inside the layers' tensors (`blk.*`, dense and expert) that no other
+    /// tensor shares, and how many of those bytes hold dense layer weights.
+    fn layer_pages(ck: &Checkpoint) -> (Vec<(usize, usize)>, usize) {
+        let all = ck.all_tensors().unwrap();
+        let span = |v: &TensorView<'_>| (v.bytes.as_ptr() as usize, v.bytes.as_ptr() as usize + v.bytes.len());
+        let others: Vec<(usize, usize)> = all.iter().filter(|v| !v.name.starts_with("blk.")).map(span).collect();
+        let (mut pages, mut dense) = (Vec::new(), 0);
+        for v in all.iter().filter(|v| v.name.starts_with("blk.")) {
+            let (a, b) = span(v);
+            let (start, end) = (a.next_multiple_of(PAGE), b / PAGE * PAGE);
+            for p in (start..end).step_by(PAGE) {
+                if others.iter().all(|&(x, y)| y <= p || x >= p + PAGE) {
+                    pages.push((p, PAGE));
+                    dense += if is_expert_tensor(&v.name) { 0 } else { PAGE };
+                }
+            }
+        }
+        (pages, dense)
+    }
+
+    /// A memory budget's load builds each streamed layer once to check it and to note its
+    /// extents, from the tensor headers: with every layer's pages unreadable it still loads and
+    /// notes, for each layer, every dense tensor the file has for it where the file holds it.
+    #[test]
+    fn load_notes_streamed_layers_extents_without_reading_their_bytes() {
+        let mut guarded = (0, 0);
+        for arch in ["qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_linear", "qwen3_next", "llama"] {
+            let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures")
+                .join(arch)
+                .join("model.gguf");
+            let ck = Checkpoint::open(&path).unwrap();
+            let spec = ModelSpec::read(&ck).unwrap();
+            // The experts stay resident here (copied out before the guard): only the dense
+            // layers stream.
+            let experts: Arc<dyn ExpertStore> = Arc::new(ResidentExperts::load(&ck, &spec).unwrap());
+            let (pages, dense) = layer_pages(&ck);
+            let dense_bytes: usize = ck
+                .all_tensors()
+                .unwrap()
+                .iter()
+                .filter(|v| v.name.starts_with("blk.") && !is_expert_tensor(&v.name))
+                .map(|v| v.bytes.len())
+                .sum();
+            // The tiny fixtures' tensors share pages; each still has whole pages of dense weights.
+            assert!(dense > 0 && dense_bytes > 0, "{arch}: no dense page guarded of {dense_bytes} bytes");
+            guarded = (guarded.0 + dense, guarded.1 + dense_bytes);
+            let guard = Unreadable::new(pages);
+            let streamed = vec![true; spec.layers];
+            let (_net, recorded) = Transformer::load(&ck, &spec, experts, 0, &streamed).unwrap();
+            drop(guard);
+            let mut want: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+            for v in ck.all_tensors().unwrap() {
+                if v.name.starts_with("blk.") && !is_expert_tensor(&v.name) {
+                    want.insert(v.name.clone(), (ck.locate(&v).unwrap().1, v.bytes.len()));
+                }
+            }
+            let got: BTreeMap<String, (u64, usize)> = recorded
+                .into_iter()
+                .flat_map(|r| r.expect("every layer streams"))
+                .map(|r| (r.name, (r.location.expect("a range of the file").1, r.len)))
+                .collect();
+            assert_eq!(got, want, "{arch}");
+        }
+        assert!(2 * guarded.0 >= guarded.1, "only {guarded:?} dense bytes guarded");
+    }
+
+    /// The llama fixture (no experts) rewritten with `change` applied to blk.1.attn_v.weight
+    /// (`None`: left out) and cut `cut` bytes short, loaded with every layer streamed: the
+    /// load's error.
+    fn streamed_load_error(
+        dir: &std::path::Path,
+        change: impl Fn(TensorView<'_>) -> Option<(Vec<usize>, Vec<u8>)>,
+        cut: u64,
+    ) -> String {
+        use crate::format::GgufFile;
+        use crate::format::gguf_write::{TensorHeader, write_gguf};
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama/model.gguf");
+        let g = GgufFile::open(&src).unwrap();
+        let metadata: Vec<_> = g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| *k != "general.alignment")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut in_order = g.all_tensors().unwrap();
+        in_order.sort_by_key(|t| g.locate(t.bytes).unwrap().1);
+        let mut tensors = Vec::new();
+        for t in in_order {
+            let (dtype, name) = (t.dtype, t.name.clone());
+            let (shape, bytes) = match name.as_str() {
+                "blk.1.attn_v.weight" => match change(t) {
+                    Some(changed) => changed,
+                    None => continue,
+                },
+                _ => (t.shape.clone(), t.bytes.to_vec()),
+            };
+            tensors.push((TensorHeader::new(name, dtype, &shape), bytes));
+        }
+        let path = dir.join("broken.gguf");
+        let headers: Vec<TensorHeader> = tensors.iter().map(|(h, _)| h.clone()).collect();
+        write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(&tensors[i].1)).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(file.metadata().unwrap().len() - cut).unwrap();
+        let layers = crate::inspect(&src).unwrap().spec.layers;
+        let ask =
+            |bytes| crate::MemoryBudget { bytes, kv_tokens: 64, batch: 1, stream_layers: Some((0..layers).collect()) };
+        let least = crate::memory_plan(&src, ask(usize::MAX / 2)).unwrap().minimum_bytes;
+        let options = crate::LoadOptions { stream: None, memory: Some(ask(least)) };
+        let intact = crate::Model::load_with(&src, &options).unwrap();
+        assert_eq!(intact.dense_stream().map(|d| d.layers().len()), Some(layers), "every layer streams");
+        match crate::Model::load_with(&path, &options) {
+            Ok(_) => panic!("a broken streamed layer loaded"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Checking a streamed layer from its headers still refuses what a resident build refuses:
+    /// a missing tensor and a cut file name the tensor and the file, a wrong shape the tensor.
+    #[test]
+    fn a_missing_misshapen_or_cut_streamed_tensor_fails_the_load_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = streamed_load_error(dir.path(), |_| None, 0);
+        assert!(err.contains("blk.1.attn_v.weight") && err.contains("broken.gguf"), "{err}");
+        let half = |t: TensorView<'_>| Some((vec![t.shape[0] / 2, t.shape[1]], t.bytes[..t.bytes.len() / 2].to_vec()));
+        let err = streamed_load_error(dir.path(), half, 0);
+        assert!(err.contains("blk.1.attn_v.weight") && err.contains("shape"), "{err}");
+        // The file ends with blk.1.ffn_down.weight: cut inside it.
+        let err = streamed_load_error(dir.path(), |t| Some((t.shape.clone(), t.bytes.to_vec())), 1024);
+        assert!(err.contains("blk.1.ffn_down.weight") && err.contains("broken.gguf"), "{err}");
     }
 }

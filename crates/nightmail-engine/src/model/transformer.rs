@@ -263,11 +263,13 @@ impl Transformer {
         let mut layers = Vec::with_capacity(spec.layers);
         let mut recorded = Vec::with_capacity(spec.layers);
         let mut caches = Vec::with_capacity(spec.layers);
+        let blank = if streamed.contains(&true) { Some(Recording::blank(ck)?) } else { None };
         for l in 0..spec.layers {
-            // A streamed layer is built once here too, so that a bad tensor fails the load and
-            // the build notes the extents it will be read from again.
-            let layer = if streamed.get(l).copied().unwrap_or(false) {
-                let source = Recording::new(ck);
+            // A streamed layer is built once here too, from its tensor headers over zeros, so
+            // that a bad tensor fails the load and the build notes the extents it will be read
+            // from again, without reading them now.
+            let layer = if let Some(blank) = blank.as_ref().filter(|_| streamed.get(l).copied().unwrap_or(false)) {
+                let source = Recording::new(ck, blank.clone());
                 let layer = Self::load_layer(&source, spec, numerics, ck.format(), &experts, l)?;
                 recorded.push(Some(source.take()));
                 layer

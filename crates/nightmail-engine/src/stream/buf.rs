@@ -98,6 +98,15 @@ impl AlignedBuf {
         AlignedBuf { map: Some(map) }
     }
 
+    /// A fresh map of at least `len` bytes that reads as zeros, never one from the pool: its
+    /// pages are the kernel's zero page until written, so reading it costs no memory.
+    pub fn zeroed(len: usize) -> Self {
+        let len = len.max(1).next_multiple_of(ALIGN);
+        AlignedBuf {
+            map: Some(memmap2::MmapMut::map_anon(len).unwrap_or_else(|e| panic!("cannot map {len} bytes: {e}"))),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.as_slice().len()
     }

@@ -381,6 +381,9 @@ impl ExpertStore for StreamingExperts {
             let e = e?;
             run(i, &e)?;
         }
+        // The experts this step held may be evicted now.
+        let mut st = self.shared.state.lock().expect("expert cache lock");
+        self.shared.evict(&mut st, None);
         Ok(())
     }
 
@@ -547,7 +550,7 @@ impl Shared {
                         st.stats.prefetch_reads += 1;
                         st.stats.prefetch_bytes += disk_bytes as u64;
                     }
-                    self.evict(&mut st, id);
+                    self.evict(&mut st, Some(id));
                 }
                 Err(e) => {
                     // Each waiter gets its own copy of the error (io::Error is not Clone), naming
@@ -574,12 +577,18 @@ impl Shared {
     }
 
     /// Drop cached experts until the budget holds, sparing `keep` (just read) while others can go.
-    fn evict(&self, st: &mut State, keep: ExpertId) {
+    /// An expert a step still holds (waiting for its turn to compute, or computing) is not
+    /// dropped: its buffers would stay alive outside the count, and a batch step holds up to
+    /// the union of its routes at once (the plan's experts in flight), so the cache would hold
+    /// its budget besides them. Its bytes stay counted until it is released and evicted.
+    fn evict(&self, st: &mut State, keep: Option<ExpertId>) {
         while st.used > self.config.cache_bytes {
             let victim = st
                 .entries
                 .iter()
-                .filter(|(id, e)| **id != keep && !e.ahead && matches!(e.slot, Slot::Ready(_)))
+                .filter(|(id, e)| {
+                    Some(**id) != keep && !e.ahead && matches!(&e.slot, Slot::Ready(x) if Arc::strong_count(x) == 1)
+                })
                 .min_by_key(|(_, e)| match self.config.policy {
                     CachePolicy::Lru => (0, e.last_use),
                     CachePolicy::Lfu => (e.uses, e.last_use),
@@ -768,5 +777,32 @@ mod tests {
         .unwrap();
         assert_eq!(seen, vec![1; 4]);
         assert!(s.stats().cache_used_bytes <= s.stats().cache_budget_bytes);
+    }
+
+    /// A step's experts that arrived while it computes another are alive until it runs them:
+    /// the cache counts them (it does not evict a held expert and forget its bytes), and
+    /// returns to its budget once the step let them go.
+    #[test]
+    fn experts_a_step_still_holds_stay_counted_until_released() {
+        let s = store(1, CachePolicy::Lru);
+        let ids: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 1, expert }).collect();
+        let one = s.shared.extent(ids[0]).unwrap().buffer_bytes() as u64;
+        let mut first = true;
+        s.with_experts(&ids, &mut |_, _| {
+            if std::mem::take(&mut first) {
+                // Hold the first until the other three are read (a deadline, not a sleep).
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while s.stats().disk_reads < 4 {
+                    assert!(std::time::Instant::now() < deadline, "the reads never completed");
+                    std::thread::yield_now();
+                }
+                let st = s.stats();
+                assert_eq!(st.cache_used_bytes, 4 * one, "four experts alive, {st:?}");
+            }
+            Ok(())
+        })
+        .unwrap();
+        let st = s.stats();
+        assert!(st.cache_used_bytes <= st.cache_budget_bytes, "{st:?}");
     }
 }
