@@ -64,6 +64,15 @@ pub enum Draft {
     Mtp,
 }
 
+impl Draft {
+    /// Rows of the widest pass it runs: the token just chosen and at most `max_draft` guesses
+    /// (`PromptLookup::max_draft` caps every drafter's), or 1 without drafts. What a memory
+    /// budget reserves experts for (`MemoryBudget::verify_rows`).
+    pub fn verify_rows(self, max_draft: usize) -> usize {
+        if self == Draft::None { 1 } else { 1 + max_draft }
+    }
+}
+
 impl std::str::FromStr for Draft {
     type Err = String;
 

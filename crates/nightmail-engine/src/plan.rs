@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn a_k3_directory_plans_from_its_language_model_tensors() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
-        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, stream_layers: None };
+        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };
         let opts = PlanOptions { model, budget, disk_gbps: Some(1.0), probe_bytes: 0, batches: vec![1] };
         let r = plan(&opts).unwrap();
         assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
@@ -235,7 +235,13 @@ mod tests {
     #[test]
     fn a_plan_with_every_layer_streamed_reads_them_each_token_and_predicts_from_the_given_disk() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
-        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, stream_layers: Some(vec![0, 1, 2]) };
+        let budget = MemoryBudget {
+            bytes: 64 << 20,
+            kv_tokens: 64,
+            batch: 1,
+            verify_rows: 1,
+            stream_layers: Some(vec![0, 1, 2]),
+        };
         let opts = PlanOptions { model, budget, disk_gbps: Some(0.001), probe_bytes: 0, batches: vec![1, 8] };
         let r = plan(&opts).unwrap();
         assert!(!r.disk_measured && r.plan.resident_layers.is_empty());

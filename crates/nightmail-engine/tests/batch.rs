@@ -125,7 +125,13 @@ fn streamed_dense_layers_are_read_once_per_step_for_the_whole_batch() {
         (0..4).map(|i| alone(&model, &prompts(), i)).collect()
     };
     let layers = 3;
-    let ask = |bytes| MemoryBudget { bytes, kv_tokens: 128, batch: 1, stream_layers: Some((0..layers).collect()) };
+    let ask = |bytes| MemoryBudget {
+        bytes,
+        kv_tokens: 128,
+        batch: 1,
+        verify_rows: 1,
+        stream_layers: Some((0..layers).collect()),
+    };
     let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap().minimum_bytes;
     let streamed = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least)) }).unwrap();
     let plan = streamed.memory_plan().unwrap();

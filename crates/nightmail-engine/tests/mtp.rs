@@ -291,7 +291,7 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
             false => 0,
         };
         let dense = (m.bytes - m.expert_bytes - copies) as usize;
-        let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, stream_layers: None };
+        let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };
         let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap();
         assert_eq!(least.mtp_bytes, dense, "{name}");
         let sizes = least.sizes.mtp.as_ref().unwrap();
@@ -338,7 +338,7 @@ fn a_streamed_model_drafts_with_its_mtp_layer() {
     let path = common::fixture(FIXTURE);
     let prompt = mtp_reference(FIXTURE).prompt_tokens;
     let want = run(&with_mtp(&path), request(&prompt, 16, Sampling::greedy(), Draft::None)).tokens;
-    let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, stream_layers: Some(vec![0, 1]) };
+    let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: Some(vec![0, 1]) };
     let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap().minimum_bytes;
     let mut streamed = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least)) }).unwrap();
     assert_eq!(streamed.memory_plan().unwrap().streamed_layers.len(), 2);

@@ -199,7 +199,13 @@ mod dense {
     fn budget(path: &Path, streamed: Option<Vec<usize>>) -> MemoryBudget {
         let layers = nightmail_engine::inspect(path).unwrap().spec.layers;
         let stream_layers = Some(streamed.unwrap_or_else(|| (0..layers).collect()));
-        let ask = |bytes| MemoryBudget { bytes, kv_tokens: KV_TOKENS, batch: 1, stream_layers: stream_layers.clone() };
+        let ask = |bytes| MemoryBudget {
+            bytes,
+            kv_tokens: KV_TOKENS,
+            batch: 1,
+            verify_rows: 1,
+            stream_layers: stream_layers.clone(),
+        };
         let err = nightmail_engine::memory_plan(path, ask(0)).unwrap_err();
         assert!(matches!(err, EngineError::MemoryBudget { .. }), "{err}");
         ask(nightmail_engine::memory_plan(path, ask(usize::MAX / 2)).unwrap().minimum_bytes)
@@ -309,7 +315,7 @@ mod dense {
     #[test]
     fn a_budget_that_holds_everything_streams_nothing() {
         let path = fixture("qwen3_moe").join("model.gguf");
-        let all = MemoryBudget { bytes: 1 << 30, kv_tokens: KV_TOKENS, batch: 1, stream_layers: None };
+        let all = MemoryBudget { bytes: 1 << 30, kv_tokens: KV_TOKENS, batch: 1, verify_rows: 1, stream_layers: None };
         let model = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(all) }).unwrap();
         assert!(model.dense_stream().is_none() && model.streaming().is_none());
     }

@@ -313,7 +313,11 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             }
             let options = LoadOptions {
                 stream: cache_mb.map(StreamConfig::with_cache_mb),
-                memory: memory_mb.map(MemoryBudget::mb),
+                // Room for a verify pass's experts: every drafted row routes.
+                memory: memory_mb.map(|mb| MemoryBudget {
+                    verify_rows: request.draft.verify_rows(request.lookup.max_draft),
+                    ..MemoryBudget::mb(mb)
+                }),
             };
             generate(model, draft_model, request, json, &options)
         }
@@ -393,10 +397,11 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             let opts = nightmail_engine::BenchOptions {
                 model,
                 stream,
-                // Room for the largest batch's caches and experts.
+                // Room for the largest batch's caches and experts, and the widest verify pass's.
                 memory: memory_mb.map(|mb| MemoryBudget {
                     kv_tokens,
                     batch: batch.iter().copied().max().unwrap_or(1),
+                    verify_rows: verify.iter().copied().max().unwrap_or(1),
                     ..MemoryBudget::mb(mb)
                 }),
                 tokens,

@@ -263,8 +263,13 @@ mod tests {
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.set_len(file.metadata().unwrap().len() - cut).unwrap();
         let layers = crate::inspect(&src).unwrap().spec.layers;
-        let ask =
-            |bytes| crate::MemoryBudget { bytes, kv_tokens: 64, batch: 1, stream_layers: Some((0..layers).collect()) };
+        let ask = |bytes| crate::MemoryBudget {
+            bytes,
+            kv_tokens: 64,
+            batch: 1,
+            verify_rows: 1,
+            stream_layers: Some((0..layers).collect()),
+        };
         let least = crate::memory_plan(&src, ask(usize::MAX / 2)).unwrap().minimum_bytes;
         let options = crate::LoadOptions { stream: None, memory: Some(ask(least)) };
         let intact = crate::Model::load_with(&src, &options).unwrap();

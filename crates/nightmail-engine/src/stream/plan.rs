@@ -25,6 +25,11 @@ pub struct MemoryBudget {
     /// Sequences decoded together: each has its cache, and a step reads the union of their
     /// routes' experts at once.
     pub batch: usize,
+    /// Rows each sequence runs in the widest pass: 1, or for a model that verifies drafts,
+    /// 1 + the most guesses a verify pass checks. Rows of one sequence share its cache (they are
+    /// its next positions) but each routes, so a step's experts are the union of
+    /// `batch × verify_rows` routes.
+    pub verify_rows: usize,
     /// Stream exactly these dense layers (the others resident) instead of the plan's choice:
     /// to measure the stream itself, or test it on models small enough to keep whole.
     pub stream_layers: Option<Vec<usize>>,
@@ -33,11 +38,18 @@ pub struct MemoryBudget {
 impl MemoryBudget {
     /// `mb` MiB, with the cache reserved for 4096 tokens (or the model's context, if shorter).
     pub fn mb(mb: usize) -> Self {
-        MemoryBudget { bytes: mb << 20, kv_tokens: DEFAULT_KV_TOKENS, batch: 1, stream_layers: None }
+        MemoryBudget { bytes: mb << 20, kv_tokens: DEFAULT_KV_TOKENS, batch: 1, verify_rows: 1, stream_layers: None }
     }
 }
 
 pub const DEFAULT_KV_TOKENS: usize = 4096;
+
+impl MemoryBudget {
+    /// Routes a step runs at most: every row of every sequence.
+    pub fn rows_per_step(&self) -> usize {
+        self.batch.max(1) * self.verify_rows.max(1)
+    }
+}
 
 /// One dense layer's sizes.
 #[derive(Debug, Clone, Serialize)]
@@ -239,8 +251,10 @@ impl MemoryPlan {
         let batch = budget.batch.max(1);
         let kv =
             (budget.kv_tokens.min(sizes.context_length.max(1)) * sizes.kv_bytes_per_token + sizes.state_bytes) * batch;
-        // A step's experts are all read and alive at once: the union of the batch's routes.
-        let in_flight = (sizes.top_k * batch).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
+        let rows = budget.rows_per_step();
+        // A step's experts are all read and alive at once: the union of its rows' routes (every
+        // sequence's, and every verify row's).
+        let in_flight = (sizes.top_k * rows).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
         let all_layers: usize = sizes.layers.iter().map(|l| l.resident_bytes).sum();
         let forced = budget.stream_layers.as_ref().map(|set| {
             let streams = |l: &&LayerSize| set.contains(&l.layer);
@@ -272,12 +286,18 @@ impl MemoryPlan {
                     budget.kv_tokens.min(sizes.context_length.max(1)),
                     kv as f64 / MIB,
                     dense_minimum as f64 / MIB,
-                    (sizes.top_k * batch).min(sizes.experts_per_layer),
+                    (sizes.top_k * rows).min(sizes.experts_per_layer),
                     in_flight as f64 / MIB
                 ),
             });
         }
-        let mut left = budget.bytes - sizes.fixed_bytes - mtp - kv - in_flight;
+        // While a layer computes, the store reads the next layer's guessed experts (queued only
+        // while the cache holds them beside the layer computing: `stream/store.rs`), so the
+        // cache is given, before any dense layer goes resident, room for the expected union of
+        // the step's routes in two layers, as far as the budget has it beyond its minimum.
+        let union = uniform_union(sizes.top_k, sizes.experts_per_layer, rows).ceil() as usize;
+        let look_ahead = (2 * union * sizes.expert_max_bytes).max(in_flight).min(budget.bytes - minimum + in_flight);
+        let mut left = budget.bytes - sizes.fixed_bytes - mtp - kv - look_ahead;
         let (mut resident, mut streamed) = (Vec::new(), Vec::new());
         let window = if let (Some(set), Some((pinned, _))) = (&budget.stream_layers, forced) {
             left -= pinned;
@@ -326,7 +346,7 @@ impl MemoryPlan {
             streamed.sort_unstable();
             window
         };
-        let expert_cache = left + in_flight;
+        let expert_cache = left + look_ahead;
         let experts_resident = expert_cache >= sizes.cached_expert_bytes();
         let resident_layer_bytes = resident.iter().map(|&l| sizes.layers[l].resident_bytes).sum();
         let dense_disk = streamed.iter().map(|&l| sizes.layers[l].disk_bytes).sum();
@@ -383,8 +403,7 @@ impl MemoryPlan {
 
     /// Distinct experts a MoE layer runs for `batch` independent uniform routes.
     pub fn distinct_experts(&self, batch: usize) -> f64 {
-        let (e, k) = (self.sizes.experts_per_layer as f64, self.sizes.top_k as f64);
-        if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(batch as i32)) } else { 0.0 }
+        uniform_union(self.sizes.top_k, self.sizes.experts_per_layer, batch)
     }
 
     pub fn streamed_mask(&self) -> Vec<bool> {
@@ -397,6 +416,13 @@ impl MemoryPlan {
 }
 
 const MIB: f64 = (1 << 20) as f64;
+
+/// Distinct experts of a layer of `experts` that `routes` independent uniform top-`top_k`
+/// routes choose, in expectation: `E·(1 − (1 − k/E)^routes)`.
+fn uniform_union(top_k: usize, experts: usize, routes: usize) -> f64 {
+    let (e, k) = (experts as f64, top_k as f64);
+    if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(routes as i32)) } else { 0.0 }
+}
 
 #[cfg(test)]
 mod tests {
@@ -426,25 +452,32 @@ mod tests {
         let mut s = sizes(8, 10_000);
         s.layers.iter_mut().for_each(|l| l.stream_bytes = 10_000);
         // minimum: 1000 fixed + 1000 kv + 10_000 largest streamed + 2000 in flight.
-        let plan =
-            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 14_000, kv_tokens: 100, batch: 1, stream_layers: None })
-                .unwrap();
+        let plan = MemoryPlan::new(
+            s.clone(),
+            MemoryBudget { bytes: 14_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None },
+        )
+        .unwrap();
         assert_eq!(plan.minimum_bytes, 14_000);
         assert_eq!((plan.resident_layers.len(), plan.streamed_layers.len()), (0, 8));
         assert_eq!(plan.window_bytes, 10_000);
-        let plan =
-            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 75_000, kv_tokens: 100, batch: 1, stream_layers: None })
-                .unwrap();
-        // 71_000 left after the fixed parts: a two-layer window (20_000), five layers resident,
-        // spread over the stack.
+        let plan = MemoryPlan::new(
+            s.clone(),
+            MemoryBudget { bytes: 75_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None },
+        )
+        .unwrap();
+        // 69_000 left after the fixed parts and two layers' routes (4000): a two-layer window
+        // (20_000), four layers resident, spread over the stack.
         assert_eq!(plan.window_bytes, 20_000);
-        assert_eq!(plan.resident_layers, vec![0, 1, 2, 4, 6]);
-        assert_eq!(plan.streamed_layers, vec![3, 5, 7]);
-        assert_eq!(plan.dense_disk_bytes_per_token, 30_000);
-        assert_eq!(plan.expert_cache_bytes, 1000 + 2000);
+        assert_eq!(plan.resident_layers, vec![0, 2, 4, 6]);
+        assert_eq!(plan.streamed_layers, vec![1, 3, 5, 7]);
+        assert_eq!(plan.dense_disk_bytes_per_token, 40_000);
+        assert_eq!(plan.expert_cache_bytes, 9000 + 4000);
         assert!(!plan.experts_resident);
-        let plan =
-            MemoryPlan::new(s, MemoryBudget { bytes: 200_000, kv_tokens: 100, batch: 1, stream_layers: None }).unwrap();
+        let plan = MemoryPlan::new(
+            s,
+            MemoryBudget { bytes: 200_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None },
+        )
+        .unwrap();
         assert_eq!(plan.resident_layers.len(), 8);
         assert!(plan.streamed_layers.is_empty() && plan.experts_resident && plan.window_bytes == 0);
     }
@@ -453,12 +486,15 @@ mod tests {
     fn small_layers_stay_resident_when_that_takes_less_than_streaming_one() {
         let mut s = sizes(2, 10_000);
         s.layers.iter_mut().for_each(|l| l.stream_bytes = 30_000);
-        let plan =
-            MemoryPlan::new(s.clone(), MemoryBudget { bytes: 24_000, kv_tokens: 100, batch: 1, stream_layers: None });
+        let plan = MemoryPlan::new(
+            s.clone(),
+            MemoryBudget { bytes: 24_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None },
+        );
         let plan = plan.unwrap();
         assert_eq!((plan.minimum_bytes, plan.resident_layers.len(), plan.window_bytes), (24_000, 2, 0));
         // Unless told which to stream.
-        let forced = MemoryBudget { bytes: 100_000, kv_tokens: 100, batch: 1, stream_layers: Some(vec![1]) };
+        let forced =
+            MemoryBudget { bytes: 100_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: Some(vec![1]) };
         let plan = MemoryPlan::new(s, forced).unwrap();
         assert_eq!((plan.resident_layers, plan.streamed_layers), (vec![0], vec![1]));
         assert_eq!(plan.minimum_bytes, 4000 + 10_000 + 30_000);
@@ -468,20 +504,47 @@ mod tests {
     fn a_budget_below_one_layer_and_the_cache_is_refused_with_the_minimum() {
         let err = MemoryPlan::new(
             sizes(4, 10_000),
-            MemoryBudget { bytes: 23_999, kv_tokens: 100, batch: 1, stream_layers: None },
+            MemoryBudget { bytes: 23_999, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None },
         )
         .unwrap_err();
         let EngineError::MemoryBudget { minimum_mb, .. } = &err else { panic!("{err}") };
         assert_eq!(*minimum_mb, 1, "{err}");
         assert!(err.to_string().contains("at least 1 MiB"), "{err}");
         // Four sequences: four caches (4 x 1000) and all eight experts of a layer in flight.
-        let four = MemoryBudget { bytes: 0, kv_tokens: 100, batch: 4, stream_layers: None };
+        let four = MemoryBudget { bytes: 0, kv_tokens: 100, batch: 4, verify_rows: 1, stream_layers: None };
         let EngineError::MemoryBudget { detail, .. } = MemoryPlan::new(sizes(4, 10_000), four).unwrap_err() else {
             panic!("a budget of nothing was taken")
         };
         assert!(detail.contains("4 x 100 tokens") && detail.contains("8 routed experts"), "{detail}");
-        let four = MemoryBudget { bytes: 33_000, kv_tokens: 100, batch: 4, stream_layers: None };
+        let four = MemoryBudget { bytes: 33_000, kv_tokens: 100, batch: 4, verify_rows: 1, stream_layers: None };
         assert_eq!(MemoryPlan::new(sizes(4, 10_000), four).unwrap().minimum_bytes, 1000 + 4000 + 20_000 + 8000);
+    }
+
+    #[test]
+    fn verify_rows_reserve_their_routes_union_for_two_layers_but_share_one_cache() {
+        let mut s = sizes(8, 10_000);
+        s.layers.iter_mut().for_each(|l| l.stream_bytes = 10_000);
+        let plan = |budget| MemoryPlan::new(s.clone(), budget);
+        let one = MemoryBudget { bytes: 72_000, kv_tokens: 100, batch: 1, verify_rows: 1, stream_layers: None };
+        // One row: two layers' routes (2 x 2 experts); the rest goes to four resident layers.
+        let p = plan(one.clone()).unwrap();
+        assert_eq!((p.resident_layers.len(), p.expert_cache_bytes), (4, 10_000));
+        // Four rows: one sequence's cache, all eight experts in flight, and two layers' expected
+        // union of four routes (8 x (1 - (6/8)^4) = 5.5, so 6 experts each) before dense layers.
+        let four = MemoryBudget { verify_rows: 4, ..one.clone() };
+        let p = plan(four.clone()).unwrap();
+        assert_eq!((p.kv_bytes, p.minimum_bytes), (1000, 1000 + 1000 + 10_000 + 8000));
+        assert_eq!((p.resident_layers.len(), p.expert_cache_bytes), (3, 8000 + 12_000));
+        // As a batch of four does, less its three other caches.
+        let batch = MemoryBudget { batch: 4, ..one };
+        assert_eq!(plan(batch).unwrap().minimum_bytes, p.minimum_bytes + 3000);
+        // At the minimum the cache holds one layer's experts in flight, and no dense layer.
+        let p = plan(MemoryBudget { bytes: 20_000, ..four.clone() }).unwrap();
+        assert_eq!((p.resident_layers.len(), p.expert_cache_bytes), (0, 8000));
+        // Below it, refused with the minimum and what it is made of.
+        let err = plan(MemoryBudget { bytes: 19_999, ..four }).unwrap_err();
+        let EngineError::MemoryBudget { detail, .. } = &err else { panic!("{err}") };
+        assert!(detail.contains("1 x 100 tokens") && detail.contains("8 routed experts"), "{detail}");
     }
 
     #[test]
@@ -495,7 +558,8 @@ mod tests {
             // 4 heads x 8: S (4 x 8 x 8) and the convolution's last 3 inputs of q, k and v (3 x 96).
             assert_eq!(sizes.kv_bytes_per_token, (16 + 8) * 4, "{}", file.display());
             assert_eq!(sizes.state_bytes, 3 * (4 * 8 * 8 + 3 * 96) * 4, "{}", file.display());
-            let two = MemoryBudget { bytes: usize::MAX / 2, kv_tokens: 10, batch: 2, stream_layers: None };
+            let two =
+                MemoryBudget { bytes: usize::MAX / 2, kv_tokens: 10, batch: 2, verify_rows: 1, stream_layers: None };
             assert_eq!(MemoryPlan::new(sizes.clone(), two).unwrap().kv_bytes, 2 * (10 * 96 + sizes.state_bytes));
         }
     }

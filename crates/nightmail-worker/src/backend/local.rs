@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
-    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StateCache,
-    StopReason, StreamConfig, TokenEvent, TokenStream,
+    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
+    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -131,8 +131,14 @@ impl Inner {
 fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiver<Work>, engine: &EngineSlot) {
     let options = LoadOptions {
         stream: config.expert_cache_mb.map(StreamConfig::with_cache_mb),
-        // A key/value cache for every job of a batch, and the union of their experts.
-        memory: config.memory_mb.map(|mb| MemoryBudget { batch: config.max_batch, ..MemoryBudget::mb(mb) }),
+        // A key/value cache for every job of a batch, and the union of their experts: of every
+        // row of their verify passes when the model drafts (at the default cap of guesses, as
+        // every job's request keeps).
+        memory: config.memory_mb.map(|mb| MemoryBudget {
+            batch: config.max_batch,
+            verify_rows: engine_draft(&config.draft).verify_rows(PromptLookup::default().max_draft),
+            ..MemoryBudget::mb(mb)
+        }),
     };
     let load = |options: &LoadOptions| -> Result<Model, EngineError> {
         let mut model = Model::load_with(&config.path, options)?;
@@ -431,6 +437,16 @@ impl Schedule {
 }
 
 /// The request's turns as the engine's chat prompt.
+/// The engine's drafter for the configured one.
+fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Draft {
+    match draft {
+        nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
+        nightmail_config::Draft::None => nightmail_engine::Draft::None,
+        nightmail_config::Draft::Model(_) => nightmail_engine::Draft::Model,
+        nightmail_config::Draft::Mtp => nightmail_engine::Draft::Mtp,
+    }
+}
+
 fn chat(request: &Request) -> Prompt {
     Prompt::Chat(request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect())
 }
@@ -467,12 +483,7 @@ impl Backend for Local {
                 top_p: c.top_p,
                 seed: c.seed.unwrap_or(0),
             };
-            generate.draft = match c.draft {
-                nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
-                nightmail_config::Draft::None => nightmail_engine::Draft::None,
-                nightmail_config::Draft::Model(_) => nightmail_engine::Draft::Model,
-                nightmail_config::Draft::Mtp => nightmail_engine::Draft::Mtp,
-            };
+            generate.draft = engine_draft(&c.draft);
             let (done, result) = oneshot::channel();
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
             self.inner.submit(Work::Generate(job));
