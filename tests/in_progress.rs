@@ -46,9 +46,9 @@ while True:
     typ, data = m.select('"In Progress"', readonly=True)
     if typ == "OK" and int(data[0]) == 1:
         typ, data = m.fetch("1", "(BODY.PEEK[])")
-        text = data[0][1].decode()
-        if "word1 " in text:
-            print(text)
+        # Replaced between the SELECT and the FETCH: the server answers NO (RFC 2180 4.1.3).
+        if typ == "OK" and isinstance(data[0], tuple) and "word1 " in data[0][1].decode():
+            print(data[0][1].decode())
             break
     if time.time() > deadline:
         sys.exit("In Progress never held the answer so far")
