@@ -436,7 +436,6 @@ impl Schedule {
     }
 }
 
-/// The request's turns as the engine's chat prompt.
 /// The engine's drafter for the configured one.
 fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Draft {
     match draft {
@@ -447,6 +446,7 @@ fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Draft {
     }
 }
 
+/// The request's turns as the engine's chat prompt.
 fn chat(request: &Request) -> Prompt {
     Prompt::Chat(request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect())
 }
