@@ -19,6 +19,7 @@ mod model;
 mod mtp;
 mod schedule;
 
+pub(crate) use lookup::Match;
 pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
 pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens, lookup_draft_len};

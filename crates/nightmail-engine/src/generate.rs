@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use crate::Model;
 use crate::chat::ChatMessage;
-use crate::draft::{Acceptance, Draft, DraftLength, DrafterState, PromptLookup, best_draft_len, lookup_draft_len};
+use crate::draft::{
+    Acceptance, Draft, DraftLength, DrafterState, Match, PromptLookup, best_draft_len, lookup_draft_len,
+};
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
 use crate::reasoning::{Reply, split_reasoning};
@@ -609,7 +611,7 @@ impl TokenStream<'_> {
                 // A draft model's guess costs a pass of its own: one at a time, and rarer while
                 // they fail, is enough to measure how often they hold.
                 if self.drafter.as_mut().is_some_and(DrafterState::probe_due) {
-                    self.shadow = self.propose(&history, room.min(1))?.into();
+                    self.shadow = self.propose(&history, matched, room.min(1))?.into();
                 }
             }
         } else {
@@ -621,7 +623,7 @@ impl TokenStream<'_> {
                 self.shadow.clear();
                 self.verdict(false);
             }
-            fed.extend(self.propose(&history, k)?);
+            fed.extend(self.propose(&history, matched, k)?);
         }
         if fed.len() > 1 {
             self.cache.begin_verify();
@@ -656,10 +658,11 @@ impl TokenStream<'_> {
     }
 
     /// Up to `k` guesses of the tokens after `history`, from the request's drafter.
-    fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+    /// `matched`: prompt lookup's match, already found for this pass (`None` for a drafter).
+    fn propose(&mut self, history: &[u32], matched: Option<Match>, k: usize) -> Result<Vec<u32>> {
         match self.drafter.as_mut() {
             Some(state) => state.propose(self.model, history, k),
-            None => Ok(self.request.lookup.propose(history, k)),
+            None => Ok(matched.map_or_else(Vec::new, |m| m.continuation(history, k).to_vec())),
         }
     }
 

@@ -49,6 +49,13 @@ pub struct Match {
     pub continues_at: usize,
 }
 
+impl Match {
+    /// Up to `max` tokens of `context` that followed the earlier occurrence: the guesses.
+    pub fn continuation(self, context: &[u32], max: usize) -> &[u32] {
+        &context[self.continues_at..(self.continues_at + max).min(context.len())]
+    }
+}
+
 impl PromptLookup {
     /// Up to `max` tokens guessed to follow `context` (the prompt and the tokens generated so
     /// far): the continuation of [`Self::longest_match`]. Empty when no suffix of `min_ngram`
@@ -58,10 +65,7 @@ impl PromptLookup {
         if max == 0 {
             return Vec::new();
         }
-        match self.longest_match(context) {
-            Some(m) => context[m.continues_at..(m.continues_at + max).min(context.len())].to_vec(),
-            None => Vec::new(),
-        }
+        self.longest_match(context).map_or_else(Vec::new, |m| m.continuation(context, max).to_vec())
     }
 
     /// The earlier occurrence sharing the longest suffix with `context` (compared up to
