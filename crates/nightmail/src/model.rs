@@ -623,11 +623,16 @@ fn print_plan(r: &nightmail_engine::PlanReport) {
         bytes(p.minimum_bytes as u64)
     );
     println!(
-        "resident        embedding and head {}, key/value cache {}, {} of {layers} dense layers ({})",
+        "resident        output head and norm {}, key/value cache {}, {} of {layers} dense layers ({})",
         bytes(p.fixed_bytes as u64),
         bytes(p.kv_bytes as u64),
         p.resident_layers.len(),
         bytes(p.resident_layer_bytes as u64)
+    );
+    println!(
+        "embedding       {} in the file, not resident: a token reads one row ({})",
+        bytes(p.sizes.embedding_bytes as u64),
+        bytes(p.sizes.embedding_row_bytes as u64)
     );
     if let Some(m) = &p.sizes.mtp {
         println!(
