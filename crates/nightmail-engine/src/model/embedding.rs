@@ -51,6 +51,29 @@ struct FileRows {
     row_bytes: usize,
 }
 
+/// Each row is read when a token asks for it, at no predictable place: readahead would only read
+/// rows no token asked for. Linux: `POSIX_FADV_RANDOM` on this descriptor; macOS, which has no
+/// `posix_fadvise`: `F_RDAHEAD` off.
+fn no_readahead(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a plain call on an open descriptor.
+        let advice = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM) };
+        if advice != 0 {
+            return Err(std::io::Error::from_raw_os_error(advice));
+        }
+    }
+    #[cfg(target_os = "macos")]
+    // SAFETY: a plain call on an open descriptor.
+    if unsafe { libc::fcntl(fd, libc::F_RDAHEAD, 0) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let _ = fd;
+    Ok(())
+}
+
 impl Embedding {
     /// The table `view` (`[rows, cols]`, checked by the caller), read from its file row by row.
     pub(super) fn in_file(ck: &Checkpoint, view: &TensorView<'_>, rows: usize, cols: usize) -> Result<Self> {
@@ -60,14 +83,7 @@ impl Embedding {
         })?;
         let io = |source| EngineError::Io { path: path.clone(), source };
         let file = File::open(&path).map_err(io)?;
-        // Each row is read once per use, at no predictable place: readahead would only read
-        // rows no token asked for.
-        // SAFETY: a plain call on a descriptor this function owns.
-        let advice =
-            unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_RANDOM) };
-        if advice != 0 {
-            return Err(io(std::io::Error::from_raw_os_error(advice)));
-        }
+        no_readahead(&file).map_err(io)?;
         let table = Table::File(FileRows {
             name: view.name.clone(),
             dtype: view.dtype,
@@ -97,9 +113,9 @@ impl Embedding {
                 Table::Head(head) => data.extend(head.row(i)?),
                 Table::File(f) => {
                     buf.resize(f.row_bytes, 0);
-                    f.file
-                        .read_exact_at(&mut buf, f.offset + (i * f.row_bytes) as u64)
-                        .map_err(|source| EngineError::Io { path: f.path.clone(), source })?;
+                    f.file.read_exact_at(&mut buf, f.offset + (i * f.row_bytes) as u64).map_err(|e| {
+                        EngineError::EmbeddingRead { path: f.path.clone(), token: t, reason: e.to_string() }
+                    })?;
                     data.extend(row_values(&f.name, f.dtype, self.cols, &buf)?);
                 }
             }

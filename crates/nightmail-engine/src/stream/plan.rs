@@ -91,6 +91,8 @@ pub struct ModelSizes {
     pub embedding_bytes: usize,
     /// One row of it, what each token reads (from the file, or the tied head).
     pub embedding_row_bytes: usize,
+    /// The output head is the embedding's table (counted once, in `fixed_bytes`).
+    pub embedding_tied: bool,
     pub expert_bytes: usize,
     /// The largest expert's read buffers.
     pub expert_max_bytes: usize,
@@ -220,6 +222,7 @@ impl ModelSizes {
             fixed_bytes: fixed,
             embedding_bytes,
             embedding_row_bytes,
+            embedding_tied: !has_output,
             expert_bytes: experts,
             expert_max_bytes,
             top_k,
@@ -450,6 +453,7 @@ mod tests {
             fixed_bytes: 1000,
             embedding_bytes: 0,
             embedding_row_bytes: 0,
+            embedding_tied: false,
             expert_bytes: 64_000,
             expert_max_bytes: 1000,
             top_k: 2,
@@ -596,6 +600,7 @@ mod tests {
                 };
                 let embd = ck.require("token_embd.weight").unwrap();
                 assert_eq!(ck.tensor("output.weight").unwrap().is_none(), tied, "{}", file.display());
+                assert_eq!(sizes.embedding_tied, tied, "{}", file.display());
                 let head = resident(if tied { "token_embd.weight" } else { "output.weight" });
                 assert_eq!(sizes.fixed_bytes, head + resident("output_norm.weight"), "{}", file.display());
                 assert_eq!(
