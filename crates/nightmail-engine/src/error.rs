@@ -80,6 +80,10 @@ pub enum EngineError {
     )]
     ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
     #[error(
+        "cannot read the embedding row of token {token} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
+    )]
+    EmbeddingRead { path: PathBuf, token: u32, reason: String },
+    #[error(
         "cannot read layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
     )]
     LayerRead { path: PathBuf, layer: usize, reason: String },

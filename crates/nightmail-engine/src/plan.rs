@@ -227,9 +227,10 @@ mod tests {
         let r = plan(&opts).unwrap();
         assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
         assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
-        // Embedding and its own head (not counted twice as if tied), the final norm and AttnRes's
-        // last mix, all F32.
-        assert_eq!(r.plan.sizes.fixed_bytes, (2 * 256 * 32 + 3 * 32) * 4);
+        // Its own head, the final norm and AttnRes's last mix, all F32; not the embedding, which
+        // a token reads a row of.
+        assert_eq!(r.plan.sizes.fixed_bytes, (256 * 32 + 3 * 32) * 4);
+        assert_eq!((r.plan.sizes.embedding_bytes, r.plan.sizes.embedding_row_bytes), (256 * 32 * 4, 32 * 4));
     }
 
     #[test]

@@ -170,15 +170,20 @@ fn a_truncated_file_fails_at_load_naming_the_file_and_the_expert() {
 }
 
 #[test]
-fn a_file_truncated_while_running_fails_the_step_naming_the_expert() {
+fn a_file_truncated_while_running_fails_the_step_naming_the_expert_or_the_embedding_row() {
     let dir = tempfile::tempdir().unwrap();
     let path = truncated_copy(dir.path(), "qwen3_moe", 0);
     let model = Model::load_with(&path, &tiny_cache(0)).unwrap();
-    // Cut the file to its first 4 KiB: every expert read now runs past the end.
+    // Cut the file to its first 4 KiB: every expert read now runs past the end. So do the
+    // embedding's rows but the first (the file's first tensor, 256 bytes a row), which a step
+    // reads from the file (`model/embedding.rs`): token 0's row is whole, the prompt's are not.
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
     let mut cache = model.new_cache();
-    let err = model.logits(&reference("qwen3_moe").prompt_tokens, &mut cache).unwrap_err().to_string();
+    let err = model.logits(&[0], &mut cache).unwrap_err().to_string();
     assert!(err.contains("truncated.gguf") && err.contains("cannot read expert"), "{err}");
+    let mut cache = model.new_cache();
+    let err = model.logits(&reference("qwen3_moe").prompt_tokens, &mut cache).unwrap_err().to_string();
+    assert!(err.contains("truncated.gguf") && err.contains("cannot read the embedding row of token"), "{err}");
     // The model keeps answering errors, not hanging or panicking.
     let mut cache = model.new_cache();
     assert!(model.logits(&[1], &mut cache).is_err());

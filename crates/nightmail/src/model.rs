@@ -623,12 +623,18 @@ fn print_plan(r: &nightmail_engine::PlanReport) {
         bytes(p.minimum_bytes as u64)
     );
     println!(
-        "resident        embedding and head {}, key/value cache {}, {} of {layers} dense layers ({})",
+        "resident        output head and norm {}, key/value cache {}, {} of {layers} dense layers ({})",
         bytes(p.fixed_bytes as u64),
         bytes(p.kv_bytes as u64),
         p.resident_layers.len(),
         bytes(p.resident_layer_bytes as u64)
     );
+    let (table, row) = (bytes(p.sizes.embedding_bytes as u64), bytes(p.sizes.embedding_row_bytes as u64));
+    if p.sizes.embedding_tied {
+        println!("embedding       {table}, the output head's: a token reads one row ({row}) of the head");
+    } else {
+        println!("embedding       {table} in the file, not resident: a token reads one row ({row}) from it");
+    }
     if let Some(m) = &p.sizes.mtp {
         println!(
             "mtp             layer {}: dense {} resident, routed experts {} {}",

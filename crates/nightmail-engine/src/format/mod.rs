@@ -18,6 +18,7 @@ pub(crate) use gguf::value_as_u64 as gguf_value_as_u64;
 pub(crate) use gguf::{GgufFile, STRIPE_PARTS};
 pub(crate) use hf::HfDir;
 pub use view::TensorView;
+pub(crate) use view::row_values;
 
 use crate::error::{EngineError, Result};
 use crate::model::ExpertId;

@@ -124,14 +124,16 @@ impl<'a> TensorView<'a> {
             return Err(EngineError::TokenOutOfRange { id: i as u32, vocab: rows });
         }
         let len = self.bytes.len() / rows;
-        let one = TensorView {
-            name: self.name.clone(),
-            dtype: self.dtype,
-            shape: vec![1, cols],
-            bytes: &self.bytes[i * len..(i + 1) * len],
-        };
-        Ok(one.to_f32()?.flatten_all()?.to_vec1::<f32>()?)
+        row_values(&self.name, self.dtype, cols, &self.bytes[i * len..(i + 1) * len])
     }
+}
+
+/// One row of `cols` elements of `dtype`, as f32: how [`TensorView::row`] dequantizes a row of
+/// the mapped tensor, for the same bytes read from elsewhere (the file, a tied output head), so
+/// that the values are the same.
+pub(crate) fn row_values(name: &str, dtype: WeightDType, cols: usize, bytes: &[u8]) -> Result<Vec<f32>> {
+    let one = TensorView { name: name.to_string(), dtype, shape: vec![1, cols], bytes };
+    Ok(one.to_f32()?.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// The ggml types this issue reads (candle also decodes the rest of its k-quants).

@@ -54,6 +54,11 @@ impl F16Matrix {
         }
     }
 
+    /// Row `r` widened to f32 (exactly: every half is an f32).
+    pub(super) fn row(&self, r: usize) -> Vec<f32> {
+        self.halves()[r * self.cols..(r + 1) * self.cols].iter().map(|h| h.to_f32()).collect()
+    }
+
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;

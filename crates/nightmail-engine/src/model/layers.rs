@@ -7,7 +7,7 @@ use candle_core::{Module, Tensor};
 
 use super::ggml::Numerics;
 use crate::error::Result;
-use crate::format::TensorView;
+use crate::format::{TensorView, row_values};
 use crate::stream::WeightBytes;
 
 /// `y = x · Wᵀ (+ b)`, with W in f32 or in ggml quantized blocks.
@@ -84,6 +84,31 @@ impl Linear {
     #[cfg(test)]
     pub(crate) fn from_tensor(weight: Tensor) -> Self {
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias: None }
+    }
+
+    /// Row `i` of the weight as f32 (the caller checked it exists): the row of the file's
+    /// tensor, dequantized from the same bytes by the same code (`format::row_values`), or read
+    /// from the f32 or f16 values a conversion at load made of them, which hold it exactly. A
+    /// tied embedding reads its rows here (`model/embedding.rs`).
+    pub(crate) fn row(&self, i: usize) -> Result<Vec<f32>> {
+        let values =
+            |dtype: GgmlDType, cols: usize, bytes: &[u8]| row_values("output.weight", dtype.into(), cols, bytes);
+        match &self.weight {
+            Weight::F16(w) => Ok(w.row(i)),
+            Weight::Q4_0(w) => values(GgmlDType::Q4_0, w.cols(), w.row_bytes(i)),
+            Weight::Q4_1(w) => values(GgmlDType::Q4_1, w.cols(), w.row_bytes(i)),
+            Weight::Q8_0(w) => values(GgmlDType::Q8_0, w.cols(), &w.row_bytes(i)),
+            Weight::Mxfp4(w) => row_values("output.weight", WeightDType::Mxfp4, w.cols(), w.row_bytes(i)),
+            Weight::Candle(QMatMul::QTensor(q)) => {
+                let (rows, cols) = q.shape().dims2()?;
+                let data = q.data()?;
+                let len = data.len() / rows;
+                values(q.dtype(), cols, &data[i * len..(i + 1) * len])
+            }
+            Weight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                Ok(t.get(i)?.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+            }
+        }
     }
 
     /// `x`: `[tokens, in]` → `[tokens, out]`.

@@ -7,6 +7,7 @@ mod attn_res;
 mod compressor;
 mod delta_rule;
 mod dense;
+mod embedding;
 mod expert;
 mod f16;
 mod gated_delta_net;

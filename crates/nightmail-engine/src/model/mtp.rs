@@ -20,11 +20,12 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
+use super::embedding::Embedding;
 use super::expert::{ExpertStore, ResidentExperts};
 use super::ggml::Numerics;
 use super::layers::{Linear, RmsNorm};
 use super::state::SequenceState;
-use super::transformer::{CacheKind, DecoderLayer, Embedding, FeedForward, attend_group, norm};
+use super::transformer::{CacheKind, DecoderLayer, FeedForward, attend_group, norm};
 use crate::error::{EngineError, Result};
 use crate::format::{Checkpoint, TensorView};
 use crate::spec::ModelSpec;
@@ -36,7 +37,8 @@ pub struct Mtp {
     eh_proj: Linear,
     block: DecoderLayer,
     norm: RmsNorm,
-    /// The layer's own head and embedding; `None`: the model's.
+    /// The layer's own head and embedding (read from the file as the model's is, never
+    /// resident: `model/embedding.rs`); `None`: the model's.
     head: Option<Linear>,
     embedding: Option<Embedding>,
     cache: CacheKind,
@@ -125,7 +127,9 @@ impl Mtp {
             block,
             norm: head_norm,
             head: own("shared_head_head", head)?.map(|w| Linear::new(&w, None)).transpose()?,
-            embedding: own("embed_tokens", embd)?.map(|w| Embedding::of(&w, spec.vocab_size, hidden)),
+            embedding: own("embed_tokens", embd)?
+                .map(|w| Embedding::in_file(ck, &w, spec.vocab_size, hidden))
+                .transpose()?,
             numerics,
             chain_normed: spec.architecture.is_qwen_hybrid(),
         })

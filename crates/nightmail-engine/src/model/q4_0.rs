@@ -27,6 +27,16 @@ impl Q4_0Matrix {
         Q4_0Matrix { rows, cols, bytes }
     }
 
+    pub(super) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r`'s blocks as the file holds them.
+    pub(super) fn row_bytes(&self, r: usize) -> &[u8] {
+        let len = self.cols / QK * BLOCK_BYTES;
+        &self.bytes.as_slice()[r * len..(r + 1) * len]
+    }
+
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;

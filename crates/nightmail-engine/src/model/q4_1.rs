@@ -41,6 +41,16 @@ impl Q4_1Matrix {
         Q4_1Matrix { rows, cols, blocks }
     }
 
+    pub(super) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r`'s blocks as the file holds them.
+    pub(super) fn row_bytes(&self, r: usize) -> &[u8] {
+        let nb = self.cols / QK;
+        self.blocks[r * nb..(r + 1) * nb].as_flattened()
+    }
+
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         q8_matmul(

@@ -30,6 +30,22 @@ impl Q8_0Matrix {
         Q8_0Matrix { rows, cols, d, qs }
     }
 
+    pub(super) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r`'s blocks as the file held them: each scale back in f16 (exactly: it was read
+    /// from one), then its 32 bytes.
+    pub(super) fn row_bytes(&self, r: usize) -> Vec<u8> {
+        let nb = self.cols / QK;
+        let mut out = Vec::with_capacity(nb * BLOCK_BYTES);
+        for b in r * nb..(r + 1) * nb {
+            out.extend(f16::from_f32(self.d[b]).to_le_bytes());
+            out.extend(self.qs[b].iter().map(|q| *q as u8));
+        }
+        out
+    }
+
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         q8_matmul(

@@ -3,13 +3,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use super::attention::{Attention, F16Cache, LayerCache};
 use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
 use super::compressor::Compressor;
 use super::delta_rule::{DeltaState, StateShape};
 use super::dense::{HeldLayer, LayerBuilder, LayerStore};
+use super::embedding::Embedding;
 use super::expert::{Expert, ExpertId, ExpertStore};
 use super::gated_delta_net::GatedDeltaNet;
 use super::ggml::Numerics;
@@ -144,38 +145,6 @@ pub struct DecoderLayer {
     residual: Option<LayerResidual>,
 }
 
-/// Token embeddings, kept in their file encoding and dequantized a row at a time.
-pub(super) struct Embedding {
-    bytes: Vec<u8>,
-    dtype: crate::format::WeightDType,
-    rows: usize,
-    cols: usize,
-}
-
-impl Embedding {
-    /// A copy of `view`'s bytes, `[rows, cols]` (checked by the caller).
-    pub(super) fn of(view: &TensorView<'_>, rows: usize, cols: usize) -> Self {
-        Embedding { bytes: view.bytes.to_vec(), dtype: view.dtype, rows, cols }
-    }
-
-    pub(super) fn rows(&self, tokens: &[u32]) -> Result<Tensor> {
-        let view = TensorView {
-            name: "token_embd.weight".into(),
-            dtype: self.dtype,
-            shape: vec![self.rows, self.cols],
-            bytes: &self.bytes,
-        };
-        let mut data = Vec::with_capacity(tokens.len() * self.cols);
-        for &t in tokens {
-            if t as usize >= self.rows {
-                return Err(EngineError::TokenOutOfRange { id: t, vocab: self.rows });
-            }
-            data.extend(view.row(t as usize)?);
-        }
-        Ok(Tensor::from_vec(data, (tokens.len(), self.cols), &Device::Cpu)?)
-    }
-}
-
 /// gpt-oss's attention sinks `[heads]`, as f32.
 fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
     view.expect_shape(&[heads])?;
@@ -193,7 +162,8 @@ pub struct Transformer {
     /// Each layer's key/value cache, known without its weights in memory.
     caches: Vec<CacheKind>,
     norm: RmsNorm,
-    lm_head: Linear,
+    /// Shared with the embedding where the two are tied.
+    lm_head: Arc<Linear>,
     /// Kimi K3's AttnRes: the block size and the mix before the final norm.
     attn_res: Option<(usize, ResidualScore)>,
     /// DeepSeek-V4's hyper-connection streams: their count and the collapse before the norm.
@@ -256,10 +226,19 @@ impl Transformer {
         };
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
-        let embedding = Embedding::of(&embd, spec.vocab_size, hidden);
-        // Tied embeddings (SmolLM2, the llama fixture): no output.weight, reuse token_embd.
-        let head = ck.tensor("output.weight")?.unwrap_or(embd);
-        head.expect_shape(&[spec.vocab_size, hidden])?;
+        // Tied embeddings (SmolLM2, the llama fixture): no output.weight, the head is token_embd
+        // and serves the embedding's rows; else they are read from the file (`model/embedding.rs`).
+        let (lm_head, embedding) = match ck.tensor("output.weight")? {
+            Some(head) => {
+                head.expect_shape(&[spec.vocab_size, hidden])?;
+                (Arc::new(Linear::new(&head, None)?), Embedding::in_file(ck, &embd, spec.vocab_size, hidden)?)
+            }
+            None => {
+                let head = Arc::new(Linear::new(&embd, None)?);
+                (head.clone(), Embedding::tied(head, spec.vocab_size, hidden))
+            }
+        };
+        ck.release_pages();
         let mut layers = Vec::with_capacity(spec.layers);
         let mut recorded = Vec::with_capacity(spec.layers);
         let mut caches = Vec::with_capacity(spec.layers);
@@ -290,7 +269,7 @@ impl Transformer {
             streamed: None,
             caches,
             norm: norm(&ck.require("output_norm.weight")?, spec, numerics)?,
-            lm_head: Linear::new(&head, None)?,
+            lm_head,
             attn_res: match spec.attn_res_block {
                 Some(block) => Some((block, residual_score(ck, "output_res", hidden, spec.rms_norm_eps, numerics)?)),
                 None => None,

@@ -3,7 +3,9 @@
 //! saves its whole size each token; a routed expert only when chosen, k/E of the tokens), so
 //! dense layers go before the expert cache. The dense layers left over stream in layer order
 //! through a window of two layers (one read while the other computes), or one where two do not
-//! fit; the experts get the rest as their cache.
+//! fit; the experts get the rest as their cache. The token embedding is not resident: a token
+//! reads one row of it (`model/embedding.rs` reads rows from the file, or from the head where
+//! the two are tied), the least benefit per byte of any tensor, so only the head is counted.
 
 use std::collections::BTreeMap;
 
@@ -64,15 +66,15 @@ pub struct LayerSize {
 }
 
 /// The multi-token-prediction layer a checkpoint ships (`model/mtp.rs`), counted apart from the
-/// model's layers: its dense weights stay resident beside the embedding and head, and its routed
+/// model's layers: its dense weights stay resident beside the head, and its routed
 /// experts share the model's cache. Counted whenever the checkpoint holds the layer, so that a
 /// budget holds with `draft = "mtp"` (a model that never drafts with it reserves its dense bytes
 /// for nothing: about 1% of DeepSeek-V3).
 #[derive(Debug, Clone, Serialize)]
 pub struct MtpSize {
     pub layer: usize,
-    /// Memory its dense weights take resident (copies of the model's embedding and head, which
-    /// it shares, not counted).
+    /// Memory its dense weights take resident (its embedding, read from the file as the model's
+    /// is, and a copy of the model's head, which it shares, not counted).
     pub resident_bytes: usize,
     /// Its routed experts' bytes on disk (streamed with the model's).
     pub expert_bytes: usize,
@@ -82,8 +84,15 @@ pub struct MtpSize {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelSizes {
     pub layers: Vec<LayerSize>,
-    /// Embedding, output head and final norm: always resident.
+    /// The output head (the embedding's table where the two are tied: one copy serves both),
+    /// the final norm and the model's other tensors outside its layers: always resident.
     pub fixed_bytes: usize,
+    /// The token embedding's bytes in the file: not resident (`model/embedding.rs`).
+    pub embedding_bytes: usize,
+    /// One row of it, what each token reads (from the file, or the tied head).
+    pub embedding_row_bytes: usize,
+    /// The output head is the embedding's table (counted once, in `fixed_bytes`).
+    pub embedding_tied: bool,
     pub expert_bytes: usize,
     /// The largest expert's read buffers.
     pub expert_max_bytes: usize,
@@ -113,7 +122,8 @@ impl ModelSizes {
             .collect();
         let (mut fixed, mut experts) = (0, 0);
         let mut has_output = false;
-        let mut embedding = 0;
+        // The embedding's resident size (counted as the head where tied), bytes and one row.
+        let (mut embedding, mut embedding_bytes, mut embedding_row_bytes) = (0, 0, 0);
         let mut mtp = crate::model::mtp::shipped_layer(ck, spec)?.map(|layer| MtpSize {
             layer,
             resident_bytes: 0,
@@ -149,26 +159,29 @@ impl ModelSizes {
                     size.resident_bytes += resident;
                     size.stream_bytes += disk + copied_bytes(t.dtype, &t.shape, len, true);
                 }
+                None if t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight") => {
+                    embedding = resident;
+                    embedding_bytes = len;
+                    embedding_row_bytes = len / t.shape.first().copied().unwrap_or(1).max(1);
+                }
                 None => {
                     fixed += resident;
                     has_output |= t.name == "output.weight" || t.name.ends_with("lm_head.weight");
-                    if t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight") {
-                        embedding = resident;
-                    }
                 }
             }
         }
-        // Tied embeddings: the head is a second copy of the embedding.
+        // Tied embeddings: the head is the embedding's table, resident once.
         if !has_output {
             fixed += embedding;
         }
-        // The MTP layer shares copies of the model's embedding and head (`mtp::own_copy`).
+        // The MTP layer's embedding is never resident, and it shares copies of the model's head
+        // (`mtp::own_copy`).
         if let Some(m) = &mut mtp {
             let embd = ck.require("token_embd.weight")?;
             let head = ck.tensor("output.weight")?.unwrap_or_else(|| embd.clone());
             for (name, model) in [("embed_tokens", &embd), ("shared_head_head", &head)] {
                 if let Some(w) = ck.tensor(&format!("blk.{}.nextn.{name}.weight", m.layer))?
-                    && crate::model::mtp::own_copy(ck, spec, name, model)?.is_none()
+                    && (name == "embed_tokens" || crate::model::mtp::own_copy(ck, spec, name, model)?.is_none())
                 {
                     m.resident_bytes =
                         m.resident_bytes.saturating_sub(copied_bytes(w.dtype, &w.shape, w.bytes.len(), false));
@@ -207,6 +220,9 @@ impl ModelSizes {
         Ok(ModelSizes {
             layers: layers.into_values().collect(),
             fixed_bytes: fixed,
+            embedding_bytes,
+            embedding_row_bytes,
+            embedding_tied: !has_output,
             expert_bytes: experts,
             expert_max_bytes,
             top_k,
@@ -224,9 +240,10 @@ impl ModelSizes {
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: usize,
-    /// The least budget the model runs in: embedding and head, the key/value cache, the largest
+    /// The least budget the model runs in: the head, the key/value cache, the largest
     /// layer streamed, and one layer's routed experts in flight.
     pub minimum_bytes: usize,
+    /// The output head and final norm (`ModelSizes::fixed_bytes`; not the embedding).
     pub fixed_bytes: usize,
     /// The MTP layer's dense weights, resident (0 without one: `ModelSizes::mtp`).
     pub mtp_bytes: usize,
@@ -279,7 +296,7 @@ impl MemoryPlan {
                 budget_mb: budget.bytes as f64 / MIB,
                 minimum_mb: (minimum as f64 / MIB).ceil() as usize,
                 detail: format!(
-                    "embedding and head {:.1} MiB{}, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
+                    "output head and norm {:.1} MiB{}, key/value cache for {batch} x {} tokens {:.1} MiB, dense \
                      layers {:.1} MiB (the largest streamed), {} routed experts in flight {:.1} MiB",
                     sizes.fixed_bytes as f64 / MIB,
                     if mtp > 0 { format!(", MTP layer {:.1} MiB", mtp as f64 / MIB) } else { String::new() },
@@ -434,6 +451,9 @@ mod tests {
                 .map(|l| LayerSize { layer: l, disk_bytes: layer, resident_bytes: layer, stream_bytes: 2 * layer })
                 .collect(),
             fixed_bytes: 1000,
+            embedding_bytes: 0,
+            embedding_row_bytes: 0,
+            embedding_tied: false,
             expert_bytes: 64_000,
             expert_max_bytes: 1000,
             top_k: 2,
@@ -561,6 +581,41 @@ mod tests {
             let two =
                 MemoryBudget { bytes: usize::MAX / 2, kv_tokens: 10, batch: 2, verify_rows: 1, stream_layers: None };
             assert_eq!(MemoryPlan::new(sizes.clone(), two).unwrap().kv_bytes, 2 * (10 * 96 + sizes.state_bytes));
+        }
+    }
+
+    /// The plan charges the output head (once, where the embedding is tied to it) and the final
+    /// norm, never the embedding: a token reads one row of it from the file.
+    #[test]
+    fn the_plan_charges_the_head_and_not_the_embedding() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for (arch, tied) in [("llama", true), ("qwen3_moe", false)] {
+            for file in [root.join(arch).join("model.gguf"), root.join(arch)] {
+                let ck = Checkpoint::open(&file).unwrap();
+                let spec = ModelSpec::read(&ck).unwrap();
+                let sizes = ModelSizes::read(&ck, &spec).unwrap();
+                let resident = |name: &str| {
+                    let t = ck.require(name).unwrap();
+                    copied_bytes(t.dtype, &t.shape, t.bytes.len(), false)
+                };
+                let embd = ck.require("token_embd.weight").unwrap();
+                assert_eq!(ck.tensor("output.weight").unwrap().is_none(), tied, "{}", file.display());
+                assert_eq!(sizes.embedding_tied, tied, "{}", file.display());
+                let head = resident(if tied { "token_embd.weight" } else { "output.weight" });
+                assert_eq!(sizes.fixed_bytes, head + resident("output_norm.weight"), "{}", file.display());
+                assert_eq!(
+                    (sizes.embedding_bytes, sizes.embedding_row_bytes),
+                    (embd.bytes.len(), embd.bytes.len() / spec.vocab_size),
+                    "{}",
+                    file.display()
+                );
+                // The least budget names what it is made of: the head, no embedding.
+                let none = MemoryBudget { bytes: 0, kv_tokens: 8, batch: 1, verify_rows: 1, stream_layers: None };
+                let EngineError::MemoryBudget { detail, .. } = MemoryPlan::new(sizes, none).unwrap_err() else {
+                    panic!("a budget of nothing was taken")
+                };
+                assert!(detail.starts_with("output head and norm ") && !detail.contains("embedding"), "{detail}");
+            }
         }
     }
 
