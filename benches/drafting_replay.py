@@ -10,11 +10,15 @@ first guess holds after a first guess that held (a copy streak) or not; (3) toke
 the speed-up over plain decoding (passes + row cost x rows, against one pass per token) of:
 "every" (every guess lookup finds, up to 8), "oracle" (exactly the guesses that hold),
 "one rate" (the schedule before 2026-12-04 evening: `best_draft_len` at one running rate over
-guesses run or not) and "copy length" (draft/schedule.rs `lookup_draft_len`: at the rate first
-guesses hold, and at least as many guesses as the match is long). The two schedules follow
-generate.rs step for step; `--draft-row-cost X` runs of the binary give the same passes.
+guesses run or not), "copy length" (the schedule before 2026-12-05: at the rate first guesses
+hold, and when that pays at least as many guesses as the match is long) and "match length"
+(draft/schedule.rs `MatchAcceptance` now: a rate per class of match length, each guess at the
+rate of its match length plus its place, the best length of that chain and at least the match's
+length when any). The schedules follow generate.rs step for step (at a fixed row cost; a
+measured one adds PassCosts' probes); `--draft-row-cost X` runs of the binary give the same
+passes.
 
-    python3 benches/drafting_replay.py [--tokens 200] [--model PATH] [--row-costs 0.25,0.35,0.46,0.55,0.65]
+    python3 benches/drafting_replay.py [--tokens 200] [--model PATH] [--row-costs 0.25,0.46,0.55,0.65,0.8]
 
 Needs a built `nightmail` binary (NIGHTMAIL_BIN, else target/debug/nightmail).
 """
@@ -30,6 +34,7 @@ from common import model_path, nightmail_binary  # noqa: E402
 from drafting import jobs  # noqa: E402
 
 CAP, MIN, MAX_DRAFT, KEEP = 32, 2, 8, 0.85  # PromptLookup's defaults, Acceptance's decay
+RULES = ("every", "oracle", "one rate", "copy length", "match length")
 
 
 def longest_match(ctx):
@@ -58,11 +63,23 @@ def best_draft_len(alpha, row_cost, most):
     return best if value(best) > value(0) * 1.01 else 0
 
 
+def best_chain_len(alphas, row_cost):
+    """schedule.rs `best_chain_len`: a rate per place."""
+    tokens, held, best = 1.0, 1.0, None
+    for i, alpha in enumerate(alphas):
+        held *= alpha
+        tokens += held
+        value = tokens / (1 + row_cost * (i + 1))
+        if best is None or value > best[1]:
+            best = (i + 1, value)
+    return best[0] if best and best[1] > 1.01 else 0
+
+
 class Rate:
     """schedule.rs `Acceptance`."""
 
-    def __init__(self):
-        self.accepted, self.rejected = 1.0, 1.0
+    def __init__(self, accepted=1.0, rejected=1.0):
+        self.accepted, self.rejected = accepted, rejected
 
     def record(self, accepted, rejected):
         self.accepted = self.accepted * KEEP + accepted
@@ -72,16 +89,42 @@ class Rate:
         return self.accepted / (self.accepted + self.rejected)
 
 
+MATCH_CLASSES = (2, 3, 4, 6, 12)  # schedule.rs: the shortest match of each class
+
+
+class ByMatch:
+    """schedule.rs `MatchAcceptance`: a rate per match-length class, from Laplace's prior."""
+
+    def __init__(self):
+        self.rates = [Rate(2 * (n + 1) / (n + 2), 2 / (n + 2)) for n in MATCH_CLASSES]
+
+    def cls(self, matched):
+        return max(i for i, n in enumerate(MATCH_CLASSES) if matched >= n or i == 0)
+
+    def record(self, matched, held):
+        self.rates[self.cls(matched)].record(int(held), not held)
+
+    def rate(self, matched):
+        return self.rates[self.cls(matched)].rate()
+
+    def draft_len(self, matched, row_cost, room):
+        k = best_chain_len([self.rate(matched + j) for j in range(room)], row_cost)
+        return max(k, min(matched, room)) if k else 0
+
+
 def replay(prompt, answer, row_cost, rule, budget):
     """generate.rs `plan_feed` over the plain answer: (passes, rows, accepted)."""
-    rate, first_rate = Rate(), Rate()
+    rate, first_rate, by_match = Rate(), Rate(), ByMatch()
     shadow, ahead, run_accepted, first = [], [], 0, None
+    ahead_matched, first_matched = 0, 0
     passes = rows = accepted = 0
     i = 0
     while i < len(answer):
         tok = answer[i]
         if first is not None:
             first_rate.record(int(first == tok), first != tok)
+            if rule == "match length":
+                by_match.record(first_matched, first == tok)
             first = None
         if shadow:
             if shadow.pop(0) == tok:
@@ -94,6 +137,9 @@ def replay(prompt, answer, row_cost, rule, budget):
                 rate.record(run_accepted, True)
                 run_accepted = 0
         if ahead:
+            if rule == "match length":
+                by_match.record(ahead_matched, ahead[0] == tok)
+                ahead_matched += 1
             if ahead.pop(0) == tok:
                 accepted += 1
                 run_accepted += 1
@@ -117,6 +163,12 @@ def replay(prompt, answer, row_cost, rule, budget):
             k = next((j for j, g in enumerate(guesses) if i + 1 + j >= len(answer) or g != answer[i + 1 + j]), len(guesses))
         elif rule == "one rate":
             k = best_draft_len(rate.rate(), row_cost, room)
+        elif rule == "match length":
+            matched = match[0] if match else 0
+            k = by_match.draft_len(matched, row_cost, room) if match else 0
+            if k == 0 and guesses:
+                first, first_matched = guesses[0], matched
+            ahead_matched = matched
         else:
             first = guesses[0] if guesses else None
             k = best_draft_len(first_rate.rate(), row_cost, room)
@@ -171,7 +223,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--model")
-    ap.add_argument("--row-costs", default="0.25,0.35,0.46,0.55,0.65")
+    ap.add_argument("--row-costs", default="0.25,0.46,0.55,0.65,0.8")
     a = ap.parse_args()
     model = a.model or model_path()
     costs = [float(c) for c in a.row_costs.split(",")]
@@ -195,10 +247,10 @@ def main():
             if judged:
                 print(f"  first guess after a first guess that {'held' if s else 'failed (or none)'}: "
                       f"{held / judged:.2f} ({held}/{judged})")
-        print(f"  {'row cost':>8} " + "".join(f"{r:<22}" for r in ("every", "oracle", "one rate", "copy length")))
+        print(f"  {'row cost':>8} " + "".join(f"{r:<22}" for r in RULES))
         for cost in costs:
             cells = []
-            for rule in ("every", "oracle", "one rate", "copy length"):
+            for rule in RULES:
                 passes, rows, accepted = replay(prompt, answer, cost, rule, a.tokens)
                 speedup = (len(answer) - 1) / (passes + cost * rows)
                 cells.append(f"{(passes + accepted) / passes:.2f} tok/pass {speedup:.2f}x")

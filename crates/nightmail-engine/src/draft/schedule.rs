@@ -9,6 +9,7 @@
 //! resident model a row costs about the compute of a whole decode step. So the cost is measured
 //! as the model runs ([`PassCosts`]) and the acceptance rate as the stream runs ([`Acceptance`]).
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -28,15 +29,55 @@ pub enum DraftLength {
 /// Widest pass kept apart; wider ones are counted at this width.
 const WIDTHS: usize = 32;
 
-/// Weight of the newest pass in each width's running mean.
-const NEW_WEIGHT: f64 = 0.2;
+/// Passes of each width whose times are kept: the width's figure is their median, so a pass that
+/// another process preempted (on a loaded machine, a pass several times as long as its
+/// neighbours) is one sample among eight and moves the figure by at most one rank.
+const SAMPLES: usize = 8;
 
-/// The wall time of a model's decode and verify passes, by the rows they ran (a running mean per
-/// width), and the line through them: the time of a one-row pass and of each extra row.
+/// A time older than this many passes (of any width) no longer counts: the machine's load when
+/// it was taken may be gone, and a width the schedule stopped running must not keep the figure
+/// of its last pass for the rest of the answer.
+const RECENT: u64 = 128;
+
+/// Passes after the last one of more than one row at which a pass of one guess re-times a row
+/// ([`PassCosts::probe_due`]): while the schedule decodes plainly, no wider pass is timed, and a
+/// row's cost measured under a passing load would keep guessing off for good.
+const PROBE_AFTER: u64 = 32;
+
+/// The wall time of a model's decode and verify passes, by the rows they ran (the median of the
+/// last [`SAMPLES`] recent passes per width), and the line through them: the time of a one-row
+/// pass and of each extra row.
 #[derive(Debug, Default)]
 pub struct PassCosts {
-    /// Per width − 1: (mean seconds, passes seen).
-    by_width: Mutex<Vec<(f64, u64)>>,
+    timed: Mutex<Timed>,
+}
+
+#[derive(Debug, Default)]
+struct Timed {
+    /// Per width − 1: the last passes' (seconds, number of the pass).
+    by_width: Vec<VecDeque<(f64, u64)>>,
+    /// Passes timed so far, and the number of the last one of more than one row.
+    passes: u64,
+    last_wide: Option<u64>,
+}
+
+impl Timed {
+    /// The median of a width's recent times, and how many there are (`None`: none recent).
+    fn figure(&self, width: usize) -> Option<(f64, usize)> {
+        let mut recent: Vec<f64> = self
+            .by_width
+            .get(width)?
+            .iter()
+            .filter(|&&(_, at)| self.passes - at < RECENT)
+            .map(|&(secs, _)| secs)
+            .collect();
+        if recent.is_empty() {
+            return None;
+        }
+        recent.sort_by(f64::total_cmp);
+        let n = recent.len();
+        Some(((recent[(n - 1) / 2] + recent[n / 2]) / 2.0, n))
+    }
 }
 
 /// A pass's cost as `base_s + per_row_s · (rows − 1)`.
@@ -59,33 +100,44 @@ impl PassCosts {
         if rows == 0 || !secs.is_finite() {
             return;
         }
-        let mut by_width = self.by_width.lock().expect("pass costs lock");
-        if by_width.is_empty() {
-            by_width.resize(WIDTHS, (0.0, 0));
+        let mut timed = self.timed.lock().expect("pass costs lock");
+        if timed.by_width.is_empty() {
+            timed.by_width.resize(WIDTHS, VecDeque::new());
         }
-        let (mean, seen) = &mut by_width[rows.min(WIDTHS) - 1];
-        *mean = if *seen == 0 { secs } else { *mean + NEW_WEIGHT * (secs - *mean) };
-        *seen += 1;
+        timed.passes += 1;
+        let at = timed.passes;
+        if rows > 1 {
+            timed.last_wide = Some(at);
+        }
+        let samples = &mut timed.by_width[rows.min(WIDTHS) - 1];
+        if samples.len() == SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back((secs, at));
     }
 
-    /// The running mean of a one-row pass, once one was timed (a draft model's guess).
+    /// The median of the recent one-row passes, once one was timed (a draft model's guess).
     pub fn one_row_s(&self) -> Option<f64> {
-        let by_width = self.by_width.lock().expect("pass costs lock");
-        by_width.first().filter(|(_, seen)| *seen > 0).map(|(mean, _)| *mean)
+        self.timed.lock().expect("pass costs lock").figure(0).map(|(secs, _)| secs)
     }
 
-    /// The least-squares line through the widths seen (each weighted by its passes, up to 8),
-    /// with a per-row cost of at least zero; `None` until passes of two widths, one of them a
-    /// one-row pass, have been timed.
+    /// Whether a pass of more than one row was timed once but not in the last [`PROBE_AFTER`]
+    /// passes: the schedule then runs one guess where it would run none, so that the cost of a
+    /// row is measured under the machine's load now.
+    pub fn probe_due(&self) -> bool {
+        let timed = self.timed.lock().expect("pass costs lock");
+        timed.last_wide.is_some_and(|at| timed.passes - at >= PROBE_AFTER)
+    }
+
+    /// The least-squares line through the widths with recent passes (each at its median, weighted
+    /// by its recent passes), with a per-row cost of at least zero; `None` until passes of two
+    /// widths, one of them a one-row pass, have been timed recently.
     pub fn line(&self) -> Option<CostLine> {
-        let by_width = self.by_width.lock().expect("pass costs lock");
-        let points: Vec<(f64, f64, f64)> = by_width
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, seen))| *seen > 0)
-            .map(|(w, &(mean, seen))| (w as f64, mean, seen.min(8) as f64))
+        let timed = self.timed.lock().expect("pass costs lock");
+        let points: Vec<(f64, f64, f64)> = (0..timed.by_width.len())
+            .filter_map(|w| timed.figure(w).map(|(secs, n)| (w as f64, secs, n as f64)))
             .collect();
-        if points.len() < 2 || by_width[0].1 == 0 {
+        if points.len() < 2 || points[0].0 != 0.0 {
             return None;
         }
         let total: f64 = points.iter().map(|p| p.2).sum();
@@ -139,24 +191,89 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 /// The number of guesses, at most `max`, with the most expected tokens per unit of cost when an
 /// extra row costs `row_cost` one-row passes; 0 (plain decoding) unless guessing beats it.
 pub fn best_draft_len(alpha: f64, row_cost: f64, max: usize) -> usize {
-    let value = |k: usize| expected_tokens(alpha, k) / (1.0 + row_cost.max(0.0) * k as f64);
-    let best = (1..=max).max_by(|&a, &b| value(a).total_cmp(&value(b)).then(b.cmp(&a)));
-    // Guessing must beat plain decoding by a margin: the cost line is a measurement.
-    best.filter(|&k| value(k) > value(0) * 1.01).unwrap_or(0)
+    best_chain_len(std::iter::repeat_n(alpha, max), row_cost)
 }
 
-/// Prompt lookup's number of guesses when the schedule chose `scheduled` (0: guessing does not
-/// pay at the stream's rate) and the text so far ends with `matched` tokens of an earlier
-/// passage: at least `matched`, at most `room`.
+/// As [`best_draft_len`] where each guess has a rate of its own: the i-th of `alphas` is the
+/// probability that guess i holds given that those before it did, so a pass with k guesses
+/// yields 1 + α₁ + α₁α₂ + … + α₁⋯α_k tokens (Leviathan et al. §3.5 with a rate per place).
+/// The fewest guesses among equally good lengths.
+pub fn best_chain_len(alphas: impl IntoIterator<Item = f64>, row_cost: f64) -> usize {
+    let (mut tokens, mut held) = (1.0, 1.0);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, alpha) in alphas.into_iter().enumerate() {
+        held *= alpha;
+        tokens += held;
+        let value = tokens / (1.0 + row_cost.max(0.0) * (i + 1) as f64);
+        if best.is_none_or(|(_, v)| value > v) {
+            best = Some((i + 1, value));
+        }
+    }
+    // Guessing must beat plain decoding (one token per pass) by a margin: the cost line is a
+    // measurement.
+    best.filter(|&(_, value)| value > 1.01).map_or(0, |(k, _)| k)
+}
+
+/// The shortest match length of each class of [`MatchAcceptance`]: 2 or less, 3, 4-5, 6-11,
+/// 12 and more (the rows of the replay in `docs/ENGINE.md` "Speculative decoding").
+const MATCH_CLASSES: [usize; 5] = [2, 3, 4, 6, 12];
+
+/// Prompt lookup's acceptance rate by the length of the match a guess was copied from: a guess
+/// after a match of 12 or more tokens holds almost always (a quote in progress), one after a
+/// match of 2-5 tokens about two times in three (on SmolLM2's quoting reply: 0.97 and
+/// 0.62-0.67), so one rate for every guess either stops a copy in progress when the short
+/// matches fail, or pays for rows that short matches waste. A guess `j` places after the first
+/// of a match of `L` counts at length `L + j`: the answer has then followed the passage `j`
+/// tokens further, and it holds about as often as a first guess after such a match (the same
+/// replay).
 ///
-/// The schedule's α is one rate for every guess, but a guess's odds depend on how long the copy
-/// has run: a passage the answer has followed for `matched` tokens is likely to be followed about
-/// as far again (the longer a run has lasted, the longer its expected rest, for run lengths with
-/// a heavy tail). On SmolLM2's replies (the replay in `docs/ENGINE.md` "Speculative decoding"),
-/// a guess after a match of 2-5 tokens holds 0.65-0.76 of the time, after 12 or more 0.98, and
-/// the j-th guess of a match of L holds about as often as the first of a match of L + j.
-pub fn lookup_draft_len(scheduled: usize, matched: usize, room: usize) -> usize {
-    if scheduled == 0 { 0 } else { scheduled.max(matched.min(room)) }
+/// Each class starts from Laplace's rule of succession for a run that held as many times as
+/// its shortest match is long, (L + 1)/(L + 2) with the weight of two verdicts, which the
+/// stream's own verdicts outweigh within a few passes: a class seen rarely in an answer (a long
+/// copy comes once or twice) keeps a sensible rate instead of the uninformed 1/2.
+#[derive(Debug, Clone, Copy)]
+pub struct MatchAcceptance {
+    classes: [Acceptance; MATCH_CLASSES.len()],
+}
+
+impl Default for MatchAcceptance {
+    fn default() -> Self {
+        MatchAcceptance {
+            classes: MATCH_CLASSES.map(|len| {
+                let n = len as f64;
+                Acceptance { accepted: 2.0 * (n + 1.0) / (n + 2.0), rejected: 2.0 / (n + 2.0) }
+            }),
+        }
+    }
+}
+
+impl MatchAcceptance {
+    fn class(matched: usize) -> usize {
+        MATCH_CLASSES.iter().rposition(|&shortest| matched >= shortest).unwrap_or(0)
+    }
+
+    /// A guess copied after `matched` tokens of the passage held or not.
+    pub fn record(&mut self, matched: usize, held: bool) {
+        self.classes[Self::class(matched)].record(usize::from(held), !held);
+    }
+
+    /// The rate at which a guess after a match of `matched` tokens holds.
+    pub fn rate(&self, matched: usize) -> f64 {
+        self.classes[Self::class(matched)].rate()
+    }
+
+    /// How many guesses to copy, at most `room`, after a match of `matched` tokens when an extra
+    /// row costs `row_cost`: the best length at each guess's own rate ([`best_chain_len`]), and
+    /// when that is any, at least `matched`. The floor: a passage followed for `matched` tokens
+    /// is likely followed about as far again (the longer a run has lasted, the longer its
+    /// expected rest, for run lengths with a heavy tail), beyond what the classes' rates, learnt
+    /// from few long copies, foresee.
+    pub fn draft_len(&self, matched: usize, row_cost: f64, room: usize) -> usize {
+        match best_chain_len((0..room).map(|j| self.rate(matched + j)), row_cost) {
+            0 => 0,
+            k => k.max(matched.min(room)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -201,20 +318,118 @@ mod tests {
         assert!((line.row_cost() - 0.25).abs() < 1e-9);
         assert_eq!(costs.one_row_s(), Some(1.0));
         assert_eq!(PassCosts::default().one_row_s(), None);
-        // A running mean: a slower pass moves its width's mean a fifth of the way.
+        // A width's figure is the median of its recent passes: two slower passes of nine rows
+        // against one make the middle of three the slower.
+        costs.record(9, 8.0);
         costs.record(9, 8.0);
         assert!(costs.line().unwrap().per_row_s > 0.25);
     }
 
     #[test]
-    fn lookup_guesses_as_far_as_the_copy_has_run_when_guessing_pays() {
-        // The schedule says guessing does not pay: no match length changes that.
-        assert_eq!(lookup_draft_len(0, 12, 8), 0);
-        // A short match keeps the schedule's length; a long one guesses as far, within room.
-        assert_eq!(lookup_draft_len(2, 1, 8), 2);
-        assert_eq!(lookup_draft_len(2, 5, 8), 5);
-        assert_eq!(lookup_draft_len(2, 30, 8), 8);
-        assert_eq!(lookup_draft_len(1, 30, 3), 3);
+    fn a_preempted_pass_does_not_move_the_cost_of_a_row() {
+        let costs = PassCosts::default();
+        for _ in 0..SAMPLES {
+            costs.record(1, 1.0);
+            costs.record(3, 1.5);
+        }
+        let before = costs.line().unwrap();
+        assert!((before.row_cost() - 0.25).abs() < 1e-9, "{before:?}");
+        // Another process held the core: a pass of each width took many times as long.
+        costs.record(3, 20.0);
+        costs.record(1, 30.0);
+        assert_eq!(costs.line(), Some(before));
+        // A load that lasts moves the figures within half the kept passes.
+        for _ in 0..SAMPLES / 2 + 1 {
+            costs.record(3, 3.0);
+        }
+        assert!((costs.line().unwrap().row_cost() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_width_not_timed_recently_is_probed_then_forgotten() {
+        let costs = PassCosts::default();
+        assert!(!costs.probe_due(), "nothing wide timed yet: the first guesses time one");
+        costs.record(1, 1.0);
+        costs.record(3, 3.0);
+        assert!((costs.line().unwrap().row_cost() - 1.0).abs() < 1e-9);
+        // The schedule stops guessing (a row as dear as a pass): only one-row passes are timed.
+        for _ in 0..PROBE_AFTER - 1 {
+            costs.record(1, 1.0);
+        }
+        assert!(!costs.probe_due());
+        costs.record(1, 1.0);
+        assert!(costs.probe_due(), "{PROBE_AFTER} plain passes since the last wide one");
+        // Unprobed, the wide pass's time expires and no row cost is known.
+        for _ in 0..RECENT {
+            costs.record(1, 1.0);
+        }
+        assert_eq!(costs.line(), None);
+        // A probe of one guess times a row under the load of now.
+        costs.record(2, 1.25);
+        assert!(!costs.probe_due());
+        assert!((costs.line().unwrap().row_cost() - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_rate_per_place_gives_the_best_length_of_its_chain() {
+        // One rate for every place is best_draft_len's choice.
+        for (alpha, cost) in [(0.5, 0.3), (0.9, 0.3), (0.7, 0.65), (0.99, 1.0), (0.4, 0.0)] {
+            let one = best_draft_len(alpha, cost, 8);
+            assert_eq!(best_chain_len(std::iter::repeat_n(alpha, 8), cost), one);
+        }
+        // Two likely guesses before doubtful ones: the chain stops where a guess no longer
+        // pays for its row (the third holds 0.3 of the time at a row of 0.3), where one rate
+        // of 0.9 for every place would run five; its choice is the best of every length.
+        let alphas = [0.9, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3];
+        let k = best_chain_len(alphas, 0.3);
+        let value = |k: usize| {
+            let held: f64 = (0..=k).map(|i| alphas[..i].iter().product::<f64>()).sum();
+            held / (1.0 + 0.3 * k as f64)
+        };
+        assert_eq!((k, best_draft_len(0.9, 0.3, 8)), (2, 5));
+        assert!((0..=8).all(|j| value(j) <= value(k)), "{k}");
+    }
+
+    #[test]
+    fn a_long_copy_is_guessed_where_short_matches_fail() {
+        let mut by_match = MatchAcceptance::default();
+        // Before any verdict: the longer the match, the likelier its guess (rule of succession).
+        let rates: Vec<f64> = [2, 3, 4, 6, 12].iter().map(|&l| by_match.rate(l)).collect();
+        assert!(rates.windows(2).all(|w| w[0] < w[1]) && rates[0] == 0.75, "{rates:?}");
+        assert_eq!(by_match.rate(1), by_match.rate(2));
+        assert_eq!(by_match.rate(40), by_match.rate(12));
+        // The answer's own words: its short matches fail. A row at 0.65 of a pass (a loaded
+        // machine) then guesses nothing after 2-5 tokens of match...
+        for _ in 0..10 {
+            by_match.record(2, false);
+            by_match.record(4, false);
+        }
+        assert!(by_match.rate(4) < 0.2);
+        assert_eq!(by_match.draft_len(2, 0.65, 8), 0);
+        // ...but still copies a passage followed for 12 tokens, which the single rate of
+        // every guess (now under 0.2) would not.
+        assert!(by_match.rate(12) > 0.9);
+        assert_eq!(by_match.draft_len(12, 0.65, 8), 8);
+        assert_eq!(best_draft_len(0.2, 0.65, 8), 0);
+        // A class's own verdicts move only it.
+        for _ in 0..10 {
+            by_match.record(20, false);
+        }
+        assert!(by_match.rate(12) < 0.2 && by_match.rate(6) > 0.8);
+    }
+
+    #[test]
+    fn lookup_guesses_at_least_as_far_as_the_copy_has_run_when_guessing_pays() {
+        let by_match = MatchAcceptance::default();
+        // Free rows: as many as allowed, whatever the match.
+        assert_eq!(by_match.draft_len(2, 0.0, 8), 8);
+        // A dear row: the chain's length, raised to the match's within room.
+        let chain = best_chain_len((0..8).map(|j| by_match.rate(7 + j)), 0.5);
+        assert!((1..7).contains(&chain), "{chain}");
+        assert_eq!(by_match.draft_len(7, 0.5, 8), 7);
+        assert_eq!(by_match.draft_len(30, 0.5, 3), 3);
+        // Rows as dear as a pass: no rate pays, no match length changes that.
+        assert_eq!(by_match.draft_len(30, 1.0, 8), 0);
     }
 
     #[test]
