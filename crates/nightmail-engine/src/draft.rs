@@ -24,6 +24,7 @@ pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
 pub use schedule::{
     Acceptance, CostLine, DraftLength, MatchAcceptance, PassCosts, best_chain_len, best_draft_len, expected_tokens,
+    linear_costs,
 };
 
 /// Greedy guesses, for a drafter that runs a network of its own (a draft model, an MTP layer):

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::Model;
 use crate::chat::ChatMessage;
 use crate::draft::{
-    Acceptance, Draft, DraftLength, DrafterState, Match, MatchAcceptance, PromptLookup, best_draft_len,
+    Acceptance, Draft, DraftLength, DrafterState, Match, MatchAcceptance, PromptLookup, best_chain_len, linear_costs,
 };
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
@@ -650,8 +650,8 @@ impl TokenStream<'_> {
     /// ([`MatchAcceptance::draft_len`]), and one guess where none pays but no row has been timed
     /// for a while ([`crate::draft::PassCosts::probe_due`]).
     fn draft_len(&self, room: usize, matched: usize) -> usize {
-        let row_cost = match self.request.lookup.length {
-            DraftLength::RowCost(r) => r,
+        let costs = match self.request.lookup.length {
+            DraftLength::RowCost(r) => linear_costs(r, room),
             // A drafter that always guesses (a draft model) would never time a one-row pass, and
             // without one no row's cost is known: after a verify pass, one plain pass times it.
             DraftLength::Measured if self.verify_steps > 0 && self.model.passes.one_row_s().is_none() => {
@@ -660,17 +660,18 @@ impl TokenStream<'_> {
             DraftLength::Measured => {
                 let line = self.model.passes.line();
                 let drafting = self.drafter.as_ref().map_or(0.0, |d| d.guess_cost(self.model, line));
-                line.map_or(0.0, |l| l.row_cost()) + drafting
+                let rows = self.model.passes.guess_costs(room).unwrap_or_else(|| linear_costs(0.0, room));
+                rows.iter().enumerate().map(|(k, c)| c + drafting * k as f64).collect()
             }
         };
         match self.drafter {
-            None => match self.by_match.draft_len(matched, row_cost, room) {
+            None => match self.by_match.draft_len(matched, &costs) {
                 0 if matched > 0 && self.request.lookup.length == DraftLength::Measured => {
                     usize::from(self.model.passes.probe_due()).min(room)
                 }
                 k => k,
             },
-            Some(_) => best_draft_len(self.acceptance.rate(), row_cost, room),
+            Some(_) => best_chain_len(std::iter::repeat(self.acceptance.rate()), &costs),
         }
     }
 

@@ -44,6 +44,10 @@ const RECENT: u64 = 128;
 /// row's cost measured under a passing load would keep guessing off for good.
 const PROBE_AFTER: u64 = 32;
 
+/// A width with at least this many recent passes is priced at their median rather than at the
+/// line ([`PassCosts::guess_costs`]).
+const OWN_FIGURE: usize = 3;
+
 /// The wall time of a model's decode and verify passes, by the rows they ran (the median of the
 /// last [`SAMPLES`] recent passes per width), and the line through them: the time of a one-row
 /// pass and of each extra row.
@@ -148,6 +152,27 @@ impl PassCosts {
         let per_row_s = (sxy / sxx).max(0.0);
         Some(CostLine { base_s: (my - per_row_s * mx).max(f64::MIN_POSITIVE), per_row_s })
     }
+
+    /// The cost of a pass with 0 to `max` guesses in one-row passes: a width timed at least
+    /// [`OWN_FIGURE`] times recently at its own median over the one-row pass's, any other at the
+    /// line's, and never less than a narrower pass. A row's cost is not one figure: on SmolLM2
+    /// on one core (`model bench --verify 1,2,3,5,9`) a pass of 2, 3, 5 and 9 rows costs 1.29,
+    /// 1.56, 2.53 and 4.29 one-row passes (the Q4_1 kernels decode a weight block once for up to
+    /// 4 token rows), 0.29 of a pass for the first extra row and 0.41 each over eight, so a line
+    /// through them prices a pass of one or two guesses above what it costs. `None` as
+    /// [`Self::line`].
+    pub fn guess_costs(&self, max: usize) -> Option<Vec<f64>> {
+        let line = self.line()?;
+        let timed = self.timed.lock().expect("pass costs lock");
+        let (one, _) = timed.figure(0)?;
+        let mut costs: Vec<f64> = vec![1.0];
+        for k in 1..=max {
+            let own = timed.figure(k.min(WIDTHS - 1)).filter(|&(_, n)| n >= OWN_FIGURE);
+            let cost = own.map_or(1.0 + line.row_cost() * k as f64, |(secs, _)| secs / one);
+            costs.push(cost.max(costs[k - 1]));
+        }
+        Some(costs)
+    }
 }
 
 /// A stream's running acceptance rate per guess: counts of guesses accepted and of rejections,
@@ -191,20 +216,27 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 /// The number of guesses, at most `max`, with the most expected tokens per unit of cost when an
 /// extra row costs `row_cost` one-row passes; 0 (plain decoding) unless guessing beats it.
 pub fn best_draft_len(alpha: f64, row_cost: f64, max: usize) -> usize {
-    best_chain_len(std::iter::repeat_n(alpha, max), row_cost)
+    best_chain_len(std::iter::repeat(alpha), &linear_costs(row_cost, max))
 }
 
-/// As [`best_draft_len`] where each guess has a rate of its own: the i-th of `alphas` is the
-/// probability that guess i holds given that those before it did, so a pass with k guesses
-/// yields 1 + α₁ + α₁α₂ + … + α₁⋯α_k tokens (Leviathan et al. §3.5 with a rate per place).
-/// The fewest guesses among equally good lengths.
-pub fn best_chain_len(alphas: impl IntoIterator<Item = f64>, row_cost: f64) -> usize {
+/// The cost of a pass with 0 to `max` guesses, in one-row passes, when each extra row costs
+/// `row_cost` of one.
+pub fn linear_costs(row_cost: f64, max: usize) -> Vec<f64> {
+    (0..=max).map(|k| 1.0 + row_cost.max(0.0) * k as f64).collect()
+}
+
+/// As [`best_draft_len`] where each guess has a rate of its own and each length a cost of its
+/// own: the i-th of `alphas` is the probability that guess i holds given that those before it
+/// did, so a pass with k guesses yields 1 + α₁ + α₁α₂ + … + α₁⋯α_k tokens (Leviathan et al.
+/// §3.5 with a rate per place), for `costs[k]` one-row passes (`costs[0]` = 1; at most
+/// `costs.len() − 1` guesses). The fewest guesses among equally good lengths.
+pub fn best_chain_len(alphas: impl IntoIterator<Item = f64>, costs: &[f64]) -> usize {
     let (mut tokens, mut held) = (1.0, 1.0);
     let mut best: Option<(usize, f64)> = None;
-    for (i, alpha) in alphas.into_iter().enumerate() {
+    for (i, (alpha, cost)) in alphas.into_iter().zip(costs.iter().skip(1)).enumerate() {
         held *= alpha;
         tokens += held;
-        let value = tokens / (1.0 + row_cost.max(0.0) * (i + 1) as f64);
+        let value = tokens / cost;
         if best.is_none_or(|(_, v)| value > v) {
             best = Some((i + 1, value));
         }
@@ -262,14 +294,15 @@ impl MatchAcceptance {
         self.classes[Self::class(matched)].rate()
     }
 
-    /// How many guesses to copy, at most `room`, after a match of `matched` tokens when an extra
-    /// row costs `row_cost`: the best length at each guess's own rate ([`best_chain_len`]), and
-    /// when that is any, at least `matched`. The floor: a passage followed for `matched` tokens
+    /// How many guesses to copy after a match of `matched` tokens when a pass with k guesses
+    /// costs `costs[k]` one-row passes (at most `costs.len() − 1`): the best length at each
+    /// guess's own rate ([`best_chain_len`]), and when that is any, at least `matched`. The floor: a passage followed for `matched` tokens
     /// is likely followed about as far again (the longer a run has lasted, the longer its
     /// expected rest, for run lengths with a heavy tail), beyond what the classes' rates, learnt
     /// from few long copies, foresee.
-    pub fn draft_len(&self, matched: usize, row_cost: f64, room: usize) -> usize {
-        match best_chain_len((0..room).map(|j| self.rate(matched + j)), row_cost) {
+    pub fn draft_len(&self, matched: usize, costs: &[f64]) -> usize {
+        let room = costs.len().saturating_sub(1);
+        match best_chain_len((0..room).map(|j| self.rate(matched + j)), costs) {
             0 => 0,
             k => k.max(matched.min(room)),
         }
@@ -326,6 +359,41 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_is_priced_at_its_own_widths_median_where_timed_and_at_the_line_elsewhere() {
+        let costs = PassCosts::default();
+        assert_eq!(costs.guess_costs(8), None);
+        for _ in 0..SAMPLES {
+            costs.record(1, 1.0);
+        }
+        // Two rows cost 1.3 passes, nine 4.2: the line's row is 0.4 of a pass.
+        for _ in 0..OWN_FIGURE {
+            costs.record(2, 1.3);
+            costs.record(9, 4.2);
+        }
+        let row = costs.line().unwrap().row_cost();
+        let priced = costs.guess_costs(8).unwrap();
+        assert_eq!(priced.len(), 9);
+        assert!((priced[0] - 1.0).abs() < 1e-9 && (priced[1] - 1.3).abs() < 1e-9 && (priced[8] - 4.2).abs() < 1e-9);
+        assert!((priced[4] - (1.0 + 4.0 * row)).abs() < 1e-9, "{priced:?}");
+        // A width timed fewer times is priced at the line, and no wider pass costs less.
+        costs.record(5, 1.1);
+        let priced = costs.guess_costs(8).unwrap();
+        assert!(priced.windows(2).all(|w| w[0] <= w[1]), "{priced:?}");
+        assert!((priced[4] - (1.0 + 4.0 * costs.line().unwrap().row_cost())).abs() < 1e-9);
+        // So a guess that holds 0.6 of the time pays for a first row at 0.3 of a pass, where the
+        // line's average row would not.
+        let by_match = MatchAcceptance::default();
+        let mut fuzzy = by_match;
+        for _ in 0..3 {
+            fuzzy.record(2, false);
+            fuzzy.record(2, true);
+        }
+        let curve = [1.0, 1.3, 1.8, 2.4, 3.0, 3.6, 4.2, 4.8, 5.4];
+        assert!(fuzzy.draft_len(2, &curve) >= 2);
+        assert_eq!(fuzzy.draft_len(2, &linear_costs(0.6, 8)), 0);
+    }
+
+    #[test]
     fn a_preempted_pass_does_not_move_the_cost_of_a_row() {
         let costs = PassCosts::default();
         for _ in 0..SAMPLES {
@@ -375,13 +443,13 @@ mod tests {
         // One rate for every place is best_draft_len's choice.
         for (alpha, cost) in [(0.5, 0.3), (0.9, 0.3), (0.7, 0.65), (0.99, 1.0), (0.4, 0.0)] {
             let one = best_draft_len(alpha, cost, 8);
-            assert_eq!(best_chain_len(std::iter::repeat_n(alpha, 8), cost), one);
+            assert_eq!(best_chain_len(std::iter::repeat_n(alpha, 8), &linear_costs(cost, 8)), one);
         }
         // Two likely guesses before doubtful ones: the chain stops where a guess no longer
         // pays for its row (the third holds 0.3 of the time at a row of 0.3), where one rate
         // of 0.9 for every place would run five; its choice is the best of every length.
         let alphas = [0.9, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3];
-        let k = best_chain_len(alphas, 0.3);
+        let k = best_chain_len(alphas, &linear_costs(0.3, 8));
         let value = |k: usize| {
             let held: f64 = (0..=k).map(|i| alphas[..i].iter().product::<f64>()).sum();
             held / (1.0 + 0.3 * k as f64)
@@ -405,11 +473,11 @@ mod tests {
             by_match.record(4, false);
         }
         assert!(by_match.rate(4) < 0.2);
-        assert_eq!(by_match.draft_len(2, 0.65, 8), 0);
+        assert_eq!(by_match.draft_len(2, &linear_costs(0.65, 8)), 0);
         // ...but still copies a passage followed for 12 tokens, which the single rate of
         // every guess (now under 0.2) would not.
         assert!(by_match.rate(12) > 0.9);
-        assert_eq!(by_match.draft_len(12, 0.65, 8), 8);
+        assert_eq!(by_match.draft_len(12, &linear_costs(0.65, 8)), 8);
         assert_eq!(best_draft_len(0.2, 0.65, 8), 0);
         // A class's own verdicts move only it.
         for _ in 0..10 {
@@ -422,14 +490,14 @@ mod tests {
     fn lookup_guesses_at_least_as_far_as_the_copy_has_run_when_guessing_pays() {
         let by_match = MatchAcceptance::default();
         // Free rows: as many as allowed, whatever the match.
-        assert_eq!(by_match.draft_len(2, 0.0, 8), 8);
+        assert_eq!(by_match.draft_len(2, &linear_costs(0.0, 8)), 8);
         // A dear row: the chain's length, raised to the match's within room.
-        let chain = best_chain_len((0..8).map(|j| by_match.rate(7 + j)), 0.5);
+        let chain = best_chain_len((0..8).map(|j| by_match.rate(7 + j)), &linear_costs(0.5, 8));
         assert!((1..7).contains(&chain), "{chain}");
-        assert_eq!(by_match.draft_len(7, 0.5, 8), 7);
-        assert_eq!(by_match.draft_len(30, 0.5, 3), 3);
+        assert_eq!(by_match.draft_len(7, &linear_costs(0.5, 8)), 7);
+        assert_eq!(by_match.draft_len(30, &linear_costs(0.5, 3)), 3);
         // Rows as dear as a pass: no rate pays, no match length changes that.
-        assert_eq!(by_match.draft_len(30, 1.0, 8), 0);
+        assert_eq!(by_match.draft_len(30, &linear_costs(1.0, 8)), 0);
     }
 
     #[test]
