@@ -153,14 +153,18 @@ impl PassCosts {
         Some(CostLine { base_s: (my - per_row_s * mx).max(f64::MIN_POSITIVE), per_row_s })
     }
 
-    /// The cost of a pass with 0 to `max` guesses in one-row passes: a width timed at least
-    /// [`OWN_FIGURE`] times recently at its own median over the one-row pass's, any other at the
-    /// line's, and never less than a narrower pass. A row's cost is not one figure: on SmolLM2
-    /// on one core (`model bench --verify 1,2,3,5,9`) a pass of 2, 3, 5 and 9 rows costs 1.29,
-    /// 1.56, 2.53 and 4.29 one-row passes (the Q4_1 kernels decode a weight block once for up to
-    /// 4 token rows), 0.29 of a pass for the first extra row and 0.41 each over eight, so a line
-    /// through them prices a pass of one or two guesses above what it costs. `None` as
-    /// [`Self::line`].
+    /// The cost of a pass with 0 to `max` guesses in one-row passes: the line's, or a width's
+    /// own median over the one-row pass's where it was timed at least [`OWN_FIGURE`] times
+    /// recently and costs less, and never less than a narrower pass. A row's cost is not one
+    /// figure: on SmolLM2 on one core (`model bench --verify 1,2,3,5,9`) a pass of 2, 3, 5 and 9
+    /// rows costs 1.29, 1.56, 2.53 and 4.29 one-row passes (the Q4_1 kernels decode a weight
+    /// block once for up to 4 token rows), 0.29 of a pass for the first extra row and 0.41 each
+    /// over eight, so a line through them prices a pass of one or two guesses above what it
+    /// costs. A width's own figure only lowers the line's: three or four passes of a width on a
+    /// loaded machine can be mostly preempted ones, and a narrow width priced too high would
+    /// price every wider one as high and stop all guessing, where the line pools every width's
+    /// passes (on the quote job under load 13-20, one run in four made 1.09 tokens per pass with
+    /// own figures that could raise the line). `None` as [`Self::line`].
     pub fn guess_costs(&self, max: usize) -> Option<Vec<f64>> {
         let line = self.line()?;
         let timed = self.timed.lock().expect("pass costs lock");
@@ -168,7 +172,8 @@ impl PassCosts {
         let mut costs: Vec<f64> = vec![1.0];
         for k in 1..=max {
             let own = timed.figure(k.min(WIDTHS - 1)).filter(|&(_, n)| n >= OWN_FIGURE);
-            let cost = own.map_or(1.0 + line.row_cost() * k as f64, |(secs, _)| secs / one);
+            let on_line = 1.0 + line.row_cost() * k as f64;
+            let cost = own.map_or(on_line, |(secs, _)| (secs / one).min(on_line));
             costs.push(cost.max(costs[k - 1]));
         }
         Some(costs)
@@ -380,6 +385,14 @@ mod tests {
         let priced = costs.guess_costs(8).unwrap();
         assert!(priced.windows(2).all(|w| w[0] <= w[1]), "{priced:?}");
         assert!((priced[4] - (1.0 + 4.0 * costs.line().unwrap().row_cost())).abs() < 1e-9);
+        // Three preempted passes of three rows do not price it, nor every wider pass, above
+        // the line.
+        for _ in 0..OWN_FIGURE {
+            costs.record(3, 10.0);
+        }
+        let row = costs.line().unwrap().row_cost();
+        let priced = costs.guess_costs(8).unwrap();
+        assert!((priced[2] - (1.0 + 2.0 * row)).abs() < 1e-9 && priced[2] < 3.0, "{priced:?}");
         // So a guess that holds 0.6 of the time pays for a first row at 0.3 of a pass, where the
         // line's average row would not.
         let by_match = MatchAcceptance::default();
