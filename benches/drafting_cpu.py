@@ -6,17 +6,23 @@ time less that of a one-token run of the same prompt (load and prefill). Modes a
 plain (`--draft none`), every guess lookup finds (`--draft-row-cost 0`, "all": deterministic
 passes, so the cost of an extra row in one-row passes follows from the two), and the schedule
 ("lookup", which times its passes on the wall clock, so its choices still move with the load).
+With `--load N`, N busy loops (`sh -c 'while :; do :; done'`, at the bench's own priority) run for
+the whole bench and are killed at its end: the schedule's measured row cost then sees a machine
+whose cores are shared, as a loaded server's are. `--jobs quote` runs only that job. Each
+schedule run's row cost as it measured it (`pass_cost`) and the wall-clock decode times are
+printed beside the CPU times.
 
     python3 benches/drafting_cpu.py --a PATH --b PATH [--repeat 3] [--threads 1] [--model PATH]
+                                    [--load N] [--jobs summarize,quote]
 """
 import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import model_path  # noqa: E402
@@ -47,13 +53,30 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--model")
+    ap.add_argument("--load", type=int, default=0, help="busy loops to run beside the bench")
+    ap.add_argument("--jobs", default="summarize,quote")
     a = ap.parse_args()
     model = a.model or model_path()
     builds = {"a": a.a, "b": a.b}
     load = lambda: open("/proc/loadavg").read().split()[0]  # noqa: E731
-    print(f"model {model}, {a.threads} thread(s), {a.repeat} runs per build and mode; load {load()}")
+    # Each loop in a session of its own, so that its shell and nothing else is killed at the end.
+    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True) for _ in range(a.load)]
+    try:
+        print(f"model {model}, {a.threads} thread(s), {a.repeat} runs per build and mode; {a.load} busy loops "
+              f"(pids {[p.pid for p in busy]}); load {load()}")
+        all_same = bench(a, model, builds, load)
+    finally:
+        for p in busy:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    sys.exit(0 if all_same else 1)
+
+
+def bench(a, model, builds, load):
     all_same = True
     for name, prompt in jobs():
+        if name not in a.jobs.split(","):
+            continue
         runs = {}
         for r in range(a.repeat):
             for b in ("a", "b") if r % 2 == 0 else ("b", "a"):
@@ -76,9 +99,15 @@ def main():
                 if m == "all" and rs[0]["drafted"]:
                     extra = (cpu - rs[0]["verify_steps"] * per_pass) / rs[0]["drafted"]
                     row = f"  extra row {extra * 1e3:.1f} ms = {extra / per_pass:.2f} of a {per_pass * 1e3:.1f} ms pass"
-                print(f"  {b} {m:<6} decode cpu {cpu:6.2f} s ({plain / cpu:.2f}x plain)  tokens/pass {per}  "
-                      f"same {'yes' if same else 'NO'}{row}")
-    sys.exit(0 if all_same else 1)
+                if m == "lookup":
+                    costs = ", ".join(f"{x['pass_cost']['per_row_s'] / x['pass_cost']['base_s']:.2f}"
+                                      if x.get("pass_cost") else "-" for x in rs)
+                    row = f"  measured row cost {costs}"
+                wall = statistics.median(x["decode_seconds"] for x in rs)
+                plain_wall = statistics.median(x["decode_seconds"] for x in runs[(b, "none")])
+                print(f"  {b} {m:<6} decode cpu {cpu:6.2f} s ({plain / cpu:.2f}x plain) wall {wall:5.2f} s "
+                      f"({plain_wall / wall:.2f}x plain)  tokens/pass {per}  same {'yes' if same else 'NO'}{row}")
+    return all_same
 
 
 if __name__ == "__main__":

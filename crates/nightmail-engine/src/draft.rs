@@ -22,7 +22,10 @@ mod schedule;
 pub(crate) use lookup::Match;
 pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
-pub use schedule::{Acceptance, CostLine, DraftLength, PassCosts, best_draft_len, expected_tokens, lookup_draft_len};
+pub use schedule::{
+    Acceptance, CostLine, DraftLength, MatchAcceptance, PassCosts, best_chain_len, best_draft_len, expected_tokens,
+    linear_costs,
+};
 
 /// Greedy guesses, for a drafter that runs a network of its own (a draft model, an MTP layer):
 /// the most likely id of `logits`, then of each pass `next` runs over the guess before, until

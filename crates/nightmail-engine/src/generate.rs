@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::Model;
 use crate::chat::ChatMessage;
 use crate::draft::{
-    Acceptance, Draft, DraftLength, DrafterState, Match, PromptLookup, best_draft_len, lookup_draft_len,
+    Acceptance, Draft, DraftLength, DrafterState, Match, MatchAcceptance, PromptLookup, best_chain_len, linear_costs,
 };
 use crate::error::{EngineError, Result};
 use crate::model::SequenceState;
@@ -145,11 +145,13 @@ pub struct TokenStream<'m> {
     /// (`draft/schedule.rs`).
     acceptance: Acceptance,
     run_accepted: usize,
-    /// Prompt lookup's first guess at the last pass planned (run or not), judged against the
-    /// next drawn token, and the rate at which first guesses hold: lookup's α, since the guesses
-    /// after the first follow the copy's length, not one rate (`draft::lookup_draft_len`).
-    first_guess: Option<u32>,
-    first_guess_rate: Acceptance,
+    /// Prompt lookup's rates by the length of the match a guess was copied from
+    /// (`draft::MatchAcceptance`); the match length of the next guess waiting in `ahead`, and
+    /// the first guess of the last pass that ran none, with its match length, judged against
+    /// the next drawn token as a run guess is.
+    by_match: MatchAcceptance,
+    ahead_matched: usize,
+    first_guess: Option<(u32, usize)>,
     verify_steps: usize,
     drafted: usize,
     accepted: usize,
@@ -375,8 +377,9 @@ impl Model {
             ahead: VecDeque::new(),
             shadow: VecDeque::new(),
             acceptance: Acceptance::default(),
+            by_match: MatchAcceptance::default(),
+            ahead_matched: 0,
             first_guess: None,
-            first_guess_rate: Acceptance::default(),
             run_accepted: 0,
             verify_steps: 0,
             drafted: 0,
@@ -573,10 +576,14 @@ impl TokenStream<'_> {
             return Ok(Some(vec![id]));
         }
         self.judge_shadow(id);
-        if let Some(guess) = self.first_guess.take() {
-            self.first_guess_rate.record(usize::from(guess == id), guess != id);
+        if let Some((guess, matched)) = self.first_guess.take() {
+            self.by_match.record(matched, guess == id);
         }
         if let Some((draft, logits)) = self.ahead.pop_front() {
+            if self.drafter.is_none() {
+                self.by_match.record(self.ahead_matched, draft == id);
+                self.ahead_matched += 1;
+            }
             if draft == id {
                 self.accepted += 1;
                 self.run_accepted += 1;
@@ -602,8 +609,12 @@ impl TokenStream<'_> {
             None => self.request.lookup.longest_match(&history),
             Some(_) => None,
         };
-        self.first_guess = matched.filter(|_| room > 0).map(|m| history[m.continues_at]);
         let k = self.draft_len(room, matched.map_or(0, |m| m.len));
+        if k == 0 {
+            self.first_guess = matched.filter(|_| room > 0).map(|m| (history[m.continues_at], m.len));
+        } else {
+            self.ahead_matched = matched.map_or(0, |m| m.len);
+        }
         let mut fed = vec![id];
         if k == 0 {
             // Lookup's rate is judged on its first guesses; a drafter's on its guesses not run.
@@ -635,11 +646,12 @@ impl TokenStream<'_> {
     /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
     /// extra row, plus a drafter's pass per guess (none measured yet: as many as allowed,
     /// which measures it); for prompt lookup, whose text so far ends with `matched` tokens of an
-    /// earlier passage, at the rate its first guesses hold, and when guessing pays, at least as
-    /// many as the copy has run ([`lookup_draft_len`]).
+    /// earlier passage, at the rates of guesses after matches as long
+    /// ([`MatchAcceptance::draft_len`]), and one guess where none pays but no row has been timed
+    /// for a while ([`crate::draft::PassCosts::probe_due`]).
     fn draft_len(&self, room: usize, matched: usize) -> usize {
-        let row_cost = match self.request.lookup.length {
-            DraftLength::RowCost(r) => r,
+        let costs = match self.request.lookup.length {
+            DraftLength::RowCost(r) => linear_costs(r, room),
             // A drafter that always guesses (a draft model) would never time a one-row pass, and
             // without one no row's cost is known: after a verify pass, one plain pass times it.
             DraftLength::Measured if self.verify_steps > 0 && self.model.passes.one_row_s().is_none() => {
@@ -648,12 +660,18 @@ impl TokenStream<'_> {
             DraftLength::Measured => {
                 let line = self.model.passes.line();
                 let drafting = self.drafter.as_ref().map_or(0.0, |d| d.guess_cost(self.model, line));
-                line.map_or(0.0, |l| l.row_cost()) + drafting
+                let rows = self.model.passes.guess_costs(room).unwrap_or_else(|| linear_costs(0.0, room));
+                rows.iter().enumerate().map(|(k, c)| c + drafting * k as f64).collect()
             }
         };
         match self.drafter {
-            None => lookup_draft_len(best_draft_len(self.first_guess_rate.rate(), row_cost, room), matched, room),
-            Some(_) => best_draft_len(self.acceptance.rate(), row_cost, room),
+            None => match self.by_match.draft_len(matched, &costs) {
+                0 if matched > 0 && self.request.lookup.length == DraftLength::Measured => {
+                    usize::from(self.model.passes.probe_due()).min(room)
+                }
+                k => k,
+            },
+            Some(_) => best_chain_len(std::iter::repeat(self.acceptance.rate()), &costs),
         }
     }
 

@@ -9,6 +9,7 @@
 //! resident model a row costs about the compute of a whole decode step. So the cost is measured
 //! as the model runs ([`PassCosts`]) and the acceptance rate as the stream runs ([`Acceptance`]).
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -28,15 +29,58 @@ pub enum DraftLength {
 /// Widest pass kept apart; wider ones are counted at this width.
 const WIDTHS: usize = 32;
 
-/// Weight of the newest pass in each width's running mean.
-const NEW_WEIGHT: f64 = 0.2;
+/// Passes of each width whose times are kept: the width's figure is the fastest of them. Another
+/// process only ever adds to a pass's wall time (on a loaded machine a pass is preempted, and
+/// takes several times as long as its neighbours), so the fastest recent pass is the one nearest
+/// to what the pass costs; a median still moves with the load once most passes are preempted
+/// (the quote job under load 13-25 measured a row at 0.15 to 0.72 of a pass with medians, at
+/// 0.48 in CPU time).
+const SAMPLES: usize = 8;
 
-/// The wall time of a model's decode and verify passes, by the rows they ran (a running mean per
-/// width), and the line through them: the time of a one-row pass and of each extra row.
+/// A time older than this many passes (of any width) no longer counts: the machine's load when
+/// it was taken may be gone, and a width the schedule stopped running must not keep the figure
+/// of its last pass for the rest of the answer.
+const RECENT: u64 = 128;
+
+/// Passes after the last one of more than one row at which a pass of one guess re-times a row
+/// ([`PassCosts::probe_due`]): while the schedule decodes plainly, no wider pass is timed, and a
+/// row's cost measured under a passing load would keep guessing off for good.
+const PROBE_AFTER: u64 = 32;
+
+/// A width with at least this many recent passes is priced at its own figure where that is below
+/// the line ([`PassCosts::guess_costs`]).
+const OWN_FIGURE: usize = 3;
+
+/// The wall time of a model's decode and verify passes, by the rows they ran (the fastest of the
+/// last [`SAMPLES`] recent passes per width), and the line through them: the time of a one-row
+/// pass and of each extra row.
 #[derive(Debug, Default)]
 pub struct PassCosts {
-    /// Per width − 1: (mean seconds, passes seen).
-    by_width: Mutex<Vec<(f64, u64)>>,
+    timed: Mutex<Timed>,
+}
+
+#[derive(Debug, Default)]
+struct Timed {
+    /// Per width − 1: the last passes' (seconds, number of the pass).
+    by_width: Vec<VecDeque<(f64, u64)>>,
+    /// Passes timed so far, and the number of the last one of more than one row.
+    passes: u64,
+    last_wide: Option<u64>,
+}
+
+impl Timed {
+    /// The fastest of a width's recent times, and how many there are (`None`: none recent).
+    fn figure(&self, width: usize) -> Option<(f64, usize)> {
+        let recent: Vec<f64> = self
+            .by_width
+            .get(width)?
+            .iter()
+            .filter(|&&(_, at)| self.passes - at < RECENT)
+            .map(|&(secs, _)| secs)
+            .collect();
+        let fastest = recent.iter().copied().reduce(f64::min)?;
+        Some((fastest, recent.len()))
+    }
 }
 
 /// A pass's cost as `base_s + per_row_s · (rows − 1)`.
@@ -59,33 +103,44 @@ impl PassCosts {
         if rows == 0 || !secs.is_finite() {
             return;
         }
-        let mut by_width = self.by_width.lock().expect("pass costs lock");
-        if by_width.is_empty() {
-            by_width.resize(WIDTHS, (0.0, 0));
+        let mut timed = self.timed.lock().expect("pass costs lock");
+        if timed.by_width.is_empty() {
+            timed.by_width.resize(WIDTHS, VecDeque::new());
         }
-        let (mean, seen) = &mut by_width[rows.min(WIDTHS) - 1];
-        *mean = if *seen == 0 { secs } else { *mean + NEW_WEIGHT * (secs - *mean) };
-        *seen += 1;
+        timed.passes += 1;
+        let at = timed.passes;
+        if rows > 1 {
+            timed.last_wide = Some(at);
+        }
+        let samples = &mut timed.by_width[rows.min(WIDTHS) - 1];
+        if samples.len() == SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back((secs, at));
     }
 
-    /// The running mean of a one-row pass, once one was timed (a draft model's guess).
+    /// The fastest of the recent one-row passes, once one was timed (a draft model's guess).
     pub fn one_row_s(&self) -> Option<f64> {
-        let by_width = self.by_width.lock().expect("pass costs lock");
-        by_width.first().filter(|(_, seen)| *seen > 0).map(|(mean, _)| *mean)
+        self.timed.lock().expect("pass costs lock").figure(0).map(|(secs, _)| secs)
     }
 
-    /// The least-squares line through the widths seen (each weighted by its passes, up to 8),
-    /// with a per-row cost of at least zero; `None` until passes of two widths, one of them a
-    /// one-row pass, have been timed.
+    /// Whether a pass of more than one row was timed once but not in the last [`PROBE_AFTER`]
+    /// passes: the schedule then runs one guess where it would run none, so that the cost of a
+    /// row is measured under the machine's load now.
+    pub fn probe_due(&self) -> bool {
+        let timed = self.timed.lock().expect("pass costs lock");
+        timed.last_wide.is_some_and(|at| timed.passes - at >= PROBE_AFTER)
+    }
+
+    /// The least-squares line through the widths with recent passes (each at its figure, weighted
+    /// by its recent passes), with a per-row cost of at least zero; `None` until passes of two
+    /// widths, one of them a one-row pass, have been timed recently.
     pub fn line(&self) -> Option<CostLine> {
-        let by_width = self.by_width.lock().expect("pass costs lock");
-        let points: Vec<(f64, f64, f64)> = by_width
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, seen))| *seen > 0)
-            .map(|(w, &(mean, seen))| (w as f64, mean, seen.min(8) as f64))
+        let timed = self.timed.lock().expect("pass costs lock");
+        let points: Vec<(f64, f64, f64)> = (0..timed.by_width.len())
+            .filter_map(|w| timed.figure(w).map(|(secs, n)| (w as f64, secs, n as f64)))
             .collect();
-        if points.len() < 2 || by_width[0].1 == 0 {
+        if points.len() < 2 || points[0].0 != 0.0 {
             return None;
         }
         let total: f64 = points.iter().map(|p| p.2).sum();
@@ -95,6 +150,32 @@ impl PassCosts {
         let sxy: f64 = points.iter().map(|p| p.2 * (p.0 - mx) * (p.1 - my)).sum();
         let per_row_s = (sxy / sxx).max(0.0);
         Some(CostLine { base_s: (my - per_row_s * mx).max(f64::MIN_POSITIVE), per_row_s })
+    }
+
+    /// The cost of a pass with 0 to `max` guesses in one-row passes: the line's, or a width's
+    /// own figure over the one-row pass's where it was timed at least [`OWN_FIGURE`] times
+    /// recently and costs less, and never less than a narrower pass. A row's cost is not one
+    /// figure: on SmolLM2 on one core (`model bench --verify 1,2,3,5,9`) a pass of 2, 3, 5 and 9
+    /// rows costs 1.29, 1.56, 2.53 and 4.29 one-row passes (the Q4_1 kernels decode a weight
+    /// block once for up to 4 token rows), 0.29 of a pass for the first extra row and 0.41 each
+    /// over eight, so a line through them prices a pass of one or two guesses above what it
+    /// costs. A width's own figure only lowers the line's: three or four passes of a width on a
+    /// loaded machine can be mostly preempted ones, and a narrow width priced too high would
+    /// price every wider one as high and stop all guessing, where the line pools every width's
+    /// passes (on the quote job under load 13-20, one run in four made 1.09 tokens per pass with
+    /// own figures that could raise the line). `None` as [`Self::line`].
+    pub fn guess_costs(&self, max: usize) -> Option<Vec<f64>> {
+        let line = self.line()?;
+        let timed = self.timed.lock().expect("pass costs lock");
+        let (one, _) = timed.figure(0)?;
+        let mut costs: Vec<f64> = vec![1.0];
+        for k in 1..=max {
+            let own = timed.figure(k.min(WIDTHS - 1)).filter(|&(_, n)| n >= OWN_FIGURE);
+            let on_line = 1.0 + line.row_cost() * k as f64;
+            let cost = own.map_or(on_line, |(secs, _)| (secs / one).min(on_line));
+            costs.push(cost.max(costs[k - 1]));
+        }
+        Some(costs)
     }
 }
 
@@ -139,24 +220,97 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 /// The number of guesses, at most `max`, with the most expected tokens per unit of cost when an
 /// extra row costs `row_cost` one-row passes; 0 (plain decoding) unless guessing beats it.
 pub fn best_draft_len(alpha: f64, row_cost: f64, max: usize) -> usize {
-    let value = |k: usize| expected_tokens(alpha, k) / (1.0 + row_cost.max(0.0) * k as f64);
-    let best = (1..=max).max_by(|&a, &b| value(a).total_cmp(&value(b)).then(b.cmp(&a)));
-    // Guessing must beat plain decoding by a margin: the cost line is a measurement.
-    best.filter(|&k| value(k) > value(0) * 1.01).unwrap_or(0)
+    best_chain_len(std::iter::repeat(alpha), &linear_costs(row_cost, max))
 }
 
-/// Prompt lookup's number of guesses when the schedule chose `scheduled` (0: guessing does not
-/// pay at the stream's rate) and the text so far ends with `matched` tokens of an earlier
-/// passage: at least `matched`, at most `room`.
+/// The cost of a pass with 0 to `max` guesses, in one-row passes, when each extra row costs
+/// `row_cost` of one.
+pub fn linear_costs(row_cost: f64, max: usize) -> Vec<f64> {
+    (0..=max).map(|k| 1.0 + row_cost.max(0.0) * k as f64).collect()
+}
+
+/// As [`best_draft_len`] where each guess has a rate of its own and each length a cost of its
+/// own: the i-th of `alphas` is the probability that guess i holds given that those before it
+/// did, so a pass with k guesses yields 1 + α₁ + α₁α₂ + … + α₁⋯α_k tokens (Leviathan et al.
+/// §3.5 with a rate per place), for `costs[k]` one-row passes (`costs[0]` = 1; at most
+/// `costs.len() − 1` guesses). The fewest guesses among equally good lengths.
+pub fn best_chain_len(alphas: impl IntoIterator<Item = f64>, costs: &[f64]) -> usize {
+    let (mut tokens, mut held) = (1.0, 1.0);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, (alpha, cost)) in alphas.into_iter().zip(costs.iter().skip(1)).enumerate() {
+        held *= alpha;
+        tokens += held;
+        let value = tokens / cost;
+        if best.is_none_or(|(_, v)| value > v) {
+            best = Some((i + 1, value));
+        }
+    }
+    // Guessing must beat plain decoding (one token per pass) by a margin: the cost line is a
+    // measurement.
+    best.filter(|&(_, value)| value > 1.01).map_or(0, |(k, _)| k)
+}
+
+/// The shortest match length of each class of [`MatchAcceptance`]: 2 or less, 3, 4-5, 6-11,
+/// 12 and more (the rows of the replay in `docs/ENGINE.md` "Speculative decoding").
+const MATCH_CLASSES: [usize; 5] = [2, 3, 4, 6, 12];
+
+/// Prompt lookup's acceptance rate by the length of the match a guess was copied from: a guess
+/// after a match of 12 or more tokens holds almost always (a quote in progress), one after a
+/// match of 2-5 tokens about two times in three (on SmolLM2's quoting reply: 0.97 and
+/// 0.62-0.67), so one rate for every guess either stops a copy in progress when the short
+/// matches fail, or pays for rows that short matches waste. A guess `j` places after the first
+/// of a match of `L` counts at length `L + j`: the answer has then followed the passage `j`
+/// tokens further, and it holds about as often as a first guess after such a match (the same
+/// replay).
 ///
-/// The schedule's α is one rate for every guess, but a guess's odds depend on how long the copy
-/// has run: a passage the answer has followed for `matched` tokens is likely to be followed about
-/// as far again (the longer a run has lasted, the longer its expected rest, for run lengths with
-/// a heavy tail). On SmolLM2's replies (the replay in `docs/ENGINE.md` "Speculative decoding"),
-/// a guess after a match of 2-5 tokens holds 0.65-0.76 of the time, after 12 or more 0.98, and
-/// the j-th guess of a match of L holds about as often as the first of a match of L + j.
-pub fn lookup_draft_len(scheduled: usize, matched: usize, room: usize) -> usize {
-    if scheduled == 0 { 0 } else { scheduled.max(matched.min(room)) }
+/// Each class starts from Laplace's rule of succession for a run that held as many times as
+/// its shortest match is long, (L + 1)/(L + 2) with the weight of two verdicts, which the
+/// stream's own verdicts outweigh within a few passes: a class seen rarely in an answer (a long
+/// copy comes once or twice) keeps a sensible rate instead of the uninformed 1/2.
+#[derive(Debug, Clone, Copy)]
+pub struct MatchAcceptance {
+    classes: [Acceptance; MATCH_CLASSES.len()],
+}
+
+impl Default for MatchAcceptance {
+    fn default() -> Self {
+        MatchAcceptance {
+            classes: MATCH_CLASSES.map(|len| {
+                let n = len as f64;
+                Acceptance { accepted: 2.0 * (n + 1.0) / (n + 2.0), rejected: 2.0 / (n + 2.0) }
+            }),
+        }
+    }
+}
+
+impl MatchAcceptance {
+    fn class(matched: usize) -> usize {
+        MATCH_CLASSES.iter().rposition(|&shortest| matched >= shortest).unwrap_or(0)
+    }
+
+    /// A guess copied after `matched` tokens of the passage held or not.
+    pub fn record(&mut self, matched: usize, held: bool) {
+        self.classes[Self::class(matched)].record(usize::from(held), !held);
+    }
+
+    /// The rate at which a guess after a match of `matched` tokens holds.
+    pub fn rate(&self, matched: usize) -> f64 {
+        self.classes[Self::class(matched)].rate()
+    }
+
+    /// How many guesses to copy after a match of `matched` tokens when a pass with k guesses
+    /// costs `costs[k]` one-row passes (at most `costs.len() − 1`): the best length at each
+    /// guess's own rate ([`best_chain_len`]), and when that is any, at least `matched`. The floor: a passage followed for `matched` tokens
+    /// is likely followed about as far again (the longer a run has lasted, the longer its
+    /// expected rest, for run lengths with a heavy tail), beyond what the classes' rates, learnt
+    /// from few long copies, foresee.
+    pub fn draft_len(&self, matched: usize, costs: &[f64]) -> usize {
+        let room = costs.len().saturating_sub(1);
+        match best_chain_len((0..room).map(|j| self.rate(matched + j)), costs) {
+            0 => 0,
+            k => k.max(matched.min(room)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -201,20 +355,165 @@ mod tests {
         assert!((line.row_cost() - 0.25).abs() < 1e-9);
         assert_eq!(costs.one_row_s(), Some(1.0));
         assert_eq!(PassCosts::default().one_row_s(), None);
-        // A running mean: a slower pass moves its width's mean a fifth of the way.
+        // A width's figure is the fastest of its recent passes: a slower pass of nine rows does
+        // not move it, a faster one does.
         costs.record(9, 8.0);
-        assert!(costs.line().unwrap().per_row_s > 0.25);
+        assert!((costs.line().unwrap().per_row_s - 0.25).abs() < 1e-9);
+        costs.record(9, 2.0);
+        assert!(costs.line().unwrap().per_row_s < 0.25);
     }
 
     #[test]
-    fn lookup_guesses_as_far_as_the_copy_has_run_when_guessing_pays() {
-        // The schedule says guessing does not pay: no match length changes that.
-        assert_eq!(lookup_draft_len(0, 12, 8), 0);
-        // A short match keeps the schedule's length; a long one guesses as far, within room.
-        assert_eq!(lookup_draft_len(2, 1, 8), 2);
-        assert_eq!(lookup_draft_len(2, 5, 8), 5);
-        assert_eq!(lookup_draft_len(2, 30, 8), 8);
-        assert_eq!(lookup_draft_len(1, 30, 3), 3);
+    fn a_pass_is_priced_at_its_own_widths_figure_where_timed_and_below_the_line() {
+        let costs = PassCosts::default();
+        assert_eq!(costs.guess_costs(8), None);
+        for _ in 0..SAMPLES {
+            costs.record(1, 1.0);
+        }
+        // Two rows cost 1.3 passes, nine 4.2: the line's row is 0.4 of a pass.
+        for _ in 0..OWN_FIGURE {
+            costs.record(2, 1.3);
+            costs.record(9, 4.2);
+        }
+        let row = costs.line().unwrap().row_cost();
+        let priced = costs.guess_costs(8).unwrap();
+        assert_eq!(priced.len(), 9);
+        assert!((priced[0] - 1.0).abs() < 1e-9 && (priced[1] - 1.3).abs() < 1e-9 && (priced[8] - 4.2).abs() < 1e-9);
+        assert!((priced[4] - (1.0 + 4.0 * row)).abs() < 1e-9, "{priced:?}");
+        // A width timed fewer times is priced at the line, and no wider pass costs less.
+        costs.record(5, 1.1);
+        let priced = costs.guess_costs(8).unwrap();
+        assert!(priced.windows(2).all(|w| w[0] <= w[1]), "{priced:?}");
+        assert!((priced[4] - (1.0 + 4.0 * costs.line().unwrap().row_cost())).abs() < 1e-9);
+        // Three preempted passes of three rows do not price it, nor every wider pass, above
+        // the line.
+        for _ in 0..OWN_FIGURE {
+            costs.record(3, 10.0);
+        }
+        let row = costs.line().unwrap().row_cost();
+        let priced = costs.guess_costs(8).unwrap();
+        assert!((priced[2] - (1.0 + 2.0 * row)).abs() < 1e-9 && priced[2] < 3.0, "{priced:?}");
+        // So a guess that holds 0.6 of the time pays for a first row at 0.3 of a pass, where the
+        // line's average row would not.
+        let by_match = MatchAcceptance::default();
+        let mut fuzzy = by_match;
+        for _ in 0..3 {
+            fuzzy.record(2, false);
+            fuzzy.record(2, true);
+        }
+        let curve = [1.0, 1.3, 1.8, 2.4, 3.0, 3.6, 4.2, 4.8, 5.4];
+        assert!(fuzzy.draft_len(2, &curve) >= 2);
+        assert_eq!(fuzzy.draft_len(2, &linear_costs(0.6, 8)), 0);
+    }
+
+    #[test]
+    fn a_preempted_pass_does_not_move_the_cost_of_a_row() {
+        let costs = PassCosts::default();
+        for _ in 0..SAMPLES {
+            costs.record(1, 1.0);
+            costs.record(3, 1.5);
+        }
+        let before = costs.line().unwrap();
+        assert!((before.row_cost() - 0.25).abs() < 1e-9, "{before:?}");
+        // Another process held the core: a pass of each width took many times as long.
+        costs.record(3, 20.0);
+        costs.record(1, 30.0);
+        assert_eq!(costs.line(), Some(before));
+        // A dearer row that lasts (a longer context) moves the figure once no faster pass is
+        // kept (the preempted one took one of the eight places).
+        for _ in 0..SAMPLES - 2 {
+            costs.record(3, 3.0);
+        }
+        assert_eq!(costs.line(), Some(before));
+        costs.record(3, 3.0);
+        assert!((costs.line().unwrap().row_cost() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_width_not_timed_recently_is_probed_then_forgotten() {
+        let costs = PassCosts::default();
+        assert!(!costs.probe_due(), "nothing wide timed yet: the first guesses time one");
+        costs.record(1, 1.0);
+        costs.record(3, 3.0);
+        assert!((costs.line().unwrap().row_cost() - 1.0).abs() < 1e-9);
+        // The schedule stops guessing (a row as dear as a pass): only one-row passes are timed.
+        for _ in 0..PROBE_AFTER - 1 {
+            costs.record(1, 1.0);
+        }
+        assert!(!costs.probe_due());
+        costs.record(1, 1.0);
+        assert!(costs.probe_due(), "{PROBE_AFTER} plain passes since the last wide one");
+        // Unprobed, the wide pass's time expires and no row cost is known.
+        for _ in 0..RECENT {
+            costs.record(1, 1.0);
+        }
+        assert_eq!(costs.line(), None);
+        // A probe of one guess times a row under the load of now.
+        costs.record(2, 1.25);
+        assert!(!costs.probe_due());
+        assert!((costs.line().unwrap().row_cost() - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_rate_per_place_gives_the_best_length_of_its_chain() {
+        // One rate for every place is best_draft_len's choice.
+        for (alpha, cost) in [(0.5, 0.3), (0.9, 0.3), (0.7, 0.65), (0.99, 1.0), (0.4, 0.0)] {
+            let one = best_draft_len(alpha, cost, 8);
+            assert_eq!(best_chain_len(std::iter::repeat_n(alpha, 8), &linear_costs(cost, 8)), one);
+        }
+        // Two likely guesses before doubtful ones: the chain stops where a guess no longer
+        // pays for its row (the third holds 0.3 of the time at a row of 0.3), where one rate
+        // of 0.9 for every place would run five; its choice is the best of every length.
+        let alphas = [0.9, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3];
+        let k = best_chain_len(alphas, &linear_costs(0.3, 8));
+        let value = |k: usize| {
+            let held: f64 = (0..=k).map(|i| alphas[..i].iter().product::<f64>()).sum();
+            held / (1.0 + 0.3 * k as f64)
+        };
+        assert_eq!((k, best_draft_len(0.9, 0.3, 8)), (2, 5));
+        assert!((0..=8).all(|j| value(j) <= value(k)), "{k}");
+    }
+
+    #[test]
+    fn a_long_copy_is_guessed_where_short_matches_fail() {
+        let mut by_match = MatchAcceptance::default();
+        // Before any verdict: the longer the match, the likelier its guess (rule of succession).
+        let rates: Vec<f64> = [2, 3, 4, 6, 12].iter().map(|&l| by_match.rate(l)).collect();
+        assert!(rates.windows(2).all(|w| w[0] < w[1]) && rates[0] == 0.75, "{rates:?}");
+        assert_eq!(by_match.rate(1), by_match.rate(2));
+        assert_eq!(by_match.rate(40), by_match.rate(12));
+        // The answer's own words: its short matches fail. A row at 0.65 of a pass (a loaded
+        // machine) then guesses nothing after 2-5 tokens of match...
+        for _ in 0..10 {
+            by_match.record(2, false);
+            by_match.record(4, false);
+        }
+        assert!(by_match.rate(4) < 0.2);
+        assert_eq!(by_match.draft_len(2, &linear_costs(0.65, 8)), 0);
+        // ...but still copies a passage followed for 12 tokens, which the single rate of
+        // every guess (now under 0.2) would not.
+        assert!(by_match.rate(12) > 0.9);
+        assert_eq!(by_match.draft_len(12, &linear_costs(0.65, 8)), 8);
+        assert_eq!(best_draft_len(0.2, 0.65, 8), 0);
+        // A class's own verdicts move only it.
+        for _ in 0..10 {
+            by_match.record(20, false);
+        }
+        assert!(by_match.rate(12) < 0.2 && by_match.rate(6) > 0.8);
+    }
+
+    #[test]
+    fn lookup_guesses_at_least_as_far_as_the_copy_has_run_when_guessing_pays() {
+        let by_match = MatchAcceptance::default();
+        // Free rows: as many as allowed, whatever the match.
+        assert_eq!(by_match.draft_len(2, &linear_costs(0.0, 8)), 8);
+        // A dear row: the chain's length, raised to the match's within room.
+        let chain = best_chain_len((0..8).map(|j| by_match.rate(7 + j)), &linear_costs(0.5, 8));
+        assert!((1..7).contains(&chain), "{chain}");
+        assert_eq!(by_match.draft_len(7, &linear_costs(0.5, 8)), 7);
+        assert_eq!(by_match.draft_len(30, &linear_costs(0.5, 3)), 3);
+        // Rows as dear as a pass: no rate pays, no match length changes that.
+        assert_eq!(by_match.draft_len(30, &linear_costs(1.0, 8)), 0);
     }
 
     #[test]
