@@ -629,12 +629,14 @@ impl Transformer {
                 _ => None,
             });
         }
+        let head = timeline::now();
         let mut rows = Vec::with_capacity(groups.len());
         for (((_, t), &end), verifying) in groups.iter().zip(&ends).zip(verifying) {
             let n = if verifying { t.len() } else { 1 };
             rows.push(x.narrow(0, end - n, n)?);
         }
         let logits = self.lm_head.forward(&self.norm.forward(&Tensor::cat(&rows, 0)?)?)?;
+        timeline::record("head", 0, None, 0, head);
         let mut at = 0;
         let logits = rows
             .iter()
