@@ -583,8 +583,16 @@ impl Shared {
                 st = self.work.wait(st).expect("expert cache lock");
                 continue;
             };
-            if st.demand.contains(&id) || st.prefetch.contains(&id) {
-                // More of its runs are queued: wake a thread for the next (it wakes another).
+            // More of its runs are queued: wake a thread for each at once (a chain of wake-ups
+            // would start each a scheduling delay after the one before on a loaded machine).
+            let left = st.entries.get(&id).map_or(0, |e| {
+                if st.demand.contains(&id) || st.prefetch.contains(&id) {
+                    self.extent(id).map_or(0, |x| x.runs.len()).saturating_sub(e.reads.taken)
+                } else {
+                    0
+                }
+            });
+            for _ in 0..left {
                 self.work.notify_one();
             }
             if st.reading == 0 {
