@@ -988,7 +988,7 @@ mod tests {
         // Cut the file inside the expert's last run (a disk that fails past a point).
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(last + 1).unwrap();
         for _ in 0..2 {
-            let err = s.with_experts(&[id], &mut |_, _| Ok(())).err().expect("a cut run fails its expert");
+            let err = s.with_experts(&[id], &mut |_, _| Ok(())).expect_err("a cut run fails its expert");
             match err {
                 EngineError::ExpertRead { path: p, layer, expert, reason } => {
                     assert_eq!((p, layer, expert), (path.clone(), 1, 7), "{reason}");
