@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
 
-use super::attention::{Attention, F16Cache, LayerCache};
+use super::attention::{Attention, F16Cache, F32Cache, LayerCache};
 use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
 use super::compressor::Compressor;
 use super::delta_rule::{DeltaState, StateShape};
@@ -112,7 +112,7 @@ impl CacheKind {
             CacheKind::F16 { kv_heads, head_dim } => {
                 LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
             }
-            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::F32 => LayerState::Attention(LayerCache::F32(F32Cache::new())),
             CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
             CacheKind::Window(shape) => LayerState::Window(WindowState::new(shape)),
         }
