@@ -56,7 +56,7 @@ def main():
             for i in bins(s):
                 prefetch[i] += 1
     # Outer phases first, inner ones over them.
-    order = ["head", "attention", "route", "experts", "dense_wait", "expert_compute"]
+    order = ["head", "roll_back", "attention", "route", "experts", "dense_wait", "expert_compute"]
     for w in order:
         for s in spans:
             if s["what"] == w:
@@ -97,7 +97,8 @@ def main():
     # The step's phases, summed per step.
     phases = defaultdict(float)
     for s in spans:
-        if s["what"] in ("attention", "route", "experts", "dense_wait", "expert_compute", "head", "dense_build") \
+        if s["what"] in ("attention", "route", "experts", "dense_wait", "expert_compute", "head", "dense_build",
+                         "roll_back") \
                 and in_steps(s):
             phases[s["what"]] += (s["end_us"] - s["start_us"]) / 1e6
     print("step phases, s/step: " + ", ".join(f"{k} {v / nsteps:.3f}" for k, v in sorted(phases.items())))

@@ -381,7 +381,9 @@ pub fn bench_verify(opts: &BenchOptions, widths: &[usize], acceptance: &[f64], r
                     cache.begin_verify();
                     let mut group = [(&mut cache, &fed[..])];
                     rayon::scope(|_| model.net.forward_verify_groups(&mut group))?;
+                    let back = timeline::now();
                     cache.roll_back(at + 1)?;
+                    timeline::record("roll_back", 0, None, 0, back);
                 }
                 timeline::record_step(width, pass);
             }

@@ -82,14 +82,7 @@ impl Attention {
     }
 
     /// transformers' eager attention in f32.
-    fn attend_f32(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        start: usize,
-        cache: &mut candle_nn::kv_cache::KvCache,
-    ) -> Result<Tensor> {
+    fn attend_f32(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize, cache: &mut F32Cache) -> Result<Tensor> {
         let (t, d) = (q.dim(0)?, self.head_dim);
         let (q, k) = self.normed(q, k)?;
         let q = q.reshape((t, self.heads, d))?;
@@ -216,7 +209,7 @@ impl Attention {
 /// One layer's cached keys and values, in the form its attention computes with.
 pub(crate) enum LayerCache {
     /// f32 rows (the reference path).
-    F32(candle_nn::kv_cache::KvCache),
+    F32(F32Cache),
     /// f16 rows laid out as llama.cpp's cache ([`F16Cache`]).
     F16(F16Cache),
 }
@@ -233,21 +226,10 @@ impl LayerCache {
         }
     }
 
-    /// Keeps the first `len` positions (a verify pass's rejected drafts go). The f32 cache has
-    /// no cut of its own: its rows are copied into a fresh one (the reference path; ggml's f16
-    /// cache, which decoding uses, truncates in place).
+    /// Keeps the first `len` positions (a verify pass's rejected drafts go), in place.
     pub(crate) fn truncate(&mut self, len: usize) -> Result<()> {
         match self {
-            LayerCache::F32(cache) => {
-                let kept = match (cache.k()?, cache.v()?) {
-                    (Some(k), Some(v)) if len > 0 => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
-                    _ => None,
-                };
-                cache.reset();
-                if let Some((k, v)) = kept {
-                    cache.append(&k.contiguous()?, &v.contiguous()?)?;
-                }
-            }
+            LayerCache::F32(cache) => cache.truncate(len),
             LayerCache::F16(cache) => cache.truncate(len),
         }
         Ok(())
@@ -276,6 +258,74 @@ impl LayerCache {
 /// Keys by position (`[position][kv_head][head_dim]`) and values transposed (one row of
 /// positions per kv head and dimension), both f16, as llama.cpp stores them without flash
 /// attention: each KQ and KQV dot product reads one contiguous row.
+/// f32 keys and values (or latent attention's rows), each `[1, heads, positions, width]` in the
+/// first `len` positions along dim 2 of a buffer grown 256 positions at a time, as candle's
+/// `KvCache` grows. Unlike it, it can be cut back in place: a verify pass's roll-back through
+/// `KvCache` reset it and copied the kept rows into a fresh buffer of its whole capacity,
+/// zeroed, per layer, 10-640 ms a pass on the medium bench model (`docs/ENGINE.md`).
+pub(crate) struct F32Cache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    len: usize,
+}
+
+impl F32Cache {
+    const GROW: usize = 256;
+
+    pub(crate) fn new() -> Self {
+        F32Cache { k: None, v: None, len: 0 }
+    }
+
+    /// Appends rows `[1, heads, n, width]` (contiguous); returns all the cached ones.
+    pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        let need = self.len + k.dim(2)?;
+        let cap = self.k.as_ref().map_or(Ok(0), |t| t.dim(2))?;
+        if need > cap {
+            let cap = need.next_multiple_of(Self::GROW);
+            self.k = Some(Self::grown(self.k.take(), k, cap, self.len)?);
+            self.v = Some(Self::grown(self.v.take(), v, cap, self.len)?);
+        }
+        let (kb, vb) = (self.k.as_ref().expect("grown above"), self.v.as_ref().expect("grown above"));
+        kb.slice_set(k, 2, self.len)?;
+        vb.slice_set(v, 2, self.len)?;
+        self.len = need;
+        Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
+    }
+
+    /// A zeroed buffer of `cap` positions shaped like `like`, holding `old`'s first `len`.
+    fn grown(old: Option<Tensor>, like: &Tensor, cap: usize, len: usize) -> candle_core::Result<Tensor> {
+        let mut shape = like.dims().to_vec();
+        shape[2] = cap;
+        let buf = Tensor::zeros(shape, like.dtype(), like.device())?;
+        if let Some(old) = old
+            && len > 0
+        {
+            buf.slice_set(&old.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+        }
+        Ok(buf)
+    }
+
+    /// The cached keys, `None` when there are none.
+    pub(crate) fn k(&self) -> candle_core::Result<Option<Tensor>> {
+        self.rows(&self.k)
+    }
+
+    pub(crate) fn v(&self) -> candle_core::Result<Option<Tensor>> {
+        self.rows(&self.v)
+    }
+
+    fn rows(&self, buf: &Option<Tensor>) -> candle_core::Result<Option<Tensor>> {
+        match buf {
+            Some(t) if self.len > 0 => Ok(Some(t.narrow(2, 0, self.len)?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
 pub(crate) struct F16Cache {
     kv_heads: usize,
     head_dim: usize,
@@ -329,5 +379,43 @@ impl F16Cache {
             }
         }
         Ok((Tensor::from_vec(k, (1, h, n, d), &Device::Cpu)?, Tensor::from_vec(v, (1, h, n, d), &Device::Cpu)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize, seed: f32) -> Tensor {
+        let data: Vec<f32> = (0..2 * n * 3).map(|i| seed + i as f32).collect();
+        Tensor::from_vec(data, (1, 2, n, 3), &Device::Cpu).unwrap()
+    }
+
+    /// A roll-back cuts the f32 cache in place: rows appended after it land in the same buffer
+    /// and read back as a cache that never held the rejected rows.
+    #[test]
+    fn an_f32_cache_cut_back_keeps_its_buffer_and_reads_as_if_never_longer() {
+        let mut cut = F32Cache::new();
+        cut.append(&rows(5, 0.0), &rows(5, 100.0)).unwrap();
+        let before = cut.k.clone().unwrap();
+        cut.append(&rows(3, 50.0), &rows(3, 150.0)).unwrap();
+        cut.truncate(6);
+        let (k, v) = cut.append(&rows(2, 70.0), &rows(2, 170.0)).unwrap();
+        assert_eq!(cut.k.as_ref().unwrap().id(), before.id(), "the cut reallocated the buffer");
+        let mut fresh = F32Cache::new();
+        fresh.append(&rows(5, 0.0), &rows(5, 100.0)).unwrap();
+        let first = |t: Tensor| t.narrow(2, 0, 1).unwrap().contiguous().unwrap();
+        fresh.append(&first(rows(3, 50.0)), &first(rows(3, 150.0))).unwrap();
+        let (fk, fv) = fresh.append(&rows(2, 70.0), &rows(2, 170.0)).unwrap();
+        assert_eq!(k.squeeze(0).unwrap().to_vec3::<f32>().unwrap(), fk.squeeze(0).unwrap().to_vec3::<f32>().unwrap());
+        assert_eq!(v.squeeze(0).unwrap().to_vec3::<f32>().unwrap(), fv.squeeze(0).unwrap().to_vec3::<f32>().unwrap());
+        assert_eq!(cut.k().unwrap().unwrap().dim(2).unwrap(), 8);
+        // Past its 256 positions it grows, keeping what it held.
+        let (k, _) = cut.append(&rows(300, 0.0), &rows(300, 0.0)).unwrap();
+        assert_eq!(k.dim(2).unwrap(), 308);
+        assert_eq!(
+            k.narrow(2, 0, 8).unwrap().squeeze(0).unwrap().to_vec3::<f32>().unwrap(),
+            fk.squeeze(0).unwrap().to_vec3::<f32>().unwrap()
+        );
     }
 }

@@ -93,7 +93,7 @@ impl Mla {
         q: &Tensor,
         kv: &Tensor,
         start: usize,
-        cache: &mut candle_nn::kv_cache::KvCache,
+        cache: &mut crate::model::attention::F32Cache,
     ) -> Result<Tensor> {
         let t = q.dim(0)?;
         let (p, c, k_pe) = self.prepare(q, kv, start)?;
@@ -241,7 +241,7 @@ mod tests {
     /// Tokens `cached..total` of `x` attended both ways over the latents of all before them:
     /// (plain, absorbed), each `[heads · new tokens · v]`.
     fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
-        let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
+        let mut cache = crate::model::attention::F32Cache::new();
         let (q, kv) = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
         m.attend(&q, &kv, 0, &mut cache).unwrap();
         let (q, kv) = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
@@ -296,9 +296,9 @@ mod tests {
         let x = random(&[14, 32], 7);
         assert!(m.plain_is_cheaper(14));
         let (q, kv) = m.project(&x).unwrap();
-        let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
+        let mut cache = crate::model::attention::F32Cache::new();
         let all = m.attend(&q, &kv, 0, &mut cache).unwrap().to_vec2::<f32>().unwrap();
-        let mut cache = candle_nn::kv_cache::KvCache::new(2, 16);
+        let mut cache = crate::model::attention::F32Cache::new();
         for (i, want) in all.iter().enumerate() {
             let row = |t: &Tensor| t.narrow(0, i, 1).unwrap();
             let one = m.attend(&row(&q), &row(&kv), i, &mut cache).unwrap().to_vec2::<f32>().unwrap();

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
 
-use super::attention::{Attention, F16Cache, LayerCache};
+use super::attention::{Attention, F16Cache, F32Cache, LayerCache};
 use super::attn_res::{LayerResidual, ResidualScore, ResidualStream};
 use super::compressor::Compressor;
 use super::delta_rule::{DeltaState, StateShape};
@@ -113,7 +113,7 @@ impl CacheKind {
             CacheKind::F16 { kv_heads, head_dim } => {
                 LayerState::Attention(LayerCache::F16(F16Cache::new(kv_heads, head_dim)))
             }
-            CacheKind::F32 => LayerState::Attention(LayerCache::F32(candle_nn::kv_cache::KvCache::new(2, 256))),
+            CacheKind::F32 => LayerState::Attention(LayerCache::F32(F32Cache::new())),
             CacheKind::Recurrent(shape) => LayerState::Recurrent(DeltaState::new(shape)),
             CacheKind::Window(shape) => LayerState::Window(WindowState::new(shape)),
         }
@@ -608,12 +608,14 @@ impl Transformer {
                 _ => None,
             });
         }
+        let head = timeline::now();
         let mut rows = Vec::with_capacity(groups.len());
         for (((_, t), &end), verifying) in groups.iter().zip(&ends).zip(verifying) {
             let n = if verifying { t.len() } else { 1 };
             rows.push(x.narrow(0, end - n, n)?);
         }
         let logits = self.lm_head.forward(&self.norm.forward(&Tensor::cat(&rows, 0)?)?)?;
+        timeline::record("head", 0, None, 0, head);
         let mut at = 0;
         let logits = rows
             .iter()

@@ -16,8 +16,9 @@ pub struct AlignedBuf {
     map: Option<memmap2::MmapMut>,
 }
 
-/// Maps waiting for reuse, oldest first: at most [`POOL_BYTES`] of them besides one map for each
-/// length a stream of dense layers reserved ([`reserve_pool`]). The pool sits outside the
+/// Maps waiting for reuse, oldest first: at most [`POOL_BYTES`] of them besides the maps of the
+/// lengths reserved ([`reserve_pool`]: a stream of dense layers' buffers, an expert store's
+/// queued reads). The pool sits outside the
 /// budget, so it is kept small: it only bridges a release and the next reads. When it is full
 /// the oldest maps go, so that lengths no longer read (the disk probe's) do not hold it.
 static POOL: Mutex<Pool> = Mutex::new(Pool { maps: Vec::new(), kept: Vec::new() });
@@ -25,8 +26,8 @@ const POOL_BYTES: usize = 8 << 20;
 
 struct Pool {
     maps: Vec<memmap2::MmapMut>,
-    /// Reserved lengths, one map each (a length reserved twice keeps two).
-    kept: Vec<usize>,
+    /// Reserved lengths and how many maps of each (a length reserved twice keeps two).
+    kept: Vec<(usize, usize)>,
 }
 
 impl Pool {
@@ -40,8 +41,8 @@ impl Pool {
         let mut kept = self.kept.clone();
         let mut reserved = vec![false; self.maps.len()];
         for (i, m) in self.maps.iter().enumerate().rev() {
-            if let Some(j) = kept.iter().position(|&l| l == m.len()) {
-                kept.swap_remove(j);
+            if let Some((_, n)) = kept.iter_mut().find(|(l, n)| *l == m.len() && *n > 0) {
+                *n -= 1;
                 reserved[i] = true;
             }
         }
@@ -68,7 +69,14 @@ impl Pool {
 /// threads that submit the reads, and with two cores busy computing the disk then idles
 /// (measured here: 1.2 GB/s into reused buffers, 0.55 GB/s into fresh ones with both cores busy).
 pub fn reserve_pool(lens: &[usize]) {
-    POOL.lock().expect("buffer pool lock").kept.extend(lens.iter().map(|l| l.next_multiple_of(ALIGN)));
+    let mut pool = POOL.lock().expect("buffer pool lock");
+    for l in lens {
+        let l = l.next_multiple_of(ALIGN);
+        match pool.kept.iter_mut().find(|(k, _)| *k == l) {
+            Some((_, n)) => *n += 1,
+            None => pool.kept.push((l, 1)),
+        }
+    }
 }
 
 /// Give back what [`reserve_pool`] took.
@@ -77,8 +85,11 @@ pub fn unreserve_pool(lens: &[usize]) {
         let mut pool = POOL.lock().expect("buffer pool lock");
         for l in lens {
             let l = l.next_multiple_of(ALIGN);
-            if let Some(i) = pool.kept.iter().position(|&k| k == l) {
-                pool.kept.swap_remove(i);
+            if let Some(i) = pool.kept.iter().position(|&(k, _)| k == l) {
+                pool.kept[i].1 -= 1;
+                if pool.kept[i].1 == 0 {
+                    pool.kept.swap_remove(i);
+                }
             }
         }
         pool.trim()
@@ -187,6 +198,21 @@ mod tests {
         assert_eq!(AlignedBuf::new(KEPT).as_slice()[0], 0xAB, "the reserved map was unmapped");
         assert_eq!(AlignedBuf::new(LOOSE).as_slice()[0], 0, "the oldest unreserved map was kept");
         unreserve_pool(&[KEPT]);
-        assert!(!POOL.lock().unwrap().kept.contains(&KEPT));
+        assert!(!POOL.lock().unwrap().kept.iter().any(|&(l, _)| l == KEPT));
+    }
+
+    /// An expert store reserves one map per queued run, many of one length: each is kept.
+    #[test]
+    fn a_length_reserved_n_times_keeps_n_maps() {
+        const RUN: usize = 781 * ALIGN;
+        reserve_pool(&[RUN; 3]);
+        // Three maps of one length and 12 MiB of newer others: the three stay.
+        let runs: Vec<AlignedBuf> = (0..3).map(|_| marked(RUN)).collect();
+        drop(runs);
+        drop((0..3).map(|_| AlignedBuf::new(OTHER + ALIGN)).collect::<Vec<_>>());
+        let again: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::new(RUN)).collect();
+        assert!(again.iter().all(|b| b.as_slice()[0] == 0xAB), "a reserved map was unmapped");
+        unreserve_pool(&[RUN; 3]);
+        assert!(!POOL.lock().unwrap().kept.iter().any(|&(l, _)| l == RUN));
     }
 }

@@ -6,6 +6,17 @@
 //! Reads asked for by the block (demand) always go before prefetches, and at most
 //! `max_prefetch_in_flight` prefetches run at once, so a wrong guess costs little disk time; a
 //! prefetch still queued when its layer's true routes are known is dropped.
+//!
+//! An expert whose matrices lie apart on disk (an unpacked GGUF: gate, up and down each a slice
+//! of its own stacked tensor) is several runs: a queued expert stays at its place in the queue
+//! until each of its runs has been taken, each by whichever I/O thread is free, so its pieces are
+//! in flight together without a thread made per read, and the thread that finishes its last run
+//! builds it.
+//!
+//! Each queued run reserves a map of its length in the buffer pool (`buf.rs`): the bytes the
+//! cache counts for a read not begun are then the evicted experts' maps it will read into, not
+//! fresh pages (which each read would fault in and clear, and drop again at eviction: with two
+//! cores computing, that took a third of the CPU from a verify pass of 8 rows).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc;
@@ -14,8 +25,8 @@ use std::thread::JoinHandle;
 
 use serde::Serialize;
 
-use super::buf::WeightBytes;
-use super::index::{ExpertExtent, ExpertIndex, Run};
+use super::buf::{WeightBytes, reserve_pool, unreserve_pool};
+use super::index::{ExpertExtent, ExpertIndex, aligned_span};
 use super::io::{ExpertFile, ReadRange};
 use super::timeline;
 use crate::error::{EngineError, Result};
@@ -137,6 +148,26 @@ struct Entry {
     /// has room for it beside everything else that cannot be evicted (or that the layer
     /// computing now still holds).
     ahead: bool,
+    /// Its runs' reads, once the first is taken.
+    reads: RunReads,
+}
+
+/// The reads of one expert's runs (`ExpertExtent::runs`), each taken by some I/O thread.
+#[derive(Default)]
+struct RunReads {
+    /// Runs taken so far (run `taken` is the next to go).
+    taken: usize,
+    /// Taken and not finished.
+    in_flight: usize,
+    /// Each run's bytes, by run.
+    done: Vec<Option<ReadRange>>,
+    disk_bytes: usize,
+    /// The first failure; the runs not taken yet are then dropped.
+    error: Option<EngineError>,
+    /// Whether it counts against `prefetch_in_flight` (started as a prefetch).
+    prefetch: bool,
+    /// When its first run began (the timeline's span of the expert's read).
+    since: Option<std::time::Instant>,
 }
 
 impl Entry {
@@ -151,6 +182,7 @@ impl Entry {
             uses: u64::from(!prefetch),
             unused_prefetch: prefetch,
             ahead: prefetch,
+            reads: RunReads::default(),
         }
     }
 }
@@ -296,6 +328,16 @@ impl Drop for StreamingExperts {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        // The runs never taken give their pool reservations back.
+        let st = self.shared.state.lock().expect("expert cache lock");
+        let untaken = st
+            .entries
+            .iter()
+            .filter(|(_, e)| !matches!(e.slot, Slot::Ready(_)))
+            .flat_map(|(id, e)| self.shared.extent(*id).map(|x| run_lens(x, e.reads.taken)).unwrap_or_default())
+            .collect::<Vec<_>>();
+        drop(st);
+        unreserve_pool(&untaken);
     }
 }
 
@@ -330,6 +372,11 @@ impl ExpertStore for StreamingExperts {
                                 if *was_prefetch {
                                     stats.prefetch_hits += 1;
                                     e.unused_prefetch = false;
+                                    // Runs of it not taken yet: read them ahead of the guesses.
+                                    if let Some(at) = prefetch.iter().position(|p| *p == id) {
+                                        prefetch.remove(at);
+                                        demand.push_back(id);
+                                    }
                                 } else {
                                     stats.misses += 1;
                                 }
@@ -356,6 +403,7 @@ impl ExpertStore for StreamingExperts {
                     None => {
                         let extent = self.shared.extent(id)?;
                         let bytes = extent.buffer_bytes();
+                        reserve_pool(&run_lens(extent, 0));
                         *used += bytes;
                         stats.misses += 1;
                         entries.insert(id, Entry::queued(bytes, tick, Some((tx.clone(), i))));
@@ -418,6 +466,7 @@ impl ExpertStore for StreamingExperts {
                     break;
                 }
                 pinned += bytes;
+                reserve_pool(&run_lens(extent, 0));
                 st.used += bytes;
                 let tick = st.tick;
                 st.entries.insert(id, Entry::queued(bytes, tick, None));
@@ -431,6 +480,7 @@ impl ExpertStore for StreamingExperts {
     }
 
     fn routed(&self, layer: usize, chosen: &[ExpertId]) {
+        let mut unreserve = Vec::new();
         let mut st = self.shared.state.lock().expect("expert cache lock");
         st.routed_layer = Some(layer);
         let State { entries, prefetch, used, .. } = &mut *st;
@@ -438,13 +488,23 @@ impl ExpertStore for StreamingExperts {
         // are cached experts like any other.
         entries.iter_mut().filter(|(id, _)| id.layer == layer).for_each(|(_, e)| e.ahead = false);
         prefetch.retain(|id| {
-            let keep = id.layer != layer || chosen.contains(id);
+            // A guess whose first runs are being read is let finish (its buffers are in use).
+            let started = entries.get(id).is_some_and(|e| matches!(e.slot, Slot::Reading { .. }));
+            let keep = id.layer != layer || chosen.contains(id) || started;
             if !keep && let Some(e) = entries.remove(id) {
                 *used -= e.bytes;
+                unreserve.extend(self.shared.extent(*id).map(|x| run_lens(x, 0)).unwrap_or_default());
             }
             keep
         });
+        drop(st);
+        unreserve_pool(&unreserve);
     }
+}
+
+/// The map lengths of an expert's runs from run `from` on.
+fn run_lens(extent: &ExpertExtent, from: usize) -> Vec<usize> {
+    extent.runs[from.min(extent.runs.len())..].iter().map(|r| aligned_span(r.offset, r.len)).collect()
 }
 
 impl Shared {
@@ -464,16 +524,54 @@ impl Shared {
         self.index.get(id).map_or(0, |x| x.matrices[0].file)
     }
 
-    /// The first queued expert that lives in file `home`, else the first of any.
-    fn take(&self, queue: &mut VecDeque<ExpertId>, home: usize) -> Option<ExpertId> {
-        let at = queue.iter().position(|&id| self.file_of(id) == home).unwrap_or(0);
-        queue.remove(at)
+    /// The next run to read, taken: the first queued expert that lives in file `home`, else the
+    /// first of any, from the demand queue, else from the guesses (a new one only while fewer
+    /// than `prefetch_allowed` are being read; the rest of one begun may always go). An expert
+    /// leaves its queue with its last run.
+    fn take(&self, st: &mut State, home: usize) -> Option<(ExpertId, usize)> {
+        let pick = |queue: &VecDeque<ExpertId>, ok: &dyn Fn(&ExpertId) -> bool| {
+            let mine = queue.iter().position(|id| ok(id) && self.file_of(*id) == home);
+            mine.or_else(|| queue.iter().position(ok))
+        };
+        let (demand, at) = match pick(&st.demand, &|_| true) {
+            Some(at) => (true, at),
+            None => {
+                let room = st.prefetch_in_flight < st.prefetch_allowed;
+                let begun = |id: &ExpertId| st.entries.get(id).is_some_and(|e| e.reads.taken > 0);
+                (false, pick(&st.prefetch, &|id| room || begun(id))?)
+            }
+        };
+        let queue = if demand { &mut st.demand } else { &mut st.prefetch };
+        let id = queue[at];
+        let Some(entry) = st.entries.get_mut(&id) else {
+            queue.remove(at);
+            return self.take(st, home);
+        };
+        let runs = self.extent(id).map_or(1, |x| x.runs.len());
+        let run = entry.reads.taken;
+        entry.reads.taken += 1;
+        entry.reads.in_flight += 1;
+        if entry.reads.taken >= runs {
+            queue.remove(at);
+        }
+        if run == 0 {
+            let prefetch = matches!(entry.slot, Slot::Queued { prefetch: true });
+            entry.slot = Slot::Reading { prefetch };
+            entry.reads.prefetch = prefetch;
+            entry.reads.done = (0..runs).map(|_| None).collect();
+            entry.reads.since = timeline::now();
+            if prefetch {
+                st.prefetch_in_flight += 1;
+            }
+        }
+        Some((id, run))
     }
 
-    /// I/O thread `i`: take the next read (demand first), read and build the expert, hand it
-    /// to its waiters and the cache. With several files (a striped model's disks) the threads
-    /// are dealt out among them, each reading its own file's experts first, so every disk has
-    /// its own reads in flight; an idle one helps with the others'.
+    /// I/O thread `i`: take the next run (demand first) and read it; the thread that reads an
+    /// expert's last run builds it and hands it to its waiters and the cache. With several
+    /// files (a striped model's disks) the threads are dealt out among them, each reading its
+    /// own file's experts first, so every disk has its own reads in flight; an idle one helps
+    /// with the others'.
     fn serve(&self, i: usize) {
         let home = i % self.files.len().max(1);
         let mut st = self.state.lock().expect("expert cache lock");
@@ -481,21 +579,21 @@ impl Shared {
             if st.shutdown {
                 return;
             }
-            let job = match self.take(&mut st.demand, home) {
-                Some(id) => Some((id, false)),
-                None if st.prefetch_in_flight < st.prefetch_allowed => {
-                    self.take(&mut st.prefetch, home).map(|id| (id, true))
-                }
-                None => None,
-            };
-            let Some((id, prefetch)) = job else {
+            let Some((id, run)) = self.take(&mut st, home) else {
                 st = self.work.wait(st).expect("expert cache lock");
                 continue;
             };
-            let Some(entry) = st.entries.get_mut(&id) else { continue };
-            entry.slot = Slot::Reading { prefetch };
-            if prefetch {
-                st.prefetch_in_flight += 1;
+            // More of its runs are queued: wake a thread for each at once (a chain of wake-ups
+            // would start each a scheduling delay after the one before on a loaded machine).
+            let left = st.entries.get(&id).map_or(0, |e| {
+                if st.demand.contains(&id) || st.prefetch.contains(&id) {
+                    self.extent(id).map_or(0, |x| x.runs.len()).saturating_sub(e.reads.taken)
+                } else {
+                    0
+                }
+            });
+            for _ in 0..left {
+                self.work.notify_one();
             }
             if st.reading == 0 {
                 st.busy_since = Some(std::time::Instant::now());
@@ -509,11 +607,9 @@ impl Shared {
                 *reading += 1;
             }
             drop(st);
-            let io = timeline::now();
-            let result = self.read(id);
-            let bytes = result.as_ref().map_or(0, |(_, disk)| *disk as u64);
-            let what = if prefetch { "prefetch_io" } else { "expert_io" };
-            timeline::record(what, id.layer, Some(id.expert), bytes, io);
+            // Its map is in the pool if an eviction left one: the reservation is spent.
+            unreserve_pool(&self.extent(id).map(|x| run_lens(x, run)[..1].to_vec()).unwrap_or_default());
+            let result = self.read_run(id, run);
             st = self.state.lock().expect("expert cache lock");
             if let Some((reading, since)) = st.file_reading.get_mut(file) {
                 *reading -= 1;
@@ -522,19 +618,61 @@ impl Shared {
                     f.busy_s += t.elapsed().as_secs_f64();
                 }
             }
-            if prefetch {
-                st.prefetch_in_flight -= 1;
-            }
             st.reading -= 1;
             if st.reading == 0
                 && let Some(since) = st.busy_since.take()
             {
                 st.stats.disk_busy_s += since.elapsed().as_secs_f64();
             }
+            let runs = self.extent(id).map_or(1, |x| x.runs.len());
+            let reads = &mut st.entries.get_mut(&id).expect("an entry being read is never removed").reads;
+            reads.in_flight -= 1;
+            let mut dropped = false;
+            match result {
+                Ok(range) => {
+                    reads.disk_bytes += range.disk_bytes;
+                    reads.done[run] = Some(range);
+                }
+                Err(e) => {
+                    reads.error.get_or_insert(e);
+                    // Its other runs need not be read: the expert fails with this one.
+                    dropped = reads.taken < runs;
+                    if dropped {
+                        unreserve_pool(&self.extent(id).map(|x| run_lens(x, reads.taken)).unwrap_or_default());
+                    }
+                    reads.taken = runs;
+                }
+            }
+            if reads.in_flight > 0 || reads.taken < runs {
+                if dropped {
+                    st.demand.retain(|x| *x != id);
+                    st.prefetch.retain(|x| *x != id);
+                }
+                continue;
+            }
+            let reads = std::mem::take(reads);
+            if dropped {
+                st.demand.retain(|x| *x != id);
+                st.prefetch.retain(|x| *x != id);
+            }
+            drop(st);
+            let prefetch = reads.prefetch;
+            let disk_bytes = reads.disk_bytes;
+            let since = reads.since;
+            let result = match reads.error {
+                Some(e) => Err(e),
+                None => self.build(id, reads.done),
+            };
+            let what = if prefetch { "prefetch_io" } else { "expert_io" };
+            timeline::record(what, id.layer, Some(id.expert), disk_bytes as u64, since);
+            st = self.state.lock().expect("expert cache lock");
+            if prefetch {
+                st.prefetch_in_flight -= 1;
+            }
             let entry = st.entries.get_mut(&id).expect("an entry being read is never removed");
             let waiters = std::mem::take(&mut entry.waiters);
             match result {
-                Ok((expert, disk_bytes)) => {
+                Ok(expert) => {
                     let expert = Arc::new(expert);
                     for (tx, i) in waiters {
                         let _ = tx.send((i, Ok(expert.clone())));
@@ -607,35 +745,24 @@ impl Shared {
         }
     }
 
-    /// Read one expert's runs and build its matrices over the read buffers (no copy for Q4_0).
-    fn read(&self, id: ExpertId) -> Result<(Expert, usize)> {
+    /// Read run `run` of an expert (an error names the expert and its file).
+    fn read_run(&self, id: ExpertId, run: usize) -> Result<ReadRange> {
+        let run = &self.extent(id)?.runs[run];
+        let file = &self.files[run.file];
+        file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
+            path: file.path().to_path_buf(),
+            layer: id.layer,
+            expert: id.expert,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Build an expert's matrices over its runs' read buffers (no copy for Q4_0).
+    fn build(&self, id: ExpertId, reads: Vec<Option<ReadRange>>) -> Result<Expert> {
         let extent = self.extent(id)?;
-        let mut disk = 0;
         let mut bytes: [Option<WeightBytes>; 6] = Default::default();
-        let read_run = |run: &Run| {
-            let file = &self.files[run.file];
-            file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
-                path: file.path().to_path_buf(),
-                layer: id.layer,
-                expert: id.expert,
-                reason: e.to_string(),
-            })
-        };
-        // An unpacked expert's matrices lie apart (gate, up and down each in its own tensor):
-        // their reads go in flight together, since the disk's rate needs many bytes in flight
-        // and a verify pass's or batch's experts are most of a step's reads.
-        let read: Vec<Result<ReadRange>> = match &extent.runs[..] {
-            [first, rest @ ..] if !rest.is_empty() => std::thread::scope(|s| {
-                let others: Vec<_> = rest.iter().map(|run| s.spawn(move || read_run(run))).collect();
-                std::iter::once(read_run(first))
-                    .chain(others.into_iter().map(|h| h.join().expect("expert run reader")))
-                    .collect()
-            }),
-            runs => runs.iter().map(read_run).collect(),
-        };
-        for (run, read) in extent.runs.iter().zip(read) {
-            let ReadRange { buf, skip, disk_bytes } = read?;
-            disk += disk_bytes;
+        for (run, read) in extent.runs.iter().zip(reads) {
+            let ReadRange { buf, skip, .. } = read.expect("every run of a built expert was read");
             for &m in &run.matrices {
                 let part = extent.part(m).expect("a run covers parts the expert has");
                 let start = skip + (part.offset - run.offset) as usize;
@@ -651,8 +778,7 @@ impl Shared {
             let (w, b) = view(m).expect("every expert has its three matrices");
             Linear::from_bytes(&w, b.clone(), view(m + 3).map(|(v, _)| v).as_ref())
         };
-        let expert = Expert::new(linear(0)?, linear(1)?, linear(2)?).with_activation(self.index.activation);
-        Ok((expert, disk))
+        Ok(Expert::new(linear(0)?, linear(1)?, linear(2)?).with_activation(self.index.activation))
     }
 }
 
@@ -662,10 +788,17 @@ mod tests {
     use crate::format::Checkpoint;
     use crate::spec::ModelSpec;
 
+    fn fixture() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf")
+    }
+
     /// The qwen3_moe fixture's experts, streamed with room for `experts` of them.
     fn store(experts: usize, policy: CachePolicy) -> StreamingExperts {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
-        let ck = Checkpoint::open(&path).unwrap();
+        store_of(&fixture(), experts, policy)
+    }
+
+    fn store_of(path: &std::path::Path, experts: usize, policy: CachePolicy) -> StreamingExperts {
+        let ck = Checkpoint::open(path).unwrap();
         let spec = ModelSpec::read(&ck).unwrap();
         let index = ExpertIndex::build(&ck, &spec).unwrap();
         let one = index.get(ExpertId { layer: 0, expert: 0 }).unwrap().buffer_bytes();
@@ -804,5 +937,67 @@ mod tests {
         .unwrap();
         let st = s.stats();
         assert!(st.cache_used_bytes <= st.cache_budget_bytes, "{st:?}");
+    }
+
+    /// The fixture is an unpacked GGUF: each expert's gate, up and down lie in three stacked
+    /// tensors, three runs that two I/O threads take in turns, several experts at once. Each is
+    /// built over its buffers exactly as the resident expert is from the mapped file.
+    #[test]
+    fn experts_of_three_runs_are_built_bit_identical_to_resident_ones() {
+        use crate::model::{Numerics, ResidentExperts};
+        let s = store(8, CachePolicy::Lru);
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        let spec = ModelSpec::read(&ck).unwrap();
+        let resident = ResidentExperts::load(&ck, &spec).unwrap();
+        let x = candle_core::Tensor::randn(0f32, 1.0, (3, spec.hidden_size), &candle_core::Device::Cpu).unwrap();
+        let ids: Vec<ExpertId> = (0..8).map(|expert| ExpertId { layer: 1, expert }).collect();
+        assert_eq!(s.shared.extent(ids[0]).unwrap().runs.len(), 3, "the fixture's experts lie apart");
+        let out = |e: &Expert| -> Vec<u32> {
+            let y = e.forward(&x, Numerics::Reference).unwrap();
+            y.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        let mut streamed = vec![Vec::new(); ids.len()];
+        s.with_experts(&ids, &mut |i, e| {
+            streamed[i] = out(e);
+            Ok(())
+        })
+        .unwrap();
+        let mut want = vec![Vec::new(); ids.len()];
+        resident
+            .with_experts(&ids, &mut |i, e| {
+                want[i] = out(e);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(streamed, want);
+        let st = s.stats();
+        assert_eq!((st.disk_reads, st.misses), (8, 8), "{st:?}");
+    }
+
+    /// A run the disk cannot deliver fails its expert, naming the expert and the file, and only
+    /// it: the cache forgets it, and the other experts are still read.
+    #[test]
+    fn a_failed_run_names_its_expert_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        std::fs::copy(fixture(), &path).unwrap();
+        let s = store_of(&path, 8, CachePolicy::Lru);
+        let id = ExpertId { layer: 1, expert: 7 };
+        let runs = &s.shared.extent(id).unwrap().runs;
+        let last = runs.iter().map(|r| r.offset).max().unwrap();
+        // Cut the file inside the expert's last run (a disk that fails past a point).
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(last + 1).unwrap();
+        for _ in 0..2 {
+            let err = s.with_experts(&[id], &mut |_, _| Ok(())).expect_err("a cut run fails its expert");
+            match err {
+                EngineError::ExpertRead { path: p, layer, expert, reason } => {
+                    assert_eq!((p, layer, expert), (path.clone(), 1, 7), "{reason}");
+                    assert!(reason.contains("ends at byte"), "{reason}");
+                }
+                other => panic!("expected an expert read error, got {other}"),
+            }
+            assert_eq!(s.stats().cache_used_bytes, 0, "the failed expert is not counted");
+        }
+        s.with_experts(&[ExpertId { layer: 0, expert: 0 }], &mut |_, _| Ok(())).unwrap();
     }
 }
