@@ -255,9 +255,6 @@ impl LayerCache {
     }
 }
 
-/// Keys by position (`[position][kv_head][head_dim]`) and values transposed (one row of
-/// positions per kv head and dimension), both f16, as llama.cpp stores them without flash
-/// attention: each KQ and KQV dot product reads one contiguous row.
 /// f32 keys and values (or latent attention's rows), each `[1, heads, positions, width]` in the
 /// first `len` positions along dim 2 of a buffer grown 256 positions at a time, as candle's
 /// `KvCache` grows. Unlike it, it can be cut back in place: a verify pass's roll-back through
@@ -326,6 +323,9 @@ impl F32Cache {
     }
 }
 
+/// Keys by position (`[position][kv_head][head_dim]`) and values transposed (one row of
+/// positions per kv head and dimension), both f16, as llama.cpp stores them without flash
+/// attention: each KQ and KQV dot product reads one contiguous row.
 pub(crate) struct F16Cache {
     kv_heads: usize,
     head_dim: usize,
