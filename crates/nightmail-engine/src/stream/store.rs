@@ -527,8 +527,8 @@ impl Shared {
     /// The next run to read, taken: the first queued expert that lives in file `home`, else the
     /// first of any, from the demand queue, else from the guesses (a new one only while fewer
     /// than `prefetch_allowed` are being read; the rest of one begun may always go). An expert
-    /// leaves its queue with its last run.
-    fn take(&self, st: &mut State, home: usize) -> Option<(ExpertId, usize)> {
+    /// leaves its queue with its last run. The expert, the run taken and how many it has.
+    fn take(&self, st: &mut State, home: usize) -> Option<(ExpertId, usize, usize)> {
         let pick = |queue: &VecDeque<ExpertId>, ok: &dyn Fn(&ExpertId) -> bool| {
             let mine = queue.iter().position(|id| ok(id) && self.file_of(*id) == home);
             mine.or_else(|| queue.iter().position(ok))
@@ -564,7 +564,7 @@ impl Shared {
                 st.prefetch_in_flight += 1;
             }
         }
-        Some((id, run))
+        Some((id, run, runs))
     }
 
     /// I/O thread `i`: take the next run (demand first) and read it; the thread that reads an
@@ -579,20 +579,14 @@ impl Shared {
             if st.shutdown {
                 return;
             }
-            let Some((id, run)) = self.take(&mut st, home) else {
+            let Some((id, run, runs)) = self.take(&mut st, home) else {
                 st = self.work.wait(st).expect("expert cache lock");
                 continue;
             };
-            // More of its runs are queued: wake a thread for each at once (a chain of wake-ups
-            // would start each a scheduling delay after the one before on a loaded machine).
-            let left = st.entries.get(&id).map_or(0, |e| {
-                if st.demand.contains(&id) || st.prefetch.contains(&id) {
-                    self.extent(id).map_or(0, |x| x.runs.len()).saturating_sub(e.reads.taken)
-                } else {
-                    0
-                }
-            });
-            for _ in 0..left {
+            // Its runs after this one are still queued: wake a thread for each at once (a chain
+            // of wake-ups would start each a scheduling delay after the one before on a loaded
+            // machine).
+            for _ in run + 1..runs {
                 self.work.notify_one();
             }
             if st.reading == 0 {
@@ -624,7 +618,6 @@ impl Shared {
             {
                 st.stats.disk_busy_s += since.elapsed().as_secs_f64();
             }
-            let runs = self.extent(id).map_or(1, |x| x.runs.len());
             let reads = &mut st.entries.get_mut(&id).expect("an entry being read is never removed").reads;
             reads.in_flight -= 1;
             let mut dropped = false;
@@ -643,18 +636,13 @@ impl Shared {
                     reads.taken = runs;
                 }
             }
-            if reads.in_flight > 0 || reads.taken < runs {
-                if dropped {
-                    st.demand.retain(|x| *x != id);
-                    st.prefetch.retain(|x| *x != id);
-                }
-                continue;
-            }
-            let reads = std::mem::take(reads);
+            let finished = reads.in_flight == 0 && reads.taken >= runs;
+            let reads = finished.then(|| std::mem::take(reads));
             if dropped {
                 st.demand.retain(|x| *x != id);
                 st.prefetch.retain(|x| *x != id);
             }
+            let Some(reads) = reads else { continue };
             drop(st);
             let prefetch = reads.prefetch;
             let disk_bytes = reads.disk_bytes;
