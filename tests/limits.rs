@@ -37,7 +37,12 @@ def until_closed(s, limit):
     start, got = time.monotonic(), b""
     s.settimeout(limit)
     while True:
-        chunk = s.recv(4096)
+        try:
+            chunk = s.recv(4096)
+        except ConnectionResetError:
+            # Closed while our trickle's bytes were unread: TCP answers them with a reset
+            # (RFC 1122 4.2.2.13). What arrived before it is still checked.
+            chunk = b""
         if not chunk:
             return got.decode(errors="replace"), time.monotonic() - start
         got += chunk
