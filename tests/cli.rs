@@ -1,5 +1,5 @@
 //! The command line: `check-config`, `serve`'s start-up errors, `user add`, `status`,
-//! `model inspect` and `model generate --draft`.
+//! `model inspect`, `model generate --draft` and `model plan` into a closed pipe.
 
 mod common;
 
@@ -276,6 +276,24 @@ fn model_inspect_states_a_k3_directorys_layers_by_kind_its_weights_and_what_a_bu
         text.contains("memory         64.0 MiB holds 6 of 6 layers") && text.contains("100% of experts hit, 0 B read"),
         "{text}"
     );
+}
+
+/// `nightmail model plan M | head`: the reader goes away, and the command ends as a Unix filter
+/// does, killed by SIGPIPE without a word, not with a panic on stderr.
+#[test]
+fn a_model_command_whose_reader_has_gone_ends_quietly_like_a_filter() {
+    use std::os::unix::process::ExitStatusExt;
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3/model.gguf");
+    // The read end is closed before the command starts, so its first write meets EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["model", "plan", model.to_str().unwrap(), "--memory-mb", "64", "--disk-gbps", "1"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {}", out.status, stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
 }
 
 /// `nightmail model inspect PATH`'s output, which must succeed.

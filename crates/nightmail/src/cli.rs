@@ -99,10 +99,25 @@ fn load(path: Option<&Path>) -> anyhow::Result<Config> {
     })
 }
 
+/// `model` commands write only to their standard output and files, as a Unix filter does, so
+/// they end as a filter does when the reader goes away (`nightmail model plan M | head`): killed
+/// by SIGPIPE, quietly. Rust's runtime ignores SIGPIPE and `println!` then panics on EPIPE. The
+/// daemon keeps it ignored: a client that hangs up must be an error on one socket, not the end
+/// of the process (POSIX `write()`: EPIPE, and SIGPIPE unless ignored).
+fn die_on_broken_pipe() {
+    // SAFETY: resetting a signal's disposition to its default before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let path = config_path(cli.config.clone());
     match cli.command {
-        Command::Model { command } => crate::model::run(command)?,
+        Command::Model { command } => {
+            die_on_broken_pipe();
+            crate::model::run(command)?
+        }
         Command::Serve => {
             let config = load(path.as_deref())?;
             crate::serve::run(config)?;
