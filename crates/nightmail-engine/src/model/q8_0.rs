@@ -66,9 +66,13 @@ impl Q8_0Matrix {
         match xs.kernel {
             // SAFETY: AVX2, FMA and AVX-512 F, BW, VL and VNNI were detected at run time.
             ChunkKernel::Avx512 => return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx512(d, qs)) },
-            // SAFETY: AVX2 and FMA were detected at run time.
-            ChunkKernel::Avx2 => return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx2(d, qs)) },
-            ChunkKernel::Scalar => {}
+            // A CPU with AVX2 but not F16C (which Q4_1's kernels need) gets Scalar chunks; the
+            // one-token path runs AVX2 there, and the chunks must sum as it does.
+            ChunkKernel::Avx2 | ChunkKernel::Scalar if has_avx2() => {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx2(d, qs)) };
+            }
+            ChunkKernel::Avx2 | ChunkKernel::Scalar => {}
         }
         out.iter_mut().zip(&xs.tokens).for_each(|(y, x)| *y = dot_scalar(d, qs, x));
     }
