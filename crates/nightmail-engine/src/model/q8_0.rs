@@ -5,7 +5,7 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::q4_1::{Q8Block, has_avx2, q8_matmul};
+use super::q4_1::{ChunkKernel, PAIRS, Q8Block, TokenBlocks, has_avx2, q8_matmul};
 use crate::error::Result;
 
 const QK: usize = 32;
@@ -58,28 +58,40 @@ impl Q8_0Matrix {
         )
     }
 
-    /// Row `r` against up to four tokens' blocks (`TOKENS`), into `out` (one per token).
-    fn token_dots(&self, r: usize, xs: &[&[Q8Block]], out: &mut [f32]) {
+    /// Row `r` against a chunk of up to [`super::q4_1::TOKENS`] tokens, into `out` (one per token).
+    fn token_dots(&self, r: usize, xs: &TokenBlocks, out: &mut [f32]) {
         let nb = self.cols / QK;
-        let range = r * nb..(r + 1) * nb;
+        let (d, qs) = (&self.d[r * nb..(r + 1) * nb], &self.qs[r * nb..(r + 1) * nb]);
         #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            let (d, qs) = (&self.d[range.clone()], &self.qs[range.clone()]);
-            // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx2(d, qs)) };
+        match xs.kernel {
+            // SAFETY: AVX2, FMA and AVX-512 F, BW, VL and VNNI were detected at run time.
+            ChunkKernel::Avx512 => return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx512(d, qs)) },
+            // A CPU with AVX2 but not F16C (which Q4_1's kernels need) gets Scalar chunks; the
+            // one-token path runs AVX2 there, and the chunks must sum as it does.
+            ChunkKernel::Avx2 | ChunkKernel::Scalar if has_avx2() => {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                return unsafe { super::q4_1::by_tokens!(xs, out, token_dots_avx2(d, qs)) };
+            }
+            ChunkKernel::Avx2 | ChunkKernel::Scalar => {}
         }
-        out.iter_mut().zip(xs).for_each(|(y, x)| *y = dot_scalar(&self.d[range.clone()], &self.qs[range.clone()], x));
+        out.iter_mut().zip(&xs.tokens).for_each(|(y, x)| *y = dot_scalar(d, qs, x));
     }
 
     /// Rows `r0..r0 + N` against one token's blocks, one row at a time: the one-row kernel
     /// streams a row's scales and bytes faster than interleaving four rows did (1.8 against
     /// 4.9 ms for SmolLM2's 49152 × 576 output head on one thread), and each row's sum is the same.
     fn dots<const N: usize>(&self, r0: usize, x: &[Q8Block]) -> [f32; N] {
-        let mut out = [0f32; N];
-        for (i, y) in out.iter_mut().enumerate() {
-            self.token_dots(r0 + i, &[x], std::slice::from_mut(y));
-        }
-        out
+        let nb = self.cols / QK;
+        std::array::from_fn(|i| {
+            let range = (r0 + i) * nb..(r0 + i + 1) * nb;
+            let (d, qs) = (&self.d[range.clone()], &self.qs[range]);
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                return unsafe { dot_avx2(d, qs, x) };
+            }
+            dot_scalar(d, qs, x)
+        })
     }
 }
 
@@ -95,29 +107,89 @@ fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
     sum
 }
 
-/// One row (`d`, `qs`) against `N` tokens' blocks in `ggml_vec_dot_q8_0_q8_0`'s AVX2 order, each
-/// weight block loaded and made unsigned once for all of them; each token's sum is what it
-/// would be alone.
+/// One row (`d`, `qs`) against one token's blocks in `ggml_vec_dot_q8_0_q8_0`'s AVX2 order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn token_dots_avx2<const N: usize>(d: &[f32], qs: &[[i8; QK]], xs: [&[Q8Block]; N]) -> [f32; N] {
+unsafe fn dot_avx2(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
     use std::arch::x86_64::*;
-    let xs = xs.map(|x| &x[..qs.len()]);
+    let x = &x[..qs.len()];
+    let mut acc = _mm256_setzero_ps();
+    for ((q, &d), xb) in qs.iter().zip(d).zip(x) {
+        // SAFETY: 32-byte unaligned loads within the weight's and the token's blocks.
+        let (q, a) = unsafe { (_mm256_loadu_si256(q.as_ptr().cast()), _mm256_loadu_si256(xb.qs.as_ptr().cast())) };
+        // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
+        let pairs = super::q4_1::pairs_avx2(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), acc);
+    }
+    super::matvec::hsum_avx2(acc)
+}
+
+/// One row (`d`, `qs`) against a chunk of `N` tokens in [`dot_avx2`]'s order, each weight block
+/// loaded and made unsigned once for all of them: lane t of the block's d_w·d_x vector is the
+/// scalar multiply token t would take alone, so each token's sum is what it would be alone.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn token_dots_avx2<const N: usize>(d: &[f32], qs: &[[i8; QK]], xs: &TokenBlocks) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let nb = qs.len();
+    assert!(xs.len() == N && N <= 8 && d.len() == nb && xs.qs.len() >= nb * N && xs.d.len() >= nb);
     let mut acc = [_mm256_setzero_ps(); N];
+    let lane: [__m256i; N] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
     for (b, (q, &d)) in qs.iter().zip(d).enumerate() {
-        // SAFETY: a 32-byte unaligned load within the block.
-        let q = unsafe { _mm256_loadu_si256(q.as_ptr().cast()) };
+        // SAFETY: a 32-byte load of the weight block, 8 lanes of the tokens' scales.
+        let (q, xd) = unsafe { (_mm256_loadu_si256(q.as_ptr().cast()), _mm256_loadu_ps(xs.d[b].as_ptr())) };
         let abs_q = _mm256_sign_epi8(q, q);
-        for (acc, x) in acc.iter_mut().zip(&xs) {
-            let xb = &x[b];
-            // SAFETY: as above, within the token's block.
-            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-            // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
-            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(a, q)), _mm256_set1_epi16(1));
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
+        let scales = _mm256_mul_ps(_mm256_set1_ps(d), xd);
+        for t in 0..N {
+            // SAFETY: a 32-byte unaligned load of token t's block b (asserted above).
+            let a = unsafe { _mm256_loadu_si256(xs.qs.get_unchecked(b * N + t).as_ptr().cast()) };
+            let pairs = super::q4_1::pairs_avx2(abs_q, _mm256_sign_epi8(a, q));
+            let scale = _mm256_permutevar8x32_ps(scales, lane[t]);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(pairs), acc[t]);
         }
     }
-    acc.map(|a| super::matvec::hsum_avx2(a))
+    std::array::from_fn(|t| super::matvec::hsum_avx2(acc[t]))
+}
+
+/// [`token_dots_avx2`] two tokens to a 512-bit vector (as `q4_1`'s `token_dots_avx512`): |w| in
+/// both halves, each token's bytes negated where w is negative (AVX-512 has no `vpsignb`; where
+/// w is zero |w| zeroes the product either way, so the integer sums are `vpsignb`'s), the half
+/// of token t scaled by its d_w·d_x; an odd last token in 8 lanes with VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn token_dots_avx512<const N: usize>(d: &[f32], qs: &[[i8; QK]], xs: &TokenBlocks) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let nb = qs.len();
+    assert!(xs.len() == N && N <= 2 * PAIRS + 1 && d.len() == nb && xs.qs.len() >= nb * N && xs.d.len() >= nb);
+    let mut pairs = [_mm512_setzero_ps(); PAIRS];
+    let mut last = _mm256_setzero_ps();
+    let halves: [__m512i; PAIRS] = std::array::from_fn(|p| {
+        _mm512_inserti64x4(_mm512_set1_epi32(2 * p as i32), _mm256_set1_epi32(2 * p as i32 + 1), 1)
+    });
+    let odd = _mm512_set1_epi32(N as i32 - 1);
+    for (b, (q, &d)) in qs.iter().zip(d).enumerate() {
+        // SAFETY: a 32-byte load of the weight block, 16 lanes of the tokens' scales.
+        let (q, xd) = unsafe { (_mm256_loadu_si256(q.as_ptr().cast()), _mm512_loadu_ps(xs.d[b].as_ptr())) };
+        let abs_q = _mm256_sign_epi8(q, q);
+        let (abs_q2, negative) = (_mm512_broadcast_i64x4(abs_q), _mm512_movepi8_mask(_mm512_broadcast_i64x4(q)));
+        let scales = _mm512_mul_ps(_mm512_set1_ps(d), xd);
+        for p in 0..N / 2 {
+            // SAFETY: tokens 2p and 2p+1's block b, 64 contiguous bytes (asserted above).
+            let a = unsafe { _mm512_loadu_si512(xs.qs.get_unchecked(b * N + 2 * p).as_ptr().cast()) };
+            let signed = _mm512_mask_sub_epi8(a, negative, _mm512_setzero_si512(), a);
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), abs_q2, signed);
+            let scale = _mm512_permutexvar_ps(halves[p], scales);
+            pairs[p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), pairs[p]);
+        }
+        if !N.is_multiple_of(2) {
+            // SAFETY: the last token's block b (asserted above).
+            let a = unsafe { _mm256_loadu_si256(xs.qs.get_unchecked(b * N + N - 1).as_ptr().cast()) };
+            let pairs = super::q4_1::pairs_vnni(abs_q, _mm256_sign_epi8(a, q));
+            let scale = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, scales));
+            last = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(pairs), last);
+        }
+    }
+    std::array::from_fn(|t| super::matvec::hsum_avx2(super::q4_1::half_of(&pairs, last, N, t)))
 }
 
 #[cfg(test)]
@@ -129,15 +201,15 @@ mod tests {
 
     #[test]
     fn each_token_of_a_multi_token_call_equals_that_token_alone_bit_for_bit() {
-        // 11 tokens: whole groups of four and a shorter last one; 7 rows: a whole group of rows
-        // and a shorter last one in the one-token path.
+        // 11 tokens: a whole chunk of TOKENS and a shorter last one; 7 rows: a whole group of
+        // rows and a shorter last one in the one-token path.
         let (rows, cols, tokens) = (7, 256, 11);
         let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
         let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
         let m = Q8_0Matrix::from_ggml(&q.data().unwrap(), rows, cols);
         let all = m.forward(&x).unwrap().to_vec2::<f32>().unwrap();
-        for n in 2..=4 {
+        for n in 2..=crate::model::q4_1::TOKENS {
             let some = m.forward(&x.narrow(0, 0, n).unwrap()).unwrap().to_vec2::<f32>().unwrap();
             assert_eq!(some[..], all[..n], "the first {n} tokens");
         }
@@ -145,6 +217,19 @@ mod tests {
             let alone = m.forward(&x.narrow(0, t, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
             assert_eq!(row, &alone[0], "token {t}");
         }
+    }
+
+    /// Every chunk kernel this CPU runs, each chunk size, against the one-token kernel.
+    #[test]
+    fn each_chunk_kernel_gives_each_token_its_lone_sum_bit_for_bit() {
+        use crate::model::q4_1::{TOKENS, each_chunk_equals_each_token_alone};
+        let (rows, cols) = (3, 320);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let m = Q8_0Matrix::from_ggml(&q.data().unwrap(), rows, cols);
+        let x = Tensor::randn(0f32, 1.0, (TOKENS, cols), &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let q8: Vec<Vec<Q8Block>> = x.iter().map(|x| quantize_q8_1(x)).collect();
+        each_chunk_equals_each_token_alone(&q8, rows, |r, x| m.dots::<1>(r, x)[0], |r, xs, o| m.token_dots(r, xs, o));
     }
 
     #[test]
