@@ -6,7 +6,7 @@ acceptance rate make worth it) and `--draft lookup --draft-row-cost 0` ("all": e
 finds, the schedule before it measured costs) in the same run (alternating, `--repeat` times).
 Prints, per job: the tokens, the model passes after the prompt (`verify_steps`), tokens per pass
 (1 + the accepted drafts per pass: the issue's "mean tokens accepted per verify step", goal >=
-1.6), whether the text is identical to plain greedy, and the median decode wall time per answer
+1.6; the first run's, then every run's at the end of the line), whether the text is identical to plain greedy, and the median decode wall time per answer
 of each mode. With `--draft-model PATH`, also `--draft-model PATH` ("model": the schedule) and the
 same with `--draft-row-cost 0` ("model-all": every guess the draft model makes), in the same
 run; `benches/draft_model.py` makes one of SmolLM2's own first layers.
@@ -68,7 +68,7 @@ def main():
     model = a.model or model_path()
     print(f"model {model}, {a.threads} threads, up to {a.tokens} new tokens, {a.repeat} runs per mode")
     print(f"{'job':<10} {'mode':<9} {'prompt':>6} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'accepted':>8} "
-          f"{'drafted':>7} {'same':>5} {'plain s':>8} {'mode s':>8} {'speedup':>7}  row cost")
+          f"{'drafted':>7} {'same':>5} {'plain s':>8} {'mode s':>8} {'speedup':>7}  row cost  tok/pass of each run")
     all_ok = True
     modes = ("none", "lookup", "all") + (("model", "model-all") if a.draft_model else ())
     for name, prompt in jobs():
@@ -87,9 +87,13 @@ def main():
             t_look = statistics.median(r["decode_seconds"] for r in runs[mode])
             costs = [r["pass_cost"] for r in runs[mode] if r.get("pass_cost")]
             row = statistics.median(c["per_row_s"] / c["base_s"] for c in costs) if costs else float("nan")
+            # The schedule prices passes by their measured time, so passes differ between runs:
+            # every run's tokens per pass, not only the first's.
+            each = "/".join(f"{(r['verify_steps'] + r['accepted']) / r['verify_steps']:.2f}"
+                            for r in runs[mode] if r["verify_steps"])
             print(f"{name:<10} {mode:<9} {len(plain['prompt_tokens']):>6} {len(look['tokens']):>6} {passes:>6} "
                   f"{per_pass:>8.2f} {look['accepted']:>8} {look['drafted']:>7} {'yes' if same else 'NO':>5} "
-                  f"{t_plain:>8.2f} {t_look:>8.2f} {t_plain / t_look:>6.2f}x  {row:.2f}")
+                  f"{t_plain:>8.2f} {t_look:>8.2f} {t_plain / t_look:>6.2f}x  {row:>8.2f}  {each}")
         if os.environ.get("DRAFTING_SHOW"):
             print(plain["text"])
     sys.exit(0 if all_ok else 1)
