@@ -9,7 +9,8 @@
 # the same file in a cgroup of the same size (benches/llama_cpp.sh, its three settings).
 #
 #   benches/dense_streaming.sh [--small | --medium | --full] [--tokens N] [--repeat R] [--release]
-#                              [--no-llama] [--no-verify] [--model PATH] [--timeline DIR]
+#                              [--spine q8_0|q4_0] [--no-llama] [--no-verify] [--model PATH]
+#                              [--timeline DIR]
 #
 # NIGHTMAIL_BIN=PATH runs that binary instead of building this tree's (to bench another build,
 # e.g. main's, or on another machine); NIGHTMAIL_SUMMARY=PATH writes each run's figures there as
@@ -20,6 +21,9 @@
 # --medium: dense 2.1 GiB F16, experts 4.1 GiB Q4_0, budget 1024 MiB (6.4 GB on disk).
 # --full: the issue's reference, dense 5.1 GiB F16, experts 10.2 GiB Q4_0, budget 2560 MiB in a
 #         3 GiB cgroup (writes 16 GiB; an hour on a slow disk).
+# --spine q8_0: the same shape with its non-expert weights written in q8_0 (`model synth --dense`,
+#         the tensors `model pack --dense q8_0` requantizes, deltafin's int8 spine) in llama.cpp's
+#         layout, so that llama.cpp runs the same file: the full one's dense part is 2.9 GiB.
 # --repeat: the nightmail measurements R times (the machine is shared: each run prints uptime).
 # --timeline: the verify runs write their timelines to DIR (verify-dense-RUN.jsonl,
 #             verify-experts-RUN.jsonl; `benches/timeline.py FILE --rows K` reads them).
@@ -35,6 +39,7 @@ LLAMA=1
 RUN_VERIFY=1
 MODEL=
 TIMELINE=
+SPINE=
 while (($#)); do
     case $1 in
         --small) SIZE=small; shift ;;
@@ -46,6 +51,7 @@ while (($#)); do
         --no-llama) LLAMA=0; shift ;;
         --no-verify) RUN_VERIFY=0; shift ;;
         --model) MODEL=$2; shift 2 ;;
+        --spine) SPINE=$2; shift 2 ;;
         --timeline) TIMELINE=$2; shift 2 ;;
         *) sed -n '2,27p' "$0" >&2; exit 2 ;;
     esac
@@ -65,6 +71,7 @@ else
     NM=$ROOT/target/$PROFILE/nightmail
 fi
 export RAYON_NUM_THREADS=${NIGHTMAIL_THREADS:-2}
+GIVEN_MODEL=$MODEL
 case $SIZE in
     small)
         MODEL=${MODEL:-$ROOT/target/bench/dense-heavy-small.gguf}
@@ -82,6 +89,11 @@ case $SIZE in
             --head-dim 128 --vocab 32000)
         BUDGET_MB=2560 KV_TOKENS=1024 KV_TOKENS_BATCH=256 EXPERT_CACHE_MB=1024 ;;
 esac
+if [[ -n $SPINE ]]; then
+    # A path given is used as it is (made with this spine if it does not exist yet).
+    [[ -n $GIVEN_MODEL ]] || MODEL=${MODEL%.gguf}-$SPINE.gguf
+    SHAPE+=(--dense "$SPINE")
+fi
 if [[ ! -f $MODEL ]]; then
     mkdir -p "$(dirname "$MODEL")"
     "$NM" model synth --arch qwen3_moe "${SHAPE[@]}" --dtype q4_0 --out "$MODEL" >&2

@@ -21,6 +21,8 @@ use serde::Serialize;
 use crate::error::{EngineError, Result};
 use crate::format::gguf_write::{TensorHeader, write_gguf};
 use crate::format::{GgufFile, WeightDType};
+use crate::pack::DenseQuant;
+use crate::pack::requantize::target_of;
 
 /// The architectures `model synth` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +96,10 @@ pub struct SynthSpec {
     pub tokenizer_from: Option<PathBuf>,
     pub context_length: usize,
     pub seed: u64,
+    /// Write the non-expert weights ("the spine") in this type instead of F16, the tensors
+    /// `model pack --dense` would requantize: a model with deltafin's int8 spine in llama.cpp's
+    /// own layout, so that llama.cpp runs the same file.
+    pub dense: Option<DenseQuant>,
 }
 
 impl SynthSpec {
@@ -557,6 +563,14 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
     }
     add("output_norm.weight".into(), WeightDType::F32, &[h], Fill::Ones, false);
     add("output.weight".into(), WeightDType::F16, &[vocab, h], Fill::Uniform(inv(h)), false);
+    if let Some(to) = spec.dense {
+        for p in plan.iter_mut().filter(|p| !p.expert) {
+            let t = &mut p.header;
+            if let Some(q) = target_of(&t.name, t.dtype, &t.shape, to, t.name == "output.weight") {
+                t.dtype = q.into();
+            }
+        }
+    }
 
     Ok((metadata, plan))
 }
@@ -706,6 +720,7 @@ mod tests {
             tokenizer_from: None,
             context_length: 256,
             seed: 1,
+            dense: None,
         }
     }
 
@@ -809,6 +824,45 @@ mod tests {
         assert!(fb.blocks() * 4 < fa.blocks(), "the data is a hole: {} of {} blocks", fb.blocks(), fa.blocks());
         let (x, y) = (crate::inspect(&full).unwrap(), crate::inspect(&sparse).unwrap());
         assert_eq!((x.layer_kinds, x.expert_bytes, x.dense_bytes), (y.layer_kinds, y.expert_bytes, y.dense_bytes));
+    }
+
+    #[test]
+    fn a_q8_0_spine_is_written_in_the_types_packing_would_give_it_and_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (f16, spine, packed) = (dir.path().join("f16.gguf"), dir.path().join("q8.gguf"), dir.path().join("p.gguf"));
+        synth(&tiny(SynthDtype::Q4_0, SynthArch::Qwen3Moe), &f16).unwrap();
+        let report =
+            synth(&SynthSpec { dense: Some(DenseQuant::Q8_0), ..tiny(SynthDtype::Q4_0, SynthArch::Qwen3Moe) }, &spine)
+                .unwrap();
+        crate::pack_with(&f16, &packed, &crate::PackOptions { dense: Some(DenseQuant::Q8_0), stripe: vec![] }).unwrap();
+        let (s, p) =
+            (crate::format::Checkpoint::open(&spine).unwrap(), crate::format::Checkpoint::open(&packed).unwrap());
+        let dtypes = |ck: &crate::format::Checkpoint| -> std::collections::BTreeMap<String, WeightDType> {
+            ck.all_tensors()
+                .unwrap()
+                .into_iter()
+                .filter(|t| !crate::format::is_expert_tensor(&t.name))
+                .map(|t| (t.name, t.dtype))
+                .collect()
+        };
+        let (ours, theirs) = (dtypes(&s), dtypes(&p));
+        assert_eq!(ours, theirs, "the spine's types are those `model pack --dense q8_0` gives");
+        let q8 = WeightDType::Ggml(GgmlDType::Q8_0);
+        for name in ["blk.0.attn_q.weight", "blk.1.attn_output.weight", "output.weight", "token_embd.weight"] {
+            assert_eq!(ours[name], q8, "{name}");
+        }
+        for name in ["blk.0.attn_norm.weight", "blk.0.ffn_gate_inp.weight", "output_norm.weight"] {
+            assert_eq!(ours[name], WeightDType::F32, "{name}");
+        }
+        let experts: Vec<_> =
+            s.all_tensors().unwrap().into_iter().filter(|t| crate::format::is_expert_tensor(&t.name)).collect();
+        assert!(experts.len() == 6 && experts.iter().all(|t| t.dtype == WeightDType::Ggml(GgmlDType::Q4_0)));
+        // 34 bytes per 32 weights where F16 took 64: the report counts what was written.
+        let dense_f16 = synth_headers(&tiny(SynthDtype::Q4_0, SynthArch::Qwen3Moe), &dir.path().join("h.gguf"))
+            .unwrap()
+            .dense_bytes;
+        assert!(report.dense_bytes < dense_f16 * 6 / 10, "{} vs {dense_f16}", report.dense_bytes);
+        runs_a_prompt_and_a_step(&spine);
     }
 
     /// The model at `path` loads, and a prompt and one more token give finite logits that differ.

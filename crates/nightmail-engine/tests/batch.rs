@@ -28,6 +28,7 @@ fn synth_model(dir: &Path) -> std::path::PathBuf {
         tokenizer_from: None,
         context_length: 256,
         seed: 5,
+        dense: None,
     };
     synth(&spec, &path).unwrap();
     path

@@ -159,6 +159,7 @@ fn tiny(dir: &Path, name: &str, tokenizer_from: Option<PathBuf>) -> PathBuf {
         tokenizer_from,
         context_length: 4096,
         seed: 7,
+        dense: None,
     };
     nightmail_engine::synth(&spec, &out).unwrap();
     out

@@ -115,6 +115,7 @@ fn synthetic_f16_models_with_q4_0_and_q8_0_experts() {
             tokenizer_from: None,
             context_length: 128,
             seed: 11,
+            dense: None,
         };
         nightmail_engine::synth(&spec, &path).unwrap();
         let prompt: Vec<u32> = (1..24).collect();

@@ -76,6 +76,7 @@ fn a_synthesized_kimi_k3_with_mxfp4_experts_loads_and_runs_in_llama_cpp() {
         tokenizer_from: None,
         context_length: 256,
         seed: 1,
+        dense: None,
     };
     synth(&spec, &path).unwrap();
     runs_in_llama_cpp_and_here(&path);

@@ -107,6 +107,10 @@ pub enum ModelCommand {
         /// Routed experts' type: q4_0, q8_0 or mxfp4.
         #[arg(long, default_value = "q4_0")]
         dtype: nightmail_engine::SynthDtype,
+        /// Write the non-expert weights in q8_0 or q4_0 instead of f16: the tensors `model pack
+        /// --dense` requantizes, in llama.cpp's layout (llama.cpp runs the same file).
+        #[arg(long)]
+        dense: Option<nightmail_engine::DenseQuant>,
         /// Attention heads (default: hidden / 128, a quarter as many key/value heads).
         #[arg(long)]
         heads: Option<usize>,
@@ -329,6 +333,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             hidden,
             expert_ffn,
             dtype,
+            dense,
             heads,
             kv_heads,
             head_dim,
@@ -355,6 +360,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 tokenizer_from,
                 context_length: 4096,
                 seed,
+                dense,
             };
             let write = if sparse { nightmail_engine::synth_headers } else { nightmail_engine::synth };
             let r = write(&spec, &out).with_context(|| format!("writing {}", out.display()))?;

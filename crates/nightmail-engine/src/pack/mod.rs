@@ -20,7 +20,7 @@ use crate::model::ExpertId;
 use crate::spec::ModelSpec;
 use crate::stream::{expert_biases, expert_layers, expert_views};
 
-mod requantize;
+pub(crate) mod requantize;
 
 pub use requantize::DenseQuant;
 

@@ -49,9 +49,20 @@ impl std::str::FromStr for DenseQuant {
 /// The type a non-expert tensor gets, or `None` where it is copied as it is. `head` says the
 /// tensor is the output head (`output.weight`, or the token embedding when they are tied).
 pub(crate) fn target(view: &TensorView<'_>, to: DenseQuant, head: bool) -> Option<GgmlDType> {
-    let float = matches!(view.dtype, WeightDType::F32 | WeightDType::F16 | WeightDType::BF16);
-    let [_, cols] = view.shape[..] else { return None };
-    let name = &view.name;
+    target_of(&view.name, view.dtype, &view.shape, to, head)
+}
+
+/// [`target`] from a tensor's header alone (`model synth --dense` writes the spine in the type
+/// that packing would give it).
+pub(crate) fn target_of(
+    name: &str,
+    dtype: WeightDType,
+    shape: &[usize],
+    to: DenseQuant,
+    head: bool,
+) -> Option<GgmlDType> {
+    let float = matches!(dtype, WeightDType::F32 | WeightDType::F16 | WeightDType::BF16);
+    let [_, cols] = shape[..] else { return None };
     if !float || !name.ends_with(".weight") || name.contains("norm") || name.contains("ffn_gate_inp") {
         return None;
     }
