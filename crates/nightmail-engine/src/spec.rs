@@ -365,7 +365,7 @@ impl ModelSpec {
                 return bad(key, "as 0".into());
             }
         }
-        if a.heads % a.kv_heads != 0 {
+        if !a.heads.is_multiple_of(a.kv_heads) {
             return bad(
                 "key/value heads",
                 format!("as {}, which does not divide {} attention heads", a.kv_heads, a.heads),
@@ -1323,7 +1323,7 @@ mod tests {
         let path = dir.path().join("model.gguf");
         let scalar = TensorHeader::new("token_embd.weight", crate::format::WeightDType::F32, &[]);
         write_gguf(&path, &metadata, &[scalar], 32, |_, w| w.write_all(&[0; 4])).unwrap();
-        let err = from_gguf(&GgufFile::open(&path).unwrap()).err().expect("no vocabulary").to_string();
+        let err = from_gguf(&GgufFile::open(&path).unwrap()).expect_err("no vocabulary").to_string();
         assert!(err.contains("vocab_size"), "{err}");
     }
 
@@ -1359,13 +1359,13 @@ mod tests {
         let llama = |heads, kv_heads| model(1, heads, kv_heads);
         // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero, and a
         // block count of four billion sized a per-layer list before any tensor was looked at.
-        let err = model(4_000_000_000, 4, 2).err().expect("more layers than tensors").to_string();
+        let err = model(4_000_000_000, 4, 2).expect_err("more layers than tensors").to_string();
         assert!(err.contains("`llama.block_count` as 4000000000, but the model holds 1 tensors"), "{err}");
-        let err = llama(0, 1).err().expect("no heads").to_string();
+        let err = llama(0, 1).expect_err("no heads").to_string();
         assert!(err.contains("`llama.attention.head_count` as 0"), "{err}");
-        let err = llama(4, 0).err().expect("no key/value heads").to_string();
+        let err = llama(4, 0).expect_err("no key/value heads").to_string();
         assert!(err.contains("key/value heads") && err.contains("as 0"), "{err}");
-        let err = llama(4, 3).err().expect("3 key/value heads for 4").to_string();
+        let err = llama(4, 3).expect_err("3 key/value heads for 4").to_string();
         assert!(err.contains("does not divide 4 attention heads"), "{err}");
         assert!(llama(4, 2).is_ok());
     }

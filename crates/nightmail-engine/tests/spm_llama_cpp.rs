@@ -203,7 +203,7 @@ fn without_space_prefix_or_bos_and_with_eos_it_still_matches_llama_cpp() {
 
 #[test]
 fn a_llama_with_a_sentencepiece_vocabulary_loads_and_generates_text() {
-    let model = Model::load(&fixture("model.gguf")).unwrap();
+    let model = Model::load(fixture("model.gguf")).unwrap();
     let tk = model.tokenizer().expect("the GGUF's SentencePiece vocabulary is read");
     assert_eq!((tk.bos_text(), tk.eos_text()), (Some("<s>"), Some("</s>")));
     let mut request = GenerateRequest::new(Prompt::Text("Hello world".into()));
