@@ -22,7 +22,7 @@ use crate::error::{EngineError, Result};
 use crate::format::gguf_write::{TensorHeader, write_gguf};
 use crate::format::{GgufFile, WeightDType};
 use crate::pack::DenseQuant;
-use crate::pack::requantize::target_of;
+use crate::pack::requantize::{is_head, target_of};
 
 /// The architectures `model synth` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -566,7 +566,8 @@ fn layout(spec: &SynthSpec) -> Result<(Metadata, Vec<Planned>)> {
     if let Some(to) = spec.dense {
         for p in plan.iter_mut().filter(|p| !p.expert) {
             let t = &mut p.header;
-            if let Some(q) = target_of(&t.name, t.dtype, &t.shape, to, t.name == "output.weight") {
+            // Never tied: synth writes its own `output.weight`.
+            if let Some(q) = target_of(&t.name, t.dtype, &t.shape, to, is_head(&t.name, false)) {
                 t.dtype = q.into();
             }
         }

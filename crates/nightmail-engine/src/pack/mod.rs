@@ -112,11 +112,7 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
     }
     let tied = ck.tensor("output.weight")?.is_none();
     for t in ck.all_tensors()?.into_iter().filter(|t| !is_expert_tensor(&t.name)) {
-        // The MTP layer's own head, where it has one, is a head too.
-        let head = t.name == "output.weight"
-            || (tied && t.name == "token_embd.weight")
-            || t.name.ends_with(".nextn.shared_head_head.weight");
-        let to = opts.dense.and_then(|q| requantize::target(&t, q, head));
+        let to = opts.dense.and_then(|q| requantize::target(&t, q, requantize::is_head(&t.name, tied)));
         let header = TensorHeader::new(t.name.clone(), to.map_or(t.dtype, Into::into), &t.shape);
         if to.is_some() {
             report.requantized += 1;

@@ -46,8 +46,14 @@ impl std::str::FromStr for DenseQuant {
     }
 }
 
+/// Whether tensor `name` is an output head: `output.weight`, the token embedding where the model
+/// has no `output.weight` (`tied`), or the MTP layer's own head where it has one.
+pub(crate) fn is_head(name: &str, tied: bool) -> bool {
+    name == "output.weight" || (tied && name == "token_embd.weight") || name.ends_with(".nextn.shared_head_head.weight")
+}
+
 /// The type a non-expert tensor gets, or `None` where it is copied as it is. `head` says the
-/// tensor is the output head (`output.weight`, or the token embedding when they are tied).
+/// tensor is an output head ([`is_head`]).
 pub(crate) fn target(view: &TensorView<'_>, to: DenseQuant, head: bool) -> Option<GgmlDType> {
     target_of(&view.name, view.dtype, &view.shape, to, head)
 }
