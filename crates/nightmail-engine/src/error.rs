@@ -1,92 +1,28 @@
-//! The engine's one error type. Every message says what to do next.
+//! The runtime's error type: what generation, drafting, the journal and the memory plan can
+//! refuse, and the model's, file's and tensor's errors carried as they are. Every message says
+//! what to do next.
 
 use std::path::PathBuf;
+
+use nightmail_formats::FormatError;
+use nightmail_model::ModelError;
+use nightmail_tensor::TensorError;
 
 /// Everything that can go wrong loading a model or generating with it.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("cannot read model {path}: {source}: check the path (a .gguf file or a Hugging Face model directory)")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error(
-        "{path} is neither a GGUF file nor a directory with config.json: point at a .gguf file or a Hugging Face model directory"
-    )]
-    UnknownFormat { path: PathBuf },
-    #[error("{path} is not a readable GGUF file ({reason}): re-download or re-convert it")]
-    BadGguf { path: PathBuf, reason: String },
-    #[error(
-        "{model} is striped and its part {part} cannot be read ({source}): mount the disk that holds it, or pack the model again"
-    )]
-    MissingStripe { model: PathBuf, part: PathBuf, source: std::io::Error },
-    #[error("{path} is not a readable safetensors file ({reason}): re-download it")]
-    BadSafetensors { path: PathBuf, reason: String },
-    #[error("{path}: {reason}: fix the file or re-download the model")]
-    BadConfig { path: PathBuf, reason: String },
-    #[error(
-        "architecture `{0}` is not supported: nightmail runs llama, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2, kimi_linear, kimi_k3, qwen3_next, qwen3_5_moe, glm4_moe, minimax_m2 and deepseek_v4 (GGUF: llama, qwen2moe, qwen3moe, gpt-oss, deepseek2, kimi-linear, kimi-k3, qwen3next, qwen35moe, glm4moe, minimax-m2, deepseek4)"
-    )]
-    UnsupportedArchitecture(String),
-    #[error(
-        "the model's metadata lacks `{key}`: convert the model with a current llama.cpp convert_hf_to_gguf.py or transformers"
-    )]
-    MissingMetadata { key: String },
-    #[error("the model's metadata gives `{key}` {reason}: the file is corrupt or mislabelled")]
-    BadMetadata { key: String, reason: String },
-    #[error("{what} is not supported yet: {hint}")]
-    Unsupported { what: String, hint: String },
-    #[error("tensor `{name}` is missing: the model file is incomplete or not of the architecture its metadata names")]
-    MissingTensor { name: String },
-    #[error(
-        "tensor {name} is missing from {path}: the model file is incomplete or not of the architecture its metadata names"
-    )]
-    MissingTensorIn {
-        /// Quoted, with the other format's name where there is one.
-        name: String,
-        path: PathBuf,
-    },
-    #[error(
-        "tensor `{name}` has type {dtype}, which nightmail cannot read: requantize it to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4"
-    )]
-    UnsupportedDType { name: String, dtype: String },
-    #[error(
-        "tensor `{name}` has shape {found:?} where the metadata implies {expected:?}: the file is corrupt or mislabelled"
-    )]
-    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
-    #[error(
-        "tensor `{name}` ends at byte {end}, past the end of {path} ({len} bytes): the file is truncated, re-download it"
-    )]
-    Truncated { name: String, path: PathBuf, end: usize, len: usize },
     #[error(
         "the model has no tokenizer: pass token ids (--prompt-tokens), or use a GGUF with tokenizer metadata or a directory with tokenizer.json"
     )]
     NoTokenizer,
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
     #[error(
         "the model has no chat template: drop --chat, or use a model that ships one (GGUF tokenizer.chat_template, tokenizer_config.json)"
     )]
     NoChatTemplate,
-    #[error("chat template: {0}: the model's template uses a feature nightmail's Jinja does not have")]
-    ChatTemplate(String),
-    #[error("token id {id} is outside the vocabulary of {vocab}: check the prompt tokens")]
-    TokenOutOfRange { id: u32, vocab: usize },
     #[error("the prompt has {len} tokens but the model's context holds {max}: shorten the prompt")]
     PromptTooLong { len: usize, max: usize },
-    #[error("the prompt is empty: give at least one token")]
-    EmptyPrompt,
     #[error("sampling: {0}")]
     Sampling(String),
-    #[error(
-        "cannot read expert {expert} of layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
-    )]
-    ExpertRead { path: PathBuf, layer: usize, expert: usize, reason: String },
-    #[error(
-        "cannot read the embedding row of token {token} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
-    )]
-    EmbeddingRead { path: PathBuf, token: u32, reason: String },
-    #[error(
-        "cannot read layer {layer} from {path}: {reason}: the model file is damaged or truncated, re-download or re-pack it"
-    )]
-    LayerRead { path: PathBuf, layer: usize, reason: String },
     #[error(
         "a memory budget of {budget_mb:.1} MiB cannot run this model: it needs at least {minimum_mb} MiB ({detail}): raise memory_mb (--memory-mb), or shorten the reserved context"
     )]
@@ -115,8 +51,42 @@ pub enum EngineError {
         "this generation drafts with the model's MTP layer, but it is not loaded: load it with draft = \"mtp\" (--draft mtp)"
     )]
     NoMtpLayer,
-    #[error("tensor computation failed: {0}")]
-    Compute(#[from] candle_core::Error),
+    #[error(transparent)]
+    Model(ModelError),
+    #[error(transparent)]
+    Format(FormatError),
+    #[error(transparent)]
+    Tensor(TensorError),
+}
+
+/// A lower crate's error is carried in the variant of the crate that owns it, whichever layer it
+/// passed through, so a caller matches `EngineError::Format(..)` for every file error.
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Format(f) => EngineError::Format(f),
+            ModelError::Tensor(t) => EngineError::Tensor(t),
+            other => EngineError::Model(other),
+        }
+    }
+}
+
+impl From<FormatError> for EngineError {
+    fn from(e: FormatError) -> Self {
+        EngineError::from(ModelError::from(e))
+    }
+}
+
+impl From<TensorError> for EngineError {
+    fn from(e: TensorError) -> Self {
+        EngineError::Tensor(e)
+    }
+}
+
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        EngineError::Tensor(TensorError::Compute(e))
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

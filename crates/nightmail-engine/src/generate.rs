@@ -1,6 +1,10 @@
 //! Token-by-token generation: a [`TokenStream`] that yields one [`TokenEvent`] per token and can
 //! be dropped or cancelled between any two, and [`Model::generate`] that drives it with a callback.
 
+use crate::error::EngineError;
+use nightmail_formats::FormatError;
+use nightmail_model::ModelError;
+use nightmail_tensor::TensorError;
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -9,16 +13,16 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::Model;
-use crate::chat::ChatMessage;
 use crate::draft::{
     Acceptance, Draft, DraftLength, DrafterState, Match, MatchAcceptance, PromptLookup, best_chain_len, linear_costs,
 };
-use crate::error::{EngineError, Result};
-use crate::model::SequenceState;
+use crate::error::Result;
+use crate::journal::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::reasoning::{Reply, split_reasoning};
-use crate::resume::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::sampling::{Sampler, Sampling};
 use crate::state_cache::{Reuse, StateCache};
+use nightmail_formats::chat::ChatMessage;
+use nightmail_model::SequenceState;
 
 /// What to continue.
 #[derive(Debug, Clone)]
@@ -177,12 +181,14 @@ impl Model {
     /// One step of several streams of this model together: each stream that decodes draws its
     /// next token and runs it; the first stream still prefilling runs its next `prefill_chunk`
     /// prompt tokens. The weights are read once for all of them (see
-    /// [`crate::model::Transformer::forward_groups`]), and each stream gets what it would get
+    /// [`nightmail_model::Transformer::forward_groups`]), and each stream gets what it would get
     /// alone. Returns each stream's new token event (`None` for a prefill step or a stopped
     /// stream).
     pub fn step(&self, streams: &mut [&mut TokenStream<'_>], prefill_chunk: usize) -> Result<Vec<Option<TokenEvent>>> {
         if streams.iter().any(|s| !std::ptr::eq(s.model, self)) {
-            return Err(EngineError::Compute(candle_core::Error::Msg("a step mixes streams of two models".into())));
+            return Err(
+                TensorError::Compute(candle_core::Error::Msg("a step mixes streams of two models".into())).into()
+            );
         }
         let mut events: Vec<Option<TokenEvent>> = vec![None; streams.len()];
         let mut feeds: Vec<Option<Vec<u32>>> = vec![None; streams.len()];
@@ -278,7 +284,7 @@ impl Model {
     fn checked_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let prompt_tokens = self.prompt_tokens(prompt)?;
         if prompt_tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
+            return Err(ModelError::EmptyPrompt.into());
         }
         let context = self.spec().context_length;
         if prompt_tokens.len() >= context {
@@ -311,9 +317,9 @@ impl Model {
         if let Some(v) = &s.deepseek_v4 {
             shape.extend([v.hc_mult, v.sliding_window, v.rope_dim, v.index_heads, v.index_head_dim, v.index_topk]);
             shape.extend(v.kinds.iter().map(|k| match *k {
-                crate::spec::V4AttentionKind::Sliding => 0,
-                crate::spec::V4AttentionKind::HeavilyCompressed { rate }
-                | crate::spec::V4AttentionKind::CompressedSparse { rate } => rate,
+                nightmail_model::spec::V4AttentionKind::Sliding => 0,
+                nightmail_model::spec::V4AttentionKind::HeavilyCompressed { rate }
+                | nightmail_model::spec::V4AttentionKind::CompressedSparse { rate } => rate,
             }));
         }
         shape
@@ -333,10 +339,11 @@ impl Model {
         // A verify pass is rolled back by position; DeepSeek-V4's compressors cannot un-close a
         // window (model/sliding_mqa.rs), so it runs one pass per token.
         if request.draft != Draft::None && self.spec().deepseek_v4.is_some() {
-            return Err(EngineError::Unsupported {
+            return Err(FormatError::Unsupported {
                 what: "drafting with a DeepSeek-V4 model".into(),
                 hint: "run it without drafts (draft = none)".into(),
-            });
+            }
+            .into());
         }
         let mut sampler = Sampler::new(request.sampling)?;
         let drafter = match request.draft {
@@ -425,13 +432,13 @@ impl Model {
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
-            Prompt::Text(text) => self.tokenizer().ok_or(EngineError::NoTokenizer)?.encode(text, true),
+            Prompt::Text(text) => Ok(self.tokenizer().ok_or(EngineError::NoTokenizer)?.encode(text, true)?),
             Prompt::Chat(messages) => {
                 let tok = self.tokenizer().ok_or(EngineError::NoTokenizer)?;
                 let template = self.chat_template().ok_or(EngineError::NoChatTemplate)?;
                 let text =
                     template.render(messages, true, tok.bos_text().unwrap_or(""), tok.eos_text().unwrap_or(""))?;
-                tok.encode(&text, false)
+                Ok(tok.encode(&text, false)?)
             }
         }
     }
@@ -480,7 +487,9 @@ impl TokenStream<'_> {
             return Ok(Some(tokens));
         }
         let delta = |from: usize| -> Result<Delta<'_>> {
-            let kv = (0..self.cache.layers()).map(|l| self.cache.snapshot(l, from, to)).collect::<Result<Vec<_>>>()?;
+            let kv = (0..self.cache.layers())
+                .map(|l| self.cache.snapshot(l, from, to))
+                .collect::<Result<Vec<_>, nightmail_model::ModelError>>()?;
             Ok(Delta { tokens: &self.tokens, sampler_position: self.sampler.position(), kv, end_position: to, logits })
         };
         journal.append(&delta(from)?)?;
@@ -823,7 +832,7 @@ impl TokenStream<'_> {
         if let Err(e) = self.cache.restore(&found.kv, found.position) {
             // A part may be in: start over from an empty state.
             self.cache = self.model.new_cache();
-            reuse.ignored.push(e);
+            reuse.ignored.push(EngineError::from(e));
             return reuse;
         }
         self.prompt_fed = found.position;

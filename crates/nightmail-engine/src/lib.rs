@@ -1,6 +1,8 @@
-//! nightmail's inference engine: loads GGUF files and Hugging Face directories in place (memory
-//! maps), runs llama, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 / Kimi K2 on the CPU through
-//! candle, and streams tokens. It knows nothing of mail.
+//! nightmail's inference runtime: a loaded [`Model`] (any architecture `nightmail-model` reads,
+//! from a GGUF file or a Hugging Face directory), generation with sampling and drafting, the
+//! generation journal that a crash resumes from, the cache of finished answers' states, and the
+//! streaming of weights from the SSD (`stream/`: routed experts through a RAM cache, dense layers
+//! a budget leaves on disk). It knows nothing of mail.
 //!
 //! A worker loads a [`Model`] once (share it in an `Arc`), then per job builds a
 //! [`GenerateRequest`] and calls [`Model::generate`] with a per-token callback, or pulls a
@@ -9,58 +11,43 @@
 //! The `metal` feature switches on candle's Metal backend on macOS; this crate's CPU path is the
 //! default and the only one built and tested on Linux.
 
-mod bench;
-pub mod chat;
 pub mod draft;
 mod error;
-pub mod format;
 mod generate;
-mod inspect;
-mod kernel_bench;
-pub mod model;
-mod pack;
-mod plan;
+mod journal;
 mod reasoning;
-mod resume;
 mod sampling;
-mod spec;
 mod state_cache;
 pub mod stream;
-pub mod synth;
-mod tokenizer;
+#[cfg(test)]
+mod whole_model_tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::Tensor;
 
-pub use bench::{
-    AcceptancePoint, BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, VerifyPoint, VerifyReport,
-    bench, bench_batch, bench_verify, rss,
-};
-pub use chat::{ChatMessage, ChatTemplate};
 pub use draft::{CostLine, Draft, DraftLength, PassCosts, PromptLookup};
 pub use error::{EngineError, Result};
-pub use format::Format;
 pub use generate::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent, TokenStream};
-pub use inspect::{DtypeUse, LayerKinds, ModelInfo, MtpTensors, RamFit, inspect, inspect_with_memory};
-pub use kernel_bench::{KernelBenchOptions, KernelBenchReport, KernelFigure, kernel_bench};
-pub use model::{ExpertId, ExpertStore, LayerRecall, SequenceState};
-pub use pack::{DenseQuant, PackOptions, PackReport, pack, pack_with};
-pub use plan::{KernelRate, PlanOptions, PlanReport, PredictedStep, plan};
+pub use nightmail_formats::FormatError;
+pub use nightmail_formats::{ChatMessage, ChatTemplate, Format, TextTokenizer};
+pub use nightmail_model::ModelError;
+pub use nightmail_model::{
+    Activation, Architecture, AttentionSpec, ExpertId, ExpertStore, LayerRecall, MlaSpec, ModelSpec, MoeSpec,
+    RopeStyle, Routing, SequenceState, Yarn,
+};
+pub use nightmail_tensor::TensorError;
 pub use reasoning::{Reply, split_reasoning};
-pub use sampling::Sampling;
-pub use spec::{Activation, Architecture, AttentionSpec, MlaSpec, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
+pub use sampling::{Sampling, argmax};
 pub use state_cache::{Reuse, StateCache};
 pub use stream::{
     CachePolicy, DenseStats, FileStats, MemoryBudget, MemoryPlan, StreamConfig, StreamStats, StreamingExperts,
     StreamingLayers,
 };
-pub use synth::{SynthArch, SynthDtype, SynthReport, SynthSpec, synth, synth_headers};
-pub use tokenizer::TextTokenizer;
 
-use format::Checkpoint;
-use model::{ResidentExperts, Transformer};
+use nightmail_formats::ModelFile;
+use nightmail_model::{ResidentExperts, Transformer};
 
 /// A loaded model: the network, its tokenizer and chat template. Immutable and `Send + Sync`:
 /// one instance serves any number of concurrent generations, each with its own [`SequenceState`].
@@ -106,7 +93,7 @@ impl Model {
     /// disk, read on demand into a cache of `stream.cache_bytes`.
     pub fn load_with(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Self> {
         let path = path.as_ref();
-        let ck = Checkpoint::open(path)?;
+        let ck = ModelFile::open(path)?;
         let spec = ModelSpec::read(&ck)?;
         let plan = match &options.memory {
             Some(budget) => Some(MemoryPlan::new(stream::ModelSizes::read(&ck, &spec)?, budget.clone())?),
@@ -122,7 +109,7 @@ impl Model {
         };
         let (experts, streaming, prefetch_depth): (Arc<dyn ExpertStore>, _, _) = match &stream {
             Some(config) if spec.moe.is_some() => {
-                let index = stream::ExpertIndex::build(&ck, &spec)?;
+                let index = nightmail_model::ExpertIndex::build(&ck, &spec)?;
                 let store = Arc::new(StreamingExperts::new(index, config.clone())?);
                 (store.clone(), Some(store), config.prefetch_depth)
             }
@@ -139,7 +126,7 @@ impl Model {
                 .into_iter()
                 .enumerate()
                 .filter_map(|(l, r)| r.map(|r| stream::LayerExtent::new(l, r, &mut files)))
-                .collect::<Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>, nightmail_model::ModelError>>()?;
             // The plan sized the window from tensor headers; the build's own extents decide.
             let largest = extents.iter().map(stream::LayerExtent::cost).max().unwrap_or(0);
             let window = p.window_bytes.max(largest);
@@ -149,8 +136,8 @@ impl Model {
             dense = Some(store);
         }
         let (tokenizer, chat_template) = match &ck {
-            Checkpoint::Gguf(g) => (tokenizer::TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
-            Checkpoint::Hf(h) => (tokenizer::TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
+            ModelFile::Gguf(g) => (TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
+            ModelFile::Hf(h) => (TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
         };
         Ok(Model {
             path: path.to_path_buf(),
@@ -185,7 +172,7 @@ impl Model {
         if self.spec.mtp_layers == 0 {
             return Err(EngineError::NoMtp { path: self.path.clone(), key: self.spec.mtp_key.clone() });
         }
-        let ck = Checkpoint::open(&self.path)?;
+        let ck = ModelFile::open(&self.path)?;
         self.net.attach_mtp(&ck, &self.spec, self.streaming.is_some())?;
         ck.release_pages();
         self.mtp_passes = Some(PassCosts::default());
@@ -290,6 +277,13 @@ impl Model {
 }
 
 impl Model {
+    /// A verify pass of `tokens` after what `cache` holds: a logits row per token, the state
+    /// kept for a roll-back (`SequenceState::begin_verify` first). For benches of its cost.
+    pub fn verify_pass(&self, cache: &mut SequenceState, tokens: &[u32]) -> Result<Vec<Tensor>> {
+        let mut group = [(cache, tokens)];
+        Ok(rayon::scope(|_| self.net.forward_verify_groups(&mut group))?)
+    }
+
     /// One decode step of several sequences: `tokens[i]` runs after what `caches[i]` holds.
     /// Returns each sequence's next-token logits (those it would get alone).
     pub fn logits_batch(&self, tokens: &[u32], caches: &mut [&mut SequenceState]) -> Result<Vec<Vec<f32>>> {
@@ -303,7 +297,7 @@ impl Model {
 /// What a memory budget would keep resident and stream for the model at `path`, from its tensor
 /// headers alone (nothing is loaded); an error names the least budget that runs it.
 pub fn memory_plan(path: impl AsRef<Path>, budget: MemoryBudget) -> Result<MemoryPlan> {
-    let ck = Checkpoint::open(path.as_ref())?;
+    let ck = ModelFile::open(path.as_ref())?;
     let spec = ModelSpec::read(&ck)?;
     MemoryPlan::new(stream::ModelSizes::read(&ck, &spec)?, budget)
 }

@@ -1,9 +1,10 @@
 //! Choosing the next token from a row of logits.
 
+use crate::error::EngineError;
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
 /// How to pick tokens. `temperature` 0 means greedy (argmax); otherwise the logits are divided by
 /// it, cut to the `top_k` best and to the smallest set whose probability reaches `top_p` (nucleus
@@ -100,7 +101,7 @@ impl Sampler {
 }
 
 /// Index of the largest logit; the first one on ties, as `torch.argmax`.
-pub(crate) fn argmax(logits: &[f32]) -> u32 {
+pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, l) in logits.iter().enumerate() {
         if *l > logits[best] {

@@ -23,6 +23,7 @@
 //! The files of one model are kept within its budget (`state_cache_mb`), least recently used
 //! first out; a file's mtime is when it was last written or restored.
 
+use crate::error::EngineError;
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -31,10 +32,10 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use crate::Model;
-use crate::error::{EngineError, Result};
-use crate::model::{LayerSnapshot, SequenceState};
-use crate::resume::{Delta, Identity, WeightsFile, read_whole, write_whole};
+use crate::error::Result;
+use crate::journal::{Delta, Identity, WeightsFile, read_whole, write_whole};
 use crate::sampling::Sampling;
+use nightmail_model::{LayerSnapshot, SequenceState};
 
 /// A file name's ending; the key's hex digits come before it.
 const SUFFIX: &str = ".state";
@@ -205,7 +206,9 @@ impl StateCache {
         if anchor == 0 || tokens.len() != position {
             return Ok(None);
         }
-        let kv = (0..cache.layers()).map(|l| cache.snapshot(l, 0, position)).collect::<Result<Vec<_>>>()?;
+        let kv = (0..cache.layers())
+            .map(|l| cache.snapshot(l, 0, position))
+            .collect::<Result<Vec<_>, nightmail_model::ModelError>>()?;
         let size: u64 = kv
             .iter()
             .map(|s| match s {

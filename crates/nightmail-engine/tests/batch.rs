@@ -4,10 +4,8 @@
 
 use std::path::Path;
 
-use nightmail_engine::{
-    GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StreamConfig, SynthArch, SynthDtype,
-    SynthSpec, synth,
-};
+use nightmail_engine::{GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StreamConfig};
+use nightmail_tools::{SynthArch, SynthDtype, SynthSpec, synth};
 
 /// A small model of the benchmark's kind: Q4_0 experts, F16 dense weights.
 fn synth_model(dir: &Path) -> std::path::PathBuf {

@@ -8,10 +8,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use nightmail_engine::{
-    Completion, Draft, DraftLength, EngineError, GenerateRequest, Model, Prompt, Sampling, SynthArch, SynthDtype,
-    SynthSpec,
-};
+use nightmail_engine::{Completion, Draft, DraftLength, EngineError, GenerateRequest, Model, Prompt, Sampling};
+use nightmail_tools::{SynthArch, SynthDtype, SynthSpec};
 
 /// At most 4 guesses a pass, as many as allowed.
 fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
@@ -161,7 +159,7 @@ fn tiny(dir: &Path, name: &str, tokenizer_from: Option<PathBuf>) -> PathBuf {
         seed: 7,
         dense: None,
     };
-    nightmail_engine::synth(&spec, &out).unwrap();
+    nightmail_tools::synth(&spec, &out).unwrap();
     out
 }
 

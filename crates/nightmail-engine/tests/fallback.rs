@@ -14,9 +14,10 @@ use std::sync::Mutex;
 
 use candle_core::quantized::GgmlDType;
 use common::{fed_logit_rows, fixture, reference};
-use nightmail_engine::format::WeightDType;
-use nightmail_engine::model::{MATVEC_ENV, MatVecPath, matvec_path};
-use nightmail_engine::{DenseQuant, Model, PackOptions, SynthArch, SynthDtype, SynthSpec};
+use nightmail_engine::Model;
+use nightmail_tensor::WeightDType;
+use nightmail_tensor::{MATVEC_ENV, MatVecPath, matvec_path};
+use nightmail_tools::{DenseQuant, PackOptions, SynthArch, SynthDtype, SynthSpec};
 
 const TOLERANCE: f32 = 1e-3;
 
@@ -79,7 +80,7 @@ fn check_fixture(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
     for q in [DenseQuant::Q8_0, DenseQuant::Q4_0] {
         let packed = dir.path().join(format!("{}.gguf", q.name()));
-        nightmail_engine::pack_with(&gguf, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
+        nightmail_tools::pack_with(&gguf, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
         check_quantized(&format!("{arch} --dense {}", q.name()), &packed, &r.prompt_tokens, then);
     }
 }
@@ -117,7 +118,7 @@ fn synthetic_f16_models_with_q4_0_and_q8_0_experts() {
             seed: 11,
             dense: None,
         };
-        nightmail_engine::synth(&spec, &path).unwrap();
+        nightmail_tools::synth(&spec, &path).unwrap();
         let prompt: Vec<u32> = (1..24).collect();
         check_quantized(&format!("{arch:?} F16 + {dtype:?} experts"), &path, &prompt, &[5, 9, 200, 31]);
     }

@@ -13,7 +13,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use nightmail_engine::{Model, SynthArch, SynthDtype, SynthSpec, synth};
+use nightmail_engine::Model;
+use nightmail_tools::{SynthArch, SynthDtype, SynthSpec, synth};
 
 /// tests/fixtures/llama_cpp_logits.py on `model`: llama.cpp's vocabulary size and logits rows.
 fn llama_cpp_logits(model: &Path, tokens: &[u32]) -> (usize, Vec<Vec<f32>>) {

@@ -253,7 +253,7 @@ fn inspect_counts_the_mtp_layer_apart_from_the_model() {
         let dir = common::fixture(fixture);
         let model: u64 = safetensors_bytes(&dir.join("model.safetensors")).iter().map(|(_, b)| b).sum();
         let mtp = safetensors_bytes(&dir.join("mtp.safetensors"));
-        let info = nightmail_engine::inspect(&dir).unwrap();
+        let info = nightmail_tools::inspect(&dir).unwrap();
         assert_eq!(info.dense_bytes + info.expert_bytes, model, "{fixture}");
         assert_eq!(info.parameters * 4, model, "{fixture}: f32");
         let m = info.mtp.as_ref().expect("an MTP layer");
@@ -265,20 +265,20 @@ fn inspect_counts_the_mtp_layer_apart_from_the_model() {
     // The GGUF: the same model, and the MTP layer without the copies (llama.cpp shares them).
     for fixture in &FIXTURES[..2] {
         let (hf, gguf) = (common::fixture(fixture), common::fixture(fixture).join("model.gguf"));
-        let (a, b) = (nightmail_engine::inspect(&hf).unwrap(), nightmail_engine::inspect(&gguf).unwrap());
+        let (a, b) = (nightmail_tools::inspect(&hf).unwrap(), nightmail_tools::inspect(&gguf).unwrap());
         assert_eq!((b.parameters, b.dense_bytes, b.expert_bytes), (a.parameters, a.dense_bytes, a.expert_bytes));
         let (ma, mb) = (a.mtp.unwrap(), b.mtp.unwrap());
         let copies = 2 * (a.spec.vocab_size * a.spec.hidden_size) as u64;
         assert_eq!((mb.parameters, mb.expert_bytes), (ma.parameters - copies, ma.expert_bytes), "{fixture}");
     }
-    assert!(nightmail_engine::inspect(&common::fixture("deepseek_v3")).unwrap().mtp.is_none());
+    assert!(nightmail_tools::inspect(&common::fixture("deepseek_v3")).unwrap().mtp.is_none());
 }
 
 #[test]
 fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() {
     for (fixture, path) in files() {
         let name = path.display().to_string();
-        let info = nightmail_engine::inspect(&path).unwrap();
+        let info = nightmail_tools::inspect(&path).unwrap();
         let m = info.mtp.as_ref().unwrap();
         // Its dense weights, less the copies of the embedding and head that it shares (f32:
         // resident as on disk).
@@ -299,14 +299,14 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
         assert!(least.experts_resident && least.expert_cache_bytes == (info.expert_bytes + m.expert_bytes) as usize);
         // At the least budget the experts stream, the MTP layer's with them, through one cache;
         // a byte less is refused, and the refusal counts the MTP layer.
-        let opts = nightmail_engine::PlanOptions {
+        let opts = nightmail_tools::PlanOptions {
             model: path.clone(),
             budget: ask(least.minimum_bytes),
             disk_gbps: Some(1.0),
             probe_bytes: 0,
             batches: vec![1],
         };
-        let plan = nightmail_engine::plan(&opts).unwrap().plan;
+        let plan = nightmail_tools::plan(&opts).unwrap().plan;
         assert!(plan.mtp_bytes == dense, "{name}: {plan:?}");
         assert!(plan.minimum_bytes >= plan.fixed_bytes + dense + plan.kv_bytes, "{name}");
         let err = nightmail_engine::memory_plan(&path, ask(least.minimum_bytes - 1)).unwrap_err().to_string();
@@ -352,7 +352,7 @@ fn a_streamed_model_drafts_with_its_mtp_layer() {
 fn a_packed_model_keeps_its_mtp_layer_and_drafts_with_it() {
     // `model pack` lays the MTP layer's experts out with the others; `--dense` requantizes its
     // dense weights with the model's.
-    use nightmail_engine::{DenseQuant, PackOptions};
+    use nightmail_tools::{DenseQuant, PackOptions};
     let dir = tempfile::tempdir().unwrap();
     for fixture in &FIXTURES[..2] {
         let src = common::fixture(fixture).join("model.gguf");
@@ -366,13 +366,12 @@ fn a_packed_model_keeps_its_mtp_layer_and_drafts_with_it() {
         let mut errors = Vec::new();
         for dense in [None, Some(DenseQuant::Q8_0), Some(DenseQuant::Q4_0)] {
             let packed = dir.path().join(format!("{fixture}-{dense:?}.gguf"));
-            let report = nightmail_engine::pack_with(&src, &packed, &PackOptions { dense, stripe: vec![] }).unwrap();
+            let report = nightmail_tools::pack_with(&src, &packed, &PackOptions { dense, stripe: vec![] }).unwrap();
             let what = format!("{fixture} packed, dense {dense:?}");
             assert!(dense.is_none() || report.requantized > 0, "{what}");
             // The packed file holds the MTP layer's experts, one by one, and its dense matrices
             // requantized with the model's (its norms and router stay f32).
-            let (before, after) =
-                (nightmail_engine::inspect(&src).unwrap(), nightmail_engine::inspect(&packed).unwrap());
+            let (before, after) = (nightmail_tools::inspect(&src).unwrap(), nightmail_tools::inspect(&packed).unwrap());
             let (before, after) = (before.mtp.unwrap(), after.mtp.unwrap());
             assert_eq!(after.expert_bytes, before.expert_bytes, "{what}");
             // Three stacked expert tensors became three per expert.

@@ -6,7 +6,8 @@
 mod common;
 
 use common::{fed_logit_rows, fixture, reference};
-use nightmail_engine::{DenseQuant, Model, PackOptions};
+use nightmail_engine::Model;
+use nightmail_tools::{DenseQuant, PackOptions};
 
 fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))).unwrap().0
@@ -26,7 +27,7 @@ fn error(arch: &str, q: DenseQuant) -> Error {
     let dir = tempfile::tempdir().unwrap();
     let packed = dir.path().join("dense.gguf");
     let report =
-        nightmail_engine::pack_with(&src, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
+        nightmail_tools::pack_with(&src, &packed, &PackOptions { dense: Some(q), ..PackOptions::default() }).unwrap();
     assert!(report.requantized > 0 && report.requantized_to_bytes < report.requantized_from_bytes, "{arch}");
     let r = reference(arch);
     // The same inputs for both models: the prompt, then the reference's greedy tokens.

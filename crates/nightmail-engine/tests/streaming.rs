@@ -76,7 +76,7 @@ macro_rules! streaming_tests {
             fn packed_gguf_logits_are_bit_identical_to_resident() {
                 let dir = tempfile::tempdir().unwrap();
                 let packed = dir.path().join("packed.gguf");
-                nightmail_engine::pack(&super::fixture(stringify!($arch)).join("model.gguf"), &packed).unwrap();
+                nightmail_tools::pack(&super::fixture(stringify!($arch)).join("model.gguf"), &packed).unwrap();
                 super::assert_bit_identical(stringify!($arch), &packed, 8);
             }
         }
@@ -108,7 +108,7 @@ mod gpt_oss {
     fn packed_gguf_logits_with_expert_biases_are_bit_identical_to_resident() {
         let dir = tempfile::tempdir().unwrap();
         let packed = dir.path().join("packed.gguf");
-        nightmail_engine::pack(&super::fixture("gpt_oss").join("model.gguf"), &packed).unwrap();
+        nightmail_tools::pack(&super::fixture("gpt_oss").join("model.gguf"), &packed).unwrap();
         super::assert_bit_identical("gpt_oss", &packed, 8);
     }
 
@@ -135,7 +135,7 @@ mod gpt_oss {
 fn a_packed_expert_is_one_read() {
     let dir = tempfile::tempdir().unwrap();
     let packed = dir.path().join("packed.gguf");
-    nightmail_engine::pack(&fixture("qwen3_moe").join("model.gguf"), &packed).unwrap();
+    nightmail_tools::pack(&fixture("qwen3_moe").join("model.gguf"), &packed).unwrap();
     let model = Model::load_with(&packed, &tiny_cache(0)).unwrap();
     let r = reference("qwen3_moe");
     logit_rows(&model, &r.prompt_tokens, 2);
@@ -202,7 +202,7 @@ mod dense {
 
     /// The least budget that streams `streamed` (every layer: `None`).
     fn budget(path: &Path, streamed: Option<Vec<usize>>) -> MemoryBudget {
-        let layers = nightmail_engine::inspect(path).unwrap().spec.layers;
+        let layers = nightmail_tools::inspect(path).unwrap().spec.layers;
         let stream_layers = Some(streamed.unwrap_or_else(|| (0..layers).collect()));
         let ask = |bytes| MemoryBudget {
             bytes,
@@ -266,7 +266,7 @@ mod dense {
                 #[test]
                 fn one_resident_layer_and_the_last_streamed_are_bit_identical_to_resident() {
                     let path = super::fixture(stringify!($arch)).join("model.gguf");
-                    let last = nightmail_engine::inspect(&path).unwrap().spec.layers - 1;
+                    let last = nightmail_tools::inspect(&path).unwrap().spec.layers - 1;
                     super::assert_streamed_dense_is_bit_identical(stringify!($arch), &path, Some(vec![last]));
                 }
             }
@@ -287,14 +287,14 @@ mod dense {
         assert_streamed_dense_is_bit_identical("kimi_k3", &fixture("kimi_k3"), None);
         let dir = tempfile::tempdir().unwrap();
         let packed = dir.path().join("packed.gguf");
-        nightmail_engine::pack(&fixture("mixtral").join("model.gguf"), &packed).unwrap();
+        nightmail_tools::pack(&fixture("mixtral").join("model.gguf"), &packed).unwrap();
         assert_streamed_dense_is_bit_identical("mixtral", &packed, None);
         // An int8 spine (`pack --dense q8_0`) streams as it computes resident.
         for arch in ["qwen3_moe", "kimi_linear"] {
             let spine = dir.path().join(format!("{arch}-q8_0.gguf"));
             let opts =
-                nightmail_engine::PackOptions { dense: Some(nightmail_engine::DenseQuant::Q8_0), ..Default::default() };
-            nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &spine, &opts).unwrap();
+                nightmail_tools::PackOptions { dense: Some(nightmail_tools::DenseQuant::Q8_0), ..Default::default() };
+            nightmail_tools::pack_with(&fixture(arch).join("model.gguf"), &spine, &opts).unwrap();
             assert_streamed_dense_is_bit_identical(arch, &spine, None);
         }
     }
@@ -330,7 +330,8 @@ mod dense {
 /// dense tensors in the main file that lists them.
 mod stripe {
     use super::*;
-    use nightmail_engine::{EngineError, PackOptions};
+    use nightmail_engine::{EngineError, FormatError};
+    use nightmail_tools::PackOptions;
 
     /// `arch`'s fixture packed with its experts striped over two directories: the main file
     /// and the two parts.
@@ -339,7 +340,7 @@ mod stripe {
         dirs.iter().for_each(|d| std::fs::create_dir_all(d).unwrap());
         let main = root.join("model.gguf");
         let opts = PackOptions { stripe: dirs.to_vec(), ..PackOptions::default() };
-        nightmail_engine::pack_with(&fixture(arch).join("model.gguf"), &main, &opts).unwrap();
+        nightmail_tools::pack_with(&fixture(arch).join("model.gguf"), &main, &opts).unwrap();
         let parts = dirs.map(|d| {
             let files: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
             assert_eq!(files.len(), 1, "{arch}: {files:?}");
@@ -355,7 +356,7 @@ mod stripe {
             let (main, parts) = striped(arch, dir.path());
             // The experts left the main file and split about evenly between the parts.
             let plain = dir.path().join("plain.gguf");
-            nightmail_engine::pack(&fixture(arch).join("model.gguf"), &plain).unwrap();
+            nightmail_tools::pack(&fixture(arch).join("model.gguf"), &plain).unwrap();
             let size = |p: &Path| std::fs::metadata(p).unwrap().len();
             let (a, b) = (size(&parts[0]), size(&parts[1]));
             assert!(a.abs_diff(b) * 4 < a + b, "{arch}: parts of {a} and {b} bytes");
@@ -392,7 +393,7 @@ mod stripe {
             Ok(_) => panic!("a striped model without its second part loaded"),
             Err(e) => e,
         };
-        assert!(matches!(err, EngineError::MissingStripe { .. }), "{err}");
+        assert!(matches!(err, EngineError::Format(FormatError::MissingStripe { .. })), "{err}");
         let text = err.to_string();
         let part = std::fs::canonicalize(dir.path().join("disk2")).unwrap();
         assert!(text.contains(&part.display().to_string()) && text.contains("mount the disk"), "{text}");
@@ -402,7 +403,7 @@ mod stripe {
     fn striping_a_model_without_experts_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let opts = PackOptions { stripe: vec![dir.path().to_path_buf()], ..PackOptions::default() };
-        let err = nightmail_engine::pack_with(&fixture("llama").join("model.gguf"), &dir.path().join("x.gguf"), &opts)
+        let err = nightmail_tools::pack_with(&fixture("llama").join("model.gguf"), &dir.path().join("x.gguf"), &opts)
             .unwrap_err()
             .to_string();
         assert!(err.contains("--stripe") && err.contains("none"), "{err}");

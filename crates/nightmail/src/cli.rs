@@ -62,7 +62,7 @@ enum Command {
     /// Inspect a model file, or generate with it (no daemon needed).
     Model {
         #[command(subcommand)]
-        command: crate::model::ModelCommand,
+        command: nightmail_tools::cli::ModelCommand,
     },
 }
 
@@ -116,7 +116,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Model { command } => {
             die_on_broken_pipe();
-            crate::model::run(command)?
+            nightmail_tools::cli::run(command)?
         }
         Command::Serve => {
             let config = load(path.as_deref())?;

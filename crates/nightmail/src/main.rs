@@ -5,7 +5,6 @@ mod backup;
 mod cli;
 mod client_config;
 mod control;
-mod model;
 mod outbound;
 mod reload;
 mod serve;

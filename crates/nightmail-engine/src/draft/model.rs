@@ -9,6 +9,7 @@
 //! has not seen. A checkpoint or a saved thread state holds none of it: a resumed stream's draft
 //! model starts empty and runs the whole history at its first guess.
 
+use crate::error::EngineError;
 use std::time::Instant;
 
 use candle_core::Tensor;
@@ -16,9 +17,9 @@ use candle_core::Tensor;
 use super::mtp::MtpState;
 use super::schedule::{CostLine, PassCosts};
 use crate::Model;
-use crate::error::{EngineError, Result};
-use crate::model::SequenceState;
-use crate::tokenizer::TextTokenizer;
+use crate::error::Result;
+use nightmail_formats::tokenizer::TextTokenizer;
+use nightmail_model::SequenceState;
 
 /// Refuses a draft model whose guesses the target would misread: its tokenizer must spell every
 /// id as the target's does, with the same BOS and EOS (llama.cpp's

@@ -14,14 +14,15 @@
 //! a restored position are not known: a resumed stream's MTP layer starts at that position, its
 //! cache holding only what came after (the guesses see less; the tokens are the same).
 
+use crate::error::EngineError;
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use candle_core::Tensor;
 
 use crate::Model;
-use crate::error::{EngineError, Result};
-use crate::model::SequenceState;
+use crate::error::Result;
+use nightmail_model::SequenceState;
 
 pub(crate) struct MtpState {
     cache: SequenceState,
@@ -111,9 +112,9 @@ mod tests {
     use std::cell::RefCell;
     use std::path::{Path, PathBuf};
 
-    use crate::format::{HfDir, write_f32_safetensors};
     use crate::sampling::argmax;
     use crate::{Draft, DraftLength, GenerateRequest, Model, Prompt, PromptLookup};
+    use nightmail_formats::{HfDir, hf::write_f32_safetensors};
 
     thread_local! {
         /// Each first guess made on this thread: (the drawn token's position, the guess).
@@ -152,7 +153,7 @@ mod tests {
             }
             tensors.push((v.name.clone(), v.shape.clone(), values.iter().flat_map(|x| x.to_le_bytes()).collect()));
         }
-        write_f32_safetensors(&dir.join("mtp.safetensors"), &tensors);
+        write_f32_safetensors(&dir.join("mtp.safetensors"), &tensors).unwrap();
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! layers (wrapping round to the first for the next token) as far as a byte window allows. The
 //! order is fully known, so the disk reads the next layers while the current ones compute.
 
+use nightmail_formats::FormatError;
+use nightmail_model::ModelError;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -13,13 +15,14 @@ use std::time::Instant;
 use candle_core::quantized::GgmlDType;
 use serde::Serialize;
 
-use super::buf::{WeightBytes, reserve_pool, unreserve_pool};
-use super::index::{MatrixExtent, Run, aligned_span, runs};
 use super::io::{ExpertFile, ReadRange, read_ranges};
-use super::timeline;
-use crate::error::{EngineError, Result};
-use crate::format::{TensorView, WeightDType};
-use crate::model::{DecoderLayer, LayerBuilder, LayerStore, Linear, Recorded, WeightSource};
+use nightmail_model::Result;
+use nightmail_model::expert_index::{MatrixExtent, Run, aligned_span, runs};
+use nightmail_model::timeline;
+use nightmail_model::{DecoderLayer, LayerBuilder, LayerStore, Recorded, WeightSource};
+use nightmail_tensor::Linear;
+use nightmail_tensor::{TensorView, WeightDType};
+use nightmail_tensor::{WeightBytes, reserve_pool, unreserve_pool};
 
 /// Pieces of one layer's read in flight (`io::PARALLEL_CHUNK` each): the disk's full rate needs
 /// a deep queue; 4 in flight let the layers fall behind the expert reads (the steps waited
@@ -42,12 +45,13 @@ impl LayerExtent {
         let mut tensors = Vec::with_capacity(recorded.len());
         for r in recorded {
             let Some((path, offset)) = r.location else {
-                return Err(EngineError::Unsupported {
+                return Err(FormatError::Unsupported {
                     what: format!("streaming layer {layer}: tensor {} is rebuilt at load", r.name),
                     hint: "no range of the file holds it as the engine computes from it: give the model more \
                            memory (memory_mb, --memory-mb) so that this layer stays resident"
                         .into(),
-                });
+                }
+                .into());
             };
             let file = match files.iter().position(|f| *f == path) {
                 Some(i) => i,
@@ -172,13 +176,13 @@ impl StreamingLayers {
     ) -> Result<Self> {
         let files = files
             .iter()
-            .map(|p| ExpertFile::open(p).map_err(|source| EngineError::Io { path: p.clone(), source }))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|p| ExpertFile::open(p).map_err(|source| FormatError::Io { path: p.clone(), source }))
+            .collect::<Result<Vec<_>, FormatError>>()?;
         for e in &extents {
             for t in &e.tensors {
                 let file = &files[t.file];
                 if t.offset + t.len as u64 > file.size() {
-                    return Err(EngineError::LayerRead {
+                    return Err(ModelError::from(FormatError::LayerRead {
                         path: file.path().to_path_buf(),
                         layer: e.layer,
                         reason: format!(
@@ -187,7 +191,7 @@ impl StreamingLayers {
                             t.offset + t.len as u64,
                             file.size()
                         ),
-                    });
+                    }));
                 }
             }
         }
@@ -374,16 +378,16 @@ impl LayerStore for StreamingLayers {
 
 impl Shared {
     fn extent(&self, l: usize) -> Result<&LayerExtent> {
-        self.extents.get(&l).ok_or_else(|| EngineError::MissingTensor { name: format!("streamed layer {l}") })
+        Ok(self.extents.get(&l).ok_or_else(|| FormatError::MissingTensor { name: format!("streamed layer {l}") })?)
     }
 
-    fn error(&self, l: usize, reason: String) -> EngineError {
+    fn error(&self, l: usize, reason: String) -> ModelError {
         let path = self
             .extents
             .get(&l)
             .and_then(|e| e.tensors.first())
             .map_or_else(PathBuf::new, |t| self.files[t.file].path().to_path_buf());
-        EngineError::LayerRead { path, layer: l, reason }
+        ModelError::from(FormatError::LayerRead { path, layer: l, reason })
     }
 
     fn remove(&self, st: &mut State, l: usize) {
@@ -499,8 +503,8 @@ impl WeightSource for LayerBuffers<'_> {
     fn linear(&self, weight: &TensorView<'_>, bias: Option<&TensorView<'_>>) -> Result<Linear> {
         let own = self.bytes.iter().find(|b| std::ptr::eq(b.as_slice(), weight.bytes));
         match own {
-            Some(b) => Linear::from_bytes(weight, b.clone(), bias),
-            None => Linear::new(weight, bias),
+            Some(b) => Ok(Linear::from_bytes(weight, b.clone(), bias)?),
+            None => Ok(Linear::new(weight, bias)?),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::buf::{ALIGN, AlignedBuf};
+use nightmail_tensor::{ALIGN, AlignedBuf};
 
 /// One model file opened for expert reads.
 pub struct ExpertFile {

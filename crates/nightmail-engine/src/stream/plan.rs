@@ -7,16 +7,17 @@
 //! reads one row of it (`model/embedding.rs` reads rows from the file, or from the head where
 //! the two are tied), the least benefit per byte of any tensor, so only the head is counted.
 
+use crate::error::EngineError;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::dense::copied_bytes;
-use super::index::aligned_span;
-use crate::error::{EngineError, Result};
-use crate::format::{Checkpoint, is_expert_tensor, is_mtp_tensor, layer_of};
-use crate::model::Numerics;
-use crate::spec::ModelSpec;
+use crate::error::Result;
+use nightmail_formats::{ModelFile, is_expert_tensor, is_mtp_tensor, layer_of};
+use nightmail_model::aligned_span;
+use nightmail_model::spec::ModelSpec;
+use nightmail_tensor::Numerics;
 
 /// The memory a model may take, and the context its key/value cache is kept for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +117,7 @@ impl ModelSizes {
         self.expert_bytes + self.mtp.as_ref().map_or(0, |m| m.expert_bytes)
     }
 
-    pub(crate) fn read(ck: &Checkpoint, spec: &ModelSpec) -> Result<Self> {
+    pub fn read(ck: &ModelFile, spec: &ModelSpec) -> Result<Self> {
         let mut layers: BTreeMap<usize, LayerSize> = (0..spec.layers)
             .map(|l| (l, LayerSize { layer: l, disk_bytes: 0, resident_bytes: 0, stream_bytes: 0 }))
             .collect();
@@ -124,7 +125,7 @@ impl ModelSizes {
         let mut has_output = false;
         // The embedding's resident size (counted as the head where tied), bytes and one row.
         let (mut embedding, mut embedding_bytes, mut embedding_row_bytes) = (0, 0, 0);
-        let mut mtp = crate::model::mtp::shipped_layer(ck, spec)?.map(|layer| MtpSize {
+        let mut mtp = nightmail_model::mtp::shipped_layer(ck, spec)?.map(|layer| MtpSize {
             layer,
             resident_bytes: 0,
             expert_bytes: 0,
@@ -181,7 +182,7 @@ impl ModelSizes {
             let head = ck.tensor("output.weight")?.unwrap_or_else(|| embd.clone());
             for (name, model) in [("embed_tokens", &embd), ("shared_head_head", &head)] {
                 if let Some(w) = ck.tensor(&format!("blk.{}.nextn.{name}.weight", m.layer))?
-                    && (name == "embed_tokens" || crate::model::mtp::own_copy(ck, spec, name, model)?.is_none())
+                    && (name == "embed_tokens" || nightmail_model::mtp::own_copy(ck, spec, name, model)?.is_none())
                 {
                     m.resident_bytes =
                         m.resident_bytes.saturating_sub(copied_bytes(w.dtype, &w.shape, w.bytes.len(), false));
@@ -216,7 +217,7 @@ impl ModelSizes {
         let (top_k, experts_per_layer) = spec.moe.as_ref().map_or((0, 0), |m| (m.routing.top_k(), m.experts));
         let expert_count = moe_layers * experts_per_layer;
         // Each expert's matrices and biases (up to six reads) are widened to aligned blocks.
-        let expert_max_bytes = experts.checked_div(expert_count).map_or(0, |b| b + 6 * 2 * super::ALIGN);
+        let expert_max_bytes = experts.checked_div(expert_count).map_or(0, |b| b + 6 * 2 * nightmail_tensor::ALIGN);
         Ok(ModelSizes {
             layers: layers.into_values().collect(),
             fixed_bytes: fixed,
@@ -571,7 +572,7 @@ mod tests {
     fn kimi_linears_kda_layers_reserve_a_fixed_state_and_only_its_latent_attention_layer_rows() {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_linear");
         for file in [path.join("model.gguf"), path.clone()] {
-            let ck = Checkpoint::open(&file).unwrap();
+            let ck = ModelFile::open(&file).unwrap();
             let spec = ModelSpec::read(&ck).unwrap();
             let sizes = ModelSizes::read(&ck, &spec).unwrap();
             // One MLA layer: a latent of 16 and a rotary key of 8, f32. Three KDA layers of
@@ -591,7 +592,7 @@ mod tests {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
         for (arch, tied) in [("llama", true), ("qwen3_moe", false)] {
             for file in [root.join(arch).join("model.gguf"), root.join(arch)] {
-                let ck = Checkpoint::open(&file).unwrap();
+                let ck = ModelFile::open(&file).unwrap();
                 let spec = ModelSpec::read(&ck).unwrap();
                 let sizes = ModelSizes::read(&ck, &spec).unwrap();
                 let resident = |name: &str| {
@@ -621,7 +622,7 @@ mod tests {
 
     #[test]
     fn layer_indices_come_from_gguf_and_transformers_names() {
-        use crate::format::layer_of;
+        use nightmail_formats::layer_of;
         assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
         assert_eq!(layer_of("model.layers.3.self_attn.q_proj.weight"), Some(3));
         assert_eq!(layer_of("token_embd.weight"), None);

@@ -18,6 +18,8 @@
 //! fresh pages (which each read would fault in and clear, and drop again at eviction: with two
 //! cores computing, that took a third of the CPU from a verify pass of 8 rows).
 
+use nightmail_formats::FormatError;
+use nightmail_model::ModelError;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -25,13 +27,14 @@ use std::thread::JoinHandle;
 
 use serde::Serialize;
 
-use super::buf::{WeightBytes, reserve_pool, unreserve_pool};
-use super::index::{ExpertExtent, ExpertIndex, aligned_span};
 use super::io::{ExpertFile, ReadRange};
-use super::timeline;
-use crate::error::{EngineError, Result};
-use crate::format::TensorView;
-use crate::model::{Expert, ExpertId, ExpertStore, Linear};
+use nightmail_model::Result;
+use nightmail_model::expert_index::{ExpertExtent, ExpertIndex, aligned_span};
+use nightmail_model::timeline;
+use nightmail_model::{Expert, ExpertId, ExpertStore};
+use nightmail_tensor::Linear;
+use nightmail_tensor::TensorView;
+use nightmail_tensor::{WeightBytes, reserve_pool, unreserve_pool};
 
 /// Which cached expert to drop when the budget is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -163,7 +166,7 @@ struct RunReads {
     done: Vec<Option<ReadRange>>,
     disk_bytes: usize,
     /// The first failure; the runs not taken yet are then dropped.
-    error: Option<EngineError>,
+    error: Option<ModelError>,
     /// Whether it counts against `prefetch_in_flight` (started as a prefetch).
     prefetch: bool,
     /// When its first run began (the timeline's span of the expert's read).
@@ -229,8 +232,8 @@ impl StreamingExperts {
         let files = index
             .files
             .iter()
-            .map(|p| ExpertFile::open(p).map_err(|source| EngineError::Io { path: p.clone(), source }))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|p| ExpertFile::open(p).map_err(|source| FormatError::Io { path: p.clone(), source }))
+            .collect::<Result<Vec<_>, FormatError>>()?;
         // Every extent must lie inside its file: a truncated model fails at load, naming the
         // file and the expert, not at some token hours into a job.
         let mut ids: Vec<_> = index.iter().collect();
@@ -239,7 +242,7 @@ impl StreamingExperts {
             for (_, m) in extent.parts() {
                 let file = &files[m.file];
                 if m.offset + m.len as u64 > file.size() {
-                    return Err(EngineError::ExpertRead {
+                    return Err(FormatError::ExpertRead {
                         path: file.path().to_path_buf(),
                         layer: id.layer,
                         expert: id.expert,
@@ -249,7 +252,8 @@ impl StreamingExperts {
                             m.offset + m.len as u64,
                             file.size()
                         ),
-                    });
+                    }
+                    .into());
                 }
             }
         }
@@ -419,7 +423,7 @@ impl ExpertStore for StreamingExperts {
             let t = timeline::now();
             use_expert(i, e)?;
             timeline::record("expert_compute", layer, Some(ids[i].expert), 0, t);
-            Ok::<(), EngineError>(())
+            Ok::<(), ModelError>(())
         };
         for (i, e) in ready {
             run(i, &e)?;
@@ -509,9 +513,9 @@ fn run_lens(extent: &ExpertExtent, from: usize) -> Vec<usize> {
 
 impl Shared {
     fn extent(&self, id: ExpertId) -> Result<&ExpertExtent> {
-        self.index
-            .get(id)
-            .ok_or_else(|| EngineError::MissingTensor { name: format!("expert {} of layer {}", id.expert, id.layer) })
+        Ok(self.index.get(id).ok_or_else(|| FormatError::MissingTensor {
+            name: format!("expert {} of layer {}", id.expert, id.layer),
+        })?)
     }
 
     fn expert_file(&self, id: ExpertId) -> std::path::PathBuf {
@@ -682,17 +686,19 @@ impl Shared {
                     // Each waiter gets its own copy of the error (io::Error is not Clone), naming
                     // the file the expert lives in.
                     let (path, reason) = match &e {
-                        EngineError::ExpertRead { path, reason, .. } => (path.clone(), reason.clone()),
+                        ModelError::Format(FormatError::ExpertRead { path, reason, .. }) => {
+                            (path.clone(), reason.clone())
+                        }
                         other => (self.expert_file(id), other.to_string()),
                     };
                     for (tx, i) in waiters {
-                        let err = EngineError::ExpertRead {
+                        let err = FormatError::ExpertRead {
                             path: path.clone(),
                             layer: id.layer,
                             expert: id.expert,
                             reason: reason.clone(),
                         };
-                        let _ = tx.send((i, Err(err)));
+                        let _ = tx.send((i, Err(ModelError::from(err))));
                     }
                     if let Some(e) = st.entries.remove(&id) {
                         st.used -= e.bytes;
@@ -737,12 +743,12 @@ impl Shared {
     fn read_run(&self, id: ExpertId, run: usize) -> Result<ReadRange> {
         let run = &self.extent(id)?.runs[run];
         let file = &self.files[run.file];
-        file.read(run.offset, run.len).map_err(|e| EngineError::ExpertRead {
+        Ok(file.read(run.offset, run.len).map_err(|e| FormatError::ExpertRead {
             path: file.path().to_path_buf(),
             layer: id.layer,
             expert: id.expert,
             reason: e.to_string(),
-        })
+        })?)
     }
 
     /// Build an expert's matrices over its runs' read buffers (no copy for Q4_0).
@@ -764,7 +770,7 @@ impl Shared {
         };
         let linear = |m: usize| -> Result<Linear> {
             let (w, b) = view(m).expect("every expert has its three matrices");
-            Linear::from_bytes(&w, b.clone(), view(m + 3).map(|(v, _)| v).as_ref())
+            Ok(Linear::from_bytes(&w, b.clone(), view(m + 3).map(|(v, _)| v).as_ref())?)
         };
         Ok(Expert::new(linear(0)?, linear(1)?, linear(2)?).with_activation(self.index.activation))
     }
@@ -773,8 +779,8 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::Checkpoint;
-    use crate::spec::ModelSpec;
+    use nightmail_formats::ModelFile;
+    use nightmail_model::spec::ModelSpec;
 
     fn fixture() -> std::path::PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf")
@@ -786,7 +792,7 @@ mod tests {
     }
 
     fn store_of(path: &std::path::Path, experts: usize, policy: CachePolicy) -> StreamingExperts {
-        let ck = Checkpoint::open(path).unwrap();
+        let ck = ModelFile::open(path).unwrap();
         let spec = ModelSpec::read(&ck).unwrap();
         let index = ExpertIndex::build(&ck, &spec).unwrap();
         let one = index.get(ExpertId { layer: 0, expert: 0 }).unwrap().buffer_bytes();
@@ -932,9 +938,10 @@ mod tests {
     /// built over its buffers exactly as the resident expert is from the mapped file.
     #[test]
     fn experts_of_three_runs_are_built_bit_identical_to_resident_ones() {
-        use crate::model::{Numerics, ResidentExperts};
+        use nightmail_model::ResidentExperts;
+        use nightmail_tensor::Numerics;
         let s = store(8, CachePolicy::Lru);
-        let ck = Checkpoint::open(&fixture()).unwrap();
+        let ck = ModelFile::open(&fixture()).unwrap();
         let spec = ModelSpec::read(&ck).unwrap();
         let resident = ResidentExperts::load(&ck, &spec).unwrap();
         let x = candle_core::Tensor::randn(0f32, 1.0, (3, spec.hidden_size), &candle_core::Device::Cpu).unwrap();
@@ -978,7 +985,7 @@ mod tests {
         for _ in 0..2 {
             let err = s.with_experts(&[id], &mut |_, _| Ok(())).expect_err("a cut run fails its expert");
             match err {
-                EngineError::ExpertRead { path: p, layer, expert, reason } => {
+                ModelError::Format(FormatError::ExpertRead { path: p, layer, expert, reason }) => {
                     assert_eq!((p, layer, expert), (path.clone(), 1, 7), "{reason}");
                     assert!(reason.contains("ends at byte"), "{reason}");
                 }

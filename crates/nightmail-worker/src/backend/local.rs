@@ -91,7 +91,7 @@ impl Local {
 fn backend_error(e: EngineError) -> BackendError {
     match e {
         // A damaged model file stays damaged: fail the job with a notice, not retries.
-        EngineError::ExpertRead { .. } => BackendError::Permanent(e.to_string()),
+        EngineError::Format(nightmail_engine::FormatError::ExpertRead { .. }) => BackendError::Permanent(e.to_string()),
         // A prompt longer than the context is as long the next time (the worker fits prompts
         // first; this is the last word).
         EngineError::PromptTooLong { .. } => BackendError::Permanent(e.to_string()),

@@ -1,0 +1,218 @@
+//! A model file, read in place: a GGUF file or a Hugging Face directory behind one type, with
+//! llama.cpp's tensor names (`blk.3.attn_q.weight`); a Hugging Face directory translates them.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{FormatError, Result};
+use crate::gguf::GgufFile;
+use crate::hf::HfDir;
+use nightmail_tensor::TensorView;
+
+/// One routed expert of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct ExpertId {
+    pub layer: usize,
+    pub expert: usize,
+}
+
+/// One of the three matrices of a SwiGLU expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertMatrix {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertMatrix {
+    pub const ALL: [ExpertMatrix; 3] = [ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down];
+
+    fn gguf_part(self) -> &'static str {
+        match self {
+            ExpertMatrix::Gate => "gate",
+            ExpertMatrix::Up => "up",
+            ExpertMatrix::Down => "down",
+        }
+    }
+}
+
+/// The file format a model came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Gguf,
+    Safetensors,
+}
+
+/// A model's weights and metadata, memory-mapped.
+pub enum ModelFile {
+    Gguf(GgufFile),
+    Hf(HfDir),
+}
+
+impl ModelFile {
+    /// A `.gguf` file, or a directory holding `config.json` (or a single `.gguf`).
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |source| FormatError::Io { path: path.to_path_buf(), source };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            if path.join("config.json").is_file() {
+                return Ok(ModelFile::Hf(HfDir::open(path)?));
+            }
+            let ggufs: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(io)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            if let [one] = ggufs.as_slice() {
+                return Ok(ModelFile::Gguf(GgufFile::open(one)?));
+            }
+            return Err(FormatError::UnknownFormat { path: path.to_path_buf() });
+        }
+        Ok(ModelFile::Gguf(GgufFile::open(path)?))
+    }
+
+    pub fn format(&self) -> Format {
+        match self {
+            ModelFile::Gguf(_) => Format::Gguf,
+            ModelFile::Hf(_) => Format::Safetensors,
+        }
+    }
+
+    /// A tensor by its GGUF name, if the model has it.
+    pub fn tensor(&self, name: &str) -> Result<Option<TensorView<'_>>> {
+        match self {
+            ModelFile::Gguf(g) => g.tensor(name),
+            ModelFile::Hf(h) => h.tensor(name),
+        }
+    }
+
+    /// An integer table by its GGUF name (DeepSeek-V4's `tid2eid`): its values and shape. A
+    /// GGUF holds it as I32, as llama.cpp's converter writes it, or as F32 weights.
+    pub fn index_table(&self, name: &str) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
+        match self {
+            ModelFile::Hf(h) => h.index_table(name),
+            ModelFile::Gguf(g) => match g.index_table(name)? {
+                Some(t) => Ok(Some(t)),
+                None => g
+                    .tensor(name)?
+                    .map(|t| {
+                        let values: Vec<f32> = t.to_f32()?.flatten_all()?.to_vec1()?;
+                        Ok((values.into_iter().map(|v| v as u32).collect(), t.shape.clone()))
+                    })
+                    .transpose(),
+            },
+        }
+    }
+
+    /// A tensor the model must have; the error names it as the file would (a Hugging Face
+    /// directory's transformers name beside the GGUF one) and the file or directory.
+    pub fn require(&self, name: &str) -> Result<TensorView<'_>> {
+        self.tensor(name)?.ok_or_else(|| match self {
+            ModelFile::Gguf(g) => {
+                FormatError::MissingTensorIn { name: format!("`{name}`"), path: g.path().to_path_buf() }
+            }
+            ModelFile::Hf(h) => FormatError::MissingTensorIn {
+                name: match h.transformers_name(name) {
+                    Some(hf) => format!("`{hf}` (GGUF `{name}`)"),
+                    None => format!("`{name}`"),
+                },
+                path: h.dir().to_path_buf(),
+            },
+        })
+    }
+
+    /// One matrix of one routed expert: a slice of the stacked GGUF tensor, or the Hugging Face
+    /// per-expert tensor.
+    pub fn expert_matrix(&self, id: ExpertId, which: ExpertMatrix) -> Result<TensorView<'_>> {
+        match self {
+            ModelFile::Gguf(g) => {
+                let name = format!("blk.{}.ffn_{}_exps.weight", id.layer, which.gguf_part());
+                if let Some(slice) = g.expert_slice(&name, id)? {
+                    return Ok(slice);
+                }
+                // An expert-major file from `model pack`.
+                let packed = packed_expert_name(id, which);
+                g.tensor(&packed)?.ok_or(FormatError::MissingTensor { name })
+            }
+            ModelFile::Hf(h) => h.expert_matrix(id, which),
+        }
+    }
+
+    /// The bias of one routed expert's matrix, where the model has them (gpt-oss): a row of
+    /// the stacked GGUF `*_exps.bias`, or of the Hugging Face fused bias.
+    pub fn expert_bias(&self, id: ExpertId, which: ExpertMatrix) -> Result<Option<TensorView<'_>>> {
+        match self {
+            ModelFile::Gguf(g) => {
+                let name = format!("blk.{}.ffn_{}_exps.bias", id.layer, which.gguf_part());
+                match g.expert_slice(&name, id)? {
+                    Some(slice) => Ok(Some(slice)),
+                    None => g.tensor(&packed_expert_bias_name(id, which)),
+                }
+            }
+            ModelFile::Hf(h) => h.expert_bias(id, which),
+        }
+    }
+
+    /// The file a view's bytes come from, and their offset in it.
+    pub fn locate(&self, view: &TensorView<'_>) -> Option<(PathBuf, u64)> {
+        match self {
+            ModelFile::Gguf(g) => g.locate(view.bytes),
+            ModelFile::Hf(h) => h.locate(view.bytes),
+        }
+    }
+
+    /// Drop the mapped pages from this process once their contents were copied out, so that
+    /// loading does not count the file twice in RSS (the file's pages stay in the page cache
+    /// only as long as the kernel likes).
+    pub fn release_pages(&self) {
+        match self {
+            ModelFile::Gguf(g) => g.release_pages(),
+            ModelFile::Hf(h) => h.release_pages(),
+        }
+    }
+
+    /// Every tensor, for accounting (`model inspect`).
+    pub fn all_tensors(&self) -> Result<Vec<TensorView<'_>>> {
+        match self {
+            ModelFile::Gguf(g) => g.all_tensors(),
+            ModelFile::Hf(h) => h.all_tensors(),
+        }
+    }
+}
+
+/// A routed expert's matrix in a file written by `model pack`: `blk.L.ffn_gate_exps.E.weight`.
+pub fn packed_expert_name(id: ExpertId, which: ExpertMatrix) -> String {
+    format!("blk.{}.ffn_{}_exps.{}.weight", id.layer, which.gguf_part(), id.expert)
+}
+
+/// A routed expert's bias in a file written by `model pack`: `blk.L.ffn_gate_exps.E.bias`.
+pub fn packed_expert_bias_name(id: ExpertId, which: ExpertMatrix) -> String {
+    format!("blk.{}.ffn_{}_exps.{}.bias", id.layer, which.gguf_part(), id.expert)
+}
+
+/// Whether a tensor holds routed-expert weights (GGUF `*_exps`, HF `.experts.N.`).
+pub fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.") || (name.contains(".experts.") && !name.contains("shared_expert"))
+}
+
+/// The layer index of a layer's tensor (`blk.N.` in GGUF, `model.layers.N.` in transformers).
+pub fn layer_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "blk" || p == "layers" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Whether a tensor belongs to a multi-token-prediction layer past the model's `layers`
+/// (`model/mtp.rs`): `blk.N.` / `model.layers.N.` with N ≥ `layers`, or Qwen3-Next's `mtp.*`.
+pub fn is_mtp_tensor(name: &str, layers: usize) -> bool {
+    name.starts_with("mtp.") || layer_of(name).is_some_and(|l| l >= layers)
+}
+
+/// A JSON file that may be absent or unreadable (optional extras such as generation_config.json).
+pub fn read_json_opt(path: &Path) -> Option<serde_json::Value> {
+    crate::hf::read_json(path).ok()
+}

@@ -1,0 +1,309 @@
+//! Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1; DeepSeek-V3, arXiv
+//! 2412.19437 §2.1.1). Each token is compressed to one latent `c` of `kv_lora_rank` (normalized)
+//! and one rotary key part `k_pe` of `qk_rope_head_dim` shared by all heads; only those two are
+//! cached. Head h's key is `[W_uk[h]·c, k_pe]` and its value `W_uv[h]·c`.
+//!
+//! Two equal ways to attend (DeepSeek-V3 `inference/model.py`, `attn_impl` "naive" and
+//! "absorb"): the plain form up-projects every cached latent to per-head keys and values; the
+//! absorbed form folds `W_uk` into the query (`q_nope·W_uk[h]` scores against `c` directly) and
+//! `W_uv` into the output (attend over `c`, then up-project once), so a decode step reads the
+//! cache at its compressed width. A decode step uses the absorbed form; a prefill chunk whichever
+//! costs less (the plain form only for long chunks, see `Mla::plain_is_cheaper`). Follows
+//! transformers' `DeepseekV3Attention` for the arithmetic.
+
+use candle_core::{D, Device, Tensor};
+
+use crate::error::Result;
+use crate::parts::rope::Rope;
+use crate::spec::MlaSpec;
+use nightmail_tensor::{Linear, RmsNorm};
+
+/// Queries: straight from the hidden state, or through DeepSeek's low-rank latent
+/// (`q_b(norm(q_a(x)))`).
+pub enum MlaQuery {
+    Full(Linear),
+    LowRank { a: Linear, norm: RmsNorm, b: Linear },
+}
+
+impl MlaQuery {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            MlaQuery::Full(q) => Ok(q.forward(x)?),
+            MlaQuery::LowRank { a, norm, b } => Ok(b.forward(&norm.forward(&a.forward(x)?)?)?),
+        }
+    }
+}
+
+pub struct Mla {
+    pub(crate) query: MlaQuery,
+    /// `kv_a_proj_with_mqa`: hidden → latent (kv_lora_rank) and shared rotary key (rope dims).
+    pub(crate) kv_a: Linear,
+    pub(crate) kv_norm: RmsNorm,
+    /// Per head, `[heads, qk_nope_head_dim, kv_lora_rank]` and `[heads, v_head_dim, kv_lora_rank]`.
+    pub(crate) k_up: Tensor,
+    pub(crate) v_up: Tensor,
+    pub(crate) o: Linear,
+    /// Kimi K3's gated MLA: `g_proj` `[heads · v_head_dim, hidden]` of the normed layer input;
+    /// the attention output is multiplied by its sigmoid before `o` (llama.cpp
+    /// src/models/kimi-k3.cpp `build_mla_layer`; tests/fixtures/kimi_k3.py `attach_mla_gate`).
+    pub(crate) gate: Option<Linear>,
+    pub(crate) rope: Rope,
+    pub(crate) heads: usize,
+    pub(crate) dims: MlaSpec,
+    /// `(qk_nope + qk_rope)^-½`, times YaRN's mscale² where the config asks for it.
+    pub(crate) softmax_scale: f64,
+}
+
+/// One step's queries and compressed keys, rotated, ready to attend.
+struct Prepared {
+    /// `[heads, tokens, qk_nope]` and `[heads, tokens, qk_rope]`.
+    q_nope: Tensor,
+    q_pe: Tensor,
+}
+
+impl Mla {
+    /// The query rows `[tokens, heads · (nope + rope)]` and the latent rows
+    /// `[tokens, kv_lora_rank + rope]` of `x`.
+    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((self.query.forward(x)?, self.kv_a.forward(x)?))
+    }
+
+    /// The output gate's logits of `x` `[tokens, heads · v_head_dim]`, for a gated layer.
+    pub fn gate_logits(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        Ok(self.gate.as_ref().map(|g| g.forward(x)).transpose()?)
+    }
+
+    /// `attended` times σ(gate logits) where the layer is gated.
+    pub fn gated(&self, attended: Tensor, logits: Option<&Tensor>) -> Result<Tensor> {
+        Ok(match logits {
+            Some(g) => (attended * candle_nn::ops::sigmoid(g)?)?,
+            None => attended,
+        })
+    }
+
+    pub fn output(&self, attended: &Tensor) -> Result<Tensor> {
+        Ok(self.o.forward(attended)?)
+    }
+
+    /// Attention of projected rows at positions `start..` over `cache`, to which their latents
+    /// (`[1, 1, tokens, kv_lora_rank]`) and rotary keys (`[1, 1, tokens, rope]`) are appended:
+    /// `[tokens, heads · v_head_dim]`, before the output projection.
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        kv: &Tensor,
+        start: usize,
+        cache: &mut crate::parts::attention::F32Cache,
+    ) -> Result<Tensor> {
+        let t = q.dim(0)?;
+        let (p, c, k_pe) = self.prepare(q, kv, start)?;
+        let (c, k_pe) = cache.append(&c, &k_pe)?;
+        let (c, k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?);
+        let out = if self.plain_is_cheaper(t) {
+            self.plain(&p, &c, &k_pe, start)?
+        } else {
+            self.absorbed(&p, &c, &k_pe, start)?
+        };
+        // [heads, tokens, v] → [tokens, heads · v]
+        Ok(out.transpose(0, 1)?.reshape((t, self.heads * self.dims.v_head_dim))?)
+    }
+
+    /// Per cached position and head, the plain form costs (nope + v)·kv multiply-adds to
+    /// up-project it plus t·(nope + rope + v) to attend; the absorbed form t·(2·kv + rope) (t
+    /// queries against the latent and the rotary key, then the latent sum), plus terms that do not
+    /// grow with the cache. So the plain form pays only for chunks of more than
+    /// (nope + v)·kv / (2·kv − nope − v) tokens: about 170 at DeepSeek-V3's widths, never when
+    /// the latent is no wider than the heads. A decode step is always absorbed.
+    fn plain_is_cheaper(&self, tokens: usize) -> bool {
+        let d = self.dims;
+        let per_token = (2 * d.kv_lora_rank).saturating_sub(d.qk_nope_head_dim + d.v_head_dim);
+        tokens > 1 && tokens * per_token > (d.qk_nope_head_dim + d.v_head_dim) * d.kv_lora_rank
+    }
+
+    /// Splits and rotates: the queries' nope and rope parts, the normalized latent and the
+    /// rotated shared key, the last two shaped as the cache holds them.
+    fn prepare(&self, q: &Tensor, kv: &Tensor, start: usize) -> Result<(Prepared, Tensor, Tensor)> {
+        let d = self.dims;
+        let t = q.dim(0)?;
+        let q = q.reshape((t, self.heads, d.qk_nope_head_dim + d.qk_rope_head_dim))?.transpose(0, 1)?;
+        let q_nope = q.narrow(D::Minus1, 0, d.qk_nope_head_dim)?.contiguous()?;
+        let q_pe = q.narrow(D::Minus1, d.qk_nope_head_dim, d.qk_rope_head_dim)?.unsqueeze(0)?;
+        let c = self.kv_norm.forward(&kv.narrow(1, 0, d.kv_lora_rank)?)?;
+        let k_pe = kv.narrow(1, d.kv_lora_rank, d.qk_rope_head_dim)?.reshape((1, 1, t, d.qk_rope_head_dim))?;
+        // Kimi Linear (NoPE) keeps the shared key part but rotates nothing.
+        let (q_pe, k_pe) = if d.nope {
+            (q_pe.squeeze(0)?.contiguous()?, k_pe.contiguous()?)
+        } else {
+            (self.rope.apply(&q_pe, start)?.squeeze(0)?, self.rope.apply(&k_pe, start)?)
+        };
+        Ok((Prepared { q_nope, q_pe }, c.reshape((1, 1, t, d.kv_lora_rank))?, k_pe))
+    }
+
+    /// Up-project every cached latent to per-head keys and values, then attend as MHA.
+    /// `c`: `[s, kv_lora_rank]`, `k_pe`: `[s, rope]` → `[heads, tokens, v]`.
+    fn plain(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize) -> Result<Tensor> {
+        let (h, s, d) = (self.heads, c.dim(0)?, self.dims);
+        let up = |w: &Tensor, width: usize| -> Result<Tensor> {
+            // [s, kv] · [kv, h·width] → [h, s, width]
+            let w = w.reshape((h * width, d.kv_lora_rank))?;
+            Ok(c.matmul(&w.t()?)?.reshape((s, h, width))?.transpose(0, 1)?.contiguous()?)
+        };
+        let k_nope = up(&self.k_up, d.qk_nope_head_dim)?;
+        let v = up(&self.v_up, d.v_head_dim)?;
+        let k_pe = k_pe.unsqueeze(0)?.broadcast_as((h, s, d.qk_rope_head_dim))?;
+        let k = Tensor::cat(&[&k_nope, &k_pe.contiguous()?], D::Minus1)?;
+        let q = Tensor::cat(&[&p.q_nope, &p.q_pe], D::Minus1)?;
+        let scores = (q.matmul(&k.t()?)? * self.softmax_scale)?;
+        let probs = self.softmax(scores, start)?;
+        Ok(probs.matmul(&v)?)
+    }
+
+    /// Attend over the latents themselves: `W_uk` folded into the query, `W_uv` applied after.
+    fn absorbed(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize) -> Result<Tensor> {
+        let (h, t) = (self.heads, p.q_nope.dim(1)?);
+        // [h, t, nope] · [h, nope, kv] → [h, t, kv]: each head's query in latent space.
+        let q_latent = p.q_nope.matmul(&self.k_up)?;
+        let kv = self.dims.kv_lora_rank;
+        let scores_nope = q_latent.reshape((h * t, kv))?.matmul(&c.t()?)?;
+        let rope = self.dims.qk_rope_head_dim;
+        let scores_pe = p.q_pe.contiguous()?.reshape((h * t, rope))?.matmul(&k_pe.t()?)?;
+        let s = c.dim(0)?;
+        let scores = ((scores_nope + scores_pe)? * self.softmax_scale)?.reshape((h, t, s))?;
+        let probs = self.softmax(scores, start)?;
+        // [h·t, s] · [s, kv] → [h, t, kv] · [h, kv, v] → [h, t, v]
+        let latent = probs.reshape((h * t, s))?.matmul(c)?.reshape((h, t, kv))?;
+        Ok(latent.matmul(&self.v_up.transpose(1, 2)?)?)
+    }
+
+    /// Causal softmax of `[heads, tokens, keys]` for queries at positions `start..`.
+    fn softmax(&self, scores: Tensor, start: usize) -> Result<Tensor> {
+        let (t, s) = (scores.dim(1)?, scores.dim(2)?);
+        let scores = if t > 1 {
+            let mask: Vec<f32> = (0..t)
+                .flat_map(|i| (0..s).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+                .collect();
+            scores.broadcast_add(&Tensor::from_vec(mask, (t, s), &Device::Cpu)?)?
+        } else {
+            scores
+        };
+        Ok(candle_nn::ops::softmax_last_dim(&scores)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::RopeStyle;
+    use candle_core::DType;
+
+    fn random(shape: &[usize], seed: u64) -> Tensor {
+        // A fixed xorshift stream: the test needs no RNG crate state to reproduce.
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.8
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn mla() -> Mla {
+        let dims = MlaSpec {
+            q_lora_rank: None,
+            kv_lora_rank: 16,
+            qk_nope_head_dim: 8,
+            qk_rope_head_dim: 4,
+            v_head_dim: 6,
+            nope: false,
+            output_gate: false,
+        };
+        let (hidden, heads) = (32, 3);
+        let norm = RmsNorm::from_tensor(Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(), 1e-6);
+        Mla {
+            query: MlaQuery::Full(Linear::from_tensor(random(&[heads * 12, hidden], 1))),
+            kv_a: Linear::from_tensor(random(&[16 + 4, hidden], 2)),
+            kv_norm: norm,
+            k_up: random(&[heads, 8, 16], 3),
+            v_up: random(&[heads, 6, 16], 4),
+            o: Linear::from_tensor(random(&[hidden, heads * 6], 5)),
+            gate: None,
+            rope: Rope::new(4, 10000.0, RopeStyle::Interleaved, None),
+            heads,
+            dims,
+            softmax_scale: 1.0 / 12f64.sqrt(),
+        }
+    }
+
+    /// Tokens `cached..total` of `x` attended both ways over the latents of all before them:
+    /// (plain, absorbed), each `[heads · new tokens · v]`.
+    fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut cache = crate::parts::attention::F32Cache::new();
+        let (q, kv) = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
+        m.attend(&q, &kv, 0, &mut cache).unwrap();
+        let (q, kv) = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
+        let (p, c, k_pe) = m.prepare(&q, &kv, cached).unwrap();
+        let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
+        let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
+        let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        (flat(m.plain(&p, &c, &k_pe, cached).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached).unwrap()))
+    }
+
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+    }
+
+    #[test]
+    fn the_absorbed_decode_equals_the_plain_form() {
+        // The seventh token, both ways, over the same six cached latents.
+        let (plain, absorbed) = both_forms(&mla(), &random(&[7, 32], 6), 6);
+        assert_eq!(plain.len(), 3 * 6);
+        let worst = worst(&plain, &absorbed);
+        assert!(worst < 1e-6, "absorbed and plain attention differ by {worst:e}");
+        assert!(plain.iter().any(|v| v.abs() > 1e-3), "the check is not vacuous");
+    }
+
+    #[test]
+    fn both_forms_agree_on_a_chunk_after_cached_tokens_and_the_plain_one_is_for_long_chunks() {
+        let m = mla();
+        let (plain, absorbed) = both_forms(&m, &random(&[8, 32], 8), 3);
+        let worst = worst(&plain, &absorbed);
+        assert!(worst < 1e-6, "the forms differ by {worst:e} on a causal chunk");
+        // DeepSeek-V3's widths: (128 + 128)·512 / (2·512 − 256) ≈ 170.7 tokens.
+        let wide = Mla {
+            dims: MlaSpec {
+                q_lora_rank: None,
+                kv_lora_rank: 512,
+                qk_nope_head_dim: 128,
+                qk_rope_head_dim: 64,
+                v_head_dim: 128,
+                nope: false,
+                output_gate: false,
+            },
+            ..mla()
+        };
+        assert!(!wide.plain_is_cheaper(1) && !wide.plain_is_cheaper(170) && wide.plain_is_cheaper(171));
+        assert!(!m.plain_is_cheaper(5) && m.plain_is_cheaper(13));
+    }
+
+    #[test]
+    fn a_prefill_and_token_by_token_decoding_agree() {
+        let m = mla();
+        // 14 tokens: a prefill the plain form takes, against decode steps the absorbed one takes.
+        let x = random(&[14, 32], 7);
+        assert!(m.plain_is_cheaper(14));
+        let (q, kv) = m.project(&x).unwrap();
+        let mut cache = crate::parts::attention::F32Cache::new();
+        let all = m.attend(&q, &kv, 0, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+        let mut cache = crate::parts::attention::F32Cache::new();
+        for (i, want) in all.iter().enumerate() {
+            let row = |t: &Tensor| t.narrow(0, i, 1).unwrap();
+            let one = m.attend(&row(&q), &row(&kv), i, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+            let worst = worst(&one[0], want);
+            assert!(worst < 1e-6, "token {i}: {worst:e}");
+        }
+    }
+}

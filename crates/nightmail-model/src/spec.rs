@@ -1,0 +1,1442 @@
+//! What a model is, read from its own metadata (GGUF keys or `config.json`), never from a table
+//! of known sizes. Both transformers 4 and 5 spellings are accepted (`rope_theta` or
+//! `rope_parameters.rope_theta`, `rope_scaling` or `rope_parameters`, `num_experts` or
+//! `num_local_experts`).
+
+use crate::error::ModelError;
+use nightmail_formats::FormatError;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use crate::error::Result;
+use nightmail_formats::{GgufFile, HfDir, ModelFile};
+
+mod delta_net;
+pub use delta_net::DeltaNetSpec;
+mod deepseek_v4;
+mod gqa_moe;
+pub use deepseek_v4::{DeepseekV4Spec, V4AttentionKind};
+
+/// The architectures this engine runs. Each picks its attention and routing parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Architecture {
+    Llama,
+    Mixtral,
+    Qwen2Moe,
+    Qwen3Moe,
+    /// OpenAI's gpt-oss (transformers `GptOssForCausalLM`, llama.cpp `gpt-oss`).
+    GptOss,
+    /// DeepSeek-V3 and Kimi K2 (GGUF `deepseek2`): multi-head latent attention and grouped
+    /// sigmoid routing.
+    DeepseekV3,
+    /// Moonshot's Kimi Linear (transformers `KimiLinearForCausalLM`, llama.cpp `kimi-linear`):
+    /// KDA linear-attention layers between NoPE latent-attention layers, DeepSeek-V3's MoE.
+    KimiLinear,
+    /// Moonshot's Kimi K3 (`model_type: kimi_k3`, text model under `text_config`, weights under
+    /// `language_model.`; llama.cpp `kimi-k3`): Kimi Linear's layers with the lower-bounded KDA
+    /// gate and full-rank output gate, gated MLA, Stable LatentMoE, SiTU and AttnRes residuals.
+    KimiK3,
+    /// Qwen3-Next (transformers `Qwen3NextForCausalLM`, llama.cpp `qwen3next`): Gated DeltaNet
+    /// layers between gated full-attention layers, Qwen-MoE experts with a gated shared expert.
+    Qwen3Next,
+    /// Qwen3.5-MoE's text model (transformers `qwen3_5_moe`, llama.cpp `qwen35moe`): Qwen3-Next's
+    /// layers with the DeltaNet projections stored apart.
+    Qwen35Moe,
+    /// Zhipu's GLM-4.5 (transformers `Glm4MoeForCausalLM`, llama.cpp `glm4moe`): grouped-query
+    /// attention with q/k/v biases, rotary on part of each head and optional per-head q/k norms;
+    /// DeepSeek-V3's sigmoid routing and shared expert.
+    Glm4Moe,
+    /// MiniMax-M2 (transformers `MiniMaxM2ForCausalLM`, llama.cpp `minimax-m2`): grouped-query
+    /// attention with q/k norms across all heads and partial rotary; sigmoid routing with a
+    /// correction bias, no shared expert.
+    MinimaxM2,
+    /// DeepSeek-V4 (transformers `DeepseekV4ForCausalLM`): hyper-connection residual streams,
+    /// sliding-window MQA with heavily-compressed or compressed-sparse entries, the grouped
+    /// output projection, sqrt-softplus and hash routing (spec/deepseek_v4.rs).
+    DeepseekV4,
+}
+
+impl Architecture {
+    /// Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet layers between gated full attention.
+    pub fn is_qwen_hybrid(self) -> bool {
+        matches!(self, Architecture::Qwen3Next | Architecture::Qwen35Moe)
+    }
+
+    /// Kimi Linear and K3: KDA layers between NoPE latent-attention layers.
+    pub fn is_kimi_hybrid(self) -> bool {
+        matches!(self, Architecture::KimiLinear | Architecture::KimiK3)
+    }
+
+    /// Grouped-query attention with DeepSeek-V3's sigmoid router (spec/gqa_moe.rs).
+    pub fn is_sigmoid_gqa(self) -> bool {
+        matches!(self, Architecture::Glm4Moe | Architecture::MinimaxM2)
+    }
+}
+
+/// How rotary embeddings pair a head's dimensions (RoFormer, arXiv 2104.09864).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Dimension i with i + d/2: transformers' `rotate_half`, llama.cpp's NEOX type.
+    HalfSplit,
+    /// Dimensions 2i and 2i+1: llama.cpp's NORM type, used for GGUF `llama`, whose converter
+    /// permutes the q/k rows to match.
+    Interleaved,
+}
+
+/// How a router turns its logits into expert choices and weights.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// Softmax over all experts, keep the top k, optionally renormalize them to sum to 1
+    /// (Mixtral, arXiv 2401.04088 §2.1; Qwen-MoE `norm_topk_prob`).
+    SoftmaxTopK { top_k: usize, normalize: bool },
+    /// The top k of the raw logits, then a softmax over those k only (gpt-oss:
+    /// transformers `GptOssTopKRouter`, llama.cpp's `SOFTMAX_WEIGHT` gating).
+    TopKSoftmax { top_k: usize },
+    /// DeepSeek-V3 (arXiv 2412.19437 §2.1.2): sigmoid scores; a per-expert correction bias
+    /// added for the choice only; the experts split into `groups`, each scored by the sum of its
+    /// two best biased scores, and only the best `top_groups` groups eligible; the top k of
+    /// those weighted by their unbiased scores, normalized when `normalize`, times `scale`.
+    GroupedSigmoid { top_k: usize, groups: usize, top_groups: usize, normalize: bool, scale: f32 },
+    /// DeepSeek-V4 (transformers `DeepseekV4TopKRouter`): scores `sqrt(softplus(logit))`; the
+    /// correction bias added for the choice only; the top k weighted by their scores,
+    /// renormalized, times `scale`. A hash-routed layer takes the same weights for the experts
+    /// its token id names (`DeepseekV4HashRouter`).
+    SqrtSoftplus { top_k: usize, scale: f32 },
+}
+
+impl Routing {
+    pub fn top_k(&self) -> usize {
+        match self {
+            Routing::SoftmaxTopK { top_k, .. }
+            | Routing::TopKSoftmax { top_k }
+            | Routing::GroupedSigmoid { top_k, .. }
+            | Routing::SqrtSoftplus { top_k, .. } => *top_k,
+        }
+    }
+}
+
+/// The gated activation inside an expert's feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `silu(gate) ⊙ up` (Shazeer, arXiv 2002.05202).
+    #[serde(rename = "swiglu")]
+    SwiGlu,
+    /// gpt-oss's: the gate clamped from above at `limit`, the up projection to ±`limit`, then
+    /// `gate · σ(alpha · gate) · (up + 1)` (transformers `GptOssExperts`, openai/gpt-oss
+    /// `swiglu`).
+    #[serde(rename = "clamped_swiglu")]
+    ClampedSwiGlu { alpha: f32, limit: f32 },
+    /// Kimi K3's SiTU: `β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)` (`activation_situ_beta`,
+    /// `activation_situ_linear_beta`; llama.cpp `kimi_k3_situ`).
+    #[serde(rename = "situ")]
+    Situ { beta: f32, linear_beta: Option<f32> },
+    /// DeepSeek-V4's: the gate clamped from above and the up projection to ±`limit`, then
+    /// `silu(gate) ⊙ up` (transformers `DeepseekV4Experts._apply_gate`, `DeepseekV4MLP`).
+    #[serde(rename = "clamped_silu")]
+    ClampedSilu { limit: f32 },
+}
+
+impl Activation {
+    /// gpt-oss's defaults (transformers' `swiglu_alpha`, `swiglu_limit`), which llama.cpp builds
+    /// into its graph.
+    const GPT_OSS_ALPHA: f32 = 1.702;
+    const GPT_OSS_LIMIT: f32 = 7.0;
+}
+
+/// Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1): keys and values are
+/// up-projected per head from one shared latent of `kv_lora_rank`, beside a rotary key part of
+/// `qk_rope_head_dim` shared by all heads; queries optionally through a latent of `q_lora_rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaSpec {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The `qk_rope_head_dim` part is not rotated (Kimi Linear's `mla_use_nope`: transformers'
+    /// `KimiLinearAttention` keeps the shared key part but applies no position encoding).
+    pub nope: bool,
+    /// Kimi K3's gated MLA: the attention output times σ(g_proj(x)) before o_proj
+    /// (llama.cpp src/models/kimi-k3.cpp `build_mla_layer`).
+    pub output_gate: bool,
+}
+
+/// Kimi Delta Attention (Kimi Linear, arXiv 2510.26692; fla `naive_recurrent_kda`): a linear
+/// attention whose per-head state is updated by the gated delta rule with a per-channel decay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KdaSpec {
+    pub heads: usize,
+    /// Key and value width per head (the state is `head_dim × head_dim` per head).
+    pub head_dim: usize,
+    /// The causal depthwise convolution over q, k and v (`short_conv_kernel_size`).
+    pub conv_kernel: usize,
+    /// The layers (from 0) that are KDA; the others are full (latent) attention.
+    pub layers: Vec<usize>,
+    /// Kimi K3's `linear_attn_config.gate_lower_bound`: the decay gate becomes
+    /// `lb·σ(exp(A_log)·(f_b(f_a(x)) + dt_bias))` instead of `−exp(A_log)·softplus(…)` (fla
+    /// `naive_kda_lowerbound_gate`). None for Kimi Linear.
+    pub gate_lower_bound: Option<f32>,
+    /// Kimi K3's output gate is one full-rank `g_proj` (kimi-k3.cpp `build_kda_layer`, `ssm_g`)
+    /// where Kimi Linear has the low-rank `g_b(g_a(x))`.
+    pub full_rank_output_gate: bool,
+}
+
+/// YaRN rope scaling (Peng et al., arXiv 2309.00071), with transformers'
+/// `_compute_yarn_parameters` defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Yarn {
+    /// Context extension: interpolated frequencies are divided by it.
+    pub factor: f64,
+    /// The context the model was pretrained with (`original_max_position_embeddings`).
+    pub original_context: usize,
+    /// Frequencies that turn more than `beta_fast` times over the original context keep their
+    /// value; fewer than `beta_slow` times, they are interpolated; a linear ramp between.
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Round the ramp's ends to whole dimensions (transformers' default; gpt-oss sets false).
+    pub truncate: bool,
+    /// Multiplies cos and sin (the paper's √(1/t)).
+    pub attention_factor: f64,
+    /// DeepSeek's `mscale_all_dim` (0 when absent): MLA also scales its softmax by
+    /// `yarn_mscale(factor, mscale_all_dim)²` (transformers' `yarn_apply_mscale`).
+    pub mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// The factor on the attention softmax scale (1 unless `mscale_all_dim` is set).
+    pub fn softmax_factor(&self) -> f64 {
+        if self.mscale_all_dim == 0.0 {
+            return 1.0;
+        }
+        let m = yarn_mscale(self.factor, self.mscale_all_dim);
+        m * m
+    }
+}
+
+/// YaRN's Eq. 21: `0.1 · mscale · ln(scale) + 1` (transformers' `yarn_get_mscale`).
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttentionSpec {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Grouped attention: the dimensions of each head that rotate, from its start (GLM-4.5's
+    /// and MiniMax-M2's partial rotary; head_dim for the others); the rest pass unrotated.
+    pub rope_dim: usize,
+    pub rope_theta: f64,
+    pub rope_style: RopeStyle,
+    /// YaRN context extension, when the model was trained with it.
+    pub rope_scaling: Option<Yarn>,
+    /// Per layer: attend to at most this many previous positions (Mistral's sliding window).
+    pub sliding_window: Vec<Option<usize>>,
+    /// A learned per-head logit that joins each softmax and is dropped after it (gpt-oss's
+    /// attention sinks; Xiao et al., arXiv 2309.17453).
+    pub sinks: bool,
+    /// Latent attention (DeepSeek-V3): then `head_dim` is the query/key width (nope + rope) and
+    /// `kv_heads` is 1, the one latent all heads read.
+    pub mla: Option<MlaSpec>,
+    /// Qwen3-Next's gated attention: q_proj also gives a gate per head, and the attention output
+    /// is multiplied by its sigmoid before o_proj (transformers `Qwen3NextAttention`).
+    pub output_gate: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub routing: Routing,
+    pub expert_ffn: usize,
+    /// The always-on shared expert's width: Qwen-MoE's, scaled by its own sigmoid gate, or
+    /// DeepSeek's `n_shared_experts` experts fused into one, added unweighted.
+    pub shared_expert_ffn: Option<usize>,
+    pub activation: Activation,
+    /// Kimi K3's Stable LatentMoE: the routed experts work in this narrower width.
+    pub latent: Option<LatentSpec>,
+}
+
+/// Stable LatentMoE (llama.cpp src/models/kimi-k3.cpp `build_latent_moe`): the router reads the
+/// full width; each token is projected down to `width`, runs its experts there, the weighted sum
+/// is RMS-normed (when `norm`) and projected back up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LatentSpec {
+    pub width: usize,
+    /// `latent_moe_use_norm`: RMSNorm the routed sum in the latent width.
+    pub norm: bool,
+}
+
+impl MoeSpec {
+    /// The width a routed expert reads and writes: the latent's, or the model's.
+    pub fn expert_width(&self, hidden: usize) -> usize {
+        self.latent.map_or(hidden, |l| l.width)
+    }
+}
+
+/// A model's shape and parts.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSpec {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub layers: usize,
+    /// The dense feed-forward width (llama, and MoE models' dense layers).
+    pub ffn: usize,
+    pub rms_norm_eps: f64,
+    pub context_length: usize,
+    pub attention: AttentionSpec,
+    pub moe: Option<MoeSpec>,
+    /// Per layer: whether its feed-forward is a routed MoE block (router weights present).
+    pub moe_layers: Vec<bool>,
+    /// Kimi Linear's linear-attention layers, where the model has them.
+    pub kda: Option<KdaSpec>,
+    /// The gated activation of the dense layers and shared experts (K3's SiTU; SwiGLU elsewhere).
+    pub ffn_activation: Activation,
+    /// Kimi K3's AttnRes block residuals (`attn_res_block_size`): None for a plain residual.
+    pub attn_res_block: Option<usize>,
+    /// Qwen3-Next's Gated DeltaNet layers, where the model has them.
+    pub delta_net: Option<DeltaNetSpec>,
+    /// DeepSeek-V4's hyper-connections, attention kinds and hash routing.
+    pub deepseek_v4: Option<DeepseekV4Spec>,
+    /// The file stores RMSNorm weights as w where the norm multiplies by (1 + w) (transformers'
+    /// `Qwen3NextRMSNorm`; llama.cpp's converter adds the 1, so its GGUFs do not).
+    pub zero_centered_norms: bool,
+    /// Multi-token-prediction layers past the last one (DeepSeek-V3's `num_nextn_predict_layers`,
+    /// GGUF `nextn_predict_layers`), which only `draft = "mtp"` runs (`model/mtp.rs`), and where
+    /// the count is read from (for messages).
+    pub mtp_layers: usize,
+    pub mtp_key: String,
+    pub bos_token: Option<u32>,
+    pub eos_tokens: Vec<u32>,
+}
+
+impl ModelSpec {
+    /// Whether layer `l` mixes tokens with KDA rather than attention.
+    pub fn is_kda(&self, l: usize) -> bool {
+        self.kda.as_ref().is_some_and(|k| k.layers.contains(&l))
+    }
+
+    /// Whether layer `l` mixes tokens with Gated DeltaNet.
+    pub fn is_delta_net(&self, l: usize) -> bool {
+        self.delta_net.as_ref().is_some_and(|d| d.layers.contains(&l))
+    }
+
+    /// Whether layer `l` keeps a fixed-size recurrent state instead of a key/value cache.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.is_kda(l) || self.is_delta_net(l)
+    }
+}
+
+impl ModelSpec {
+    pub fn read(ck: &ModelFile) -> Result<Self> {
+        let mut spec = match ck {
+            ModelFile::Gguf(g) => from_gguf(g)?,
+            ModelFile::Hf(h) => from_hf(h)?,
+        };
+        spec.moe_layers = (0..spec.layers)
+            .map(|l| ck.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).map(|t| t.is_some()))
+            .collect::<Result<_, FormatError>>()?;
+        if spec.moe.is_none() && spec.moe_layers.iter().any(|m| *m) {
+            return Err(
+                FormatError::MissingMetadata { key: "expert count (the file has router weights)".into() }.into()
+            );
+        }
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// The sizes every part divides by or indexes with, checked once here so that a corrupt or
+    /// mislabelled file is refused with the value it gives, never met as a division by zero or an
+    /// index past the end mid-forward (both found by fuzzing the GGUF reader, see
+    /// docs/FUZZING.md).
+    fn check(&self) -> Result<()> {
+        let bad = |key: &str, reason: String| Err(FormatError::BadMetadata { key: key.into(), reason }.into());
+        let a = &self.attention;
+        for (key, value) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("layers", self.layers),
+            ("attention heads", a.heads),
+            ("key/value heads", a.kv_heads),
+            ("head size", a.head_dim),
+            ("context length", self.context_length),
+        ] {
+            if value == 0 {
+                return bad(key, "as 0".into());
+            }
+        }
+        if !a.heads.is_multiple_of(a.kv_heads) {
+            return bad(
+                "key/value heads",
+                format!("as {}, which does not divide {} attention heads", a.kv_heads, a.heads),
+            );
+        }
+        if let Some(moe) = &self.moe {
+            let top_k = moe.routing.top_k();
+            if top_k == 0 || top_k > moe.experts {
+                return bad("experts used per token", format!("as {top_k}, with {} experts", moe.experts));
+            }
+            if moe.expert_ffn == 0 {
+                return bad("expert feed-forward width", "as 0".into());
+            }
+            if let Routing::GroupedSigmoid { groups, top_groups, .. } = moe.routing
+                && (moe.experts % groups != 0 || top_groups > groups)
+            {
+                let reason = format!("as {groups} groups of which {top_groups} are used, for {} experts", moe.experts);
+                return bad("expert groups", reason);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A layer holds at least one tensor: a layer count past the file's tensor count is corrupt, and
+/// is refused before anything is sized by it (the gguf fuzz target's second finding: a block count
+/// of four billion allocated a per-layer list of 64 GB).
+fn layers_within(layers: usize, tensors: usize, key: &str) -> Result<usize> {
+    if layers > tensors {
+        let reason = format!("as {layers}, but the model holds {tensors} tensors");
+        return Err(FormatError::BadMetadata { key: key.into(), reason }.into());
+    }
+    Ok(layers)
+}
+
+fn missing(key: &str) -> ModelError {
+    ModelError::from(FormatError::MissingMetadata { key: key.to_string() })
+}
+
+fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
+    let arch_name = g.string("general.architecture").ok_or_else(|| missing("general.architecture"))?.to_string();
+    let key = |k: &str| format!("{arch_name}.{k}");
+    // A size the graph divides by or counts with: 0 is a corrupt file, not a model.
+    let need = |k: &str| match g.uint(&key(k)) {
+        Some(0) => Err(FormatError::BadMetadata { key: key(k), reason: "as 0".into() }.into()),
+        Some(v) => Ok(v as usize),
+        None => Err(missing(&key(k))),
+    };
+    let experts = g.uint(&key("expert_count")).unwrap_or(0) as usize;
+    let architecture = match (arch_name.as_str(), experts) {
+        ("llama", 0) => Architecture::Llama,
+        ("llama", _) => Architecture::Mixtral,
+        ("qwen2moe", _) => Architecture::Qwen2Moe,
+        ("qwen3moe", _) => Architecture::Qwen3Moe,
+        ("gpt-oss", _) => Architecture::GptOss,
+        ("deepseek2", _) => Architecture::DeepseekV3,
+        ("kimi-linear", _) => Architecture::KimiLinear,
+        // As llama.cpp's converter writes it (convert_hf_to_gguf.py KimiK3Model, src/llama-arch.cpp
+        // names): kimi-linear's keys and names plus the K3 keys read below.
+        ("kimi-k3", _) => Architecture::KimiK3,
+        ("qwen3next", _) => Architecture::Qwen3Next,
+        ("qwen35moe", _) => Architecture::Qwen35Moe,
+        ("glm4moe", _) => Architecture::Glm4Moe,
+        ("minimax-m2", _) => Architecture::MinimaxM2,
+        ("deepseek4", _) => Architecture::DeepseekV4,
+        (other, _) => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    };
+    let hidden_size = need("embedding_length")?;
+    let blocks = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
+    let layers = gqa_moe::layers_from_gguf(g, &arch_name, blocks)?;
+    let heads = need("attention.head_count")?;
+    let k3 = architecture == Architecture::KimiK3;
+    let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
+    let mla = latent.then(|| mla_from_gguf(g, &arch_name)).transpose()?;
+    // llama.cpp's kimi-linear graph rotates nothing in its MLA layers, as transformers' does not.
+    let mla = mla.map(|m| MlaSpec { nope: architecture.is_kimi_hybrid(), output_gate: k3, ..m });
+    let kda = architecture.is_kimi_hybrid().then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
+    let kda = kda.map(|k| KdaSpec {
+        gate_lower_bound: g.float(&key("kda.gate_lower_bound")).map(|v| v as f32),
+        full_rank_output_gate: k3,
+        ..k
+    });
+    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_gguf(g, &arch_name, layers)).transpose()?;
+    let v4 = architecture == Architecture::DeepseekV4;
+    let deepseek_v4 = v4.then(|| deepseek_v4::from_gguf(g, &arch_name, layers)).transpose()?;
+    let ffn_activation = match (k3, v4) {
+        (true, _) => Activation::Situ {
+            beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
+            linear_beta: g.float(&key("activation.situ_linear_beta")).map(|v| v as f32),
+        },
+        // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
+        (_, true) => Activation::ClampedSilu {
+            limit: g.float(&key("swiglu_clamp_exp")).ok_or_else(|| missing(&key("swiglu_clamp_exp")))? as f32,
+        },
+        _ => Activation::SwiGlu,
+    };
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
+    };
+    let rope_dim = gqa_moe::rope_dim_from_gguf(g, &arch_name, head_dim, mla.is_some())?;
+    let rope_scaling = if kda.is_some() || v4 { None } else { yarn_from_gguf(g, &arch_name)? };
+    let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
+    let sliding_window = (0..layers)
+        .map(|l| match architecture {
+            // GGUF has no per-layer list: llama.cpp's `set_swa_pattern(2)` for gpt-oss makes the
+            // even layers sliding and the odd ones full, as transformers' default `layer_types`.
+            Architecture::GptOss => window.filter(|_| l % 2 == 0),
+            // DeepSeek-V4's window is its attention's own (spec/deepseek_v4.rs).
+            Architecture::DeepseekV4 => None,
+            _ => window,
+        })
+        .collect();
+    let vocab_size = match g.uint(&key("vocab_size")) {
+        Some(v) => v as usize,
+        // A shape may have no dimensions at all (the gguf fuzz target's fourth finding).
+        None => {
+            g.tensor_shape("token_embd.weight").and_then(|s| s.first().copied()).ok_or_else(|| missing("vocab_size"))?
+        }
+    };
+    let moe = if experts > 0 {
+        let top_k = need("expert_used_count")?;
+        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
+        // (unless told) do not.
+        let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
+        // (Kimi Linear's converter writes it.)
+        let normalize =
+            gqa_moe::normalize_from_gguf(architecture, g.boolean(&key("expert_weights_norm"))).unwrap_or(default_norm);
+        let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
+            Some(f) => f as usize,
+            None => need("feed_forward_length")?,
+        };
+        let activation = match architecture {
+            // llama.cpp's converter writes no limit for gpt-oss (its graph has 7.0 built in);
+            // read one if a file carries it.
+            Architecture::GptOss => Activation::ClampedSwiGlu {
+                alpha: Activation::GPT_OSS_ALPHA,
+                limit: g.float(&key("swiglu_limit")).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
+            },
+            _ => ffn_activation,
+        };
+        let (routing, shared_expert_ffn) = if v4 {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, which its deepseek4 loader
+            // requires.
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(0);
+            if gating != 4 {
+                return Err(FormatError::Unsupported {
+                    what: format!("{arch_name} expert gating function {gating}"),
+                    hint: "DeepSeek-V4 routes by sqrtsoftplus (expert_gating_func 4)".into(),
+                }
+                .into());
+            }
+            let scale = g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32;
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (Routing::SqrtSoftplus { top_k, scale }, Some(shared).filter(|s| *s > 0))
+        } else if latent || architecture.is_sigmoid_gqa() {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
+            // gating with its max-scored groups is another router. glm4moe and minimax-m2 route
+            // by sigmoid when the key is absent (llama.cpp's glm4moe loader; transformers has
+            // no other router for either).
+            let gating = g.uint(&key("expert_gating_func")).unwrap_or(if latent { 1 } else { 2 });
+            if gating != 2 {
+                return Err(FormatError::Unsupported {
+                    what: format!("{arch_name} expert gating function {gating}"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
+                }.into());
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: g.uint(&key("expert_group_count")).map_or(1, |v| v as usize).max(1),
+                top_groups: g.uint(&key("expert_group_used_count")).map_or(1, |v| v as usize).max(1),
+                normalize,
+                scale: g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
+            };
+            // llama.cpp: the shared experts are one MLP of n_ff_exp · n_expert_shared.
+            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
+            (routing, Some(shared).filter(|s| *s > 0))
+        } else {
+            let shared = g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0);
+            let routing = match architecture {
+                Architecture::GptOss => Routing::TopKSoftmax { top_k },
+                _ => Routing::SoftmaxTopK { top_k, normalize },
+            };
+            (routing, shared)
+        };
+        let latent = match g.uint(&key("expert_latent_length")) {
+            Some(width) if k3 => {
+                // llama.cpp has no key for the latent norm: a layer has `ffn_routed_norm` or not.
+                let norm = (0..layers).any(|l| g.tensor_shape(&format!("blk.{l}.ffn_routed_norm.weight")).is_some());
+                Some(LatentSpec { width: width as usize, norm })
+            }
+            _ => None,
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
+    } else {
+        None
+    };
+    let mut eos_tokens = Vec::new();
+    for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(id) = g.uint(k).map(|id| id as u32).filter(|id| !eos_tokens.contains(id)) {
+            eos_tokens.push(id);
+        }
+    }
+    Ok(ModelSpec {
+        architecture,
+        vocab_size,
+        hidden_size,
+        layers,
+        ffn: g.uint(&key("feed_forward_length")).unwrap_or(0) as usize,
+        rms_norm_eps: g
+            .float(&key("attention.layer_norm_rms_epsilon"))
+            .ok_or_else(|| missing(&key("attention.layer_norm_rms_epsilon")))?,
+        context_length: need("context_length")?,
+        attention: AttentionSpec {
+            heads,
+            kv_heads: match mla {
+                Some(_) => 1,
+                None => g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
+            },
+            head_dim,
+            rope_dim,
+            rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
+            // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
+            // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
+            rope_style: match architecture {
+                Architecture::Llama
+                | Architecture::Mixtral
+                | Architecture::DeepseekV3
+                | Architecture::KimiLinear
+                | Architecture::KimiK3
+                | Architecture::DeepseekV4 => RopeStyle::Interleaved,
+                Architecture::Qwen2Moe
+                | Architecture::Qwen3Moe
+                | Architecture::GptOss
+                | Architecture::Qwen3Next
+                // qwen35's interleaved MRoPE gives text positions the same angles as NEOX.
+                | Architecture::Qwen35Moe
+                | Architecture::Glm4Moe
+                | Architecture::MinimaxM2 => RopeStyle::HalfSplit,
+            },
+            rope_scaling,
+            sliding_window,
+            sinks: architecture == Architecture::GptOss,
+            mla,
+            output_gate: architecture.is_qwen_hybrid(),
+        },
+        moe,
+        moe_layers: Vec::new(),
+        kda,
+        ffn_activation,
+        attn_res_block: if k3 {
+            g.uint(&key("attn_res.block_size")).map(|v| v as usize).filter(|b| *b > 0)
+        } else {
+            None
+        },
+        delta_net,
+        deepseek_v4,
+        zero_centered_norms: false,
+        mtp_layers: blocks - layers,
+        mtp_key: key("nextn_predict_layers"),
+        bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
+        eos_tokens,
+    })
+}
+
+fn from_hf(h: &HfDir) -> Result<ModelSpec> {
+    // A multimodal checkpoint (Kimi K3) keeps its text model's settings under `text_config`.
+    let c = h.text_config();
+    let path = h.dir().join("config.json");
+    // Kimi Linear's checkpoints spell some keys their own way (transformers'
+    // `KimiLinearConfig.attribute_map`); either spelling is read.
+    let get = |k: &str| {
+        let alias = match k {
+            "max_position_embeddings" => Some("model_max_length"),
+            "norm_topk_prob" => Some("moe_renormalize"),
+            "n_group" => Some("num_expert_group"),
+            "num_experts_per_tok" => Some("num_experts_per_token"),
+            "n_shared_experts" => Some("num_shared_experts"),
+            _ => None,
+        };
+        c.get(k).filter(|v| !v.is_null()).or_else(|| alias.and_then(|a| c.get(a)).filter(|v| !v.is_null()))
+    };
+    let uint = |k: &str| get(k).and_then(Json::as_u64).map(|v| v as usize);
+    let need = |k: &str| {
+        uint(k).ok_or_else(|| FormatError::BadConfig {
+            path: path.clone(),
+            reason: format!("`{k}` is missing or not a number"),
+        })
+    };
+    // The checkpoint's own model_type names the architecture (K3's text_config says `kimi_k3_text`).
+    let model_type = h.config().get("model_type").and_then(Json::as_str).unwrap_or_default();
+    let architecture = match model_type {
+        "llama" => Architecture::Llama,
+        "mixtral" => Architecture::Mixtral,
+        "qwen2_moe" => Architecture::Qwen2Moe,
+        "qwen3_moe" => Architecture::Qwen3Moe,
+        "gpt_oss" => Architecture::GptOss,
+        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout; any
+        // other name that declares DeepSeek-V3's class is taken as it.
+        "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
+        "kimi_linear" => Architecture::KimiLinear,
+        "kimi_k3" => Architecture::KimiK3,
+        "qwen3_next" => Architecture::Qwen3Next,
+        // The multimodal checkpoint's type, or its text model's alone (`Qwen3_5MoeForCausalLM`).
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Architecture::Qwen35Moe,
+        "glm4_moe" => Architecture::Glm4Moe,
+        "minimax_m2" => Architecture::MinimaxM2,
+        "deepseek_v4" => Architecture::DeepseekV4,
+        _ if get("architectures")
+            .and_then(Json::as_array)
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
+        {
+            Architecture::DeepseekV3
+        }
+        other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    };
+    let hidden_size = need("hidden_size")?;
+    let layers = layers_within(need("num_hidden_layers")?, h.tensor_count(), "num_hidden_layers")?;
+    let heads = need("num_attention_heads")?;
+    // transformers 5 moved rope settings into `rope_parameters`; 4 had `rope_theta` + `rope_scaling`.
+    let rope = get("rope_parameters");
+    let rope_theta =
+        rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
+    // Kimi Linear has no position encoding at all (transformers removes its rope settings).
+    let rope_scaling = if architecture.is_kimi_hybrid() || architecture == Architecture::DeepseekV4 {
+        None
+    } else {
+        yarn_from_hf(c, &path)?
+    };
+    // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
+    // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
+    let window = uint("sliding_window").filter(|w| *w > 0);
+    let sliding_window = (0..layers)
+        .map(|l| match architecture {
+            Architecture::Mixtral => window,
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                let on = get("use_sliding_window").and_then(Json::as_bool).unwrap_or(false);
+                let from = uint("max_window_layers").unwrap_or(0);
+                window.filter(|_| on && l >= from)
+            }
+            Architecture::Llama
+            | Architecture::DeepseekV3
+            | Architecture::KimiLinear
+            | Architecture::KimiK3
+            | Architecture::Qwen3Next
+            | Architecture::Qwen35Moe
+            | Architecture::Glm4Moe
+            | Architecture::MinimaxM2
+            | Architecture::DeepseekV4 => None,
+            // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
+            // sliding first.
+            Architecture::GptOss => {
+                let kind = get("layer_types").and_then(|t| t.get(l)).and_then(Json::as_str);
+                let sliding = kind.map_or(l % 2 == 0, |k| k == "sliding_attention");
+                window.filter(|_| sliding)
+            }
+        })
+        .collect();
+    // K3's SiTU (`hidden_act: situ`, kimi-k3.cpp kimi_k3_situ) in every feed-forward.
+    let ffn_activation = match get("hidden_act").and_then(Json::as_str) {
+        _ if architecture == Architecture::DeepseekV4 => {
+            Activation::ClampedSilu { limit: get("swiglu_limit").and_then(Json::as_f64).unwrap_or(10.0) as f32 }
+        }
+        Some("situ") => Activation::Situ {
+            beta: get("activation_situ_beta").and_then(Json::as_f64).unwrap_or(4.0) as f32,
+            linear_beta: get("activation_situ_linear_beta").and_then(Json::as_f64).map(|v| v as f32),
+        },
+        _ => Activation::SwiGlu,
+    };
+    let experts =
+        uint("num_local_experts").or_else(|| uint("num_experts")).or_else(|| uint("n_routed_experts")).unwrap_or(0);
+    let moe = if experts > 0 && architecture != Architecture::Llama {
+        let top_k = need("num_experts_per_tok")?;
+        let normalize = match architecture {
+            // MiniMaxM2TopKRouter always renormalizes.
+            Architecture::Mixtral | Architecture::MinimaxM2 => true,
+            // KimiLinearConfig's and Glm4MoeConfig's defaults renormalize, and Qwen3.5-MoE's router
+            // always does (transformers `Qwen3VLMoeTextTopKRouter`); the others' do not.
+            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(
+                architecture.is_kimi_hybrid()
+                    || architecture == Architecture::Qwen35Moe
+                    || architecture == Architecture::Glm4Moe,
+            ),
+        };
+        let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
+        // GLM-4.5's default is one shared expert (Glm4MoeConfig); the others' none.
+        let shared_experts = uint("n_shared_experts").unwrap_or(usize::from(architecture == Architecture::Glm4Moe));
+        let activation = match architecture {
+            Architecture::GptOss => Activation::ClampedSwiGlu {
+                alpha: get("swiglu_alpha").and_then(Json::as_f64).map_or(Activation::GPT_OSS_ALPHA, |v| v as f32),
+                limit: get("swiglu_limit").and_then(Json::as_f64).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
+            },
+            _ => ffn_activation,
+        };
+        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV4 {
+            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sqrtsoftplus");
+            if scoring != "sqrtsoftplus" {
+                return Err(FormatError::Unsupported {
+                    what: format!("{model_type} scoring function `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V4's sqrtsoftplus routing".into(),
+                }
+                .into());
+            }
+            let scale = get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.5) as f32;
+            let shared = uint("n_shared_experts").unwrap_or(1);
+            (Routing::SqrtSoftplus { top_k, scale }, Some(shared * expert_ffn).filter(|v| *v > 0))
+        } else if matches!(architecture, Architecture::DeepseekV3)
+            || architecture.is_kimi_hybrid()
+            || architecture.is_sigmoid_gqa()
+        {
+            // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`,
+            // `Glm4MoeTopkRouter`, the same; `MiniMaxM2TopKRouter` is it with one group); the
+            // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
+            // Kimi's checkpoints name the scoring `moe_router_activation_func`.
+            let scoring = get("scoring_func")
+                .or_else(|| get("moe_router_activation_func"))
+                .and_then(Json::as_str)
+                .unwrap_or("sigmoid");
+            if scoring != "sigmoid" {
+                return Err(FormatError::Unsupported {
+                    what: format!("{model_type} scoring function `{scoring}`"),
+                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
+                }
+                .into());
+            }
+            let routing = Routing::GroupedSigmoid {
+                top_k,
+                groups: uint("n_group").unwrap_or(1).max(1),
+                top_groups: uint("topk_group").unwrap_or(1).max(1),
+                normalize,
+                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
+            };
+            (routing, Some(shared_experts * expert_ffn).filter(|v| *v > 0))
+        } else {
+            let routing = match architecture {
+                Architecture::GptOss => Routing::TopKSoftmax { top_k },
+                _ => Routing::SoftmaxTopK { top_k, normalize },
+            };
+            (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
+        };
+        // K3's routed experts work in `routed_expert_hidden_size` (kimi-k3.cpp build_latent_moe).
+        let latent = match uint("routed_expert_hidden_size") {
+            Some(width) if architecture == Architecture::KimiK3 => {
+                Some(LatentSpec { width, norm: get("latent_moe_use_norm").and_then(Json::as_bool).unwrap_or(true) })
+            }
+            _ => None,
+        };
+        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
+    } else {
+        None
+    };
+    let mla = match architecture {
+        Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3 => Some(MlaSpec {
+            q_lora_rank: uint("q_lora_rank"),
+            kv_lora_rank: need("kv_lora_rank")?,
+            qk_nope_head_dim: need("qk_nope_head_dim")?,
+            qk_rope_head_dim: need("qk_rope_head_dim")?,
+            v_head_dim: need("v_head_dim")?,
+            nope: architecture.is_kimi_hybrid(),
+            output_gate: architecture == Architecture::KimiK3,
+        }),
+        _ => None,
+    };
+    let kda = match architecture {
+        Architecture::KimiLinear => Some(kda_from_hf(c, &path, layers)?),
+        Architecture::KimiK3 => Some(KdaSpec { full_rank_output_gate: true, ..kda_from_hf(c, &path, layers)? }),
+        _ => None,
+    };
+    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_hf(c, &path, layers)).transpose()?;
+    let deepseek_v4 = match architecture {
+        Architecture::DeepseekV4 => Some(deepseek_v4::from_hf(c, &path, layers, need("head_dim")?)?),
+        _ => None,
+    };
+    let attn_res_block = match (architecture, uint("attn_res_block_size")) {
+        (Architecture::KimiK3, Some(0)) => {
+            return Err(
+                FormatError::BadConfig { path: path.clone(), reason: "`attn_res_block_size` is 0".into() }.into()
+            );
+        }
+        (Architecture::KimiK3, block) => block,
+        _ => None,
+    };
+    let head_dim = match &mla {
+        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        None => uint("head_dim").unwrap_or(hidden_size / heads),
+    };
+    let generation = nightmail_formats::read_json_opt(&h.dir().join("generation_config.json"));
+    let ids = |v: Option<&Json>| -> Vec<u32> {
+        match v {
+            Some(Json::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+            Some(Json::Array(a)) => a.iter().filter_map(Json::as_u64).map(|v| v as u32).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut eos_tokens = ids(get("eos_token_id"));
+    for id in ids(generation.as_ref().and_then(|g| g.get("eos_token_id"))) {
+        if !eos_tokens.contains(&id) {
+            eos_tokens.push(id);
+        }
+    }
+    Ok(ModelSpec {
+        architecture,
+        vocab_size: need("vocab_size")?,
+        hidden_size,
+        layers,
+        ffn: uint("intermediate_size").unwrap_or(0),
+        rms_norm_eps: get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-6),
+        context_length: uint("max_position_embeddings").unwrap_or(4096),
+        attention: AttentionSpec {
+            heads,
+            kv_heads: if mla.is_some() { 1 } else { uint("num_key_value_heads").unwrap_or(heads) },
+            head_dim,
+            rope_dim: gqa_moe::rope_dim_from_hf(c, architecture, head_dim, &path)?,
+            rope_theta,
+            // transformers' `rope_interleave` (DeepSeek's own weights rotate adjacent pairs).
+            rope_style: match (&mla, get("rope_interleave").and_then(Json::as_bool)) {
+                (Some(_), None | Some(true)) => RopeStyle::Interleaved,
+                _ => RopeStyle::HalfSplit,
+            },
+            rope_scaling,
+            sliding_window,
+            sinks: architecture == Architecture::GptOss,
+            output_gate: architecture.is_qwen_hybrid(),
+            mla,
+        },
+        moe,
+        moe_layers: Vec::new(),
+        kda,
+        ffn_activation,
+        attn_res_block,
+        delta_net,
+        deepseek_v4,
+        zero_centered_norms: architecture.is_qwen_hybrid(),
+        // transformers' DeepseekV3Config says 1 whether or not the checkpoint holds the layer: the
+        // MTP's load looks for its tensors.
+        mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
+        mtp_key: "num_nextn_predict_layers".into(),
+        bos_token: ids(get("bos_token_id")).first().copied(),
+        eos_tokens,
+    })
+}
+
+/// Kimi Linear's layer kinds and KDA widths, with transformers' `KimiLinearConfig` precedence:
+/// `layer_types` (`linear_attention` / `full_attention`), else the checkpoint's
+/// `linear_attn_config` lists (`kda_layers`, `full_attn_layers`, numbered from 1), else every
+/// 4th layer after the first full. Widths from `linear_attn_config` or the flat `linear_*` keys.
+fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpec> {
+    let bad = |reason: String| FormatError::BadConfig { path: path.to_path_buf(), reason };
+    let lin = c.get("linear_attn_config").filter(|v| v.is_object());
+    let width = |nested: &str, flat: &str, default: u64| -> Result<usize> {
+        let v = lin.and_then(|l| l.get(nested)).or_else(|| c.get(flat)).filter(|v| !v.is_null());
+        match v {
+            None => Ok(default as usize),
+            Some(v) => Ok(v.as_u64().filter(|n| *n > 0).map(|n| n as usize).ok_or_else(|| {
+                bad(format!("`linear_attn_config.{nested}` (or `{flat}`) is {v}, not a positive number"))
+            })?),
+        }
+    };
+    let (heads, head_dim) = (width("num_heads", "linear_num_heads", 32)?, width("head_dim", "linear_head_dim", 128)?);
+    let conv_kernel = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
+    let kda_layers: Vec<usize> = if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
+        delta_net::linear_layers(types, layers).map_err(bad)?
+    } else if let Some((kda, full)) =
+        lin.and_then(|l| Some((l.get("kda_layers")?.as_array()?, l.get("full_attn_layers")?.as_array()?)))
+    {
+        let mut kind: Vec<Option<bool>> = vec![None; layers];
+        for (list, is_kda, key) in [(full, false, "full_attn_layers"), (kda, true, "kda_layers")] {
+            for n in list {
+                match n.as_u64().map(|n| n as usize) {
+                    Some(n) if (1..=layers).contains(&n) => kind[n - 1] = Some(is_kda),
+                    _ => {
+                        return Err(ModelError::from(bad(format!(
+                            "`linear_attn_config.{key}` names layer {n}: layers are numbered 1 to {layers}"
+                        ))));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (l, k) in kind.iter().enumerate() {
+            match k {
+                Some(true) => out.push(l),
+                Some(false) => {}
+                None => {
+                    return Err(ModelError::from(bad(format!(
+                        "layer {} is in neither `linear_attn_config.kda_layers` nor `full_attn_layers`",
+                        l + 1
+                    ))));
+                }
+            }
+        }
+        out
+    } else {
+        (0..layers).filter(|i| !(*i > 0 && i % 4 == 0)).collect()
+    };
+    // transformers' KimiLinearAttention never rotates; a checkpoint asking for rotary MLA is
+    // something its reference does not run.
+    if c.get("mla_use_nope").and_then(Json::as_bool) == Some(false) {
+        return Err(FormatError::Unsupported {
+            what: "Kimi Linear with `mla_use_nope: false`".into(),
+            hint: "its reference (transformers' KimiLinearAttention) applies no rotary encoding".into(),
+        }
+        .into());
+    }
+    let gate_lower_bound = lin.and_then(|l| l.get("gate_lower_bound")).and_then(Json::as_f64).map(|v| v as f32);
+    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers, gate_lower_bound, full_rank_output_gate: false })
+}
+
+/// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
+/// `attention.head_count_kv` that is 0 for a KDA layer, `kda.head_dim`, `ssm.conv_kernel`; the
+/// KDA heads are the attention heads (llama.cpp's kimi-linear sizes them by `n_head`).
+fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Result<KdaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let kv = key("attention.head_count_kv");
+    let per_layer = match g.value(&kv) {
+        Some(candle_core::quantized::gguf_file::Value::Array(a)) if a.len() == layers => {
+            a.iter().map(nightmail_formats::gguf_value_as_u64).collect::<Option<Vec<u64>>>()
+        }
+        _ => None,
+    };
+    let per_layer = per_layer.ok_or_else(|| missing(&format!("{kv} (one entry per layer, 0 for a KDA layer)")))?;
+    Ok(KdaSpec {
+        heads,
+        head_dim: need("kda.head_dim")?,
+        conv_kernel: need("ssm.conv_kernel")?,
+        layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
+        // kimi-linear GGUFs have none; K3's GGUF key is not read yet.
+        gate_lower_bound: None,
+        full_rank_output_gate: false,
+    })
+}
+
+/// MLA's widths as llama.cpp's converter writes them: since it stores MLA as MQA over the latent,
+/// `key_length`/`value_length` are the latent's and the per-head widths are the `_mla` keys;
+/// older files have no `_mla` keys and the per-head widths in `key_length`/`value_length`.
+fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
+    let rope = need("rope.dimension_count")?;
+    let (k_len, v_len) = match (g.uint(&key("attention.key_length_mla")), g.uint(&key("attention.value_length_mla"))) {
+        (Some(k), Some(v)) => (k as usize, v as usize),
+        _ => (need("attention.key_length")?, need("attention.value_length")?),
+    };
+    if k_len <= rope {
+        return Err(FormatError::MissingMetadata {
+            key: format!("{} (larger than the rope dimensions)", key("attention.key_length_mla")),
+        }
+        .into());
+    }
+    Ok(MlaSpec {
+        q_lora_rank: g.uint(&key("attention.q_lora_rank")).map(|v| v as usize).filter(|r| *r > 0),
+        kv_lora_rank: need("attention.kv_lora_rank")?,
+        qk_nope_head_dim: k_len - rope,
+        qk_rope_head_dim: rope,
+        v_head_dim: v_len,
+        nope: false,
+        output_gate: false,
+    })
+}
+
+fn unsupported_rope(kind: &str) -> ModelError {
+    ModelError::from(FormatError::Unsupported {
+        what: format!("rope scaling `{kind}`"),
+        hint: "this engine implements plain RoPE and YaRN; use a model with one of those".into(),
+    })
+}
+
+/// YaRN from llama.cpp's keys (`{arch}.rope.scaling.*`, written by convert_hf_to_gguf.py).
+fn yarn_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<Yarn>> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    match g.string(&key("type")) {
+        None | Some("none") => return Ok(None),
+        Some("yarn") => {}
+        Some(other) => return Err(unsupported_rope(other)),
+    }
+    let factor = g.float(&key("factor")).ok_or_else(|| missing(&key("factor")))?;
+    let given = g.float(&key("yarn_attn_factor"));
+    // deepseek2: the converter writes 0.1 · mscale_all_dim as the log multiplier, and llama.cpp
+    // (llama-model.cpp, TAG_DEEPSEEK2_YARN_LOG_MUL_FIX) divides it back out, folds mscale² into
+    // the softmax scale and cancels ggml's own YaRN factor on cos/sin.
+    let (attention_factor, mscale_all_dim) = if arch == "deepseek2" {
+        (given.unwrap_or(1.0), g.float(&key("yarn_log_multiplier")).map_or(0.0, |m| m / 0.1))
+    } else {
+        (given.unwrap_or_else(|| yarn_mscale(factor, 1.0)), 0.0)
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: g
+            .uint(&key("original_context_length"))
+            .map(|v| v as usize)
+            .ok_or_else(|| missing(&key("original_context_length")))?,
+        beta_fast: g.float(&key("yarn_beta_fast")).unwrap_or(32.0),
+        beta_slow: g.float(&key("yarn_beta_slow")).unwrap_or(1.0),
+        // ggml's `ggml_rope_yarn_corr_dims` always rounds the ramp's ends, and GGUF has no key
+        // for it; gpt-oss's own reference does not round (transformers' GptOssConfig
+        // `truncate: false`), and the engine follows the model's reference.
+        truncate: arch != "gpt-oss",
+        attention_factor,
+        mscale_all_dim,
+    }))
+}
+
+/// YaRN from `config.json`'s `rope_parameters` (transformers 5) or `rope_scaling` (4), with
+/// transformers' `_compute_yarn_parameters` defaults.
+fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
+    let Some(r) = ["rope_parameters", "rope_scaling"].iter().find_map(|k| c.get(*k).filter(|v| v.is_object())) else {
+        return Ok(None);
+    };
+    yarn_from_parameters(r, c, path)
+}
+
+/// YaRN from one rope-parameters object `r` of `config.json` `c` (DeepSeek-V4 keeps one per
+/// rotary, `rope_parameters.main` and `.compress`).
+fn yarn_from_parameters(r: &Json, c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
+    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str).unwrap_or("default");
+    match kind {
+        "default" => return Ok(None),
+        "yarn" => {}
+        other => return Err(unsupported_rope(other)),
+    }
+    let num = |k: &str| r.get(k).and_then(Json::as_f64);
+    // `or` in the reference: 0 and null fall back to the default too.
+    let nonzero = |k: &str| num(k).filter(|v| *v != 0.0);
+    let max_positions = c.get("max_position_embeddings").and_then(Json::as_u64);
+    let original = r
+        .get("original_max_position_embeddings")
+        .or_else(|| c.get("original_max_position_embeddings"))
+        .and_then(Json::as_u64)
+        .or(max_positions)
+        .ok_or_else(|| FormatError::BadConfig {
+            path: path.to_path_buf(),
+            reason: "YaRN needs `original_max_position_embeddings`".into(),
+        })? as usize;
+    let factor = match num("factor") {
+        Some(f) => f,
+        None => max_positions.unwrap_or(original as u64) as f64 / original as f64,
+    };
+    let (mscale, mscale_all_dim) = (nonzero("mscale"), nonzero("mscale_all_dim"));
+    let attention_factor = match (num("attention_factor"), mscale, mscale_all_dim) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+        _ => yarn_mscale(factor, 1.0),
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context: original,
+        beta_fast: nonzero("beta_fast").unwrap_or(32.0),
+        beta_slow: nonzero("beta_slow").unwrap_or(1.0),
+        truncate: r.get("truncate").and_then(Json::as_bool).unwrap_or(true),
+        attention_factor,
+        mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+    }))
+}
+/// Fixture copies for the spec modules' bad-input tests.
+#[cfg(test)]
+pub(crate) mod test_files {
+    pub(crate) fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    /// A copy of `fixture`'s `file` (and config.json) with one tensor's name changed in place:
+    /// `from` and `to` of one length, so that every offset holds.
+    pub(crate) fn renamed(fixture_dir: &str, file: &str, from: &str, to: &str) -> tempfile::TempDir {
+        assert_eq!(from.len(), to.len());
+        let src = fixture(fixture_dir);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        let mut bytes = std::fs::read(src.join(file)).unwrap();
+        let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("the fixture has it");
+        bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
+        std::fs::write(dir.path().join(file), bytes).unwrap();
+        dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt_oss_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss");
+        for path in [dir.clone(), dir.join("model.gguf")] {
+            let s = ModelSpec::read(&ModelFile::open(&path).unwrap()).unwrap();
+            let at = path.display();
+            assert_eq!(s.architecture, Architecture::GptOss, "{at}");
+            assert_eq!(s.attention.sliding_window, vec![Some(5), None], "{at}: sliding layers first");
+            assert!(s.attention.sinks, "{at}");
+            assert_eq!(s.attention.rope_style, RopeStyle::HalfSplit, "{at}");
+            let y = s.attention.rope_scaling.expect("YaRN");
+            assert_eq!((y.factor, y.original_context, y.truncate), (8.0, 256, false), "{at}");
+            assert!((y.attention_factor - yarn_mscale(8.0, 1.0)).abs() < 1e-12, "{at}");
+            let moe = s.moe.expect("experts");
+            assert_eq!(moe.routing, Routing::TopKSoftmax { top_k: 2 }, "{at}");
+            assert_eq!(moe.activation, Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, "{at}");
+            assert_eq!((moe.experts, moe.expert_ffn), (4, 64), "{at}");
+            assert_eq!(s.moe_layers, vec![true, true], "{at}");
+        }
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    #[test]
+    fn kimi_linear_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        // config.json as transformers saves it (`layer_types`, `linear_attn_config`, Kimi's key
+        // spellings); the GGUF as llama.cpp's converter writes it (zeros in head_count_kv).
+        for path in [fixture("kimi_linear"), fixture("kimi_linear/model.gguf")] {
+            let at = path.display();
+            let s = ModelSpec::read(&ModelFile::open(&path).unwrap()).unwrap();
+            assert_eq!(s.architecture, Architecture::KimiLinear, "{at}");
+            let kda = s.kda.as_ref().expect("KDA layers");
+            assert_eq!((kda.heads, kda.head_dim, kda.conv_kernel, &kda.layers[..]), (4, 8, 4, &[0, 1, 3][..]), "{at}");
+            assert!(s.is_kda(0) && !s.is_kda(2), "{at}");
+            let mla = s.attention.mla.expect("latent attention");
+            assert!(mla.nope && mla.q_lora_rank.is_none(), "{at}");
+            let widths = (mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim);
+            assert_eq!(widths, (16, 16, 8, 16), "{at}");
+            assert_eq!((s.attention.heads, s.attention.kv_heads, s.attention.rope_scaling), (4, 1, None), "{at}");
+            assert_eq!((s.context_length, s.ffn), (1048576, 64), "{at}: model_max_length, intermediate_size");
+            let moe = s.moe.expect("experts");
+            let routing = Routing::GroupedSigmoid { top_k: 2, groups: 1, top_groups: 1, normalize: true, scale: 2.5 };
+            assert_eq!(
+                (moe.experts, moe.routing, moe.expert_ffn, moe.shared_expert_ffn),
+                (8, routing, 16, Some(16)),
+                "{at}"
+            );
+            assert_eq!(s.moe_layers, vec![false, true, true, true], "{at}: the first layer is dense");
+        }
+    }
+
+    #[test]
+    fn kimi_k3_reads_its_text_config_and_names_its_extra_parts() {
+        let s = ModelSpec::read(&ModelFile::open(&fixture("kimi_k3")).unwrap()).unwrap();
+        assert_eq!(s.architecture, Architecture::KimiK3);
+        assert_eq!((s.hidden_size, s.layers, s.vocab_size, s.attn_res_block), (32, 6, 256, Some(2)));
+        let kda = s.kda.as_ref().expect("KDA layers");
+        assert_eq!(&kda.layers[..], &[0, 1, 2, 4]);
+        assert_eq!((kda.gate_lower_bound, kda.full_rank_output_gate), (Some(-5.0), true));
+        let mla = s.attention.mla.expect("latent attention");
+        assert!(mla.nope && mla.output_gate && mla.q_lora_rank == Some(16));
+        let situ = Activation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        assert_eq!(s.ffn_activation, situ);
+        let moe = s.moe.expect("experts");
+        assert_eq!((moe.experts, moe.expert_ffn, moe.shared_expert_ffn, moe.activation), (8, 8, Some(16), situ));
+        assert_eq!(moe.latent, Some(LatentSpec { width: 16, norm: true }));
+        assert_eq!(s.moe_layers, vec![false, true, true, true, true, true]);
+    }
+
+    fn kda_of(config: &str) -> Result<KdaSpec> {
+        kda_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("/m/config.json"), 4)
+    }
+
+    #[test]
+    fn kda_layers_come_from_the_checkpoints_1_based_lists_or_transformers_default() {
+        // Kimi-Linear-48B's own config.json has only linear_attn_config, numbered from 1.
+        let k = kda_of(
+            r#"{"linear_attn_config": {"kda_layers": [1, 3, 4], "full_attn_layers": [2], "num_heads": 2,
+               "head_dim": 8, "short_conv_kernel_size": 3}}"#,
+        )
+        .unwrap();
+        let want = KdaSpec {
+            heads: 2,
+            head_dim: 8,
+            conv_kernel: 3,
+            layers: vec![0, 2, 3],
+            gate_lower_bound: None,
+            full_rank_output_gate: false,
+        };
+        assert_eq!(k, want);
+        // Neither: every 4th layer after the first is full attention (KimiLinearConfig).
+        let k = kda_of(r#"{"linear_num_heads": 2, "linear_head_dim": 8}"#).unwrap();
+        assert_eq!(k.layers, vec![0, 1, 2, 3]);
+        let k = kda_from_hf(&serde_json::json!({}), std::path::Path::new("c"), 9).unwrap();
+        assert_eq!((k.heads, k.head_dim, k.conv_kernel, k.layers), (32, 128, 4, vec![0, 1, 2, 3, 5, 6, 7]));
+    }
+
+    #[test]
+    fn an_unknown_layer_kind_or_a_layer_of_no_kind_is_refused_naming_the_config() {
+        let err = kda_of(r#"{"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 1") && err.contains("\"mamba\""), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [4]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/m/config.json") && err.contains("layer 3 is in neither"), "{err}");
+        let err = kda_of(r#"{"linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [5]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names layer 5"), "{err}");
+        let err = kda_of(r#"{"mla_use_nope": false}"#).unwrap_err().to_string();
+        assert!(err.contains("mla_use_nope"), "{err}");
+        // And through a whole load: the fixture with one layer renamed to an unknown kind.
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["model.safetensors", "config.json"] {
+            std::fs::copy(fixture("kimi_linear").join(f), dir.path().join(f)).unwrap();
+        }
+        let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let config = config.replacen("\"full_attention\"", "\"sliding_attention\"", 1);
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let err = nightmail_engine::Model::load(dir.path()).err().expect("an unknown layer kind").to_string();
+        assert!(err.contains("config.json") && err.contains("sliding_attention"), "{err}");
+    }
+
+    fn yarn(config: &str) -> Option<Yarn> {
+        yarn_from_hf(&serde_json::from_str(config).unwrap(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    /// A GGUF holding only `metadata`.
+    fn gguf_with(dir: &std::path::Path, metadata: &[(&str, candle_core::quantized::gguf_file::Value)]) -> GgufFile {
+        // A new file each time: an earlier one may still be mapped.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = dir.join(format!("meta{}.gguf", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let metadata: Vec<(String, _)> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        nightmail_formats::gguf_write::write_gguf(&path, &metadata, &[], 32, |_, _| Ok(())).unwrap();
+        GgufFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn a_head_count_the_weights_do_not_have_is_refused_without_reserving_it() {
+        use candle_core::quantized::gguf_file::Value;
+
+        use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
+        // The gguf fuzz target's third finding: KDA's load reserved its convolution by heads ×
+        // head size × kernel from the metadata (2^26 heads: 48 GB) before looking at the tensors.
+        let src = GgufFile::open(&fixture("kimi_linear/model.gguf")).unwrap();
+        let mut metadata: Vec<(String, Value)> = src.metadata().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let heads = metadata.iter_mut().find(|(k, _)| k == "kimi-linear.attention.head_count").expect("a head count");
+        heads.1 = Value::U32(1 << 26);
+        let tensors = src.all_tensors().unwrap();
+        let headers: Vec<TensorHeader> =
+            tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
+        let err = nightmail_engine::Model::load(&path).err().expect("2^26 heads").to_string();
+        assert!(err.contains("has shape"), "{err}");
+    }
+
+    #[test]
+    fn an_embedding_of_no_dimensions_is_no_vocabulary() {
+        use candle_core::quantized::gguf_file::Value;
+
+        use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
+        // The gguf fuzz target's fourth finding: with no `vocab_size` key, the vocabulary was read
+        // from the embedding's first dimension, and a tensor of no dimensions panicked.
+        let metadata: Vec<(String, Value)> = [
+            ("general.architecture", Value::String("llama".into())),
+            ("llama.embedding_length", Value::U32(64)),
+            ("llama.block_count", Value::U32(1)),
+            ("llama.attention.head_count", Value::U32(4)),
+            ("llama.context_length", Value::U32(128)),
+            ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        let scalar = TensorHeader::new("token_embd.weight", nightmail_tensor::WeightDType::F32, &[]);
+        write_gguf(&path, &metadata, &[scalar], 32, |_, w| w.write_all(&[0; 4])).unwrap();
+        let err = from_gguf(&GgufFile::open(&path).unwrap()).expect_err("no vocabulary").to_string();
+        assert!(err.contains("vocab_size"), "{err}");
+    }
+
+    #[test]
+    fn sizes_the_graph_divides_by_are_refused_when_zero_or_inconsistent() {
+        use candle_core::quantized::gguf_file::Value;
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::cell::Cell::new(0);
+        let model = |layers: u32, heads: u32, kv_heads: u32| {
+            let meta: Vec<(String, Value)> = [
+                ("general.architecture", Value::String("llama".into())),
+                ("llama.embedding_length", Value::U32(64)),
+                ("llama.block_count", Value::U32(layers)),
+                ("llama.attention.head_count", Value::U32(heads)),
+                ("llama.attention.head_count_kv", Value::U32(kv_heads)),
+                ("llama.context_length", Value::U32(128)),
+                ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+                ("llama.vocab_size", Value::U32(32)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            let tensor = nightmail_formats::gguf_write::TensorHeader::new(
+                "blk.0.attn_norm.weight",
+                nightmail_tensor::WeightDType::F32,
+                &[64],
+            );
+            file.set(file.get() + 1);
+            let path = dir.path().join(format!("{}.gguf", file.get()));
+            nightmail_formats::gguf_write::write_gguf(&path, &meta, &[tensor], 32, |_, w| w.write_all(&[0; 256]))
+                .unwrap();
+            from_gguf(&GgufFile::open(&path).unwrap()).and_then(|spec| spec.check().map(|()| spec))
+        };
+        let llama = |heads, kv_heads| model(1, heads, kv_heads);
+        // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero, and a
+        // block count of four billion sized a per-layer list before any tensor was looked at.
+        let err = model(4_000_000_000, 4, 2).expect_err("more layers than tensors").to_string();
+        assert!(err.contains("`llama.block_count` as 4000000000, but the model holds 1 tensors"), "{err}");
+        let err = llama(0, 1).expect_err("no heads").to_string();
+        assert!(err.contains("`llama.attention.head_count` as 0"), "{err}");
+        let err = llama(4, 0).expect_err("no key/value heads").to_string();
+        assert!(err.contains("key/value heads") && err.contains("as 0"), "{err}");
+        let err = llama(4, 3).expect_err("3 key/value heads for 4").to_string();
+        assert!(err.contains("does not divide 4 attention heads"), "{err}");
+        assert!(llama(4, 2).is_ok());
+    }
+
+    #[test]
+    fn yarn_reads_llama_cpp_keys_with_ggml_defaults_and_deepseek2_log_multiplier() {
+        use candle_core::quantized::gguf_file::Value;
+        let dir = tempfile::tempdir().unwrap();
+        let yarn = |arch: &str, extra: &[(&str, Value)]| {
+            let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+            let (t, f, o) = (key("type"), key("factor"), key("original_context_length"));
+            let mut meta = vec![
+                (t.as_str(), Value::String("yarn".into())),
+                (f.as_str(), Value::F32(32.0)),
+                (o.as_str(), Value::U32(4096)),
+            ];
+            meta.extend(extra.iter().cloned());
+            yarn_from_gguf(&gguf_with(dir.path(), &meta), arch).unwrap().unwrap()
+        };
+        // gpt-oss as its converter writes it: betas given, ggml's own attention factor.
+        let g = yarn("gpt-oss", &[("gpt-oss.rope.scaling.yarn_beta_fast", Value::F32(16.0))]);
+        assert_eq!((g.factor, g.original_context, g.beta_fast, g.beta_slow), (32.0, 4096, 16.0, 1.0));
+        assert!((g.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-6);
+        assert_eq!(g.softmax_factor(), 1.0);
+        // deepseek2: log multiplier 0.1 · mscale_all_dim; cos/sin unscaled.
+        let d = yarn("deepseek2", &[("deepseek2.rope.scaling.yarn_log_multiplier", Value::F32(0.1))]);
+        assert_eq!(d.attention_factor, 1.0);
+        let m = 0.1 * 32f64.ln() + 1.0;
+        assert!((d.softmax_factor() - m * m).abs() < 1e-6);
+        let none = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("none".into()))]);
+        assert_eq!(yarn_from_gguf(&none, "llama").unwrap(), None);
+        let linear = gguf_with(dir.path(), &[("llama.rope.scaling.type", Value::String("linear".into()))]);
+        assert!(yarn_from_gguf(&linear, "llama").is_err());
+    }
+
+    #[test]
+    fn yarn_reads_transformers_4_and_5_spellings_with_the_reference_defaults() {
+        // DeepSeek-V3's config.json (transformers 4 spelling): mscale over mscale_all_dim is 1.
+        let v4 = yarn(
+            r#"{"max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": {"type": "yarn",
+               "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert_eq!((v4.factor, v4.original_context, v4.truncate), (40.0, 4096, true));
+        assert_eq!(v4.attention_factor, 1.0);
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((v4.softmax_factor() - m * m).abs() < 1e-12);
+        // gpt-oss (transformers 5): no mscale, so 0.1·ln(factor) + 1 on cos/sin; no truncation.
+        let v5 = yarn(
+            r#"{"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000,
+               "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+               "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        assert!(!v5.truncate);
+        assert!((v5.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(v5.softmax_factor(), 1.0);
+        assert_eq!(yarn(r#"{"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}"#), None);
+        assert_eq!(yarn(r#"{"rope_theta": 10000.0, "rope_scaling": null}"#), None);
+    }
+}

@@ -1,0 +1,117 @@
+//! The element type of a tensor in a model file: one of candle's ggml types, or MXFP4, which
+//! candle does not know (its GGUF reader rejects type 39). The engine reads and writes files
+//! through this type, so a tensor's type is always one the engine can size and compute.
+
+use candle_core::quantized::GgmlDType;
+
+/// A tensor's element type, as a GGUF tensor info or a safetensors header names it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightDType {
+    /// A type candle's quantized kernels know.
+    Ggml(GgmlDType),
+    /// OCP Microscaling Formats v1.0 MXFP4 (§5.3.3: 32 E2M1 elements sharing one E8M0 scale) in
+    /// ggml's `block_mxfp4` layout (`ggml-common.h`): 17 bytes per block, GGUF type 39.
+    Mxfp4,
+}
+
+/// ggml's type ids (`ggml.h` `enum ggml_type`) of the types the engine reads and writes.
+const GGML_TYPE_IDS: [(GgmlDType, u32); 15] = [
+    (GgmlDType::F32, 0),
+    (GgmlDType::F16, 1),
+    (GgmlDType::Q4_0, 2),
+    (GgmlDType::Q4_1, 3),
+    (GgmlDType::Q5_0, 6),
+    (GgmlDType::Q5_1, 7),
+    (GgmlDType::Q8_0, 8),
+    (GgmlDType::Q8_1, 9),
+    (GgmlDType::Q2K, 10),
+    (GgmlDType::Q3K, 11),
+    (GgmlDType::Q4K, 12),
+    (GgmlDType::Q5K, 13),
+    (GgmlDType::Q6K, 14),
+    (GgmlDType::Q8K, 15),
+    (GgmlDType::BF16, 30),
+];
+
+/// `GGML_TYPE_MXFP4` in `ggml.h`.
+const MXFP4_TYPE_ID: u32 = 39;
+
+impl WeightDType {
+    pub const F32: WeightDType = WeightDType::Ggml(GgmlDType::F32);
+    pub const F16: WeightDType = WeightDType::Ggml(GgmlDType::F16);
+    pub const BF16: WeightDType = WeightDType::Ggml(GgmlDType::BF16);
+
+    /// Elements per block.
+    pub fn block_size(self) -> usize {
+        match self {
+            WeightDType::Ggml(d) => d.block_size(),
+            WeightDType::Mxfp4 => crate::kernel::mxfp4::QK,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        match self {
+            WeightDType::Ggml(d) => d.type_size(),
+            WeightDType::Mxfp4 => crate::kernel::mxfp4::BLOCK_BYTES,
+        }
+    }
+
+    /// Bytes a tensor of this type and element count occupies.
+    pub fn byte_len(self, elems: usize) -> usize {
+        elems / self.block_size() * self.type_size()
+    }
+
+    /// The GGUF tensor-info type id.
+    pub fn gguf_type_id(self) -> u32 {
+        match self {
+            WeightDType::Ggml(d) => {
+                GGML_TYPE_IDS.iter().find(|(t, _)| *t == d).map(|(_, id)| *id).expect("every GgmlDType has an id")
+            }
+            WeightDType::Mxfp4 => MXFP4_TYPE_ID,
+        }
+    }
+
+    /// The type a GGUF tensor info names, if the engine knows it.
+    pub fn from_gguf_type_id(id: u32) -> Option<Self> {
+        if id == MXFP4_TYPE_ID {
+            return Some(WeightDType::Mxfp4);
+        }
+        GGML_TYPE_IDS.iter().find(|(_, i)| *i == id).map(|(t, _)| WeightDType::Ggml(*t))
+    }
+}
+
+impl From<GgmlDType> for WeightDType {
+    fn from(d: GgmlDType) -> Self {
+        WeightDType::Ggml(d)
+    }
+}
+
+/// ggml's spelling (`Q4_0`, `MXFP4`): what `model inspect` prints and errors name.
+impl std::fmt::Debug for WeightDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightDType::Ggml(d) => write!(f, "{d:?}"),
+            WeightDType::Mxfp4 => f.write_str("MXFP4"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_type_ids_round_trip_and_mxfp4_is_39_with_17_byte_blocks_of_32() {
+        for (d, id) in GGML_TYPE_IDS {
+            assert_eq!(WeightDType::from_gguf_type_id(id), Some(WeightDType::Ggml(d)));
+            assert_eq!(WeightDType::Ggml(d).gguf_type_id(), id);
+        }
+        assert_eq!(WeightDType::from_gguf_type_id(39), Some(WeightDType::Mxfp4));
+        assert_eq!(WeightDType::Mxfp4.gguf_type_id(), 39);
+        assert_eq!(WeightDType::Mxfp4.byte_len(64 * 32), 64 * 17);
+        assert_eq!(WeightDType::from_gguf_type_id(40), None);
+        assert_eq!(format!("{:?}", WeightDType::Mxfp4), "MXFP4");
+        assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4_0)), "Q4_0");
+    }
+}

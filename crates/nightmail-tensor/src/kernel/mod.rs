@@ -1,0 +1,17 @@
+//! Mat-vec kernels, one file per weight type, each with its x86 paths (AVX2, AVX-512 VNNI) chosen
+//! at run time and a scalar path that sums in the order of the ggml function it cites.
+
+pub mod cpu;
+pub mod f16;
+pub mod matvec;
+pub mod mxfp4;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q8;
+pub mod q8_0;
+
+pub use f16::F16Matrix;
+pub use mxfp4::Mxfp4Matrix;
+pub use q4_0::Q4_0Matrix;
+pub use q4_1::Q4_1Matrix;
+pub use q8_0::Q8_0Matrix;

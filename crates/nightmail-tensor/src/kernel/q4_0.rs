@@ -1,0 +1,170 @@
+//! A Q4_0 mat-vec that computes straight from the ggml blocks where they lie (a streamed
+//! expert's read buffer, no copy or widening): ggml's `ggml_vec_dot_q4_0_q8_0`, activations
+//! quantized per 32-block as ggml's x86 `quantize_row_q8_0` does, weights (nibble − 8) · d.
+
+use candle_core::Tensor;
+use half::f16;
+
+use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::q8::{Q8Block, quantize_q8_1};
+use crate::bytes::WeightBytes;
+use crate::error::Result;
+
+const QK: usize = 32;
+/// ggml `block_q4_0`: f16 d, then 16 bytes holding element j in the low nibble and j+16 in the high.
+pub(crate) const BLOCK_BYTES: usize = 18;
+
+pub struct Q4_0Matrix {
+    rows: usize,
+    cols: usize,
+    bytes: WeightBytes,
+}
+
+impl Q4_0Matrix {
+    /// `bytes` must hold `rows · cols / 32` blocks (the caller checked the shape).
+    pub fn new(bytes: WeightBytes, rows: usize, cols: usize) -> Self {
+        debug_assert!(bytes.as_slice().len() >= rows * cols / QK * BLOCK_BYTES);
+        Q4_0Matrix { rows, cols, bytes }
+    }
+
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r`'s blocks as the file holds them.
+    pub(crate) fn row_bytes(&self, r: usize) -> &[u8] {
+        let len = self.cols / QK * BLOCK_BYTES;
+        &self.bytes.as_slice()[r * len..(r + 1) * len]
+    }
+
+    /// `x`: `[tokens, cols]` → `[tokens, rows]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let tokens = x.dim(0)?;
+        let xs = activations(x)?;
+        let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        let row_bytes = self.cols / QK * BLOCK_BYTES;
+        let blocks = self.bytes.as_slice();
+        let avx2 = has_avx2_f16c();
+        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
+            let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
+            if !avx2 {
+                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(row, &q8[t]));
+                return;
+            }
+            // Each block is unpacked once for up to TOKENS tokens (a verify pass's or a batch's).
+            for (c, out) in out.chunks_mut(TOKENS).enumerate() {
+                let x = |i: usize| &q8[c * TOKENS + i][..];
+                // SAFETY: AVX2, FMA and F16C were detected at run time.
+                match out.len() {
+                    1 => out[0] = unsafe { dots_avx2::<1>(row, [x(0)]) }[0],
+                    2 => out.copy_from_slice(&unsafe { dots_avx2::<2>(row, [x(0), x(1)]) }),
+                    3 => out.copy_from_slice(&unsafe { dots_avx2::<3>(row, [x(0), x(1), x(2)]) }),
+                    _ => out.copy_from_slice(&unsafe { dots_avx2::<4>(row, [x(0), x(1), x(2), x(3)]) }),
+                }
+            }
+        })
+    }
+}
+
+/// Tokens one unpacking of a block serves (one accumulator each).
+const TOKENS: usize = 4;
+
+fn scale(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+fn dot_scalar(row: &[u8], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for (block, xb) in row.chunks_exact(BLOCK_BYTES).zip(x) {
+        let (lo, hi) = xb.qs.split_at(16);
+        let mut acc = 0i32;
+        for ((w, l), h) in block[2..].iter().zip(lo).zip(hi) {
+            acc += ((w & 0x0F) as i32 - 8) * *l as i32 + ((w >> 4) as i32 - 8) * *h as i32;
+        }
+        sum += scale(block) * xb.d * acc as f32;
+    }
+    sum
+}
+
+/// `row` against `N` tokens' blocks, each token's sum in exactly the order of a lone one's, so a
+/// batch or a verify pass computes what decoding alone does; the nibbles are unpacked once.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let low = _mm_set1_epi8(0x0F);
+    let eight = _mm256_set1_epi8(8);
+    let ones = _mm256_set1_epi16(1);
+    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        // SAFETY: a 16-byte unaligned load inside the 18-byte block, a 32-byte one inside `qs`.
+        let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+        let lo = _mm_and_si128(packed, low);
+        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        let w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight); // elements 0..15, then 16..31
+        let abs_w = _mm256_sign_epi8(w, w);
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([block[0], block[1]]) as i32)));
+        for (acc, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b];
+            let a = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            // ggml's mul_sum_i8_pairs_float: |w| · (a with w's sign), as unsigned × signed bytes.
+            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(a, w)), ones);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(pairs), *acc);
+        }
+    }
+    acc.map(|a| super::matvec::hsum_avx2(a))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dots_avx2<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
+    xs.map(|x| dot_scalar(row, x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module};
+
+    #[test]
+    fn q4_0_matmul_equals_the_scalar_path_and_candles_kernel_up_to_activation_rounding() {
+        let (rows, cols, tokens) = (40, 256, 3);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4_0).unwrap();
+        let ours = Q4_0Matrix::new(WeightBytes::from(&q.data().unwrap()[..]), rows, cols);
+        let got = ours.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let want = QMatMul::QTensor(std::sync::Arc::new(q)).forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let q8: Vec<Vec<Q8Block>> = x.to_vec2::<f32>().unwrap().iter().map(|r| quantize_q8_1(r)).collect();
+        let row_bytes = cols / QK * BLOCK_BYTES;
+        let blocks = ours.bytes.as_slice();
+        for t in 0..tokens {
+            for r in 0..rows {
+                let scalar = dot_scalar(&blocks[r * row_bytes..(r + 1) * row_bytes], &q8[t]);
+                assert!((got[t][r] - scalar).abs() < 1e-3, "token {t} row {r}: {} vs scalar {scalar}", got[t][r]);
+                // candle rounds activations with ggml's C reference; we with its x86 code.
+                assert!(
+                    (got[t][r] - want[t][r]).abs() < 0.1,
+                    "token {t} row {r}: {} vs candle {}",
+                    got[t][r],
+                    want[t][r]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_token_of_a_multi_token_call_equals_that_token_alone_bit_for_bit() {
+        // 9 tokens: whole groups of tokens and a shorter last one; cols with a tail past 32.
+        let (rows, cols, tokens) = (7, 256, 9);
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let bytes = QTensor::quantize(&w, GgmlDType::Q4_0).unwrap().data().unwrap().to_vec();
+        let m = Q4_0Matrix::new(WeightBytes::from(&bytes[..]), rows, cols);
+        let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
+        let all = m.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        for (t, row) in all.iter().enumerate() {
+            let alone = m.forward(&x.narrow(0, t, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(row, &alone[0], "token {t}");
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! `model kernel-bench`: the MXFP4 mat-vec's throughput in GB/s of weights read, against this
+//! machine's memory bandwidth (a parallel read sweep, measured in the same run before and after)
+//! and against candle's Q4_0 mat-vec (`candle_core::quantized`, ggml's `vec_dot_q4_0_q8_0`) on
+//! the same shape. Each kernel cycles through a set of matrices several times the size of the
+//! last-level cache, so every pass reads its weights from DRAM, as a streamed expert's are.
+
+use nightmail_formats::FormatError;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{Device, Module, Tensor};
+use half::f16;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::Result;
+use nightmail_tensor::WeightBytes;
+use nightmail_tensor::kernel::mxfp4::{self, Kernel, Mxfp4Matrix};
+
+#[derive(Debug, Clone)]
+pub struct KernelBenchOptions {
+    pub rows: usize,
+    pub cols: usize,
+    /// Token rows per call: 1 is a mat-vec, more a small-batch mat-mul.
+    pub tokens: usize,
+    /// Bytes of weights each kernel cycles through (and of the memory sweep's buffer).
+    pub working_set_bytes: usize,
+    /// Timed passes over the working set, after one warm-up pass; the median counts.
+    pub passes: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelFigure {
+    pub kernel: String,
+    /// Weight bytes read per second (10^9).
+    pub gbps: f64,
+    /// Weights multiplied per second (10^9), whatever their encoding.
+    pub gweights_per_s: f64,
+    pub us_per_call: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelBenchReport {
+    pub rows: usize,
+    pub cols: usize,
+    pub tokens: usize,
+    pub matrices: usize,
+    pub working_set_bytes: usize,
+    /// Threads of rayon's pool (the sweep and nightmail's kernels) and of candle's.
+    pub threads: usize,
+    pub candle_threads: usize,
+    /// The parallel read sweep before and after the kernels, and their mean.
+    pub memory_gbps_before: f64,
+    pub memory_gbps_after: f64,
+    pub memory_gbps: f64,
+    /// MXFP4 with the kernel this CPU runs (detected), then the other kernels it can run.
+    pub mxfp4: Vec<KernelFigure>,
+    pub candle_q4_0: KernelFigure,
+    /// The detected MXFP4 kernel's GB/s over the memory bandwidth.
+    pub mxfp4_to_memory: f64,
+    /// The detected MXFP4 kernel's GB/s over candle's Q4_0.
+    pub mxfp4_to_candle_q4_0_gbps: f64,
+    /// Weights per second, MXFP4 over candle's Q4_0 (Q4_0 reads 18 bytes per 32 weights, MXFP4 17).
+    pub mxfp4_to_candle_q4_0_speed: f64,
+}
+
+/// Fill `buf` with pseudo-random bytes (splitmix64 per 8 bytes), in parallel.
+fn fill_random(buf: &mut [u8], seed: u64) {
+    buf.par_chunks_mut(1 << 20).enumerate().for_each(|(c, chunk)| {
+        let mut s = seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for word in chunk.chunks_mut(8) {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            let z = (z ^ (z >> 31)).to_le_bytes();
+            word.copy_from_slice(&z[..word.len()]);
+        }
+    });
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The median seconds of `passes` timed runs of `pass`, after one untimed.
+fn time_passes(passes: usize, mut pass: impl FnMut() -> Result<()>) -> Result<f64> {
+    pass()?;
+    let mut times = Vec::with_capacity(passes);
+    for _ in 0..passes.max(1) {
+        let t = Instant::now();
+        pass()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
+/// The memory's read bandwidth: every thread XORs its share of a buffer of `bytes`.
+fn memory_read_gbps(bytes: usize, passes: usize) -> Result<f64> {
+    let mut buf = vec![0u64; bytes / 8];
+    // SAFETY: a u64 slice viewed as bytes.
+    fill_random(unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 8) }, 1);
+    let per_thread = buf.len().div_ceil(rayon::current_num_threads());
+    let mut sink = 0u64;
+    let s = time_passes(passes, || {
+        sink ^= buf.par_chunks(per_thread).map(|c| c.iter().fold(0u64, |a, b| a ^ b)).reduce(|| 0, |a, b| a ^ b);
+        Ok(())
+    })?;
+    std::hint::black_box(sink);
+    Ok((buf.len() * 8) as f64 / s / 1e9)
+}
+
+fn figure(kernel: String, seconds: f64, bytes: usize, weights: usize, calls: usize) -> KernelFigure {
+    KernelFigure {
+        kernel,
+        gbps: bytes as f64 / seconds / 1e9,
+        gweights_per_s: weights as f64 / seconds / 1e9,
+        us_per_call: seconds / calls as f64 * 1e6,
+    }
+}
+
+pub fn kernel_bench(opts: &KernelBenchOptions) -> Result<KernelBenchReport> {
+    let (rows, cols) = (opts.rows, opts.cols);
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(32) || opts.tokens == 0 {
+        return Err(FormatError::Unsupported {
+            what: format!("a {rows}x{cols} matrix with {} tokens", opts.tokens),
+            hint: "give rows ≥ 1, cols a multiple of 32 and tokens ≥ 1".into(),
+        }
+        .into());
+    }
+    let weights = rows * cols;
+    let mx_bytes = weights / 32 * mxfp4::BLOCK_BYTES;
+    let q4_bytes = weights / 32 * 18;
+    let matrices = opts.working_set_bytes.div_ceil(mx_bytes).max(2);
+    let x = Tensor::randn(0f32, 1.0, (opts.tokens, cols), &Device::Cpu)?;
+    let passes = opts.passes;
+
+    let memory_gbps_before = memory_read_gbps(opts.working_set_bytes, passes)?;
+
+    // MXFP4: random nibbles, scales near 2^-7 (any scale costs the kernel the same).
+    let mut mxfp4 = Vec::new();
+    {
+        let set: Vec<Mxfp4Matrix> = (0..matrices)
+            .map(|m| {
+                let mut b = vec![0u8; mx_bytes];
+                fill_random(&mut b, 100 + m as u64);
+                b.iter_mut().step_by(mxfp4::BLOCK_BYTES).for_each(|e| *e = 120 + (*e & 3));
+                Mxfp4Matrix::new(WeightBytes::Owned(Arc::new(b)), rows, cols)
+            })
+            .collect();
+        let best = Kernel::detect();
+        let others = [Kernel::Avx512, Kernel::Avx2, Kernel::Scalar].into_iter().filter(|k| *k != best && k.runs_here());
+        for kernel in std::iter::once(best).chain(others) {
+            let s = time_passes(passes, || {
+                for m in &set {
+                    std::hint::black_box(m.forward_with(&x, kernel)?);
+                }
+                Ok(())
+            })?;
+            mxfp4.push(figure(format!("{kernel:?}"), s, mx_bytes * matrices, weights * matrices, matrices));
+        }
+    }
+
+    // candle's Q4_0 on the same shape: random nibbles, f16 scales of 2^-7.
+    let candle_q4_0 = {
+        let scale = f16::from_f32(1.0 / 128.0).to_le_bytes();
+        let set: Vec<QMatMul> = (0..matrices)
+            .map(|m| {
+                let mut b = vec![0u8; q4_bytes];
+                fill_random(&mut b, 200 + m as u64);
+                b.chunks_exact_mut(18).for_each(|blk| blk[..2].copy_from_slice(&scale));
+                let storage = QStorage::from_data(Cow::Owned(b), &Device::Cpu, GgmlDType::Q4_0)?;
+                Ok(QMatMul::QTensor(Arc::new(QTensor::new(storage, (rows, cols))?)))
+            })
+            .collect::<Result<_>>()?;
+        let s = time_passes(passes, || {
+            for m in &set {
+                std::hint::black_box(m.forward(&x)?);
+            }
+            Ok(())
+        })?;
+        figure("candle Q4_0".into(), s, q4_bytes * matrices, weights * matrices, matrices)
+    };
+
+    let memory_gbps_after = memory_read_gbps(opts.working_set_bytes, passes)?;
+    let memory_gbps = (memory_gbps_before + memory_gbps_after) / 2.0;
+    let best = &mxfp4[0];
+    Ok(KernelBenchReport {
+        rows,
+        cols,
+        tokens: opts.tokens,
+        matrices,
+        working_set_bytes: matrices * mx_bytes,
+        threads: rayon::current_num_threads(),
+        candle_threads: candle_core::utils::get_num_threads(),
+        memory_gbps_before,
+        memory_gbps_after,
+        memory_gbps,
+        mxfp4_to_memory: best.gbps / memory_gbps,
+        mxfp4_to_candle_q4_0_gbps: best.gbps / candle_q4_0.gbps,
+        mxfp4_to_candle_q4_0_speed: best.gweights_per_s / candle_q4_0.gweights_per_s,
+        mxfp4: mxfp4.clone(),
+        candle_q4_0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_kernel_bench_reports_every_figure_and_consistent_ratios() {
+        let opts = KernelBenchOptions { rows: 64, cols: 256, tokens: 2, working_set_bytes: 1 << 16, passes: 1 };
+        let r = kernel_bench(&opts).unwrap();
+        assert!(r.matrices >= 2 && r.memory_gbps > 0.0 && r.candle_q4_0.gbps > 0.0);
+        assert_eq!(r.mxfp4[0].kernel, format!("{:?}", Kernel::detect()));
+        assert!(r.mxfp4.iter().all(|f| f.gbps > 0.0 && f.us_per_call > 0.0));
+        assert!((r.mxfp4_to_memory - r.mxfp4[0].gbps / r.memory_gbps).abs() < 1e-12);
+        // Per weight, Q4_0 reads 18/17 of MXFP4's bytes.
+        let implied = r.mxfp4_to_candle_q4_0_gbps * 18.0 / 17.0;
+        assert!((r.mxfp4_to_candle_q4_0_speed - implied).abs() < 1e-9 * implied);
+        assert!(kernel_bench(&KernelBenchOptions { cols: 100, ..opts }).is_err());
+    }
+}
