@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::layer::DecoderLayer;
 use crate::source::WeightSource;
-use crate::transformer::DecoderLayer;
 
 /// Builds layer `l` from a source of its tensors: the one build the transformer uses at load.
 pub type LayerBuilder = Arc<dyn Fn(&dyn WeightSource, usize) -> Result<DecoderLayer> + Send + Sync>;

@@ -9,19 +9,21 @@
 mod dense;
 mod error;
 pub mod expert_index;
+pub mod layer;
 pub mod mtp;
 pub mod parts;
 mod source;
 pub mod spec;
+mod stack;
 mod state;
 pub mod timeline;
-mod transformer;
 
 pub use dense::{HeldLayer, LayerBuilder, LayerStore};
 pub use error::{ModelError, Result};
 pub use expert_index::{
     ExpertExtent, ExpertIndex, MatrixExtent, aligned_span, expert_biases, expert_layers, expert_views,
 };
+pub use layer::{DecoderLayer, FeedForward, SelfAttention};
 pub use nightmail_formats::ExpertId;
 pub use parts::attention::Attention;
 pub use parts::attn_res::{LayerResidual, ResidualBank, ResidualScore};
@@ -41,5 +43,5 @@ pub use spec::{
     Activation, Architecture, AttentionSpec, DeepseekV4Spec, DeltaNetSpec, KdaSpec, MlaSpec, ModelSpec, MoeSpec,
     RopeStyle, Routing, V4AttentionKind, Yarn,
 };
+pub use stack::{LayerRecall, Transformer};
 pub use state::{LayerSnapshot, SequenceState};
-pub use transformer::{DecoderLayer, FeedForward, LayerRecall, Transformer};

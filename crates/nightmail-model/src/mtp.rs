@@ -22,11 +22,12 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::layer::{CacheKind, DecoderLayer, FeedForward, attend_group};
 use crate::parts::embedding::Embedding;
 use crate::parts::expert::{ExpertStore, ResidentExperts};
+use crate::parts::norm::norm;
 use crate::spec::ModelSpec;
 use crate::state::SequenceState;
-use crate::transformer::{CacheKind, DecoderLayer, FeedForward, attend_group, norm};
 use nightmail_formats::ModelFile;
 use nightmail_tensor::TensorView;
 use nightmail_tensor::ggml::Numerics;
@@ -121,7 +122,7 @@ impl Mtp {
             None => Arc::new(ResidentExperts::load_layers(ck, &deeper, [l].into_iter())?),
         };
         let own = |name: &str, model: &TensorView<'_>| own_copy(ck, spec, name, model);
-        let block = crate::Transformer::load_layer(ck, &deeper, numerics, ck.format(), &experts, l)?;
+        let block = DecoderLayer::load(ck, &deeper, numerics, ck.format(), &experts, l)?;
         Ok(Mtp {
             enorm,
             hnorm,

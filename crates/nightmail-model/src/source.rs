@@ -131,6 +131,41 @@ impl WeightSource for Recording<'_> {
     }
 }
 
+/// Layer `l`'s tensors, named as after `blk.{l}.`: what every part's `load` reads its weights
+/// through, from a mapped file or a streamed layer's buffers alike.
+pub struct LayerTensors<'a> {
+    pub source: &'a dyn WeightSource,
+    pub layer: usize,
+}
+
+impl<'a> LayerTensors<'a> {
+    pub fn new(source: &'a dyn WeightSource, layer: usize) -> Self {
+        LayerTensors { source, layer }
+    }
+
+    pub fn require(&self, name: &str) -> Result<TensorView<'a>> {
+        self.source.require(&format!("blk.{}.{name}", self.layer))
+    }
+
+    pub fn opt(&self, name: &str) -> Result<Option<TensorView<'a>>> {
+        self.source.tensor(&format!("blk.{}.{name}", self.layer))
+    }
+
+    /// `{name}.weight` `[rows, cols]`, with `{name}.bias` where the file has one.
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let w = self.require(&format!("{name}.weight"))?;
+        w.expect_shape(&[rows, cols])?;
+        self.source.linear(&w, self.opt(&format!("{name}.bias"))?.as_ref())
+    }
+
+    /// `{name}.weight` `[rows, cols]`, a projection that has no bias.
+    pub fn weight(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let w = self.require(&format!("{name}.weight"))?;
+        w.expect_shape(&[rows, cols])?;
+        self.source.linear(&w, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -11,9 +11,13 @@ use nightmail_tensor::TensorError;
 use rayon::prelude::*;
 
 use crate::error::Result;
+use crate::parts::norm::norm;
 use crate::parts::rope::Rope;
+use crate::source::LayerTensors;
+use crate::spec::{Architecture, ModelSpec};
 use nightmail_tensor::ggml::{DotOrder, dot_f16, soft_max};
 use nightmail_tensor::{Linear, RmsNorm};
+use nightmail_tensor::{Numerics, TensorView};
 
 pub struct Attention {
     pub(crate) q: Linear,
@@ -374,6 +378,54 @@ impl F16Cache {
         }
         Ok((Tensor::from_vec(k, (1, h, n, d), &Device::Cpu)?, Tensor::from_vec(v, (1, h, n, d), &Device::Cpu)?))
     }
+}
+
+impl Attention {
+    /// A layer's grouped-query attention: q, k, v and output projections (with biases where the
+    /// file has them), the optional per-head q/k norms, gpt-oss's sinks, Qwen3-Next's gate.
+    pub fn load(w: &LayerTensors<'_>, spec: &ModelSpec, numerics: Numerics) -> Result<Attention> {
+        let (hidden, a) = (spec.hidden_size, &spec.attention);
+        let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        // A pair or neither (MiniMax-M2 always has them); half a pair is a broken file.
+        let required = spec.architecture == Architecture::MinimaxM2;
+        let qk_norm = match (w.opt("attn_q_norm.weight")?, w.opt("attn_k_norm.weight")?) {
+            (None, None) if !required => None,
+            (q, k) => {
+                let q = q.map_or_else(|| w.require("attn_q_norm.weight"), Ok)?;
+                let k = k.map_or_else(|| w.require("attn_k_norm.weight"), Ok)?;
+                // One head wide, or (MiniMax-M2) as wide as all of them.
+                if q.shape != [q_dim] {
+                    q.expect_shape(&[a.head_dim])?;
+                }
+                if k.shape != [kv_dim] {
+                    k.expect_shape(&[a.head_dim])?;
+                }
+                Some((norm(&q, spec, numerics)?, norm(&k, spec, numerics)?))
+            }
+        };
+        // Qwen3-Next's q_proj gives each head's query and then its gate.
+        let q_rows = if a.output_gate { 2 * q_dim } else { q_dim };
+        Ok(Attention {
+            q: w.linear("attn_q", q_rows, hidden)?,
+            k: w.linear("attn_k", kv_dim, hidden)?,
+            v: w.linear("attn_v", kv_dim, hidden)?,
+            o: w.linear("attn_output", hidden, q_dim)?,
+            qk_norm,
+            rope: Rope::new(a.rope_dim, a.rope_theta, a.rope_style, a.rope_scaling.as_ref()),
+            output_gate: a.output_gate,
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            window: a.sliding_window[w.layer],
+            sinks: if a.sinks { Some(sinks(&w.require("attn_sinks.weight")?, a.heads)?) } else { None },
+        })
+    }
+}
+
+/// gpt-oss's attention sinks `[heads]`, as f32.
+pub fn sinks(view: &TensorView<'_>, heads: usize) -> Result<Tensor> {
+    view.expect_shape(&[heads])?;
+    Ok(view.to_f32()?)
 }
 
 #[cfg(test)]

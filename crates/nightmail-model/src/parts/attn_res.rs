@@ -8,7 +8,9 @@
 //! streams (model/hyper.rs) are the third kind of residual here.
 
 use crate::error::ModelError;
+use crate::source::WeightSource;
 use candle_core::{D, Tensor};
+use nightmail_tensor::Numerics;
 use nightmail_tensor::TensorError;
 
 use crate::error::Result;
@@ -196,6 +198,31 @@ impl ResidualStream {
             (ResidualStream::Hyper { streams, .. }, Some(head)) => head.collapse(&streams),
             (ResidualStream::Hyper { .. }, None) => Err(no_scores()),
         }
+    }
+}
+
+impl ResidualScore {
+    /// One AttnRes mixing point's weights: `{name}_norm.weight` `[hidden]` and the score row
+    /// `{name}_proj.weight` `[1, hidden]` (model/attn_res.rs).
+    pub fn load(
+        ck: &dyn WeightSource,
+        name: &str,
+        hidden: usize,
+        eps: f64,
+        numerics: Numerics,
+    ) -> Result<ResidualScore> {
+        // llama.cpp's kimi-k3 GGUF holds only the product of the norm's weight and the projection
+        // (convert_hf_to_gguf.py KimiK3Model `_try_fuse_res`), which its `res_mix` multiplies into
+        // the unweighted norm and sums: that order is the norm weighted by the product, then a
+        // projection of ones.
+        if let Some(score) = ck.tensor(&format!("{name}_score.weight"))? {
+            score.expect_shape(&[hidden])?;
+            let ones = candle_core::Tensor::ones(hidden, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+            return ResidualScore::new(RmsNorm::new(&score, eps, numerics)?, ones);
+        }
+        let proj = ck.require(&format!("{name}_proj.weight"))?;
+        proj.expect_shape(&[1, hidden])?;
+        ResidualScore::new(RmsNorm::new(&ck.require(&format!("{name}_norm.weight"))?, eps, numerics)?, proj.to_f32()?)
     }
 }
 

@@ -11,6 +11,8 @@ use candle_core::{Device, Tensor};
 use nightmail_tensor::unweighted_rms;
 
 use crate::error::Result;
+use crate::source::WeightSource;
+use crate::spec::{DeepseekV4Spec, ModelSpec};
 
 /// One mixing point's weights (`hc_attn_*` or `hc_ffn_*`).
 pub struct HyperMix {
@@ -116,5 +118,48 @@ impl HyperHead {
         let mixes = flat.matmul(&self.proj.t()?)?.to_vec2::<f32>()?;
         let pre = mixes.iter().flat_map(|m| (0..n).map(|i| sigmoid(m[i] * self.scale + self.base[i]) + self.hc_eps));
         collapse(streams, pre.collect(), n)
+    }
+}
+
+impl HyperMix {
+    /// One hyper-connection mixing point (`{prefix}_fn`, `_base`, `_scale`).
+    pub fn load(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec, prefix: &str) -> Result<HyperMix> {
+        let (n, mix) = (v4.hc_mult, v4.hc_mix());
+        let proj = ck.require(&format!("{prefix}_fn.weight"))?;
+        proj.expect_shape(&[mix, n * spec.hidden_size])?;
+        let base = ck.require(&format!("{prefix}_base.weight"))?;
+        base.expect_shape(&[mix])?;
+        let scale = ck.require(&format!("{prefix}_scale.weight"))?;
+        scale.expect_shape(&[3])?;
+        let scale: Vec<f32> = scale.to_f32()?.to_vec1()?;
+        Ok(HyperMix {
+            proj: proj.to_f32()?,
+            base: base.to_f32()?.to_vec1()?,
+            scale: [scale[0], scale[1], scale[2]],
+            streams: n,
+            sinkhorn_iters: v4.hc_sinkhorn_iters,
+            hc_eps: v4.hc_eps,
+            norm_eps: spec.rms_norm_eps as f32,
+        })
+    }
+}
+
+impl HyperHead {
+    /// The hyper-connection head (`output_hc_fn`, `_base`, `_scale`).
+    pub fn load(ck: &dyn WeightSource, spec: &ModelSpec, v4: &DeepseekV4Spec) -> Result<HyperHead> {
+        let n = v4.hc_mult;
+        let proj = ck.require("output_hc_fn.weight")?;
+        proj.expect_shape(&[n, n * spec.hidden_size])?;
+        let base = ck.require("output_hc_base.weight")?;
+        base.expect_shape(&[n])?;
+        let scale = ck.require("output_hc_scale.weight")?;
+        scale.expect_shape(&[1])?;
+        Ok(HyperHead {
+            proj: proj.to_f32()?,
+            base: base.to_f32()?.to_vec1()?,
+            scale: scale.to_f32()?.to_vec1::<f32>()?[0],
+            hc_eps: v4.hc_eps,
+            norm_eps: spec.rms_norm_eps as f32,
+        })
     }
 }

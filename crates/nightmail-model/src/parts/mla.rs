@@ -15,7 +15,10 @@ use candle_core::{D, Device, Tensor};
 
 use crate::error::Result;
 use crate::parts::rope::Rope;
+use crate::source::LayerTensors;
 use crate::spec::MlaSpec;
+use crate::spec::ModelSpec;
+use nightmail_tensor::Numerics;
 use nightmail_tensor::{Linear, RmsNorm};
 
 /// Queries: straight from the hidden state, or through DeepSeek's low-rank latent
@@ -187,6 +190,60 @@ impl Mla {
             scores
         };
         Ok(candle_nn::ops::softmax_last_dim(&scores)?)
+    }
+}
+
+/// Transformers' DeepseekV3RMSNorm default: the latent norms (`q_a_layernorm`,
+/// `kv_a_layernorm`) use 1e-6 whatever `rms_norm_eps` says, as DeepSeek-V3's reference does.
+const LATENT_NORM_EPS: f64 = 1e-6;
+
+impl Mla {
+    /// A layer's latent attention. The key/value up-projection comes as transformers' one
+    /// `kv_b_proj` (`[heads · (nope + v), kv_lora_rank]`, GGUF `attn_kv_b` in older conversions) or
+    /// as llama.cpp's split `attn_k_b` (`[heads, kv_lora_rank, nope]`, transposed for the absorbed
+    /// query) and `attn_v_b` (`[heads, v, kv_lora_rank]`).
+    pub fn load(w: &LayerTensors<'_>, spec: &ModelSpec, d: &MlaSpec) -> Result<Mla> {
+        let (a, hidden, heads) = (&spec.attention, spec.hidden_size, spec.attention.heads);
+        let qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+        let query = match d.q_lora_rank {
+            Some(r) => MlaQuery::LowRank {
+                a: w.weight("attn_q_a", r, hidden)?,
+                norm: RmsNorm::new(&w.require("attn_q_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
+                b: w.weight("attn_q_b", heads * qk, r)?,
+            },
+            None => MlaQuery::Full(w.weight("attn_q", heads * qk, hidden)?),
+        };
+        let (k_up, v_up) = match w.opt("attn_kv_b.weight")? {
+            Some(kv_b) => {
+                kv_b.expect_shape(&[heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank])?;
+                let kv_b = kv_b.to_f32()?.reshape((heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank))?;
+                (
+                    kv_b.narrow(1, 0, d.qk_nope_head_dim)?.contiguous()?,
+                    kv_b.narrow(1, d.qk_nope_head_dim, d.v_head_dim)?.contiguous()?,
+                )
+            }
+            None => {
+                let (k_b, v_b) = (w.require("attn_k_b.weight")?, w.require("attn_v_b.weight")?);
+                k_b.expect_shape(&[heads, d.kv_lora_rank, d.qk_nope_head_dim])?;
+                v_b.expect_shape(&[heads, d.v_head_dim, d.kv_lora_rank])?;
+                (k_b.to_f32()?.transpose(1, 2)?.contiguous()?, v_b.to_f32()?)
+            }
+        };
+        let yarn = a.rope_scaling.as_ref();
+        Ok(Mla {
+            query,
+            kv_a: w.weight("attn_kv_a_mqa", d.kv_lora_rank + d.qk_rope_head_dim, hidden)?,
+            kv_norm: RmsNorm::new(&w.require("attn_kv_a_norm.weight")?, LATENT_NORM_EPS, Numerics::Reference)?,
+            k_up,
+            v_up,
+            o: w.weight("attn_output", hidden, heads * d.v_head_dim)?,
+            gate: if d.output_gate { Some(w.weight("attn_gate", heads * d.v_head_dim, hidden)?) } else { None },
+            rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
+            heads,
+            dims: *d,
+            // transformers' `yarn_apply_mscale`; llama.cpp's deepseek2 kq_scale.
+            softmax_scale: (qk as f64).powf(-0.5) * yarn.map_or(1.0, |y| y.softmax_factor()),
+        })
     }
 }
 

@@ -12,6 +12,7 @@ pub mod kda;
 pub mod latent_moe;
 pub mod mla;
 pub mod moe;
+pub mod norm;
 pub mod rope;
 pub mod router;
 pub mod situ;

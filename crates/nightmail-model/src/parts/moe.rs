@@ -12,8 +12,11 @@ use crate::error::Result;
 use crate::parts::expert::{Expert, ExpertStore};
 use crate::parts::latent_moe::LatentProjection;
 use crate::parts::router::{Route, Router};
+use crate::source::LayerTensors;
+use crate::spec::{ModelSpec, MoeSpec};
 use nightmail_formats::ExpertId;
 use nightmail_tensor::Linear;
+use nightmail_tensor::RmsNorm;
 use nightmail_tensor::ggml::Numerics;
 
 /// An expert every token goes through; Qwen2-MoE scales it by `sigmoid(gate(x))`
@@ -133,5 +136,59 @@ impl MoeBlock {
             out = (out + shared.forward(full, self.numerics)?)?;
         }
         Ok(out)
+    }
+}
+
+impl MoeBlock {
+    /// A layer's mixture of experts: the router (with the choice bias where the model has one),
+    /// the shared expert and its gate, Stable LatentMoE's projections; the routed experts come
+    /// from `experts`.
+    pub fn load(
+        w: &LayerTensors<'_>,
+        spec: &ModelSpec,
+        moe: &MoeSpec,
+        numerics: Numerics,
+        experts: &Arc<dyn ExpertStore>,
+    ) -> Result<MoeBlock> {
+        let hidden = spec.hidden_size;
+        // GLM-4.5's and MiniMax-M2's routers always have one: without it the choice would
+        // quietly differ from the reference, so its absence is a broken file.
+        let bias = match spec.architecture.is_sigmoid_gqa() {
+            true => Some(w.require("exp_probs_b.bias")?),
+            false => w.opt("exp_probs_b.bias")?,
+        };
+        let choice_bias = match bias {
+            Some(b) => {
+                b.expect_shape(&[moe.experts])?;
+                Some(b.to_f32()?.to_vec1::<f32>()?)
+            }
+            None => None,
+        };
+        let router = Router { gate: w.linear("ffn_gate_inp", moe.experts, hidden)?, routing: moe.routing, choice_bias };
+        let shared = match moe.shared_expert_ffn {
+            Some(f) => Some(SharedExpert {
+                expert: Expert::new(
+                    w.linear("ffn_gate_shexp", f, hidden)?,
+                    w.linear("ffn_up_shexp", f, hidden)?,
+                    w.linear("ffn_down_shexp", hidden, f)?,
+                )
+                .with_activation(spec.ffn_activation),
+                gate: w.opt("ffn_gate_inp_shexp.weight")?.map(|g| w.source.linear(&g, None)).transpose()?,
+            }),
+            None => None,
+        };
+        // Stable LatentMoE (latent_moe.rs).
+        let latent = match moe.latent {
+            Some(lat) => Some(Box::new(LatentProjection {
+                down: w.linear("ffn_routed_down", lat.width, hidden)?,
+                norm: match lat.norm {
+                    true => Some(RmsNorm::new(&w.require("ffn_routed_norm.weight")?, spec.rms_norm_eps, numerics)?),
+                    false => None,
+                },
+                up: w.linear("ffn_routed_up", hidden, lat.width)?,
+            })),
+            None => None,
+        };
+        Ok(MoeBlock { layer: w.layer, router, experts: experts.clone(), shared, latent, numerics })
     }
 }

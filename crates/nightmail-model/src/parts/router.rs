@@ -3,7 +3,9 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::spec::ModelSpec;
 use crate::spec::Routing;
+use nightmail_formats::{FormatError, ModelFile};
 use nightmail_tensor::Linear;
 
 /// One token's chosen experts and their weights, best first.
@@ -144,6 +146,40 @@ fn grouped_top_k(choice: &[f32], groups: usize, top_groups: usize, top_k: usize)
     best_first(choice, &mut eligible);
     eligible.truncate(top_k);
     eligible
+}
+
+/// A hash-routed layer's `tid2eid` rows, flat, and the experts per token.
+pub type HashTable = (Vec<u32>, usize);
+
+/// Per layer, DeepSeek-V4's token-id → experts table where the layer is hash-routed: `[vocab,
+/// top_k]` ids below the expert count, or an error naming the tensor and the file.
+pub fn hash_routes(ck: &ModelFile, spec: &ModelSpec) -> Result<Vec<Option<HashTable>>> {
+    let (Some(v4), Some(moe)) = (&spec.deepseek_v4, &spec.moe) else { return Ok(vec![None; spec.layers]) };
+    let k = moe.routing.top_k();
+    (0..spec.layers)
+        .map(|l| {
+            if !v4.hash_layers[l] {
+                return Ok(None);
+            }
+            let name = format!("blk.{l}.ffn_gate_tid2eid.weight");
+            let (table, shape) = match ck.index_table(&name)? {
+                Some(t) => t,
+                // Absent: `require`'s error names it as the file would.
+                None => {
+                    ck.require(&name)?;
+                    return Err(FormatError::MissingTensor { name }.into());
+                }
+            };
+            if shape != [spec.vocab_size, k] || table.iter().any(|&e| e as usize >= moe.experts) {
+                return Err(FormatError::BadMetadata {
+                    key: name,
+                    reason: format!("shape {shape:?}: [{}, {k}] ids below {} expected", spec.vocab_size, moe.experts),
+                }
+                .into());
+            }
+            Ok(Some((table, k)))
+        })
+        .collect()
 }
 
 #[cfg(test)]

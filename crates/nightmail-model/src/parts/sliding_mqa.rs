@@ -15,6 +15,10 @@ use candle_core::Tensor;
 use crate::error::Result;
 use crate::parts::compressor::{Compressor, CompressorState, count, put, take};
 use crate::parts::rope::Rope;
+use crate::source::LayerTensors;
+use crate::spec::{DeepseekV4Spec, ModelSpec, RopeStyle, V4AttentionKind};
+use nightmail_formats::FormatError;
+use nightmail_tensor::Numerics;
 use nightmail_tensor::{Linear, RmsNorm, unweighted_rms};
 
 /// The Lightning Indexer of a compressed-sparse layer.
@@ -278,5 +282,95 @@ impl Indexer {
             out.push(order);
         }
         Ok(out)
+    }
+}
+
+impl SlidingMqa {
+    /// A layer's DeepSeek-V4 attention (model/sliding_mqa.rs, model/compressor.rs), under the
+    /// names spec's hf.rs maps from the checkpoint (`attn.wq_a`, `attn.compressor.wkv`, ...).
+    pub fn load(w: &LayerTensors<'_>, spec: &ModelSpec, v4: &DeepseekV4Spec) -> Result<SlidingMqa> {
+        let (a, hidden) = (&spec.attention, spec.hidden_size);
+        let (heads, hd) = (a.heads, a.head_dim);
+        let eps = spec.rms_norm_eps;
+        let rms = |name: &str, width: usize| -> Result<RmsNorm> {
+            let w = w.require(name)?;
+            w.expect_shape(&[width])?;
+            Ok(RmsNorm::new(&w, eps, Numerics::Reference)?)
+        };
+        // DeepSeek's inference/model.py (`Attention.__init__`): a layer with a compressor rotates its
+        // queries, keys, compressed entries and indexer with `compress_rope_theta` and YaRN; a purely
+        // sliding layer with `rope_theta` and no YaRN.
+        let compress_rope = || {
+            Rope::new(v4.rope_dim, v4.compress_rope_theta, RopeStyle::Interleaved, v4.compress_rope_scaling.as_ref())
+        };
+        let compressor = |prefix: &str, rate: usize, dim: usize, overlap: bool| -> Result<Compressor> {
+            let width = if overlap { 2 * dim } else { dim };
+            let ape = w.require(&format!("{prefix}_ape.weight"))?;
+            ape.expect_shape(&[rate, width])?;
+            if v4.rope_dim > dim {
+                return Err(FormatError::Unsupported {
+                    what: format!("a compressor of {dim}-wide entries under a {}-wide rotation", v4.rope_dim),
+                    hint: "the rotation covers the end of each entry".into(),
+                }
+                .into());
+            }
+            Ok(Compressor {
+                kv: w.weight(&format!("{prefix}_kv"), width, hidden)?,
+                gate: w.weight(&format!("{prefix}_gate"), width, hidden)?,
+                position_bias: ape.to_f32()?.flatten_all()?.to_vec1()?,
+                norm: rms(&format!("{prefix}_norm.weight"), dim)?,
+                rate,
+                dim,
+                overlap,
+                rope: compress_rope(),
+                rope_dim: v4.rope_dim,
+            })
+        };
+        let (compressed, rope) = match v4.kinds[w.layer] {
+            V4AttentionKind::Sliding => {
+                (Compressed::None, Rope::new(v4.rope_dim, a.rope_theta, RopeStyle::Interleaved, None))
+            }
+            V4AttentionKind::HeavilyCompressed { rate } => {
+                (Compressed::All(compressor("attn_compressor", rate, hd, false)?), compress_rope())
+            }
+            V4AttentionKind::CompressedSparse { rate } => {
+                let indexer = Indexer {
+                    compressor: compressor("indexer_compressor", rate, v4.index_head_dim, true)?,
+                    q_b: w.weight("indexer.attn_q_b", v4.index_heads * v4.index_head_dim, v4.q_lora_rank)?,
+                    weights: w.weight("indexer.proj", v4.index_heads, hidden)?,
+                    heads: v4.index_heads,
+                    head_dim: v4.index_head_dim,
+                    top_k: v4.index_topk,
+                };
+                (Compressed::Sparse(compressor("attn_compressor", rate, hd, true)?, Box::new(indexer)), compress_rope())
+            }
+        };
+        let (groups, rank) = (v4.o_groups, v4.o_lora_rank);
+        if (heads * hd) % groups != 0 {
+            return Err(FormatError::BadMetadata {
+                key: "o_groups".into(),
+                reason: format!("as {groups}, which does not divide {heads} heads of {hd}"),
+            }
+            .into());
+        }
+        let out_a = w.require("attn_output_a.weight")?;
+        out_a.expect_shape(&[groups * rank, heads * hd / groups])?;
+        Ok(SlidingMqa {
+            q_a: w.weight("attn_q_a", v4.q_lora_rank, hidden)?,
+            q_norm: rms("attn_q_a_norm.weight", v4.q_lora_rank)?,
+            q_b: w.weight("attn_q_b", heads * hd, v4.q_lora_rank)?,
+            kv: w.weight("attn_kv", hd, hidden)?,
+            kv_norm: rms("attn_kv_a_norm.weight", hd)?,
+            out_a: out_a.to_f32()?.reshape((groups, rank, heads * hd / groups))?,
+            out_b: w.weight("attn_output_b", hidden, groups * rank)?,
+            sinks: super::attention::sinks(&w.require("attn_sinks.weight")?, heads)?.to_vec1()?,
+            rope,
+            rope_dim: v4.rope_dim,
+            heads,
+            head_dim: hd,
+            window: v4.sliding_window,
+            eps: eps as f32,
+            compressed,
+        })
     }
 }
