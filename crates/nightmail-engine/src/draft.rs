@@ -18,8 +18,8 @@ mod lookup;
 mod model;
 mod mtp;
 mod schedule;
+pub(crate) mod verify;
 
-pub(crate) use lookup::Match;
 pub use lookup::PromptLookup;
 pub(crate) use model::{DrafterState, check_draft_model};
 pub use schedule::{

@@ -5,7 +5,6 @@ use crate::error::EngineError;
 use nightmail_formats::FormatError;
 use nightmail_model::ModelError;
 use nightmail_tensor::TensorError;
-use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,9 +12,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::Model;
-use crate::draft::{
-    Acceptance, Draft, DraftLength, DrafterState, Match, MatchAcceptance, PromptLookup, best_chain_len, linear_costs,
-};
+use crate::draft::verify::{Drawn, Feed, Verifier};
+use crate::draft::{Draft, DrafterState, PromptLookup};
 use crate::error::Result;
 use crate::journal::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::reasoning::{Reply, split_reasoning};
@@ -137,32 +135,10 @@ pub struct TokenStream<'m> {
     replay: Vec<TokenEvent>,
     /// Prompt tokens already in the cache.
     prompt_fed: usize,
-    /// Drafted tokens the last verify pass ran after the last generated token, each with the
-    /// logits that follow it: in the cache, but not accepted yet.
-    ahead: VecDeque<(u32, Vec<f32>)>,
-    /// A drafter's guesses made but not run (the schedule chose plain decoding), judged against
-    /// the drawn tokens as run guesses are, so that the acceptance rate is known whether drafting
-    /// pays or not.
-    shadow: VecDeque<u32>,
-    /// The running rate at which guesses hold, and the guesses accepted so far in the current
-    /// run (run or shadow): with the model's pass costs they set each pass's number of guesses
-    /// (`draft/schedule.rs`).
-    acceptance: Acceptance,
-    run_accepted: usize,
-    /// Prompt lookup's rates by the length of the match a guess was copied from
-    /// (`draft::MatchAcceptance`); the match length of the next guess waiting in `ahead`, and
-    /// the first guess of the last pass that ran none, with its match length, judged against
-    /// the next drawn token as a run guess is.
-    by_match: MatchAcceptance,
-    ahead_matched: usize,
-    first_guess: Option<(u32, usize)>,
-    verify_steps: usize,
-    drafted: usize,
-    accepted: usize,
+    /// The drafts: guesses run and waiting for their verdict, and the rates that size them.
+    verify: Verifier,
     /// Prompt positions restored rather than run: from a checkpoint, or a saved thread state.
     restored_prompt: usize,
-    /// The draft model's cache, for `Draft::Model`, or the MTP layer's, for `Draft::Mtp`.
-    drafter: Option<DrafterState>,
 }
 
 impl Model {
@@ -216,7 +192,7 @@ impl Model {
             .iter()
             .zip(&feeds)
             .filter(|(_, f)| f.is_some())
-            .map(|(s, _)| (s.cache.position(), s.wants_hidden()))
+            .map(|(s, _)| (s.cache.position(), s.verify.wants_hidden()))
             .unzip();
         let mut groups: Vec<(&mut SequenceState, &[u32])> =
             streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_deref().map(|t| (&mut s.cache, t))).collect();
@@ -231,7 +207,7 @@ impl Model {
         }
         let fed = streams.iter_mut().zip(&feeds).filter_map(|(s, f)| f.as_ref().map(|t| (s, t)));
         for (((s, fed), rows), (hidden, start)) in fed.zip(logits).zip(hidden.into_iter().zip(starts)) {
-            s.target_ran(start, hidden.as_ref())?;
+            s.verify.target_ran(s.model, start, hidden.as_ref())?;
             let rows = rows.to_vec2::<f32>()?;
             if s.is_prefilling() {
                 s.prompt_fed += fed.len();
@@ -241,7 +217,7 @@ impl Model {
                 s.prefill = s.started.elapsed();
                 s.next_logits = rows.into_iter().next();
             } else {
-                s.take_rows(fed, rows);
+                s.next_logits = s.verify.take_rows(fed, rows);
             }
         }
         Ok(events)
@@ -381,18 +357,8 @@ impl Model {
             journal,
             replay: Vec::new(),
             prompt_fed,
-            ahead: VecDeque::new(),
-            shadow: VecDeque::new(),
-            acceptance: Acceptance::default(),
-            by_match: MatchAcceptance::default(),
-            ahead_matched: 0,
-            first_guess: None,
-            run_accepted: 0,
-            verify_steps: 0,
-            drafted: 0,
-            accepted: 0,
+            verify: Verifier::new(drafter),
             restored_prompt,
-            drafter,
         };
         if prefill {
             stream.prefill_rest()?;
@@ -477,7 +443,7 @@ impl TokenStream<'_> {
         }
         // Drafts still waiting for their verdict are not part of the generation yet: a
         // checkpoint holds only accepted tokens (the next token is drawn from `logits` again).
-        self.forget_drafts()?;
+        self.verify.forget_drafts(&mut self.cache)?;
         let (Some(journal), Some(logits)) = (self.journal.as_mut(), self.next_logits.as_deref()) else {
             return Ok(None);
         };
@@ -530,7 +496,7 @@ impl TokenStream<'_> {
             let t0 = Instant::now();
             let rows = self.run_pass(&fed)?;
             self.model.passes.record(fed.len(), t0.elapsed().as_secs_f64());
-            self.take_rows(&fed, rows);
+            self.next_logits = self.verify.take_rows(&fed, rows);
         }
         Ok(Some(event))
     }
@@ -549,180 +515,25 @@ impl TokenStream<'_> {
     fn run_pass(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let model = self.model;
         let start = self.cache.position();
-        let want = [self.wants_hidden()];
+        let want = [self.verify.wants_hidden()];
         let mut group = [(&mut self.cache, tokens)];
         let (rows, hidden) = rayon::scope(|_| model.net.forward_verify_groups_hidden(&mut group, &want))?;
-        self.target_ran(start, hidden[0].as_ref())?;
+        self.verify.target_ran(model, start, hidden[0].as_ref())?;
         Ok(rows[0].to_vec2::<f32>()?)
     }
 
-    /// Whether this stream's drafter reads the model's hidden states (an MTP layer).
-    fn wants_hidden(&self) -> bool {
-        self.drafter.as_ref().is_some_and(DrafterState::wants_hidden)
-    }
-
-    /// The model ran this stream's positions `start..` with these hidden states.
-    fn target_ran(&mut self, start: usize, hidden: Option<&candle_core::Tensor>) -> Result<()> {
-        match (hidden, self.drafter.as_mut()) {
-            (Some(h), Some(d)) => d.target_ran(self.model, start, h),
-            _ => Ok(()),
-        }
-    }
-
-    /// What to run after `id` was drawn: `id` alone, or with drafts (a verify pass, begun on
-    /// the cache); `None` when the last verify pass already ran `id` as a draft, whose logits
-    /// are then the next ones. A drawn token that differs from the draft in its place rejects
-    /// that draft and those after it: the cache forgets them.
-    ///
-    /// Drawing the token as usual and accepting the draft when they agree is the speculative
-    /// sampling rule of Leviathan et al. (arXiv 2211.17192, Algorithm 1) for a drafter whose
-    /// distribution q is a point mass on its draft d: it accepts with probability
-    /// min(1, p(d)/q(d)) = p(d), and on rejection the token drawn is distributed as p without d,
-    /// renormalized, which is norm(max(0, p − q)). The generator then makes the draws it makes
-    /// without drafts, so the same seed gives the same tokens either way.
+    /// What to run after `id` was drawn ([`Verifier::plan_feed`]); `None` when the last verify
+    /// pass ran it as a guess, whose logits are then the next ones.
     fn plan_feed(&mut self, id: u32) -> Result<Option<Vec<u32>>> {
-        if self.request.draft == Draft::None {
-            return Ok(Some(vec![id]));
-        }
-        self.judge_shadow(id);
-        if let Some((guess, matched)) = self.first_guess.take() {
-            self.by_match.record(matched, guess == id);
-        }
-        if let Some((draft, logits)) = self.ahead.pop_front() {
-            if self.drafter.is_none() {
-                self.by_match.record(self.ahead_matched, draft == id);
-                self.ahead_matched += 1;
-            }
-            if draft == id {
-                self.accepted += 1;
-                self.run_accepted += 1;
+        let stream =
+            Drawn { model: self.model, request: &self.request, prompt: &self.prompt_tokens, generated: &self.tokens };
+        match self.verify.plan_feed(stream, &mut self.cache, id)? {
+            Feed::Run(fed) => Ok(Some(fed)),
+            Feed::Accepted(logits) => {
                 self.next_logits = Some(logits);
-                if self.ahead.is_empty() {
-                    self.verdict(false);
-                }
-                return Ok(None);
+                Ok(None)
             }
-            self.verdict(true);
-            let before_draft = self.cache.position() - self.ahead.len() - 1;
-            self.ahead.clear();
-            self.cache.roll_back(before_draft)?;
         }
-        // Guesses that the context or the token budget has no room for are never needed (nor
-        // one for the last token: the logits after it are not).
-        let context_room = self.model.spec().context_length.saturating_sub(self.cache.position() + 2);
-        let budget = self.request.max_new_tokens.saturating_sub(self.tokens.len() + 1);
-        let room = context_room.min(budget).min(self.request.lookup.max_draft);
-        let mut history = self.prompt_tokens.clone();
-        history.extend(&self.tokens);
-        let matched = match self.drafter {
-            None => self.request.lookup.longest_match(&history),
-            Some(_) => None,
-        };
-        let k = self.draft_len(room, matched.map_or(0, |m| m.len));
-        if k == 0 {
-            self.first_guess = matched.filter(|_| room > 0).map(|m| (history[m.continues_at], m.len));
-        } else {
-            self.ahead_matched = matched.map_or(0, |m| m.len);
-        }
-        let mut fed = vec![id];
-        if k == 0 {
-            // Lookup's rate is judged on its first guesses; a drafter's on its guesses not run.
-            if self.shadow.is_empty() && self.drafter.is_some() {
-                // A draft model's guess costs a pass of its own: one at a time, and rarer while
-                // they fail, is enough to measure how often they hold.
-                if self.drafter.as_mut().is_some_and(DrafterState::probe_due) {
-                    self.shadow = self.propose(&history, matched, room.min(1))?.into();
-                }
-            }
-        } else {
-            if let Some(d) = self.drafter.as_mut() {
-                d.drafting();
-            }
-            // A run of guesses not run that still holds ends here, none of it rejected.
-            if !self.shadow.is_empty() {
-                self.shadow.clear();
-                self.verdict(false);
-            }
-            fed.extend(self.propose(&history, matched, k)?);
-        }
-        if fed.len() > 1 {
-            self.cache.begin_verify();
-        }
-        Ok(Some(fed))
-    }
-
-    /// How many tokens to guess, at most `room`: as many as pay for their rows
-    /// ([`best_draft_len`]) at the stream's acceptance rate and the model's measured cost of an
-    /// extra row, plus a drafter's pass per guess (none measured yet: as many as allowed,
-    /// which measures it); for prompt lookup, whose text so far ends with `matched` tokens of an
-    /// earlier passage, at the rates of guesses after matches as long
-    /// ([`MatchAcceptance::draft_len`]), and one guess where none pays but no row has been timed
-    /// for a while ([`crate::draft::PassCosts::probe_due`]).
-    fn draft_len(&self, room: usize, matched: usize) -> usize {
-        let costs = match self.request.lookup.length {
-            DraftLength::RowCost(r) => linear_costs(r, room),
-            // A drafter that always guesses (a draft model) would never time a one-row pass, and
-            // without one no row's cost is known: after a verify pass, one plain pass times it.
-            DraftLength::Measured if self.verify_steps > 0 && self.model.passes.one_row_s().is_none() => {
-                return 0;
-            }
-            DraftLength::Measured => {
-                let line = self.model.passes.line();
-                let drafting = self.drafter.as_ref().map_or(0.0, |d| d.guess_cost(self.model, line));
-                let rows = self.model.passes.guess_costs(room).unwrap_or_else(|| linear_costs(0.0, room));
-                rows.iter().enumerate().map(|(k, c)| c + drafting * k as f64).collect()
-            }
-        };
-        match self.drafter {
-            None => match self.by_match.draft_len(matched, &costs) {
-                0 if matched > 0 && self.request.lookup.length == DraftLength::Measured => {
-                    usize::from(self.model.passes.probe_due()).min(room)
-                }
-                k => k,
-            },
-            Some(_) => best_chain_len(std::iter::repeat(self.acceptance.rate()), &costs),
-        }
-    }
-
-    /// Up to `k` guesses of the tokens after `history`, from the request's drafter.
-    /// `matched`: prompt lookup's match, already found for this pass (`None` for a drafter).
-    fn propose(&mut self, history: &[u32], matched: Option<Match>, k: usize) -> Result<Vec<u32>> {
-        match self.drafter.as_mut() {
-            Some(state) => state.propose(self.model, history, k),
-            None => Ok(matched.map_or_else(Vec::new, |m| m.continuation(history, k).to_vec())),
-        }
-    }
-
-    /// Judges the next guess that was not run against the drawn token `id`.
-    fn judge_shadow(&mut self, id: u32) {
-        let Some(guess) = self.shadow.pop_front() else { return };
-        if let Some(d) = self.drafter.as_mut() {
-            d.probed();
-        }
-        if guess == id {
-            self.run_accepted += 1;
-            if self.shadow.is_empty() {
-                self.verdict(false);
-            }
-        } else {
-            self.shadow.clear();
-            self.verdict(true);
-        }
-    }
-
-    /// A run of guesses ended: rejected at its next guess, or all accepted.
-    fn verdict(&mut self, rejected: bool) {
-        self.acceptance.record(std::mem::take(&mut self.run_accepted), rejected);
-    }
-
-    /// The logits of a pass over `fed` (one row per token of a verify pass, else the last):
-    /// the first follows the drawn token, the others wait beside their drafts.
-    fn take_rows(&mut self, fed: &[u32], rows: Vec<Vec<f32>>) {
-        self.verify_steps += 1;
-        self.drafted += fed.len() - 1;
-        let mut rows = rows.into_iter();
-        self.next_logits = rows.next();
-        self.ahead = fed[1..].iter().copied().zip(rows).collect();
     }
 
     /// Whether part of the prompt is still to be run (a stream made by [`Model::stream_deferred`]).
@@ -753,7 +564,7 @@ impl TokenStream<'_> {
             self.stop = Some(StopReason::Eos);
         } else if self.tokens.len() >= self.request.max_new_tokens {
             self.stop = Some(StopReason::MaxTokens);
-        } else if self.cache.position() - self.ahead.len() + 1 >= model.spec().context_length {
+        } else if self.cache.position() - self.verify.waiting() + 1 >= model.spec().context_length {
             self.stop = Some(StopReason::ContextFull);
         }
         let text = self.take_text();
@@ -802,9 +613,9 @@ impl TokenStream<'_> {
             stop: self.stop.unwrap_or(StopReason::Cancelled),
             prefill: self.prefill,
             decode,
-            verify_steps: self.verify_steps,
-            drafted: self.drafted,
-            accepted: self.accepted,
+            verify_steps: self.verify.verify_steps,
+            drafted: self.verify.drafted,
+            accepted: self.verify.accepted,
         }
     }
 }
@@ -849,7 +660,7 @@ impl TokenStream<'_> {
         if !matches!(self.stop, Some(s) if s != StopReason::Cancelled) || self.is_prefilling() {
             return Ok(None);
         }
-        self.forget_drafts()?;
+        self.verify.forget_drafts(&mut self.cache)?;
         let mut run = self.prompt_tokens.clone();
         run.extend(&self.tokens);
         if self.cache.position() > run.len() {
@@ -862,16 +673,5 @@ impl TokenStream<'_> {
     /// Prompt tokens this stream ran through the model; the rest were restored.
     pub fn prefilled_tokens(&self) -> usize {
         self.prompt_tokens.len() - self.restored_prompt
-    }
-
-    /// Rolls back drafts still waiting for their verdict: they are not part of the generation
-    /// (a checkpoint or a saved state holds accepted tokens only).
-    fn forget_drafts(&mut self) -> Result<()> {
-        if !self.ahead.is_empty() {
-            let accepted = self.cache.position() - self.ahead.len();
-            self.ahead.clear();
-            self.cache.roll_back(accepted)?;
-        }
-        Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! `model pack --dense q8_0|q4_0` (issue 17's int8 spine): the logits of every GGUF fixture
+//! `model pack --dense q8_0|q4_0` (the int8 spine): the logits of every GGUF fixture
 //! requantized against the unrequantized model's on its reference prompt and greedy
 //! continuation (that the experts are copied byte for byte is a unit test of `pack`). Each run
 //! prints its figures (`cargo test -p nightmail-engine --test requantize -- --nocapture`).

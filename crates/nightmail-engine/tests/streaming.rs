@@ -189,7 +189,7 @@ fn a_file_truncated_while_running_fails_the_step_naming_the_expert_or_the_embedd
     assert!(model.logits(&[1], &mut cache).is_err());
 }
 
-/// Dense layers streamed too (issue 17): at the least budget that streams every dense layer, no
+/// Dense layers streamed too: at the least budget that streams every dense layer, no
 /// layer is resident, the window holds one layer and the expert cache one step's experts in
 /// flight (less than one layer's experts), and the logits stay bit-identical to the resident
 /// model's; so they do with one layer resident and the others streamed.

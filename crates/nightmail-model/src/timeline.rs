@@ -1,7 +1,7 @@
 //! A timeline of a decode, for `model bench --timeline FILE`: when each dense layer and expert
 //! read was in flight, and what the step was doing meanwhile (waiting for a layer, attention,
 //! routing, waiting for or computing experts). It shows where the disk idles and why, which
-//! counters of busy seconds cannot (issue 17: the time over the I/O floor). Off unless a bench
+//! counters of busy seconds cannot (the time a decode spends over its I/O floor). Off unless a bench
 //! turns it on; then each span costs a lock and a push.
 
 use std::sync::Mutex;

@@ -306,7 +306,7 @@ pub struct VerifyPoint {
     /// the experts as the union of the rows' routes (expected under uniform routing), over a
     /// one-row pass's bytes.
     pub bound_ratio: f64,
-    /// `cost_ratio / bound_ratio` (issue 18's goal: at most 1.10).
+    /// `cost_ratio / bound_ratio`: how far a pass's cost is above what its reads allow.
     pub ratio_to_bound: f64,
     pub disk_bytes_per_pass: f64,
     pub dense_disk_bytes_per_pass: f64,

@@ -115,15 +115,9 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
         let compute_s = dense_kernel.seconds(dense_compute_bytes, batch as f64)
             + expert_kernel.as_ref().map_or(0.0, |r| r.seconds(expert_bytes, per_expert));
         // With a two-layer window a step takes the longer of its reads and its compute, and
-        // nothing serial besides. A layer's expert reads cannot start before its router has run,
-        // but the timeline (`model bench --timeline`, benches/timeline.py) shows that wait
-        // costs the disk nothing: the next layer's read-ahead is in flight meanwhile, the expert
-        // reads start within 0.1 ms of the routing, and the disk idles 1% of a batch-1 decode
-        // (issue 17's small model, 2 cores under load 5-7). What did slow the reads was CPU: the
-        // kernel faulting in fresh pages for each O_DIRECT read, taken from the submitting
-        // threads while both cores computed (stream/buf.rs now recycles the read buffers); with
-        // that gone, this max is within 5% of the bench at batch 1 and 8 when the disk rate is
-        // the one measured in the same minutes. A single-layer window takes turns.
+        // nothing serial besides: the next layer's read-ahead is in flight while a router runs
+        // (docs/ENGINE.md, "The decode's read shape", measures it). A single-layer window takes
+        // turns.
         let s =
             if overlapped || plan.dense_disk_bytes_per_token == 0 { disk_s.max(compute_s) } else { disk_s + compute_s };
         PredictedStep {

@@ -155,15 +155,11 @@ impl PassCosts {
     /// The cost of a pass with 0 to `max` guesses in one-row passes: the line's, or a width's
     /// own figure over the one-row pass's where it was timed at least [`OWN_FIGURE`] times
     /// recently and costs less, and never less than a narrower pass. A row's cost is not one
-    /// figure: on SmolLM2 on one core (`model bench --verify 1,2,3,5,9`) a pass of 2, 3, 5 and 9
-    /// rows costs 1.29, 1.56, 2.53 and 4.29 one-row passes (the Q4_1 kernels decode a weight
-    /// block once for up to 4 token rows), 0.29 of a pass for the first extra row and 0.41 each
-    /// over eight, so a line through them prices a pass of one or two guesses above what it
-    /// costs. A width's own figure only lowers the line's: three or four passes of a width on a
-    /// loaded machine can be mostly preempted ones, and a narrow width priced too high would
-    /// price every wider one as high and stop all guessing, where the line pools every width's
-    /// passes (on the quote job under load 13-20, one run in four made 1.09 tokens per pass with
-    /// own figures that could raise the line). `None` as [`Self::line`].
+    /// figure (the first extra rows share a weight block's decoding), so a line through every
+    /// width prices a narrow pass above its cost. A width's own figure only lowers the line's:
+    /// a few passes on a loaded machine can be preempted ones, and a narrow width priced too high
+    /// would price every wider one as high and stop all guessing (docs/ENGINE.md has the
+    /// figures). `None` as [`Self::line`].
     pub fn guess_costs(&self, max: usize) -> Option<Vec<f64>> {
         let line = self.line()?;
         let timed = self.timed.lock().expect("pass costs lock");

@@ -1,8 +1,8 @@
 //! Token embeddings, read a row at a time where they lie and never held whole in memory. A step
 //! reads one row per token (4 KiB at hidden 2048 in F16) of a table of `vocab` rows (125 MiB at
 //! 32000 × 2048; Kimi K3's 163840 × 7168 BF16, 2.3 GB): of all the tensors a token reads, the
-//! table gives the least per byte kept resident (issue 17: the budget keeps resident first what
-//! every token reads, largest benefit per byte first), so `stream/plan.rs` does not count it.
+//! table gives the least per byte kept resident (the budget keeps resident first what every
+//! token reads, largest benefit per byte first), so the engine's memory plan does not count it.
 //!
 //! - **Untied** (`output.weight` apart): each row is a `pread` of its bytes from the model file,
 //!   on a descriptor of its own whose readahead is off (`POSIX_FADV_RANDOM`: a row reads its own

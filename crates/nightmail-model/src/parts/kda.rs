@@ -88,8 +88,8 @@ impl Kda {
         let conv = if ck.tensor(&format!("blk.{l}.ssm_conv1d.weight"))?.is_some() {
             vector("ssm_conv1d.weight", 3 * w * kernel)?
         } else {
-            // Grown from what the file holds, not reserved from the metadata's sizes: the gguf
-            // fuzz target's third finding was a head count of 2^26 reserving 48 GB here.
+            // Grown from what the file holds, not reserved from the metadata's sizes: a corrupt
+            // head count (2^26) would otherwise reserve 48 GB here.
             let mut conv = Vec::new();
             for part in ["q", "k", "v"] {
                 conv.extend(vector(&format!("ssm_conv1d_{part}.weight"), w * kernel)?);
