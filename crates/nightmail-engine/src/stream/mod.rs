@@ -4,10 +4,10 @@
 //! them (`plan.rs`). The math does not know whether a weight came from here or from RAM.
 
 mod dense;
+mod expert_cache;
 pub mod io;
 mod plan;
-mod store;
 
 pub use dense::{DenseStats, LayerExtent, StreamingLayers};
+pub use expert_cache::{CachePolicy, FileStats, StreamConfig, StreamStats, StreamingExperts};
 pub use plan::{DEFAULT_KV_TOKENS, LayerSize, MemoryBudget, MemoryPlan, ModelSizes, MtpSize};
-pub use store::{CachePolicy, FileStats, StreamConfig, StreamStats, StreamingExperts};
