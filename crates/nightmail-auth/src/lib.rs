@@ -1,10 +1,8 @@
-//! Who may log in, shared by the SMTP and IMAP servers: password checks against the configured
-//! users, a fixed delay on every failure, and a per-client limit on failures (the slow-down that
-//! makes guessing impractical; RFC 4954 §4 and RFC 3501 §6.2.3 leave the policy to the server).
-//! Failures count per login name from a client, and per client in all (so guesses at one user
-//! from an address everyone shares do not lock out the others there). Attempts still being
-//! checked count against the limits, so parallel connections get no more guesses than one; a client is an IPv4 address or an IPv6 /64 (`peers.rs`, which also counts
-//! connections per client); and only so many argon2 hashes run at once.
+//! Who may log in, shared by the SMTP and IMAP servers: argon2 or plain password checks (only so
+//! many hashes at once), a fixed delay on every failure, and limits on failures per login name
+//! from a client and per client in all, counting attempts still in flight (RFC 4954 §4 and
+//! RFC 3501 §6.2.3 leave the policy to the server). `peers.rs`: a client is an IPv4 address or
+//! an IPv6 /64, and its open connections are counted.
 
 mod peers;
 

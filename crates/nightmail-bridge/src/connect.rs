@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::BridgeError;
+use crate::error::BridgeError;
 
 /// A byte stream, plain or TLS, that async-imap runs over.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}

@@ -15,6 +15,7 @@
 mod admit;
 mod auth_results;
 mod connect;
+mod error;
 mod mark;
 mod reader;
 mod sent;
@@ -27,18 +28,7 @@ use nightmail_store::Store;
 use tokio::sync::watch;
 
 pub use auth_results::{AuthResults, MethodResult, Verdict, parse as parse_auth_results, verdict};
-
-#[derive(Debug, thiserror::Error)]
-pub enum BridgeError {
-    /// A setting that cannot work (a password that cannot be read, a bad CA file).
-    #[error("{0}")]
-    Config(String),
-    /// The upstream IMAP server: connecting, TLS, LOGIN, a command.
-    #[error("{0}")]
-    Imap(String),
-    #[error(transparent)]
-    Store(#[from] nightmail_store::StoreError),
-}
+pub use error::BridgeError;
 
 /// One bridge: its reader and its sender.
 pub struct Bridge {

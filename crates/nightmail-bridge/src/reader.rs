@@ -16,9 +16,9 @@ use nightmail_store::{BridgeState, Incoming, Recipient, Store, Summary};
 use nightmail_types::Timestamp;
 use tokio::sync::watch;
 
-use crate::BridgeError;
 use crate::admit::{Admission, admit};
 use crate::connect::{ImapSession, Login};
+use crate::error::BridgeError;
 use crate::mark::{self, Start};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);

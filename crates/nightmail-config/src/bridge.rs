@@ -7,8 +7,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::raw::{Locator, address, login, tls_mode};
-use crate::{Address, ConfigError, Model, PasswordSource, RelayTls};
+use nightmail_types::Address;
+
+use crate::error::{ConfigError, Locator, address};
+use crate::model::Model;
+use crate::upstream::{PasswordSource, RelayTls, host, login, tls_mode};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -143,14 +146,6 @@ pub struct BridgeConfig {
     pub timeout: Duration,
 }
 
-fn host(value: &Spanned<String>, key: &str, loc: &Locator<'_>) -> Result<String, ConfigError> {
-    let host = value.get_ref().trim().to_string();
-    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') {
-        return Err(loc.spanned(value, format!("{key} `{host}` must be a host name or an IP address")));
-    }
-    Ok(host)
-}
-
 /// RFC 3501 §2.3.2: a keyword is an atom; system flags start with `\` and only these may be set.
 fn check_flag(value: &Spanned<String>, loc: &Locator<'_>) -> Result<String, ConfigError> {
     let flag = value.get_ref().trim();
@@ -266,7 +261,7 @@ pub(crate) fn check(
 mod tests {
     use std::path::Path;
 
-    use crate::Config;
+    use crate::config::Config;
 
     use super::*;
 

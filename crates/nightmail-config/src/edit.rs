@@ -4,7 +4,10 @@ use std::path::Path;
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, value};
 
-use crate::{Address, Config, ConfigError};
+use nightmail_types::Address;
+
+use crate::config::Config;
+use crate::error::ConfigError;
 
 /// Sets user `name`'s address and argon2 `password_hash` in the file at `path`, adding the user
 /// if absent (the file too). A plain `password` the user had is removed. The result is checked

@@ -16,6 +16,7 @@ mod mime;
 mod notify;
 mod order;
 mod session;
+mod transport;
 mod view;
 
 use std::net::SocketAddr;
@@ -63,7 +64,7 @@ pub async fn serve(
             match place {
                 Ok(_place) => {
                     let _ = stream.set_nodelay(true);
-                    let quick_ack = session::QuickAck::of(&stream);
+                    let quick_ack = transport::QuickAck::of(&stream);
                     session::run(stream, peer, local, shared, stop, wrap, quick_ack).await
                 }
                 Err(Full::Server) => session::refuse(stream, "too many connections, try again later").await,
@@ -86,7 +87,7 @@ pub async fn serve_stream(
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) {
-    session::run(stream, peer, local, shared, stop, Wrap::Plain, session::QuickAck::none()).await
+    session::run(stream, peer, local, shared, stop, Wrap::Plain, transport::QuickAck::none()).await
 }
 
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere

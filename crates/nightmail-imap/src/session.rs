@@ -12,101 +12,14 @@ use imap_next::imap_types::response::{Code, Data, Greeting, Status, StatusKind};
 use imap_next::server::{Error as FlowError, Event, Options, Server};
 use imap_next::{Interrupt, Io, State as _};
 use nightmail_auth::AuthUser;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::command::{self, capability, text};
+use crate::transport::{QuickAck, Stream, Transport, within};
 use crate::view::Selected;
 use crate::{ImapError, Shared, Wrap, is_loopback};
-
-/// A byte stream after STARTTLS.
-pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
-enum Transport {
-    Plain(Box<dyn Stream>),
-    Tls(Box<dyn Stream>),
-    /// Only while STARTTLS swaps one for the other.
-    Gone,
-}
-
-/// Acknowledges what the client sends at once (Linux TCP_QUICKACK, re-armed after every read,
-/// since the kernel leaves quick-ack mode by itself).
-///
-/// Why: a client that writes a literal and its closing CRLF in two writes (Python's imaplib does)
-/// holds the CRLF under Nagle's algorithm until the literal is acknowledged, and a delayed ACK
-/// comes 40 ms later: measured, that was 41 of an APPEND's 46 ms, while the store's part was
-/// 4.5 ms. The session keeps a duplicate of the socket's descriptor for the option.
-pub(crate) struct QuickAck(#[cfg(target_os = "linux")] Option<std::os::fd::OwnedFd>);
-
-impl QuickAck {
-    pub(crate) fn of(stream: &TcpStream) -> QuickAck {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsFd;
-            QuickAck(stream.as_fd().try_clone_to_owned().ok())
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = stream;
-            QuickAck()
-        }
-    }
-
-    /// For streams that are not TCP sockets (the fuzz target's pipes).
-    pub(crate) fn none() -> QuickAck {
-        #[cfg(target_os = "linux")]
-        {
-            QuickAck(None)
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            QuickAck()
-        }
-    }
-
-    fn rearm(&self) {
-        #[cfg(target_os = "linux")]
-        if let Some(fd) = &self.0 {
-            let _ = socket2::SockRef::from(fd).set_tcp_quickack(true);
-        }
-    }
-}
-
-/// `io` within `limit`, else a `TimedOut` error naming `what`.
-async fn within<T>(
-    limit: Duration,
-    what: &str,
-    io: impl std::future::Future<Output = std::io::Result<T>>,
-) -> std::io::Result<T> {
-    tokio::time::timeout(limit, io).await.unwrap_or_else(|_| {
-        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} took longer than {limit:?}")))
-    })
-}
-
-impl Transport {
-    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Transport::Plain(s) | Transport::Tls(s) => s.read(buf).await,
-            Transport::Gone => Ok(0),
-        }
-    }
-
-    /// Writes `bytes` within `limit`: a client that stops reading does not hold the session.
-    async fn write_all(&mut self, bytes: &[u8], limit: Duration) -> std::io::Result<()> {
-        match self {
-            Transport::Plain(s) | Transport::Tls(s) => {
-                within(limit, "writing a response", async {
-                    s.write_all(bytes).await?;
-                    s.flush().await
-                })
-                .await
-            }
-            Transport::Gone => Ok(()),
-        }
-    }
-}
 
 /// RFC 3501 §3: the connection's state. A selected mailbox cannot exist without a user.
 pub(crate) enum State {
@@ -485,9 +398,6 @@ impl Session {
         }
     }
 
-    /// SEARCH and SORT RETURN (RFC 4731, 5267), which imap-codec does not parse: the ESEARCH line
-    /// is written here,
-    /// after every response queued before it and before the tagged result.
     /// A command imap-codec refused that one of our extension grammars reads (ESEARCH's RETURN,
     /// CANCELUPDATE, CATENATE, MULTIAPPEND, APPEND with UTF8 data): run it; `None` when it is none of them.
     async fn extension_command(&mut self, bytes: &[u8], command_since: &mut Option<Instant>) -> Option<Flow> {
@@ -525,6 +435,8 @@ impl Session {
         Some(self.handle(Event::CommandReceived { command }).await)
     }
 
+    /// SEARCH and SORT RETURN (RFC 4731, 5267), which imap-codec does not parse: the ESEARCH line
+    /// is written after every response queued before it and before the tagged result.
     fn return_search(&mut self, search: command::esearch::ReturnSearch) {
         let (tag, uid, done) = (search.tag.clone(), search.uid, search.done_text());
         let result = command::esearch::run(self, search);
@@ -639,20 +551,9 @@ impl Session {
         Ok(())
     }
 
-    /// RFC 4978 §4: from here on both directions are raw DEFLATE; every write ends in a sync flush
-    /// (`Transport::write_all` flushes), so each response can be read at once.
+    /// RFC 4978 §4: from here on both directions are raw DEFLATE.
     fn start_compression(&mut self) {
-        let wrap = |stream: Box<dyn Stream>| -> Box<dyn Stream> {
-            let (read, write) = tokio::io::split(stream);
-            let read = async_compression::tokio::bufread::DeflateDecoder::new(tokio::io::BufReader::new(read));
-            let write = async_compression::tokio::write::DeflateEncoder::new(write);
-            Box::new(tokio::io::join(read, write))
-        };
-        self.transport = match std::mem::replace(&mut self.transport, Transport::Gone) {
-            Transport::Plain(s) => Transport::Plain(wrap(s)),
-            Transport::Tls(s) => Transport::Tls(wrap(s)),
-            Transport::Gone => Transport::Gone,
-        };
+        self.transport = std::mem::replace(&mut self.transport, Transport::Gone).deflate();
         self.compressed = true;
     }
 

@@ -12,17 +12,12 @@
 //! Like the SMTP server, this crate never sees models.
 
 mod dsn;
+mod error;
 mod route;
 mod schedule;
 mod sender;
 
+pub use error::RelayError;
 pub use route::{Envelope, Outcome, Route, send};
 pub use schedule::backoff;
 pub use sender::{OnSent, Relay};
-
-/// Why the relay cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error("{0}")]
-    Config(String),
-}

@@ -14,7 +14,7 @@ use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter,
 use nightmail_config::{BridgeConfig, Endpoint, RelayConfig, RelayTls, Secret};
 use nightmail_types::Address;
 
-use crate::RelayError;
+use crate::error::RelayError;
 
 /// Where and how to hand mail over: host, port, TLS mode and login.
 #[derive(Clone, Debug)]

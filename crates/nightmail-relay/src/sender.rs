@@ -14,8 +14,9 @@ use nightmail_types::{Address, Timestamp};
 use tokio::sync::watch;
 
 use crate::dsn::{self, Failed};
+use crate::error::RelayError;
 use crate::route::{self, Envelope, Route};
-use crate::{RelayError, schedule};
+use crate::schedule;
 
 /// How often the queue is looked at for due entries.
 const POLL: Duration = Duration::from_secs(1);

@@ -1,5 +1,6 @@
-//! TLS for STARTTLS (RFC 3207 for SMTP, RFC 3501 §6.2.1 for IMAP): one rustls configuration,
-//! built at start-up, shared by both servers.
+//! TLS for both servers: one rustls configuration, built at start-up from PEM files or a
+//! self-signed certificate kept in `data_dir/tls/`, for STARTTLS (RFC 3207, RFC 3501 §6.2.1) and
+//! implicit-TLS listeners (RFC 8314, [`Wrap`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,0 +1,6 @@
+/// Why the relay cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("{0}")]
+    Config(String),
+}
