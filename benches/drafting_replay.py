@@ -12,9 +12,9 @@ the speed-up over plain decoding (passes + row cost x rows, against one pass per
 "one rate" (the schedule before 2026-12-04 evening: `best_draft_len` at one running rate over
 guesses run or not), "copy length" (the schedule before 2026-12-05: at the rate first guesses
 hold, and when that pays at least as many guesses as the match is long) and "match length"
-(draft/schedule.rs `MatchAcceptance` now: a rate per class of match length, each guess at the
+(nightmail-engine/src/draft/schedule.rs `MatchAcceptance` now: a rate per class of match length, each guess at the
 rate of its match length plus its place, the best length of that chain and at least the match's
-length when any). The schedules follow generate.rs step for step (at a fixed row cost; a
+length when any). The schedules follow nightmail-engine/src/generate.rs step for step (at a fixed row cost; a
 measured one adds PassCosts' probes); `--draft-row-cost X` runs of the binary give the same
 passes.
 
@@ -44,7 +44,7 @@ RULES = ("every", "oracle", "one rate", "copy length", "match length")
 
 
 def longest_match(ctx):
-    """draft/lookup.rs `longest_match`: (length, where the continuation starts) or None."""
+    """nightmail-engine/src/draft/lookup.rs `longest_match`: (length, where the continuation starts) or None."""
     last, n, best = ctx[-1], len(ctx), None
     for end in range(n - 2, -1, -1):
         if ctx[end] != last:
@@ -134,7 +134,7 @@ def curve_costs(curve, scale, room):
 
 
 def replay(prompt, answer, row_cost, rule, budget, curve=None, scale=1.0):
-    """generate.rs `plan_feed` over the plain answer: (passes, rows, accepted, cost in one-row
+    """nightmail-engine/src/draft/verify.rs `Verifier::plan_feed` over the plain answer: (passes, rows, accepted, cost in one-row
     passes). Each extra row costs `row_cost`, or with `curve` a pass is priced per width."""
     rate, first_rate, by_match = Rate(), Rate(), ByMatch()
     shadow, ahead, run_accepted, first = [], [], 0, None

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where the disk idles during a decode: reads `model bench --timeline FILE` (one JSON span per
-line, crates/nightmail-engine/src/stream/timeline.rs) and prints, over the timed steps, the time
+line, crates/nightmail-model/src/timeline.rs) and prints, over the timed steps, the time
 with no read in flight and what the step was doing then, the busy time split by what was being
 read, and per layer kind (streamed or resident dense weights) the step's phases.
 

@@ -313,7 +313,7 @@ impl Model {
         prefill: bool,
     ) -> Result<TokenStream<'_>> {
         // A verify pass is rolled back by position; DeepSeek-V4's compressors cannot un-close a
-        // window (model/sliding_mqa.rs), so it runs one pass per token.
+        // window (nightmail-model/src/parts/sliding_mqa.rs), so it runs one pass per token.
         if request.draft != Draft::None && self.spec().deepseek_v4.is_some() {
             return Err(FormatError::Unsupported {
                 what: "drafting with a DeepSeek-V4 model".into(),

@@ -165,7 +165,7 @@ impl Model {
         Ok(())
     }
 
-    /// Loads the model's own multi-token-prediction layer (`Draft::Mtp`, `model/mtp.rs`): refused
+    /// Loads the model's own multi-token-prediction layer (`Draft::Mtp`, `nightmail-model/src/mtp.rs`): refused
     /// for a model whose configuration counts none, naming the key, or whose file lacks its
     /// tensors, naming the first missing one.
     pub fn attach_mtp(&mut self) -> Result<()> {

@@ -176,7 +176,7 @@ fn a_file_truncated_while_running_fails_the_step_naming_the_expert_or_the_embedd
     let model = Model::load_with(&path, &tiny_cache(0)).unwrap();
     // Cut the file to its first 4 KiB: every expert read now runs past the end. So do the
     // embedding's rows but the first (the file's first tensor, 256 bytes a row), which a step
-    // reads from the file (`model/embedding.rs`): token 0's row is whole, the prompt's are not.
+    // reads from the file (`nightmail-model/src/parts/embedding.rs`): token 0's row is whole, the prompt's are not.
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
     let mut cache = model.new_cache();
     let err = model.logits(&[0], &mut cache).unwrap_err().to_string();

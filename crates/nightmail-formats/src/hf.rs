@@ -512,9 +512,9 @@ fn hf_names(gguf: &str) -> Vec<String> {
         ],
         // Kimi Linear's KDA layers, under llama.cpp's `kimi-linear` names. `ssm_a` is the same
         // parameter as `A_log` but stored as -exp(A_log) by llama.cpp's converter: the loader
-        // converts by the file's format (model/kda.rs).
+        // converts by the file's format (nightmail-model/src/parts/kda.rs).
         "ssm_conv1d_q.weight" => &["self_attn.q_conv1d.weight"],
-        // Qwen3-Next's and Qwen3.5's Gated DeltaNet (model/gated_delta_net.rs), under
+        // Qwen3-Next's and Qwen3.5's Gated DeltaNet (nightmail-model/src/parts/gated_delta_net.rs), under
         // llama.cpp's `qwen3next` / `qwen35moe` names; `ssm_in` and `ssm_ba` are transformers'
         // fused, per-key-head interleaved projections.
         "ssm_in.weight" => &["linear_attn.in_proj_qkvz.weight"],

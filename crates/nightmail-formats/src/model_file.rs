@@ -207,7 +207,7 @@ pub fn layer_of(name: &str) -> Option<usize> {
 }
 
 /// Whether a tensor belongs to a multi-token-prediction layer past the model's `layers`
-/// (`model/mtp.rs`): `blk.N.` / `model.layers.N.` with N ≥ `layers`, or Qwen3-Next's `mtp.*`.
+/// (`nightmail-model/src/mtp.rs`): `blk.N.` / `model.layers.N.` with N ≥ `layers`, or Qwen3-Next's `mtp.*`.
 pub fn is_mtp_tensor(name: &str, layers: usize) -> bool {
     name.starts_with("mtp.") || layer_of(name).is_some_and(|l| l >= layers)
 }

@@ -43,7 +43,7 @@ impl<'a> HeldLayer<'a> {
 impl Drop for HeldLayer<'_> {
     fn drop(&mut self) {
         // The step's reference goes first, so that the store's removal drops the last one and
-        // the read buffers are free for the next read-ahead at once (stream/buf.rs's pool).
+        // the read buffers are free for the next read-ahead at once (nightmail-tensor/src/bytes.rs's pool).
         self.layer = None;
         if let Some((store, l)) = self.release {
             store.done(l);

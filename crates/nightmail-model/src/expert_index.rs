@@ -112,7 +112,7 @@ pub fn expert_biases<'a>(ck: &'a ModelFile, spec: &ModelSpec, id: ExpertId) -> R
 }
 
 /// The layers whose routed experts lie on disk for the model to read: its MoE layers, and the
-/// MTP layer where the checkpoint ships one with experts (`model/mtp.rs`), which draws on the
+/// MTP layer where the checkpoint ships one with experts (`mtp.rs`), which draws on the
 /// same store and cache when it drafts.
 pub fn expert_layers(ck: &ModelFile, spec: &ModelSpec) -> Result<Vec<usize>> {
     let mut layers: Vec<usize> = (0..spec.layers).filter(|l| spec.moe_layers[*l]).collect();

@@ -1,7 +1,7 @@
 //! A multi-token-prediction layer (DeepSeek-V3 technical report §2.2, eqs. 21-25): past the last
 //! decoder layer, it reads the model's hidden state at position i and the embedding of the token
 //! at i + 1, and predicts the token at i + 2 through one more decoder block and the model's head.
-//! Only drafting runs it (`draft = "mtp"`, `draft/mtp.rs`).
+//! Only drafting runs it (`draft = "mtp"`, `nightmail-engine/src/draft/mtp.rs`).
 //!
 //! The order of the concatenation and which hidden state it reads follow the engines that run
 //! DeepSeek-V3's released weights, vLLM (`model_executor/models/deepseek_mtp.py`) and SGLang
@@ -41,7 +41,7 @@ pub struct Mtp {
     block: DecoderLayer,
     norm: RmsNorm,
     /// The layer's own head and embedding (read from the file as the model's is, never
-    /// resident: `model/embedding.rs`); `None`: the model's.
+    /// resident: `parts/embedding.rs`); `None`: the model's.
     head: Option<Linear>,
     embedding: Option<Embedding>,
     cache: CacheKind,
@@ -61,7 +61,7 @@ pub fn shipped_layer(ck: &ModelFile, spec: &ModelSpec) -> Result<Option<usize>> 
 }
 
 /// The shipped MTP layer's index where it is a MoE layer (it has a router): its routed experts
-/// are the model's too, streamed through the same store and cache (`stream/index.rs`), listed in
+/// are the model's too, streamed through the same store and cache (`expert_index.rs`), listed in
 /// the memory plan and packed with the rest (`pack/`).
 pub fn moe_layer(ck: &ModelFile, spec: &ModelSpec) -> Result<Option<usize>> {
     let Some(l) = shipped_layer(ck, spec)? else { return Ok(None) };

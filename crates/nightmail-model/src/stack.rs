@@ -99,7 +99,7 @@ impl Transformer {
         let embd = ck.require("token_embd.weight")?;
         embd.expect_shape(&[spec.vocab_size, hidden])?;
         // Tied embeddings (SmolLM2, the llama fixture): no output.weight, the head is token_embd
-        // and serves the embedding's rows; else they are read from the file (`model/embedding.rs`).
+        // and serves the embedding's rows; else they are read from the file (`parts/embedding.rs`).
         let (lm_head, embedding) = match ck.tensor("output.weight")? {
             Some(head) => {
                 head.expect_shape(&[spec.vocab_size, hidden])?;
@@ -167,7 +167,7 @@ impl Transformer {
         Arc::new(move |source, l| DecoderLayer::load(source, &spec, numerics, format, &experts, l))
     }
 
-    /// Loads the model's first multi-token-prediction layer (`model/mtp.rs`) from `ck`, its
+    /// Loads the model's first multi-token-prediction layer (`mtp.rs`) from `ck`, its
     /// routed experts from the model's own store where `streamed` (the store lists them).
     pub fn attach_mtp(&mut self, ck: &ModelFile, spec: &ModelSpec, streamed: bool) -> Result<()> {
         let embd = ck.require("token_embd.weight")?;
@@ -320,7 +320,7 @@ impl Transformer {
 
     /// As [`Transformer::forward_verify_groups`], and for each group `g` with `hidden[g]` the
     /// final hidden state after the final norm of each of its tokens, `[tokens, hidden]` (what
-    /// an MTP layer reads, `model/mtp.rs`).
+    /// an MTP layer reads, `mtp.rs`).
     pub fn forward_verify_groups_hidden(
         &self,
         groups: &mut [(&mut SequenceState, &[u32])],

@@ -106,7 +106,7 @@ impl SequenceState {
     }
 
     /// Forgets the tokens after `position` in a state of attention layers only (a draft model's,
-    /// `draft/model.rs`): their keys and values are cut back, at any position. A recurrent
+    /// `nightmail-engine/src/draft/model.rs`): their keys and values are cut back, at any position. A recurrent
     /// state cannot be cut back outside a verify pass's trail.
     pub fn truncate(&mut self, position: usize) -> Result<()> {
         if position >= self.position {

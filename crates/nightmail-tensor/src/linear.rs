@@ -84,7 +84,7 @@ impl Linear {
     /// Row `i` of the weight as f32 (the caller checked it exists): the row of the file's
     /// tensor, dequantized from the same bytes by the same code (`format::row_values`), or read
     /// from the f32 or f16 values a conversion at load made of them, which hold it exactly. A
-    /// tied embedding reads its rows here (`model/embedding.rs`).
+    /// tied embedding reads its rows here (`nightmail-model/src/parts/embedding.rs`).
     pub fn row(&self, i: usize) -> Result<Vec<f32>> {
         let values =
             |dtype: GgmlDType, cols: usize, bytes: &[u8]| row_values("output.weight", dtype.into(), cols, bytes);

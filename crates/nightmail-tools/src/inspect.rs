@@ -44,7 +44,7 @@ impl LayerKinds {
     }
 }
 
-/// The multi-token-prediction layers' tensors (`model/mtp.rs`), counted apart from the model's.
+/// The multi-token-prediction layers' tensors (`nightmail-model/src/mtp.rs`), counted apart from the model's.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MtpTensors {
     pub tensors: usize,

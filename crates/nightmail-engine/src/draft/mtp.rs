@@ -1,4 +1,4 @@
-//! Drafting with the model's own multi-token-prediction layer (`model/mtp.rs`; DeepSeek-V3
+//! Drafting with the model's own multi-token-prediction layer (`nightmail-model/src/mtp.rs`; DeepSeek-V3
 //! technical report §2.2 and §5.4.3, where its one MTP module guesses the second next token and
 //! 85-90% of those guesses hold). Its first guess follows the token just drawn: at the model's
 //! position p − 1 it reads the model's hidden state there and the drawn token. Each further guess

@@ -4,7 +4,7 @@
 //! dense layers go before the expert cache. The dense layers left over stream in layer order
 //! through a window of two layers (one read while the other computes), or one where two do not
 //! fit; the experts get the rest as their cache. The token embedding is not resident: a token
-//! reads one row of it (`model/embedding.rs` reads rows from the file, or from the head where
+//! reads one row of it (`nightmail-model/src/parts/embedding.rs` reads rows from the file, or from the head where
 //! the two are tied), the least benefit per byte of any tensor, so only the head is counted.
 
 use crate::error::EngineError;
@@ -66,7 +66,7 @@ pub struct LayerSize {
     pub stream_bytes: usize,
 }
 
-/// The multi-token-prediction layer a checkpoint ships (`model/mtp.rs`), counted apart from the
+/// The multi-token-prediction layer a checkpoint ships (`nightmail-model/src/mtp.rs`), counted apart from the
 /// model's layers: its dense weights stay resident beside the head, and its routed
 /// experts share the model's cache. Counted whenever the checkpoint holds the layer, so that a
 /// budget holds with `draft = "mtp"` (a model that never drafts with it reserves its dense bytes
@@ -88,7 +88,7 @@ pub struct ModelSizes {
     /// The output head (the embedding's table where the two are tied: one copy serves both),
     /// the final norm and the model's other tensors outside its layers: always resident.
     pub fixed_bytes: usize,
-    /// The token embedding's bytes in the file: not resident (`model/embedding.rs`).
+    /// The token embedding's bytes in the file: not resident (`nightmail-model/src/parts/embedding.rs`).
     pub embedding_bytes: usize,
     /// One row of it, what each token reads (from the file, or the tied head).
     pub embedding_row_bytes: usize,
@@ -310,7 +310,7 @@ impl MemoryPlan {
             });
         }
         // While a layer computes, the store reads the next layer's guessed experts (queued only
-        // while the cache holds them beside the layer computing: `stream/store.rs`), so the
+        // while the cache holds them beside the layer computing: `stream/expert_cache/`), so the
         // cache is given, before any dense layer goes resident, room for the expected union of
         // the step's routes in two layers, as far as the budget has it beyond its minimum.
         let union = uniform_union(sizes.top_k, sizes.experts_per_layer, rows).ceil() as usize;

@@ -5,7 +5,7 @@
 //! output; before attention, before the MLP and before the final norm, the running sum and the
 //! banked inputs are mixed by a softmax over `res_proj(res_norm(candidate))`. The mix is over
 //! layers at one position, so it needs no state across tokens. DeepSeek-V4's hyper-connection
-//! streams (model/hyper.rs) are the third kind of residual here.
+//! streams (parts/hyper.rs) are the third kind of residual here.
 
 use crate::error::ModelError;
 use crate::source::WeightSource;
@@ -74,7 +74,7 @@ impl ResidualBank {
 pub enum LayerResidual {
     /// Kimi K3's AttnRes scores.
     AttnRes { attention: ResidualScore, ffn: ResidualScore },
-    /// DeepSeek-V4's hyper-connection mixes (model/hyper.rs).
+    /// DeepSeek-V4's hyper-connection mixes (parts/hyper.rs).
     Hyper { attention: HyperMix, ffn: HyperMix },
 }
 
@@ -203,7 +203,7 @@ impl ResidualStream {
 
 impl ResidualScore {
     /// One AttnRes mixing point's weights: `{name}_norm.weight` `[hidden]` and the score row
-    /// `{name}_proj.weight` `[1, hidden]` (model/attn_res.rs).
+    /// `{name}_proj.weight` `[1, hidden]` (parts/attn_res.rs).
     pub fn load(
         ck: &dyn WeightSource,
         name: &str,

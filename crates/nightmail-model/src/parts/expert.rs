@@ -86,7 +86,7 @@ impl ResidentExperts {
         Self::load_layers(ck, spec, (0..spec.layers).filter(|l| spec.moe_layers[*l]))
     }
 
-    /// The routed experts of `layers` only (an MTP layer's, `model/mtp.rs`).
+    /// The routed experts of `layers` only (an MTP layer's, `mtp.rs`).
     pub fn load_layers(ck: &ModelFile, spec: &ModelSpec, layers: impl Iterator<Item = usize>) -> Result<Self> {
         let mut experts = HashMap::new();
         let Some(moe) = &spec.moe else { return Ok(ResidentExperts { experts }) };

@@ -286,7 +286,7 @@ impl Indexer {
 }
 
 impl SlidingMqa {
-    /// A layer's DeepSeek-V4 attention (model/sliding_mqa.rs, model/compressor.rs), under the
+    /// A layer's DeepSeek-V4 attention (parts/sliding_mqa.rs, parts/compressor.rs), under the
     /// names spec's hf.rs maps from the checkpoint (`attn.wq_a`, `attn.compressor.wkv`, ...).
     pub fn load(w: &LayerTensors<'_>, spec: &ModelSpec, v4: &DeepseekV4Spec) -> Result<SlidingMqa> {
         let (a, hidden) = (&spec.attention, spec.hidden_size);

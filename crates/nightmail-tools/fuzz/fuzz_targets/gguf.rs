@@ -1,5 +1,5 @@
 //! Arbitrary bytes as a GGUF model file (llama.cpp `docs/gguf.md`): the header reader
-//! (`format/gguf.rs`), the model spec read from its metadata (`spec.rs`), `inspect`, loading and a
+//! (`nightmail-formats/src/gguf.rs`), the model spec read from its metadata (`spec.rs`), `inspect`, loading and a
 //! forward pass. Seeds: tiny `model synth` models of each synthesized architecture and the
 //! reference fixtures' GGUFs (`fuzz/seeds.sh`).
 

@@ -1,7 +1,7 @@
 //! Arbitrary bytes as a Hugging Face model directory's `model.safetensors` (an 8-byte
 //! little-endian header length, a JSON header, the data: huggingface/safetensors `README.md`
 //! "Format"), beside the `config.json` of one of the reference fixtures, which the input's first
-//! byte picks: the header reader (`format/hf.rs`), the spec from `config.json` and the tensor
+//! byte picks: the header reader (`nightmail-formats/src/hf.rs`), the spec from `config.json` and the tensor
 //! names, `inspect`, loading and a forward pass. Seeds: the fixtures' own weights, each behind the
 //! byte that picks its config (`fuzz/seeds.sh`).
 

@@ -125,7 +125,7 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         tensors.push(Packed { header, view: t, requantize: to.is_some(), expert: None });
     }
     if let Some(moe) = &spec.moe {
-        // The MTP layer's experts too (`model/mtp.rs`): its dense tensors are among the rest.
+        // The MTP layer's experts too (`nightmail-model/src/mtp.rs`): its dense tensors are among the rest.
         for layer in expert_layers(&ck, &spec)? {
             for expert in 0..moe.experts {
                 let id = ExpertId { layer, expert };
