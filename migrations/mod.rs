@@ -31,6 +31,8 @@ mod m0009_live_jobs;
 mod m0010_modseq;
 #[path = "0011_subscriptions.rs"]
 mod m0011_subscriptions;
+#[path = "0012_job_indexes.rs"]
+mod m0012_job_indexes;
 
 type Apply = fn(&sled::Db) -> Result<(), StoreError>;
 
@@ -47,6 +49,7 @@ const MIGRATIONS: &[(u32, &str, Apply)] = &[
     (9, "live_jobs", m0009_live_jobs::apply),
     (10, "modseq", m0010_modseq::apply),
     (11, "subscriptions", m0011_subscriptions::apply),
+    (12, "job_indexes", m0012_job_indexes::apply),
 ];
 
 /// Brings the store from its recorded version up to `target`.

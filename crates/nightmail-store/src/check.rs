@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::delivery::MessageRef;
 use crate::ids::mail_key;
+use crate::job_index::{self, Index};
 use crate::modseq::parse_expunged_key;
 use crate::outbound::OutboundState;
 use crate::queue::{Job, JobState, Live, live_key, live_lists, queue_key};
@@ -111,6 +112,7 @@ impl Store {
         }
 
         let mut jobs: HashMap<JobId, Job> = HashMap::new();
+        let mut expected: HashMap<(Index, Vec<u8>), Vec<u8>> = HashMap::new();
         for entry in t.jobs.iter() {
             let (_, value) = entry?;
             let job: Job = decode(JOBS, &value)?;
@@ -128,7 +130,24 @@ impl Store {
                     problem(format!("job {} is missing from the live-jobs index", job.id));
                 }
             }
+            for entry in job_index::entries(&job) {
+                expected.insert((entry.index, entry.key), entry.value);
+            }
             jobs.insert(job.id, job);
+        }
+        // The worker's indexes (schema 12): each entry one that a job has, and no other.
+        for (index, tree) in
+            [(Index::Replies, &t.replies), (Index::Answers, &t.answers), (Index::OpenJobs, &t.open_jobs)]
+        {
+            for entry in tree.iter() {
+                let (key, value) = entry?;
+                if expected.remove(&(index, key.to_vec())).is_none_or(|v| v[..] != value[..]) {
+                    problem(format!("the {index:?} index holds an entry no job has"));
+                }
+            }
+        }
+        for (index, _) in expected.keys() {
+            problem(format!("a job is missing from the {index:?} index"));
         }
         for key in t.queue.iter().keys() {
             let key = key?;

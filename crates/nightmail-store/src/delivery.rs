@@ -64,8 +64,8 @@ pub fn message_id(message: &mail_parser::Message<'_>) -> Option<String> {
 
 impl Summary {
     /// From, Subject and Message-ID as the header gives them, for a message filed over IMAP.
-    /// mail-parser runs behind `catch_unwind` (it has panicked on crafted input, mail-parser
-    /// #145): a panic costs the summary, never the server. `None` when the bytes hold no header
+    /// mail-parser runs behind `catch_unwind` (it can panic on crafted input): a panic costs the
+    /// summary, never the server. `None` when the bytes hold no header
     /// field at all, so are no RFC 5322 message.
     pub fn read(raw: &[u8]) -> Option<Summary> {
         std::panic::catch_unwind(|| {

@@ -20,6 +20,7 @@ mod error;
 mod filing;
 mod ids;
 mod in_progress;
+mod job_index;
 mod lease_clock;
 mod mail_ops;
 mod mailbox;
@@ -49,6 +50,7 @@ pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use in_progress::{IN_PROGRESS, ProgressMail};
+pub use job_index::Answered;
 pub use mail_ops::{Appended, AppendedAll, Copied, FlagChange, FlagUpdate, FlagsStored, NewMail};
 pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
@@ -83,7 +85,7 @@ const OWN_RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// sled's database in `dir`. sled lets go of its lock when the last of its background writes ends,
 /// a moment after the `Db` is dropped, so opening a store again right after closing it in the same
-/// process can find the lock still held by ourselves (a test reading two mailboxes in a row did).
+/// process can find the lock still held by ourselves.
 /// Such an open waits for that release, up to [`OWN_RELEASE`]; a lock held by another process, or
 /// on a directory this process never opened, is [`StoreError::Locked`] at once.
 fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
@@ -156,8 +158,7 @@ impl Store {
     ///
     /// A blocking `flush` on tokio's blocking pool, not `flush_async`: in sled 0.34 concurrent
     /// `flush_async` calls occupy every thread of sled's own pool, which is also the pool that
-    /// writes the buffers they wait for, and the whole store deadlocks (sled issue #1308, fixed
-    /// only on its unreleased main). Eight IMAP clients appending at once hit it here.
+    /// writes the buffers they wait for, and the whole store deadlocks under concurrent writers.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let (db, durability, path) = (self.db.clone(), self.durability.clone(), self.path.clone());
         tokio::task::spawn_blocking(move || durability.flush(&db))

@@ -14,6 +14,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
 use crate::in_progress::{ProgressMail, withdraw_in};
+use crate::job_index::IndexTrees;
 use crate::refs::RefTrees;
 use crate::schema::{JOBS, LIVE_JOBS, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
@@ -285,16 +286,26 @@ pub(crate) struct JobTrees<'a> {
     pub jobs: &'a TransactionalTree,
     pub queue: &'a TransactionalTree,
     pub live: &'a TransactionalTree,
+    pub index: IndexTrees<'a>,
+}
+
+impl<'a> JobTrees<'a> {
+    /// The view of a transaction over `Trees::of_jobs`, in its order.
+    fn of_view(view: &'a [TransactionalTree]) -> Self {
+        let index = IndexTrees { replies: &view[3], answers: &view[4], open_jobs: &view[5] };
+        JobTrees { jobs: &view[0], queue: &view[1], live: &view[2], index }
+    }
 }
 
 impl<'a> From<&crate::schema::Tx<'a>> for JobTrees<'a> {
     fn from(tx: &crate::schema::Tx<'a>) -> Self {
-        JobTrees { jobs: tx.jobs, queue: tx.queue, live: tx.live_jobs }
+        let index = IndexTrees { replies: tx.replies, answers: tx.answers, open_jobs: tx.open_jobs };
+        JobTrees { jobs: tx.jobs, queue: tx.queue, live: tx.live_jobs, index }
     }
 }
 
-/// Writes `job` and, in the same transaction, its entries in the `queue` and `live_jobs` indexes
-/// (`old`: its state before, to find the queue entry to drop).
+/// Writes `job` and, in the same transaction, its entries in the `queue`, `live_jobs` and
+/// `job_index.rs` indexes (`old`: its state before, to find the entries to drop).
 pub(crate) fn write_job(t: JobTrees<'_>, old: Option<&JobState>, job: &Job) -> TxResult<()> {
     if let Some(JobState::Queued { not_before }) = old {
         t.queue.remove(&queue_key(*not_before, job.id)[..])?;
@@ -308,6 +319,7 @@ pub(crate) fn write_job(t: JobTrees<'_>, old: Option<&JobState>, job: &Job) -> T
     for list in live_lists(job) {
         t.live.insert(&live_key(list, job.id)[..], &[][..])?;
     }
+    t.index.update(old, job)?;
     t.jobs.insert(&job.id.to_be_bytes()[..], encode(job))?;
     Ok(())
 }
@@ -344,9 +356,16 @@ impl Store {
 
     /// Decodes a job record, counting it: the test that the concierge's and the sweeper's work
     /// does not grow with finished jobs counts these reads.
-    fn read_counted(&self, bytes: &[u8]) -> Result<Job, StoreError> {
+    pub(crate) fn read_counted(&self, bytes: &[u8]) -> Result<Job, StoreError> {
         self.job_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decode(JOBS, bytes)
+    }
+
+    /// Runs `f` in one transaction over the trees a job's state lives in.
+    pub(crate) fn job_transaction<A>(&self, f: impl Fn(JobTrees<'_>) -> TxResult<A>) -> Result<A, StoreError> {
+        let _writing = self.trees.writing();
+        let trees = self.trees.of_jobs();
+        Ok(trees[..].transaction(|view| f(JobTrees::of_view(view)))?)
     }
 
     /// How many job records this store has decoded from a scan since it was opened.
@@ -385,19 +404,17 @@ impl Store {
     /// Applies `change` to a leased job if the lease still holds.
     async fn with_lease(&self, leased: &LeasedJob, change: impl Fn(&mut Job)) -> Result<Job, StoreError> {
         let id = leased.job.id;
-        let writing = self.trees.writing();
-        let job = (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
-            let mut job = read_job(jobs, id)?;
+        let job = self.job_transaction(|t| {
+            let mut job = read_job(t.jobs, id)?;
             match job.state {
                 JobState::Running { lease_token, .. } if lease_token == leased.token => {}
                 _ => return Err(abort(StoreError::LeaseLost(id))),
             }
             let old = job.state.clone();
             change(&mut job);
-            write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
+            write_job(t, Some(&old), &job)?;
             Ok(job)
         })?;
-        drop(writing);
         self.flush().await?;
         Ok(job)
     }
@@ -543,22 +560,18 @@ impl Store {
     pub async fn lease(&self, id: JobId, lease_for: Duration) -> Result<Option<LeasedJob>, StoreError> {
         let now = Timestamp::now();
         let token: u64 = rand::random();
-        let writing = self.trees.writing();
-        let leased =
-            (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
-                let mut job = read_job(jobs, id)?;
-                if !matches!(job.state, JobState::Queued { .. }) {
-                    return Ok(None);
-                }
-                let old = job.state.clone();
-                job.attempts += 1;
-                job.started_at = Some(now);
-                job.state =
-                    JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
-                write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
-                Ok(Some(job))
-            })?;
-        drop(writing);
+        let leased = self.job_transaction(|t| {
+            let mut job = read_job(t.jobs, id)?;
+            if !matches!(job.state, JobState::Queued { .. }) {
+                return Ok(None);
+            }
+            let old = job.state.clone();
+            job.attempts += 1;
+            job.started_at = Some(now);
+            job.state = JobState::Running { lease_token: token, lease_expires: now.plus(lease_for), heartbeat_at: now };
+            write_job(t, Some(&old), &job)?;
+            Ok(Some(job))
+        })?;
         if leased.is_some() {
             self.leases.hold(id, token, lease_for);
         }
@@ -577,16 +590,16 @@ impl Store {
         let mut purged = 0;
         for id in old {
             let writing = self.trees.writing();
-            let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids).transaction(
-                |(jobs, refs, messages, message_ids)| {
+            let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids, &t.replies, &t.answers, &t.open_jobs)
+                .transaction(|(jobs, refs, messages, message_ids, replies, answers, open_jobs)| {
                     // Re-read: a job is never un-finished, but it may already be gone.
                     let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
                     let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
                     jobs.remove(&id.to_be_bytes()[..])?;
+                    IndexTrees { replies, answers, open_jobs }.remove(&job)?;
                     RefTrees { refs, messages, message_ids }.release::<StoreError>(job.message)?;
                     Ok(true)
-                },
-            )?;
+                })?;
             drop(writing);
             purged += usize::from(gone);
         }
@@ -640,19 +653,16 @@ impl Store {
                 continue;
             }
             let id = job.id;
-            let writing = self.trees.writing();
-            let changed =
-                (&self.trees.jobs, &self.trees.queue, &self.trees.live_jobs).transaction(|(jobs, queue, live)| {
-                    let mut job = read_job(jobs, id)?;
-                    if !expired(id, &job.state) {
-                        return Ok(false);
-                    }
-                    let old = job.state.clone();
-                    job.state = JobState::Queued { not_before: now };
-                    write_job(JobTrees { jobs, queue, live }, Some(&old), &job)?;
-                    Ok(true)
-                })?;
-            drop(writing);
+            let changed = self.job_transaction(|t| {
+                let mut job = read_job(t.jobs, id)?;
+                if !expired(id, &job.state) {
+                    return Ok(false);
+                }
+                let old = job.state.clone();
+                job.state = JobState::Queued { not_before: now };
+                write_job(t, Some(&old), &job)?;
+                Ok(true)
+            })?;
             if changed {
                 self.leases.release(id);
             }

@@ -17,6 +17,9 @@
 //! | `live_jobs`     | `n` ++ JobId, `r` ++ JobId       | empty: the queued jobs not yet triaged (`n`, the concierge's work) and the running ones (`r`, the lease sweeper's), kept by `write_job` (schema 9) |
 //! | `expunged`      | MailboxId ++ ModSeq ++ Uid       | empty: each UID expunged from a mailbox and the mod-sequence of its expunge, for QRESYNC's VANISHED (schema 10, `modseq.rs`; the same step gave `MailEntry::modseq` and `MailboxInfo::highest_modseq`) |
 //! | `subscriptions` | owner `\0` name (UTF-8)          | empty: the user's IMAP subscriptions, names that need not exist (schema 11, `subscriptions.rs`; the step took them out of `MailboxInfo`) |
+//! | `replies`       | sender `\0` finished_at ++ JobId | empty: the jobs that sent their sender a reply or notice, for the hourly limit (schema 12, `job_index.rs`) |
+//! | `answers`       | model `\0` done_at ++ JobId      | started_at ++ tokens (u64 big-endian each): a model's answers, for its pace (schema 12) |
+//! | `open_jobs`     | model `\0` created_at ++ JobId   | empty: the jobs queued or running, per model in arrival order, for queue positions and `status` (schema 12) |
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -25,7 +28,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -42,6 +45,9 @@ pub(crate) const BRIDGES: &str = "bridges";
 pub(crate) const LIVE_JOBS: &str = "live_jobs";
 pub(crate) const EXPUNGED: &str = "expunged";
 pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
+pub(crate) const REPLIES: &str = "replies";
+pub(crate) const ANSWERS: &str = "answers";
+pub(crate) const OPEN_JOBS: &str = "open_jobs";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -63,6 +69,9 @@ pub(crate) struct Trees {
     pub live_jobs: sled::Tree,
     pub expunged: sled::Tree,
     pub subscriptions: sled::Tree,
+    pub replies: sled::Tree,
+    pub answers: sled::Tree,
+    pub open_jobs: sled::Tree,
     /// Held shared by every write, and exclusively by a backup (`backup.rs`): sled 0.34 has no
     /// snapshots, so a consistent copy of all trees is one taken while no write is under way.
     gate: Arc<RwLock<()>>,
@@ -86,12 +95,15 @@ impl Trees {
             live_jobs: db.open_tree(LIVE_JOBS)?,
             expunged: db.open_tree(EXPUNGED)?,
             subscriptions: db.open_tree(SUBSCRIPTIONS)?,
+            replies: db.open_tree(REPLIES)?,
+            answers: db.open_tree(ANSWERS)?,
+            open_jobs: db.open_tree(OPEN_JOBS)?,
             gate: Arc::default(),
         })
     }
 
     /// Every tree, in the order [`Tx`] expects, for a transaction over all of them.
-    pub fn all(&self) -> [&sled::Tree; 15] {
+    pub fn all(&self) -> [&sled::Tree; 18] {
         [
             &self.meta,
             &self.messages,
@@ -108,7 +120,15 @@ impl Trees {
             &self.live_jobs,
             &self.expunged,
             &self.subscriptions,
+            &self.replies,
+            &self.answers,
+            &self.open_jobs,
         ]
+    }
+
+    /// The trees a job's state lives in, in the order [`crate::queue::JobTrees`] expects.
+    pub fn of_jobs(&self) -> [&sled::Tree; 6] {
+        [&self.jobs, &self.queue, &self.live_jobs, &self.replies, &self.answers, &self.open_jobs]
     }
 
     /// Held for the length of one write to the trees (a transaction, or a lone insert or removal),
@@ -153,6 +173,9 @@ pub(crate) struct Tx<'a> {
     /// No transaction over every tree changes subscriptions yet (`subscriptions.rs` uses its own).
     #[allow(dead_code)]
     pub subscriptions: &'a TransactionalTree,
+    pub replies: &'a TransactionalTree,
+    pub answers: &'a TransactionalTree,
+    pub open_jobs: &'a TransactionalTree,
 }
 
 impl<'a> Tx<'a> {
@@ -173,6 +196,9 @@ impl<'a> Tx<'a> {
             live_jobs: &view[12],
             expunged: &view[13],
             subscriptions: &view[14],
+            replies: &view[15],
+            answers: &view[16],
+            open_jobs: &view[17],
         }
     }
 }

@@ -898,7 +898,7 @@ async fn a_failed_job_withdraws_its_progress_message_and_leftovers_are_swept() {
 
 /// A store closed and opened again at once, in one process, as a test reading two mailboxes in a
 /// row does: the second open waits for sled's background writes of the first to let go of the
-/// lock instead of failing with `Locked` (seen as a flaky test twice).
+/// lock instead of failing with `Locked`.
 #[test]
 fn a_store_reopened_at_once_by_the_same_process_opens() {
     let dir = tempfile::tempdir().unwrap();

@@ -51,6 +51,9 @@ async fn a_store_written_by_the_schema_8_binary_opens_with_its_mail_and_jobs() {
     // Schema 9 indexed them for the concierge, and the queue still hands them out in order.
     let untriaged: Vec<_> = store.untriaged_jobs().unwrap().iter().map(|j| j.id).collect();
     assert_eq!(untriaged, jobs.iter().filter(|j| !j.triaged).map(|j| j.id).collect::<Vec<_>>());
+    // Schema 12 put both in their model's queue, in arrival order.
+    let open: Vec<_> = store.open_jobs_for(&jobs[0].model, jobs[1].created_at).unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(open, [jobs[0].id, jobs[1].id]);
     let first = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
     assert_eq!(first.job().id, jobs[0].id);
     assert_eq!(store.running_jobs().unwrap().len(), 1);
@@ -146,4 +149,66 @@ async fn a_schema_10_store_carries_only_subscribed_mailboxes_over() {
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
     assert_eq!(store.subscriptions("me").unwrap(), ["Kept"]);
     assert_eq!(store.mailbox("me", "Left").unwrap().unwrap().uid_validity, 2);
+}
+
+/// Schema 12 (the worker's job indexes, `job_index.rs`) on a store as schema 11 left it: jobs
+/// answered, failed with a notice and still queued, and no index trees. The step builds the
+/// entries the running code would have written, and running it twice changes nothing.
+#[tokio::test]
+async fn a_schema_11_store_gains_the_job_indexes() {
+    use crate::{Finish, Incoming, Progress, Recipient, Retry, RetryPolicy, Summary};
+    let me = Address::parse("me@nightmail.local").unwrap();
+    let kimi = Address::parse("kimi@nightmail.local").unwrap();
+    let mail = |store: &Store, n: usize, to: Recipient| Incoming {
+        key: store.new_message_key().unwrap(),
+        raw: format!("Message-ID: <m{n}@x>\r\nSubject: q\r\n\r\nbody\r\n").into_bytes(),
+        sender: Some(me.clone()),
+        recipients: vec![to],
+        summary: Summary { from: "me@nightmail.local".into(), subject: "q".into(), message_id: format!("<m{n}@x>") },
+        dedupe_id: format!("<m{n}@x>"),
+    };
+    let to_kimi = || Recipient::Model { address: kimi.clone(), via: None };
+    let to_me = || Recipient::User { user: "me".into(), address: me.clone() };
+    let dir = tempfile::tempdir().unwrap();
+    let trees = |store: &Store| -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+        [&store.trees.replies, &store.trees.answers, &store.trees.open_jobs]
+            .iter()
+            .map(|t| t.iter().map(|e| e.unwrap()).map(|(k, v)| (k.to_vec(), v.to_vec())).collect())
+            .collect()
+    };
+    let written = {
+        let store = Store::open_to(dir.path(), 11).unwrap();
+        let policy = RetryPolicy::default();
+        for n in 0..3 {
+            store.deliver(&mail(&store, n, to_kimi())).await.unwrap();
+        }
+        let mut answered = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+        let progress = Progress { output_tokens: 12, ..Progress::default() };
+        store.record_progress(&mut answered, progress).await.unwrap();
+        store.finish(answered, Finish::Done { reply: mail(&store, 10, to_me()) }, &policy).await.unwrap();
+        let failed = store.lease_next(Duration::from_secs(60)).await.unwrap().unwrap();
+        let notice = Some(mail(&store, 11, to_me()));
+        store
+            .finish(failed, Finish::Failed { reason: "no".into(), retry: Retry::Permanent, notice }, &policy)
+            .await
+            .unwrap();
+        let written = trees(&store);
+        assert_eq!(written.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 1], "replies, answers, open jobs");
+        // As schema 11 left it: none of the three trees.
+        for name in [crate::schema::REPLIES, crate::schema::ANSWERS, crate::schema::OPEN_JOBS] {
+            store.db.drop_tree(name).unwrap();
+        }
+        store.db.flush().unwrap();
+        written
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(trees(&store), written);
+    assert_eq!(store.replies_since(Some(&me), nightmail_types::Timestamp(0)).unwrap().len(), 2);
+    assert_eq!(store.recent_answers(&kimi, 5).unwrap()[0].tokens, 12);
+    assert_eq!(store.open_jobs().unwrap().len(), 1);
+    store.trees.meta.insert(crate::schema::KEY_SCHEMA_VERSION, &11u32.to_be_bytes()).unwrap();
+    crate::migrations::migrate(&store.db, 12).unwrap();
+    assert_eq!(trees(&store), written, "a second run writes the same entries");
+    assert!(store.check().unwrap().is_whole(), "{:?}", store.check().unwrap().problems);
 }

@@ -1,5 +1,6 @@
-//! Where jobs' generation checkpoints live (`data_dir/checkpoints/job-ID.ckpt`, one per job,
-//! written by the local backend), and their removal once a job has ended for good.
+//! Where jobs' generation checkpoints live (`data_dir/checkpoints/job-ID.ckpt`, one per job: the
+//! journal's saved point the local backend resumes from), and their removal once a job has ended
+//! for good.
 
 use std::path::{Path, PathBuf};
 
@@ -7,13 +8,6 @@ use nightmail_store::{JobId, JobState, Store, StoreError};
 
 pub fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoints")
-}
-
-/// Where the local engine keeps finished answers' states for follow-ups in their threads
-/// (`nightmail_engine::StateCache`): outside `checkpoints/`, whose sweep removes what belongs
-/// to no job.
-pub fn states_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("state_cache")
 }
 
 pub fn path(data_dir: &Path, job: JobId) -> PathBuf {
@@ -42,7 +36,7 @@ pub fn remove(data_dir: &Path, job: JobId) {
 }
 
 /// Whether a job in this state may still resume (so its checkpoint is kept).
-pub fn live(state: &JobState) -> bool {
+pub fn may_resume(state: &JobState) -> bool {
     matches!(state, JobState::Queued { .. } | JobState::Running { .. })
 }
 
@@ -55,7 +49,7 @@ pub fn sweep(data_dir: &Path, store: &Store) -> Result<usize, StoreError> {
         let name = entry.file_name();
         let id = name.to_str().and_then(|n| n.strip_prefix("job-")?.strip_suffix(".ckpt")?.parse::<u64>().ok());
         let keep = match id {
-            Some(id) => store.job(JobId(id))?.is_some_and(|j| live(&j.state)),
+            Some(id) => store.job(JobId(id))?.is_some_and(|j| may_resume(&j.state)),
             None => false,
         };
         if !keep && std::fs::remove_file(entry.path()).is_ok() {

@@ -222,8 +222,8 @@ impl Stats<'_> {
     }
 }
 
-/// The parts of a message we write.
-pub struct Draft<'a> {
+/// A message we write, threaded under `parent`: every message the worker sends answers one.
+pub struct Reply<'a> {
     pub from: (&'a str, &'a Address),
     pub audience: &'a Audience,
     pub subject: String,
@@ -234,7 +234,7 @@ pub struct Draft<'a> {
     pub attachment: Option<(&'static str, String)>,
 }
 
-pub fn write(draft: Draft<'_>) -> Vec<u8> {
+pub fn write(reply: Reply<'_>) -> Vec<u8> {
     let person = |p: &Person| -> MbAddress<'static> {
         match &p.name {
             Some(name) => (name.clone(), p.address.to_string()).into(),
@@ -242,29 +242,29 @@ pub fn write(draft: Draft<'_>) -> Vec<u8> {
         }
     };
     let mut builder = MessageBuilder::new()
-        .from((draft.from.0.to_string(), draft.from.1.to_string()))
-        .to(draft.audience.to.iter().map(person).collect::<Vec<_>>())
-        .subject(draft.subject)
-        .message_id(bare_id(&draft.message_id).to_string())
+        .from((reply.from.0.to_string(), reply.from.1.to_string()))
+        .to(reply.audience.to.iter().map(person).collect::<Vec<_>>())
+        .subject(reply.subject)
+        .message_id(bare_id(&reply.message_id).to_string())
         // RFC 3834 §5.2: this message is an automatic reply; well-behaved responders won't answer it.
         .header("Auto-Submitted", Text::new("auto-replied"));
-    if !draft.audience.cc.is_empty() {
-        builder = builder.cc(draft.audience.cc.iter().map(person).collect::<Vec<_>>());
+    if !reply.audience.cc.is_empty() {
+        builder = builder.cc(reply.audience.cc.iter().map(person).collect::<Vec<_>>());
     }
-    if let Some(parent_id) = &draft.parent.message_id {
-        builder = builder.in_reply_to(bare_id(parent_id).to_string()).references(references(draft.parent));
+    if let Some(parent_id) = &reply.parent.message_id {
+        builder = builder.in_reply_to(bare_id(parent_id).to_string()).references(references(reply.parent));
     }
-    for (name, value) in draft.headers {
+    for (name, value) in reply.headers {
         builder = builder.header(name, Text::new(value));
     }
-    builder = match draft.body {
+    builder = match reply.body {
         Body::Plain(text) => builder.text_body(text),
         Body::Markdown(text) => {
             let rendered = html::alternative(&text);
             builder.text_body(text).html_body(rendered)
         }
     };
-    if let Some((name, text)) = draft.attachment {
+    if let Some((name, text)) = reply.attachment {
         builder = builder.attachment("text/plain; charset=utf-8", name, text.into_bytes());
     }
     builder.write_to_vec().expect("writing a message to a Vec cannot fail")
@@ -389,7 +389,7 @@ mod tests {
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
         let audience = Audience::reply_all(&parent, None, kimi);
-        let raw = write(Draft {
+        let raw = write(Reply {
             from: ("Kimi", &kimi_address),
             audience: &audience,
             subject: reply_subject(&parent.subject),

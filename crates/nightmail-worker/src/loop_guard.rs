@@ -1,6 +1,5 @@
 //! Never answer mail that answers itself. A reply to an auto-reply, a bounce or a list is how
-//! mail loops start (hermes-agent #3453: 64 replies to noreply addresses). RFC 3834 §2 lists the
-//! signs; each rule here has a test.
+//! mail loops start. RFC 3834 §2 lists the signs; each rule here has a test.
 
 use nightmail_types::Address;
 

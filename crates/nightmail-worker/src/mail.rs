@@ -1,6 +1,6 @@
-//! A stored message, parsed once with mail-parser into what the worker needs. mail-parser has
-//! panicked on crafted input before (mail-parser #145): parsing runs under `catch_unwind`, and a
-//! message that cannot be read becomes a clear failure, never a crash.
+//! A stored message, parsed once with mail-parser into what the worker needs. mail-parser can
+//! panic on crafted input: parsing runs under `catch_unwind`, and a message that cannot be read
+//! becomes a clear failure, never a crash.
 
 use mail_parser::{MessageParser, MimeHeaders};
 use nightmail_types::Address;
@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(nested, Ok((String::new(), String::new(), 0, 1, 0)));
     }
 
-    /// mail-parser has panicked on crafted input (#145): a panic is a clear error, not a crash.
+    /// mail-parser can panic on crafted input: a panic is a clear error, not a crash.
     #[test]
     fn a_parser_panic_is_a_clear_error() {
         let panicked: Result<Mail, _> = guarded(|| panic!("crafted input"));

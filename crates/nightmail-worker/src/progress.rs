@@ -10,7 +10,7 @@ use nightmail_config::Model;
 use nightmail_store::Progress;
 
 /// When the next progress message and progress mail are due for one attempt of a job.
-pub struct Schedule {
+pub struct ProgressTimer {
     /// The asker's user name (whose `In Progress` mailbox gets the message); `None` for an asker
     /// with no account here, who gets no progress message.
     pub owner: Option<String>,
@@ -21,9 +21,9 @@ pub struct Schedule {
     mailed_at: Instant,
 }
 
-impl Schedule {
-    pub fn new(model: &Model, owner: Option<String>, started: Instant) -> Schedule {
-        Schedule {
+impl ProgressTimer {
+    pub fn new(model: &Model, owner: Option<String>, started: Instant) -> ProgressTimer {
+        ProgressTimer {
             owner,
             every: model.progress_every,
             mail_every: model.progress_mail_every,
@@ -106,18 +106,18 @@ mod tests {
     #[test]
     fn filed_at_the_start_then_only_when_due_and_grown() {
         let progress = Progress { output_tokens: 3, ..Progress::default() };
-        let mut s = Schedule::new(&model(3600), Some("me".into()), Instant::now());
+        let mut s = ProgressTimer::new(&model(3600), Some("me".into()), Instant::now());
         assert!(s.filing_due(&progress), "the first filing is at once");
         s.filed(&progress);
         assert!(!s.filing_due(&Progress { output_tokens: 9, ..Progress::default() }), "not before the interval");
-        let mut s = Schedule::new(&model(3600), Some("me".into()), Instant::now());
+        let mut s = ProgressTimer::new(&model(3600), Some("me".into()), Instant::now());
         s.filed(&Progress::default());
         assert!(s.filing_due(&progress), "the first words are shown at once, not an interval later");
-        let mut s = Schedule::new(&model(1), Some("me".into()), Instant::now());
+        let mut s = ProgressTimer::new(&model(1), Some("me".into()), Instant::now());
         s.filed = Some((Instant::now() - Duration::from_secs(2), 3));
         assert!(!s.filing_due(&progress), "an answer that has not grown is not filed again");
         assert!(s.filing_due(&Progress { output_tokens: 4, ..Progress::default() }));
-        let nobody = Schedule::new(&model(1), None, Instant::now());
+        let nobody = ProgressTimer::new(&model(1), None, Instant::now());
         assert!(!nobody.filing_due(&progress), "an asker with no mailbox here gets no progress message");
         assert!(!nobody.mail_due(), "progress mail is off by default");
     }

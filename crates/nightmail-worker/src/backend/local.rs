@@ -256,7 +256,7 @@ struct Running<'m> {
     done: Option<oneshot::Sender<Result<Outcome, BackendError>>>,
     think: ThinkSplitter,
     outcome: Outcome,
-    checkpoints: Option<Schedule>,
+    checkpoints: Option<CheckpointTimer>,
 }
 
 impl<'m> Running<'m> {
@@ -280,7 +280,7 @@ impl<'m> Running<'m> {
             done: Some(job.done),
             think: ThinkSplitter::default(),
             outcome: Outcome { model: config.path.display().to_string(), ..Outcome::default() },
-            checkpoints: job.checkpoint.map(|_| Schedule {
+            checkpoints: job.checkpoint.map(|_| CheckpointTimer {
                 every_tokens: config.checkpoint_every_tokens as usize,
                 every: config.checkpoint_every,
                 tokens: 0,
@@ -423,14 +423,14 @@ impl Running<'_> {
 }
 
 /// When to save the next checkpoint: after `every_tokens` new tokens or `every`, whichever first.
-struct Schedule {
+struct CheckpointTimer {
     every_tokens: usize,
     every: Duration,
     tokens: usize,
     at: Instant,
 }
 
-impl Schedule {
+impl CheckpointTimer {
     fn due(&self, generated: usize) -> bool {
         generated >= self.tokens + self.every_tokens || self.at.elapsed() >= self.every
     }
