@@ -173,6 +173,8 @@ mod backup_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]
+mod outbound_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod upgrade_tests;
