@@ -17,14 +17,13 @@ use serde::{Deserialize, Serialize};
 mod lookup;
 mod model;
 mod mtp;
-mod schedule;
+pub(crate) mod schedule;
 pub(crate) mod verify;
 
 pub use lookup::PromptLookup;
-pub(crate) use model::{DrafterState, check_draft_model};
+pub(crate) use model::DrafterState;
 pub use schedule::{
-    Acceptance, CostLine, DraftLength, MatchAcceptance, PassCosts, best_chain_len, best_draft_len, expected_tokens,
-    linear_costs,
+    Acceptance, DraftLength, MatchAcceptance, best_chain_len, best_draft_len, expected_tokens, linear_costs,
 };
 
 /// Greedy guesses, for a drafter that runs a network of its own (a draft model, an MTP layer):
@@ -61,10 +60,10 @@ pub enum Draft {
     /// N-gram matches against the prompt and the answer so far ([`PromptLookup`]).
     Lookup,
     /// The greedy guesses of the draft model loaded beside the model
-    /// ([`crate::Model::attach_draft_model`]).
+    /// (`Model::attach_draft_model`).
     Model,
     /// The greedy guesses of the model's own multi-token-prediction layer
-    /// ([`crate::Model::attach_mtp`]).
+    /// (`Model::attach_mtp`).
     Mtp,
 }
 

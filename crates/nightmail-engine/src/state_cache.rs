@@ -4,7 +4,7 @@
 //! follow-up in a mail thread repeats the whole conversation as its prompt, so this saves all
 //! but the new turn's prefill.
 //!
-//! A saved state is a file in the crash-resume checkpoint format ([`crate::resume`]): a header
+//! A saved state is a file in the generation journal's format (`journal.rs`): a header
 //! naming the model (its path, network shape, weights files, a SHA-256 of its chat template) and
 //! the exact tokens run, then one record holding every position. It is written beside its name
 //! and renamed over it after an fsync, so a crash leaves no half file under the name; a file that
@@ -31,9 +31,9 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
-use crate::Model;
 use crate::error::Result;
 use crate::journal::{Delta, Identity, WeightsFile, read_whole, write_whole};
+use crate::model::Model;
 use crate::sampling::Sampling;
 use nightmail_model::{LayerSnapshot, SequenceState};
 
@@ -294,7 +294,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{GenerateRequest, Prompt};
+    use crate::request::{GenerateRequest, Prompt};
 
     fn fixture(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)

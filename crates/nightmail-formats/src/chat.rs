@@ -49,7 +49,7 @@ impl ChatTemplate {
         if let Ok(s) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
             return Some(ChatTemplate::new(s));
         }
-        let config = crate::read_json_opt(&dir.join("tokenizer_config.json"))?;
+        let config = crate::hf::read_json_opt(&dir.join("tokenizer_config.json"))?;
         match config.get("chat_template")? {
             Json::String(s) => Some(ChatTemplate::new(s.clone())),
             Json::Array(list) => list

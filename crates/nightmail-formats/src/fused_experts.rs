@@ -9,10 +9,9 @@
 //! rebuilt once, on first use, in the engine's layout: float weights transposed to f32, MXFP4
 //! rows repacked into ggml blocks (as llama.cpp's converter does for GGUF), biases as f32.
 
-use super::hf::HfDir;
 use super::mxfp4_pair::Mxfp4Pair;
 use crate::error::Result;
-use crate::model_file::ExpertMatrix;
+use crate::names::ExpertMatrix;
 use nightmail_tensor::TensorError;
 use nightmail_tensor::TensorView;
 use nightmail_tensor::WeightDType;
@@ -59,8 +58,15 @@ fn slot(which: ExpertMatrix) -> usize {
     }
 }
 
+/// Where fused expert tensors are read from by their transformers names (a Hugging Face
+/// directory).
+pub trait FusedSource {
+    fn float_tensor(&self, hf_name: &str) -> Result<Option<TensorView<'_>>>;
+    fn mxfp4_pair(&self, name: &str) -> Result<Option<Mxfp4Pair<'_>>>;
+}
+
 /// Layer `layer`'s experts, if the directory stores them fused.
-pub fn convert_layer(hf: &HfDir, layer: usize) -> Result<Option<Vec<FusedExpert>>> {
+pub fn convert_layer(hf: &impl FusedSource, layer: usize) -> Result<Option<Vec<FusedExpert>>> {
     let p = format!("model.layers.{layer}.mlp.experts.");
     let (gate_up, down) = (format!("{p}gate_up_proj"), format!("{p}down_proj"));
     let mut experts = match (hf.mxfp4_pair(&gate_up)?, hf.mxfp4_pair(&down)?) {

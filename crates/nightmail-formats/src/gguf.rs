@@ -11,7 +11,7 @@ use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 use memmap2::Mmap;
 
 use crate::error::{FormatError, Result};
-use crate::model_file::ExpertId;
+use crate::names::ExpertId;
 use nightmail_tensor::TensorView;
 use nightmail_tensor::WeightDType;
 

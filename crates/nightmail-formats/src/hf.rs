@@ -11,11 +11,11 @@ use std::sync::OnceLock;
 
 use memmap2::Mmap;
 
-use super::fused_experts::{FusedExpert, convert_layer};
+use super::fused_experts::{FusedExpert, FusedSource, convert_layer};
 use super::mxfp4_pair::Mxfp4Pair;
 use crate::error::{FormatError, Result};
-use crate::model_file::ExpertId;
-use crate::model_file::ExpertMatrix;
+use crate::names::ExpertId;
+use crate::names::ExpertMatrix;
 use nightmail_tensor::TensorView;
 use nightmail_tensor::WeightDType;
 
@@ -332,6 +332,21 @@ impl TextPrefix {
             (TextPrefix::Inner, None) => name.to_string(),
         }
     }
+}
+
+impl FusedSource for HfDir {
+    fn float_tensor(&self, hf_name: &str) -> Result<Option<TensorView<'_>>> {
+        HfDir::float_tensor(self, hf_name)
+    }
+
+    fn mxfp4_pair(&self, name: &str) -> Result<Option<Mxfp4Pair<'_>>> {
+        HfDir::mxfp4_pair(self, name)
+    }
+}
+
+/// A JSON file that may be absent or unreadable (optional extras such as generation_config.json).
+pub fn read_json_opt(path: &Path) -> Option<serde_json::Value> {
+    read_json(path).ok()
 }
 
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {

@@ -12,11 +12,14 @@ pub mod gguf_write;
 pub mod hf;
 mod model_file;
 pub mod mxfp4_pair;
+mod names;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{FormatError, Result};
 pub use gguf::{GgufFile, STRIPE_PARTS, value_as_u64 as gguf_value_as_u64};
 pub use hf::HfDir;
-pub use model_file::*;
+pub use hf::read_json_opt;
+pub use model_file::{Format, ModelFile};
+pub use names::*;
 pub use tokenizer::TextTokenizer;

@@ -6,34 +6,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::HfDir;
+use crate::names::{ExpertId, ExpertMatrix, packed_expert_bias_name, packed_expert_name};
 use nightmail_tensor::TensorView;
-
-/// One routed expert of one layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub struct ExpertId {
-    pub layer: usize,
-    pub expert: usize,
-}
-
-/// One of the three matrices of a SwiGLU expert.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExpertMatrix {
-    Gate,
-    Up,
-    Down,
-}
-
-impl ExpertMatrix {
-    pub const ALL: [ExpertMatrix; 3] = [ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down];
-
-    fn gguf_part(self) -> &'static str {
-        match self {
-            ExpertMatrix::Gate => "gate",
-            ExpertMatrix::Up => "up",
-            ExpertMatrix::Down => "down",
-        }
-    }
-}
 
 /// The file format a model came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -178,41 +152,4 @@ impl ModelFile {
             ModelFile::Hf(h) => h.all_tensors(),
         }
     }
-}
-
-/// A routed expert's matrix in a file written by `model pack`: `blk.L.ffn_gate_exps.E.weight`.
-pub fn packed_expert_name(id: ExpertId, which: ExpertMatrix) -> String {
-    format!("blk.{}.ffn_{}_exps.{}.weight", id.layer, which.gguf_part(), id.expert)
-}
-
-/// A routed expert's bias in a file written by `model pack`: `blk.L.ffn_gate_exps.E.bias`.
-pub fn packed_expert_bias_name(id: ExpertId, which: ExpertMatrix) -> String {
-    format!("blk.{}.ffn_{}_exps.{}.bias", id.layer, which.gguf_part(), id.expert)
-}
-
-/// Whether a tensor holds routed-expert weights (GGUF `*_exps`, HF `.experts.N.`).
-pub fn is_expert_tensor(name: &str) -> bool {
-    name.contains("_exps.") || (name.contains(".experts.") && !name.contains("shared_expert"))
-}
-
-/// The layer index of a layer's tensor (`blk.N.` in GGUF, `model.layers.N.` in transformers).
-pub fn layer_of(name: &str) -> Option<usize> {
-    let mut parts = name.split('.');
-    while let Some(p) = parts.next() {
-        if p == "blk" || p == "layers" {
-            return parts.next()?.parse().ok();
-        }
-    }
-    None
-}
-
-/// Whether a tensor belongs to a multi-token-prediction layer past the model's `layers`
-/// (`nightmail-model/src/mtp.rs`): `blk.N.` / `model.layers.N.` with N ≥ `layers`, or Qwen3-Next's `mtp.*`.
-pub fn is_mtp_tensor(name: &str, layers: usize) -> bool {
-    name.starts_with("mtp.") || layer_of(name).is_some_and(|l| l >= layers)
-}
-
-/// A JSON file that may be absent or unreadable (optional extras such as generation_config.json).
-pub fn read_json_opt(path: &Path) -> Option<serde_json::Value> {
-    crate::hf::read_json(path).ok()
 }

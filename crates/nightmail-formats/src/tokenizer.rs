@@ -101,7 +101,7 @@ impl TextTokenizer {
 
     pub fn from_hf_dir(dir: &Path) -> Result<Option<Self>> {
         let file = dir.join("tokenizer.json");
-        let config = crate::read_json_opt(&dir.join("tokenizer_config.json"));
+        let config = crate::hf::read_json_opt(&dir.join("tokenizer_config.json"));
         let inner = if file.is_file() {
             Tokenizer::from_file(&file).map_err(|e| FormatError::Tokenizer(format!("{}: {e}", file.display())))?
         } else if dir.join(TIKTOKEN_FILE).is_file() {

@@ -7,9 +7,9 @@ use nightmail_formats::FormatError;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::ExpertId;
 use crate::error::Result;
 use crate::spec::{Activation, ModelSpec};
+use nightmail_formats::ExpertId;
 use nightmail_formats::{ExpertMatrix, ModelFile};
 use nightmail_tensor::ALIGN;
 use nightmail_tensor::{TensorView, WeightDType};
@@ -116,7 +116,7 @@ pub fn expert_biases<'a>(ck: &'a ModelFile, spec: &ModelSpec, id: ExpertId) -> R
 /// same store and cache when it drafts.
 pub fn expert_layers(ck: &ModelFile, spec: &ModelSpec) -> Result<Vec<usize>> {
     let mut layers: Vec<usize> = (0..spec.layers).filter(|l| spec.moe_layers[*l]).collect();
-    layers.extend(crate::mtp::moe_layer(ck, spec)?);
+    layers.extend(crate::nextn::moe_layer(ck, spec)?);
     Ok(layers)
 }
 

@@ -11,6 +11,7 @@ mod error;
 pub mod expert_index;
 pub mod layer;
 pub mod mtp;
+pub mod nextn;
 pub mod parts;
 mod source;
 pub mod spec;

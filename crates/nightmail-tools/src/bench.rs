@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_engine::argmax;
 use nightmail_engine::stream::{
     DenseStats, MemoryBudget, StreamConfig, StreamStats,

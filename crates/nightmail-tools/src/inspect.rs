@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_engine::stream::{MemoryBudget, MemoryPlan, ModelSizes};
 use nightmail_formats::{Format, ModelFile, is_expert_tensor, is_mtp_tensor};
 use nightmail_model::spec::ModelSpec;

@@ -15,7 +15,7 @@ use half::f16;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_tensor::WeightBytes;
 use nightmail_tensor::kernel::mxfp4::{self, Kernel, Mxfp4Matrix};
 

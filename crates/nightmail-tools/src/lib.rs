@@ -12,10 +12,6 @@ mod pack;
 mod plan;
 pub mod synth;
 
-mod error {
-    pub use nightmail_engine::Result;
-}
-
 pub use bench::{
     AcceptancePoint, BatchPoint, BatchReport, BenchOptions, BenchReport, DiskRate, Rss, VerifyPoint, VerifyReport,
     bench, bench_batch, bench_verify, rss,

@@ -11,7 +11,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_engine::stream::{MemoryBudget, MemoryPlan, ModelSizes, io::sequential_bandwidth};
 use nightmail_formats::{ModelFile, is_expert_tensor};
 use nightmail_model::ExpertId;

@@ -19,9 +19,9 @@ use half::f16;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::error::Result;
 use crate::pack::DenseQuant;
 use crate::pack::requantize::{is_head, target_of};
+use nightmail_engine::Result;
 use nightmail_formats::GgufFile;
 use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
 use nightmail_tensor::WeightDType;

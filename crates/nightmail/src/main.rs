@@ -5,6 +5,7 @@ mod backup;
 mod cli;
 mod client_config;
 mod control;
+mod control_server;
 mod outbound;
 mod reload;
 mod serve;

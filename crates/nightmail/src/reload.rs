@@ -85,7 +85,7 @@ impl Live {
         )?;
         let mut new = Config::load(&path)?;
         let kept = keep_what_needs_a_restart(old, &mut new);
-        crate::serve::refuse_demo_password_off_loopback(&new)?;
+        refuse_demo_password_off_loopback(&new)?;
         check_models(&new)?;
         let tls = match &new.tls {
             Some(tls) => Some(nightmail_tls::acceptor(tls, &new.data_dir, &new.hostname)?),
@@ -172,6 +172,31 @@ fn check_models(config: &Config) -> anyhow::Result<()> {
                 bridge.model
             );
         }
+    }
+    Ok(())
+}
+
+/// The demo password is public (it is in the README): a daemon reachable from other machines
+/// must not accept it. Loopback-only listeners keep the quick start working.
+pub(crate) fn refuse_demo_password_off_loopback(config: &Config) -> anyhow::Result<()> {
+    let exposed: Vec<String> = [("smtp.listen", config.smtp.listen), ("imap.listen", config.imap.listen)]
+        .iter()
+        .filter(|(_, addr)| !addr.ip().is_loopback())
+        .map(|(key, addr)| format!("{key} = {addr}"))
+        .collect();
+    if exposed.is_empty() {
+        return Ok(());
+    }
+    if let Some(user) = config.users.iter().find(|u| nightmail_auth::has_demo_password(u)) {
+        anyhow::bail!(
+            "{}: user `{}` has the demo password and {} is not loopback: set a real password with \
+             `nightmail user add {} --address {}` first",
+            config.source_name(),
+            user.name,
+            exposed.join(" and "),
+            user.name,
+            user.address
+        );
     }
     Ok(())
 }

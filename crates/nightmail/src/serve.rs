@@ -27,7 +27,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    refuse_demo_password_off_loopback(&config)?;
+    crate::reload::refuse_demo_password_off_loopback(&config)?;
     let store = open_store(&config)?;
     let recovered = store.recover_leases(true).await?;
     if recovered > 0 {
@@ -86,7 +86,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let imap_task =
         tokio::spawn(nightmail_imap::serve(imap, imap_shared, stop_rx.clone(), nightmail_imap::Wrap::Plain));
     let control_task =
-        tokio::spawn(crate::control::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
+        tokio::spawn(crate::control_server::serve(control, store.clone(), config.data_dir.clone(), stop_rx.clone()));
     let worker = nightmail_worker::Worker::reloading(store.clone(), setup);
     let worker_task = tokio::spawn(worker.run(stop_rx.clone()));
     let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_rx.clone())));
@@ -193,29 +193,4 @@ async fn bind(addr: std::net::SocketAddr, key: &str, config: &Config) -> anyhow:
         };
         anyhow::anyhow!("{key} = \"{addr}\" {hint} ({e}): set {key} in {} to a free address", config.source_name())
     })
-}
-
-/// The demo password is public (it is in the README): a daemon reachable from other machines
-/// must not accept it. Loopback-only listeners keep the quick start working.
-pub(crate) fn refuse_demo_password_off_loopback(config: &Config) -> anyhow::Result<()> {
-    let exposed: Vec<String> = [("smtp.listen", config.smtp.listen), ("imap.listen", config.imap.listen)]
-        .iter()
-        .filter(|(_, addr)| !addr.ip().is_loopback())
-        .map(|(key, addr)| format!("{key} = {addr}"))
-        .collect();
-    if exposed.is_empty() {
-        return Ok(());
-    }
-    if let Some(user) = config.users.iter().find(|u| nightmail_auth::has_demo_password(u)) {
-        anyhow::bail!(
-            "{}: user `{}` has the demo password and {} is not loopback: set a real password with \
-             `nightmail user add {} --address {}` first",
-            config.source_name(),
-            user.name,
-            exposed.join(" and "),
-            user.name,
-            user.address
-        );
-    }
-    Ok(())
 }

@@ -15,9 +15,11 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::mtp::MtpState;
-use super::schedule::{CostLine, PassCosts};
-use crate::Model;
+use crate::pass_costs::{CostLine, PassCosts};
+use std::path::Path;
+
 use crate::error::Result;
+use crate::model::Model;
 use nightmail_formats::tokenizer::TextTokenizer;
 use nightmail_model::SequenceState;
 
@@ -233,6 +235,23 @@ fn pass(cache: &mut SequenceState, drafter: &Model, tokens: &[u32]) -> Result<Ve
         drafter.passes.record(1, t0.elapsed().as_secs_f64());
     }
     Ok(logits)
+}
+
+impl Model {
+    /// Loads the model at `path`, resident, as this model's draft model (`Draft::Model`). It is
+    /// refused unless its tokenizer spells every id as this model's does, and unless its state
+    /// is keys and values (cut back to the accepted tokens after each verify pass).
+    pub fn attach_draft_model(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let drafter = Model::load(path)?;
+        check_draft_model(self, &drafter)?;
+        self.drafter = Some(Box::new(drafter));
+        Ok(())
+    }
+
+    /// The draft model, when one is attached.
+    pub fn draft_model(&self) -> Option<&Model> {
+        self.drafter.as_deref()
+    }
 }
 
 #[cfg(test)]

@@ -20,8 +20,10 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::Model;
 use crate::error::Result;
+use crate::model::Model;
+use crate::pass_costs::PassCosts;
+use nightmail_formats::ModelFile;
 use nightmail_model::SequenceState;
 
 pub(crate) struct MtpState {
@@ -107,13 +109,53 @@ impl MtpState {
     }
 }
 
+impl Model {
+    /// Loads the model's own multi-token-prediction layer (`Draft::Mtp`, `nightmail-model/src/mtp.rs`): refused
+    /// for a model whose configuration counts none, naming the key, or whose file lacks its
+    /// tensors, naming the first missing one.
+    pub fn attach_mtp(&mut self) -> Result<()> {
+        if self.spec.mtp_layers == 0 {
+            return Err(EngineError::NoMtp { path: self.path.clone(), key: self.spec.mtp_key.clone() });
+        }
+        let ck = ModelFile::open(&self.path)?;
+        self.net.attach_mtp(&ck, &self.spec, self.streaming.is_some())?;
+        ck.release_pages();
+        self.mtp_passes = Some(PassCosts::default());
+        Ok(())
+    }
+
+    /// The MTP layer's logits at each position of `tokens` but the last (`[len − 1][vocab]`):
+    /// row i reads the model's hidden state at i and the token at i + 1, and predicts the token
+    /// at i + 2. For checking it against a reference; drafting runs it a guess at a time.
+    pub fn mtp_logits(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut state = self.net.new_mtp_cache().ok_or(EngineError::NoMtpLayer)?;
+        if tokens.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let mut cache = self.new_cache();
+        let logits = rayon::scope(|_| -> Result<Tensor> {
+            let (_, hidden) = self.net.forward_verify_groups_hidden(&mut [(&mut cache, tokens)], &[true])?;
+            let hidden = hidden[0].as_ref().expect("asked for").narrow(0, 0, tokens.len() - 1)?;
+            Ok(self.net.forward_mtp(&tokens[1..], &hidden, &mut state)?.0)
+        })?;
+        Ok(logits.to_vec2::<f32>()?)
+    }
+
+    /// The measured cost of the MTP layer's passes, when it is loaded.
+    pub(crate) fn mtp_passes(&self) -> Option<&PassCosts> {
+        self.mtp_passes.as_ref()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
     use std::path::{Path, PathBuf};
 
+    use crate::draft::{Draft, DraftLength, PromptLookup};
+    use crate::model::Model;
+    use crate::request::{GenerateRequest, Prompt};
     use crate::sampling::argmax;
-    use crate::{Draft, DraftLength, GenerateRequest, Model, Prompt, PromptLookup};
     use nightmail_formats::{HfDir, hf::write_f32_safetensors};
 
     thread_local! {

@@ -8,15 +8,18 @@ use nightmail_model::SequenceState;
 
 use super::Draft;
 use super::lookup::Match;
+use super::lookup::PromptLookup;
 use super::model::DrafterState;
 use super::schedule::{Acceptance, DraftLength, MatchAcceptance, best_chain_len, linear_costs};
 use crate::error::Result;
-use crate::{GenerateRequest, Model};
+use crate::model::Model;
 
 /// What a verify decision reads of its stream.
 pub(crate) struct Drawn<'a> {
     pub model: &'a Model,
-    pub request: &'a GenerateRequest,
+    pub draft: Draft,
+    pub lookup: &'a PromptLookup,
+    pub max_new_tokens: usize,
     pub prompt: &'a [u32],
     /// The tokens generated so far, the one just drawn included.
     pub generated: &'a [u32],
@@ -91,7 +94,7 @@ impl Verifier {
     /// renormalized, which is norm(max(0, p − q)). The generator then makes the draws it makes
     /// without drafts, so the same seed gives the same tokens either way.
     pub(crate) fn plan_feed(&mut self, s: Drawn<'_>, cache: &mut SequenceState, id: u32) -> Result<Feed> {
-        if s.request.draft == Draft::None {
+        if s.draft == Draft::None {
             return Ok(Feed::Run(vec![id]));
         }
         self.judge_shadow(id);
@@ -119,12 +122,12 @@ impl Verifier {
         // Guesses that the context or the token budget has no room for are never needed (nor
         // one for the last token: the logits after it are not).
         let context_room = s.model.spec().context_length.saturating_sub(cache.position() + 2);
-        let budget = s.request.max_new_tokens.saturating_sub(s.generated.len() + 1);
-        let room = context_room.min(budget).min(s.request.lookup.max_draft);
+        let budget = s.max_new_tokens.saturating_sub(s.generated.len() + 1);
+        let room = context_room.min(budget).min(s.lookup.max_draft);
         let mut history = s.prompt.to_vec();
         history.extend(s.generated);
         let matched = match self.drafter {
-            None => s.request.lookup.longest_match(&history),
+            None => s.lookup.longest_match(&history),
             Some(_) => None,
         };
         let k = self.draft_len(&s, room, matched.map_or(0, |m| m.len));
@@ -166,9 +169,9 @@ impl Verifier {
     /// which measures it); for prompt lookup, whose text so far ends with `matched` tokens of an
     /// earlier passage, at the rates of guesses after matches as long
     /// ([`MatchAcceptance::draft_len`]), and one guess where none pays but no row has been timed
-    /// for a while ([`crate::draft::PassCosts::probe_due`]).
+    /// for a while ([`crate::pass_costs::PassCosts::probe_due`]).
     fn draft_len(&self, s: &Drawn<'_>, room: usize, matched: usize) -> usize {
-        let costs = match s.request.lookup.length {
+        let costs = match s.lookup.length {
             DraftLength::RowCost(r) => linear_costs(r, room),
             // A drafter that always guesses (a draft model) would never time a one-row pass, and
             // without one no row's cost is known: after a verify pass, one plain pass times it.
@@ -184,7 +187,7 @@ impl Verifier {
         };
         match self.drafter {
             None => match self.by_match.draft_len(matched, &costs) {
-                0 if matched > 0 && s.request.lookup.length == DraftLength::Measured => {
+                0 if matched > 0 && s.lookup.length == DraftLength::Measured => {
                     usize::from(s.model.passes.probe_due()).min(room)
                 }
                 k => k,

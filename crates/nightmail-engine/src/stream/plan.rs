@@ -125,7 +125,7 @@ impl ModelSizes {
         let mut has_output = false;
         // The embedding's resident size (counted as the head where tied), bytes and one row.
         let (mut embedding, mut embedding_bytes, mut embedding_row_bytes) = (0, 0, 0);
-        let mut mtp = nightmail_model::mtp::shipped_layer(ck, spec)?.map(|layer| MtpSize {
+        let mut mtp = nightmail_model::nextn::shipped_layer(ck, spec)?.map(|layer| MtpSize {
             layer,
             resident_bytes: 0,
             expert_bytes: 0,

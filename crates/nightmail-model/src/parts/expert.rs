@@ -63,7 +63,7 @@ impl Expert {
 }
 
 /// Where the MoE block gets expert weights: every expert in RAM ([`ResidentExperts`]), or
-/// streamed from disk through a cache ([`StreamingExperts`](crate::stream::StreamingExperts)).
+/// streamed from disk through a cache (the engine's `StreamingExperts`).
 pub trait ExpertStore: Send + Sync {
     /// Call `use_expert(i, expert)` once for each `ids[i]`, in whatever order the experts become
     /// available (resident ones first). Stops at the first error.

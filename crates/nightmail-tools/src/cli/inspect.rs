@@ -8,7 +8,7 @@ use super::error::Result;
 use super::print::{bytes, yes};
 
 pub(super) fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> Result<()> {
-    let info = crate::inspect_with_memory(&path, memory_mb.map(MemoryBudget::mb))?;
+    let info = crate::inspect::inspect_with_memory(&path, memory_mb.map(MemoryBudget::mb))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&info)?);
         return Ok(());

@@ -100,7 +100,7 @@ pub enum ModelCommand {
     /// benchmarks.
     Synth {
         #[arg(long, default_value = "qwen3_moe")]
-        arch: crate::SynthArch,
+        arch: crate::synth::SynthArch,
         #[arg(long)]
         layers: usize,
         #[arg(long)]
@@ -113,11 +113,11 @@ pub enum ModelCommand {
         expert_ffn: usize,
         /// Routed experts' type: q4_0, q8_0 or mxfp4.
         #[arg(long, default_value = "q4_0")]
-        dtype: crate::SynthDtype,
+        dtype: crate::synth::SynthDtype,
         /// Write the non-expert weights in q8_0 or q4_0 instead of f16: the tensors `model pack
         /// --dense` requantizes, in llama.cpp's layout (llama.cpp runs the same file).
         #[arg(long)]
-        dense: Option<crate::DenseQuant>,
+        dense: Option<crate::pack::DenseQuant>,
         /// Attention heads (default: hidden / 128, a quarter as many key/value heads).
         #[arg(long)]
         heads: Option<usize>,
@@ -259,7 +259,7 @@ pub enum ModelCommand {
         /// Requantize the non-expert weights (attention, shared experts, dense layers, head) to
         /// q8_0 or q4_0; routed experts are copied as they are.
         #[arg(long)]
-        dense: Option<crate::DenseQuant>,
+        dense: Option<crate::pack::DenseQuant>,
         /// Spread the experts over one file in each of these directories (a disk each, read in
         /// parallel); DST keeps the dense tensors and lists the parts.
         #[arg(long, value_delimiter = ',')]
@@ -362,9 +362,9 @@ pub fn run(command: ModelCommand) -> Result<()> {
             sparse,
             out,
         } => {
-            let (h, kv, d) = crate::SynthSpec::default_heads(hidden);
+            let (h, kv, d) = crate::synth::SynthSpec::default_heads(hidden);
             let heads = heads.unwrap_or(h);
-            let spec = crate::SynthSpec {
+            let spec = crate::synth::SynthSpec {
                 arch,
                 layers,
                 experts,
@@ -381,7 +381,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 seed,
                 dense,
             };
-            let write = if sparse { crate::synth_headers } else { crate::synth };
+            let write = if sparse { crate::synth::synth_headers } else { crate::synth::synth };
             let r = write(&spec, &out).doing(|| format!("writing {}", out.display()))?;
             println!(
                 "{}: {} ({} dense, {} experts, {} of experts per token)",
@@ -419,7 +419,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             stream.prefetch_depth = prefetch;
             stream.max_prefetch_in_flight = prefetch_in_flight;
             stream.io_threads = io_threads;
-            let opts = crate::BenchOptions {
+            let opts = crate::bench::BenchOptions {
                 model,
                 stream,
                 // Room for the largest batch's caches and experts, and the widest verify pass's.
@@ -437,7 +437,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 timeline,
             };
             if !verify.is_empty() {
-                let r = crate::bench_verify(&opts, &verify, &acceptance, rounds)?;
+                let r = crate::bench::bench_verify(&opts, &verify, &acceptance, rounds)?;
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
@@ -446,7 +446,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 return Ok(());
             }
             if !batch.is_empty() {
-                let r = crate::bench_batch(&opts, &batch)?;
+                let r = crate::bench::bench_batch(&opts, &batch)?;
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
@@ -454,7 +454,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 }
                 return Ok(());
             }
-            let r = crate::bench(&opts)?;
+            let r = crate::bench::bench(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -463,9 +463,14 @@ pub fn run(command: ModelCommand) -> Result<()> {
             Ok(())
         }
         ModelCommand::KernelBench { rows, cols, tokens, working_set_mb, passes, json } => {
-            let opts =
-                crate::KernelBenchOptions { rows, cols, tokens, working_set_bytes: working_set_mb << 20, passes };
-            let r = crate::kernel_bench(&opts)?;
+            let opts = crate::kernel_bench::KernelBenchOptions {
+                rows,
+                cols,
+                tokens,
+                working_set_bytes: working_set_mb << 20,
+                passes,
+            };
+            let r = crate::kernel_bench::kernel_bench(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -474,7 +479,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             Ok(())
         }
         ModelCommand::Plan { model, memory_mb, disk_gbps, kv_tokens, probe_mb, batch, json } => {
-            let opts = crate::PlanOptions {
+            let opts = crate::plan::PlanOptions {
                 model,
                 budget: MemoryBudget {
                     kv_tokens,
@@ -485,7 +490,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 probe_bytes: probe_mb << 20,
                 batches: batch,
             };
-            let r = crate::plan(&opts)?;
+            let r = crate::plan::plan(&opts)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -494,8 +499,8 @@ pub fn run(command: ModelCommand) -> Result<()> {
             Ok(())
         }
         ModelCommand::Pack { src, dst, dense, stripe } => {
-            let opts = crate::PackOptions { dense, stripe };
-            let r = crate::pack_with(&src, &dst, &opts).doing(|| format!("packing {}", src.display()))?;
+            let opts = crate::pack::PackOptions { dense, stripe };
+            let r = crate::pack::pack_with(&src, &dst, &opts).doing(|| format!("packing {}", src.display()))?;
             println!("{}: {} (expert-major)", dst.display(), bytes(r.bytes));
             if let Some(q) = dense {
                 println!(

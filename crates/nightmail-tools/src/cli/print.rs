@@ -1,6 +1,6 @@
 //! The `model` commands' reports as text.
 
-pub(super) fn print_batch_bench(r: &crate::BatchReport) {
+pub(super) fn print_batch_bench(r: &crate::bench::BatchReport) {
     println!("{} steps per batch size; disk {:.2} GB/s; {} experts, top {}", r.tokens, r.disk_gbps, r.experts, r.top_k);
     println!(
         "batch  s/step  tokens/s  speedup  union bound  experts/layer/step  disk/step  (dense)  measured/floor  hit rate"
@@ -22,7 +22,7 @@ pub(super) fn print_batch_bench(r: &crate::BatchReport) {
     }
 }
 
-pub(super) fn print_verify_bench(r: &crate::VerifyReport) {
+pub(super) fn print_verify_bench(r: &crate::bench::VerifyReport) {
     println!(
         "{} passes per width in {} rounds; disk {:.2} GB/s; {} experts, top {}",
         r.passes, r.rounds, r.disk_gbps, r.experts, r.top_k
@@ -51,7 +51,7 @@ pub(super) fn print_verify_bench(r: &crate::VerifyReport) {
     }
 }
 
-pub(super) fn print_bench(r: &crate::BenchReport) {
+pub(super) fn print_bench(r: &crate::bench::BenchReport) {
     println!("tokens          {} (after a {:.2} s prefill)", r.tokens, r.prefill_s);
     println!("s/token         {:.3}", r.s_per_token);
     println!(
@@ -122,7 +122,7 @@ pub(super) fn print_bench(r: &crate::BenchReport) {
     println!("distinct experts per layer over the timed tokens: {}", distinct.join(" "));
 }
 
-pub(super) fn print_plan(r: &crate::PlanReport) {
+pub(super) fn print_plan(r: &crate::plan::PlanReport) {
     let p = &r.plan;
     let layers = p.sizes.layers.len();
     println!(
@@ -196,7 +196,7 @@ pub(super) fn print_plan(r: &crate::PlanReport) {
     }
 }
 
-pub(super) fn print_kernel_bench(r: &crate::KernelBenchReport) {
+pub(super) fn print_kernel_bench(r: &crate::kernel_bench::KernelBenchReport) {
     println!(
         "shape           {}x{}, {} token(s) per call, {} matrices ({} of MXFP4)",
         r.rows,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_formats::STRIPE_PARTS;
 use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
 use nightmail_formats::{ExpertMatrix, ModelFile, is_expert_tensor, packed_expert_bias_name, packed_expert_name};

@@ -9,7 +9,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use nightmail_tensor::TensorError;
 
-use crate::error::Result;
+use nightmail_engine::Result;
 use nightmail_tensor::{TensorView, WeightDType};
 
 /// The type the spine is requantized to.

@@ -9,7 +9,7 @@ use nightmail_model::expert_index::{ExpertExtent, ExpertIndex, aligned_span};
 use nightmail_model::{Expert, ExpertId, ModelError, Result, timeline};
 use nightmail_tensor::{Linear, TensorView, WeightBytes, unreserve_pool};
 
-use super::config::StreamConfig;
+use super::config::{CachePolicy, StreamConfig};
 use super::slots::{Slot, State};
 use crate::stream::io::{ExpertFile, ReadRange};
 
@@ -27,6 +27,37 @@ pub(super) fn run_lens(extent: &ExpertExtent, from: usize) -> Vec<usize> {
 }
 
 impl Shared {
+    /// Drop cached experts until the budget holds, sparing `keep` (just read) while others can go.
+    /// An expert a step still holds (waiting for its turn to compute, or computing) is not
+    /// dropped: its buffers would stay alive outside the count, and a batch step holds up to
+    /// the union of its routes at once (the plan's experts in flight), so the cache would hold
+    /// its budget besides them. Its bytes stay counted until it is released and evicted.
+    pub(super) fn evict(&self, st: &mut State, keep: Option<ExpertId>) {
+        while st.used > self.config.cache_bytes {
+            let victim = st
+                .entries
+                .iter()
+                .filter(|(id, e)| {
+                    Some(**id) != keep && !e.ahead && matches!(&e.slot, Slot::Ready(x) if Arc::strong_count(x) == 1)
+                })
+                .min_by_key(|(_, e)| match self.config.policy {
+                    CachePolicy::Lru => (0, e.last_use),
+                    CachePolicy::Lfu => (e.uses, e.last_use),
+                })
+                .map(|(id, _)| *id);
+            let Some(victim) = victim else { break };
+            let e = st.entries.remove(&victim).expect("victim is cached");
+            st.used -= e.bytes;
+            st.stats.evictions += 1;
+            if e.unused_prefetch {
+                st.stats.prefetch_wasted += 1;
+            }
+        }
+        if self.config.policy == CachePolicy::Lfu && st.stats.evictions > 0 && st.stats.evictions.is_multiple_of(1024) {
+            st.entries.values_mut().for_each(|e| e.uses /= 2);
+        }
+    }
+
     pub(super) fn extent(&self, id: ExpertId) -> Result<&ExpertExtent> {
         Ok(self.index.get(id).ok_or_else(|| FormatError::MissingTensor {
             name: format!("expert {} of layer {}", id.expert, id.layer),
