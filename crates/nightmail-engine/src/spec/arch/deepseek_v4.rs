@@ -31,8 +31,8 @@ pub(super) const ROW: Row = Row {
 };
 
 /// `DeepseekV4Config`'s defaults, which DeepSeek's released configs also give: one shared
-/// expert, routed weights times 1.5, the SwiGLU clamped at 10. A GGUF from llama.cpp's converter
-/// carries all three (`expert_shared_count`, `expert_weights_scale`, `swiglu_clamp_exp`).
+/// expert, routed weights times 1.5, the SwiGLU clamped at 10; for a config.json or a GGUF
+/// (`expert_shared_count`, `expert_weights_scale`, `swiglu_clamp_exp`) that omits them.
 const SHARED_EXPERTS: usize = 1;
 const ROUTED_SCALE: f32 = 1.5;
 const SWIGLU_LIMIT: f64 = 10.0;
@@ -53,7 +53,7 @@ fn moe(k: MoeKeys, activation: Activation) -> Result<MoeSpec> {
 /// What both formats share once the V4 parts are read: the sliding window and rotary are the
 /// V4 attention's own (`DeepseekV4Spec`), and its weights rotate adjacent pairs (transformers
 /// `apply_rotary_pos_emb_interleave`, llama.cpp's NORM rope).
-fn finish(mut s: ModelSpec, v4: DeepseekV4Spec, limit: f64, moe_keys: Option<MoeKeys>) -> Result<ModelSpec> {
+fn with_v4_parts(mut s: ModelSpec, v4: DeepseekV4Spec, limit: f64, moe_keys: Option<MoeKeys>) -> Result<ModelSpec> {
     s.attention.rope_style = RopeStyle::Interleaved;
     s.attention.rope_dim = v4.rope_dim;
     s.attention.sliding_window = vec![None; s.layers];
@@ -69,7 +69,7 @@ fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
     // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
     let limit = g.float("swiglu_clamp_exp").unwrap_or(SWIGLU_LIMIT);
     let keys = g.moe_keys()?;
-    finish(s, v4, limit, keys)
+    with_v4_parts(s, v4, limit, keys)
 }
 
 fn read_hf(h: &Hf) -> Result<ModelSpec> {
@@ -77,7 +77,7 @@ fn read_hf(h: &Hf) -> Result<ModelSpec> {
     let v4 = from_hf(h.c, &h.path, s.layers, h.need("head_dim")?)?;
     let limit = h.float("swiglu_limit").unwrap_or(SWIGLU_LIMIT);
     let keys = h.moe_keys()?;
-    finish(s, v4, limit, keys)
+    with_v4_parts(s, v4, limit, keys)
 }
 
 /// How a DeepSeek-V4 layer attends (`layer_types`).

@@ -116,7 +116,10 @@ impl MoeKeys {
         if self.scoring.unwrap_or(default) == want {
             return Ok(());
         }
-        let named = if self.scoring_named.is_empty() { "default scoring" } else { &self.scoring_named };
+        let named = match self.scoring_named.as_str() {
+            "" => format!("without a scoring function, which means {default:?} scoring"),
+            given => given.to_string(),
+        };
         Err(EngineError::Unsupported { what: format!("{} {named}", self.origin), hint: hint.into() })
     }
 
