@@ -3,6 +3,7 @@
 //! gated shared expert. Qwen3.5-MoE reads the same way (qwen3_5_moe.rs).
 
 use super::Row;
+use super::rope::rope_dim_from_hf;
 use super::source::{Gguf, Hf};
 use crate::error::Result;
 use crate::spec::{Activation, Architecture, ModelSpec, Routing, delta_net};
@@ -22,6 +23,10 @@ pub(super) const ROW: Row = Row {
 /// (transformers `Qwen3VLMoeTextTopKRouter`) do, as llama.cpp's qwen3next and qwen35moe graphs do.
 const NORMALIZE: bool = true;
 
+/// `Qwen3NextConfig`'s `partial_rotary_factor` default (which `Qwen3_5MoeTextConfig` inherits);
+/// llama.cpp's converter writes the rotated width itself.
+const ROTARY_FACTOR: f64 = 0.25;
+
 pub(super) fn read_hybrid_gguf(g: &Gguf) -> Result<ModelSpec> {
     let mut s = g.base()?;
     s.attention.rope_scaling = g.yarn()?;
@@ -39,6 +44,7 @@ pub(super) fn read_hybrid_gguf(g: &Gguf) -> Result<ModelSpec> {
 pub(super) fn read_hybrid_hf(h: &Hf) -> Result<ModelSpec> {
     let mut s = h.base()?;
     s.attention.rope_scaling = h.yarn()?;
+    s.attention.rope_dim = rope_dim_from_hf(h, s.attention.head_dim, ROTARY_FACTOR)?;
     s.attention.output_gate = true;
     s.delta_net = Some(delta_net::from_hf(h.c, &h.path, s.layers)?);
     // transformers' `Qwen3NextRMSNorm` multiplies by (1 + w).

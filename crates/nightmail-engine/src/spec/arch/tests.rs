@@ -164,14 +164,10 @@ fn without_defaulted_keys(dir: &Path, out: &Path) {
     }
     let mut c: Json = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     let o = c.as_object_mut().unwrap();
-    for k in DEFAULTED_HF {
-        o.remove(*k);
-    }
     if let Some(t) = o.get_mut("text_config").and_then(Json::as_object_mut) {
-        for k in DEFAULTED_HF {
-            t.remove(*k);
-        }
+        t.retain(|k, _| !DEFAULTED_HF.contains(&k.as_str()));
     }
+    o.retain(|k, _| !DEFAULTED_HF.contains(&k.as_str()));
     std::fs::write(out.join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
     let src = GgufFile::open(&dir.join("model.gguf")).unwrap();
     let arch = src.string("general.architecture").unwrap().to_string();
