@@ -3,19 +3,16 @@
 //! `rope_parameters.rope_theta`, `rope_scaling` or `rope_parameters`, `num_experts` or
 //! `num_local_experts`).
 
-use crate::error::ModelError;
 use nightmail_formats::FormatError;
 use serde::Serialize;
-use serde_json::Value as Json;
 
 use crate::error::Result;
-use nightmail_formats::{GgufFile, HfDir, ModelFile};
+use nightmail_formats::ModelFile;
 
+mod arch;
 mod delta_net;
+pub use arch::deepseek_v4::{DeepseekV4Spec, V4AttentionKind};
 pub use delta_net::DeltaNetSpec;
-mod deepseek_v4;
-mod gqa_moe;
-pub use deepseek_v4::{DeepseekV4Spec, V4AttentionKind};
 
 /// The architectures this engine runs. Each picks its attention and routing parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,7 +50,7 @@ pub enum Architecture {
     MinimaxM2,
     /// DeepSeek-V4 (transformers `DeepseekV4ForCausalLM`): hyper-connection residual streams,
     /// sliding-window MQA with heavily-compressed or compressed-sparse entries, the grouped
-    /// output projection, sqrt-softplus and hash routing (spec/deepseek_v4.rs).
+    /// output projection, sqrt-softplus and hash routing (spec/arch/deepseek_v4.rs).
     DeepseekV4,
 }
 
@@ -68,7 +65,7 @@ impl Architecture {
         matches!(self, Architecture::KimiLinear | Architecture::KimiK3)
     }
 
-    /// Grouped-query attention with DeepSeek-V3's sigmoid router (spec/gqa_moe.rs).
+    /// Grouped-query attention with DeepSeek-V3's sigmoid router (spec/arch/glm4_moe.rs, minimax_m2.rs).
     pub fn is_sigmoid_gqa(self) -> bool {
         matches!(self, Architecture::Glm4Moe | Architecture::MinimaxM2)
     }
@@ -138,13 +135,6 @@ pub enum Activation {
     /// `silu(gate) ⊙ up` (transformers `DeepseekV4Experts._apply_gate`, `DeepseekV4MLP`).
     #[serde(rename = "clamped_silu")]
     ClampedSilu { limit: f32 },
-}
-
-impl Activation {
-    /// gpt-oss's defaults (transformers' `swiglu_alpha`, `swiglu_limit`), which llama.cpp builds
-    /// into its graph.
-    const GPT_OSS_ALPHA: f32 = 1.702;
-    const GPT_OSS_LIMIT: f32 = 7.0;
 }
 
 /// Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1): keys and values are
@@ -222,7 +212,7 @@ pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AttentionSpec {
     pub heads: usize,
     pub kv_heads: usize,
@@ -247,7 +237,7 @@ pub struct AttentionSpec {
     pub output_gate: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MoeSpec {
     pub experts: usize,
     pub routing: Routing,
@@ -278,7 +268,7 @@ impl MoeSpec {
 }
 
 /// A model's shape and parts.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSpec {
     pub architecture: Architecture,
     pub vocab_size: usize,
@@ -334,8 +324,8 @@ impl ModelSpec {
 impl ModelSpec {
     pub fn read(ck: &ModelFile) -> Result<Self> {
         let mut spec = match ck {
-            ModelFile::Gguf(g) => from_gguf(g)?,
-            ModelFile::Hf(h) => from_hf(h)?,
+            ModelFile::Gguf(g) => arch::from_gguf(g)?,
+            ModelFile::Hf(h) => arch::from_hf(h)?,
         };
         spec.moe_layers = (0..spec.layers)
             .map(|l| ck.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).map(|t| t.is_some()))
@@ -351,8 +341,7 @@ impl ModelSpec {
 
     /// The sizes every part divides by or indexes with, checked once here so that a corrupt or
     /// mislabelled file is refused with the value it gives, never met as a division by zero or an
-    /// index past the end mid-forward (both found by fuzzing the GGUF reader, see
-    /// docs/FUZZING.md).
+    /// index past the end mid-forward.
     fn check(&self) -> Result<()> {
         let bad = |key: &str, reason: String| Err(FormatError::BadMetadata { key: key.into(), reason }.into());
         let a = &self.attention;
@@ -394,736 +383,6 @@ impl ModelSpec {
     }
 }
 
-/// A layer holds at least one tensor: a layer count past the file's tensor count is corrupt, and
-/// is refused before anything is sized by it (the gguf fuzz target's second finding: a block count
-/// of four billion allocated a per-layer list of 64 GB).
-fn layers_within(layers: usize, tensors: usize, key: &str) -> Result<usize> {
-    if layers > tensors {
-        let reason = format!("as {layers}, but the model holds {tensors} tensors");
-        return Err(FormatError::BadMetadata { key: key.into(), reason }.into());
-    }
-    Ok(layers)
-}
-
-fn missing(key: &str) -> ModelError {
-    ModelError::from(FormatError::MissingMetadata { key: key.to_string() })
-}
-
-fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {
-    let arch_name = g.string("general.architecture").ok_or_else(|| missing("general.architecture"))?.to_string();
-    let key = |k: &str| format!("{arch_name}.{k}");
-    // A size the graph divides by or counts with: 0 is a corrupt file, not a model.
-    let need = |k: &str| match g.uint(&key(k)) {
-        Some(0) => Err(FormatError::BadMetadata { key: key(k), reason: "as 0".into() }.into()),
-        Some(v) => Ok(v as usize),
-        None => Err(missing(&key(k))),
-    };
-    let experts = g.uint(&key("expert_count")).unwrap_or(0) as usize;
-    let architecture = match (arch_name.as_str(), experts) {
-        ("llama", 0) => Architecture::Llama,
-        ("llama", _) => Architecture::Mixtral,
-        ("qwen2moe", _) => Architecture::Qwen2Moe,
-        ("qwen3moe", _) => Architecture::Qwen3Moe,
-        ("gpt-oss", _) => Architecture::GptOss,
-        ("deepseek2", _) => Architecture::DeepseekV3,
-        ("kimi-linear", _) => Architecture::KimiLinear,
-        // As llama.cpp's converter writes it (convert_hf_to_gguf.py KimiK3Model, src/llama-arch.cpp
-        // names): kimi-linear's keys and names plus the K3 keys read below.
-        ("kimi-k3", _) => Architecture::KimiK3,
-        ("qwen3next", _) => Architecture::Qwen3Next,
-        ("qwen35moe", _) => Architecture::Qwen35Moe,
-        ("glm4moe", _) => Architecture::Glm4Moe,
-        ("minimax-m2", _) => Architecture::MinimaxM2,
-        ("deepseek4", _) => Architecture::DeepseekV4,
-        (other, _) => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
-    };
-    let hidden_size = need("embedding_length")?;
-    let blocks = layers_within(need("block_count")?, g.tensor_count(), &key("block_count"))?;
-    let layers = gqa_moe::layers_from_gguf(g, &arch_name, blocks)?;
-    let heads = need("attention.head_count")?;
-    let k3 = architecture == Architecture::KimiK3;
-    let latent = architecture == Architecture::DeepseekV3 || architecture.is_kimi_hybrid();
-    let mla = latent.then(|| mla_from_gguf(g, &arch_name)).transpose()?;
-    // llama.cpp's kimi-linear graph rotates nothing in its MLA layers, as transformers' does not.
-    let mla = mla.map(|m| MlaSpec { nope: architecture.is_kimi_hybrid(), output_gate: k3, ..m });
-    let kda = architecture.is_kimi_hybrid().then(|| kda_from_gguf(g, &arch_name, layers, heads)).transpose()?;
-    let kda = kda.map(|k| KdaSpec {
-        gate_lower_bound: g.float(&key("kda.gate_lower_bound")).map(|v| v as f32),
-        full_rank_output_gate: k3,
-        ..k
-    });
-    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_gguf(g, &arch_name, layers)).transpose()?;
-    let v4 = architecture == Architecture::DeepseekV4;
-    let deepseek_v4 = v4.then(|| deepseek_v4::from_gguf(g, &arch_name, layers)).transpose()?;
-    let ffn_activation = match (k3, v4) {
-        (true, _) => Activation::Situ {
-            beta: g.float(&key("activation.situ_beta")).unwrap_or(4.0) as f32,
-            linear_beta: g.float(&key("activation.situ_linear_beta")).map(|v| v as f32),
-        },
-        // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
-        (_, true) => Activation::ClampedSilu {
-            limit: g.float(&key("swiglu_clamp_exp")).ok_or_else(|| missing(&key("swiglu_clamp_exp")))? as f32,
-        },
-        _ => Activation::SwiGlu,
-    };
-    let head_dim = match &mla {
-        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
-        None => g.uint(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / heads),
-    };
-    let rope_dim = gqa_moe::rope_dim_from_gguf(g, &arch_name, head_dim, mla.is_some())?;
-    let rope_scaling = if kda.is_some() || v4 { None } else { yarn_from_gguf(g, &arch_name)? };
-    let window = g.uint(&key("attention.sliding_window")).map(|v| v as usize).filter(|w| *w > 0);
-    let sliding_window = (0..layers)
-        .map(|l| match architecture {
-            // GGUF has no per-layer list: llama.cpp's `set_swa_pattern(2)` for gpt-oss makes the
-            // even layers sliding and the odd ones full, as transformers' default `layer_types`.
-            Architecture::GptOss => window.filter(|_| l % 2 == 0),
-            // DeepSeek-V4's window is its attention's own (spec/deepseek_v4.rs).
-            Architecture::DeepseekV4 => None,
-            _ => window,
-        })
-        .collect();
-    let vocab_size = match g.uint(&key("vocab_size")) {
-        Some(v) => v as usize,
-        // A shape may have no dimensions at all (the gguf fuzz target's fourth finding).
-        None => {
-            g.tensor_shape("token_embd.weight").and_then(|s| s.first().copied()).ok_or_else(|| missing("vocab_size"))?
-        }
-    };
-    let moe = if experts > 0 {
-        let top_k = need("expert_used_count")?;
-        // llama.cpp's build_moe_ffn: Mixtral and Qwen3-MoE renormalize, Qwen2-MoE and DeepSeek
-        // (unless told) do not.
-        let default_norm = !matches!(architecture, Architecture::Qwen2Moe | Architecture::DeepseekV3);
-        // (Kimi Linear's converter writes it.)
-        let normalize =
-            gqa_moe::normalize_from_gguf(architecture, g.boolean(&key("expert_weights_norm"))).unwrap_or(default_norm);
-        let expert_ffn = match g.uint(&key("expert_feed_forward_length")) {
-            Some(f) => f as usize,
-            None => need("feed_forward_length")?,
-        };
-        let activation = match architecture {
-            // llama.cpp's converter writes no limit for gpt-oss (its graph has 7.0 built in);
-            // read one if a file carries it.
-            Architecture::GptOss => Activation::ClampedSwiGlu {
-                alpha: Activation::GPT_OSS_ALPHA,
-                limit: g.float(&key("swiglu_limit")).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
-            },
-            _ => ffn_activation,
-        };
-        let (routing, shared_expert_ffn) = if v4 {
-            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, which its deepseek4 loader
-            // requires.
-            let gating = g.uint(&key("expert_gating_func")).unwrap_or(0);
-            if gating != 4 {
-                return Err(FormatError::Unsupported {
-                    what: format!("{arch_name} expert gating function {gating}"),
-                    hint: "DeepSeek-V4 routes by sqrtsoftplus (expert_gating_func 4)".into(),
-                }
-                .into());
-            }
-            let scale = g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32;
-            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
-            (Routing::SqrtSoftplus { top_k, scale }, Some(shared).filter(|s| *s > 0))
-        } else if latent || architecture.is_sigmoid_gqa() {
-            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID is 2; DeepSeek-V2's softmax
-            // gating with its max-scored groups is another router. glm4moe and minimax-m2 route
-            // by sigmoid when the key is absent (llama.cpp's glm4moe loader; transformers has
-            // no other router for either).
-            let gating = g.uint(&key("expert_gating_func")).unwrap_or(if latent { 1 } else { 2 });
-            if gating != 2 {
-                return Err(FormatError::Unsupported {
-                    what: format!("{arch_name} expert gating function {gating}"),
-                    hint: "nightmail runs DeepSeek-V3's sigmoid routing (expert_gating_func 2); DeepSeek-V2 is not supported".into(),
-                }.into());
-            }
-            let routing = Routing::GroupedSigmoid {
-                top_k,
-                groups: g.uint(&key("expert_group_count")).map_or(1, |v| v as usize).max(1),
-                top_groups: g.uint(&key("expert_group_used_count")).map_or(1, |v| v as usize).max(1),
-                normalize,
-                scale: g.float(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
-            };
-            // llama.cpp: the shared experts are one MLP of n_ff_exp · n_expert_shared.
-            let shared = g.uint(&key("expert_shared_count")).unwrap_or(0) as usize * expert_ffn;
-            (routing, Some(shared).filter(|s| *s > 0))
-        } else {
-            let shared = g.uint(&key("expert_shared_feed_forward_length")).map(|v| v as usize).filter(|v| *v > 0);
-            let routing = match architecture {
-                Architecture::GptOss => Routing::TopKSoftmax { top_k },
-                _ => Routing::SoftmaxTopK { top_k, normalize },
-            };
-            (routing, shared)
-        };
-        let latent = match g.uint(&key("expert_latent_length")) {
-            Some(width) if k3 => {
-                // llama.cpp has no key for the latent norm: a layer has `ffn_routed_norm` or not.
-                let norm = (0..layers).any(|l| g.tensor_shape(&format!("blk.{l}.ffn_routed_norm.weight")).is_some());
-                Some(LatentSpec { width: width as usize, norm })
-            }
-            _ => None,
-        };
-        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
-    } else {
-        None
-    };
-    let mut eos_tokens = Vec::new();
-    for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-        if let Some(id) = g.uint(k).map(|id| id as u32).filter(|id| !eos_tokens.contains(id)) {
-            eos_tokens.push(id);
-        }
-    }
-    Ok(ModelSpec {
-        architecture,
-        vocab_size,
-        hidden_size,
-        layers,
-        ffn: g.uint(&key("feed_forward_length")).unwrap_or(0) as usize,
-        rms_norm_eps: g
-            .float(&key("attention.layer_norm_rms_epsilon"))
-            .ok_or_else(|| missing(&key("attention.layer_norm_rms_epsilon")))?,
-        context_length: need("context_length")?,
-        attention: AttentionSpec {
-            heads,
-            kv_heads: match mla {
-                Some(_) => 1,
-                None => g.uint(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(heads),
-            },
-            head_dim,
-            rope_dim,
-            rope_theta: g.float(&key("rope.freq_base")).unwrap_or(10000.0),
-            // llama.cpp's rope types: NORM for llama and deepseek2 (DeepSeek's weights rotate
-            // adjacent pairs, and the converter leaves them so), NEOX for Qwen.
-            rope_style: match architecture {
-                Architecture::Llama
-                | Architecture::Mixtral
-                | Architecture::DeepseekV3
-                | Architecture::KimiLinear
-                | Architecture::KimiK3
-                | Architecture::DeepseekV4 => RopeStyle::Interleaved,
-                Architecture::Qwen2Moe
-                | Architecture::Qwen3Moe
-                | Architecture::GptOss
-                | Architecture::Qwen3Next
-                // qwen35's interleaved MRoPE gives text positions the same angles as NEOX.
-                | Architecture::Qwen35Moe
-                | Architecture::Glm4Moe
-                | Architecture::MinimaxM2 => RopeStyle::HalfSplit,
-            },
-            rope_scaling,
-            sliding_window,
-            sinks: architecture == Architecture::GptOss,
-            mla,
-            output_gate: architecture.is_qwen_hybrid(),
-        },
-        moe,
-        moe_layers: Vec::new(),
-        kda,
-        ffn_activation,
-        attn_res_block: if k3 {
-            g.uint(&key("attn_res.block_size")).map(|v| v as usize).filter(|b| *b > 0)
-        } else {
-            None
-        },
-        delta_net,
-        deepseek_v4,
-        zero_centered_norms: false,
-        mtp_layers: blocks - layers,
-        mtp_key: key("nextn_predict_layers"),
-        bos_token: g.uint("tokenizer.ggml.bos_token_id").map(|v| v as u32),
-        eos_tokens,
-    })
-}
-
-fn from_hf(h: &HfDir) -> Result<ModelSpec> {
-    // A multimodal checkpoint (Kimi K3) keeps its text model's settings under `text_config`.
-    let c = h.text_config();
-    let path = h.dir().join("config.json");
-    // Kimi Linear's checkpoints spell some keys their own way (transformers'
-    // `KimiLinearConfig.attribute_map`); either spelling is read.
-    let get = |k: &str| {
-        let alias = match k {
-            "max_position_embeddings" => Some("model_max_length"),
-            "norm_topk_prob" => Some("moe_renormalize"),
-            "n_group" => Some("num_expert_group"),
-            "num_experts_per_tok" => Some("num_experts_per_token"),
-            "n_shared_experts" => Some("num_shared_experts"),
-            _ => None,
-        };
-        c.get(k).filter(|v| !v.is_null()).or_else(|| alias.and_then(|a| c.get(a)).filter(|v| !v.is_null()))
-    };
-    let uint = |k: &str| get(k).and_then(Json::as_u64).map(|v| v as usize);
-    let need = |k: &str| {
-        uint(k).ok_or_else(|| FormatError::BadConfig {
-            path: path.clone(),
-            reason: format!("`{k}` is missing or not a number"),
-        })
-    };
-    // The checkpoint's own model_type names the architecture (K3's text_config says `kimi_k3_text`).
-    let model_type = h.config().get("model_type").and_then(Json::as_str).unwrap_or_default();
-    let architecture = match model_type {
-        "llama" => Architecture::Llama,
-        "mixtral" => Architecture::Mixtral,
-        "qwen2_moe" => Architecture::Qwen2Moe,
-        "qwen3_moe" => Architecture::Qwen3Moe,
-        "gpt_oss" => Architecture::GptOss,
-        // Kimi K2 ships config.json with model_type `kimi_k2` and the DeepSeek-V3 layout; any
-        // other name that declares DeepSeek-V3's class is taken as it.
-        "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
-        "kimi_linear" => Architecture::KimiLinear,
-        "kimi_k3" => Architecture::KimiK3,
-        "qwen3_next" => Architecture::Qwen3Next,
-        // The multimodal checkpoint's type, or its text model's alone (`Qwen3_5MoeForCausalLM`).
-        "qwen3_5_moe" | "qwen3_5_moe_text" => Architecture::Qwen35Moe,
-        "glm4_moe" => Architecture::Glm4Moe,
-        "minimax_m2" => Architecture::MinimaxM2,
-        "deepseek_v4" => Architecture::DeepseekV4,
-        _ if get("architectures")
-            .and_then(Json::as_array)
-            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DeepseekV3ForCausalLM"))) =>
-        {
-            Architecture::DeepseekV3
-        }
-        other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
-    };
-    let hidden_size = need("hidden_size")?;
-    let layers = layers_within(need("num_hidden_layers")?, h.tensor_count(), "num_hidden_layers")?;
-    let heads = need("num_attention_heads")?;
-    // transformers 5 moved rope settings into `rope_parameters`; 4 had `rope_theta` + `rope_scaling`.
-    let rope = get("rope_parameters");
-    let rope_theta =
-        rope.and_then(|r| r.get("rope_theta")).or_else(|| get("rope_theta")).and_then(Json::as_f64).unwrap_or(10000.0);
-    // Kimi Linear has no position encoding at all (transformers removes its rope settings).
-    let rope_scaling = if architecture.is_kimi_hybrid() || architecture == Architecture::DeepseekV4 {
-        None
-    } else {
-        yarn_from_hf(c, &path)?
-    };
-    // Mixtral: `sliding_window` (null or 0 = none) on every layer. Qwen-MoE: only with
-    // `use_sliding_window`, and only from `max_window_layers` on (transformers' layer_types).
-    let window = uint("sliding_window").filter(|w| *w > 0);
-    let sliding_window = (0..layers)
-        .map(|l| match architecture {
-            Architecture::Mixtral => window,
-            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                let on = get("use_sliding_window").and_then(Json::as_bool).unwrap_or(false);
-                let from = uint("max_window_layers").unwrap_or(0);
-                window.filter(|_| on && l >= from)
-            }
-            Architecture::Llama
-            | Architecture::DeepseekV3
-            | Architecture::KimiLinear
-            | Architecture::KimiK3
-            | Architecture::Qwen3Next
-            | Architecture::Qwen35Moe
-            | Architecture::Glm4Moe
-            | Architecture::MinimaxM2
-            | Architecture::DeepseekV4 => None,
-            // gpt-oss names each layer's kind in `layer_types`; transformers' default alternates,
-            // sliding first.
-            Architecture::GptOss => {
-                let kind = get("layer_types").and_then(|t| t.get(l)).and_then(Json::as_str);
-                let sliding = kind.map_or(l % 2 == 0, |k| k == "sliding_attention");
-                window.filter(|_| sliding)
-            }
-        })
-        .collect();
-    // K3's SiTU (`hidden_act: situ`, kimi-k3.cpp kimi_k3_situ) in every feed-forward.
-    let ffn_activation = match get("hidden_act").and_then(Json::as_str) {
-        _ if architecture == Architecture::DeepseekV4 => {
-            Activation::ClampedSilu { limit: get("swiglu_limit").and_then(Json::as_f64).unwrap_or(10.0) as f32 }
-        }
-        Some("situ") => Activation::Situ {
-            beta: get("activation_situ_beta").and_then(Json::as_f64).unwrap_or(4.0) as f32,
-            linear_beta: get("activation_situ_linear_beta").and_then(Json::as_f64).map(|v| v as f32),
-        },
-        _ => Activation::SwiGlu,
-    };
-    let experts =
-        uint("num_local_experts").or_else(|| uint("num_experts")).or_else(|| uint("n_routed_experts")).unwrap_or(0);
-    let moe = if experts > 0 && architecture != Architecture::Llama {
-        let top_k = need("num_experts_per_tok")?;
-        let normalize = match architecture {
-            // MiniMaxM2TopKRouter always renormalizes.
-            Architecture::Mixtral | Architecture::MinimaxM2 => true,
-            // KimiLinearConfig's and Glm4MoeConfig's defaults renormalize, and Qwen3.5-MoE's router
-            // always does (transformers `Qwen3VLMoeTextTopKRouter`); the others' do not.
-            _ => get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(
-                architecture.is_kimi_hybrid()
-                    || architecture == Architecture::Qwen35Moe
-                    || architecture == Architecture::Glm4Moe,
-            ),
-        };
-        let expert_ffn = uint("moe_intermediate_size").map_or_else(|| need("intermediate_size"), Ok)?;
-        // GLM-4.5's default is one shared expert (Glm4MoeConfig); the others' none.
-        let shared_experts = uint("n_shared_experts").unwrap_or(usize::from(architecture == Architecture::Glm4Moe));
-        let activation = match architecture {
-            Architecture::GptOss => Activation::ClampedSwiGlu {
-                alpha: get("swiglu_alpha").and_then(Json::as_f64).map_or(Activation::GPT_OSS_ALPHA, |v| v as f32),
-                limit: get("swiglu_limit").and_then(Json::as_f64).map_or(Activation::GPT_OSS_LIMIT, |v| v as f32),
-            },
-            _ => ffn_activation,
-        };
-        let (routing, shared_expert_ffn) = if architecture == Architecture::DeepseekV4 {
-            let scoring = get("scoring_func").and_then(Json::as_str).unwrap_or("sqrtsoftplus");
-            if scoring != "sqrtsoftplus" {
-                return Err(FormatError::Unsupported {
-                    what: format!("{model_type} scoring function `{scoring}`"),
-                    hint: "nightmail runs DeepSeek-V4's sqrtsoftplus routing".into(),
-                }
-                .into());
-            }
-            let scale = get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.5) as f32;
-            let shared = uint("n_shared_experts").unwrap_or(1);
-            (Routing::SqrtSoftplus { top_k, scale }, Some(shared * expert_ffn).filter(|v| *v > 0))
-        } else if matches!(architecture, Architecture::DeepseekV3)
-            || architecture.is_kimi_hybrid()
-            || architecture.is_sigmoid_gqa()
-        {
-            // transformers `DeepseekV3TopkRouter` (and `KimiLinearTopkRouter`,
-            // `Glm4MoeTopkRouter`, the same; `MiniMaxM2TopKRouter` is it with one group); the
-            // shared experts are one DeepseekV3MLP of moe_intermediate_size · n_shared_experts.
-            // Kimi's checkpoints name the scoring `moe_router_activation_func`.
-            let scoring = get("scoring_func")
-                .or_else(|| get("moe_router_activation_func"))
-                .and_then(Json::as_str)
-                .unwrap_or("sigmoid");
-            if scoring != "sigmoid" {
-                return Err(FormatError::Unsupported {
-                    what: format!("{model_type} scoring function `{scoring}`"),
-                    hint: "nightmail runs DeepSeek-V3's sigmoid routing".into(),
-                }
-                .into());
-            }
-            let routing = Routing::GroupedSigmoid {
-                top_k,
-                groups: uint("n_group").unwrap_or(1).max(1),
-                top_groups: uint("topk_group").unwrap_or(1).max(1),
-                normalize,
-                scale: get("routed_scaling_factor").and_then(Json::as_f64).unwrap_or(1.0) as f32,
-            };
-            (routing, Some(shared_experts * expert_ffn).filter(|v| *v > 0))
-        } else {
-            let routing = match architecture {
-                Architecture::GptOss => Routing::TopKSoftmax { top_k },
-                _ => Routing::SoftmaxTopK { top_k, normalize },
-            };
-            (routing, uint("shared_expert_intermediate_size").filter(|v| *v > 0))
-        };
-        // K3's routed experts work in `routed_expert_hidden_size` (kimi-k3.cpp build_latent_moe).
-        let latent = match uint("routed_expert_hidden_size") {
-            Some(width) if architecture == Architecture::KimiK3 => {
-                Some(LatentSpec { width, norm: get("latent_moe_use_norm").and_then(Json::as_bool).unwrap_or(true) })
-            }
-            _ => None,
-        };
-        Some(MoeSpec { experts, routing, expert_ffn, shared_expert_ffn, activation, latent })
-    } else {
-        None
-    };
-    let mla = match architecture {
-        Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3 => Some(MlaSpec {
-            q_lora_rank: uint("q_lora_rank"),
-            kv_lora_rank: need("kv_lora_rank")?,
-            qk_nope_head_dim: need("qk_nope_head_dim")?,
-            qk_rope_head_dim: need("qk_rope_head_dim")?,
-            v_head_dim: need("v_head_dim")?,
-            nope: architecture.is_kimi_hybrid(),
-            output_gate: architecture == Architecture::KimiK3,
-        }),
-        _ => None,
-    };
-    let kda = match architecture {
-        Architecture::KimiLinear => Some(kda_from_hf(c, &path, layers)?),
-        Architecture::KimiK3 => Some(KdaSpec { full_rank_output_gate: true, ..kda_from_hf(c, &path, layers)? }),
-        _ => None,
-    };
-    let delta_net = architecture.is_qwen_hybrid().then(|| delta_net::from_hf(c, &path, layers)).transpose()?;
-    let deepseek_v4 = match architecture {
-        Architecture::DeepseekV4 => Some(deepseek_v4::from_hf(c, &path, layers, need("head_dim")?)?),
-        _ => None,
-    };
-    let attn_res_block = match (architecture, uint("attn_res_block_size")) {
-        (Architecture::KimiK3, Some(0)) => {
-            return Err(
-                FormatError::BadConfig { path: path.clone(), reason: "`attn_res_block_size` is 0".into() }.into()
-            );
-        }
-        (Architecture::KimiK3, block) => block,
-        _ => None,
-    };
-    let head_dim = match &mla {
-        Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
-        None => uint("head_dim").unwrap_or(hidden_size / heads),
-    };
-    let generation = nightmail_formats::read_json_opt(&h.dir().join("generation_config.json"));
-    let ids = |v: Option<&Json>| -> Vec<u32> {
-        match v {
-            Some(Json::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(Json::Array(a)) => a.iter().filter_map(Json::as_u64).map(|v| v as u32).collect(),
-            _ => Vec::new(),
-        }
-    };
-    let mut eos_tokens = ids(get("eos_token_id"));
-    for id in ids(generation.as_ref().and_then(|g| g.get("eos_token_id"))) {
-        if !eos_tokens.contains(&id) {
-            eos_tokens.push(id);
-        }
-    }
-    Ok(ModelSpec {
-        architecture,
-        vocab_size: need("vocab_size")?,
-        hidden_size,
-        layers,
-        ffn: uint("intermediate_size").unwrap_or(0),
-        rms_norm_eps: get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-6),
-        context_length: uint("max_position_embeddings").unwrap_or(4096),
-        attention: AttentionSpec {
-            heads,
-            kv_heads: if mla.is_some() { 1 } else { uint("num_key_value_heads").unwrap_or(heads) },
-            head_dim,
-            rope_dim: gqa_moe::rope_dim_from_hf(c, architecture, head_dim, &path)?,
-            rope_theta,
-            // transformers' `rope_interleave` (DeepSeek's own weights rotate adjacent pairs).
-            rope_style: match (&mla, get("rope_interleave").and_then(Json::as_bool)) {
-                (Some(_), None | Some(true)) => RopeStyle::Interleaved,
-                _ => RopeStyle::HalfSplit,
-            },
-            rope_scaling,
-            sliding_window,
-            sinks: architecture == Architecture::GptOss,
-            output_gate: architecture.is_qwen_hybrid(),
-            mla,
-        },
-        moe,
-        moe_layers: Vec::new(),
-        kda,
-        ffn_activation,
-        attn_res_block,
-        delta_net,
-        deepseek_v4,
-        zero_centered_norms: architecture.is_qwen_hybrid(),
-        // transformers' DeepseekV3Config says 1 whether or not the checkpoint holds the layer: the
-        // MTP's load looks for its tensors.
-        mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
-        mtp_key: "num_nextn_predict_layers".into(),
-        bos_token: ids(get("bos_token_id")).first().copied(),
-        eos_tokens,
-    })
-}
-
-/// Kimi Linear's layer kinds and KDA widths, with transformers' `KimiLinearConfig` precedence:
-/// `layer_types` (`linear_attention` / `full_attention`), else the checkpoint's
-/// `linear_attn_config` lists (`kda_layers`, `full_attn_layers`, numbered from 1), else every
-/// 4th layer after the first full. Widths from `linear_attn_config` or the flat `linear_*` keys.
-fn kda_from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<KdaSpec> {
-    let bad = |reason: String| FormatError::BadConfig { path: path.to_path_buf(), reason };
-    let lin = c.get("linear_attn_config").filter(|v| v.is_object());
-    let width = |nested: &str, flat: &str, default: u64| -> Result<usize> {
-        let v = lin.and_then(|l| l.get(nested)).or_else(|| c.get(flat)).filter(|v| !v.is_null());
-        match v {
-            None => Ok(default as usize),
-            Some(v) => Ok(v.as_u64().filter(|n| *n > 0).map(|n| n as usize).ok_or_else(|| {
-                bad(format!("`linear_attn_config.{nested}` (or `{flat}`) is {v}, not a positive number"))
-            })?),
-        }
-    };
-    let (heads, head_dim) = (width("num_heads", "linear_num_heads", 32)?, width("head_dim", "linear_head_dim", 128)?);
-    let conv_kernel = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
-    let kda_layers: Vec<usize> = if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
-        delta_net::linear_layers(types, layers).map_err(bad)?
-    } else if let Some((kda, full)) =
-        lin.and_then(|l| Some((l.get("kda_layers")?.as_array()?, l.get("full_attn_layers")?.as_array()?)))
-    {
-        let mut kind: Vec<Option<bool>> = vec![None; layers];
-        for (list, is_kda, key) in [(full, false, "full_attn_layers"), (kda, true, "kda_layers")] {
-            for n in list {
-                match n.as_u64().map(|n| n as usize) {
-                    Some(n) if (1..=layers).contains(&n) => kind[n - 1] = Some(is_kda),
-                    _ => {
-                        return Err(ModelError::from(bad(format!(
-                            "`linear_attn_config.{key}` names layer {n}: layers are numbered 1 to {layers}"
-                        ))));
-                    }
-                }
-            }
-        }
-        let mut out = Vec::new();
-        for (l, k) in kind.iter().enumerate() {
-            match k {
-                Some(true) => out.push(l),
-                Some(false) => {}
-                None => {
-                    return Err(ModelError::from(bad(format!(
-                        "layer {} is in neither `linear_attn_config.kda_layers` nor `full_attn_layers`",
-                        l + 1
-                    ))));
-                }
-            }
-        }
-        out
-    } else {
-        (0..layers).filter(|i| !(*i > 0 && i % 4 == 0)).collect()
-    };
-    // transformers' KimiLinearAttention never rotates; a checkpoint asking for rotary MLA is
-    // something its reference does not run.
-    if c.get("mla_use_nope").and_then(Json::as_bool) == Some(false) {
-        return Err(FormatError::Unsupported {
-            what: "Kimi Linear with `mla_use_nope: false`".into(),
-            hint: "its reference (transformers' KimiLinearAttention) applies no rotary encoding".into(),
-        }
-        .into());
-    }
-    let gate_lower_bound = lin.and_then(|l| l.get("gate_lower_bound")).and_then(Json::as_f64).map(|v| v as f32);
-    Ok(KdaSpec { heads, head_dim, conv_kernel, layers: kda_layers, gate_lower_bound, full_rank_output_gate: false })
-}
-
-/// Kimi Linear's KDA layers as llama.cpp's converter marks them: a per-layer
-/// `attention.head_count_kv` that is 0 for a KDA layer, `kda.head_dim`, `ssm.conv_kernel`; the
-/// KDA heads are the attention heads (llama.cpp's kimi-linear sizes them by `n_head`).
-fn kda_from_gguf(g: &GgufFile, arch: &str, layers: usize, heads: usize) -> Result<KdaSpec> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
-    let kv = key("attention.head_count_kv");
-    let per_layer = match g.value(&kv) {
-        Some(candle_core::quantized::gguf_file::Value::Array(a)) if a.len() == layers => {
-            a.iter().map(nightmail_formats::gguf_value_as_u64).collect::<Option<Vec<u64>>>()
-        }
-        _ => None,
-    };
-    let per_layer = per_layer.ok_or_else(|| missing(&format!("{kv} (one entry per layer, 0 for a KDA layer)")))?;
-    Ok(KdaSpec {
-        heads,
-        head_dim: need("kda.head_dim")?,
-        conv_kernel: need("ssm.conv_kernel")?,
-        layers: per_layer.iter().enumerate().filter(|(_, n)| **n == 0).map(|(l, _)| l).collect(),
-        // kimi-linear GGUFs have none; K3's GGUF key is not read yet.
-        gate_lower_bound: None,
-        full_rank_output_gate: false,
-    })
-}
-
-/// MLA's widths as llama.cpp's converter writes them: since it stores MLA as MQA over the latent,
-/// `key_length`/`value_length` are the latent's and the per-head widths are the `_mla` keys;
-/// older files have no `_mla` keys and the per-head widths in `key_length`/`value_length`.
-fn mla_from_gguf(g: &GgufFile, arch: &str) -> Result<MlaSpec> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let need = |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| missing(&key(k)));
-    let rope = need("rope.dimension_count")?;
-    let (k_len, v_len) = match (g.uint(&key("attention.key_length_mla")), g.uint(&key("attention.value_length_mla"))) {
-        (Some(k), Some(v)) => (k as usize, v as usize),
-        _ => (need("attention.key_length")?, need("attention.value_length")?),
-    };
-    if k_len <= rope {
-        return Err(FormatError::MissingMetadata {
-            key: format!("{} (larger than the rope dimensions)", key("attention.key_length_mla")),
-        }
-        .into());
-    }
-    Ok(MlaSpec {
-        q_lora_rank: g.uint(&key("attention.q_lora_rank")).map(|v| v as usize).filter(|r| *r > 0),
-        kv_lora_rank: need("attention.kv_lora_rank")?,
-        qk_nope_head_dim: k_len - rope,
-        qk_rope_head_dim: rope,
-        v_head_dim: v_len,
-        nope: false,
-        output_gate: false,
-    })
-}
-
-fn unsupported_rope(kind: &str) -> ModelError {
-    ModelError::from(FormatError::Unsupported {
-        what: format!("rope scaling `{kind}`"),
-        hint: "this engine implements plain RoPE and YaRN; use a model with one of those".into(),
-    })
-}
-
-/// YaRN from llama.cpp's keys (`{arch}.rope.scaling.*`, written by convert_hf_to_gguf.py).
-fn yarn_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<Yarn>> {
-    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
-    match g.string(&key("type")) {
-        None | Some("none") => return Ok(None),
-        Some("yarn") => {}
-        Some(other) => return Err(unsupported_rope(other)),
-    }
-    let factor = g.float(&key("factor")).ok_or_else(|| missing(&key("factor")))?;
-    let given = g.float(&key("yarn_attn_factor"));
-    // deepseek2: the converter writes 0.1 · mscale_all_dim as the log multiplier, and llama.cpp
-    // (llama-model.cpp, TAG_DEEPSEEK2_YARN_LOG_MUL_FIX) divides it back out, folds mscale² into
-    // the softmax scale and cancels ggml's own YaRN factor on cos/sin.
-    let (attention_factor, mscale_all_dim) = if arch == "deepseek2" {
-        (given.unwrap_or(1.0), g.float(&key("yarn_log_multiplier")).map_or(0.0, |m| m / 0.1))
-    } else {
-        (given.unwrap_or_else(|| yarn_mscale(factor, 1.0)), 0.0)
-    };
-    Ok(Some(Yarn {
-        factor,
-        original_context: g
-            .uint(&key("original_context_length"))
-            .map(|v| v as usize)
-            .ok_or_else(|| missing(&key("original_context_length")))?,
-        beta_fast: g.float(&key("yarn_beta_fast")).unwrap_or(32.0),
-        beta_slow: g.float(&key("yarn_beta_slow")).unwrap_or(1.0),
-        // ggml's `ggml_rope_yarn_corr_dims` always rounds the ramp's ends, and GGUF has no key
-        // for it; gpt-oss's own reference does not round (transformers' GptOssConfig
-        // `truncate: false`), and the engine follows the model's reference.
-        truncate: arch != "gpt-oss",
-        attention_factor,
-        mscale_all_dim,
-    }))
-}
-
-/// YaRN from `config.json`'s `rope_parameters` (transformers 5) or `rope_scaling` (4), with
-/// transformers' `_compute_yarn_parameters` defaults.
-fn yarn_from_hf(c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
-    let Some(r) = ["rope_parameters", "rope_scaling"].iter().find_map(|k| c.get(*k).filter(|v| v.is_object())) else {
-        return Ok(None);
-    };
-    yarn_from_parameters(r, c, path)
-}
-
-/// YaRN from one rope-parameters object `r` of `config.json` `c` (DeepSeek-V4 keeps one per
-/// rotary, `rope_parameters.main` and `.compress`).
-fn yarn_from_parameters(r: &Json, c: &Json, path: &std::path::Path) -> Result<Option<Yarn>> {
-    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Json::as_str).unwrap_or("default");
-    match kind {
-        "default" => return Ok(None),
-        "yarn" => {}
-        other => return Err(unsupported_rope(other)),
-    }
-    let num = |k: &str| r.get(k).and_then(Json::as_f64);
-    // `or` in the reference: 0 and null fall back to the default too.
-    let nonzero = |k: &str| num(k).filter(|v| *v != 0.0);
-    let max_positions = c.get("max_position_embeddings").and_then(Json::as_u64);
-    let original = r
-        .get("original_max_position_embeddings")
-        .or_else(|| c.get("original_max_position_embeddings"))
-        .and_then(Json::as_u64)
-        .or(max_positions)
-        .ok_or_else(|| FormatError::BadConfig {
-            path: path.to_path_buf(),
-            reason: "YaRN needs `original_max_position_embeddings`".into(),
-        })? as usize;
-    let factor = match num("factor") {
-        Some(f) => f,
-        None => max_positions.unwrap_or(original as u64) as f64 / original as f64,
-    };
-    let (mscale, mscale_all_dim) = (nonzero("mscale"), nonzero("mscale_all_dim"));
-    let attention_factor = match (num("attention_factor"), mscale, mscale_all_dim) {
-        (Some(a), _, _) => a,
-        (None, Some(m), Some(all)) => yarn_mscale(factor, m) / yarn_mscale(factor, all),
-        _ => yarn_mscale(factor, 1.0),
-    };
-    Ok(Some(Yarn {
-        factor,
-        original_context: original,
-        beta_fast: nonzero("beta_fast").unwrap_or(32.0),
-        beta_slow: nonzero("beta_slow").unwrap_or(1.0),
-        truncate: r.get("truncate").and_then(Json::as_bool).unwrap_or(true),
-        attention_factor,
-        mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
-    }))
-}
 /// Fixture copies for the spec modules' bad-input tests.
 #[cfg(test)]
 pub(crate) mod test_files {
@@ -1148,7 +407,11 @@ pub(crate) mod test_files {
 
 #[cfg(test)]
 mod tests {
+    use super::arch::from_gguf;
+    use super::arch::kimi_linear::kda_from_hf;
+    use super::arch::rope::{yarn_from_gguf, yarn_from_hf};
     use super::*;
+    use nightmail_formats::GgufFile;
 
     #[test]
     fn gpt_oss_reads_the_same_from_config_json_and_from_its_gguf_keys() {
@@ -1296,8 +559,8 @@ mod tests {
         use candle_core::quantized::gguf_file::Value;
 
         use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
-        // The gguf fuzz target's third finding: KDA's load reserved its convolution by heads ×
-        // head size × kernel from the metadata (2^26 heads: 48 GB) before looking at the tensors.
+        // KDA's convolution must be sized from the tensors, not reserved by heads × head size ×
+        // kernel from the metadata (2^26 heads would be 48 GB).
         let src = GgufFile::open(&fixture("kimi_linear/model.gguf")).unwrap();
         let mut metadata: Vec<(String, Value)> = src.metadata().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let heads = metadata.iter_mut().find(|(k, _)| k == "kimi-linear.attention.head_count").expect("a head count");
@@ -1317,8 +580,8 @@ mod tests {
         use candle_core::quantized::gguf_file::Value;
 
         use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
-        // The gguf fuzz target's fourth finding: with no `vocab_size` key, the vocabulary was read
-        // from the embedding's first dimension, and a tensor of no dimensions panicked.
+        // With no `vocab_size` key the vocabulary is the embedding's first dimension, which a
+        // tensor of no dimensions does not have.
         let metadata: Vec<(String, Value)> = [
             ("general.architecture", Value::String("llama".into())),
             ("llama.embedding_length", Value::U32(64)),
@@ -1369,8 +632,8 @@ mod tests {
             from_gguf(&GgufFile::open(&path).unwrap()).and_then(|spec| spec.check().map(|()| spec))
         };
         let llama = |heads, kv_heads| model(1, heads, kv_heads);
-        // Found by the gguf fuzz target: a head count of 0 divided the hidden size by zero, and a
-        // block count of four billion sized a per-layer list before any tensor was looked at.
+        // A head count of 0 would divide the hidden size by zero, and a block count of four
+        // billion would size a per-layer list before any tensor is looked at.
         let err = model(4_000_000_000, 4, 2).expect_err("more layers than tensors").to_string();
         assert!(err.contains("`llama.block_count` as 4000000000, but the model holds 1 tensors"), "{err}");
         let err = llama(0, 1).expect_err("no heads").to_string();

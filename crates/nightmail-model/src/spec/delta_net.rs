@@ -76,7 +76,7 @@ impl DeltaNetSpec {
 /// The layer kinds from `layer_types` (`linear_attention` / `full_attention`), else every
 /// `full_attention_interval`-th layer full (transformers' `Qwen3NextConfig.__post_init__`, 4 by
 /// default); the widths from the `linear_*` keys, with `Qwen3NextConfig`'s defaults.
-pub(crate) fn from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<DeltaNetSpec> {
+pub(in crate::spec) fn from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result<DeltaNetSpec> {
     let bad = |reason: String| FormatError::BadConfig { path: path.to_path_buf(), reason };
     let width = |key: &str, default: u64| -> Result<usize> {
         match c.get(key).filter(|v| !v.is_null()) {
@@ -112,7 +112,7 @@ pub(crate) fn from_hf(c: &Json, path: &std::path::Path, layers: usize) -> Result
 /// both spell their kinds so); anything but that and `full_attention` is refused, as is a list
 /// of another length than `num_hidden_layers`. The error is the reason, for the caller to name
 /// its file.
-pub(crate) fn linear_layers(types: &Json, layers: usize) -> std::result::Result<Vec<usize>, String> {
+pub(in crate::spec) fn linear_layers(types: &Json, layers: usize) -> std::result::Result<Vec<usize>, String> {
     let types = types.as_array().ok_or("`layer_types` is not a list")?;
     if types.len() != layers {
         return Err(format!("`layer_types` names {} layers, `num_hidden_layers` is {layers}", types.len()));
@@ -137,7 +137,7 @@ pub(crate) fn linear_layers(types: &Json, layers: usize) -> std::result::Result<
 /// head size, `ssm.group_count` the key heads, `ssm.time_step_rank` the value heads,
 /// `ssm.inner_size` the value width; every `full_attention_interval`-th layer (4 by default) is
 /// full attention.
-pub(crate) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<DeltaNetSpec> {
+pub(in crate::spec) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<DeltaNetSpec> {
     let key = |k: &str| format!("{arch}.{k}");
     let need =
         |k: &str| g.uint(&key(k)).map(|v| v as usize).ok_or_else(|| FormatError::MissingMetadata { key: key(k) });

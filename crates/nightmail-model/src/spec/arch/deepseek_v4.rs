@@ -1,20 +1,85 @@
-//! What DeepSeek-V4 (`deepseek_v4`, transformers 5.24 `models/deepseek_v4`) adds to the spec:
-//! manifold-constrained hyper-connections, per-layer attention kinds (sliding-window MQA alone,
-//! or beside heavily-compressed or compressed-sparse entries), the grouped output projection and
-//! the hash-routed MoE layers. Keys and defaults as `DeepseekV4Config` reads them.
+//! DeepSeek-V4 (transformers 5.24 `DeepseekV4ForCausalLM`, model_type `deepseek_v4`; llama.cpp
+//! `deepseek4`) and what it adds to the spec: manifold-constrained hyper-connections, per-layer
+//! attention kinds (sliding-window MQA alone, or beside heavily-compressed or compressed-sparse
+//! entries), the grouped output projection and the hash-routed MoE layers. Keys and defaults as
+//! `DeepseekV4Config` reads them; the GGUF as llama.cpp's deepseek4 loader reads it.
 
-use crate::error::ModelError;
 use nightmail_formats::FormatError;
 use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::{Yarn, yarn_from_gguf, yarn_from_parameters};
-use crate::error::Result;
+use super::Row;
+use super::moe::{MoeKeys, Scoring};
+use super::rope::{yarn_from_gguf, yarn_from_parameters};
+use super::source::{Gguf, Hf};
+use crate::error::{ModelError, Result};
+use crate::spec::{Activation, Architecture, ModelSpec, MoeSpec, RopeStyle, Routing, Yarn};
 use candle_core::quantized::gguf_file::Value;
 use nightmail_formats::GgufFile;
 use nightmail_formats::gguf_value_as_u64 as value_as_u64;
+
+pub(super) const ROW: Row = Row {
+    architecture: Architecture::DeepseekV4,
+    gguf: &["deepseek4"],
+    gguf_experts: None,
+    gguf_mtp_in_blocks: false,
+    hf: &["deepseek_v4"],
+    hf_classes: &[],
+    read_gguf,
+    read_hf,
+};
+
+/// `DeepseekV4Config`'s defaults, which DeepSeek's released configs also give: one shared
+/// expert, routed weights times 1.5, the SwiGLU clamped at 10; for a config.json or a GGUF
+/// (`expert_shared_count`, `expert_weights_scale`, `swiglu_clamp_exp`) that omits them.
+const SHARED_EXPERTS: usize = 1;
+const ROUTED_SCALE: f32 = 1.5;
+const SWIGLU_LIMIT: f64 = 10.0;
+
+/// Sqrt-softplus scores, renormalized over the chosen, times the routed scale
+/// (`DeepseekV4TopKRouter`; llama.cpp's gating function 4); hash-routed layers take the same
+/// weights (`DeepseekV4HashRouter`).
+fn moe(k: MoeKeys, activation: Activation) -> Result<MoeSpec> {
+    k.expect_scoring(
+        Scoring::SqrtSoftplus,
+        Scoring::SqrtSoftplus,
+        "nightmail runs DeepSeek-V4's sqrtsoftplus routing",
+    )?;
+    let routing = Routing::SqrtSoftplus { top_k: k.top_k, scale: k.scale.unwrap_or(ROUTED_SCALE) };
+    Ok(k.spec(routing, k.deepseek_shared(SHARED_EXPERTS), activation))
+}
+
+/// What both formats share once the V4 parts are read: the sliding window and rotary are the
+/// V4 attention's own (`DeepseekV4Spec`), and its weights rotate adjacent pairs (transformers
+/// `apply_rotary_pos_emb_interleave`, llama.cpp's NORM rope).
+fn with_v4_parts(mut s: ModelSpec, v4: DeepseekV4Spec, limit: f64, moe_keys: Option<MoeKeys>) -> Result<ModelSpec> {
+    s.attention.rope_style = RopeStyle::Interleaved;
+    s.attention.rope_dim = v4.rope_dim;
+    s.attention.sliding_window = vec![None; s.layers];
+    s.ffn_activation = Activation::ClampedSilu { limit: limit as f32 };
+    s.moe = moe_keys.map(|k| moe(k, s.ffn_activation)).transpose()?;
+    s.deepseek_v4 = Some(v4);
+    Ok(s)
+}
+
+fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
+    let s = g.base()?;
+    let v4 = from_gguf(g.g, g.arch, s.layers)?;
+    // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
+    let limit = g.float("swiglu_clamp_exp").unwrap_or(SWIGLU_LIMIT);
+    let keys = g.moe_keys()?;
+    with_v4_parts(s, v4, limit, keys)
+}
+
+fn read_hf(h: &Hf) -> Result<ModelSpec> {
+    let s = h.base()?;
+    let v4 = from_hf(h.c, &h.path, s.layers, h.need("head_dim")?)?;
+    let limit = h.float("swiglu_limit").unwrap_or(SWIGLU_LIMIT);
+    let keys = h.moe_keys()?;
+    with_v4_parts(s, v4, limit, keys)
+}
 
 /// How a DeepSeek-V4 layer attends (`layer_types`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -66,7 +131,7 @@ impl DeepseekV4Spec {
 
 /// The V4 keys of `config.json` (`c`), with `DeepseekV4Config.__post_init__`'s defaults and
 /// legacy spellings (`compress_ratios`, `num_hash_layers`).
-pub(crate) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: usize) -> Result<DeepseekV4Spec> {
+pub(in crate::spec) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: usize) -> Result<DeepseekV4Spec> {
     let bad = |reason: String| ModelError::from(FormatError::BadConfig { path: path.to_path_buf(), reason });
     let get = |k: &str| c.get(k).filter(|v| !v.is_null());
     let uint = |k: &str, default: usize| -> Result<usize> {
@@ -200,7 +265,7 @@ fn compress_yarn(r: &Json, key: &str, c: &Json, path: &Path) -> Result<Option<Ya
 /// `attention.compress_ratios` entry (0 sliding; 4 compressed-sparse, with the indexer, as the
 /// loader's `coff = ratio == 4 ? 2 : 1` has it; any other heavily-compressed), the first
 /// `hash_layer_count` layers hash-routed.
-pub(crate) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<DeepseekV4Spec> {
+pub(in crate::spec) fn from_gguf(g: &GgufFile, arch: &str, layers: usize) -> Result<DeepseekV4Spec> {
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| -> Result<usize> {
         match g.uint(&key(k)) {
