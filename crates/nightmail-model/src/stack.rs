@@ -215,10 +215,6 @@ impl Transformer {
         }
     }
 
-    /// Layer `l`'s dense weights (its routed experts come from `experts`), from a mapped file
-    /// at load or from a streamed layer's read buffers: the same build either way, so the same
-    /// kernels over the same bytes.
-
     /// Per MoE layer, how well the prefetch guesses matched (decode steps only).
     pub fn prefetch_recall(&self) -> Vec<LayerRecall> {
         self.prefetch.recall.lock().expect("recall lock").iter().filter(|r| r.steps > 0).cloned().collect()

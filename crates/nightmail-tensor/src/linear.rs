@@ -203,7 +203,7 @@ impl RmsNorm {
     }
 
     /// The width of the rows it normalizes.
-    pub fn len(&self) -> usize {
+    pub fn width(&self) -> usize {
         self.row_weight.len()
     }
 

@@ -180,7 +180,7 @@ impl Attention {
         let Some((qn, kn)) = &self.qk_norm else { return Ok((q.clone(), k.clone())) };
         let rows = |norm: &RmsNorm, x: &Tensor| -> Result<Tensor> {
             let (t, width) = x.dims2()?;
-            Ok(norm.forward(&x.reshape((t * width / norm.len(), norm.len()))?)?.reshape((t, width))?)
+            Ok(norm.forward(&x.reshape((t * width / norm.width(), norm.width()))?)?.reshape((t, width))?)
         };
         Ok((rows(qn, q)?, rows(kn, k)?))
     }
@@ -262,6 +262,12 @@ pub struct F32Cache {
     k: Option<Tensor>,
     v: Option<Tensor>,
     len: usize,
+}
+
+impl Default for F32Cache {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl F32Cache {

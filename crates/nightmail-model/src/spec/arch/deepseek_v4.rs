@@ -162,7 +162,7 @@ pub(in crate::spec) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: u
         Some(Json::Array(a)) if a.len() >= layers => {
             a[..layers].iter().map(|v| kind_of(v.as_str().unwrap_or_default())).collect::<Result<_>>()?
         }
-        Some(v) => return Err(ModelError::from(bad(format!("`layer_types` is {v}: one entry per layer ({layers})")))),
+        Some(v) => return Err(bad(format!("`layer_types` is {v}: one entry per layer ({layers})"))),
         // The default: two HCA layers, then CSA and HCA alternating.
         None => (0..layers)
             .map(|l| match l {
@@ -181,7 +181,7 @@ pub(in crate::spec) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: u
             })
             .collect::<Result<_>>()?,
         Some(v) => {
-            return Err(ModelError::from(bad(format!("`mlp_layer_types` is {v}: one entry per layer ({layers})"))));
+            return Err(bad(format!("`mlp_layer_types` is {v}: one entry per layer ({layers})")));
         }
         None => {
             let hashed = uint("num_hash_layers", 3)?;
@@ -194,9 +194,7 @@ pub(in crate::spec) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: u
         (None, None) => head_dim / 8,
     };
     if rope_dim > head_dim || rope_dim % 2 == 1 {
-        return Err(ModelError::from(bad(format!(
-            "the rotated width {rope_dim} does not fit heads of {head_dim} in pairs"
-        ))));
+        return Err(bad(format!("the rotated width {rope_dim} does not fit heads of {head_dim} in pairs")));
     }
     // `DeepseekV4Config` nests `rope_parameters` as {main, compress} (what it saves); a flat
     // `rope_parameters`, or the released configs' `rope_scaling`, is the compress rotary's, with
@@ -224,7 +222,7 @@ pub(in crate::spec) fn from_hf(c: &Json, path: &Path, layers: usize, head_dim: u
     let positive = |k: &str, default: usize| -> Result<usize> {
         let v = uint(k, default)?;
         if v == 0 {
-            return Err(ModelError::from(bad(format!("`{k}` is 0"))));
+            return Err(bad(format!("`{k}` is 0")));
         }
         Ok(v)
     };

@@ -74,9 +74,9 @@ pub(crate) fn kda_from_hf(c: &Json, path: &Path, layers: usize) -> Result<KdaSpe
                 match n.as_u64().map(|n| n as usize) {
                     Some(n) if (1..=layers).contains(&n) => kind[n - 1] = Some(is_kda),
                     _ => {
-                        return Err(ModelError::from(bad(format!(
+                        return Err(bad(format!(
                             "`linear_attn_config.{key}` names layer {n}: layers are numbered 1 to {layers}"
-                        ))));
+                        )));
                     }
                 }
             }
@@ -87,10 +87,10 @@ pub(crate) fn kda_from_hf(c: &Json, path: &Path, layers: usize) -> Result<KdaSpe
                 Some(true) => out.push(l),
                 Some(false) => {}
                 None => {
-                    return Err(ModelError::from(bad(format!(
+                    return Err(bad(format!(
                         "layer {} is in neither `linear_attn_config.kda_layers` nor `full_attn_layers`",
                         l + 1
-                    ))));
+                    )));
                 }
             }
         }
