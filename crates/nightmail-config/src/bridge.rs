@@ -10,7 +10,7 @@ use toml::Spanned;
 use nightmail_types::Address;
 
 use crate::error::{ConfigError, Locator, address};
-use crate::model::Model;
+use crate::model::ModelEntry;
 use crate::upstream::{PasswordSource, RelayTls, host, login, tls_mode};
 
 #[derive(Deserialize)]
@@ -166,7 +166,7 @@ fn check_flag(value: &Spanned<String>, loc: &Locator<'_>) -> Result<String, Conf
 pub(crate) fn check(
     spanned: &Spanned<RawBridge>,
     loc: &Locator<'_>,
-    models: &[Model],
+    models: &[ModelEntry],
 ) -> Result<BridgeConfig, ConfigError> {
     let b = spanned.get_ref();
     let model = address(&b.model, loc, "bridge.model")?;

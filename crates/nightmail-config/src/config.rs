@@ -11,7 +11,7 @@ use crate::auth::{self, AuthConfig};
 use crate::bridge::{self, BridgeConfig};
 use crate::error::{ConfigError, Locator};
 use crate::imap::{self, ImapConfig};
-use crate::model::{self, Model};
+use crate::model::{self, ModelEntry};
 use crate::relay::{self, RelayConfig};
 use crate::smtp::{self, SmtpConfig};
 use crate::tls::{self, TlsConfig};
@@ -29,7 +29,7 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     pub auth: AuthConfig,
     pub users: Vec<User>,
-    pub models: Vec<Model>,
+    pub models: Vec<ModelEntry>,
     pub worker: WorkerConfig,
     /// The smarthost that mail to outside addresses goes through; `None`: nothing leaves.
     pub relay: Option<RelayConfig>,
@@ -76,7 +76,7 @@ impl Config {
         self.users.iter().find(|u| &u.address == address)
     }
 
-    pub fn model(&self, address: &Address) -> Option<&Model> {
+    pub fn model(&self, address: &Address) -> Option<&ModelEntry> {
         self.models.iter().find(|m| &m.address == address)
     }
 
@@ -88,8 +88,8 @@ impl Config {
     /// Each model's Ask folder, `Ask/<name>` (its `name` key, or the local part of its address),
     /// in configuration order. A `/` in the name would make another level and becomes `-`; a
     /// name two models share goes to the first, and the second's folder is named by address.
-    pub fn ask_folders(&self) -> Vec<(String, &Model)> {
-        let mut folders: Vec<(String, &Model)> = Vec::with_capacity(self.models.len());
+    pub fn ask_folders(&self) -> Vec<(String, &ModelEntry)> {
+        let mut folders: Vec<(String, &ModelEntry)> = Vec::with_capacity(self.models.len());
         for model in &self.models {
             let name = model.name.clone().unwrap_or_else(|| model.address.local_part().to_string());
             let mut folder = format!("{ASK_FOLDER}/{}", name.trim().replace('/', "-"));
@@ -102,7 +102,7 @@ impl Config {
     }
 
     /// The model whose Ask folder is the mailbox `name`, if it is one.
-    pub fn ask_folder(&self, name: &str) -> Option<&Model> {
+    pub fn ask_folder(&self, name: &str) -> Option<&ModelEntry> {
         self.ask_folders().into_iter().find(|(folder, _)| folder == name).map(|(_, model)| model)
     }
 
@@ -206,7 +206,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         users.push(user);
     }
 
-    let mut models: Vec<Model> = Vec::new();
+    let mut models: Vec<ModelEntry> = Vec::new();
     for spanned in &raw.model {
         let model = model::check(spanned, &loc)?;
         if users.iter().any(|u| u.address == model.address) || models.iter().any(|o| o.address == model.address) {

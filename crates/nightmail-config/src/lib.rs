@@ -24,7 +24,7 @@ pub use config::{ASK_FOLDER, Config, DEFAULTS_NAME};
 pub use edit::upsert_user;
 pub use error::ConfigError;
 pub use imap::ImapConfig;
-pub use model::{ApiPrice, BackendConfig, Cost, Draft, LocalBackend, Model, ReasoningOutput};
+pub use model::{ApiPrice, BackendConfig, Cost, Draft, LocalBackend, ModelEntry, ReasoningOutput};
 pub use nightmail_types::Address;
 pub use relay::RelayConfig;
 pub use smtp::SmtpConfig;

@@ -95,7 +95,7 @@ pub enum ReasoningOutput {
 }
 
 #[derive(Clone, Debug)]
-pub struct Model {
+pub struct ModelEntry {
     pub address: Address,
     /// Display name in the reply's `From:`, e.g. "Kimi".
     pub name: Option<String>,
@@ -267,7 +267,7 @@ fn default_retries() -> u32 {
     2
 }
 
-pub(crate) fn check(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Model, ConfigError> {
+pub(crate) fn check(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<ModelEntry, ConfigError> {
     let m = spanned.get_ref();
     let address = address(&m.address, loc, "model.address")?;
     let backend = match m.backend.get_ref().as_str() {
@@ -363,7 +363,7 @@ pub(crate) fn check(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Mo
         }
         c => c.as_ref().map(|c| *c.get_ref()),
     };
-    Ok(Model {
+    Ok(ModelEntry {
         address,
         name: m.name.clone(),
         backend,

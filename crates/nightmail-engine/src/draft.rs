@@ -53,7 +53,7 @@ fn greedy_guesses(
 /// How a generation drafts tokens ahead of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Draft {
+pub enum Drafting {
     /// One model pass per token.
     #[default]
     None,
@@ -67,24 +67,24 @@ pub enum Draft {
     Mtp,
 }
 
-impl Draft {
+impl Drafting {
     /// Rows of the widest pass it runs: the token just chosen and at most `max_draft` guesses
     /// (`PromptLookup::max_draft` caps every drafter's), or 1 without drafts. What a memory
     /// budget reserves experts for (`MemoryBudget::verify_rows`).
     pub fn verify_rows(self, max_draft: usize) -> usize {
-        if self == Draft::None { 1 } else { 1 + max_draft }
+        if self == Drafting::None { 1 } else { 1 + max_draft }
     }
 }
 
-impl std::str::FromStr for Draft {
+impl std::str::FromStr for Drafting {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
-            "none" => Ok(Draft::None),
-            "lookup" => Ok(Draft::Lookup),
-            "model" => Ok(Draft::Model),
-            "mtp" => Ok(Draft::Mtp),
+            "none" => Ok(Drafting::None),
+            "lookup" => Ok(Drafting::Lookup),
+            "model" => Ok(Drafting::Model),
+            "mtp" => Ok(Drafting::Mtp),
             other => Err(format!("unknown drafter {other:?}: use \"lookup\", \"model\", \"mtp\" or \"none\"")),
         }
     }

@@ -10,12 +10,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::draft::verify::{Drawn, Feed, Verifier};
-use crate::draft::{Draft, DrafterState};
+use crate::draft::{DrafterState, Drafting};
 use crate::error::Result;
 use crate::journal::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::model::Model;
 use crate::reasoning::split_reasoning;
-use crate::request::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent};
+use crate::request::{Completion, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 use crate::sampling::Sampler;
 use crate::state_cache::{Reuse, StateCache};
 use nightmail_model::SequenceState;
@@ -218,7 +218,7 @@ impl Model {
     ) -> Result<TokenStream<'_>> {
         // A verify pass is rolled back by position; DeepSeek-V4's compressors cannot un-close a
         // window (nightmail-model/src/parts/sliding_mqa.rs), so it runs one pass per token.
-        if request.draft != Draft::None && self.spec().deepseek_v4.is_some() {
+        if request.draft != Drafting::None && self.spec().deepseek_v4.is_some() {
             return Err(FormatError::Unsupported {
                 what: "drafting with a DeepSeek-V4 model".into(),
                 hint: "run it without drafts (draft = none)".into(),
@@ -227,8 +227,8 @@ impl Model {
         }
         let mut sampler = Sampler::new(request.sampling)?;
         let drafter = match request.draft {
-            Draft::Model => Some(DrafterState::new(self.draft_model().ok_or(EngineError::NoDraftModel)?)),
-            Draft::Mtp => Some(DrafterState::mtp(self)?),
+            Drafting::Model => Some(DrafterState::new(self.draft_model().ok_or(EngineError::NoDraftModel)?)),
+            Drafting::Mtp => Some(DrafterState::mtp(self)?),
             _ => None,
         };
         let mut cache = self.new_cache();
@@ -376,8 +376,8 @@ impl TokenStream<'_> {
         self.journal.as_ref().map(Journal::bytes)
     }
 
-    fn progress(&self) -> Progress {
-        Progress {
+    fn progress(&self) -> GenerationProgress {
+        GenerationProgress {
             prompt_tokens: self.prompt_tokens.len(),
             generated: self.tokens.len(),
             max_new_tokens: self.request.max_new_tokens,

@@ -25,7 +25,7 @@ pub mod stream;
 #[cfg(test)]
 mod whole_model_tests;
 
-pub use draft::{Draft, DraftLength, PromptLookup};
+pub use draft::{DraftLength, Drafting, PromptLookup};
 pub use error::{EngineError, Result};
 pub use generate::TokenStream;
 pub use model::{LoadOptions, Model, memory_plan};
@@ -38,8 +38,8 @@ pub use nightmail_model::{
 };
 pub use nightmail_tensor::TensorError;
 pub use pass_costs::{CostLine, PassCosts};
-pub use reasoning::{Reply, split_reasoning};
-pub use request::{Completion, GenerateRequest, Progress, Prompt, StopReason, TokenEvent};
+pub use reasoning::{SplitReply, split_reasoning};
+pub use request::{Completion, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 pub use sampling::{Sampling, argmax};
 pub use state_cache::{Reuse, StateCache};
 pub use stream::{

@@ -26,9 +26,9 @@ pub struct Model {
     pub(crate) plan: Option<MemoryPlan>,
     /// The time of its decode and verify passes by width, which sets how much drafts guess.
     pub(crate) passes: PassCosts,
-    /// The small model of the same vocabulary that guesses tokens for `Draft::Model`.
+    /// The small model of the same vocabulary that guesses tokens for `Drafting::Model`.
     pub(crate) drafter: Option<Box<Model>>,
-    /// The time of the MTP layer's one-row passes (`Draft::Mtp`), once it is loaded.
+    /// The time of the MTP layer's one-row passes (`Drafting::Mtp`), once it is loaded.
     pub(crate) mtp_passes: Option<PassCosts>,
 }
 

@@ -4,14 +4,14 @@
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Reply {
+pub struct SplitReply {
     /// The thinking, if the model wrote any.
     pub reasoning: Option<String>,
     /// What to send.
     pub answer: String,
 }
 
-pub fn split_reasoning(text: &str) -> Reply {
+pub fn split_reasoning(text: &str) -> SplitReply {
     const OPEN: &str = "<think>";
     const CLOSE: &str = "</think>";
     let (before, after_open) = match text.find(OPEN) {
@@ -20,17 +20,18 @@ pub fn split_reasoning(text: &str) -> Reply {
     };
     match (after_open, text.find(CLOSE)) {
         (Some(inner), _) => match inner.find(CLOSE) {
-            Some(j) => Reply {
+            Some(j) => SplitReply {
                 reasoning: Some(inner[..j].trim().to_string()),
                 answer: format!("{}{}", before, &inner[j + CLOSE.len()..]).trim().to_string(),
             },
             // Cut off while thinking: no answer yet.
-            None => Reply { reasoning: Some(inner.trim().to_string()), answer: before.trim().to_string() },
+            None => SplitReply { reasoning: Some(inner.trim().to_string()), answer: before.trim().to_string() },
         },
-        (None, Some(j)) => {
-            Reply { reasoning: Some(text[..j].trim().to_string()), answer: text[j + CLOSE.len()..].trim().to_string() }
-        }
-        (None, None) => Reply { reasoning: None, answer: text.trim().to_string() },
+        (None, Some(j)) => SplitReply {
+            reasoning: Some(text[..j].trim().to_string()),
+            answer: text[j + CLOSE.len()..].trim().to_string(),
+        },
+        (None, None) => SplitReply { reasoning: None, answer: text.trim().to_string() },
     }
 }
 
@@ -41,23 +42,23 @@ mod tests {
     #[test]
     fn think_block_is_split_from_the_answer() {
         let r = split_reasoning("<think>\nsum the digits\n</think>\n\nIt is 42.");
-        assert_eq!(r, Reply { reasoning: Some("sum the digits".into()), answer: "It is 42.".into() });
+        assert_eq!(r, SplitReply { reasoning: Some("sum the digits".into()), answer: "It is 42.".into() });
     }
 
     #[test]
     fn close_without_open_is_reasoning_opened_by_the_prompt() {
         let r = split_reasoning("hmm, easy</think>Yes.");
-        assert_eq!(r, Reply { reasoning: Some("hmm, easy".into()), answer: "Yes.".into() });
+        assert_eq!(r, SplitReply { reasoning: Some("hmm, easy".into()), answer: "Yes.".into() });
     }
 
     #[test]
     fn unfinished_thinking_has_no_answer() {
         let r = split_reasoning("<think>still going");
-        assert_eq!(r, Reply { reasoning: Some("still going".into()), answer: String::new() });
+        assert_eq!(r, SplitReply { reasoning: Some("still going".into()), answer: String::new() });
     }
 
     #[test]
     fn plain_text_is_all_answer() {
-        assert_eq!(split_reasoning(" Hello "), Reply { reasoning: None, answer: "Hello".into() });
+        assert_eq!(split_reasoning(" Hello "), SplitReply { reasoning: None, answer: "Hello".into() });
     }
 }

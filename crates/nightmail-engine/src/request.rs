@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::draft::{Draft, PromptLookup};
-use crate::reasoning::Reply;
+use crate::draft::{Drafting, PromptLookup};
+use crate::reasoning::SplitReply;
 use crate::sampling::Sampling;
 use nightmail_formats::chat::ChatMessage;
 
@@ -35,8 +35,8 @@ pub struct GenerateRequest {
     /// Guess tokens ahead and verify them in one pass ([`crate::draft`]). The tokens are those
     /// the model gives without drafting (greedy or sampled, for the same seed); only the number
     /// of passes changes.
-    pub draft: Draft,
-    /// Prompt lookup's n-gram sizes, for `Draft::Lookup`, and the most guesses per pass and how
+    pub draft: Drafting,
+    /// Prompt lookup's n-gram sizes, for `Drafting::Lookup`, and the most guesses per pass and how
     /// many to make, for any drafter.
     pub lookup: PromptLookup,
 }
@@ -50,7 +50,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             stop_at_eos: true,
             record_logits: false,
-            draft: Draft::None,
+            draft: Drafting::None,
             lookup: PromptLookup::default(),
         }
     }
@@ -67,7 +67,7 @@ pub enum StopReason {
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct Progress {
+pub struct GenerationProgress {
     pub prompt_tokens: usize,
     pub generated: usize,
     pub max_new_tokens: usize,
@@ -85,7 +85,7 @@ pub struct TokenEvent {
     pub text: String,
     /// The logits row this token was chosen from, when the request asked for them.
     pub logits: Option<Vec<f32>>,
-    pub progress: Progress,
+    pub progress: GenerationProgress,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,7 +93,7 @@ pub struct Completion {
     pub prompt_tokens: Vec<u32>,
     pub tokens: Vec<u32>,
     pub text: String,
-    pub reply: Reply,
+    pub reply: SplitReply,
     pub stop: StopReason,
     pub prefill: Duration,
     pub decode: Duration,

@@ -8,11 +8,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use nightmail_engine::{Completion, Draft, DraftLength, EngineError, GenerateRequest, Model, Prompt, Sampling};
+use nightmail_engine::{Completion, DraftLength, Drafting, EngineError, GenerateRequest, Model, Prompt, Sampling};
 use nightmail_tools::{SynthArch, SynthDtype, SynthSpec};
 
 /// At most 4 guesses a pass, as many as allowed.
-fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Drafting) -> GenerateRequest {
     let mut r = common::draft_request(prompt, max_new_tokens, sampling, draft);
     r.lookup.max_draft = 4;
     r
@@ -35,8 +35,8 @@ fn prompt() -> Prompt {
 /// Greedy with the draft model against plain greedy: the same tokens, and one pass saved per
 /// accepted guess.
 fn same_greedy(model: &Model, what: &str) -> Completion {
-    let plain = run(model, request(prompt(), 20, Sampling::greedy(), Draft::None));
-    let drafted = run(model, request(prompt(), 20, Sampling::greedy(), Draft::Model));
+    let plain = run(model, request(prompt(), 20, Sampling::greedy(), Drafting::None));
+    let drafted = run(model, request(prompt(), 20, Sampling::greedy(), Drafting::Model));
     common::assert_drafts_save_passes(&plain, &drafted, what);
     drafted
 }
@@ -81,8 +81,8 @@ fn sampled_with_a_draft_model_draws_the_tokens_plain_sampling_draws() {
         let model = with_draft(&common::fixture(arch), &common::fixture(draft));
         for seed in 0..3 {
             let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
-            let plain = run(&model, request(prompt(), 16, sampling, Draft::None));
-            let drafted = run(&model, request(prompt(), 16, sampling, Draft::Model));
+            let plain = run(&model, request(prompt(), 16, sampling, Drafting::None));
+            let drafted = run(&model, request(prompt(), 16, sampling, Drafting::Model));
             assert_eq!(drafted.tokens, plain.tokens, "{arch} seed {seed}");
         }
     }
@@ -94,8 +94,8 @@ fn a_checkpoint_holds_only_accepted_tokens_and_resumes_with_a_draft_model() {
     // resumed with a fresh draft cache, which catches up on the whole history.
     for (arch, draft) in [("llama", "llama"), ("kimi_linear", "qwen3_moe")] {
         let model = with_draft(&common::fixture(arch), &common::fixture(draft));
-        let want = run(&model, request(prompt(), 20, Sampling::greedy(), Draft::None));
-        let events = common::across_crashes(&model, &request(prompt(), 20, Sampling::greedy(), Draft::Model), arch);
+        let want = run(&model, request(prompt(), 20, Sampling::greedy(), Drafting::None));
+        let events = common::across_crashes(&model, &request(prompt(), 20, Sampling::greedy(), Drafting::Model), arch);
         let got: Vec<u32> = events.iter().map(|e| e.id).collect();
         assert_eq!(got, want.tokens, "{arch}: tokens across crashes");
     }
@@ -107,14 +107,14 @@ fn streams_drafting_with_a_model_batched_with_others_get_what_they_get_alone() {
     let model = with_draft(&target, &common::fixture("llama"));
     let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
     let setups = [
-        (vec![1u32, 5, 9, 11, 12], Sampling::greedy(), Draft::Model),
-        ((1..20).collect::<Vec<u32>>(), sampled, Draft::Model),
-        (vec![7, 8, 9, 7, 8], Sampling::greedy(), Draft::Lookup),
-        (vec![3, 4], sampled, Draft::None),
+        (vec![1u32, 5, 9, 11, 12], Sampling::greedy(), Drafting::Model),
+        ((1..20).collect::<Vec<u32>>(), sampled, Drafting::Model),
+        (vec![7, 8, 9, 7, 8], Sampling::greedy(), Drafting::Lookup),
+        (vec![3, 4], sampled, Drafting::None),
     ];
     let want: Vec<Vec<u32>> = setups
         .iter()
-        .map(|(p, s, _)| run(&model, request(Prompt::Tokens(p.clone()), 12, *s, Draft::None)).tokens)
+        .map(|(p, s, _)| run(&model, request(Prompt::Tokens(p.clone()), 12, *s, Drafting::None)).tokens)
         .collect();
     let mut streams: Vec<_> = setups
         .iter()
@@ -128,7 +128,7 @@ fn streams_drafting_with_a_model_batched_with_others_get_what_they_get_alone() {
 #[test]
 fn drafting_with_a_model_needs_one_and_a_recurrent_one_is_refused() {
     let model = Model::load(common::fixture("llama")).unwrap();
-    match model.stream(request(prompt(), 4, Sampling::greedy(), Draft::Model)) {
+    match model.stream(request(prompt(), 4, Sampling::greedy(), Drafting::Model)) {
         Err(EngineError::NoDraftModel) => {}
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("drafted with no draft model"),
@@ -176,8 +176,8 @@ fn smollm2_with_a_draft_model_of_its_tokenizer_gives_the_plain_text() {
     let random = tiny(dir.path(), "random.gguf", Some(smollm2.clone()));
     for draft in [smollm2.clone(), random] {
         let model = with_draft(&smollm2, &draft);
-        let plain = run(&model, request(chat.clone(), 24, Sampling::greedy(), Draft::None));
-        let drafted = run(&model, request(chat.clone(), 24, Sampling::greedy(), Draft::Model));
+        let plain = run(&model, request(chat.clone(), 24, Sampling::greedy(), Drafting::None));
+        let drafted = run(&model, request(chat.clone(), 24, Sampling::greedy(), Drafting::Model));
         assert_eq!(drafted.text, plain.text, "drafted by {}", draft.display());
         assert_eq!(drafted.tokens, plain.tokens);
         assert_eq!(drafted.verify_steps + drafted.accepted, plain.verify_steps);
@@ -191,7 +191,7 @@ fn smollm2_with_a_draft_model_of_its_tokenizer_gives_the_plain_text() {
         } else {
             // Guesses that cost a whole pass never pay: none is run (the draft model still
             // guesses now and then, judged against the drawn tokens), one pass per token.
-            let mut dear = request(chat.clone(), 24, Sampling::greedy(), Draft::Model);
+            let mut dear = request(chat.clone(), 24, Sampling::greedy(), Drafting::Model);
             dear.lookup.length = DraftLength::RowCost(1.0);
             let c = run(&model, dear);
             assert_eq!((c.tokens, c.drafted, c.verify_steps), (plain.tokens.clone(), 0, plain.verify_steps));
@@ -201,10 +201,10 @@ fn smollm2_with_a_draft_model_of_its_tokenizer_gives_the_plain_text() {
     // a plain pass times the one-row cost (else no row's cost would ever be known, and every
     // guess would count as free); the draft model's own pass is timed as it guesses.
     let model = with_draft(&smollm2, &dir.path().join("random.gguf"));
-    let mut measured = request(chat.clone(), 24, Sampling::greedy(), Draft::Model);
+    let mut measured = request(chat.clone(), 24, Sampling::greedy(), Drafting::Model);
     measured.lookup.length = DraftLength::Measured;
     let c = run(&model, measured);
-    let plain = run(&model, request(chat, 24, Sampling::greedy(), Draft::None));
+    let plain = run(&model, request(chat, 24, Sampling::greedy(), Drafting::None));
     assert_eq!(c.tokens, plain.tokens);
     assert!(c.drafted > 0, "the first pass guesses, before any cost is known");
     assert!(model.pass_costs().line().is_some(), "one-row and wider passes were timed");

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use nightmail_engine::{Completion, Draft, DraftLength, GenerateRequest, Model, Prompt, Sampling};
+use nightmail_engine::{Completion, DraftLength, Drafting, GenerateRequest, Model, Prompt, Sampling};
 
 /// A prompt that repeats itself, so that lookup finds n-grams to draft from at once, and long
 /// enough that the answer runs into its own repetitions too.
@@ -23,7 +23,7 @@ fn repetitive_prompt() -> Vec<u32> {
     p
 }
 
-fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+fn request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Drafting) -> GenerateRequest {
     let mut r = common::draft_request(prompt, max_new_tokens, sampling, draft);
     r.record_logits = true;
     // Single-token matches too: a random-weight fixture rarely repeats a pair of tokens, and
@@ -55,8 +55,8 @@ fn worst(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 fn same_greedy(path: &Path, tolerance: f32) -> Completion {
     let model = Model::load(path).unwrap();
     let prompt = Prompt::Tokens(repetitive_prompt());
-    let (plain, plain_rows) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Draft::None));
-    let (drafted, drafted_rows) = run(&model, request(prompt, 24, Sampling::greedy(), Draft::Lookup));
+    let (plain, plain_rows) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Drafting::None));
+    let (drafted, drafted_rows) = run(&model, request(prompt, 24, Sampling::greedy(), Drafting::Lookup));
     let name = path.display();
     common::assert_drafts_save_passes(&plain, &drafted, &name.to_string());
     let w = worst(&drafted_rows, &plain_rows);
@@ -107,8 +107,8 @@ fn sampled_with_drafts_draws_the_tokens_plain_sampling_draws() {
         for seed in 0..4 {
             let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
             let prompt = Prompt::Tokens(repetitive_prompt());
-            let (plain, _) = run(&model, request(prompt.clone(), 16, sampling, Draft::None));
-            let (drafted, _) = run(&model, request(prompt, 16, sampling, Draft::Lookup));
+            let (plain, _) = run(&model, request(prompt.clone(), 16, sampling, Drafting::None));
+            let (drafted, _) = run(&model, request(prompt, 16, sampling, Drafting::Lookup));
             assert_eq!(drafted.tokens, plain.tokens, "{arch} seed {seed}");
         }
     }
@@ -118,18 +118,18 @@ fn sampled_with_drafts_draws_the_tokens_plain_sampling_draws() {
 fn the_draft_length_follows_the_cost_of_a_row() {
     let model = Model::load(common::fixture("qwen3_moe")).unwrap();
     let prompt = Prompt::Tokens(repetitive_prompt());
-    let (plain, _) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Draft::None));
+    let (plain, _) = run(&model, request(prompt.clone(), 24, Sampling::greedy(), Drafting::None));
     assert_eq!(model.pass_costs().line(), None, "plain decoding times one width only");
     // A row that costs a whole pass: no guess can pay for itself, so none is run (lookup still
     // guesses, judged against the drawn tokens), and the tokens are the plain ones.
-    let mut dear = request(prompt.clone(), 24, Sampling::greedy(), Draft::Lookup);
+    let mut dear = request(prompt.clone(), 24, Sampling::greedy(), Drafting::Lookup);
     dear.lookup.length = DraftLength::RowCost(1.0);
     let (c, _) = run(&model, dear);
     assert_eq!(c.tokens, plain.tokens);
     assert_eq!((c.drafted, c.verify_steps), (0, plain.verify_steps));
     // Measured: before a wider pass has been timed the stream guesses (and so times one); after,
     // it guesses as the measured cost allows. The tokens are the plain ones either way.
-    let mut measured = request(prompt, 24, Sampling::greedy(), Draft::Lookup);
+    let mut measured = request(prompt, 24, Sampling::greedy(), Drafting::Lookup);
     measured.lookup.length = DraftLength::Measured;
     let (m, _) = run(&model, measured);
     assert_eq!(m.tokens, plain.tokens);
@@ -146,8 +146,8 @@ fn smollm2_quoting_a_question_accepts_drafts_and_gives_the_plain_tokens_bit_for_
         "user",
         format!("Repeat this question word for word, then answer it: \"{question}\""),
     )]);
-    let (plain, plain_rows) = run(&model, request(prompt.clone(), 40, Sampling::greedy(), Draft::None));
-    let (drafted, drafted_rows) = run(&model, request(prompt, 40, Sampling::greedy(), Draft::Lookup));
+    let (plain, plain_rows) = run(&model, request(prompt.clone(), 40, Sampling::greedy(), Drafting::None));
+    let (drafted, drafted_rows) = run(&model, request(prompt, 40, Sampling::greedy(), Drafting::Lookup));
     assert_eq!(drafted.text, plain.text);
     assert_eq!(drafted.tokens, plain.tokens);
     // Q4_1 and f16 attention compute each position on its own: the same bits.
@@ -165,10 +165,10 @@ fn resumes_with_drafts(path: &Path) {
 fn resumes_with_drafts_within(path: &Path, tolerance: f32) {
     let model = Model::load(path).unwrap();
     let prompt = Prompt::Tokens(repetitive_prompt());
-    let (want, want_rows) = run(&model, request(prompt.clone(), 20, Sampling::greedy(), Draft::None));
+    let (want, want_rows) = run(&model, request(prompt.clone(), 20, Sampling::greedy(), Drafting::None));
     let events = common::across_crashes(
         &model,
-        &request(prompt, 20, Sampling::greedy(), Draft::Lookup),
+        &request(prompt, 20, Sampling::greedy(), Drafting::Lookup),
         &path.display().to_string(),
     );
     let got: Vec<u32> = events.iter().map(|e| e.id).collect();
@@ -190,14 +190,14 @@ fn streams_with_and_without_drafts_batched_together_get_what_they_get_alone() {
         let model = Model::load(common::fixture(arch)).unwrap();
         let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
         let setups = [
-            (repetitive_prompt(), Sampling::greedy(), Draft::Lookup),
-            ((1..20).collect::<Vec<u32>>(), sampled, Draft::Lookup),
-            (repetitive_prompt(), sampled, Draft::None),
-            (vec![7, 8, 9, 7, 8], Sampling::greedy(), Draft::Lookup),
+            (repetitive_prompt(), Sampling::greedy(), Drafting::Lookup),
+            ((1..20).collect::<Vec<u32>>(), sampled, Drafting::Lookup),
+            (repetitive_prompt(), sampled, Drafting::None),
+            (vec![7, 8, 9, 7, 8], Sampling::greedy(), Drafting::Lookup),
         ];
         let want: Vec<Vec<u32>> = setups
             .iter()
-            .map(|(p, s, _)| run(&model, request(Prompt::Tokens(p.clone()), 12, *s, Draft::None)).0.tokens)
+            .map(|(p, s, _)| run(&model, request(Prompt::Tokens(p.clone()), 12, *s, Drafting::None)).0.tokens)
             .collect();
         let mut streams: Vec<_> = setups
             .iter()
@@ -215,7 +215,7 @@ fn drafting_with_deepseek_v4_is_refused_saying_what_to_do() {
     // Its compressors cannot roll a verify pass back.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v4");
     let model = Model::load(&dir).unwrap();
-    let Err(err) = model.stream(request(Prompt::Tokens(vec![1, 2, 3]), 4, Sampling::greedy(), Draft::Lookup)) else {
+    let Err(err) = model.stream(request(Prompt::Tokens(vec![1, 2, 3]), 4, Sampling::greedy(), Drafting::Lookup)) else {
         panic!("drafting was not refused")
     };
     assert!(

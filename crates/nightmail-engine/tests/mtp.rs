@@ -15,7 +15,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use nightmail_engine::{
-    Completion, Draft, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StreamConfig,
+    Completion, Drafting, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, Sampling, StreamConfig,
 };
 
 const FIXTURE: &str = "deepseek_v3_mtp";
@@ -52,7 +52,7 @@ fn with_mtp(path: &Path) -> Model {
     model
 }
 
-fn request(prompt: &[u32], tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+fn request(prompt: &[u32], tokens: usize, sampling: Sampling, draft: Drafting) -> GenerateRequest {
     let mut r = common::draft_request(Prompt::Tokens(prompt.to_vec()), tokens, sampling, draft);
     r.record_logits = true;
     r
@@ -87,8 +87,8 @@ fn greedy_with_mtp_drafts_gives_the_plain_tokens() {
         let reference = mtp_reference(fixture);
         let model = with_mtp(&path);
         let name = path.display().to_string();
-        let plain = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Draft::None));
-        let drafted = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Draft::Mtp));
+        let plain = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Drafting::None));
+        let drafted = run(&model, request(&reference.prompt_tokens, 40, Sampling::greedy(), Drafting::Mtp));
         common::assert_drafts_save_passes(&plain, &drafted, &name);
         assert_eq!(plain.tokens[..16], reference.greedy_tokens[..], "{name}: the reference's tokens");
         eprintln!(
@@ -108,8 +108,8 @@ fn sampled_with_mtp_drafts_draws_the_tokens_plain_sampling_draws() {
         let prompt = mtp_reference(fixture).prompt_tokens;
         for seed in 0..4 {
             let sampling = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed };
-            let plain = run(&model, request(&prompt, 24, sampling, Draft::None));
-            let drafted = run(&model, request(&prompt, 24, sampling, Draft::Mtp));
+            let plain = run(&model, request(&prompt, 24, sampling, Drafting::None));
+            let drafted = run(&model, request(&prompt, 24, sampling, Drafting::Mtp));
             assert_eq!(drafted.tokens, plain.tokens, "{fixture} seed {seed}");
             assert!(drafted.drafted > 0, "{fixture} seed {seed}: nothing drafted");
         }
@@ -122,8 +122,8 @@ fn a_checkpoint_holds_only_accepted_tokens_and_resumes_with_mtp_drafts() {
     for fixture in FIXTURES {
         let model = with_mtp(&common::fixture(fixture));
         let prompt = mtp_reference(fixture).prompt_tokens;
-        let want = run(&model, request(&prompt, 20, Sampling::greedy(), Draft::None));
-        let events = common::across_crashes(&model, &request(&prompt, 20, Sampling::greedy(), Draft::Mtp), fixture);
+        let want = run(&model, request(&prompt, 20, Sampling::greedy(), Drafting::None));
+        let events = common::across_crashes(&model, &request(&prompt, 20, Sampling::greedy(), Drafting::Mtp), fixture);
         let got: Vec<u32> = events.iter().map(|e| e.id).collect();
         assert_eq!(got, want.tokens, "{fixture}");
     }
@@ -135,13 +135,13 @@ fn streams_with_mtp_lookup_and_no_drafts_batched_together_get_what_they_get_alon
     let sampled = Sampling { temperature: 0.9, top_k: Some(20), top_p: Some(0.9), seed: 3 };
     let prompt = mtp_reference(FIXTURE).prompt_tokens;
     let setups = [
-        (prompt.clone(), Sampling::greedy(), Draft::Mtp),
-        ((1..20).collect::<Vec<u32>>(), sampled, Draft::Mtp),
-        (prompt.clone(), sampled, Draft::None),
-        (vec![7, 8, 9, 7, 8], Sampling::greedy(), Draft::Lookup),
+        (prompt.clone(), Sampling::greedy(), Drafting::Mtp),
+        ((1..20).collect::<Vec<u32>>(), sampled, Drafting::Mtp),
+        (prompt.clone(), sampled, Drafting::None),
+        (vec![7, 8, 9, 7, 8], Sampling::greedy(), Drafting::Lookup),
     ];
     let want: Vec<Vec<u32>> =
-        setups.iter().map(|(p, s, _)| run(&model, request(p, 12, *s, Draft::None)).tokens).collect();
+        setups.iter().map(|(p, s, _)| run(&model, request(p, 12, *s, Drafting::None)).tokens).collect();
     let mut streams: Vec<_> =
         setups.iter().map(|(p, s, d)| model.stream_deferred(request(p, 12, *s, *d), None).unwrap()).collect();
     let got = common::step_together(&model, &mut streams);
@@ -170,7 +170,7 @@ fn mtp_drafting_on_a_model_without_the_layer_is_refused_naming_the_model_and_the
     assert!(err.contains("`model.layers.3.eh_proj.weight`") && err.contains(&dir.display().to_string()), "{err}");
     // Drafting with the layer not loaded says how to load it.
     let model = Model::load(common::fixture(FIXTURE)).unwrap();
-    let Err(err) = model.stream(request(&[1, 2, 3], 4, Sampling::greedy(), Draft::Mtp)) else {
+    let Err(err) = model.stream(request(&[1, 2, 3], 4, Sampling::greedy(), Drafting::Mtp)) else {
         panic!("drafting without the layer was not refused")
     };
     assert!(err.to_string().contains("draft = \"mtp\""), "{err}");
@@ -222,8 +222,8 @@ fn the_mtp_layers_experts_stream_through_the_models_store_and_change_no_bit() {
         let layers: Vec<usize> = stats.distinct_experts.iter().map(|(l, _)| *l).collect();
         assert!(layers.contains(&2), "{name}: {layers:?}");
         assert!(stats.evictions > 0, "{name}: the cache held every expert: {stats:?}");
-        let want = run(&resident, request(&reference.prompt_tokens, 24, Sampling::greedy(), Draft::Mtp));
-        let got = run(&streamed, request(&reference.prompt_tokens, 24, Sampling::greedy(), Draft::Mtp));
+        let want = run(&resident, request(&reference.prompt_tokens, 24, Sampling::greedy(), Drafting::Mtp));
+        let got = run(&streamed, request(&reference.prompt_tokens, 24, Sampling::greedy(), Drafting::Mtp));
         // (How many it guesses per pass follows each model's timed passes.)
         assert_eq!(got.tokens, want.tokens, "{name}");
         assert!(got.drafted > 0, "{name}");
@@ -323,7 +323,7 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
             Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least.minimum_bytes)) }).unwrap();
         model.attach_mtp().unwrap();
         let prompt = mtp_reference(fixture).prompt_tokens;
-        let got = run(&model, request(&prompt, 12, Sampling::greedy(), Draft::Mtp));
+        let got = run(&model, request(&prompt, 12, Sampling::greedy(), Drafting::Mtp));
         assert!(got.drafted > 0, "{name}");
         let layers: Vec<usize> = model.streaming().unwrap().stats().distinct_experts.iter().map(|(l, _)| *l).collect();
         assert!(layers.contains(&2), "{name}: {layers:?}");
@@ -337,13 +337,13 @@ fn a_streamed_model_drafts_with_its_mtp_layer() {
     // the tokens are the plain ones.
     let path = common::fixture(FIXTURE);
     let prompt = mtp_reference(FIXTURE).prompt_tokens;
-    let want = run(&with_mtp(&path), request(&prompt, 16, Sampling::greedy(), Draft::None)).tokens;
+    let want = run(&with_mtp(&path), request(&prompt, 16, Sampling::greedy(), Drafting::None)).tokens;
     let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: Some(vec![0, 1]) };
     let least = nightmail_engine::memory_plan(&path, ask(usize::MAX / 2)).unwrap().minimum_bytes;
     let mut streamed = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(ask(least)) }).unwrap();
     assert_eq!(streamed.memory_plan().unwrap().streamed_layers.len(), 2);
     streamed.attach_mtp().unwrap();
-    let drafted = run(&streamed, request(&prompt, 16, Sampling::greedy(), Draft::Mtp));
+    let drafted = run(&streamed, request(&prompt, 16, Sampling::greedy(), Drafting::Mtp));
     assert_eq!(drafted.tokens, want);
     assert!(drafted.drafted > 0);
 }
@@ -390,8 +390,8 @@ fn a_packed_model_keeps_its_mtp_layer_and_drafts_with_it() {
                     got.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 let kept = got.iter().zip(&want).filter(|(a, b)| argmax(a) == argmax(b)).count();
                 seen.push((err, kept));
-                let plain = run(&model, request(&reference.prompt_tokens, 24, Sampling::greedy(), Draft::None));
-                let drafted = run(&model, request(&reference.prompt_tokens, 24, Sampling::greedy(), Draft::Mtp));
+                let plain = run(&model, request(&reference.prompt_tokens, 24, Sampling::greedy(), Drafting::None));
+                let drafted = run(&model, request(&reference.prompt_tokens, 24, Sampling::greedy(), Drafting::Mtp));
                 assert_eq!(drafted.tokens, plain.tokens, "{what}");
                 assert!(drafted.drafted > 0, "{what}");
             }

@@ -37,7 +37,7 @@ pub use parts::latent_moe::LatentProjection;
 pub use parts::mla::{Mla, MlaQuery};
 pub use parts::moe::{MoeBlock, SharedExpert};
 pub use parts::rope::Rope;
-pub use parts::router::{Route, Router};
+pub use parts::router::{ExpertRoute, Router};
 pub use parts::sliding_mqa::SlidingMqa;
 pub use source::{Recorded, Recording, WeightSource};
 pub use spec::{

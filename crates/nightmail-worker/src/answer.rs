@@ -4,12 +4,12 @@
 
 use std::time::Instant;
 
-use nightmail_config::{Model, ReasoningOutput};
+use nightmail_config::{ModelEntry, ReasoningOutput};
 use nightmail_store::{Finish, Incoming, Job, LeasedJob, Origin, Progress, Retry, StoreError};
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::watch;
 
-use crate::backend::{self, BackendError, Outcome, Request};
+use crate::backend::{self, BackendAnswer, BackendError, Request};
 use crate::compose::{self, Stats};
 use crate::concierge::acknowledgement;
 use crate::control::{self, Command, command_in};
@@ -55,7 +55,7 @@ enum Attempt {
 /// The last run of the backend: the lease back, what the backend gave, and what it was asked.
 struct Run {
     leased: LeasedJob,
-    result: Result<Outcome, BackendError>,
+    result: Result<BackendAnswer, BackendError>,
     prompt: Prompt,
 }
 
@@ -110,7 +110,7 @@ impl<'a> Answer<'a> {
     }
 
     /// The job's model and its question as read from the store, or why the job ends unread.
-    fn read(&self, job: &Job) -> Result<Result<(Model, Mail), GiveUp>, StoreError> {
+    fn read(&self, job: &Job) -> Result<Result<(ModelEntry, Mail), GiveUp>, StoreError> {
         let letters = Letters::new(self.shift);
         let Some(model) = self.shift.config().model(&job.model).cloned() else {
             // Removed from the configuration while the question waited (a restart; a SIGHUP keeps
@@ -273,7 +273,7 @@ impl<'a> Answer<'a> {
     fn reply(
         &self,
         asked: Asked<'_>,
-        outcome: &Outcome,
+        outcome: &BackendAnswer,
         prompt: &Prompt,
         spent: Spent,
     ) -> Result<Incoming, StoreError> {

@@ -11,7 +11,7 @@ use nightmail_types::Address;
 
 use nightmail_config::ApiPrice;
 
-use crate::backend::Outcome;
+use crate::backend::BackendAnswer;
 use crate::cost::{self, Energy};
 use crate::html;
 use crate::mail::{Mail, Person};
@@ -153,7 +153,7 @@ pub fn new_message_id(kind: &str, job: u64, hostname: &str) -> String {
 pub struct Stats<'a> {
     pub model_address: &'a Address,
     pub backend: String,
-    pub outcome: &'a Outcome,
+    pub outcome: &'a BackendAnswer,
     pub wall: Duration,
     pub job: u64,
     /// The energy the answer took, when measured or configured.
@@ -223,7 +223,7 @@ impl Stats<'_> {
 }
 
 /// A message we write, threaded under `parent`: every message the worker sends answers one.
-pub struct Reply<'a> {
+pub struct ReplyMail<'a> {
     pub from: (&'a str, &'a Address),
     pub audience: &'a Audience,
     pub subject: String,
@@ -234,7 +234,7 @@ pub struct Reply<'a> {
     pub attachment: Option<(&'static str, String)>,
 }
 
-pub fn write(reply: Reply<'_>) -> Vec<u8> {
+pub fn write(reply: ReplyMail<'_>) -> Vec<u8> {
     let person = |p: &Person| -> MbAddress<'static> {
         match &p.name {
             Some(name) => (name.clone(), p.address.to_string()).into(),
@@ -371,7 +371,7 @@ mod tests {
             parse(b"From: Ann <ann@x.org>\r\nTo: kimi@n.local\r\nSubject: Plans\r\nMessage-ID: <1@x>\r\n\r\nhi\r\n")
                 .unwrap();
         let kimi_address = Address::parse("kimi@n.local").unwrap();
-        let outcome = Outcome {
+        let outcome = BackendAnswer {
             content: "Hello Ann.".into(),
             prompt_tokens: Some(10),
             output_tokens: 4,
@@ -389,7 +389,7 @@ mod tests {
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
         let audience = Audience::reply_all(&parent, None, kimi);
-        let raw = write(Reply {
+        let raw = write(ReplyMail {
             from: ("Kimi", &kimi_address),
             audience: &audience,
             subject: reply_subject(&parent.subject),
@@ -423,7 +423,7 @@ mod tests {
     fn restored_prompt_tokens_are_stated_in_a_header_and_the_footer() {
         let kimi_address = Address::parse("kimi@n.local").unwrap();
         let stats = |prefilled: Option<u64>| {
-            let outcome = Outcome {
+            let outcome = BackendAnswer {
                 content: "Yes.".into(),
                 prompt_tokens: Some(2000),
                 prefilled_tokens: prefilled,

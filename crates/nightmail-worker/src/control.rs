@@ -1,7 +1,7 @@
 //! Mail that talks to nightmail rather than to the model: `status` asks about the queue, and
 //! replying `cancel` to an acknowledgement cancels that question. Documented in docs/MAIL.md.
 
-use nightmail_config::Model;
+use nightmail_config::ModelEntry;
 use nightmail_store::{Finish, Job, JobId, JobState, LeasedJob, Origin, StoreError};
 use nightmail_types::Timestamp;
 
@@ -52,7 +52,7 @@ pub fn command_in(job: &Job, question: &Mail) -> Option<Command> {
 pub async fn obey(
     shift: &Shift,
     leased: LeasedJob,
-    model: &Model,
+    model: &ModelEntry,
     question: &Mail,
     command: Command,
 ) -> Result<(), StoreError> {

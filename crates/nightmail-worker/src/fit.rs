@@ -207,7 +207,7 @@ enum Piece {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BoxFuture, Event, Outcome, estimate_tokens};
+    use crate::backend::{BackendAnswer, BoxFuture, Event, estimate_tokens};
     use crate::conversation;
     use crate::mail::parse;
     use tokio::sync::{mpsc, watch};
@@ -231,7 +231,7 @@ mod tests {
             _: &'a Request,
             _: mpsc::UnboundedSender<Event>,
             _: watch::Receiver<bool>,
-        ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
+        ) -> BoxFuture<'a, Result<BackendAnswer, BackendError>> {
             Box::pin(async { Err(BackendError::Stopped) })
         }
     }

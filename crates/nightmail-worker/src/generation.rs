@@ -8,7 +8,7 @@ use nightmail_store::{LeasedJob, Progress, StoreError};
 use nightmail_types::Timestamp;
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{Backend, BackendError, Event, Outcome, Request};
+use crate::backend::{Backend, BackendAnswer, BackendError, Event, Request};
 use crate::letters::{Asked, Letters};
 use crate::progress::{self, ProgressTimer};
 use crate::setup::Shift;
@@ -17,7 +17,7 @@ use crate::setup::Shift;
 const SAVE_PROGRESS: Duration = Duration::from_secs(2);
 
 /// What a run of the backend ended with: the lease back, with the answer or the backend's error.
-pub type Generated = (LeasedJob, Result<Outcome, BackendError>);
+pub type Generated = (LeasedJob, Result<BackendAnswer, BackendError>);
 
 /// A job's generation: the question it answers and when its asker is next shown progress, kept
 /// across the runs of one attempt (a prompt fitted again to a smaller context runs again).

@@ -3,7 +3,7 @@
 //! that ends a question the model will not answer. Written by `compose.rs`, sent the way the
 //! question came (`outlet.rs`).
 
-use nightmail_config::Model;
+use nightmail_config::ModelEntry;
 use nightmail_store::{Incoming, Job, Origin, StoreError, Summary};
 use nightmail_types::Address;
 
@@ -17,7 +17,7 @@ use crate::setup::Shift;
 #[derive(Clone, Copy)]
 pub struct Asked<'a> {
     pub job: &'a Job,
-    pub model: &'a Model,
+    pub model: &'a ModelEntry,
     pub question: &'a Mail,
 }
 
@@ -135,7 +135,7 @@ impl<'a> Letters<'a> {
         } else {
             content.body.map(|text| compose::with_note(text, &compose::left_out_note(&left_out, &why)))
         };
-        let raw = compose::write(compose::Reply {
+        let raw = compose::write(compose::ReplyMail {
             from: (&name, from),
             audience: &audience,
             subject: subject.clone(),

@@ -3,7 +3,7 @@
 //! `[relay]`; mail that came in through a bridge is answered from the bridge's address, all of
 //! it through that bridge's SMTP server (its people are at the provider, not here).
 
-use nightmail_config::{Config, Model};
+use nightmail_config::{Config, ModelEntry};
 use nightmail_store::Recipient;
 use nightmail_types::Address;
 
@@ -17,8 +17,8 @@ pub struct Author<'a> {
     pub name: Option<&'a str>,
 }
 
-impl<'a> From<&'a Model> for Author<'a> {
-    fn from(model: &'a Model) -> Author<'a> {
+impl<'a> From<&'a ModelEntry> for Author<'a> {
+    fn from(model: &'a ModelEntry) -> Author<'a> {
         Author { address: &model.address, name: model.name.as_deref() }
     }
 }

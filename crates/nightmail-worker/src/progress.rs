@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use nightmail_config::Model;
+use nightmail_config::ModelEntry;
 use nightmail_store::Progress;
 
 /// When the next progress message and progress mail are due for one attempt of a job.
@@ -22,7 +22,7 @@ pub struct ProgressTimer {
 }
 
 impl ProgressTimer {
-    pub fn new(model: &Model, owner: Option<String>, started: Instant) -> ProgressTimer {
+    pub fn new(model: &ModelEntry, owner: Option<String>, started: Instant) -> ProgressTimer {
         ProgressTimer {
             owner,
             every: model.progress_every,
@@ -96,7 +96,7 @@ fn tokens(progress: &Progress) -> String {
 mod tests {
     use super::*;
 
-    fn model(every_secs: u64) -> Model {
+    fn model(every_secs: u64) -> ModelEntry {
         let text = format!(
             "[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = \"http://h/v1\"\nprogress_every_secs = {every_secs}\n"
         );

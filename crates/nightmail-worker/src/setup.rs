@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nightmail_config::{Config, Model};
+use nightmail_config::{Config, ModelEntry};
 use nightmail_store::{RetryPolicy, Store};
 use nightmail_types::Address;
 
@@ -32,7 +32,7 @@ pub fn backends(config: &Config) -> Backends {
     config.models.iter().map(|model| (model.address.clone(), backend_for(model, &config.data_dir))).collect()
 }
 
-fn backend_for(model: &Model, data_dir: &Path) -> Arc<dyn Backend> {
+fn backend_for(model: &ModelEntry, data_dir: &Path) -> Arc<dyn Backend> {
     match &model.backend {
         nightmail_config::BackendConfig::OpenAi { url, model: name, api_key_env, timeout, retries } => {
             let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());

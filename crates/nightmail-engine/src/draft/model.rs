@@ -238,7 +238,7 @@ fn pass(cache: &mut SequenceState, drafter: &Model, tokens: &[u32]) -> Result<Ve
 }
 
 impl Model {
-    /// Loads the model at `path`, resident, as this model's draft model (`Draft::Model`). It is
+    /// Loads the model at `path`, resident, as this model's draft model (`Drafting::Model`). It is
     /// refused unless its tokenizer spells every id as this model's does, and unless its state
     /// is keys and values (cut back to the accepted tokens after each verify pass).
     pub fn attach_draft_model(&mut self, path: impl AsRef<Path>) -> Result<()> {

@@ -110,7 +110,7 @@ impl MtpState {
 }
 
 impl Model {
-    /// Loads the model's own multi-token-prediction layer (`Draft::Mtp`, `nightmail-model/src/mtp.rs`): refused
+    /// Loads the model's own multi-token-prediction layer (`Drafting::Mtp`, `nightmail-model/src/mtp.rs`): refused
     /// for a model whose configuration counts none, naming the key, or whose file lacks its
     /// tensors, naming the first missing one.
     pub fn attach_mtp(&mut self) -> Result<()> {
@@ -152,7 +152,7 @@ mod tests {
     use std::cell::RefCell;
     use std::path::{Path, PathBuf};
 
-    use crate::draft::{Draft, DraftLength, PromptLookup};
+    use crate::draft::{DraftLength, Drafting, PromptLookup};
     use crate::model::Model;
     use crate::request::{GenerateRequest, Prompt};
     use crate::sampling::argmax;
@@ -217,7 +217,7 @@ mod tests {
         request.max_new_tokens = 20;
         let plain = model.generate(request.clone(), |_| std::ops::ControlFlow::Continue(())).unwrap();
         assert_eq!(plain.tokens[..9], [0; 9]);
-        request.draft = Draft::Mtp;
+        request.draft = Drafting::Mtp;
         FIRST_GUESSES.with(|g| g.borrow_mut().clear());
         let drafted = model.generate(request, |_| std::ops::ControlFlow::Continue(())).unwrap();
         assert_eq!(drafted.tokens, plain.tokens);

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use nightmail_model::SequenceState;
 
-use super::Draft;
+use super::Drafting;
 use super::lookup::Match;
 use super::lookup::PromptLookup;
 use super::model::DrafterState;
@@ -17,7 +17,7 @@ use crate::model::Model;
 /// What a verify decision reads of its stream.
 pub(crate) struct Drawn<'a> {
     pub model: &'a Model,
-    pub draft: Draft,
+    pub draft: Drafting,
     pub lookup: &'a PromptLookup,
     pub max_new_tokens: usize,
     pub prompt: &'a [u32],
@@ -56,7 +56,7 @@ pub(crate) struct Verifier {
     pub(crate) verify_steps: usize,
     pub(crate) drafted: usize,
     pub(crate) accepted: usize,
-    /// The draft model's cache, for `Draft::Model`, or the MTP layer's, for `Draft::Mtp`.
+    /// The draft model's cache, for `Drafting::Model`, or the MTP layer's, for `Drafting::Mtp`.
     drafter: Option<DrafterState>,
 }
 
@@ -94,7 +94,7 @@ impl Verifier {
     /// renormalized, which is norm(max(0, p − q)). The generator then makes the draws it makes
     /// without drafts, so the same seed gives the same tokens either way.
     pub(crate) fn plan_feed(&mut self, s: Drawn<'_>, cache: &mut SequenceState, id: u32) -> Result<Feed> {
-        if s.draft == Draft::None {
+        if s.draft == Drafting::None {
             return Ok(Feed::Run(vec![id]));
         }
         self.judge_shadow(id);

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use nightmail_engine::{
-    Completion, Draft, DraftLength, GenerateRequest, Model, Prompt, PromptLookup, Sampling, TokenEvent, TokenStream,
+    Completion, DraftLength, Drafting, GenerateRequest, Model, Prompt, PromptLookup, Sampling, TokenEvent, TokenStream,
 };
 
 /// The demo model (SmolLM2-135M-Instruct Q4_1): `NIGHTMAIL_SMOLLM2`, or what
@@ -89,7 +89,7 @@ pub fn across_crashes(model: &Model, request: &GenerateRequest, what: &str) -> V
 
 /// A request for the drafting tests: no stop at EOS, and every pass guesses as many as allowed,
 /// whatever a guess costs on this machine (the tests check what drafts do, not the schedule).
-pub fn draft_request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Draft) -> GenerateRequest {
+pub fn draft_request(prompt: Prompt, max_new_tokens: usize, sampling: Sampling, draft: Drafting) -> GenerateRequest {
     let mut r = GenerateRequest::new(prompt);
     r.max_new_tokens = max_new_tokens;
     r.sampling = sampling;

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 use crate::parts::expert::{Expert, ExpertStore};
 use crate::parts::latent_moe::LatentProjection;
-use crate::parts::router::{Route, Router};
+use crate::parts::router::{ExpertRoute, Router};
 use crate::source::LayerTensors;
 use crate::spec::{ModelSpec, MoeSpec};
 use nightmail_formats::ExpertId;
@@ -57,7 +57,7 @@ impl MoeBlock {
     /// Tell the store which experts this layer's routes chose, before [`MoeBlock::forward_routed`]
     /// asks for them: its guesses for the layer are settled, and a prefetch for the next layer
     /// (issued after this) has the room the wrong ones took.
-    pub fn announce(&self, routes: &[Route]) {
+    pub fn announce(&self, routes: &[ExpertRoute]) {
         let mut ids: Vec<ExpertId> = Vec::new();
         for route in routes {
             for &(e, _) in &route.experts {
@@ -74,7 +74,7 @@ impl MoeBlock {
     /// prefetch).
     /// Each chosen expert is fetched once and run once on all the tokens routed to it: the
     /// union of the routes of a prefill's tokens, or of a batch of sequences decoding together.
-    pub fn forward_routed(&self, full: &Tensor, routes: &[Route]) -> Result<Tensor> {
+    pub fn forward_routed(&self, full: &Tensor, routes: &[ExpertRoute]) -> Result<Tensor> {
         // The routed experts' input: the token, or its latent projection (Stable LatentMoE).
         let x = &match &self.latent {
             Some(latent) => latent.down(full)?,

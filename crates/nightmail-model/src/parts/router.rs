@@ -10,7 +10,7 @@ use nightmail_tensor::Linear;
 
 /// One token's chosen experts and their weights, best first.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Route {
+pub struct ExpertRoute {
     pub experts: Vec<(usize, f32)>,
 }
 
@@ -24,7 +24,7 @@ pub struct Router {
 
 impl Router {
     /// `x`: `[tokens, hidden]` → one route per token.
-    pub fn route(&self, x: &Tensor) -> Result<Vec<Route>> {
+    pub fn route(&self, x: &Tensor) -> Result<Vec<ExpertRoute>> {
         let logits = self.gate.forward(x)?.to_vec2::<f32>()?;
         Ok(logits.iter().map(|row| self.choose(row)).collect())
     }
@@ -32,7 +32,7 @@ impl Router {
     /// DeepSeek-V4's hash-routed layers (transformers `DeepseekV4HashRouter`): the experts are
     /// `experts[t]`, fixed by token t's id (`tid2eid`); the gate still weighs them, as
     /// [`Routing::SqrtSoftplus`] weighs its own choice.
-    pub fn route_hashed(&self, x: &Tensor, experts: &[&[u32]]) -> Result<Vec<Route>> {
+    pub fn route_hashed(&self, x: &Tensor, experts: &[&[u32]]) -> Result<Vec<ExpertRoute>> {
         let logits = self.gate.forward(x)?.to_vec2::<f32>()?;
         let scale = match self.routing {
             Routing::SqrtSoftplus { scale, .. } => scale,
@@ -48,7 +48,7 @@ impl Router {
             .collect())
     }
 
-    fn choose(&self, logits: &[f32]) -> Route {
+    fn choose(&self, logits: &[f32]) -> ExpertRoute {
         match self.routing {
             // transformers `MixtralTopKRouter` / `Qwen2MoeTopKRouter`: softmax in f32, top-k of the
             // probabilities, optional renormalization over the chosen k.
@@ -63,7 +63,7 @@ impl Router {
                     let chosen: f32 = experts.iter().map(|(_, w)| w).sum();
                     experts.iter_mut().for_each(|(_, w)| *w /= chosen);
                 }
-                Route { experts }
+                ExpertRoute { experts }
             }
             // transformers `GptOssTopKRouter`: `torch.topk` of the logits, then a softmax over the
             // k values alone.
@@ -74,7 +74,7 @@ impl Router {
                 let max = logits[chosen[0]];
                 let exp: Vec<f32> = chosen.iter().map(|&e| (logits[e] - max).exp()).collect();
                 let sum: f32 = exp.iter().sum();
-                Route { experts: chosen.iter().zip(&exp).map(|(&e, x)| (e, x / sum)).collect() }
+                ExpertRoute { experts: chosen.iter().zip(&exp).map(|(&e, x)| (e, x / sum)).collect() }
             }
             Routing::GroupedSigmoid { top_k, groups, top_groups, normalize, scale } => {
                 let scores: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
@@ -90,7 +90,7 @@ impl Router {
                     experts.iter_mut().for_each(|(_, w)| *w /= chosen);
                 }
                 experts.iter_mut().for_each(|(_, w)| *w *= scale);
-                Route { experts }
+                ExpertRoute { experts }
             }
             // transformers `DeepseekV4TopKRouter`: topk of the biased scores; the weights are the
             // unbiased scores, renormalized (+1e-20), times the scaling factor.
@@ -116,10 +116,10 @@ fn sqrt_softplus(logits: &[f32]) -> Vec<f32> {
 
 /// Chosen experts' scores renormalized to sum to one (the reference's 1e-20 keeps an all-zero
 /// choice finite), times `scale`.
-fn weighed(mut experts: Vec<(usize, f32)>, scale: f32) -> Route {
+fn weighed(mut experts: Vec<(usize, f32)>, scale: f32) -> ExpertRoute {
     let sum: f32 = experts.iter().map(|(_, w)| w).sum::<f32>() + 1e-20;
     experts.iter_mut().for_each(|(_, w)| *w = *w / sum * scale);
-    Route { experts }
+    ExpertRoute { experts }
 }
 
 /// DeepSeek-V3's node-limited choice (`Gate.forward` in DeepSeek-V3's `inference/model.py`,

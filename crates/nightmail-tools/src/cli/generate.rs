@@ -19,7 +19,7 @@ pub(super) fn generate(
     if let Some(draft) = draft_model {
         model.attach_draft_model(&draft).doing(|| format!("loading draft model {}", draft.display()))?;
     }
-    if request.draft == nightmail_engine::Draft::Mtp {
+    if request.draft == nightmail_engine::Drafting::Mtp {
         model.attach_mtp().doing(|| format!("loading the MTP layer of {}", path.display()))?;
     }
     let mut rows = Vec::new();

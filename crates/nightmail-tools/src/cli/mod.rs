@@ -74,7 +74,7 @@ pub enum ModelCommand {
         /// default without --draft-model). The tokens are the same either way; only
         /// the number of passes (`verify_steps`) changes.
         #[arg(long)]
-        draft: Option<nightmail_engine::Draft>,
+        draft: Option<nightmail_engine::Drafting>,
         /// A small model of the same tokenizer that guesses the tokens (implies --draft model);
         /// loaded resident beside MODEL.
         #[arg(long)]
@@ -292,9 +292,9 @@ pub fn run(command: ModelCommand) -> Result<()> {
             memory_mb,
         } => {
             let draft = match (draft, &draft_model) {
-                (None, None) => nightmail_engine::Draft::None,
-                (None | Some(nightmail_engine::Draft::Model), Some(_)) => nightmail_engine::Draft::Model,
-                (Some(nightmail_engine::Draft::Model), None) => {
+                (None, None) => nightmail_engine::Drafting::None,
+                (None | Some(nightmail_engine::Drafting::Model), Some(_)) => nightmail_engine::Drafting::Model,
+                (Some(nightmail_engine::Drafting::Model), None) => {
                     return Err(CommandError::Usage(
                         "--draft model needs --draft-model PATH: the small model that guesses".into(),
                     ));

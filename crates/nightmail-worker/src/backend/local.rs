@@ -25,7 +25,7 @@ use nightmail_engine::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Backend, BackendError, BoxFuture, Event, Measure, Outcome, Request, ThinkSplitter};
+use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter};
 
 /// Prompt tokens run per step for a job that is joining the batch.
 pub const PREFILL_CHUNK: usize = 32;
@@ -78,7 +78,7 @@ struct Job {
     checkpoint: Option<PathBuf>,
     events: mpsc::UnboundedSender<Event>,
     stop: watch::Receiver<bool>,
-    done: oneshot::Sender<Result<Outcome, BackendError>>,
+    done: oneshot::Sender<Result<BackendAnswer, BackendError>>,
 }
 
 impl Local {
@@ -253,9 +253,9 @@ struct Running<'m> {
     stream: TokenStream<'m>,
     events: mpsc::UnboundedSender<Event>,
     stop: watch::Receiver<bool>,
-    done: Option<oneshot::Sender<Result<Outcome, BackendError>>>,
+    done: Option<oneshot::Sender<Result<BackendAnswer, BackendError>>>,
     think: ThinkSplitter,
-    outcome: Outcome,
+    outcome: BackendAnswer,
     checkpoints: Option<CheckpointTimer>,
 }
 
@@ -279,7 +279,7 @@ impl<'m> Running<'m> {
             stop: job.stop,
             done: Some(job.done),
             think: ThinkSplitter::default(),
-            outcome: Outcome { model: config.path.display().to_string(), ..Outcome::default() },
+            outcome: BackendAnswer { model: config.path.display().to_string(), ..BackendAnswer::default() },
             checkpoints: job.checkpoint.map(|_| CheckpointTimer {
                 every_tokens: config.checkpoint_every_tokens as usize,
                 every: config.checkpoint_every,
@@ -350,7 +350,7 @@ impl<'m> Running<'m> {
     }
 
     /// The finished answer.
-    fn outcome(&mut self) -> Result<Outcome, BackendError> {
+    fn outcome(&mut self) -> Result<BackendAnswer, BackendError> {
         for event in self.think.finish() {
             self.count(event);
         }
@@ -371,7 +371,7 @@ impl<'m> Running<'m> {
         Ok(outcome)
     }
 
-    fn finish(&mut self, result: Result<Outcome, BackendError>) {
+    fn finish(&mut self, result: Result<BackendAnswer, BackendError>) {
         if let Some(done) = self.done.take() {
             let _ = done.send(result);
         }
@@ -437,12 +437,12 @@ impl CheckpointTimer {
 }
 
 /// The engine's drafter for the configured one.
-fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Draft {
+fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Drafting {
     match draft {
-        nightmail_config::Draft::Lookup => nightmail_engine::Draft::Lookup,
-        nightmail_config::Draft::None => nightmail_engine::Draft::None,
-        nightmail_config::Draft::Model(_) => nightmail_engine::Draft::Model,
-        nightmail_config::Draft::Mtp => nightmail_engine::Draft::Mtp,
+        nightmail_config::Draft::Lookup => nightmail_engine::Drafting::Lookup,
+        nightmail_config::Draft::None => nightmail_engine::Drafting::None,
+        nightmail_config::Draft::Model(_) => nightmail_engine::Drafting::Model,
+        nightmail_config::Draft::Mtp => nightmail_engine::Drafting::Mtp,
     }
 }
 
@@ -472,7 +472,7 @@ impl Backend for Local {
         request: &'a Request,
         events: mpsc::UnboundedSender<Event>,
         stop: watch::Receiver<bool>,
-    ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
+    ) -> BoxFuture<'a, Result<BackendAnswer, BackendError>> {
         Box::pin(async move {
             let mut generate = GenerateRequest::new(chat(request));
             generate.max_new_tokens = request.max_tokens as usize;

@@ -48,7 +48,7 @@ pub enum Event {
 
 /// A finished generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct BackendAnswer {
     pub content: String,
     pub reasoning: String,
     /// `None` when the server did not report usage (llama-cpp-python's stream does not).
@@ -122,5 +122,5 @@ pub trait Backend: Send + Sync {
         request: &'a Request,
         events: mpsc::UnboundedSender<Event>,
         stop: watch::Receiver<bool>,
-    ) -> BoxFuture<'a, Result<Outcome, BackendError>>;
+    ) -> BoxFuture<'a, Result<BackendAnswer, BackendError>>;
 }

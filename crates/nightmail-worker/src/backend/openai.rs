@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::{Backend, BackendError, BoxFuture, Event, Measure, Outcome, Request, ThinkSplitter, estimate_tokens};
+use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, estimate_tokens};
 
 pub struct OpenAi {
     client: reqwest::Client,
@@ -162,12 +162,14 @@ impl OpenAi {
         request: &Request,
         events: mpsc::UnboundedSender<Event>,
         mut stop: watch::Receiver<bool>,
-    ) -> Result<Outcome, BackendError> {
+    ) -> Result<BackendAnswer, BackendError> {
         let body = self.body(request);
         let response = self.send(&body, &mut stop).await?;
         let mut stream = response.bytes_stream().eventsource();
-        let mut outcome =
-            Outcome { model: request.model.clone().unwrap_or_else(|| self.model.clone()), ..Outcome::default() };
+        let mut outcome = BackendAnswer {
+            model: request.model.clone().unwrap_or_else(|| self.model.clone()),
+            ..BackendAnswer::default()
+        };
         let mut think = ThinkSplitter::default();
         let (mut content_chunks, mut reasoning_chunks) = (0u64, 0u64);
         let mut usage_seen = false;
@@ -248,7 +250,7 @@ impl OpenAi {
     }
 }
 
-fn record(outcome: &mut Outcome, events: &mpsc::UnboundedSender<Event>, event: Event) {
+fn record(outcome: &mut BackendAnswer, events: &mpsc::UnboundedSender<Event>, event: Event) {
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
@@ -274,7 +276,7 @@ impl Backend for OpenAi {
         request: &'a Request,
         events: mpsc::UnboundedSender<Event>,
         stop: watch::Receiver<bool>,
-    ) -> BoxFuture<'a, Result<Outcome, BackendError>> {
+    ) -> BoxFuture<'a, Result<BackendAnswer, BackendError>> {
         Box::pin(self.run(request, events, stop))
     }
 }
@@ -384,7 +386,7 @@ mod tests {
         }
     }
 
-    async fn run(backend: &OpenAi) -> (Result<Outcome, BackendError>, Vec<Event>) {
+    async fn run(backend: &OpenAi) -> (Result<BackendAnswer, BackendError>, Vec<Event>) {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (_stop_tx, stop) = watch::channel(false);
         let result = backend.generate(&request(), tx, stop).await;
