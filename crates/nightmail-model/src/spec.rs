@@ -386,6 +386,27 @@ impl ModelSpec {
 /// Fixture copies for the spec modules' bad-input tests.
 #[cfg(test)]
 pub(crate) mod test_files {
+    use std::sync::Arc;
+
+    use nightmail_formats::ModelFile;
+
+    use crate::parts::expert::{ExpertStore, ResidentExperts};
+    use crate::spec::ModelSpec;
+    use crate::stack::Transformer;
+
+    /// What loading the model at `path` resident refuses, as the engine's `Model::load` says it
+    /// (the file, its spec, its experts and layers; the tokenizer and template aside).
+    pub(crate) fn load_error(path: impl AsRef<std::path::Path>) -> Option<String> {
+        let load = || -> crate::error::Result<()> {
+            let ck = ModelFile::open(path.as_ref())?;
+            let spec = ModelSpec::read(&ck)?;
+            let experts: Arc<dyn ExpertStore> = Arc::new(ResidentExperts::load(&ck, &spec)?);
+            Transformer::load(&ck, &spec, experts, 0, &[])?;
+            Ok(())
+        };
+        load().err().map(|e| e.to_string())
+    }
+
     pub(crate) fn fixture(name: &str) -> std::path::PathBuf {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
     }
@@ -536,7 +557,7 @@ mod tests {
         let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
         let config = config.replacen("\"full_attention\"", "\"sliding_attention\"", 1);
         std::fs::write(dir.path().join("config.json"), config).unwrap();
-        let err = nightmail_engine::Model::load(dir.path()).err().expect("an unknown layer kind").to_string();
+        let err = crate::spec::test_files::load_error(dir.path()).expect("an unknown layer kind");
         assert!(err.contains("config.json") && err.contains("sliding_attention"), "{err}");
     }
 
@@ -571,7 +592,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.gguf");
         write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
-        let err = nightmail_engine::Model::load(&path).err().expect("2^26 heads").to_string();
+        let err = crate::spec::test_files::load_error(&path).expect("2^26 heads");
         assert!(err.contains("has shape"), "{err}");
     }
 

@@ -207,4 +207,18 @@ mod tests {
         // The experts' F32 biases are expert weights too.
         assert_eq!(info.expert_bytes, mxfp4.bytes + 2 * 4 * (128 + 64) * 4);
     }
+
+    #[test]
+    fn inspect_counts_the_weights_and_passes_over_the_hash_table() {
+        // The I64 `tid2eid` is an index table, not a weight: inspecting the directory reads it
+        // as the model does, not as a weight of a type it cannot compute with.
+        let hf = crate::inspect::inspect(&deepseek_v4()).unwrap();
+        let gg = crate::inspect::inspect(&deepseek_v4().join("model.gguf")).unwrap();
+        assert_eq!((hf.experts, hf.expert_bytes), (gg.experts, gg.expert_bytes));
+        assert!(hf.dense_bytes > 0 && hf.expert_bytes > 0);
+    }
+
+    fn deepseek_v4() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v4")
+    }
 }

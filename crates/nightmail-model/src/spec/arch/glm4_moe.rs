@@ -71,14 +71,14 @@ mod tests {
             "model.layers.1.block_sparse_moe.e_score_correction_bias",
             "model.layers.1.block_sparse_moe.x_score_correction_bias",
         );
-        let err = nightmail_engine::Model::load(dir.path()).err().expect("the bias is missing").to_string();
+        let err = crate::spec::test_files::load_error(dir.path()).expect("the bias is missing");
         // Named by one of the spellings checkpoints use for it, with llama.cpp's name and the file.
         let named = err.starts_with("tensor `model.layers.1.")
             && err.contains(".e_score_correction_bias` (GGUF `blk.1.exp_probs_b.bias`)");
         assert!(named && err.contains(&format!("is missing from {}", dir.path().display())), "{err}");
         let dir = renamed("glm4_moe", "model.gguf", "blk.2.exp_probs_b.bias", "blk.2.exp_probs_x.bias");
         let path = dir.path().join("model.gguf");
-        let err = nightmail_engine::Model::load(&path).err().expect("the bias is missing").to_string();
+        let err = crate::spec::test_files::load_error(&path).expect("the bias is missing");
         let want = format!("tensor `blk.2.exp_probs_b.bias` is missing from {}", path.display());
         assert!(err.starts_with(&want), "{err}");
     }
@@ -88,7 +88,7 @@ mod tests {
         // GLM-4.5's norms are optional as a pair (`use_qk_norm`); one alone is a broken file.
         let dir = renamed("glm4_moe", "model.gguf", "blk.0.attn_q_norm.weight", "blk.0.attn_q_xorm.weight");
         let path = dir.path().join("model.gguf");
-        let err = nightmail_engine::Model::load(&path).err().expect("no q norm").to_string();
+        let err = crate::spec::test_files::load_error(&path).expect("no q norm");
         let want = format!("tensor `blk.0.attn_q_norm.weight` is missing from {}", path.display());
         assert!(err.starts_with(&want), "{err}");
     }

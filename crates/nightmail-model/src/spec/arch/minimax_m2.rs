@@ -76,7 +76,7 @@ mod tests {
             w.write_all(if narrowed(&tensors[i]) { &tensors[i].bytes[..24 * 4] } else { tensors[i].bytes })
         })
         .unwrap();
-        let err = nightmail_engine::Model::load(&path).err().expect("a q norm of 24").to_string();
+        let err = crate::spec::test_files::load_error(&path).expect("a q norm of 24");
         assert!(err.contains("blk.0.attn_q_norm.weight") && err.contains("[24]"), "{err}");
     }
 }
