@@ -271,19 +271,10 @@ unsafe fn token_dots_avx512<const N: usize>(row: &[[u8; BLOCK_BYTES]], xs: &Toke
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::q8::tests::random;
     use crate::kernel::q8::{TOKENS, each_chunk_equals_each_token_alone, quantize_q8_1};
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
     use candle_core::{Device, Module, Tensor};
-
-    fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn each_token_of_a_multi_token_call_equals_that_token_alone_bit_for_bit() {

@@ -290,10 +290,11 @@ pub(crate) fn each_chunk_equals_each_token_alone(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn random(n: usize, seed: u64) -> Vec<f32> {
+    /// Reproducible values in [-1, 1), for the kernels' tests.
+    pub(crate) fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
         (0..n)
             .map(|_| {
