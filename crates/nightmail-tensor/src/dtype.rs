@@ -12,6 +12,50 @@ pub enum WeightDType {
     /// OCP Microscaling Formats v1.0 MXFP4 (§5.3.3: 32 E2M1 elements sharing one E8M0 scale) in
     /// ggml's `block_mxfp4` layout (`ggml-common.h`): 17 bytes per block, GGUF type 39.
     Mxfp4,
+    /// One of llama.cpp's i-quants or ternary types, which candle does not know.
+    LowBit(LowBit),
+}
+
+/// llama.cpp's lattice ("i-quant") and ternary block types (`ggml-common.h` `block_iq*`,
+/// `block_tq*`), each read by its own file in `kernel/`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum LowBit {
+    Iq2Xxs,
+    Iq2Xs,
+    Iq3Xxs,
+    Iq1S,
+    Iq4Nl,
+    Iq3S,
+    Iq2S,
+    Iq4Xs,
+    Iq1M,
+    Tq1_0,
+    Tq2_0,
+}
+
+impl LowBit {
+    /// Every type, with ggml's name and its `enum ggml_type` id (`ggml.h`).
+    pub const ALL: [(LowBit, &'static str, u32); 11] = [
+        (LowBit::Iq2Xxs, "IQ2_XXS", 16),
+        (LowBit::Iq2Xs, "IQ2_XS", 17),
+        (LowBit::Iq3Xxs, "IQ3_XXS", 18),
+        (LowBit::Iq1S, "IQ1_S", 19),
+        (LowBit::Iq4Nl, "IQ4_NL", 20),
+        (LowBit::Iq3S, "IQ3_S", 21),
+        (LowBit::Iq2S, "IQ2_S", 22),
+        (LowBit::Iq4Xs, "IQ4_XS", 23),
+        (LowBit::Iq1M, "IQ1_M", 29),
+        (LowBit::Tq1_0, "TQ1_0", 34),
+        (LowBit::Tq2_0, "TQ2_0", 35),
+    ];
+
+    fn row(self) -> (LowBit, &'static str, u32) {
+        *Self::ALL.iter().find(|r| r.0 == self).expect("every LowBit has a row")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.row().1
+    }
 }
 
 /// ggml's type ids (`ggml.h` `enum ggml_type`) of the types the engine reads and writes.
@@ -46,6 +90,7 @@ impl WeightDType {
         match self {
             WeightDType::Ggml(d) => d.block_size(),
             WeightDType::Mxfp4 => crate::kernel::mxfp4::QK,
+            WeightDType::LowBit(t) => crate::kernel::lowbit::layout(t).0,
         }
     }
 
@@ -54,6 +99,7 @@ impl WeightDType {
         match self {
             WeightDType::Ggml(d) => d.type_size(),
             WeightDType::Mxfp4 => crate::kernel::mxfp4::BLOCK_BYTES,
+            WeightDType::LowBit(t) => crate::kernel::lowbit::layout(t).1,
         }
     }
 
@@ -69,6 +115,7 @@ impl WeightDType {
                 GGML_TYPE_IDS.iter().find(|(t, _)| *t == d).map(|(_, id)| *id).expect("every GgmlDType has an id")
             }
             WeightDType::Mxfp4 => MXFP4_TYPE_ID,
+            WeightDType::LowBit(t) => t.row().2,
         }
     }
 
@@ -76,6 +123,9 @@ impl WeightDType {
     pub fn from_gguf_type_id(id: u32) -> Option<Self> {
         if id == MXFP4_TYPE_ID {
             return Some(WeightDType::Mxfp4);
+        }
+        if let Some(r) = LowBit::ALL.iter().find(|r| r.2 == id) {
+            return Some(WeightDType::LowBit(r.0));
         }
         GGML_TYPE_IDS.iter().find(|(_, i)| *i == id).map(|(t, _)| WeightDType::Ggml(*t))
     }
@@ -93,6 +143,7 @@ impl std::fmt::Debug for WeightDType {
         match self {
             WeightDType::Ggml(d) => write!(f, "{d:?}"),
             WeightDType::Mxfp4 => f.write_str("MXFP4"),
+            WeightDType::LowBit(t) => f.write_str(t.name()),
         }
     }
 }
@@ -113,5 +164,15 @@ mod tests {
         assert_eq!(WeightDType::from_gguf_type_id(40), None);
         assert_eq!(format!("{:?}", WeightDType::Mxfp4), "MXFP4");
         assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4_0)), "Q4_0");
+        for (t, name, id) in LowBit::ALL {
+            assert_eq!(WeightDType::from_gguf_type_id(id), Some(WeightDType::LowBit(t)));
+            assert_eq!((WeightDType::LowBit(t).gguf_type_id(), format!("{:?}", WeightDType::LowBit(t))), (id, name.into()));
+        }
+        // gguf-py's GGML_QUANT_SIZES.
+        let sizes = [66, 74, 98, 50, 18, 110, 82, 136, 56, 54, 66];
+        for ((t, _, _), bytes) in LowBit::ALL.into_iter().zip(sizes) {
+            let elems = if t == LowBit::Iq4Nl { 32 } else { 256 };
+            assert_eq!((WeightDType::LowBit(t).block_size(), WeightDType::LowBit(t).type_size()), (elems, bytes), "{t:?}");
+        }
     }
 }

@@ -31,7 +31,7 @@ impl Numerics {
             WeightDType::Ggml(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) | WeightDType::Mxfp4 => {
                 Numerics::Reference
             }
-            WeightDType::Ggml(_) => Numerics::Ggml,
+            WeightDType::Ggml(_) | WeightDType::LowBit(_) => Numerics::Ggml,
         }
     }
 }

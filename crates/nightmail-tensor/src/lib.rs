@@ -13,7 +13,7 @@ mod linear;
 mod view;
 
 pub use bytes::{ALIGN, AlignedBuf, WeightBytes, reserve_pool, unreserve_pool};
-pub use dtype::WeightDType;
+pub use dtype::{LowBit, WeightDType};
 pub use error::{Result, TensorError};
 pub use ggml::Numerics;
 pub use linear::{Linear, MATVEC_ENV, MatVecPath, RmsNorm, matvec_path, unweighted_rms};

@@ -23,6 +23,8 @@ enum Weight {
     Q4_1(Box<crate::kernel::q4_1::Q4_1Matrix>),
     Q8_0(Box<crate::kernel::q8_0::Q8_0Matrix>),
     Mxfp4(Box<crate::kernel::mxfp4::Mxfp4Matrix>),
+    Iq4Nl(Box<crate::kernel::iq4_nl::Iq4NlMatrix>),
+    LowBit(Box<dyn crate::kernel::q8_k::LowBitMatrix>),
 }
 
 impl Linear {
@@ -60,6 +62,15 @@ impl Linear {
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::Mxfp4(Box::new(crate::kernel::mxfp4::Mxfp4Matrix::new(bytes, rows, cols)))
             }
+            (WeightDType::LowBit(crate::dtype::LowBit::Iq4Nl), &[rows, cols]) if cols % 32 == 0 => {
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::Iq4Nl(Box::new(crate::kernel::iq4_nl::Iq4NlMatrix::new(bytes, rows, cols)))
+            }
+            (WeightDType::LowBit(t), &[rows, cols]) if crate::kernel::lowbit::has_kernel(t, cols) => {
+                // The i-quants with kernels compute from their blocks too.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::LowBit(crate::kernel::q8_k::low_bit_matrix(t, bytes, rows, cols).expect("has_kernel"))
+            }
             (WeightDType::Ggml(GgmlDType::Q4_1), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(crate::kernel::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
             }
@@ -94,6 +105,10 @@ impl Linear {
             Weight::Q4_1(w) => values(GgmlDType::Q4_1, w.cols(), w.row_bytes(i)),
             Weight::Q8_0(w) => values(GgmlDType::Q8_0, w.cols(), &w.row_bytes(i)),
             Weight::Mxfp4(w) => row_values("output.weight", WeightDType::Mxfp4, w.cols(), w.row_bytes(i)),
+            Weight::LowBit(w) => row_values("output.weight", w.dtype(), w.cols(), w.row_bytes(i)),
+            Weight::Iq4Nl(w) => {
+                row_values("output.weight", WeightDType::LowBit(crate::dtype::LowBit::Iq4Nl), w.cols(), w.row_bytes(i))
+            }
             Weight::Candle(QMatMul::QTensor(q)) => {
                 let (rows, cols) = q.shape().dims2()?;
                 let data = q.data()?;
@@ -115,6 +130,8 @@ impl Linear {
             Weight::Q4_1(w) => w.forward(x)?,
             Weight::Q8_0(w) => w.forward(x)?,
             Weight::Mxfp4(w) => w.forward(x)?,
+            Weight::LowBit(w) => w.forward(x)?,
+            Weight::Iq4Nl(w) => w.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -150,7 +167,9 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
     let ours = match dtype {
         WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16) => crate::kernel::matvec::has_avx2_f16c(),
         WeightDType::Ggml(GgmlDType::Q8_0) => crate::kernel::cpu::has_avx2(),
-        WeightDType::Mxfp4 => return MatVecPath::Native,
+        // Neither are llama.cpp's i-quants and ternary types: their own kernels where they have
+        // one (scalar without AVX2), else an f32 product of their dequantized weights.
+        WeightDType::Mxfp4 | WeightDType::LowBit(_) => return MatVecPath::Native,
         _ => return MatVecPath::Candle,
     };
     if ours && switch != "candle" { MatVecPath::Native } else { MatVecPath::Candle }

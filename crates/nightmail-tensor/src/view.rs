@@ -57,6 +57,12 @@ impl<'a> TensorView<'a> {
                 crate::kernel::mxfp4::dequantize(self.bytes, &mut out);
                 Tensor::from_vec(out, self.shape.as_slice(), dev)?
             }
+            WeightDType::LowBit(t) => {
+                self.check_blocks()?;
+                let mut out = vec![0f32; self.elem_count()];
+                crate::kernel::lowbit::dequantize(t, self.bytes, &mut out);
+                Tensor::from_vec(out, self.shape.as_slice(), dev)?
+            }
             WeightDType::Ggml(_) => self.to_qtensor()?.dequantize(dev)?,
         };
         Ok(t)
@@ -66,7 +72,7 @@ impl<'a> TensorView<'a> {
     /// reference tests); quantized ones stay in their ggml blocks and use candle's kernels.
     pub fn to_matmul(&self) -> Result<QMatMul> {
         match self.dtype {
-            WeightDType::F32 | WeightDType::F16 | WeightDType::BF16 | WeightDType::Mxfp4 => {
+            WeightDType::F32 | WeightDType::F16 | WeightDType::BF16 | WeightDType::Mxfp4 | WeightDType::LowBit(_) => {
                 Ok(QMatMul::Tensor(self.to_f32()?))
             }
             WeightDType::Ggml(_) => Ok(QMatMul::QTensor(std::sync::Arc::new(self.to_qtensor()?))),
@@ -140,7 +146,7 @@ pub fn row_values(name: &str, dtype: WeightDType, cols: usize, bytes: &[u8]) -> 
 pub fn check_supported(name: &str, dtype: WeightDType) -> Result<()> {
     use GgmlDType::*;
     match dtype {
-        WeightDType::Mxfp4 => Ok(()),
+        WeightDType::Mxfp4 | WeightDType::LowBit(_) => Ok(()),
         WeightDType::Ggml(F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K) => Ok(()),
         other => Err(TensorError::UnsupportedDType { name: name.to_string(), dtype: format!("{other:?}") }),
     }

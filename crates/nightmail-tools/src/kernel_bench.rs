@@ -1,7 +1,8 @@
 //! `model kernel-bench`: the MXFP4 mat-vec's throughput in GB/s of weights read, against this
 //! machine's memory bandwidth (a parallel read sweep, measured in the same run before and after)
 //! and against candle's Q4_0 mat-vec (`candle_core::quantized`, ggml's `vec_dot_q4_0_q8_0`) on
-//! the same shape. Each kernel cycles through a set of matrices several times the size of the
+//! the same shape; and each weight type's kernel, as a model's `Linear` picks it, against Q4_0's.
+//! Each kernel cycles through a set of matrices several times the size of the
 //! last-level cache, so every pass reads its weights from DRAM, as a streamed expert's are.
 
 use nightmail_formats::FormatError;
@@ -16,7 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use nightmail_engine::Result;
-use nightmail_tensor::WeightBytes;
+use nightmail_tensor::{Linear, LowBit, TensorView, WeightBytes, WeightDType};
 use nightmail_tensor::kernel::mxfp4::{self, Kernel, Mxfp4Matrix};
 
 #[derive(Debug, Clone)]
@@ -64,6 +65,43 @@ pub struct KernelBenchReport {
     pub mxfp4_to_candle_q4_0_gbps: f64,
     /// Weights per second, MXFP4 over candle's Q4_0 (Q4_0 reads 18 bytes per 32 weights, MXFP4 17).
     pub mxfp4_to_candle_q4_0_speed: f64,
+    /// Each weight type through `Linear` (the kernel a model's matrix gets on this CPU), Q4_0's
+    /// first; empty unless cols is a multiple of 256, the i-quants' super-block.
+    pub by_type: Vec<KernelFigure>,
+    /// Each of `by_type`'s GB/s over Q4_0's, in the same order.
+    pub by_type_to_q4_0_gbps: Vec<f64>,
+}
+
+/// The weight types whose kernels `by_type` times, Q4_0 first.
+fn timed_types() -> Vec<WeightDType> {
+    let mut types = vec![WeightDType::Ggml(GgmlDType::Q4_0)];
+    types.extend(
+        LowBit::ALL.iter().filter(|r| nightmail_tensor::kernel::lowbit::has_kernel(r.0, 256)).map(|r| WeightDType::LowBit(r.0)),
+    );
+    types
+}
+
+/// `dtype` through [`Linear`] on `matrices` random matrices (f16 scales set to 2^-7 where a
+/// block starts with one; IQ1_M's spread scale stays random, any value costs the same).
+fn linear_figure(dtype: WeightDType, rows: usize, cols: usize, matrices: usize, x: &Tensor, passes: usize) -> Result<KernelFigure> {
+    let bytes = dtype.byte_len(rows * cols);
+    let scale = f16::from_f32(1.0 / 128.0).to_le_bytes();
+    let set: Vec<Linear> = (0..matrices)
+        .map(|m| {
+            let mut b = vec![0u8; bytes];
+            fill_random(&mut b, 300 + m as u64);
+            b.chunks_exact_mut(dtype.type_size()).for_each(|blk| blk[..2].copy_from_slice(&scale));
+            let view = TensorView { name: "bench".into(), dtype, shape: vec![rows, cols], bytes: &b };
+            Ok(Linear::new(&view, None)?)
+        })
+        .collect::<Result<_>>()?;
+    let s = time_passes(passes, || {
+        for m in &set {
+            std::hint::black_box(m.forward(x)?);
+        }
+        Ok(())
+    })?;
+    Ok(figure(format!("{dtype:?}"), s, bytes * matrices, rows * cols * matrices, matrices))
 }
 
 /// Fill `buf` with pseudo-random bytes (splitmix64 per 8 bytes), in parallel.
@@ -185,6 +223,15 @@ pub fn kernel_bench(opts: &KernelBenchOptions) -> Result<KernelBenchReport> {
         figure("candle Q4_0".into(), s, q4_bytes * matrices, weights * matrices, matrices)
     };
 
+    let mut by_type = Vec::new();
+    if cols.is_multiple_of(256) {
+        for dtype in timed_types() {
+            let n = opts.working_set_bytes.div_ceil(dtype.byte_len(weights)).max(2);
+            by_type.push(linear_figure(dtype, rows, cols, n, &x, passes)?);
+        }
+    }
+    let by_type_to_q4_0_gbps = by_type.iter().map(|f| f.gbps / by_type[0].gbps).collect();
+
     let memory_gbps_after = memory_read_gbps(opts.working_set_bytes, passes)?;
     let memory_gbps = (memory_gbps_before + memory_gbps_after) / 2.0;
     let best = &mxfp4[0];
@@ -204,6 +251,8 @@ pub fn kernel_bench(opts: &KernelBenchOptions) -> Result<KernelBenchReport> {
         mxfp4_to_candle_q4_0_speed: best.gweights_per_s / candle_q4_0.gweights_per_s,
         mxfp4: mxfp4.clone(),
         candle_q4_0,
+        by_type,
+        by_type_to_q4_0_gbps,
     })
 }
 
@@ -223,5 +272,9 @@ mod tests {
         let implied = r.mxfp4_to_candle_q4_0_gbps * 18.0 / 17.0;
         assert!((r.mxfp4_to_candle_q4_0_speed - implied).abs() < 1e-9 * implied);
         assert!(kernel_bench(&KernelBenchOptions { cols: 100, ..opts }).is_err());
+        assert_eq!(r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(), [
+            "Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"
+        ]);
+        assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);
     }
 }

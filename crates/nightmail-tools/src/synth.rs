@@ -639,6 +639,7 @@ fn random_rows(dtype: WeightDType, fill: Fill, elems: usize, rng: &mut Rng) -> V
             return out;
         }
         WeightDType::Ggml(d) => d,
+        WeightDType::LowBit(t) => unreachable!("synth writes no {t:?} tensors"),
     };
     match dtype {
         GgmlDType::F32 => (0..elems).flat_map(|_| uniform().to_le_bytes()).collect(),

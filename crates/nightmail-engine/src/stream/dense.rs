@@ -87,6 +87,7 @@ pub(crate) fn copied_bytes(dtype: WeightDType, shape: &[usize], len: usize, in_p
     let kept_as_read = match dtype {
         WeightDType::Ggml(GgmlDType::Q4_0) | WeightDType::Mxfp4 => blocks,
         WeightDType::Ggml(GgmlDType::F16) => shape.len() == 2,
+        WeightDType::LowBit(t) => shape.len() == 2 && nightmail_tensor::kernel::lowbit::has_kernel(t, shape[1]),
         _ => false,
     };
     match dtype {
@@ -98,6 +99,8 @@ pub(crate) fn copied_bytes(dtype: WeightDType, shape: &[usize], len: usize, in_p
             }
         }
         WeightDType::Ggml(GgmlDType::BF16 | GgmlDType::F16) => 2 * len,
+        // An i-quant without a kernel computes from its weights dequantized to f32.
+        WeightDType::LowBit(_) => shape.iter().product::<usize>() * 4,
         _ => len,
     }
 }

@@ -3,12 +3,27 @@
 
 pub mod cpu;
 pub mod f16;
+pub mod iq1_m;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
+pub mod iq3_s;
+pub mod iq3_xxs;
+pub mod iq4_nl;
+pub mod iq4_xs;
+#[rustfmt::skip]
+mod iq_grids;
+pub mod lowbit;
 pub mod matvec;
 pub mod mxfp4;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8;
 pub mod q8_0;
+pub mod q8_k;
+pub mod tq1_0;
+pub mod tq2_0;
 
 pub use f16::F16Matrix;
 pub use mxfp4::Mxfp4Matrix;

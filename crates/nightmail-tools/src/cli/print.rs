@@ -220,6 +220,12 @@ pub(super) fn print_kernel_bench(r: &crate::kernel_bench::KernelBenchReport) {
     println!("MXFP4 / memory bandwidth      {:.2}", r.mxfp4_to_memory);
     println!("MXFP4 / candle Q4_0 (GB/s)    {:.2}", r.mxfp4_to_candle_q4_0_gbps);
     println!("MXFP4 / candle Q4_0 (speed)   {:.2}", r.mxfp4_to_candle_q4_0_speed);
+    for (f, ratio) in r.by_type.iter().zip(&r.by_type_to_q4_0_gbps) {
+        println!(
+            "{:<15} {:.2} GB/s of weights, {:.2} G weights/s, {:.1} µs per call, {ratio:.2} of Q4_0's GB/s",
+            f.kernel, f.gbps, f.gweights_per_s, f.us_per_call
+        );
+    }
 }
 
 pub(super) fn bytes(n: u64) -> String {

@@ -1,0 +1,106 @@
+//! SmolLM2 requantized by llama.cpp's own quantizer (`llama_model_quantize`, as a user makes a
+//! low-bit file) into each file type: nightmail's greedy tokens equal llama.cpp's on the same
+//! file. SmolLM2's 576-wide rows are no multiple of 256, so llama.cpp's `tensor_type_fallback`
+//! gives those matrices a 32-block type (Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL) and only the 1536-wide
+//! `ffn_down` takes the 256-block type named. IQ4_NL's own file tests the 32-block i-quant.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nightmail_engine::Model;
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+}
+
+/// SmolLM2 quantized to `ftype` (llama.cpp's `LLAMA_FTYPE_MOSTLY_` suffix) with the quantizer's
+/// `flags` (tests/fixtures/llama_cpp_quantize.py: `--pure`, `--imatrix`).
+fn quantize(dir: &Path, ftype: &str, flags: &[&str]) -> PathBuf {
+    let dst = dir.join(format!("smollm2.{ftype}.gguf"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(script("llama_cpp_quantize.py")).arg(common::smollm2()).arg(&dst).arg(ftype).args(flags);
+    let out = cmd.output().expect("python3 is needed to run llama-cpp-python");
+    assert!(
+        out.status.success(),
+        "llama.cpp's quantizer failed on {ftype} (llama-cpp-python and gguf are needed: see scripts/test.sh): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dst
+}
+
+/// llama.cpp's greedy tokens after `prompt` (tests/fixtures/llama_cpp_greedy.py).
+fn llama_cpp_greedy(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut child = Command::new("python3")
+        .arg(script("llama_cpp_greedy.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 is needed to run llama-cpp-python");
+    let request = serde_json::json!({ "model": model, "tokens": prompt, "new_tokens": n });
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "llama.cpp did not run {}: {}", model.display(), String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_value(v["tokens"].clone()).unwrap()
+}
+
+fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    let mut row = model.logits(prompt, &mut cache).unwrap();
+    let mut picked = Vec::new();
+    for _ in 0..n {
+        // llama.cpp's argmax (numpy's): the first of equal maxima.
+        let t = row.iter().enumerate().fold(0, |best, (i, x)| if *x > row[best] { i } else { best }) as u32;
+        picked.push(t);
+        row = model.logits(&[t], &mut cache).unwrap();
+    }
+    picked
+}
+
+const NEW_TOKENS: usize = 24;
+
+fn same_greedy_tokens_as_llama_cpp(ftype: &str, flags: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = quantize(dir.path(), ftype, flags);
+    let model = Model::load(&path).unwrap();
+    let prompt = model.tokenizer().unwrap().encode("The capital of France is Paris. The capital of Italy is", true).unwrap();
+    let want = llama_cpp_greedy(&path, &prompt, NEW_TOKENS);
+    let got = greedy(&model, &prompt, NEW_TOKENS);
+    assert_eq!(got, want, "{ftype}: nightmail's greedy tokens, then llama.cpp's");
+}
+
+macro_rules! greedy_tests {
+    ($($name:ident: $ftype:literal $(, $flag:literal)*;)*) => {$(
+        #[test]
+        fn $name() {
+            same_greedy_tokens_as_llama_cpp($ftype, &[$($flag),*]);
+        }
+    )*};
+}
+
+// llama.cpp's own mixes, as a user quantizes (Q2_K's gives its `ffn_down`s Q3_K); then files
+// whose `ffn_down`s are all the type named and whose other matrices are Q8_0 (`--pure --others`).
+greedy_tests! {
+    q2_k_mix_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K";
+    q3_k_m_mix_smollm2_greedy_tokens_equal_llama_cpps: "Q3_K_M";
+    q2_k_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K", "--pure", "--others", "Q8_0";
+    q3_k_smollm2_greedy_tokens_equal_llama_cpps: "Q3_K_M", "--pure", "--others", "Q8_0";
+    q4_k_smollm2_greedy_tokens_equal_llama_cpps: "Q4_K_M", "--pure", "--others", "Q8_0";
+    q5_k_smollm2_greedy_tokens_equal_llama_cpps: "Q5_K_M", "--pure", "--others", "Q8_0";
+    q6_k_smollm2_greedy_tokens_equal_llama_cpps: "Q6_K", "--pure", "--others", "Q8_0";
+    iq4_nl_smollm2_greedy_tokens_equal_llama_cpps: "IQ4_NL", "--pure", "--others", "Q8_0";
+    iq4_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ4_XS", "--pure", "--others", "Q8_0";
+    iq3_xxs_smollm2_greedy_tokens_equal_llama_cpps: "IQ3_XXS", "--pure", "--others", "Q8_0", "--imatrix";
+    iq3_s_smollm2_greedy_tokens_equal_llama_cpps: "IQ3_S", "--pure", "--others", "Q8_0";
+    iq2_xxs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XXS", "--pure", "--others", "Q8_0", "--imatrix";
+    iq2_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XS", "--pure", "--others", "Q8_0", "--imatrix";
+    iq2_s_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_S", "--pure", "--others", "Q8_0", "--imatrix";
+    iq1_s_smollm2_greedy_tokens_equal_llama_cpps: "IQ1_S", "--pure", "--others", "Q8_0", "--imatrix";
+    iq1_m_smollm2_greedy_tokens_equal_llama_cpps: "IQ1_M", "--pure", "--others", "Q8_0", "--imatrix";
+    tq1_0_smollm2_greedy_tokens_equal_llama_cpps: "TQ1_0", "--pure", "--others", "Q8_0";
+    tq2_0_smollm2_greedy_tokens_equal_llama_cpps: "TQ2_0", "--pure", "--others", "Q8_0";
+}

@@ -1,0 +1,66 @@
+//! IQ2_XS (2.31 bits a weight): per 8 weights a u16 of a 9-bit index into the 512-point grid
+//! `iq2xs_grid` and 7 sign bits; a 4-bit scale per 16 weights (ggml-common.h `block_iq2_xs`).
+
+use super::iq_grids::{IQ2XS_GRID, KSIGNS_IQ2XS};
+use super::lowbit::{QK_K, grid_byte, half, sign, u16_at};
+
+/// f16 d, 32 u16 (index | signs << 9), 8 bytes of two 4-bit scales.
+pub(crate) const BLOCK_BYTES: usize = 74;
+
+/// ggml-quants.c `dequantize_row_iq2_xs`, one block.
+pub(crate) fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    let d = half(b, 0);
+    for (ib, y) in y[..QK_K].chunks_exact_mut(32).enumerate() {
+        let s = b[66 + ib];
+        let db = [d * (0.5 + (s & 0xf) as f32) * 0.25, d * (0.5 + (s >> 4) as f32) * 0.25];
+        for (l, y) in y.chunks_exact_mut(8).enumerate() {
+            let q = u16_at(b, 2 + 2 * (4 * ib + l));
+            let point = IQ2XS_GRID[(q & 511) as usize];
+            let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
+            for (j, y) in y.iter_mut().enumerate() {
+                *y = db[l / 2] * grid_byte(point, j) as f32 * sign(signs, j);
+            }
+        }
+    }
+}
+
+/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq2_xs_q8_K` order (see `q8_k.rs`).
+pub struct Iq2Xs;
+
+impl super::q8_k::SuperBlock for Iq2Xs {
+    const DTYPE: crate::dtype::LowBit = crate::dtype::LowBit::Iq2Xs;
+    const BYTES: usize = BLOCK_BYTES;
+    const FINAL: f32 = 0.125;
+
+    fn decode(b: &[u8], out: &mut super::q8_k::Decoded) {
+        for ib in 0..QK_K / 32 {
+            let s = b[66 + ib];
+            out.scales[2 * ib] = 2 * (s & 0xf) as i16 + 1;
+            out.scales[2 * ib + 1] = 2 * (s >> 4) as i16 + 1;
+            for l in 0..4 {
+                let q = u16_at(b, 2 + 2 * (4 * ib + l));
+                let point = IQ2XS_GRID[(q & 511) as usize];
+                let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
+                for j in 0..8 {
+                    let g = grid_byte(point, j) as i8;
+                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq2_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
+        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 22);
+        super::super::q8_k::tests::check_kernel::<Iq2Xs>(&bytes, 5, 3 * QK_K, |row| {
+            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
+            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
+            y
+        });
+    }
+}

@@ -1,0 +1,65 @@
+//! IQ2_XXS (2.06 bits a weight): per 32 weights, four 8-wide points of the E8-lattice grid
+//! `iq2xxs_grid` (one byte each), four 7-bit sign groups and a 4-bit scale packed in a second
+//! u32 (ggml-common.h `block_iq2_xxs`; Tseng et al. 2024, QuIP#, arXiv 2402.04396).
+
+use super::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use super::lowbit::{QK_K, grid_byte, half, sign, u32_at};
+
+/// f16 d, then 32 u16 words: per 32 weights, grid indices in the first u32, signs and scale in the second.
+pub(crate) const BLOCK_BYTES: usize = 66;
+
+/// ggml-quants.c `dequantize_row_iq2_xxs`, one block.
+pub(crate) fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    let d = half(b, 0);
+    for (ib, y) in y[..QK_K].chunks_exact_mut(32).enumerate() {
+        let (idx, aux) = (u32_at(b, 2 + 8 * ib), u32_at(b, 6 + 8 * ib));
+        let db = d * (0.5 + (aux >> 28) as f32) * 0.25;
+        for (l, y) in y.chunks_exact_mut(8).enumerate() {
+            let point = IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize];
+            let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+            for (j, y) in y.iter_mut().enumerate() {
+                *y = db * grid_byte(point, j) as f32 * sign(signs, j);
+            }
+        }
+    }
+}
+
+/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq2_xxs_q8_K` order (see `q8_k.rs`).
+pub struct Iq2Xxs;
+
+impl super::q8_k::SuperBlock for Iq2Xxs {
+    const DTYPE: crate::dtype::LowBit = crate::dtype::LowBit::Iq2Xxs;
+    const BYTES: usize = BLOCK_BYTES;
+    const FINAL: f32 = 0.125;
+
+    fn decode(b: &[u8], out: &mut super::q8_k::Decoded) {
+        for ib in 0..QK_K / 32 {
+            let (idx, aux) = (u32_at(b, 2 + 8 * ib), u32_at(b, 6 + 8 * ib));
+            let ls = (2 * (aux >> 28) + 1) as i16;
+            out.scales[2 * ib..2 * ib + 2].fill(ls);
+            for l in 0..4 {
+                let point = IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize];
+                let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+                for j in 0..8 {
+                    let g = grid_byte(point, j) as i8;
+                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq2_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
+        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 21);
+        super::super::q8_k::tests::check_kernel::<Iq2Xxs>(&bytes, 5, 3 * QK_K, |row| {
+            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
+            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
+            y
+        });
+    }
+}

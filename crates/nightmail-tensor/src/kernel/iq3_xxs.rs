@@ -1,0 +1,69 @@
+//! IQ3_XXS (3.06 bits a weight): per 4 weights a byte index into the 256-point grid
+//! `iq3xxs_grid`; per 32 weights a u32 of four 7-bit sign groups and a 4-bit scale
+//! (ggml-common.h `block_iq3_xxs`).
+
+use super::iq_grids::{IQ3XXS_GRID, KSIGNS_IQ2XS};
+use super::lowbit::{QK_K, grid_byte, half, sign, u32_at};
+
+/// f16 d, 64 grid indices, 8 u32 of signs and scale.
+pub(crate) const BLOCK_BYTES: usize = 98;
+
+/// ggml-quants.c `dequantize_row_iq3_xxs`, one block.
+pub(crate) fn dequantize_block(b: &[u8], y: &mut [f32]) {
+    let d = half(b, 0);
+    let qs = &b[2..66];
+    for (ib, y) in y[..QK_K].chunks_exact_mut(32).enumerate() {
+        let aux = u32_at(b, 66 + 4 * ib);
+        let db = d * (0.5 + (aux >> 28) as f32) * 0.5;
+        for (l, y) in y.chunks_exact_mut(8).enumerate() {
+            let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+            let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize] as u64;
+            let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize] as u64;
+            for j in 0..4 {
+                y[j] = db * grid_byte(g1, j) as f32 * sign(signs, j);
+                y[j + 4] = db * grid_byte(g2, j) as f32 * sign(signs, j + 4);
+            }
+        }
+    }
+}
+
+/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq3_xxs_q8_K` order (see `q8_k.rs`).
+pub struct Iq3Xxs;
+
+impl super::q8_k::SuperBlock for Iq3Xxs {
+    const DTYPE: crate::dtype::LowBit = crate::dtype::LowBit::Iq3Xxs;
+    const BYTES: usize = BLOCK_BYTES;
+    const FINAL: f32 = 0.25;
+
+    fn decode(b: &[u8], out: &mut super::q8_k::Decoded) {
+        let qs = &b[2..66];
+        for ib in 0..QK_K / 32 {
+            let aux = u32_at(b, 66 + 4 * ib);
+            let ls = (2 * (aux >> 28) + 1) as i16;
+            out.scales[2 * ib..2 * ib + 2].fill(ls);
+            for l in 0..4 {
+                let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+                let g = [IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize], IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize]];
+                for j in 0..8 {
+                    let v = grid_byte(g[j / 4] as u64, j % 4) as i8;
+                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -v } else { v };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq3_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
+        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
+        super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, |row| {
+            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
+            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
+            y
+        });
+    }
+}

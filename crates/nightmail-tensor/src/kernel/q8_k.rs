@@ -1,0 +1,271 @@
+//! Activations as ggml's Q8_K super-blocks, the input of the i-quant kernels, and the dot product
+//! those kernels share: each type decodes a super-block of weights into signed integers with a
+//! scale per 16, and ggml's x86 AVX2 `ggml_vec_dot_iq*_q8_K` order does the rest. There, every
+//! integer product lands in one of 8 i32 lanes (lane k: elements 4k..4k+3 of each 32), a
+//! super-block's lanes go into 8 f32 accumulators by one fused multiply-add with d_w · d_x, and
+//! `hsum_float_8` adds the accumulators at the end; integer sums are exact, so the result depends
+//! only on that float order, which the scalar path below keeps lane for lane.
+
+use candle_core::Tensor;
+
+use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use crate::error::Result;
+
+/// Elements in a super-block (ggml `QK_K`).
+pub(crate) const QK_K: usize = 256;
+
+/// ggml `block_q8_K`: an f32 scale and 256 signed bytes (the 16-sums ggml keeps beside them
+/// serve only the K types' minimums, which these kernels do not have).
+pub(crate) struct Q8K {
+    pub(crate) d: f32,
+    pub(crate) qs: [i8; QK_K],
+}
+
+/// ggml-quants.c `nearest_int`: round half to even through the float's mantissa (|x| < 2^22).
+fn nearest_int(x: f32) -> i32 {
+    let v = x + 12582912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// ggml-quants.c `quantize_row_q8_K_ref`, which ggml's x86 `quantize_row_q8_K` calls: the scale
+/// from the element of largest magnitude, with its sign (iscale = -127 / max).
+pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
+    x.chunks_exact(QK_K)
+        .map(|x| {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in x {
+                if v.abs() > amax {
+                    (amax, max) = (v.abs(), v);
+                }
+            }
+            let mut qs = [0i8; QK_K];
+            if amax == 0.0 {
+                return Q8K { d: 0.0, qs };
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in qs.iter_mut().zip(x) {
+                *q = nearest_int(iscale * v).min(127) as i8;
+            }
+            Q8K { d: 1.0 / iscale, qs }
+        })
+        .collect()
+}
+
+/// A super-block of weights decoded for the integer dot: 256 signed weights and the multiplier
+/// of each 16 (the type's odd or signed sub-block scale).
+pub(crate) struct Decoded {
+    pub(crate) w: [i8; QK_K],
+    pub(crate) scales: [i16; QK_K / 16],
+}
+
+/// A weight type computed by [`matmul`]: how it decodes a super-block, its scale, and the
+/// constant ggml multiplies the row's sum by at the end.
+pub(crate) trait SuperBlock: Sync + Send + 'static {
+    const DTYPE: crate::dtype::LowBit;
+    const BYTES: usize;
+    /// ggml's final factor (`0.125f * hsum_float_8(...)` for IQ2_XXS).
+    const FINAL: f32;
+    /// The block's f16 scale, widened.
+    fn d(block: &[u8]) -> f32 {
+        super::lowbit::half(block, 0)
+    }
+    fn decode(block: &[u8], out: &mut Decoded);
+}
+
+/// The 8 integer lanes of one super-block against one token's Q8_K block.
+fn lanes_scalar(w: &Decoded, x: &Q8K) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (e, (&w8, &x8)) in w.w.iter().zip(&x.qs).enumerate() {
+        lanes[(e % 32) / 4] += w.scales[e / 16] as i32 * (w8 as i32 * x8 as i32);
+    }
+    lanes
+}
+
+/// ggml's `hsum_float_8`: ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)).
+fn hsum8(a: [f32; 8]) -> f32 {
+    let s4: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// `row` · one token, in ggml's AVX2 order, without SIMD.
+pub(crate) fn dot_scalar<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+    for (block, xb) in row.chunks_exact(T::BYTES).zip(x) {
+        T::decode(block, &mut w);
+        let d = T::d(block) * xb.d;
+        for (a, l) in acc.iter_mut().zip(lanes_scalar(&w, xb)) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    T::FINAL * hsum8(acc)
+}
+
+/// `row` against `N` tokens, each block decoded once: each token's sum is the one
+/// [`dot_scalar`] computes, in AVX2 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+    for (b, block) in row.chunks_exact(T::BYTES).enumerate() {
+        T::decode(block, &mut w);
+        let dw = T::d(block);
+        // SAFETY: 32-byte loads within the 256 decoded weights.
+        let ws: [__m256i; 8] = std::array::from_fn(|s| unsafe { _mm256_loadu_si256(w.w.as_ptr().add(32 * s).cast()) });
+        let abs: [__m256i; 8] = ws.map(|v| _mm256_sign_epi8(v, v));
+        let sc: [__m256i; 8] = std::array::from_fn(|s| {
+            _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * s + 1]), _mm_set1_epi16(w.scales[2 * s]))
+        });
+        for (acc, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b];
+            let mut sum = _mm256_setzero_si256();
+            for s in 0..8 {
+                // SAFETY: a 32-byte load within the 256 activations.
+                let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().add(32 * s).cast()) };
+                // |w| · (x with w's sign) pairs to i16 (no saturation: |w| ≤ 127, |x| ≤ 127), then × scale to i32.
+                let p = _mm256_maddubs_epi16(abs[s], _mm256_sign_epi8(q8, ws[s]));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc[s]));
+            }
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), _mm256_cvtepi32_ps(sum), *acc);
+        }
+    }
+    acc.map(|a| T::FINAL * super::matvec::hsum_avx2(a))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
+    xs.map(|x| dot_scalar::<T>(row, x))
+}
+
+/// Tokens one decoding of a row's blocks serves.
+const TOKENS: usize = 4;
+
+/// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes`, `rows` rows of `cols / 256` blocks of `T`.
+pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
+    let tokens = x.dim(0)?;
+    let q8: Vec<Vec<Q8K>> = activations(x)?.chunks_exact(cols).map(quantize_q8_k).collect();
+    let row_bytes = cols / QK_K * T::BYTES;
+    let avx2 = has_avx2_f16c();
+    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
+        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        if !avx2 {
+            out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar::<T>(row, &q8[t]));
+            return;
+        }
+        for (c, out) in out.chunks_mut(TOKENS).enumerate() {
+            let x = |i: usize| &q8[c * TOKENS + i][..];
+            // SAFETY: AVX2 and FMA were detected at run time.
+            match out.len() {
+                1 => out[0] = unsafe { dots_avx2::<T, 1>(row, [x(0)]) }[0],
+                2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2>(row, [x(0), x(1)]) }),
+                3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3>(row, [x(0), x(1), x(2)]) }),
+                _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4>(row, [x(0), x(1), x(2), x(3)]) }),
+            }
+        }
+    })
+}
+
+/// A matrix whose type [`Linear`](crate::Linear) knows only through this: its product, and its
+/// rows' bytes for a tied head's lookups.
+pub trait LowBitMatrix: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    fn dtype(&self) -> crate::dtype::WeightDType;
+    fn cols(&self) -> usize;
+    fn row_bytes(&self, r: usize) -> &[u8];
+}
+
+impl<T: SuperBlock> LowBitMatrix for SuperBlockMatrix<T> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        matmul::<T>(self.bytes.as_slice(), self.rows, self.cols, x)
+    }
+
+    fn dtype(&self) -> crate::dtype::WeightDType {
+        crate::dtype::WeightDType::LowBit(T::DTYPE)
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn row_bytes(&self, r: usize) -> &[u8] {
+        let len = self.cols / QK_K * T::BYTES;
+        &self.bytes.as_slice()[r * len..(r + 1) * len]
+    }
+}
+
+/// The kernel matrix of `t` over `bytes` (`rows` × `cols`, `cols` whole super-blocks), for the
+/// types that have one.
+pub fn low_bit_matrix(
+    t: crate::dtype::LowBit,
+    bytes: crate::bytes::WeightBytes,
+    rows: usize,
+    cols: usize,
+) -> Option<Box<dyn LowBitMatrix>> {
+    use crate::dtype::LowBit;
+    use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
+    if !cols.is_multiple_of(QK_K) {
+        return None;
+    }
+    Some(match t {
+        LowBit::Iq2Xxs => Box::new(SuperBlockMatrix::<Iq2Xxs>::new(bytes, rows, cols)),
+        LowBit::Iq2Xs => Box::new(SuperBlockMatrix::<Iq2Xs>::new(bytes, rows, cols)),
+        LowBit::Iq3Xxs => Box::new(SuperBlockMatrix::<Iq3Xxs>::new(bytes, rows, cols)),
+        LowBit::Iq4Xs => Box::new(SuperBlockMatrix::<Iq4Xs>::new(bytes, rows, cols)),
+        _ => return None,
+    })
+}
+
+/// The matrix of a [`SuperBlock`] type over its file's bytes.
+pub(crate) struct SuperBlockMatrix<T> {
+    rows: usize,
+    cols: usize,
+    bytes: crate::bytes::WeightBytes,
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<T: SuperBlock> SuperBlockMatrix<T> {
+    /// `bytes` must hold `rows · cols / 256` blocks (the caller checked the shape).
+    pub(crate) fn new(bytes: crate::bytes::WeightBytes, rows: usize, cols: usize) -> Self {
+        debug_assert!(bytes.as_slice().len() >= rows * cols / QK_K * T::BYTES);
+        SuperBlockMatrix { rows, cols, bytes, kind: std::marker::PhantomData }
+    }
+
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_rounds_half_to_even_as_ggml_does() {
+        assert_eq!([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 3.4999].map(nearest_int), [0, 2, 2, 0, -2, 126, 3]);
+    }
+
+    /// For a type: the SIMD path equals the scalar path bit for bit, for one token and several
+    /// together; and both are the dequantized weights times the dequantized activations, up to
+    /// f32 rounding.
+    pub(crate) fn check_kernel<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, dequantize: impl Fn(&[u8]) -> Vec<f32>) {
+        let tokens = 6;
+        let xs = super::super::q8::tests::random(tokens * cols, 5);
+        let x = Tensor::from_vec(xs.clone(), (tokens, cols), &candle_core::Device::Cpu).unwrap();
+        let got = matmul::<T>(bytes, rows, cols, &x).unwrap().to_vec2::<f32>().unwrap();
+        let row_bytes = cols / QK_K * T::BYTES;
+        for t in 0..tokens {
+            let q8 = quantize_q8_k(&xs[t * cols..(t + 1) * cols]);
+            let alone = matmul::<T>(bytes, rows, cols, &x.narrow(0, t, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            let xq: Vec<f32> = q8.iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect();
+            for r in 0..rows {
+                let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let scalar = dot_scalar::<T>(row, &q8);
+                assert_eq!(got[t][r].to_bits(), scalar.to_bits(), "token {t} row {r}: {} vs scalar {scalar}", got[t][r]);
+                assert_eq!(alone[0][r].to_bits(), scalar.to_bits(), "token {t} row {r} alone");
+                let w = dequantize(row);
+                let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                assert!((scalar as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {scalar} vs {want}");
+            }
+        }
+    }
+}
