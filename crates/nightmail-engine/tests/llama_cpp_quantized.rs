@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use nightmail_engine::Model;
+use nightmail_engine::{ChatMessage, Model, Prompt};
 
 fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
@@ -61,16 +61,23 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     picked
 }
 
-const NEW_TOKENS: usize = 24;
+const NEW_TOKENS: usize = 16;
+
+/// Questions as a user asks them (the chat template's prompt): on the Q4_0 a requantized file
+/// mostly holds, "haiku" departed at the second token while llama.cpp's repacked order was not followed.
+const QUESTIONS: [&str; 3] =
+    ["Name three primary colors.", "Write a haiku about the sea.", "Explain photosynthesis in one sentence."];
 
 fn same_greedy_tokens_as_llama_cpp(ftype: &str, flags: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let path = quantize(dir.path(), ftype, flags);
     let model = Model::load(&path).unwrap();
-    let prompt = model.tokenizer().unwrap().encode("The capital of France is Paris. The capital of Italy is", true).unwrap();
-    let want = llama_cpp_greedy(&path, &prompt, NEW_TOKENS);
-    let got = greedy(&model, &prompt, NEW_TOKENS);
-    assert_eq!(got, want, "{ftype}: nightmail's greedy tokens, then llama.cpp's");
+    for q in QUESTIONS {
+        let prompt = model.prompt_tokens(&Prompt::Chat(vec![ChatMessage::new("user", q)])).unwrap();
+        let want = llama_cpp_greedy(&path, &prompt, NEW_TOKENS);
+        let got = greedy(&model, &prompt, NEW_TOKENS);
+        assert_eq!(got, want, "{ftype} {flags:?}, {q:?}: nightmail's greedy tokens, then llama.cpp's");
+    }
 }
 
 macro_rules! greedy_tests {

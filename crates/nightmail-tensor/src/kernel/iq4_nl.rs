@@ -18,7 +18,7 @@ pub(crate) fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq4_nl_q8_0` order, on activations quantized as
+/// The mat-vec, for a height llama.cpp does not repack, in ggml's AVX2 `ggml_vec_dot_iq4_nl_q8_0` order, on activations quantized as
 /// ggml's x86 `quantize_row_q8_0` does: blocks in pairs, the even ones into one 8-lane
 /// accumulator and the odd ones into another (lane k: elements 4k..4k+3), both added before
 /// `hsum_float_8`; an odd last block after, in scalar.
@@ -48,6 +48,10 @@ impl Iq4NlMatrix {
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &candle_core::Tensor) -> crate::error::Result<candle_core::Tensor> {
         use super::q8::{Q8Block, quantize_q8_1};
+        // A height llama.cpp repacks takes its repacked order (nibble_x8.rs).
+        if self.rows.is_multiple_of(super::nibble_x8::TILE_ROWS) {
+            return super::nibble_x8::matmul(&KVALUES_IQ4NL, self.bytes.as_slice(), self.rows, self.cols, x);
+        }
         let tokens = x.dim(0)?;
         let q8: Vec<Vec<Q8Block>> = super::matvec::activations(x)?.chunks_exact(self.cols).map(quantize_q8_1).collect();
         let avx2 = super::matvec::has_avx2_f16c();
@@ -133,7 +137,7 @@ mod tests {
 
     #[test]
     fn iq4_nl_kernel_equals_its_scalar_path_and_the_dequantized_product() {
-        // 9 blocks a row: four pairs and ggml's scalar tail.
+        // 9 blocks a row: four pairs and ggml's scalar tail; 5 rows, a height llama.cpp does not repack.
         let (rows, cols, tokens) = (5, 9 * QK, 3);
         let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, rows * 9, 20);
         let m = Iq4NlMatrix::new(WeightBytes::from(&bytes[..]), rows, cols);

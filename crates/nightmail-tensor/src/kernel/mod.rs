@@ -17,6 +17,7 @@ mod iq_grids;
 pub mod lowbit;
 pub mod matvec;
 pub mod mxfp4;
+mod nibble_x8;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8;

@@ -39,6 +39,11 @@ impl Q4_0Matrix {
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // A height llama.cpp repacks takes its repacked order (nibble_x8.rs).
+        if self.rows.is_multiple_of(super::nibble_x8::TILE_ROWS) {
+            let levels = &super::nibble_x8::Q4_0_LEVELS;
+            return super::nibble_x8::matmul(levels, self.bytes.as_slice(), self.rows, self.cols, x);
+        }
         let tokens = x.dim(0)?;
         let xs = activations(x)?;
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();

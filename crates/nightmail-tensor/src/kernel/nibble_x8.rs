@@ -1,0 +1,141 @@
+//! Q4_0 and IQ4_NL in the order llama.cpp computes them on x86: a matrix whose row count is a
+//! multiple of 8 is repacked at load into 8-row tiles (ggml-cpu `repack.cpp`
+//! `ggml_repack_get_optimal_repack_type`: `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0` wherever AVX2 is),
+//! and `gemv_q4_b32_8x8_q8_0_lut_avx` / `gemm_q4_b32_8x8_q8_0_lut_avx` (arch/x86/repack.cpp) sum
+//! each row alone: per 32-block, the whole block's integer dot, then
+//! `acc = fma(float(dot), d_w · d_x, acc)`, one chain per row. `ggml_vec_dot_q4_0_q8_0`'s 8
+//! lanes, which a matrix of other heights gets, round differently: enough to change greedy
+//! tokens of a requantized SmolLM2 at the second step.
+//!
+//! Both types are 18-byte blocks of an f16 scale and 16 bytes of nibbles (element j low, j+16
+//! high); they differ only in what a nibble means, a 16-entry table here.
+
+use candle_core::Tensor;
+
+use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::q8::{Q8Block, quantize_q8_1};
+use crate::error::Result;
+
+const QK: usize = 32;
+const BLOCK_BYTES: usize = 18;
+
+/// Rows per tile of llama.cpp's repacked layout: a matrix whose height is a multiple of it takes
+/// this order.
+pub(crate) const TILE_ROWS: usize = 8;
+
+/// Q4_0's nibbles are `q - 8`.
+pub(crate) const Q4_0_LEVELS: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
+
+fn scale(block: &[u8]) -> f32 {
+    half::f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+/// One block's integer dot with one token's block.
+fn block_dot(levels: &[i8; 16], block: &[u8], x: &Q8Block) -> i32 {
+    let mut sum = 0i32;
+    for (j, q) in block[2..BLOCK_BYTES].iter().enumerate() {
+        sum += levels[(q & 0xf) as usize] as i32 * x.qs[j] as i32 + levels[(q >> 4) as usize] as i32 * x.qs[j + 16] as i32;
+    }
+    sum
+}
+
+/// One row against one token, without SIMD.
+pub(crate) fn dot_scalar(levels: &[i8; 16], row: &[u8], x: &[Q8Block]) -> f32 {
+    let mut acc = 0f32;
+    for (block, xb) in row.chunks_exact(BLOCK_BYTES).zip(x) {
+        acc = (block_dot(levels, block, xb) as f32).mul_add(scale(block) * xb.d, acc);
+    }
+    acc
+}
+
+/// `row` against `N` tokens, each block's nibbles looked up once.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<const N: usize>(levels: &[i8; 16], row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
+    use std::arch::x86_64::*;
+    // SAFETY: a 16-byte load of the 16 levels.
+    let lut = unsafe { _mm_loadu_si128(levels.as_ptr().cast()) };
+    let m4 = _mm_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [0f32; N];
+    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        // SAFETY: a 16-byte load inside the 18-byte block.
+        let bits = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+        let w = _mm256_set_m128i(
+            _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+            _mm_shuffle_epi8(lut, _mm_and_si128(bits, m4)),
+        );
+        let abs_w = _mm256_sign_epi8(w, w);
+        let dw = scale(block);
+        for (acc, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b];
+            // SAFETY: a 32-byte load inside `qs`.
+            let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
+            // |w| · (x with w's sign): exact integer products, summed exactly.
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(q8, w)), ones);
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let dot = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+            *acc = (dot as f32).mul_add(dw * xb.d, *acc);
+        }
+    }
+    acc
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dots_avx2<const N: usize>(levels: &[i8; 16], row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
+    xs.map(|x| dot_scalar(levels, row, x))
+}
+
+/// Tokens one lookup of a block's nibbles serves.
+const TOKENS: usize = 4;
+
+/// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks),
+/// activations quantized as ggml's x86 `quantize_row_q8_0` does.
+pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
+    let tokens = x.dim(0)?;
+    let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
+    let row_bytes = cols / QK * BLOCK_BYTES;
+    let avx2 = has_avx2_f16c();
+    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
+        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        if !avx2 {
+            out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(levels, row, &q8[t]));
+            return;
+        }
+        for (c, out) in out.chunks_mut(TOKENS).enumerate() {
+            let x = |i: usize| &q8[c * TOKENS + i][..];
+            // SAFETY: AVX2, FMA and F16C were detected at run time.
+            match out.len() {
+                1 => out[0] = unsafe { dots_avx2::<1>(levels, row, [x(0)]) }[0],
+                2 => out.copy_from_slice(&unsafe { dots_avx2::<2>(levels, row, [x(0), x(1)]) }),
+                3 => out.copy_from_slice(&unsafe { dots_avx2::<3>(levels, row, [x(0), x(1), x(2)]) }),
+                _ => out.copy_from_slice(&unsafe { dots_avx2::<4>(levels, row, [x(0), x(1), x(2), x(3)]) }),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn every_token_of_a_multi_token_call_equals_the_scalar_chain_bit_for_bit() {
+        let (rows, cols, tokens) = (16, 7 * QK, 6);
+        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, rows * 7, 8);
+        let xs = super::super::q8::tests::random(tokens * cols, 4);
+        let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();
+        for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {
+            let got = matmul(levels, &bytes, rows, cols, &x).unwrap().to_vec2::<f32>().unwrap();
+            for t in 0..tokens {
+                let q8 = quantize_q8_1(&xs[t * cols..(t + 1) * cols]);
+                for r in 0..rows {
+                    let want = dot_scalar(levels, &bytes[r * 7 * BLOCK_BYTES..(r + 1) * 7 * BLOCK_BYTES], &q8);
+                    assert_eq!(got[t][r].to_bits(), want.to_bits(), "token {t} row {r}");
+                }
+            }
+        }
+    }
+}
