@@ -43,7 +43,12 @@ fn llama_cpp_greedy(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let request = serde_json::json!({ "model": model, "tokens": prompt, "new_tokens": n });
     child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "llama.cpp did not run {}: {}", model.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "llama.cpp did not run {}: {}",
+        model.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     serde_json::from_value(v["tokens"].clone()).unwrap()
 }

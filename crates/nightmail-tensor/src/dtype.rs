@@ -166,13 +166,20 @@ mod tests {
         assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4_0)), "Q4_0");
         for (t, name, id) in LowBit::ALL {
             assert_eq!(WeightDType::from_gguf_type_id(id), Some(WeightDType::LowBit(t)));
-            assert_eq!((WeightDType::LowBit(t).gguf_type_id(), format!("{:?}", WeightDType::LowBit(t))), (id, name.into()));
+            assert_eq!(
+                (WeightDType::LowBit(t).gguf_type_id(), format!("{:?}", WeightDType::LowBit(t))),
+                (id, name.into())
+            );
         }
         // gguf-py's GGML_QUANT_SIZES.
         let sizes = [66, 74, 98, 50, 18, 110, 82, 136, 56, 54, 66];
         for ((t, _, _), bytes) in LowBit::ALL.into_iter().zip(sizes) {
             let elems = if t == LowBit::Iq4Nl { 32 } else { 256 };
-            assert_eq!((WeightDType::LowBit(t).block_size(), WeightDType::LowBit(t).type_size()), (elems, bytes), "{t:?}");
+            assert_eq!(
+                (WeightDType::LowBit(t).block_size(), WeightDType::LowBit(t).type_size()),
+                (elems, bytes),
+                "{t:?}"
+            );
         }
     }
 }

@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use nightmail_engine::Result;
-use nightmail_tensor::{Linear, LowBit, TensorView, WeightBytes, WeightDType};
 use nightmail_tensor::kernel::mxfp4::{self, Kernel, Mxfp4Matrix};
+use nightmail_tensor::{Linear, LowBit, TensorView, WeightBytes, WeightDType};
 
 #[derive(Debug, Clone)]
 pub struct KernelBenchOptions {
@@ -76,14 +76,24 @@ pub struct KernelBenchReport {
 fn timed_types() -> Vec<WeightDType> {
     let mut types = vec![WeightDType::Ggml(GgmlDType::Q4_0)];
     types.extend(
-        LowBit::ALL.iter().filter(|r| nightmail_tensor::kernel::lowbit::has_kernel(r.0, 256)).map(|r| WeightDType::LowBit(r.0)),
+        LowBit::ALL
+            .iter()
+            .filter(|r| nightmail_tensor::kernel::lowbit::has_kernel(r.0, 256))
+            .map(|r| WeightDType::LowBit(r.0)),
     );
     types
 }
 
 /// `dtype` through [`Linear`] on `matrices` random matrices (f16 scales set to 2^-7 where a
 /// block starts with one; IQ1_M's spread scale stays random, any value costs the same).
-fn linear_figure(dtype: WeightDType, rows: usize, cols: usize, matrices: usize, x: &Tensor, passes: usize) -> Result<KernelFigure> {
+fn linear_figure(
+    dtype: WeightDType,
+    rows: usize,
+    cols: usize,
+    matrices: usize,
+    x: &Tensor,
+    passes: usize,
+) -> Result<KernelFigure> {
     let bytes = dtype.byte_len(rows * cols);
     let scale = f16::from_f32(1.0 / 128.0).to_le_bytes();
     let set: Vec<Linear> = (0..matrices)
@@ -272,9 +282,10 @@ mod tests {
         let implied = r.mxfp4_to_candle_q4_0_gbps * 18.0 / 17.0;
         assert!((r.mxfp4_to_candle_q4_0_speed - implied).abs() < 1e-9 * implied);
         assert!(kernel_bench(&KernelBenchOptions { cols: 100, ..opts }).is_err());
-        assert_eq!(r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(), [
-            "Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"
-        ]);
+        assert_eq!(
+            r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(),
+            ["Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+        );
         assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);
     }
 }

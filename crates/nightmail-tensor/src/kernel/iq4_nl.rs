@@ -113,7 +113,10 @@ unsafe fn dot_avx2(row: &[u8], x: &[super::q8::Q8Block]) -> f32 {
             _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)),
         );
         // ggml's mul_add_epi8: |w| · (x with w's sign), then pairs of i16 to i32.
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q8, w)), _mm256_set1_epi16(1));
+        let p = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q8, w)),
+            _mm256_set1_epi16(1),
+        );
         acc[b % 2] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * half(block, 0)), _mm256_cvtepi32_ps(p), acc[b % 2]);
     }
     let mut total = super::matvec::hsum_avx2(_mm256_add_ps(acc[0], acc[1]));
@@ -151,7 +154,10 @@ mod tests {
                 let scalar = dot_scalar(m.row_bytes(r), &q8);
                 assert_eq!(got[t][r].to_bits(), scalar.to_bits(), "token {t} row {r}");
                 let mut w = vec![0f32; cols];
-                m.row_bytes(r).chunks_exact(BLOCK_BYTES).zip(w.chunks_exact_mut(QK)).for_each(|(b, y)| dequantize_block(b, y));
+                m.row_bytes(r)
+                    .chunks_exact(BLOCK_BYTES)
+                    .zip(w.chunks_exact_mut(QK))
+                    .for_each(|(b, y)| dequantize_block(b, y));
                 let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
                 let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                 assert!((scalar as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {scalar} vs {want}");

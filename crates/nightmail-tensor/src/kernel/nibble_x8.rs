@@ -34,7 +34,8 @@ fn scale(block: &[u8]) -> f32 {
 fn block_dot(levels: &[i8; 16], block: &[u8], x: &Q8Block) -> i32 {
     let mut sum = 0i32;
     for (j, q) in block[2..BLOCK_BYTES].iter().enumerate() {
-        sum += levels[(q & 0xf) as usize] as i32 * x.qs[j] as i32 + levels[(q >> 4) as usize] as i32 * x.qs[j + 16] as i32;
+        sum +=
+            levels[(q & 0xf) as usize] as i32 * x.qs[j] as i32 + levels[(q >> 4) as usize] as i32 * x.qs[j + 16] as i32;
     }
     sum
 }

@@ -203,8 +203,8 @@ pub fn low_bit_matrix(
     rows: usize,
     cols: usize,
 ) -> Option<Box<dyn LowBitMatrix>> {
-    use crate::dtype::LowBit;
     use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
+    use crate::dtype::LowBit;
     if !cols.is_multiple_of(QK_K) {
         return None;
     }
@@ -231,7 +231,6 @@ impl<T: SuperBlock> SuperBlockMatrix<T> {
         debug_assert!(bytes.as_slice().len() >= rows * cols / QK_K * T::BYTES);
         SuperBlockMatrix { rows, cols, bytes, kind: std::marker::PhantomData }
     }
-
 }
 
 #[cfg(test)]
@@ -246,7 +245,12 @@ pub(crate) mod tests {
     /// For a type: the SIMD path equals the scalar path bit for bit, for one token and several
     /// together; and both are the dequantized weights times the dequantized activations, up to
     /// f32 rounding.
-    pub(crate) fn check_kernel<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, dequantize: impl Fn(&[u8]) -> Vec<f32>) {
+    pub(crate) fn check_kernel<T: SuperBlock>(
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        dequantize: impl Fn(&[u8]) -> Vec<f32>,
+    ) {
         let tokens = 6;
         let xs = super::super::q8::tests::random(tokens * cols, 5);
         let x = Tensor::from_vec(xs.clone(), (tokens, cols), &candle_core::Device::Cpu).unwrap();
@@ -259,7 +263,12 @@ pub(crate) mod tests {
             for r in 0..rows {
                 let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
                 let scalar = dot_scalar::<T>(row, &q8);
-                assert_eq!(got[t][r].to_bits(), scalar.to_bits(), "token {t} row {r}: {} vs scalar {scalar}", got[t][r]);
+                assert_eq!(
+                    got[t][r].to_bits(),
+                    scalar.to_bits(),
+                    "token {t} row {r}: {} vs scalar {scalar}",
+                    got[t][r]
+                );
                 assert_eq!(alone[0][r].to_bits(), scalar.to_bits(), "token {t} row {r} alone");
                 let w = dequantize(row);
                 let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
