@@ -59,6 +59,13 @@ if ! python3 -c 'import llama_cpp.server' 2>/dev/null; then
   export PATH="$venv/bin:$PATH"
 fi
 
+# gguf (PyPI, gguf-py: the version llama-cpp-python 0.3.36 vendors), which the llama.cpp
+# quantizer tests read tensor names with (tests/fixtures/llama_cpp_quantize.py --imatrix).
+if ! python3 -c 'import gguf' 2>/dev/null; then
+  python3 -m pip install --quiet 'gguf==0.19.0' \
+    || python3 -m pip install --quiet --break-system-packages 'gguf==0.19.0'
+fi
+
 # aiosmtpd (PyPI), the scripted receiving smarthost of tests/relay.rs, for the same python3 (the
 # virtual environment above when there is one; else the system's, which may need PEP 668's flag).
 if ! python3 -c 'import aiosmtpd' 2>/dev/null; then
