@@ -9,9 +9,9 @@
 //! with the reference's eps set to 1e-5 the two agree within 6e-4. On K3's real weights the eps
 //! is negligible beside q and k's norms.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use nightmail_engine::Model;
 use nightmail_tools::{SynthArch, SynthDtype, SynthSpec, synth};
@@ -19,23 +19,8 @@ use nightmail_tools::{SynthArch, SynthDtype, SynthSpec, synth};
 /// tests/fixtures/llama_cpp_logits.py on `model`: llama.cpp's vocabulary size and logits rows.
 fn llama_cpp_logits(model: &Path, tokens: &[u32]) -> (usize, Vec<Vec<f32>>) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_cpp_logits.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to run llama-cpp-python");
     let request = serde_json::json!({ "model": model, "tokens": tokens });
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "llama.cpp did not load or run {} (llama-cpp-python is needed: see scripts/test.sh): {}",
-        model.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::python_json(&script, &request, &format!("llama.cpp on {}", model.display()));
     (v["n_vocab"].as_u64().unwrap() as usize, serde_json::from_value(v["logits"].clone()).unwrap())
 }
 

@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use nightmail_engine::{ChatMessage, Model, Prompt};
 
@@ -33,23 +32,8 @@ fn quantize(dir: &Path, ftype: &str, flags: &[&str]) -> PathBuf {
 
 /// llama.cpp's greedy tokens after `prompt` (tests/fixtures/llama_cpp_greedy.py).
 fn llama_cpp_greedy(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut child = Command::new("python3")
-        .arg(script("llama_cpp_greedy.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to run llama-cpp-python");
     let request = serde_json::json!({ "model": model, "tokens": prompt, "new_tokens": n });
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "llama.cpp did not run {}: {}",
-        model.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::python_json(&script("llama_cpp_greedy.py"), &request, &format!("llama.cpp on {}", model.display()));
     serde_json::from_value(v["tokens"].clone()).unwrap()
 }
 

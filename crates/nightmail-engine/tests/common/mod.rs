@@ -21,6 +21,29 @@ pub fn smollm2() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
 }
 
+/// `script` (a python3 program of tests/fixtures, run by the `python3` on PATH: scripts/test.sh
+/// puts llama-cpp-python's environment first) fed `request` as JSON, its JSON answer; `what`
+/// names the work in the panic if it fails.
+pub fn python_json(script: &std::path::Path, request: &serde_json::Value, what: &str) -> serde_json::Value {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 is needed to run llama-cpp-python");
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed (llama-cpp-python is needed: see scripts/test.sh): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub fn fixture(arch: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(arch)
 }

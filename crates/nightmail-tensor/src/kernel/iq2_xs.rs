@@ -2,7 +2,7 @@
 //! `iq2xs_grid` and 7 sign bits; a 4-bit scale per 16 weights (ggml-common.h `block_iq2_xs`).
 
 use super::iq_grids::{IQ2XS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, u16_at};
+use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u16_at};
 
 /// f16 d, 32 u16 (index | signs << 9), 8 bytes of two 4-bit scales.
 pub(crate) const BLOCK_BYTES: usize = 74;
@@ -41,10 +41,7 @@ impl super::q8_k::SuperBlock for Iq2Xs {
                 let q = u16_at(b, 2 + 2 * (4 * ib + l));
                 let point = IQ2XS_GRID[(q & 511) as usize];
                 let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
-                for j in 0..8 {
-                    let g = grid_byte(point, j) as i8;
-                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
-                }
+                out.w[32 * ib + 8 * l..][..8].copy_from_slice(&signed_point(point, signs));
             }
         }
     }
@@ -57,10 +54,6 @@ mod tests {
     #[test]
     fn iq2_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 22);
-        super::super::q8_k::tests::check_kernel::<Iq2Xs>(&bytes, 5, 3 * QK_K, |row| {
-            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
-            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
-            y
-        });
+        super::super::q8_k::tests::check_kernel::<Iq2Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

@@ -3,7 +3,7 @@
 //! u32 (ggml-common.h `block_iq2_xxs`; Tseng et al. 2024, QuIP#, arXiv 2402.04396).
 
 use super::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, u32_at};
+use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u32_at};
 
 /// f16 d, then 32 u16 words: per 32 weights, grid indices in the first u32, signs and scale in the second.
 pub(crate) const BLOCK_BYTES: usize = 66;
@@ -40,10 +40,7 @@ impl super::q8_k::SuperBlock for Iq2Xxs {
             for l in 0..4 {
                 let point = IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize];
                 let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                for j in 0..8 {
-                    let g = grid_byte(point, j) as i8;
-                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
-                }
+                out.w[32 * ib + 8 * l..][..8].copy_from_slice(&signed_point(point, signs));
             }
         }
     }
@@ -56,10 +53,6 @@ mod tests {
     #[test]
     fn iq2_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 21);
-        super::super::q8_k::tests::check_kernel::<Iq2Xxs>(&bytes, 5, 3 * QK_K, |row| {
-            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
-            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
-            y
-        });
+        super::super::q8_k::tests::check_kernel::<Iq2Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

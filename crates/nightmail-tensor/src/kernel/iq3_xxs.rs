@@ -3,7 +3,7 @@
 //! (ggml-common.h `block_iq3_xxs`).
 
 use super::iq_grids::{IQ3XXS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, u32_at};
+use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u32_at};
 
 /// f16 d, 64 grid indices, 8 u32 of signs and scale.
 pub(crate) const BLOCK_BYTES: usize = 98;
@@ -43,11 +43,9 @@ impl super::q8_k::SuperBlock for Iq3Xxs {
             out.scales[2 * ib..2 * ib + 2].fill(ls);
             for l in 0..4 {
                 let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                let g = [IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize], IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize]];
-                for j in 0..8 {
-                    let v = grid_byte(g[j / 4] as u64, j % 4) as i8;
-                    out.w[32 * ib + 8 * l + j] = if signs & (1 << j) != 0 { -v } else { v };
-                }
+                let point = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize] as u64
+                    | (IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize] as u64) << 32;
+                out.w[32 * ib + 8 * l..][..8].copy_from_slice(&signed_point(point, signs));
             }
         }
     }
@@ -60,10 +58,6 @@ mod tests {
     #[test]
     fn iq3_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
-        super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, |row| {
-            let mut y = vec![0f32; row.len() / BLOCK_BYTES * QK_K];
-            row.chunks_exact(BLOCK_BYTES).zip(y.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
-            y
-        });
+        super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

@@ -74,6 +74,15 @@ pub(crate) fn grid_byte(point: u64, j: usize) -> u8 {
     (point >> (8 * j)) as u8
 }
 
+/// The 8 bytes of a grid point (two 4-byte IQ3 points side by side) with bit j of `signs`
+/// negating byte j: the signed weights before the sub-block scale.
+pub(crate) fn signed_point(point: u64, signs: u8) -> [i8; 8] {
+    std::array::from_fn(|j| {
+        let g = grid_byte(point, j) as i8;
+        if signs & (1 << j) != 0 { -g } else { g }
+    })
+}
+
 /// ±1 for bit `j` of `signs` (ggml `kmask_iq2xs[j]`).
 pub(crate) fn sign(signs: u8, j: usize) -> f32 {
     if signs & (1 << j) != 0 { -1.0 } else { 1.0 }

@@ -249,7 +249,7 @@ pub(crate) mod tests {
         bytes: &[u8],
         rows: usize,
         cols: usize,
-        dequantize: impl Fn(&[u8]) -> Vec<f32>,
+        dequantize_block: fn(&[u8], &mut [f32]),
     ) {
         let tokens = 6;
         let xs = super::super::q8::tests::random(tokens * cols, 5);
@@ -270,7 +270,8 @@ pub(crate) mod tests {
                     got[t][r]
                 );
                 assert_eq!(alone[0][r].to_bits(), scalar.to_bits(), "token {t} row {r} alone");
-                let w = dequantize(row);
+                let mut w = vec![0f32; cols];
+                row.chunks_exact(T::BYTES).zip(w.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
                 let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
                 let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                 assert!((scalar as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {scalar} vs {want}");
