@@ -49,6 +49,23 @@ impl LowBit {
         (LowBit::Tq2_0, "TQ2_0", 35),
     ];
 
+    /// Elements and bytes per block (gguf-py `GGML_QUANT_SIZES`; each type's file lays its
+    /// block out in as many, which `kernel/lowbit.rs` tests).
+    fn layout(self) -> (usize, usize) {
+        match self {
+            LowBit::Iq2Xxs | LowBit::Tq2_0 => (256, 66),
+            LowBit::Iq2Xs => (256, 74),
+            LowBit::Iq3Xxs => (256, 98),
+            LowBit::Iq1S => (256, 50),
+            LowBit::Iq4Nl => (32, 18),
+            LowBit::Iq3S => (256, 110),
+            LowBit::Iq2S => (256, 82),
+            LowBit::Iq4Xs => (256, 136),
+            LowBit::Iq1M => (256, 56),
+            LowBit::Tq1_0 => (256, 54),
+        }
+    }
+
     fn row(self) -> (LowBit, &'static str, u32) {
         *Self::ALL.iter().find(|r| r.0 == self).expect("every LowBit has a row")
     }
@@ -90,7 +107,7 @@ impl WeightDType {
         match self {
             WeightDType::Ggml(d) => d.block_size(),
             WeightDType::Mxfp4 => crate::kernel::mxfp4::QK,
-            WeightDType::LowBit(t) => crate::kernel::lowbit::layout(t).0,
+            WeightDType::LowBit(t) => t.layout().0,
         }
     }
 
@@ -99,7 +116,7 @@ impl WeightDType {
         match self {
             WeightDType::Ggml(d) => d.type_size(),
             WeightDType::Mxfp4 => crate::kernel::mxfp4::BLOCK_BYTES,
-            WeightDType::LowBit(t) => crate::kernel::lowbit::layout(t).1,
+            WeightDType::LowBit(t) => t.layout().1,
         }
     }
 

@@ -69,7 +69,7 @@ impl Linear {
             (WeightDType::LowBit(t), &[rows, cols]) if crate::kernel::lowbit::has_kernel(t, cols) => {
                 // The i-quants with kernels compute from their blocks too.
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
-                Weight::LowBit(crate::kernel::q8_k::low_bit_matrix(t, bytes, rows, cols).expect("has_kernel"))
+                Weight::LowBit(crate::kernel::lowbit::low_bit_matrix(t, bytes, rows, cols).expect("has_kernel"))
             }
             (WeightDType::Ggml(GgmlDType::Q4_1), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(crate::kernel::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))

@@ -4,7 +4,7 @@
 
 use super::iq_grids::IQ1S_GRID;
 use super::iq1_s::DELTA;
-use super::lowbit::{QK_K, grid_byte, u16_at};
+use super::lattice::{QK_K, grid_byte, u16_at};
 
 /// 32 low index bytes, 16 `qh` bytes (3 index bits and a shift sign per 8 weights), 4 u16 scales.
 pub(crate) const BLOCK_BYTES: usize = 56;

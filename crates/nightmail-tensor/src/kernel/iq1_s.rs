@@ -3,7 +3,7 @@
 //! (ggml-common.h `block_iq1_s`).
 
 use super::iq_grids::IQ1S_GRID;
-use super::lowbit::{QK_K, grid_byte, half, u16_at};
+use super::lattice::{QK_K, grid_byte, half, u16_at};
 
 /// f16 d, 32 low index bytes, 8 u16 of high index bits, scale and shift sign.
 pub(crate) const BLOCK_BYTES: usize = 50;

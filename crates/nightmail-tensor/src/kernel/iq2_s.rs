@@ -3,7 +3,7 @@
 //! (ggml-common.h `block_iq2_s`).
 
 use super::iq_grids::IQ2S_GRID;
-use super::lowbit::{QK_K, grid_byte, half, sign};
+use super::lattice::{QK_K, grid_byte, half, sign};
 
 /// f16 d, 32 index bytes, 32 sign bytes, 8 `qh` bytes, 8 scale bytes.
 pub(crate) const BLOCK_BYTES: usize = 82;

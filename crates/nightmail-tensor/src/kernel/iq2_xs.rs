@@ -2,7 +2,7 @@
 //! `iq2xs_grid` and 7 sign bits; a 4-bit scale per 16 weights (ggml-common.h `block_iq2_xs`).
 
 use super::iq_grids::{IQ2XS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u16_at};
+use super::lattice::{QK_K, grid_byte, half, sign, signed_point, u16_at};
 
 /// f16 d, 32 u16 (index | signs << 9), 8 bytes of two 4-bit scales.
 pub(crate) const BLOCK_BYTES: usize = 74;
@@ -53,7 +53,7 @@ mod tests {
 
     #[test]
     fn iq2_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 22);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 22);
         super::super::q8_k::tests::check_kernel::<Iq2Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

@@ -3,7 +3,7 @@
 //! u32 (ggml-common.h `block_iq2_xxs`; Tseng et al. 2024, QuIP#, arXiv 2402.04396).
 
 use super::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u32_at};
+use super::lattice::{QK_K, grid_byte, half, sign, signed_point, u32_at};
 
 /// f16 d, then 32 u16 words: per 32 weights, grid indices in the first u32, signs and scale in the second.
 pub(crate) const BLOCK_BYTES: usize = 66;
@@ -52,7 +52,7 @@ mod tests {
 
     #[test]
     fn iq2_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 21);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 21);
         super::super::q8_k::tests::check_kernel::<Iq2Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

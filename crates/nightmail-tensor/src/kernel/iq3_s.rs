@@ -3,7 +3,7 @@
 //! (ggml-common.h `block_iq3_s`).
 
 use super::iq_grids::IQ3S_GRID;
-use super::lowbit::{QK_K, grid_byte, half, sign};
+use super::lattice::{QK_K, grid_byte, half, sign};
 
 /// f16 d, 64 index bytes, 8 `qh` bytes, 32 sign bytes, 4 scale bytes.
 pub(crate) const BLOCK_BYTES: usize = 110;

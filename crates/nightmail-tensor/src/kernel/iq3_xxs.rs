@@ -3,7 +3,7 @@
 //! (ggml-common.h `block_iq3_xxs`).
 
 use super::iq_grids::{IQ3XXS_GRID, KSIGNS_IQ2XS};
-use super::lowbit::{QK_K, grid_byte, half, sign, signed_point, u32_at};
+use super::lattice::{QK_K, grid_byte, half, sign, signed_point, u32_at};
 
 /// f16 d, 64 grid indices, 8 u32 of signs and scale.
 pub(crate) const BLOCK_BYTES: usize = 98;
@@ -57,7 +57,7 @@ mod tests {
 
     #[test]
     fn iq3_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
         super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

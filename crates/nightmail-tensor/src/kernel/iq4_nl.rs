@@ -2,7 +2,7 @@
 //! `kvalues_iq4nl`, times an f16 scale (ggml-common.h `block_iq4_nl`): Q4_0's layout.
 
 use super::iq_grids::KVALUES_IQ4NL;
-use super::lowbit::half;
+use super::lattice::half;
 
 /// Elements in a block (ggml `QK4_NL`).
 pub(crate) const QK: usize = 32;
@@ -142,7 +142,7 @@ mod tests {
     fn iq4_nl_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         // 9 blocks a row: four pairs and ggml's scalar tail; 5 rows, a height llama.cpp does not repack.
         let (rows, cols, tokens) = (5, 9 * QK, 3);
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, rows * 9, 20);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * 9, 20);
         let m = Iq4NlMatrix::new(WeightBytes::from(&bytes[..]), rows, cols);
         let xs = super::super::q8::tests::random(tokens * cols, 3);
         let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();

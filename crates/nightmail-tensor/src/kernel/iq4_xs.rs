@@ -2,7 +2,7 @@
 //! weights (ggml-common.h `block_iq4_xs`).
 
 use super::iq_grids::KVALUES_IQ4NL;
-use super::lowbit::{QK_K, half, u16_at};
+use super::lattice::{QK_K, half, u16_at};
 
 /// f16 d, u16 of the scales' high bits, 4 bytes of their low nibbles, 128 bytes of nibbles.
 pub(crate) const BLOCK_BYTES: usize = 136;
@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn iq4_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, 5 * 3, 24);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 24);
         super::super::q8_k::tests::check_kernel::<Iq4Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 }

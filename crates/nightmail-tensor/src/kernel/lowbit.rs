@@ -2,12 +2,8 @@
 //! by its type's file, as ggml's `dequantize_row_*` (ggml-quants.c) and gguf-py's `quants.py`
 //! decode it, so that a weight read here is the weight llama.cpp reads.
 
-use half::f16;
-
+use super::lattice::QK_K;
 use crate::dtype::LowBit;
-
-/// Elements in a super-block (ggml `QK_K`).
-pub(crate) const QK_K: usize = 256;
 
 /// A block decoder: one block's bytes into its elements.
 type Decode = fn(&[u8], &mut [f32]);
@@ -30,10 +26,25 @@ fn codec(t: LowBit) -> (usize, usize, Decode) {
     }
 }
 
-/// Elements and bytes per block of `t`.
-pub fn layout(t: LowBit) -> (usize, usize) {
-    let (elems, bytes, _) = codec(t);
-    (elems, bytes)
+/// The matrix of `t` over `bytes` (`rows` × `cols`) for a type with a super-block kernel.
+pub fn low_bit_matrix(
+    t: LowBit,
+    bytes: crate::bytes::WeightBytes,
+    rows: usize,
+    cols: usize,
+) -> Option<Box<dyn super::q8_k::LowBitMatrix>> {
+    use super::q8_k::SuperBlockMatrix;
+    use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
+    if !cols.is_multiple_of(QK_K) {
+        return None;
+    }
+    Some(match t {
+        LowBit::Iq2Xxs => Box::new(SuperBlockMatrix::<Iq2Xxs>::new(bytes, rows, cols)),
+        LowBit::Iq2Xs => Box::new(SuperBlockMatrix::<Iq2Xs>::new(bytes, rows, cols)),
+        LowBit::Iq3Xxs => Box::new(SuperBlockMatrix::<Iq3Xxs>::new(bytes, rows, cols)),
+        LowBit::Iq4Xs => Box::new(SuperBlockMatrix::<Iq4Xs>::new(bytes, rows, cols)),
+        _ => return None,
+    })
 }
 
 /// `bytes` (whole blocks of `t`) decoded into `out`, one element per weight.
@@ -54,66 +65,18 @@ pub fn has_kernel(t: LowBit, cols: usize) -> bool {
     }
 }
 
-/// The f16 at `b[i..i + 2]`, widened.
-pub(crate) fn half(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// The little-endian u16 at `b[i..i + 2]`.
-pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {
-    u16::from_le_bytes([b[i], b[i + 1]])
-}
-
-/// The little-endian u32 at `b[i..i + 4]`.
-pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-/// Byte `j` of a grid point (ggml reads the table's words as bytes, little-endian).
-pub(crate) fn grid_byte(point: u64, j: usize) -> u8 {
-    (point >> (8 * j)) as u8
-}
-
-/// The 8 bytes of a grid point (two 4-byte IQ3 points side by side) with bit j of `signs`
-/// negating byte j: the signed weights before the sub-block scale.
-pub(crate) fn signed_point(point: u64, signs: u8) -> [i8; 8] {
-    std::array::from_fn(|j| {
-        let g = grid_byte(point, j) as i8;
-        if signs & (1 << j) != 0 { -g } else { g }
-    })
-}
-
-/// ±1 for bit `j` of `signs` (ggml `kmask_iq2xs[j]`).
-pub(crate) fn sign(signs: u8, j: usize) -> f32 {
-    if signs & (1 << j) != 0 { -1.0 } else { 1.0 }
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// `n` blocks of random bytes with a small finite f16 scale first, reproducibly.
-    pub(crate) fn random_blocks(block_bytes: usize, n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed;
-        let mut next = || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 33) as u8
-        };
-        let mut out = Vec::with_capacity(block_bytes * n);
-        for _ in 0..n {
-            let d = f16::from_f32(0.001 + next() as f32 / 255.0 * 0.01).to_le_bytes();
-            out.extend_from_slice(&d);
-            out.extend((2..block_bytes).map(|_| next()));
-        }
-        out
-    }
 
     #[test]
     fn every_type_dequantizes_random_blocks_bit_for_bit_as_gguf_py_does() {
         // tests/fixtures/lowbit/generate.py: random blocks, then gguf-py quants.py's values.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lowbit");
         for (t, name, _) in LowBit::ALL {
-            let (elems, size) = layout(t);
+            let (elems, size, _) = codec(t);
+            let d = crate::WeightDType::LowBit(t);
+            assert_eq!((d.block_size(), d.type_size()), (elems, size), "{name}: dtype.rs's sizes, the file's layout");
             let file = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
             let blocks = file.len() / (size + 4 * elems);
             assert!(blocks > 0 && file.len() == blocks * (size + 4 * elems), "{name}: {} bytes", file.len());

@@ -14,6 +14,7 @@ pub mod iq4_nl;
 pub mod iq4_xs;
 #[rustfmt::skip]
 mod iq_grids;
+mod lattice;
 pub mod lowbit;
 pub mod matvec;
 pub mod mxfp4;

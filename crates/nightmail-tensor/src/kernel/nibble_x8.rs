@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn every_token_of_a_multi_token_call_equals_the_scalar_chain_bit_for_bit() {
         let (rows, cols, tokens) = (16, 7 * QK, 6);
-        let bytes = super::super::lowbit::tests::random_blocks(BLOCK_BYTES, rows * 7, 8);
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * 7, 8);
         let xs = super::super::q8::tests::random(tokens * cols, 4);
         let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();
         for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {

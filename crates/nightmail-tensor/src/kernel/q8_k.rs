@@ -11,8 +11,7 @@ use candle_core::Tensor;
 use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
 use crate::error::Result;
 
-/// Elements in a super-block (ggml `QK_K`).
-pub(crate) const QK_K: usize = 256;
+use super::lattice::QK_K;
 
 /// ggml `block_q8_K`: an f32 scale and 256 signed bytes (the 16-sums ggml keeps beside them
 /// serve only the K types' minimums, which these kernels do not have).
@@ -67,7 +66,7 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     const FINAL: f32;
     /// The block's f16 scale, widened.
     fn d(block: &[u8]) -> f32 {
-        super::lowbit::half(block, 0)
+        super::lattice::half(block, 0)
     }
     fn decode(block: &[u8], out: &mut Decoded);
 }
@@ -193,28 +192,6 @@ impl<T: SuperBlock> LowBitMatrix for SuperBlockMatrix<T> {
         let len = self.cols / QK_K * T::BYTES;
         &self.bytes.as_slice()[r * len..(r + 1) * len]
     }
-}
-
-/// The kernel matrix of `t` over `bytes` (`rows` × `cols`, `cols` whole super-blocks), for the
-/// types that have one.
-pub fn low_bit_matrix(
-    t: crate::dtype::LowBit,
-    bytes: crate::bytes::WeightBytes,
-    rows: usize,
-    cols: usize,
-) -> Option<Box<dyn LowBitMatrix>> {
-    use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
-    use crate::dtype::LowBit;
-    if !cols.is_multiple_of(QK_K) {
-        return None;
-    }
-    Some(match t {
-        LowBit::Iq2Xxs => Box::new(SuperBlockMatrix::<Iq2Xxs>::new(bytes, rows, cols)),
-        LowBit::Iq2Xs => Box::new(SuperBlockMatrix::<Iq2Xs>::new(bytes, rows, cols)),
-        LowBit::Iq3Xxs => Box::new(SuperBlockMatrix::<Iq3Xxs>::new(bytes, rows, cols)),
-        LowBit::Iq4Xs => Box::new(SuperBlockMatrix::<Iq4Xs>::new(bytes, rows, cols)),
-        _ => return None,
-    })
 }
 
 /// The matrix of a [`SuperBlock`] type over its file's bytes.

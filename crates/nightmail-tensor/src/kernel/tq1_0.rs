@@ -2,7 +2,7 @@
 //! fraction (`q · 3^n` wraps, `· 3 >> 8` takes the top trit), for BitNet b1.58's weights
 //! (ggml-common.h `block_tq1_0`; Ma et al. 2024, arXiv 2402.17764).
 
-use super::lowbit::half;
+use super::lattice::half;
 
 /// 48 bytes of five trits, 4 bytes of four, f16 d.
 pub(crate) const BLOCK_BYTES: usize = 54;

@@ -1,7 +1,7 @@
 //! TQ2_0 (2.06 bits a weight, ternary): four 2-bit values (0, 1, 2 for -1, 0, 1) a byte
 //! (ggml-common.h `block_tq2_0`).
 
-use super::lowbit::half;
+use super::lattice::half;
 
 /// 64 bytes of four values, f16 d.
 pub(crate) const BLOCK_BYTES: usize = 66;

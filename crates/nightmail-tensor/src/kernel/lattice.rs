@@ -1,0 +1,63 @@
+//! Reading an i-quant block: its f16 scale and little-endian words, the bytes of a grid point
+//! and their signs, as ggml-quants.c reads `block_iq*` (ggml-common.h). Every i-quant file shares
+//! these.
+
+use half::f16;
+
+/// Elements in a super-block (ggml `QK_K`).
+pub(crate) const QK_K: usize = 256;
+
+/// The f16 at `b[i..i + 2]`, widened.
+pub(crate) fn half(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// The little-endian u16 at `b[i..i + 2]`.
+pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+/// The little-endian u32 at `b[i..i + 4]`.
+pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// Byte `j` of a grid point (ggml reads the table's words as bytes, little-endian).
+pub(crate) fn grid_byte(point: u64, j: usize) -> u8 {
+    (point >> (8 * j)) as u8
+}
+
+/// The 8 bytes of a grid point (two 4-byte IQ3 points side by side) with bit j of `signs`
+/// negating byte j: the signed weights before the sub-block scale.
+pub(crate) fn signed_point(point: u64, signs: u8) -> [i8; 8] {
+    std::array::from_fn(|j| {
+        let g = grid_byte(point, j) as i8;
+        if signs & (1 << j) != 0 { -g } else { g }
+    })
+}
+
+/// ±1 for bit `j` of `signs` (ggml `kmask_iq2xs[j]`).
+pub(crate) fn sign(signs: u8, j: usize) -> f32 {
+    if signs & (1 << j) != 0 { -1.0 } else { 1.0 }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// `n` blocks of random bytes with a small finite f16 scale first, reproducibly.
+    pub(crate) fn random_blocks(block_bytes: usize, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        };
+        let mut out = Vec::with_capacity(block_bytes * n);
+        for _ in 0..n {
+            let d = f16::from_f32(0.001 + next() as f32 / 255.0 * 0.01).to_le_bytes();
+            out.extend_from_slice(&d);
+            out.extend((2..block_bytes).map(|_| next()));
+        }
+        out
+    }
+}
