@@ -147,12 +147,12 @@ mod tests {
         let xs = super::super::q8::tests::random(tokens * cols, 3);
         let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();
         let got = m.forward(&x).unwrap().to_vec2::<f32>().unwrap();
-        for t in 0..tokens {
+        for (t, got) in got.iter().enumerate() {
             let q8 = super::super::q8::quantize_q8_1(&xs[t * cols..(t + 1) * cols]);
             let xq: Vec<f32> = q8.iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect();
-            for r in 0..rows {
+            for (r, got) in got.iter().enumerate() {
                 let scalar = dot_scalar(m.row_bytes(r), &q8);
-                assert_eq!(got[t][r].to_bits(), scalar.to_bits(), "token {t} row {r}");
+                assert_eq!(got.to_bits(), scalar.to_bits(), "token {t} row {r}");
                 let mut w = vec![0f32; cols];
                 m.row_bytes(r)
                     .chunks_exact(BLOCK_BYTES)
