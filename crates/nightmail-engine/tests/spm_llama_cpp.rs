@@ -5,10 +5,10 @@
 //! generate.py, in a tiny llama (llama.cpp's SPM defaults) and in a vocabulary-only file with
 //! add_space_prefix and add_bos off and add_eos on.
 
-use std::io::Write;
+mod common;
+
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use nightmail_engine::{GenerateRequest, Model, Prompt, TextTokenizer};
 
@@ -120,21 +120,7 @@ struct LlamaCpp {
 /// tokens added for each text, and llama_detokenize of each id list.
 fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
     let request = serde_json::json!({ "model": model, "texts": texts(), "ids": ids });
-    let mut child = Command::new("python3")
-        .arg(fixture("llama_cpp_tokens.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to run llama-cpp-python");
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "llama-cpp-python failed (it is needed: pip install 'llama-cpp-python[server]==0.3.36', see scripts/test.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::python_json(&fixture("llama_cpp_tokens.py"), &request, "llama.cpp's tokenizer");
     let list = |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
     let encoded = v["encoded"].as_array().unwrap().iter().map(|e| (list(&e["special"]), list(&e["plain"]))).collect();
     let decoded = v["decoded"]
