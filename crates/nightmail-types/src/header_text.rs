@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use mail_builder::headers::HeaderType;
 use mail_builder::headers::address::Address as MbAddress;
 use mail_builder::headers::text::Text;
 
@@ -63,6 +64,12 @@ impl<'a> From<&'a HeaderText> for Text<'a> {
     #[allow(clippy::disallowed_methods)]
     fn from(text: &'a HeaderText) -> Text<'a> {
         Text::new(text.0.as_str())
+    }
+}
+
+impl<'a> From<&'a HeaderText> for HeaderType<'a> {
+    fn from(text: &'a HeaderText) -> HeaderType<'a> {
+        HeaderType::Text(text.into())
     }
 }
 

@@ -6,6 +6,7 @@ use nightmail_store::{Finish, Job, JobId, JobState, LeasedJob, Origin, StoreErro
 use nightmail_types::Timestamp;
 
 use crate::checkpoints;
+use crate::compose::new_message_id;
 use crate::letters::{Asked, Content, Letters};
 use crate::mail::Mail;
 use crate::pacing::{Pace, human_duration};
@@ -62,7 +63,15 @@ pub async fn obey(
         Command::Cancel { target, ack_id } => cancel(shift, &job, target, &ack_id).await?,
     };
     let asked = Asked { job: &job, model, question };
-    let reply = Letters::new(shift).reply(asked, Content::about(&job, format!("{text}\n\n-- \nnightmail\n")), None)?;
+    let content = Content::about(&job, format!("{text}\n\n-- \nnightmail\n"));
+    // About the asker's own questions: to them alone, whoever the command's headers name.
+    let letters = Letters::new(shift);
+    let reply = match &job.sender {
+        Some(asker) => {
+            letters.private(asked, asker, content, new_message_id("reply", job.id.0, &shift.config().hostname))?
+        }
+        None => letters.reply(asked, content)?,
+    };
     shift.store.finish(leased, Finish::Done { reply }, &shift.policy).await?;
     Ok(())
 }
