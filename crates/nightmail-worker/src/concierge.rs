@@ -4,6 +4,7 @@
 //! and must not read history.
 
 use nightmail_store::{Incoming, JobState, Origin, StoreError};
+use nightmail_types::HeaderText;
 
 use crate::control::{self, command_in};
 use crate::gate;
@@ -66,7 +67,9 @@ pub fn acknowledgement(shift: &Shift, asked: Asked<'_>) -> Result<Option<Incomin
     let when = pacing::estimate(&shift.store, job)?;
     let text = format!(
         "Your question \"{}\" is queued for {} as job {}.\n{when}\n\nReply to this message with \"cancel\" to cancel it, or send a message with the subject \"status\" to see the queue.\n\n-- \nnightmail\n",
-        question.subject, model.address, job.id
+        HeaderText::new(&question.subject),
+        model.address,
+        job.id
     );
     let message_id = control::ack_message_id(job.id, &shift.config().hostname);
     Letters::new(shift).private(asked, asker, Content::about(job, text), message_id).map(Some)

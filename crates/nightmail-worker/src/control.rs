@@ -3,7 +3,7 @@
 
 use nightmail_config::ModelEntry;
 use nightmail_store::{Finish, Job, JobId, JobState, LeasedJob, Origin, StoreError};
-use nightmail_types::Timestamp;
+use nightmail_types::{HeaderText, Timestamp};
 
 use crate::checkpoints;
 use crate::compose::new_message_id;
@@ -87,10 +87,14 @@ async fn cancel(shift: &Shift, job: &Job, target: JobId, ack_id: &str) -> Result
         checkpoints::remove(&shift.config().data_dir, target);
     }
     Ok(match after.state {
-        JobState::Cancelled { .. } => format!("Cancelled job {target} (\"{}\"). No answer will be sent.", t.subject),
-        other => {
-            format!("Job {target} (\"{}\") had already ended ({}); nothing to cancel.", t.subject, other.name())
+        JobState::Cancelled { .. } => {
+            format!("Cancelled job {target} (\"{}\"). No answer will be sent.", HeaderText::new(&t.subject))
         }
+        other => format!(
+            "Job {target} (\"{}\") had already ended ({}); nothing to cancel.",
+            HeaderText::new(&t.subject),
+            other.name()
+        ),
     })
 }
 
@@ -112,7 +116,7 @@ pub(crate) fn status(shift: &Shift, job: &Job) -> Result<String, StoreError> {
                 "  job {}  {}  \"{}\" to {}, {} old{progress}",
                 j.id,
                 j.state.name(),
-                j.subject,
+                HeaderText::new(&j.subject),
                 j.model,
                 human_duration(now.since(j.created_at))
             ));
