@@ -14,10 +14,7 @@ use serde_json::{Value, json};
 
 /// The test configuration answering through `backend` (acknowledging questions), with `relay`.
 fn config(dir: &Path, backend: &RecordingBackend, relay: &str) -> String {
-    format!(
-        "{}\n{relay}\n",
-        common::config_answering(dir, "", &backend.url, 1).replace("url = ", "ack = true\nurl = ")
-    )
+    format!("{}\n{relay}\n", common::config_answering(dir, "", &backend.url, 1).replace("url = ", "ack = true\nurl = "))
 }
 
 /// Sends each of `messages` from me over smtplib, to the model alone.

@@ -29,9 +29,7 @@ fn head(message: &str) -> &str {
 
 /// The header fields named `name` in `head` (field lines, not continuations).
 fn fields<'a>(head: &'a str, name: &str) -> Vec<&'a str> {
-    head.split("\r\n")
-        .filter(|line| line.split_once(':').is_some_and(|(n, _)| n.eq_ignore_ascii_case(name)))
-        .collect()
+    head.split("\r\n").filter(|line| line.split_once(':').is_some_and(|(n, _)| n.eq_ignore_ascii_case(name))).collect()
 }
 
 /// Every CR is followed by LF and every LF follows a CR (RFC 5321 §2.3.8), and there is no NUL.
@@ -156,7 +154,8 @@ fn a_user_cannot_write_as_another_account_and_mail_from_someone_else_names_its_s
         move |dir: &Path| {
             format!(
                 "{}\n[relay]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n",
-                common::config(dir, "").replace("[smtp]\n", &format!("[smtp]\nallow_other_users_addresses = {allow}\n")),
+                common::config(dir, "")
+                    .replace("[smtp]\n", &format!("[smtp]\nallow_other_users_addresses = {allow}\n")),
                 smarthost.port
             )
         }

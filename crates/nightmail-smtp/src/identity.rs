@@ -5,8 +5,8 @@
 //!   server would be vouching for a colleague's words.
 //! - Mail to outside addresses must be From the user (`message::check_relayed_from`), and may not
 //!   name another account in Sender: or Reply-To: either.
-//! - Mail kept here whose From is not the user's own (a forward, a resend) is marked with
-//!   `Sender: <user>`, which mail clients show as "on behalf of": the reader sees who sent it.
+//! - Mail kept here whose From names someone other than the user (a forward, a resend) is marked
+//!   with `Sender: <user>`, which mail clients show as "on behalf of": the reader sees who sent it.
 //!
 //! `smtp.allow_other_users_addresses` lifts the first two for a shared desk; the mark stays.
 
@@ -50,7 +50,8 @@ pub(crate) fn check(raw: Vec<u8>, user: &Address, relayed: bool, config: &Config
         }
     }
     let own = |written: &String| Address::parse(written).ok().as_ref() == Some(user);
-    if relayed || (!named.from.is_empty() && named.from.iter().all(own)) {
+    // No From claims no author, so there is nothing to mark.
+    if relayed || named.from.iter().all(own) {
         return Ok(raw);
     }
     // RFC 5322 §3.6.2: one Sender at most, naming the agent that sent the message: here, us.
@@ -79,7 +80,11 @@ fn read(raw: &[u8]) -> Named {
         let addresses = |a: Option<&mail_parser::Address<'_>>| -> Vec<String> {
             a.map(|a| a.iter().map(|m| m.address().unwrap_or_default().to_string()).collect()).unwrap_or_default()
         };
-        Named { from: addresses(message.from()), sender: addresses(message.sender()), reply_to: addresses(message.reply_to()) }
+        Named {
+            from: addresses(message.from()),
+            sender: addresses(message.sender()),
+            reply_to: addresses(message.reply_to()),
+        }
     })
     .unwrap_or_default()
 }
@@ -135,6 +140,8 @@ mod tests {
         assert_eq!(run(forward, false, false).unwrap(), format!("Sender: <me@n.test>\r\n{forward}"));
         let own = "From: Me <me@n.test>\r\n\r\nx\r\n";
         assert_eq!(run(own, false, false).unwrap(), own, "the user's own mail is left as it is");
+        let anonymous = "Subject: no author\r\n\r\nx\r\n";
+        assert_eq!(run(anonymous, false, false).unwrap(), anonymous, "no From, no one to mark");
         let claimed = "From: boss@example.org\r\nSender: boss@example.org\r\n\r\nx\r\n";
         assert!(run(claimed, false, false).unwrap_err().contains("The Sender header must be your address"));
     }

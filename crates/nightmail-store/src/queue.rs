@@ -13,9 +13,9 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 
 use crate::delivery::deliver_in;
-use crate::outbound::charge_in;
 use crate::in_progress::{ProgressMail, withdraw_in};
 use crate::job_index::IndexTrees;
+use crate::outbound::charge_in;
 use crate::refs::RefTrees;
 use crate::schema::{JOBS, LIVE_JOBS, Tx, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};

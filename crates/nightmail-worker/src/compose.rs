@@ -256,8 +256,9 @@ pub struct ReplyMail<'a> {
 
 pub fn write(reply: ReplyMail<'_>) -> Vec<u8> {
     // A display name from the question's header is one line too (RFC 5322 §3.4).
-    let person =
-        |p: &Person| -> MbAddress<'static> { HeaderText::mailbox(p.name.as_deref().map(HeaderText::new).as_ref(), &p.address) };
+    let person = |p: &Person| -> MbAddress<'static> {
+        HeaderText::mailbox(p.name.as_deref().map(HeaderText::new).as_ref(), &p.address)
+    };
     let auto_replied = HeaderText::new("auto-replied");
     let mut builder = MessageBuilder::new()
         .from(HeaderText::mailbox(Some(&reply.from.0), reply.from.1))
@@ -462,17 +463,35 @@ mod tests {
         for line in head.split("\r\n") {
             let field = line.split(':').next().unwrap();
             assert!(
-                line.starts_with([' ', '\t']) || ["From", "To", "Subject", "Message-ID", "Auto-Submitted", "In-Reply-To", "References", "X-Nightmail-Failure", "MIME-Version", "Content-Type", "Content-Transfer-Encoding", "Date"].contains(&field),
+                line.starts_with([' ', '\t'])
+                    || [
+                        "From",
+                        "To",
+                        "Subject",
+                        "Message-ID",
+                        "Auto-Submitted",
+                        "In-Reply-To",
+                        "References",
+                        "X-Nightmail-Failure",
+                        "MIME-Version",
+                        "Content-Type",
+                        "Content-Transfer-Encoding",
+                        "Date"
+                    ]
+                    .contains(&field),
                 "a field we did not write: {line:?} in\n{head}"
             );
         }
         assert!(!text.contains('\0'));
         let bytes = text.as_bytes();
-        assert!((0..bytes.len()).all(|i| match bytes[i] {
-            b'\r' => bytes.get(i + 1) == Some(&b'\n'),
-            b'\n' => i > 0 && bytes[i - 1] == b'\r',
-            _ => true,
-        }), "{text:?}");
+        assert!(
+            (0..bytes.len()).all(|i| match bytes[i] {
+                b'\r' => bytes.get(i + 1) == Some(&b'\n'),
+                b'\n' => i > 0 && bytes[i - 1] == b'\r',
+                _ => true,
+            }),
+            "{text:?}"
+        );
         let reply = parse(&raw).unwrap();
         assert_eq!(reply.subject, "Re: a Reply-To: p@evil.example Pay now");
         assert_eq!(reply.references, ["<ok@x>", "<1@x>"], "an id with a control in it is not written");

@@ -169,7 +169,11 @@ impl<'a> Letters<'a> {
             raw,
             sender: Some(from.clone()),
             recipients,
-            summary: Summary { from: format!("{name} <{from}>"), subject: subject.to_string(), message_id: message_id.clone() },
+            summary: Summary {
+                from: format!("{name} <{from}>"),
+                subject: subject.to_string(),
+                message_id: message_id.clone(),
+            },
             dedupe_id: message_id,
         })
     }
@@ -191,9 +195,8 @@ impl<'a> Letters<'a> {
         if left >= max {
             return Ok((max, why));
         }
-        let why = format!(
-            "<{asker}> reached the daily relay quota: relay.max_relay_recipients_per_user_per_day = {quota}"
-        );
+        let why =
+            format!("<{asker}> reached the daily relay quota: relay.max_relay_recipients_per_user_per_day = {quota}");
         Ok((left, why))
     }
 }
