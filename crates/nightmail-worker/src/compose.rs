@@ -337,6 +337,27 @@ mod tests {
         a.as_str() == "kimi@n.local"
     }
 
+    /// Kimi's reply-all to `parent`, as `write` writes it.
+    fn kimis_reply(
+        parent: &Mail,
+        body: Body,
+        headers: Vec<(&'static str, HeaderText)>,
+        attachment: Option<(&'static str, String)>,
+    ) -> Vec<u8> {
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let audience = Audience::reply_all(parent, None, kimi);
+        write(ReplyMail {
+            from: (HeaderText::new("Kimi"), &kimi_address),
+            audience: &audience,
+            subject: reply_subject(&parent.subject),
+            message_id: "<r1@n.local>".into(),
+            parent,
+            body,
+            headers,
+            attachment,
+        })
+    }
+
     #[test]
     fn outside_recipients_are_capped_and_named() {
         let p = |a: &str| Person { address: Address::parse(a).unwrap(), name: None };
@@ -408,17 +429,7 @@ mod tests {
             api_price: Some(ApiPrice { input_per_mtok: 3.0, output_per_mtok: 15.0 }),
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
-        let audience = Audience::reply_all(&parent, None, kimi);
-        let raw = write(ReplyMail {
-            from: (HeaderText::new("Kimi"), &kimi_address),
-            audience: &audience,
-            subject: reply_subject(&parent.subject),
-            message_id: "<r1@n.local>".into(),
-            parent: &parent,
-            body,
-            headers,
-            attachment: Some(("reasoning.txt", "thinking...".into())),
-        });
+        let raw = kimis_reply(&parent, body, headers, Some(("reasoning.txt", "thinking...".into())));
         let reply = parse(&raw).unwrap();
         assert_eq!(reply.subject, "Re: Plans");
         assert_eq!(reply.message_id.as_deref(), Some("<r1@n.local>"));
@@ -446,18 +457,8 @@ mod tests {
         )
         .unwrap();
         assert!(parent.subject.contains("\r\n"), "mail-parser decodes the encoded-word: {:?}", parent.subject);
-        let kimi_address = Address::parse("kimi@n.local").unwrap();
-        let audience = Audience::reply_all(&parent, None, kimi);
-        let raw = write(ReplyMail {
-            from: (HeaderText::new("Kimi"), &kimi_address),
-            audience: &audience,
-            subject: reply_subject(&parent.subject),
-            message_id: "<r1@n.local>".into(),
-            parent: &parent,
-            body: Body::Plain("one\rtwo\nthree\0\r\n.\r\n".into()),
-            headers: vec![("X-Nightmail-Failure", HeaderText::new("bad\r\nX-Evil: 1"))],
-            attachment: None,
-        });
+        let body = Body::Plain("one\rtwo\nthree\0\r\n.\r\n".into());
+        let raw = kimis_reply(&parent, body, vec![("X-Nightmail-Failure", HeaderText::new("bad\r\nX-Evil: 1"))], None);
         let text = String::from_utf8(raw.clone()).unwrap();
         let head = text.split("\r\n\r\n").next().unwrap();
         for line in head.split("\r\n") {
