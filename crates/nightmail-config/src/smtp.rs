@@ -29,6 +29,10 @@ pub struct SmtpConfig {
     pub timeout: Duration,
     /// How long a whole message (DATA to the final dot) may take to arrive.
     pub data_timeout: Duration,
+    /// Whether a user may name another account of this server (a user or a model) in From: of
+    /// mail kept here and in Sender: or Reply-To: of mail sent outside (a shared desk); off, such
+    /// mail is refused as forged (RFC 6409 §6.1 lets a submission server check what it signs for).
+    pub allow_other_users_addresses: bool,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +48,7 @@ pub(crate) struct RawSmtp {
     max_header_lines: Spanned<usize>,
     timeout_secs: Spanned<u64>,
     data_timeout_secs: Spanned<u64>,
+    allow_other_users_addresses: bool,
 }
 
 impl Default for RawSmtp {
@@ -60,6 +65,7 @@ impl Default for RawSmtp {
             max_header_lines: s(1000),
             timeout_secs: Spanned::new(0..0, 300),
             data_timeout_secs: Spanned::new(0..0, 1800),
+            allow_other_users_addresses: false,
         }
     }
 }
@@ -95,5 +101,6 @@ pub(crate) fn check(raw: &RawSmtp, loc: &Locator<'_>) -> Result<SmtpConfig, Conf
         max_header_lines: positive(&raw.max_header_lines, "max_header_lines")?,
         timeout: Duration::from_secs(*raw.timeout_secs.get_ref()),
         data_timeout: Duration::from_secs(*raw.data_timeout_secs.get_ref()),
+        allow_other_users_addresses: raw.allow_other_users_addresses,
     })
 }

@@ -6,9 +6,8 @@
 use mail_builder::MessageBuilder;
 use mail_builder::headers::content_type::ContentType;
 use mail_builder::headers::date::Date;
-use mail_builder::headers::text::Text;
 use mail_builder::mime::{BodyPart, MimePart};
-use nightmail_types::{Address, Timestamp};
+use nightmail_types::{Address, HeaderText, Timestamp, is_msg_id};
 
 /// One recipient the message did not reach.
 pub struct Failed<'a> {
@@ -35,8 +34,11 @@ pub struct Report<'a> {
 /// The notice's bytes and its Subject.
 pub fn write(report: &Report<'_>) -> (Vec<u8>, String) {
     let original = Original::read(report.original);
-    let subject =
-        format!("Undelivered mail: {}", if original.subject.is_empty() { "(no subject)" } else { &original.subject });
+    // The original's Subject as decoded may hold line breaks: one line, as every header we write.
+    let subject = HeaderText::new(&format!(
+        "Undelivered mail: {}",
+        if original.subject.is_empty() { "(no subject)" } else { &original.subject }
+    ));
     let mut human = String::from("Your message could not be delivered to ");
     human.push_str(if report.failed.len() == 1 { "this recipient:\n\n" } else { "these recipients:\n\n" });
     for f in &report.failed {
@@ -72,23 +74,24 @@ pub fn write(report: &Report<'_>) -> (Vec<u8>, String) {
         MimePart::new(ContentType::new("text/rfc822-headers"), BodyPart::Binary(headers.into()))
             .transfer_encoding(headers_encoding),
     ];
+    let auto_replied = HeaderText::new("auto-replied");
     let mut builder = MessageBuilder::new()
         .from(("Mail Delivery System".to_string(), format!("MAILER-DAEMON@{}", report.hostname)))
         .to(report.to.to_string())
-        .subject(subject.clone())
+        .subject(&subject)
         .message_id(bare(report.message_id).to_string())
         // RFC 3834 §5: an automatic message; no responder (nor a model) answers it.
-        .header("Auto-Submitted", Text::new("auto-replied"))
+        .header("Auto-Submitted", &auto_replied)
         .body(MimePart::new(
             ContentType::new("multipart/report").attribute("report-type", "delivery-status"),
             BodyPart::Multipart(parts),
         ));
-    if let Some(id) = &original.message_id {
-        let mut references = original.references.clone();
+    if let Some(id) = original.message_id.as_ref().filter(|id| is_msg_id(id)) {
+        let mut references: Vec<String> = original.references.iter().filter(|r| is_msg_id(r)).cloned().collect();
         references.push(id.clone());
         builder = builder.in_reply_to(id.clone()).references(references);
     }
-    (builder.write_to_vec().expect("writing a message to a Vec cannot fail"), subject)
+    (builder.write_to_vec().expect("writing a message to a Vec cannot fail"), subject.to_string())
 }
 
 /// RFC 3464 §2.3.4 `Status`: the enhanced code in the reply if it has one (RFC 3463), else 4.4.7

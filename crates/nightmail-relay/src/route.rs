@@ -142,6 +142,12 @@ impl Failure {
 /// recipient's (temporary) outcome, with an error that says what to fix.
 pub async fn send(route: &Route, envelope: &Envelope, message: &[u8]) -> Vec<Outcome> {
     let n = envelope.to.len();
+    if let Some(at) = bare_line_end(message) {
+        // RFC 5321 §2.3.8: a lone CR or LF is what SMTP smuggling hides "." behind, and lettre
+        // dot-stuffs only after CRLF. What we store is checked for this; this holds the line.
+        let error = format!("the message has a bare CR or LF at byte {at} (RFC 5321 §2.3.8); not sent");
+        return vec![Outcome::Failed { error, permanent: true }; n];
+    }
     let limit = route.timeout.saturating_mul(4 + n as u32);
     let result = tokio::time::timeout(limit, transaction(route, envelope, message)).await;
     match result {
@@ -267,6 +273,15 @@ async fn exchange(
         .collect())
 }
 
+/// Where `message` has a CR not followed by LF, or an LF not after a CR.
+fn bare_line_end(message: &[u8]) -> Option<usize> {
+    (0..message.len()).find(|&i| match message[i] {
+        b'\r' => message.get(i + 1) != Some(&b'\n'),
+        b'\n' => i == 0 || message[i - 1] != b'\r',
+        _ => false,
+    })
+}
+
 fn lettre_address(address: &Address) -> Result<lettre::Address, Failure> {
     lettre::Address::from_str(address.as_str()).map_err(|e| Failure {
         error: format!("<{address}> is not an address the SMTP client accepts: {e}"),
@@ -306,5 +321,18 @@ fn connect_error(route: &Route, e: &lettre::transport::smtp::Error) -> String {
         )
     } else {
         format!("{}: cannot connect: {text}", route.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bare_line_end;
+
+    #[test]
+    fn a_lone_cr_or_lf_is_found_and_crlf_is_not() {
+        assert_eq!(bare_line_end(b"Subject: a\r\n\r\nbody\r\n.\r\n"), None);
+        assert_eq!(bare_line_end(b"Subject: x\n.\r\nRSET\r\n"), Some(10));
+        assert_eq!(bare_line_end(b"a\r.\r\n"), Some(1));
+        assert_eq!(bare_line_end(b"\nx"), Some(0));
     }
 }

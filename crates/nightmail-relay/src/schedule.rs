@@ -76,6 +76,7 @@ mod tests {
             state: OutboundState::default(),
             last_error: None,
             via: None,
+            charged_to: None,
         }
     }
 

@@ -6,6 +6,7 @@
 //! its jobs to disk.
 
 mod command;
+mod identity;
 mod message;
 mod reply;
 mod session;

@@ -253,6 +253,7 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
                     state: OutboundState::Queued { not_before: now },
                     last_error: None,
                     via: via.clone(),
+                    charged_to: None,
                 };
                 tx.outbound.insert(&outbound.id.to_be_bytes(), encode(&outbound))?;
                 receipt.outbound.push(outbound.id);

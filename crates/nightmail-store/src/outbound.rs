@@ -51,6 +51,30 @@ pub struct Outbound {
     /// Absent before bridges existed.
     #[serde(default)]
     pub via: Option<Address>,
+    /// Whose daily relay quota this counts against when it is not the envelope sender: the asker
+    /// a model wrote for. Absent in entries of users' own mail and written before models were
+    /// counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charged_to: Option<Address>,
+}
+
+impl Outbound {
+    /// Who sent this, as the daily relay quota counts it.
+    pub fn charged(&self) -> Option<&Address> {
+        self.charged_to.as_ref().or(self.sender.as_ref())
+    }
+}
+
+/// Charges the entries `ids` (just made by `deliver_in`, in the same transaction) to `asker`: mail
+/// a model sends on someone's behalf counts against that person's quota, not the model's.
+pub(crate) fn charge_in(tree: &TransactionalTree, ids: &[OutboundId], asker: &Address) -> TxResult<()> {
+    for id in ids {
+        let Some(bytes) = tree.get(id.to_be_bytes())? else { continue };
+        let mut entry: Outbound = decode(OUTBOUND, &bytes).map_err(ConflictableTransactionError::Abort)?;
+        entry.charged_to = Some(asker.clone());
+        tree.insert(&id.to_be_bytes(), encode(&entry))?;
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,11 +213,12 @@ impl Store {
         self.trees.outbound.get(id.to_be_bytes())?.map(|v| decode(OUTBOUND, &v)).transpose()
     }
 
-    /// Outside recipients `sender` has sent to since `since`: the daily relay quota counts these.
+    /// Outside recipients `sender` has sent to since `since`, themselves or through a model's
+    /// mail on their behalf: the daily relay quota counts these.
     pub fn relayed_since(&self, sender: &Address, since: Timestamp) -> Result<usize, StoreError> {
         let mut n = 0;
         for entry in self.outbound()? {
-            if entry.sender.as_ref() == Some(sender) && entry.created_at >= since {
+            if entry.charged() == Some(sender) && entry.created_at >= since {
                 n += 1;
             }
         }

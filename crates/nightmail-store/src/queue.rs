@@ -15,8 +15,9 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::delivery::deliver_in;
 use crate::in_progress::{ProgressMail, withdraw_in};
 use crate::job_index::IndexTrees;
+use crate::outbound::charge_in;
 use crate::refs::RefTrees;
-use crate::schema::{JOBS, LIVE_JOBS, decode, encode};
+use crate::schema::{JOBS, LIVE_JOBS, Tx, decode, encode};
 use crate::{Incoming, JobId, MessageKey, Receipt, Store, StoreError, Summary};
 
 /// One message for one model address.
@@ -246,6 +247,14 @@ pub(crate) fn queue_key(not_before: Timestamp, id: JobId) -> [u8; 16] {
 }
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+/// `receipt`'s outbound entries charged to `job`'s asker: the model wrote them on their behalf.
+fn charged(tx: &Tx<'_>, receipt: Receipt, job: &Job) -> TxResult<Receipt> {
+    if let Some(asker) = &job.sender {
+        charge_in(tx.outbound, &receipt.outbound, asker)?;
+    }
+    Ok(receipt)
+}
 
 fn abort(e: StoreError) -> ConflictableTransactionError<StoreError> {
     ConflictableTransactionError::Abort(e)
@@ -493,7 +502,7 @@ impl Store {
             let withdrawn = withdraw_in(tx, &mut job)?;
             match &finish {
                 Finish::Done { reply } => {
-                    receipt = Some(deliver_in(tx, reply, &ids, now)?);
+                    receipt = Some(charged(tx, deliver_in(tx, reply, &ids, now)?, &job)?);
                     job.reply = Some(reply.key);
                     job.state = JobState::Done { at: now };
                 }
@@ -502,7 +511,7 @@ impl Store {
                         job.state = JobState::Queued { not_before: now.plus(backoff) };
                     } else {
                         if let Some(notice) = notice {
-                            receipt = Some(deliver_in(tx, notice, &ids, now)?);
+                            receipt = Some(charged(tx, deliver_in(tx, notice, &ids, now)?, &job)?);
                             job.reply = Some(notice.key);
                         }
                         job.state = JobState::Failed { at: now, reason: reason.clone() };
@@ -541,7 +550,7 @@ impl Store {
             job.triaged = true;
             let mut receipt = None;
             if let Some(ack) = &ack {
-                receipt = Some(deliver_in(tx, ack, &ids, now)?);
+                receipt = Some(charged(tx, deliver_in(tx, ack, &ids, now)?, &job)?);
                 job.ack = Some(ack.summary.message_id.clone());
             }
             let state = job.state.clone();

@@ -305,7 +305,7 @@ impl<'a> Answer<'a> {
         let (body, headers) = compose::answer(&stats, &notes);
         let attachment = (model.reasoning_output == ReasoningOutput::Attach && !outcome.reasoning.trim().is_empty())
             .then(|| ("reasoning.txt", outcome.reasoning.clone()));
-        Letters::new(self.shift).reply(asked, Content { body, headers, attachment }, None)
+        Letters::new(self.shift).reply(asked, Content { body, headers, attachment })
     }
 
     /// The conversation the model is given: a thread's turns, or an Ask folder's framed question.

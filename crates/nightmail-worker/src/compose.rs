@@ -1,13 +1,14 @@
 //! The reply, built with mail-builder: threaded (RFC 5322 §3.6.4), marked automatic (RFC 3834
 //! §5), with what the answer cost in a footer after the signature separator and in
-//! `X-Nightmail-*` headers.
+//! `X-Nightmail-*` headers. Every header value is a [`HeaderText`] (one line, whatever the
+//! question's encoded-words decoded to), and every text part has CRLF line ends only: nothing
+//! the asker wrote can start a header or put a bare CR or LF on the wire (RFC 5321 §2.3.8).
 
 use std::time::Duration;
 
 use mail_builder::MessageBuilder;
 use mail_builder::headers::address::Address as MbAddress;
-use mail_builder::headers::text::Text;
-use nightmail_types::Address;
+use nightmail_types::{Address, HeaderText, is_msg_id};
 
 use nightmail_config::ApiPrice;
 
@@ -67,6 +68,14 @@ impl Audience {
         Audience { to, cc }
     }
 
+    /// Puts the asker in To when the reply-all left them out (a Reply-To elsewhere, or a model's
+    /// address): a question's headers may add people to its answer, never take the asker away.
+    pub fn keep(&mut self, asker: &Address) {
+        if !self.everyone().any(|p| &p.address == asker) {
+            self.to.insert(0, Person { address: asker.clone(), name: None });
+        }
+    }
+
     pub fn everyone(&self) -> impl Iterator<Item = &Person> {
         self.to.iter().chain(&self.cc)
     }
@@ -111,9 +120,10 @@ pub fn with_note(body: String, note: &str) -> String {
     }
 }
 
-/// `Re: ` once, however deep the thread (no `Re: Re: Re:`).
-pub fn reply_subject(subject: &str) -> String {
-    let mut rest = subject.trim();
+/// `Re: ` once, however deep the thread (no `Re: Re: Re:`), on one line.
+pub fn reply_subject(subject: &str) -> HeaderText {
+    let subject = HeaderText::new(subject);
+    let mut rest = subject.as_str();
     loop {
         let lower = rest.to_ascii_lowercase();
         if let Some(stripped) =
@@ -124,7 +134,7 @@ pub fn reply_subject(subject: &str) -> String {
             break;
         }
     }
-    if rest.is_empty() { "Re: your message".into() } else { format!("Re: {rest}") }
+    HeaderText::new(&if rest.is_empty() { "Re: your message".into() } else { format!("Re: {rest}") })
 }
 
 /// RFC 5322 §3.6.4: the parent's References (or its In-Reply-To if it has none), then the
@@ -137,11 +147,20 @@ pub fn references(parent: &Mail) -> Vec<String> {
     };
     ids.extend(parent.message_id.iter().cloned());
     ids.dedup();
-    ids.iter().map(|id| bare_id(id).to_string()).collect()
+    ids.iter().map(|id| bare_id(id)).filter(|id| is_msg_id(id)).map(str::to_string).collect()
 }
 
 pub fn bare_id(id: &str) -> &str {
     id.trim().trim_start_matches('<').trim_end_matches('>')
+}
+
+/// Text for a MIME text part with CRLF line ends only and no NUL: a lone CR or LF from the
+/// model's answer or the question it quotes would reach the wire as it is.
+fn wire_text(text: String) -> String {
+    if !text.contains(['\r', '\0']) {
+        return text;
+    }
+    text.replace("\r\n", "\n").replace('\r', "\n").replace('\0', "")
 }
 
 /// A fresh Message-ID on our host name.
@@ -223,41 +242,41 @@ impl Stats<'_> {
 }
 
 /// A message we write, threaded under `parent`: every message the worker sends answers one.
+/// Its header values are [`HeaderText`]: raw text has no way in.
 pub struct ReplyMail<'a> {
-    pub from: (&'a str, &'a Address),
+    pub from: (HeaderText, &'a Address),
     pub audience: &'a Audience,
-    pub subject: String,
+    pub subject: HeaderText,
     pub message_id: String,
     pub parent: &'a Mail,
     pub body: Body,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, HeaderText)>,
     pub attachment: Option<(&'static str, String)>,
 }
 
 pub fn write(reply: ReplyMail<'_>) -> Vec<u8> {
+    // A display name from the question's header is one line too (RFC 5322 §3.4).
     let person = |p: &Person| -> MbAddress<'static> {
-        match &p.name {
-            Some(name) => (name.clone(), p.address.to_string()).into(),
-            None => p.address.to_string().into(),
-        }
+        HeaderText::mailbox(p.name.as_deref().map(HeaderText::new).as_ref(), &p.address)
     };
+    let auto_replied = HeaderText::new("auto-replied");
     let mut builder = MessageBuilder::new()
-        .from((reply.from.0.to_string(), reply.from.1.to_string()))
+        .from(HeaderText::mailbox(Some(&reply.from.0), reply.from.1))
         .to(reply.audience.to.iter().map(person).collect::<Vec<_>>())
-        .subject(reply.subject)
+        .subject(&reply.subject)
         .message_id(bare_id(&reply.message_id).to_string())
         // RFC 3834 §5.2: this message is an automatic reply; well-behaved responders won't answer it.
-        .header("Auto-Submitted", Text::new("auto-replied"));
+        .header("Auto-Submitted", &auto_replied);
     if !reply.audience.cc.is_empty() {
         builder = builder.cc(reply.audience.cc.iter().map(person).collect::<Vec<_>>());
     }
-    if let Some(parent_id) = &reply.parent.message_id {
-        builder = builder.in_reply_to(bare_id(parent_id).to_string()).references(references(reply.parent));
+    if let Some(parent_id) = reply.parent.message_id.as_deref().map(bare_id).filter(|id| is_msg_id(id)) {
+        builder = builder.in_reply_to(parent_id.to_string()).references(references(reply.parent));
     }
-    for (name, value) in reply.headers {
-        builder = builder.header(name, Text::new(value));
+    for (name, value) in &reply.headers {
+        builder = builder.header(*name, value);
     }
-    builder = match reply.body {
+    builder = match reply.body.map(wire_text) {
         Body::Plain(text) => builder.text_body(text),
         Body::Markdown(text) => {
             let rendered = html::alternative(&text);
@@ -265,13 +284,13 @@ pub fn write(reply: ReplyMail<'_>) -> Vec<u8> {
         }
     };
     if let Some((name, text)) = reply.attachment {
-        builder = builder.attachment("text/plain; charset=utf-8", name, text.into_bytes());
+        builder = builder.attachment("text/plain; charset=utf-8", name, wire_text(text).into_bytes());
     }
     builder.write_to_vec().expect("writing a message to a Vec cannot fail")
 }
 
 /// The body and headers of an answer.
-pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, String)>) {
+pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, HeaderText)>) {
     let mut body = stats.outcome.content.trim().to_string();
     if body.is_empty() {
         body = "(The model gave no answer text; its reasoning is attached if reasoning output is on.)".into();
@@ -306,7 +325,7 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, 
     if let Some(usd) = stats.api_equivalent() {
         headers.push(("X-Nightmail-Api-Equivalent-Usd", format!("{usd:.6}")));
     }
-    (Body::Markdown(body), headers)
+    (Body::Markdown(body), headers.into_iter().map(|(name, value)| (name, HeaderText::new(&value))).collect())
 }
 
 #[cfg(test)]
@@ -316,6 +335,27 @@ mod tests {
 
     fn kimi(a: &Address) -> bool {
         a.as_str() == "kimi@n.local"
+    }
+
+    /// Kimi's reply-all to `parent`, as `write` writes it.
+    fn kimis_reply(
+        parent: &Mail,
+        body: Body,
+        headers: Vec<(&'static str, HeaderText)>,
+        attachment: Option<(&'static str, String)>,
+    ) -> Vec<u8> {
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let audience = Audience::reply_all(parent, None, kimi);
+        write(ReplyMail {
+            from: (HeaderText::new("Kimi"), &kimi_address),
+            audience: &audience,
+            subject: reply_subject(&parent.subject),
+            message_id: "<r1@n.local>".into(),
+            parent,
+            body,
+            headers,
+            attachment,
+        })
     }
 
     #[test]
@@ -336,10 +376,11 @@ mod tests {
 
     #[test]
     fn subjects_do_not_stack() {
-        assert_eq!(reply_subject("Plans"), "Re: Plans");
-        assert_eq!(reply_subject("Re: Plans"), "Re: Plans");
-        assert_eq!(reply_subject("RE: re: Aw: Plans"), "Re: Plans");
-        assert_eq!(reply_subject(""), "Re: your message");
+        assert_eq!(reply_subject("Plans").as_str(), "Re: Plans");
+        assert_eq!(reply_subject("Re: Plans").as_str(), "Re: Plans");
+        assert_eq!(reply_subject("RE: re: Aw: Plans").as_str(), "Re: Plans");
+        assert_eq!(reply_subject("").as_str(), "Re: your message");
+        assert_eq!(reply_subject("\r\nRe:\r\n a\r\nBcc: x@y").as_str(), "Re: a Bcc: x@y");
     }
 
     #[test]
@@ -388,17 +429,7 @@ mod tests {
             api_price: Some(ApiPrice { input_per_mtok: 3.0, output_per_mtok: 15.0 }),
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
-        let audience = Audience::reply_all(&parent, None, kimi);
-        let raw = write(ReplyMail {
-            from: ("Kimi", &kimi_address),
-            audience: &audience,
-            subject: reply_subject(&parent.subject),
-            message_id: "<r1@n.local>".into(),
-            parent: &parent,
-            body,
-            headers,
-            attachment: Some(("reasoning.txt", "thinking...".into())),
-        });
+        let raw = kimis_reply(&parent, body, headers, Some(("reasoning.txt", "thinking...".into())));
         let reply = parse(&raw).unwrap();
         assert_eq!(reply.subject, "Re: Plans");
         assert_eq!(reply.message_id.as_deref(), Some("<r1@n.local>"));
@@ -417,6 +448,54 @@ mod tests {
         assert!(text.contains("Content-Type: multipart/alternative"), "{text}");
         let html = mail_parser::MessageParser::default().parse(&raw).unwrap().body_html(0).unwrap().to_string();
         assert!(html.contains("<p>Hello Ann.</p>"), "{html}");
+    }
+
+    #[test]
+    fn decoded_line_breaks_stay_inside_the_field_and_the_text_has_crlf_only() {
+        let parent = parse(
+            b"From: =?utf-8?Q?Ann=0D=0ABcc:_p@evil.example?= <ann@x.org>\r\nSubject: =?utf-8?B?YQ0KUmVwbHktVG86IHBAZXZpbC5leGFtcGxlDQoNClBheSBub3c=?=\r\nMessage-ID: <1@x>\r\nReferences: <ok@x> <bad\x01id@x>\r\n\r\nhi\r\n",
+        )
+        .unwrap();
+        assert!(parent.subject.contains("\r\n"), "mail-parser decodes the encoded-word: {:?}", parent.subject);
+        let body = Body::Plain("one\rtwo\nthree\0\r\n.\r\n".into());
+        let raw = kimis_reply(&parent, body, vec![("X-Nightmail-Failure", HeaderText::new("bad\r\nX-Evil: 1"))], None);
+        let text = String::from_utf8(raw.clone()).unwrap();
+        let head = text.split("\r\n\r\n").next().unwrap();
+        for line in head.split("\r\n") {
+            let field = line.split(':').next().unwrap();
+            assert!(
+                line.starts_with([' ', '\t'])
+                    || [
+                        "From",
+                        "To",
+                        "Subject",
+                        "Message-ID",
+                        "Auto-Submitted",
+                        "In-Reply-To",
+                        "References",
+                        "X-Nightmail-Failure",
+                        "MIME-Version",
+                        "Content-Type",
+                        "Content-Transfer-Encoding",
+                        "Date"
+                    ]
+                    .contains(&field),
+                "a field we did not write: {line:?} in\n{head}"
+            );
+        }
+        assert!(!text.contains('\0'));
+        let bytes = text.as_bytes();
+        assert!(
+            (0..bytes.len()).all(|i| match bytes[i] {
+                b'\r' => bytes.get(i + 1) == Some(&b'\n'),
+                b'\n' => i > 0 && bytes[i - 1] == b'\r',
+                _ => true,
+            }),
+            "{text:?}"
+        );
+        let reply = parse(&raw).unwrap();
+        assert_eq!(reply.subject, "Re: a Reply-To: p@evil.example Pay now");
+        assert_eq!(reply.references, ["<ok@x>", "<1@x>"], "an id with a control in it is not written");
     }
 
     #[test]
@@ -447,12 +526,12 @@ mod tests {
             body.contains("\n2000 prompt tokens (1940 restored from the thread's saved state, 60 computed), "),
             "{body}"
         );
-        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", "60".to_string())), "{headers:?}");
-        assert!(headers.contains(&("X-Nightmail-Prompt-Tokens", "2000".to_string())), "{headers:?}");
+        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", HeaderText::new("60"))), "{headers:?}");
+        assert!(headers.contains(&("X-Nightmail-Prompt-Tokens", HeaderText::new("2000"))), "{headers:?}");
         // All computed: the footer says nothing more, the header says so.
         let (body, headers) = stats(Some(2000));
         assert!(body.contains("\n2000 prompt tokens, "), "{body}");
-        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", "2000".to_string())), "{headers:?}");
+        assert!(headers.contains(&("X-Nightmail-Prefilled-Tokens", HeaderText::new("2000"))), "{headers:?}");
         // A server that does not say: no header.
         let (_, headers) = stats(None);
         assert!(!headers.iter().any(|(name, _)| *name == "X-Nightmail-Prefilled-Tokens"), "{headers:?}");

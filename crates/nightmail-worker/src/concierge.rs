@@ -4,6 +4,7 @@
 //! and must not read history.
 
 use nightmail_store::{Incoming, JobState, Origin, StoreError};
+use nightmail_types::HeaderText;
 
 use crate::control::{self, command_in};
 use crate::gate;
@@ -56,20 +57,22 @@ impl<'a> Concierge<'a> {
 }
 
 /// The acknowledgement of a new question, if the model sends them: where it stands in the queue
-/// and how to cancel it.
+/// and how to cancel it, to the asker alone.
 pub fn acknowledgement(shift: &Shift, asked: Asked<'_>) -> Result<Option<Incoming>, StoreError> {
     let Asked { job, model, question } = asked;
     // An Ask job was acknowledged by the IMAP command's OK, which names it.
-    if !model.ack || job.sender.is_none() || job.origin == Origin::Ask {
+    let Some(asker) = job.sender.as_ref().filter(|_| model.ack && job.origin != Origin::Ask) else {
         return Ok(None);
-    }
+    };
     let when = pacing::estimate(&shift.store, job)?;
     let text = format!(
         "Your question \"{}\" is queued for {} as job {}.\n{when}\n\nReply to this message with \"cancel\" to cancel it, or send a message with the subject \"status\" to see the queue.\n\n-- \nnightmail\n",
-        question.subject, model.address, job.id
+        HeaderText::new(&question.subject),
+        model.address,
+        job.id
     );
     let message_id = control::ack_message_id(job.id, &shift.config().hostname);
-    Letters::new(shift).reply(asked, Content::about(job, text), Some(message_id)).map(Some)
+    Letters::new(shift).private(asked, asker, Content::about(job, text), message_id).map(Some)
 }
 
 #[cfg(test)]

@@ -3,9 +3,10 @@
 
 use nightmail_config::ModelEntry;
 use nightmail_store::{Finish, Job, JobId, JobState, LeasedJob, Origin, StoreError};
-use nightmail_types::Timestamp;
+use nightmail_types::{HeaderText, Timestamp};
 
 use crate::checkpoints;
+use crate::compose::new_message_id;
 use crate::letters::{Asked, Content, Letters};
 use crate::mail::Mail;
 use crate::pacing::{Pace, human_duration};
@@ -62,7 +63,15 @@ pub async fn obey(
         Command::Cancel { target, ack_id } => cancel(shift, &job, target, &ack_id).await?,
     };
     let asked = Asked { job: &job, model, question };
-    let reply = Letters::new(shift).reply(asked, Content::about(&job, format!("{text}\n\n-- \nnightmail\n")), None)?;
+    let content = Content::about(&job, format!("{text}\n\n-- \nnightmail\n"));
+    // About the asker's own questions: to them alone, whoever the command's headers name.
+    let letters = Letters::new(shift);
+    let reply = match &job.sender {
+        Some(asker) => {
+            letters.private(asked, asker, content, new_message_id("reply", job.id.0, &shift.config().hostname))?
+        }
+        None => letters.reply(asked, content)?,
+    };
     shift.store.finish(leased, Finish::Done { reply }, &shift.policy).await?;
     Ok(())
 }
@@ -78,10 +87,14 @@ async fn cancel(shift: &Shift, job: &Job, target: JobId, ack_id: &str) -> Result
         checkpoints::remove(&shift.config().data_dir, target);
     }
     Ok(match after.state {
-        JobState::Cancelled { .. } => format!("Cancelled job {target} (\"{}\"). No answer will be sent.", t.subject),
-        other => {
-            format!("Job {target} (\"{}\") had already ended ({}); nothing to cancel.", t.subject, other.name())
+        JobState::Cancelled { .. } => {
+            format!("Cancelled job {target} (\"{}\"). No answer will be sent.", HeaderText::new(&t.subject))
         }
+        other => format!(
+            "Job {target} (\"{}\") had already ended ({}); nothing to cancel.",
+            HeaderText::new(&t.subject),
+            other.name()
+        ),
     })
 }
 
@@ -103,7 +116,7 @@ pub(crate) fn status(shift: &Shift, job: &Job) -> Result<String, StoreError> {
                 "  job {}  {}  \"{}\" to {}, {} old{progress}",
                 j.id,
                 j.state.name(),
-                j.subject,
+                HeaderText::new(&j.subject),
                 j.model,
                 human_duration(now.since(j.created_at))
             ));

@@ -1,11 +1,16 @@
 //! The letters the worker writes, each threaded under the question it is about: the reply (to
-//! the question's audience), a message to the asker alone (progress), and the failure notice
-//! that ends a question the model will not answer. Written by `compose.rs`, sent the way the
-//! question came (`outlet.rs`).
+//! the question's audience, the asker always among it), messages to the asker alone
+//! (acknowledgements, command answers, progress), and the failure notice that ends a question
+//! the model will not answer. Written by `compose.rs`, sent the way the question came
+//! (`outlet.rs`). The model writes on its asker's behalf: the outside people it reaches through
+//! the `[relay]` count against the asker's daily relay quota, and a question with no asker
+//! reaches no one outside.
+
+use std::time::Duration;
 
 use nightmail_config::ModelEntry;
 use nightmail_store::{Incoming, Job, Origin, StoreError, Summary};
-use nightmail_types::Address;
+use nightmail_types::{Address, HeaderText, Timestamp};
 
 use crate::ask;
 use crate::compose::{self, Audience, Body};
@@ -24,14 +29,15 @@ pub struct Asked<'a> {
 /// What a letter says: its text, its own `X-Nightmail-*` headers, and a text attachment.
 pub struct Content {
     pub body: Body,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, HeaderText)>,
     pub attachment: Option<(&'static str, String)>,
 }
 
 impl Content {
     /// Plain text that names its job.
     pub fn about(job: &Job, text: String) -> Content {
-        Content { body: Body::Plain(text), headers: vec![("X-Nightmail-Job", job.id.to_string())], attachment: None }
+        let headers = vec![("X-Nightmail-Job", HeaderText::new(&job.id.to_string()))];
+        Content { body: Body::Plain(text), headers, attachment: None }
     }
 }
 
@@ -52,7 +58,8 @@ impl<'a> Letters<'a> {
         Letters { shift }
     }
 
-    /// A message from the model to the asker alone, threaded under the question.
+    /// A message from the model to the asker alone, threaded under the question, under a fresh
+    /// Message-ID of `kind`.
     pub fn to_asker(
         &self,
         asked: Asked<'_>,
@@ -60,31 +67,37 @@ impl<'a> Letters<'a> {
         text: String,
         kind: &str,
     ) -> Result<Incoming, StoreError> {
-        let job = asked.job;
-        let letter = Letter {
-            author: asked.model.into(),
-            audience: Audience { to: vec![mail::Person { address: asker.clone(), name: None }], cc: Vec::new() },
-            content: Content::about(job, text),
-            message_id: compose::new_message_id(kind, job.id.0, &self.shift.config().hostname),
-        };
-        self.write(job, asked.question, letter)
+        let message_id = compose::new_message_id(kind, asked.job.id.0, &self.shift.config().hostname);
+        self.private(asked, asker, Content::about(asked.job, text), message_id)
     }
 
-    /// A message from the model to the question's audience (reply-all; the asker alone for an Ask
-    /// job), threaded under it; under a fresh `reply` Message-ID unless `message_id` names one.
-    pub fn reply(
+    /// `content` from the model to the asker alone, threaded under the question, as `message_id`.
+    pub fn private(
         &self,
         asked: Asked<'_>,
+        asker: &Address,
         content: Content,
-        message_id: Option<String>,
+        message_id: String,
     ) -> Result<Incoming, StoreError> {
+        let audience = Audience { to: vec![mail::Person { address: asker.clone(), name: None }], cc: Vec::new() };
+        self.write(asked.job, asked.question, Letter { author: asked.model.into(), audience, content, message_id })
+    }
+
+    /// A message from the model to the question's audience (reply-all, with the asker kept
+    /// whatever its Reply-To says; the asker alone for an Ask job), threaded under it.
+    pub fn reply(&self, asked: Asked<'_>, content: Content) -> Result<Incoming, StoreError> {
         let job = asked.job;
+        let is_model = |a: &Address| self.shift.is_model(a);
         let audience = match (job.origin, job.sender.as_ref()) {
             (Origin::Ask, Some(asker)) => ask::audience(asker),
-            _ => Audience::reply_all(asked.question, job.sender.as_ref(), |a| self.shift.is_model(a)),
+            (Origin::Mail, Some(asker)) if !is_model(asker) => {
+                let mut audience = Audience::reply_all(asked.question, Some(asker), is_model);
+                audience.keep(asker);
+                audience
+            }
+            _ => Audience::reply_all(asked.question, job.sender.as_ref(), is_model),
         };
-        let message_id =
-            message_id.unwrap_or_else(|| compose::new_message_id("reply", job.id.0, &self.shift.config().hostname));
+        let message_id = compose::new_message_id("reply", job.id.0, &self.shift.config().hostname);
         self.write(job, asked.question, Letter { author: asked.model.into(), audience, content, message_id })
     }
 
@@ -109,7 +122,7 @@ impl<'a> Letters<'a> {
             job.id, author.address,
         );
         let mut content = Content::about(job, text);
-        content.headers.push(("X-Nightmail-Failure", why.to_string()));
+        content.headers.push(("X-Nightmail-Failure", HeaderText::new(why)));
         let letter = Letter {
             author,
             audience: Audience { to: vec![mail::Person { address: sender.clone(), name: None }], cc: Vec::new() },
@@ -123,12 +136,12 @@ impl<'a> Letters<'a> {
     fn write(&self, job: &Job, parent: &Mail, letter: Letter<'_>) -> Result<Incoming, StoreError> {
         let Letter { author, mut audience, content, message_id } = letter;
         let outlet = Outlet::new(self.shift.config(), job.via.as_ref());
-        let name = author.name.unwrap_or_else(|| author.address.local_part()).to_string();
+        let name = HeaderText::new(author.name.unwrap_or_else(|| author.address.local_part()));
         let from = outlet.from(author);
         let subject = compose::reply_subject(&parent.subject);
         // Outside people are reached only through the relay or the bridge, and only so many per
-        // reply.
-        let (max, why) = outlet.cap();
+        // reply and per asker a day.
+        let (max, why) = self.outside_cap(job, &outlet)?;
         let left_out = audience.limit_outside(|a| !self.shift.is_model(a) && outlet.is_outside(a), max);
         let body = if left_out.is_empty() {
             content.body
@@ -136,7 +149,7 @@ impl<'a> Letters<'a> {
             content.body.map(|text| compose::with_note(text, &compose::left_out_note(&left_out, &why)))
         };
         let raw = compose::write(compose::ReplyMail {
-            from: (&name, from),
+            from: (name.clone(), from),
             audience: &audience,
             subject: subject.clone(),
             message_id: message_id.clone(),
@@ -156,9 +169,35 @@ impl<'a> Letters<'a> {
             raw,
             sender: Some(from.clone()),
             recipients,
-            summary: Summary { from: format!("{name} <{from}>"), subject, message_id: message_id.clone() },
+            summary: Summary {
+                from: format!("{name} <{from}>"),
+                subject: subject.to_string(),
+                message_id: message_id.clone(),
+            },
             dedupe_id: message_id,
         })
+    }
+
+    /// At most how many outside people one letter for `job` reaches: the outlet's cap, and for
+    /// mail through the `[relay]` what is left of the asker's daily relay quota, with the reason
+    /// named to those left out.
+    fn outside_cap(&self, job: &Job, outlet: &Outlet<'_>) -> Result<(usize, String), StoreError> {
+        let (max, why) = outlet.cap();
+        let Some(relay) = self.shift.config().relay.as_ref().filter(|_| job.via.is_none() && max > 0) else {
+            return Ok((max, why));
+        };
+        let Some(asker) = job.sender.as_ref() else {
+            return Ok((0, "the question has no sender whose relay quota could count it".into()));
+        };
+        let quota = relay.max_relay_recipients_per_user_per_day;
+        let day_ago = Timestamp::now().minus(Duration::from_secs(24 * 3600));
+        let left = quota.saturating_sub(self.shift.store.relayed_since(asker, day_ago)?);
+        if left >= max {
+            return Ok((max, why));
+        }
+        let why =
+            format!("<{asker}> reached the daily relay quota: relay.max_relay_recipients_per_user_per_day = {quota}");
+        Ok((left, why))
     }
 }
 

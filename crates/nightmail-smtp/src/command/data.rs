@@ -3,6 +3,7 @@
 
 use smtp_proto::request::receiver::DataReceiver;
 
+use crate::identity;
 use crate::message::{self, Checked};
 use crate::reply::{self, Reply};
 use crate::session::{Input, Session};
@@ -39,6 +40,14 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
     if let Err(reply) = message::check(&raw, limits.max_line_bytes, limits.max_header_lines) {
         return session.reply(reply);
     }
+    let relayed = transaction.recipients.iter().any(|r| matches!(r, nightmail_store::Recipient::Remote { .. }));
+    let raw = match &session.user {
+        Some(user) => match identity::check(raw, &user.address, relayed, &session.shared.config) {
+            Ok(raw) => raw,
+            Err(reply) => return session.reply(reply),
+        },
+        None => raw,
+    };
     let store = &session.shared.store;
     let key = match store.new_message_key() {
         Ok(k) => k,
