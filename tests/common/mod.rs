@@ -326,6 +326,13 @@ impl Raw {
         let mut rest = Vec::new();
         self.reader.read_to_end(&mut rest).is_ok()
     }
+
+    /// Closes our sending side, as a client that vanishes without QUIT, and waits for the server
+    /// to close its side: then it has seen the end.
+    pub fn hang_up(mut self) {
+        self.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(self.closed(), "the server did not close the connection");
+    }
 }
 
 pub fn base64_plain(user: &str, password: &str) -> String {

@@ -80,6 +80,14 @@ impl Config {
         self.models.iter().find(|m| &m.address == address)
     }
 
+    /// Whether mail for `domain` is this server's own: its hostname, or the domain of a user's or
+    /// a model's address (a bridge's address is at another provider, so its domain is not).
+    pub fn is_own_domain(&self, domain: &str) -> bool {
+        domain.eq_ignore_ascii_case(&self.hostname)
+            || self.users.iter().any(|u| u.address.domain().eq_ignore_ascii_case(domain))
+            || self.models.iter().any(|m| m.address.domain().eq_ignore_ascii_case(domain))
+    }
+
     /// The bridge whose upstream address is `address`.
     pub fn bridge(&self, address: &Address) -> Option<&BridgeConfig> {
         self.bridges.iter().find(|b| &b.address == address)

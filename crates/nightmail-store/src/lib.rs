@@ -29,6 +29,7 @@ mod modseq;
 mod outbound;
 mod queue;
 mod refs;
+mod relay_quota;
 mod schema;
 mod space;
 mod subscriptions;
@@ -56,6 +57,7 @@ pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
+pub use relay_quota::{HoldError, RelayHold};
 pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;
@@ -74,6 +76,8 @@ pub struct Store {
     changes: changes::Changes,
     /// Job records decoded by scans (`Store::job_reads`).
     job_reads: Arc<std::sync::atomic::AtomicU64>,
+    /// Outside recipients held by open SMTP transactions (`relay_quota.rs`).
+    relay_holds: Arc<relay_quota::RelayHolds>,
 }
 
 /// Store directories this process has opened (canonical paths).
@@ -137,6 +141,7 @@ impl Store {
             leases: Arc::default(),
             changes: changes::Changes::default(),
             job_reads: Arc::default(),
+            relay_holds: Arc::default(),
         })
     }
 
