@@ -84,3 +84,175 @@ fn a_held_place_in_the_quota_is_released_by_rset_and_by_a_dropped_connection() {
     assert!(third.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
     assert!(third.cmd("RCPT TO:<d@example.org>").starts_with("550 5.7.1"), "the sent two count once stored");
 }
+
+/// Sends `message` (already dot-stuffed, without the final dot) to ann@ and returns the reply to
+/// the end of DATA.
+fn submit(daemon: &Daemon, message: &[u8]) -> String {
+    let mut c = Raw::login(daemon.smtp);
+    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("RCPT TO:<ann@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("DATA").starts_with("354"));
+    c.send(message);
+    c.send(b"\r\n.\r\n");
+    c.reply()
+}
+
+#[test]
+fn smtp_refuses_nul_and_bare_cr_in_a_message_and_keeps_eight_bit() {
+    let daemon = Daemon::start();
+    let nul_header = submit(&daemon, b"From: me@nightmail.test\r\nSubject: a\0b\r\n\r\nbody");
+    assert!(nul_header.starts_with("554 5.6.0 Line 2 holds a NUL byte"), "{nul_header}");
+    let nul_body = submit(&daemon, b"From: me@nightmail.test\r\nSubject: x\r\n\r\nbody\0here");
+    assert!(nul_body.starts_with("554 5.6.0 Line 4 holds a NUL byte"), "{nul_body}");
+    let bare_cr = submit(&daemon, b"From: me@nightmail.test\r\nSubject: x\r\n\r\nx\r.\rRSET");
+    assert!(bare_cr.starts_with("554 5.6.0 Line 4 holds a bare CR"), "{bare_cr}");
+    let eight_bit = submit(&daemon, b"From: me@nightmail.test\r\nSubject: x\r\n\r\n8-bit \xe4\xff fine");
+    assert!(eight_bit.starts_with("250 "), "{eight_bit}");
+    let inbox = imaplib(&daemon, "print(login('ann').status('INBOX', '(MESSAGES)')[1][0].decode())");
+    assert!(inbox.trim().ends_with("(MESSAGES 1)"), "only the 8-bit message was stored: {inbox}");
+}
+
+#[test]
+fn unknown_local_parts_at_our_own_domains_are_refused_at_rcpt() {
+    let daemon = Daemon::start_with(|dir| relay_to_nowhere(dir, 10));
+    let mut c = Raw::login(daemon.smtp);
+    assert!(c.cmd("MAIL FROM:<me@nightmail.test>").starts_with("250"));
+    for nobody in ["nobody@nightmail.test", "NoBody@NIGHTMAIL.TEST"] {
+        assert_eq!(c.cmd(&format!("RCPT TO:<{nobody}>")), "550 5.1.1 No such user or model here");
+    }
+    assert!(c.cmd("RCPT TO:<ann@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("RCPT TO:<kimi@nightmail.test>").starts_with("250"));
+    assert!(c.cmd("RCPT TO:<someone@example.org>").starts_with("250"), "other domains are relayed");
+    assert!(c.cmd("DATA").starts_with("354"));
+    c.send(b"From: me@nightmail.test\r\nSubject: x\r\n\r\ny\r\n.\r\n");
+    assert!(c.reply().starts_with("250"));
+    let outbound = daemon.status()["outbound"].as_array().unwrap().clone();
+    let recipients: Vec<&str> = outbound.iter().map(|o| o["recipient"].as_str().unwrap()).collect();
+    assert_eq!(recipients, ["someone@example.org"], "nothing at our own domain went to the smarthost");
+}
+
+/// A message no client should send but a store may hold (APPEND takes a literal8 as it is):
+/// NUL in the Subject and the first part, a bare CR, a bare LF, 8-bit octets; the second part
+/// is clean.
+const HOSTILE: &[u8] = b"From: Nul <nul@example.org>\r\nSubject: a\0b \xe4\xff\rc\r\n\
+Content-Type: multipart/mixed; boundary=\"yy\"\r\n\r\n--yy\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Content-Transfer-Encoding: 8bit\r\n\r\nnul \0 bare\rcr lf\n8-bit \xe4\xff\x80\r\n--yy\r\n\
+Content-Type: text/plain\r\n\r\nclean\r\n--yy--\r\n";
+
+#[test]
+fn every_fetch_of_a_stored_nul_bare_cr_and_eight_bit_message_answers_and_the_session_lives() {
+    let daemon = Daemon::start();
+    let hostile: String = HOSTILE.iter().map(|b| format!("{b:02x}")).collect();
+    // Each FETCH prints its tagged reply's status, whether a literal8 came, and its text; the
+    // session must answer every one and NOOP after.
+    let out = imaplib(
+        &daemon,
+        &format!(
+            r#"
+hostile = bytes.fromhex("{hostile}")
+s, f = raw_login()
+s.sendall(b"b APPEND INBOX {{8}}\r\n"); f.readline(); s.sendall(b"x: y\r\n\r\n\r\n"); until("b")
+s.sendall(b"c APPEND INBOX ~{{%d}}\r\n" % len(hostile)); f.readline(); s.sendall(hostile + b"\r\n")
+assert until("c")[-1].startswith("c OK"), "APPEND"
+s.sendall(b"d SELECT INBOX\r\n"); until("d")
+def fetch(n, items):
+    s.sendall(("t FETCH %s (%s)\r\n" % (n, items)).encode())
+    raw = b""
+    while True:
+        line = f.readline()
+        assert line, "the session ended on FETCH %s (%s)" % (n, items)
+        raw += line
+        if line.startswith(b"t "):
+            break
+    status = line.decode().split(" ")[1]
+    print("%s %s|%s|%s|%s" % (n, items, status, b"~{{" in raw, line.decode().strip()))
+    return raw
+for items in ["BINARY.PEEK[]", "BINARY.PEEK[1]", "BINARY.PEEK[1]<0.6>", "BINARY.SIZE[1]", "BINARY.PEEK[2]",
+              "BODY.PEEK[]", "BODY.PEEK[HEADER]", "BODY.PEEK[TEXT]", "BODY.PEEK[1]", "BODY.PEEK[1.MIME]",
+              "BODY.PEEK[2]", "BODY.PEEK[HEADER.FIELDS (FROM)]", "BODY.PEEK[HEADER.FIELDS.NOT (FROM)]",
+              "BODY.PEEK[]<0.10>", "RFC822", "RFC822.HEADER", "RFC822.TEXT", "RFC822.SIZE", "ENVELOPE",
+              "BODY", "BODYSTRUCTURE"]:
+    fetch("2", items)
+print("first sent:", b"* 1 FETCH" in fetch("1:2", "BODY.PEEK[]"))
+s.sendall(b"z NOOP\r\n"); print(until("z")[-1])
+"#
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    let answer = |items: &str| -> (String, bool, String) {
+        let line = lines.iter().find(|l| l.starts_with(&format!("2 {items}|"))).unwrap_or_else(|| panic!("{items}: {out}"));
+        let mut parts = line.splitn(4, '|').skip(1);
+        let status = parts.next().unwrap().to_string();
+        let literal8 = parts.next().unwrap() == "True";
+        (status, literal8, parts.next().unwrap().to_string())
+    };
+    // BINARY sends the NUL as a literal8 (RFC 3516 §4.2); the clean part as a literal.
+    for items in ["BINARY.PEEK[]", "BINARY.PEEK[1]"] {
+        assert_eq!(answer(items).0, "OK", "{items}: {out}");
+        assert!(answer(items).1, "{items} came as a literal8: {out}");
+    }
+    for items in ["BINARY.PEEK[1]<0.6>", "BINARY.SIZE[1]", "BINARY.PEEK[2]", "BODY.PEEK[1.MIME]", "BODY.PEEK[2]"] {
+        assert_eq!(answer(items), ("OK".into(), false, "t OK FETCH completed".to_string()), "{items}: {out}");
+    }
+    for items in ["BODY.PEEK[HEADER.FIELDS (FROM)]", "BODY.PEEK[]<0.10>", "RFC822.SIZE", "ENVELOPE", "BODY", "BODYSTRUCTURE"] {
+        assert_eq!(answer(items).0, "OK", "{items}: {out}");
+    }
+    // Anything else with the NUL in it: a clean NO that names BINARY[].
+    for items in ["BODY.PEEK[]", "BODY.PEEK[HEADER]", "BODY.PEEK[TEXT]", "BODY.PEEK[1]", "BODY.PEEK[HEADER.FIELDS.NOT (FROM)]", "RFC822", "RFC822.HEADER", "RFC822.TEXT"] {
+        let (status, _, text) = answer(items);
+        assert_eq!(status, "NO", "{items}: {out}");
+        assert!(text.contains("UID 2") && text.contains("BINARY[]"), "{items}: {text}");
+    }
+    // RFC 2180 §4.1.3's way: the messages that can be sent are, and the FETCH answers NO.
+    assert!(out.contains("1:2 BODY.PEEK[]|NO") && out.contains("first sent: True"), "{out}");
+    assert_eq!(lines.last().copied(), Some("z OK NOOP completed"), "{out}");
+}
+
+/// Every path under `dir` that its group or others may use, with its mode.
+fn shared_paths(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            found.push(format!("{} {mode:o}", path.display()));
+        }
+        if meta.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    found
+}
+
+#[test]
+fn under_umask_022_the_data_dir_is_for_its_owner_alone_and_older_modes_are_repaired() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut daemon = Daemon::start_with_umask("022", |dir| config(dir, ""));
+    // A message large enough for sled to keep in a file of its own under blobs/.
+    let body = "a line of a long message, long enough for sled's blob files\r\n".repeat(1500);
+    let reply = submit(&daemon, format!("From: me@nightmail.test\r\nSubject: big\r\n\r\n{body}").as_bytes());
+    assert!(reply.starts_with("250 "), "{reply}");
+    let data = daemon.data_dir();
+    let blobs = std::fs::read_dir(data.join("store/blobs")).unwrap().count();
+    assert!(blobs > 0, "the message went to a blob file");
+    assert!(data.join("store/db").exists() && data.join("control.sock").exists());
+    assert_eq!(shared_paths(&data), Vec::<String>::new(), "paths the umask left open to others");
+
+    // A store an older build left readable by all is made private at the next start, and said so.
+    daemon.stop();
+    let mut pending = vec![data.clone()];
+    while let Some(path) = pending.pop() {
+        let dir = path.is_dir();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(if dir { 0o755 } else { 0o644 })).unwrap();
+        if dir {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    assert!(!shared_paths(&data).is_empty());
+    daemon.restart();
+    assert_eq!(shared_paths(&data), Vec::<String>::new(), "paths left open after the repair");
+    let log = daemon.log();
+    assert!(log.contains("made private"), "{log}");
+}

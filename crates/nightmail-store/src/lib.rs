@@ -27,6 +27,7 @@ mod mailbox;
 mod mailbox_ops;
 mod modseq;
 mod outbound;
+mod private;
 mod queue;
 mod refs;
 mod relay_quota;
@@ -57,6 +58,7 @@ pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
+pub use private::{log_made_private, make_private};
 pub use relay_quota::{HoldError, RelayHold};
 pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
 pub use schema::SCHEMA_VERSION;
@@ -125,7 +127,7 @@ impl Store {
     /// older nightmail would have.
     #[doc(hidden)]
     pub fn open_to(dir: &Path, version: u32) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
+        log_made_private(dir, &make_private(dir)?);
         let db = open_sled(dir)?;
         let durability = Arc::new(
             durable::Durability::new(dir)
