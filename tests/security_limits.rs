@@ -256,3 +256,91 @@ fn under_umask_022_the_data_dir_is_for_its_owner_alone_and_older_modes_are_repai
     let log = daemon.log();
     assert!(log.contains("made private"), "{log}");
 }
+
+/// The test configuration with `auth` keys added to `[auth]` and `imap` keys to `[imap]`.
+fn with_keys(dir: &std::path::Path, auth: &str, imap: &str) -> String {
+    config(dir, "")
+        .replacen("[auth]\nfailure_delay_ms = 100\n", &format!("[auth]\nfailure_delay_ms = 100\n{auth}\n"), 1)
+        .replacen("[imap]\nlisten = \"127.0.0.1:0\"\n", &format!("[imap]\nlisten = \"127.0.0.1:0\"\n{imap}\n"), 1)
+}
+
+#[test]
+fn a_local_guesser_slows_only_wrong_answers_whatever_the_spelling_or_loopback_address() {
+    let daemon = Daemon::start_with(|dir| with_keys(dir, "max_failures = 3\nfailure_window_secs = 3", ""));
+    let out = imaplib(
+        &daemon,
+        r#"
+import smtplib, threading, time
+answered, three = [], threading.Event()
+def guess():
+    try:
+        imaplib.IMAP4("127.0.0.1", PORT).login("me", "wrong")
+    except imaplib.IMAP4.error:
+        answered.append(time.time())
+        if len(answered) == 3:
+            three.set()
+guessers = [threading.Thread(target=guess) for _ in range(7)]
+for t in guessers: t.start()
+three.wait(20)
+# Seven guesses at once from 127.0.0.1: three answered, four held past the budget. The right
+# password is answered at once all the same, over IMAP and SMTP.
+began = time.time()
+imaplib.IMAP4("127.0.0.1", PORT).login("me", os.environ["PASSWORD"])
+smtp = smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]))
+smtp.login("me@nightmail.test", os.environ["PASSWORD"])
+print("right password in %.1f s with %d answered" % (time.time() - began, len(answered)))
+# Another spelling of the account from another loopback address is the same budget.
+began = time.time()
+other = smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]), source_address=("127.0.0.2", 0))
+try:
+    other.login("ME@NIGHTMAIL.TEST", "wrong")
+except smtplib.SMTPAuthenticationError as e:
+    print("other spelling %d after %.1f s" % (e.smtp_code, time.time() - began))
+for t in guessers: t.join()
+print("guesses answered", len(answered))
+"#,
+    );
+    let right = out.lines().find(|l| l.starts_with("right password")).unwrap_or_default();
+    let secs: f64 = right.split(' ').nth(3).unwrap().parse().unwrap();
+    assert!(secs < 2.0 && right.ends_with("with 3 answered"), "{out}");
+    let other = out.lines().find(|l| l.starts_with("other spelling")).unwrap_or_default();
+    let after: f64 = other.split(' ').nth(4).unwrap().parse().unwrap();
+    assert!(other.starts_with("other spelling 535") && after >= 2.5, "held for the window: {out}");
+    assert!(out.contains("guesses answered 7"), "{out}");
+}
+
+#[test]
+fn silent_connections_cannot_hold_the_places_of_logged_in_users_and_are_logged_out_early() {
+    let daemon = Daemon::start_with(|dir| {
+        with_keys(dir, "", "max_connections = 6\nmax_unauthenticated = 3\nlogin_timeout_secs = 2")
+    });
+    let out = imaplib(
+        &daemon,
+        r#"
+import time
+users = [login("me"), login("ann")]
+def greeted():
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=20)
+    return s, s.makefile("rb").readline().decode().strip()
+silent = [greeted() for _ in range(3)]
+print("silent greeted", [line.split(" ")[1] for _, line in silent])
+print("fourth", greeted()[1])
+print("users", [u.noop()[0] for u in users])
+began = time.time()
+for s, _ in silent:
+    rest = s.makefile("rb").read().decode()
+    print("silent ended", rest.strip(), "after %.1f s" % (time.time() - began))
+print("login after", login("me").noop()[0])
+"#,
+    );
+    assert!(out.contains("silent greeted ['OK', 'OK', 'OK']"), "{out}");
+    assert!(out.contains("fourth * BYE [UNAVAILABLE] too many connections waiting to log in"), "{out}");
+    assert!(out.contains("users ['OK', 'OK']"), "logged-in users keep their places: {out}");
+    let ended: Vec<&str> = out.lines().filter(|l| l.starts_with("silent ended")).collect();
+    assert_eq!(ended.len(), 3, "{out}");
+    for line in ended {
+        let secs: f64 = line.rsplit(' ').nth(1).unwrap().parse().unwrap();
+        assert!(line.contains("* BYE autologout: not logged in in time") && secs < 10.0, "{out}");
+    }
+    assert!(out.contains("login after OK"), "{out}");
+}
