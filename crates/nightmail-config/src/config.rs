@@ -14,6 +14,7 @@ use crate::imap::{self, ImapConfig};
 use crate::model::{self, ModelEntry};
 use crate::relay::{self, RelayConfig};
 use crate::smtp::{self, SmtpConfig};
+use crate::store::{self, StoreConfig};
 use crate::tls::{self, TlsConfig};
 use crate::user::{self, Password, User};
 use crate::worker::{self, WorkerConfig};
@@ -28,6 +29,7 @@ pub struct Config {
     pub imap: ImapConfig,
     pub tls: Option<TlsConfig>,
     pub auth: AuthConfig,
+    pub store: StoreConfig,
     pub users: Vec<User>,
     pub models: Vec<ModelEntry>,
     pub worker: WorkerConfig,
@@ -134,6 +136,8 @@ struct RawConfig {
     tls: Option<Spanned<tls::RawTls>>,
     #[serde(default)]
     auth: auth::RawAuth,
+    #[serde(default)]
+    store: store::RawStore,
     #[serde(default)]
     user: Vec<Spanned<user::RawUser>>,
     #[serde(default)]
@@ -261,6 +265,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         imap: imap::check(&raw.imap, &loc)?,
         tls,
         auth,
+        store: store::check(&raw.store, &loc)?,
         users,
         models,
         worker: worker::check(&raw.worker),

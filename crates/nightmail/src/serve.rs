@@ -193,7 +193,7 @@ fn owner_only_umask() {
 
 fn open_store(config: &Config) -> anyhow::Result<Store> {
     let dir = config.data_dir.join("store");
-    Store::open(&dir)
+    Store::open_with_cache(&dir, config.store.cache_bytes)
         .with_context(|| format!("opening the store in {} (data_dir in {})", dir.display(), config.source_name()))
 }
 
