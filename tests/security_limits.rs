@@ -344,3 +344,50 @@ print("login after", login("me").noop()[0])
     }
     assert!(out.contains("login after OK"), "{out}");
 }
+
+/// The daemon's resident memory in KiB, from `/proc/PID/status`.
+fn rss_kib(daemon: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Mail in and out: `messages` messages of about 90 KB to `me` over one SMTP session, then all
+/// of the INBOX fetched over IMAP.
+fn churn(daemon: &Daemon, messages: usize) {
+    imaplib(
+        daemon,
+        &format!(
+            r#"
+import smtplib
+body = ("%s\r\n" % ("x" * 76)) * 1150
+smtp = smtplib.SMTP("127.0.0.1", int(os.environ["SMTP"]))
+smtp.login("me", os.environ["PASSWORD"])
+for i in range({messages}):
+    smtp.sendmail("me@nightmail.test", ["me@nightmail.test"], "From: me@nightmail.test\r\nSubject: %d\r\n\r\n%s" % (i, body))
+smtp.quit()
+c = login()
+c.select("INBOX", readonly=True)
+typ, data = c.fetch("1:*", "(BODY.PEEK[])")
+assert typ == "OK"
+c.logout()
+"#
+        ),
+    );
+}
+
+/// Most of what a busy daemon kept was sled's page cache (1 GiB by default, filled by the
+/// store's reads and writes and never given back): `store.cache_mb` bounds it, and mail that
+/// goes in and out again and again raises the memory no further.
+#[test]
+fn the_store_cache_bounds_the_daemons_memory_under_much_mail() {
+    let daemon = Daemon::start_with(|dir| config(dir, "[store]\ncache_mb = 8\n"));
+    churn(&daemon, 100);
+    let warm = rss_kib(&daemon);
+    for _ in 0..3 {
+        churn(&daemon, 100);
+    }
+    let after = rss_kib(&daemon);
+    eprintln!("RSS warm {warm} KiB, after 300 more messages of 90 KB in and out: {after} KiB");
+    assert!(after < warm + 16 * 1024, "grew from {warm} KiB to {after} KiB");
+}

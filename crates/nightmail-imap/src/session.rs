@@ -578,7 +578,7 @@ impl Session {
     /// before login input is handed over one line at a time (see [`Session::hand_over`]).
     fn lift_limits_after_login(&mut self) {
         if self.flow_limits == Limits::PreAuth && !matches!(self.state, State::NotAuthenticated) {
-            self.login_place = None;
+            drop(self.login_place.take());
             self.drain_output();
             self.flow_limits = Limits::LoggedIn;
             self.server = flow_without_greeting(&self.shared, Limits::LoggedIn);
