@@ -253,7 +253,12 @@ mod tests {
     }
 
     /// How long `authenticate` took to answer.
-    async fn timed(auth: &Authenticator, ip: &str, login: &str, password: &str) -> (Result<String, AuthError>, Duration) {
+    async fn timed(
+        auth: &Authenticator,
+        ip: &str,
+        login: &str,
+        password: &str,
+    ) -> (Result<String, AuthError>, Duration) {
         let start = Instant::now();
         let result = auth.authenticate(ip.parse().unwrap(), login, password).await.map(|u| u.name);
         (result, start.elapsed())

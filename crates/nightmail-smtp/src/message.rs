@@ -36,7 +36,9 @@ pub(crate) fn check(raw: &[u8], max_line: usize, max_header_lines: usize) -> Res
         return Err(Reply::owned(
             554,
             [5, 6, 0],
-            format!("Line {line} holds a NUL byte, which mail may not carry (RFC 5322 §3.5): encode binary data as base64"),
+            format!(
+                "Line {line} holds a NUL byte, which mail may not carry (RFC 5322 §3.5): encode binary data as base64"
+            ),
         ));
     }
     let mut header_lines = 0;

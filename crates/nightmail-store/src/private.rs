@@ -73,7 +73,9 @@ mod tests {
         std::fs::write(&outside, b"x").unwrap();
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
-        for (path, m) in [("", 0o755), ("store", 0o755), ("store/blobs", 0o775), ("store/db", 0o644), ("store/blobs/1", 0o666)] {
+        for (path, m) in
+            [("", 0o755), ("store", 0o755), ("store/blobs", 0o775), ("store/db", 0o644), ("store/blobs/1", 0o666)]
+        {
             std::fs::set_permissions(dir.join(path), std::fs::Permissions::from_mode(m)).unwrap();
         }
         let changed = make_private(&dir).unwrap();

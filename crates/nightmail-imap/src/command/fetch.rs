@@ -134,9 +134,7 @@ fn fetch_items(
             MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
             MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
             MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(raw))?),
-            MessageDataItemName::Rfc822Header => {
-                MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))?)
-            }
+            MessageDataItemName::Rfc822Header => MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))?),
             MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))?),
             MessageDataItemName::Envelope => MessageDataItem::Envelope(
                 parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
@@ -319,14 +317,15 @@ pub(crate) async fn run(
                 }
             },
         };
-        let (items, partials) = match fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid)) {
-            Ok(fetched) => fetched,
-            Err(Unfetchable::Imap(e)) => return Err(e),
-            Err(Unfetchable::Nul) => {
-                with_nul.push(entry.uid.0);
-                continue;
-            }
-        };
+        let (items, partials) =
+            match fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid)) {
+                Ok(fetched) => fetched,
+                Err(Unfetchable::Imap(e)) => return Err(e),
+                Err(Unfetchable::Nul) => {
+                    with_nul.push(entry.uid.0);
+                    continue;
+                }
+            };
         let seq = NonZeroU32::new(i as u32 + 1).expect("+1");
         let mut responses = Vec::with_capacity(1 + partials.len());
         if let Ok(items) = Vec1::try_from(items) {
