@@ -11,7 +11,6 @@ mod peers;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 pub use peers::{Admitted, ConnectionLimit, Full, Place, accept, client_of};
 use tokio::sync::Semaphore;
@@ -212,6 +211,8 @@ pub fn hash_password(password: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn users() -> Vec<User> {
