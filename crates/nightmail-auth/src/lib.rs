@@ -334,9 +334,9 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(timed(&auth, "172.17.0.1", "you", "guess").await.1, Duration::from_millis(50));
         }
-        assert!(timed(&auth, "172.17.0.1", "you", "guess").await.1 >= Duration::from_secs(59));
         assert_eq!(timed(&auth, "172.17.0.1", "me", "wrong").await.1, Duration::from_millis(50));
-        assert!(timed(&auth, "172.17.0.1", "ghost", "guess").await.1 >= Duration::from_secs(59));
+        assert_eq!(timed(&auth, "172.17.0.1", "ghost1", "guess").await.1, Duration::from_millis(50));
+        assert!(timed(&auth, "172.17.0.1", "ghost2", "guess").await.1 >= Duration::from_secs(59));
         assert_eq!(timed(&auth, "172.17.0.1", "me", "s3cret").await, (Ok("me".into()), Duration::ZERO));
     }
 
