@@ -113,6 +113,19 @@ impl Daemon {
         Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper, log: None }
     }
 
+    /// A logged daemon (see [`Daemon::start_logged`]) started under `umask` (e.g. `"022"`) by
+    /// a shell that then becomes it.
+    pub fn start_with_umask(umask: &str, make_config: impl FnOnce(&Path) -> String) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("nightmail.toml");
+        std::fs::write(&config, make_config(dir.path())).unwrap();
+        let log = dir.path().join("daemon.log");
+        let wrapper: Vec<String> =
+            ["sh", "-c", &format!("umask {umask} && exec \"$@\""), "sh"].iter().map(|s| s.to_string()).collect();
+        let (child, l) = spawn(&config, &wrapper, Some(&log));
+        Daemon { dir, config, smtp: l.smtp, imap: l.imap, others: l.others, child, wrapper, log: Some(log) }
+    }
+
     /// Starts the daemon again on the same data (after a kill or stop).
     pub fn restart(&mut self) {
         let (child, l) = spawn(&self.config, &self.wrapper, self.log.as_deref());
@@ -325,6 +338,13 @@ impl Raw {
     pub fn closed(&mut self) -> bool {
         let mut rest = Vec::new();
         self.reader.read_to_end(&mut rest).is_ok()
+    }
+
+    /// Closes our sending side, as a client that vanishes without QUIT, and waits for the server
+    /// to close its side: then it has seen the end.
+    pub fn hang_up(mut self) {
+        self.stream.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(self.closed(), "the server did not close the connection");
     }
 }
 

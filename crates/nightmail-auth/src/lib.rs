@@ -1,18 +1,20 @@
 //! Who may log in, shared by the SMTP and IMAP servers: argon2 or plain password checks (only so
-//! many hashes at once), a fixed delay on every failure, and limits on failures per login name
-//! from a client and per client in all, counting attempts still in flight (RFC 4954 §4 and
-//! RFC 3501 §6.2.3 leave the policy to the server). `peers.rs`: a client is an IPv4 address or
-//! an IPv6 /64, and its open connections are counted.
+//! many hashes at once), a fixed delay on every failure, and a budget of wrong answers per
+//! account from a client and per client in all (RFC 4954 §4 and RFC 3501 §6.2.3 leave the policy
+//! to the server). Past the budget a wrong password is answered later, when the budget has room
+//! again: a guesser is slowed, and the right password, which is answered at once, is never
+//! refused because of anyone's failures. `peers.rs`: a client is an IPv4 address, an IPv6 /64,
+//! or the loopback network, and its open connections are counted.
 
 mod peers;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 pub use peers::{Admitted, ConnectionLimit, Full, Place, accept, client_of};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
@@ -31,9 +33,6 @@ pub enum AuthError {
     /// Wrong user or password (deliberately not saying which).
     #[error("invalid credentials")]
     Invalid,
-    /// Too many failures from this IP; try again after the given time.
-    #[error("too many failed logins from this address; try again in {} s", .retry_after.as_secs().max(1))]
-    Throttled { retry_after: Duration },
 }
 
 /// Checks credentials. Cheap to clone; clones share the failure counters.
@@ -41,7 +40,7 @@ pub enum AuthError {
 pub struct Authenticator {
     users: Arc<Vec<User>>,
     config: AuthConfig,
-    attempts: Arc<Mutex<HashMap<Counted, Attempts>>>,
+    answers: Arc<Mutex<HashMap<Counted, Vec<Instant>>>>,
     /// Permits to run an argon2 hash.
     hashing: Arc<Semaphore>,
     /// Hashes running now, and the most that ever ran at once.
@@ -49,41 +48,16 @@ pub struct Authenticator {
     hashing_gauge: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
 }
 
-/// What failures are counted against: one login name from one client (`auth.max_failures`),
+/// What wrong answers are counted against: one account from one client (`auth.max_failures`),
 /// so that guesses at one user's password, from an address everyone shares (Docker's port
-/// publishing, a NAT), do not lock out the other users there; and all logins from one client
-/// together (`auth.max_client_failures`), so that guessing across user names stops too.
+/// publishing, a NAT), slow only that user's wrong answers there; and all logins from one
+/// client together (`auth.max_client_failures`), so that guessing across user names is slowed
+/// too. The account is the user the login names, however it is spelt (name or address, any
+/// case); a login that names no user counts as itself, lower-cased.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Counted {
-    Login(IpAddr, String),
+    Account(IpAddr, String),
     Client(IpAddr),
-}
-
-/// Recent failures and attempts still being checked, of one [`Counted`].
-#[derive(Default)]
-struct Attempts {
-    failures: Vec<Instant>,
-    in_flight: u32,
-}
-
-/// An attempt being checked; dropping it ends it.
-struct InFlight<'a> {
-    auth: &'a Authenticator,
-    counted: [Counted; 2],
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut attempts = self.auth.attempts();
-        for counted in &self.counted {
-            if let Some(a) = attempts.get_mut(counted) {
-                a.in_flight -= 1;
-                if a.in_flight == 0 && a.failures.is_empty() {
-                    attempts.remove(counted);
-                }
-            }
-        }
-    }
 }
 
 impl Authenticator {
@@ -92,7 +66,7 @@ impl Authenticator {
             users: Arc::new(users),
             hashing: Arc::new(Semaphore::new(config.max_concurrent_hashes.max(1))),
             config,
-            attempts: Arc::default(),
+            answers: Arc::default(),
             #[cfg(test)]
             hashing_gauge: Arc::default(),
         }
@@ -105,24 +79,21 @@ impl Authenticator {
         Authenticator { users: Arc::new(users), ..self.clone() }
     }
 
-    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Counted, Attempts>> {
-        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Checks `login` (a user name or address) and `password` for a client at `ip`.
-    /// Failures are answered only after the configured delay.
+    /// Checks `login` (a user name or address) and `password` for a client at `ip`. The right
+    /// password is answered at once; a wrong one after the configured delay, and, past its
+    /// account's or its client's budget, only when that budget has room again.
     pub async fn authenticate(&self, ip: IpAddr, login: &str, password: &str) -> Result<AuthUser, AuthError> {
         let login = login.trim();
-        let client = client_of(ip);
-        let counted = [Counted::Login(client, login.to_lowercase()), Counted::Client(client)];
-        let attempt = self.begin(counted)?;
         let user = self
             .users
             .iter()
             .find(|u| u.name.eq_ignore_ascii_case(login) || u.address.as_str().eq_ignore_ascii_case(login))
             .cloned();
+        let client = client_of(ip);
+        let account = user.as_ref().map_or_else(|| login.to_lowercase(), |u| u.name.clone());
+        let counted = [Counted::Account(client, account), Counted::Client(client)];
         let password = password.to_string();
-        let _permit = self.hashing.acquire().await.expect("the hashing semaphore is never closed");
+        let permit = self.hashing.acquire().await.expect("the hashing semaphore is never closed");
         #[cfg(test)]
         let hashing = self.count_hashing();
         // argon2 costs tens of milliseconds of CPU: keep it off the async threads.
@@ -140,56 +111,47 @@ impl Authenticator {
         .unwrap_or(None);
         #[cfg(test)]
         drop(hashing);
-        drop(_permit);
+        drop(permit);
         match ok {
             Some(user) => Ok(user),
             None => {
-                self.record_failure(&attempt.counted);
-                // Counted as a failure now, no longer as an attempt.
-                drop(attempt);
+                let at = self.schedule_wrong_answer(&counted);
                 tracing::warn!(%ip, login, "failed login");
-                tokio::time::sleep(self.config.failure_delay).await;
+                tokio::time::sleep_until(at + self.config.failure_delay).await;
                 Err(AuthError::Invalid)
             }
         }
     }
 
-    /// Starts an attempt counted against `counted` (its login and its client), unless the
-    /// failures and attempts in flight of either already reach its limit.
-    fn begin(&self, counted: [Counted; 2]) -> Result<InFlight<'_>, AuthError> {
-        let mut attempts = self.attempts();
+    /// When a wrong answer counted against `counted` may be given: now while each has answered
+    /// fewer than its limit within the last `failure_window`, else as soon as enough of those
+    /// answers are older than the window. The answer's place is taken at once, so answers held
+    /// in parallel are spread out too: no window ever holds more than the limit.
+    fn schedule_wrong_answer(&self, counted: &[Counted; 2]) -> Instant {
+        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let window = self.config.failure_window;
-        for c in &counted {
+        answers.retain(|_, times| {
+            times.retain(|t| *t + window > now);
+            !times.is_empty()
+        });
+        let mut at = now;
+        for c in counted {
             let limit = match c {
-                Counted::Login(..) => self.config.max_failures,
+                Counted::Account(..) => self.config.max_failures,
                 Counted::Client(..) => self.config.max_client_failures,
-            };
-            let a = attempts.entry(c.clone()).or_default();
-            a.failures.retain(|t| now.duration_since(*t) < window);
-            if (a.failures.len() as u32).saturating_add(a.in_flight) >= limit {
-                // With only attempts in flight, they end within the failure delay.
-                let retry_after = a
-                    .failures
-                    .first()
-                    .map_or(self.config.failure_delay, |oldest| window.saturating_sub(now.duration_since(*oldest)));
-                return Err(AuthError::Throttled { retry_after });
+            } as usize;
+            let times = answers.get(c).map(Vec::as_slice).unwrap_or_default();
+            if times.len() >= limit {
+                at = at.max(times[times.len() - limit] + window);
             }
         }
-        for c in &counted {
-            attempts.entry(c.clone()).or_default().in_flight += 1;
-        }
-        Ok(InFlight { auth: self, counted })
-    }
-
-    fn record_failure(&self, counted: &[Counted; 2]) {
-        let mut attempts = self.attempts();
-        let now = Instant::now();
-        let window = self.config.failure_window;
-        attempts.retain(|_, a| a.in_flight > 0 || a.failures.last().is_some_and(|t| now.duration_since(*t) < window));
         for c in counted {
-            attempts.entry(c.clone()).or_default().failures.push(now);
+            let times = answers.entry(c.clone()).or_default();
+            let place = times.partition_point(|t| *t <= at);
+            times.insert(place, at);
         }
+        at
     }
 
     /// Counts a hash running until the value returned is dropped, keeping the peak.
@@ -249,6 +211,8 @@ pub fn hash_password(password: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn users() -> Vec<User> {
@@ -289,72 +253,102 @@ mod tests {
         assert_eq!(auth.authenticate(ip, "nobody", "s3cret").await, Err(AuthError::Invalid));
     }
 
-    #[tokio::test]
-    async fn failures_from_one_ip_are_limited_and_others_are_not() {
-        let auth = Authenticator::new(users(), config(2));
-        let bad: IpAddr = "10.0.0.1".parse().unwrap();
-        for _ in 0..2 {
-            assert_eq!(auth.authenticate(bad, "me", "wrong").await, Err(AuthError::Invalid));
-        }
-        // Even the right password is refused while the IP is throttled.
-        assert!(matches!(auth.authenticate(bad, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
-        let good: IpAddr = "10.0.0.2".parse().unwrap();
-        assert!(auth.authenticate(good, "me", "s3cret").await.is_ok());
+    /// How long `authenticate` took to answer.
+    async fn timed(
+        auth: &Authenticator,
+        ip: &str,
+        login: &str,
+        password: &str,
+    ) -> (Result<String, AuthError>, Duration) {
+        let start = Instant::now();
+        let result = auth.authenticate(ip.parse().unwrap(), login, password).await.map(|u| u.name);
+        (result, start.elapsed())
     }
 
-    /// N parallel connections get no more guesses than one: attempts still being checked count.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn attempts_in_flight_count_against_the_limit() {
+    /// Past the budget a wrong answer waits for the window; the right password is answered at
+    /// once all the same, and another client is not slowed at all.
+    #[tokio::test(start_paused = true)]
+    async fn past_the_budget_wrong_answers_wait_and_the_right_password_does_not() {
+        let auth = Authenticator::new(users(), config(2));
+        for _ in 0..2 {
+            let (result, took) = timed(&auth, "10.0.0.1", "you", "wrong").await;
+            assert_eq!((result, took), (Err(AuthError::Invalid), Duration::from_millis(50)));
+        }
+        let (result, took) = timed(&auth, "10.0.0.1", "you", "wrong").await;
+        assert_eq!(result, Err(AuthError::Invalid));
+        assert!(took >= Duration::from_secs(59), "the third wrong answer waited for the window: {took:?}");
+        let (result, took) = timed(&auth, "10.0.0.1", "YOU@x.org", "pw").await;
+        assert_eq!((result, took), (Ok("you".into()), Duration::ZERO), "the right password at once");
+        let (result, took) = timed(&auth, "10.0.0.2", "you", "wrong").await;
+        assert_eq!((result, took), (Err(AuthError::Invalid), Duration::from_millis(50)), "another client");
+    }
+
+    /// N parallel guesses get no more answers per window than one connection would: places are
+    /// taken as the answers are scheduled, so held answers are spread over the windows.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn parallel_guesses_are_answered_no_faster_than_the_budget() {
         let auth = Authenticator::new(users(), config(3));
-        let ip: IpAddr = "10.0.0.9".parse().unwrap();
+        let start = Instant::now();
         let tries: Vec<_> = (0..12)
             .map(|_| {
                 let auth = auth.clone();
-                tokio::spawn(async move { auth.authenticate(ip, "me", "wrong").await })
+                tokio::spawn(async move {
+                    let result = auth.authenticate("10.0.0.9".parse().unwrap(), "you", "wrong").await;
+                    (result, start.elapsed())
+                })
             })
             .collect();
-        let mut invalid = 0;
+        let mut times = Vec::new();
         for t in tries {
-            match t.await.unwrap() {
-                Err(AuthError::Invalid) => invalid += 1,
-                Err(AuthError::Throttled { .. }) => {}
-                other => panic!("{other:?}"),
-            }
+            let (result, took) = t.await.unwrap();
+            assert_eq!(result, Err(AuthError::Invalid));
+            times.push(took);
         }
-        assert_eq!(invalid, 3, "guesses checked past the limit of 3");
+        times.sort();
+        let window = Duration::from_secs(60);
+        for (i, took) in times.iter().enumerate() {
+            let windows = (i / 3) as u32;
+            assert!(*took >= window * windows && *took < window * windows + Duration::from_secs(1), "{i}: {times:?}");
+        }
+    }
+
+    /// Each spelling of an account shares its budget; any address in 127.0.0.0/8 is one client.
+    #[tokio::test(start_paused = true)]
+    async fn spellings_share_one_account_and_loopback_is_one_client() {
+        let auth = Authenticator::new(users(), config(2));
+        for (ip, login) in [("127.0.0.1", "me"), ("127.0.0.2", "ME@X.ORG")] {
+            assert_eq!(timed(&auth, ip, login, "wrong").await.1, Duration::from_millis(50));
+        }
+        let (_, took) = timed(&auth, "127.9.9.9", "Me", "wrong").await;
+        assert!(took >= Duration::from_secs(59), "{took:?}");
     }
 
     /// Behind Docker's port publishing every client has the same address: guesses at one
-    /// user's password lock out that user there, not the others, until the client's total
-    /// reaches its own limit.
-    #[tokio::test]
-    async fn guesses_at_one_login_do_not_lock_out_another_on_a_shared_address() {
+    /// user's password slow that user's wrong answers there, not the others', until the
+    /// client's total reaches its own budget; and no right password is refused.
+    #[tokio::test(start_paused = true)]
+    async fn guesses_at_one_login_do_not_slow_another_on_a_shared_address() {
         let mut c = config(2);
         c.max_client_failures = 4;
         let auth = Authenticator::new(users(), c);
-        let shared: IpAddr = "172.17.0.1".parse().unwrap();
         for _ in 0..2 {
-            assert_eq!(auth.authenticate(shared, "you", "guess").await, Err(AuthError::Invalid));
+            assert_eq!(timed(&auth, "172.17.0.1", "you", "guess").await.1, Duration::from_millis(50));
         }
-        assert!(matches!(auth.authenticate(shared, "YOU", "pw").await, Err(AuthError::Throttled { .. })));
-        assert_eq!(auth.authenticate(shared, "me", "s3cret").await.unwrap().name, "me");
-        for name in ["ghost1", "ghost2"] {
-            assert_eq!(auth.authenticate(shared, name, "guess").await, Err(AuthError::Invalid));
-        }
-        assert!(matches!(auth.authenticate(shared, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
+        assert_eq!(timed(&auth, "172.17.0.1", "me", "wrong").await.1, Duration::from_millis(50));
+        assert_eq!(timed(&auth, "172.17.0.1", "ghost1", "guess").await.1, Duration::from_millis(50));
+        assert!(timed(&auth, "172.17.0.1", "ghost2", "guess").await.1 >= Duration::from_secs(59));
+        assert_eq!(timed(&auth, "172.17.0.1", "me", "s3cret").await, (Ok("me".into()), Duration::ZERO));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_ipv6_slash_64_is_one_client() {
         let auth = Authenticator::new(users(), config(2));
         for i in 1..=2 {
-            let ip: IpAddr = format!("2001:db8:5:6::{i}").parse().unwrap();
-            assert_eq!(auth.authenticate(ip, "me", "wrong").await, Err(AuthError::Invalid));
+            let ip = format!("2001:db8:5:6::{i}");
+            assert_eq!(timed(&auth, &ip, "me", "wrong").await.1, Duration::from_millis(50));
         }
-        let fresh_address: IpAddr = "2001:db8:5:6:ffff::3".parse().unwrap();
-        assert!(matches!(auth.authenticate(fresh_address, "me", "s3cret").await, Err(AuthError::Throttled { .. })));
-        let next_net: IpAddr = "2001:db8:5:7::1".parse().unwrap();
-        assert!(auth.authenticate(next_net, "me", "s3cret").await.is_ok());
+        assert!(timed(&auth, "2001:db8:5:6:ffff::3", "me", "wrong").await.1 >= Duration::from_secs(59));
+        assert_eq!(timed(&auth, "2001:db8:5:7::1", "me", "wrong").await.1, Duration::from_millis(50));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

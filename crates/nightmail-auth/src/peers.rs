@@ -13,9 +13,14 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-/// The client `ip` counts as: itself for IPv4 (also when written IPv4-mapped), its /64 for IPv6.
+/// The client `ip` counts as: itself for IPv4 (also when written IPv4-mapped), its /64 for IPv6,
+/// and one client for all of loopback (127.0.0.0/8 and ::1, RFC 1122 §3.2.1.3): every local
+/// process may use any of those addresses, so each must not be a budget of its own.
 pub fn client_of(ip: IpAddr) -> IpAddr {
+    const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     match ip {
+        ip if ip.is_loopback() => LOOPBACK,
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()) => LOOPBACK,
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
@@ -138,6 +143,9 @@ mod tests {
         assert_eq!(client_of(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
         assert_ne!(client_of(a), client_of(other));
         assert_eq!(client_of("::ffff:10.0.0.1".parse().unwrap()), "10.0.0.1".parse::<IpAddr>().unwrap());
+        for loopback in ["127.0.0.1", "127.0.0.2", "127.200.1.9", "::1", "::ffff:127.0.0.5"] {
+            assert_eq!(client_of(loopback.parse().unwrap()), client_of("127.0.0.1".parse().unwrap()), "{loopback}");
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `[auth]`: how failed logins are slowed and refused.
+//! `[auth]`: how failed logins are slowed.
 
 use std::time::Duration;
 
@@ -9,11 +9,12 @@ use serde::Deserialize;
 pub struct AuthConfig {
     /// Every failed attempt is answered only after this delay.
     pub failure_delay: Duration,
-    /// After this many failures for one login name from one client (an IPv4 address or IPv6
-    /// /64) within `failure_window`, that login is refused to that client until the window
-    /// passes; other users at the same address (a NAT, Docker) are not.
+    /// Wrong answers for one account (however its login is spelt) to one client (an IPv4
+    /// address, an IPv6 /64, or loopback) within `failure_window`; past them a wrong password
+    /// is answered only when the window has room again. The right password is always answered
+    /// at once, and other users at the same address (a NAT, Docker) have budgets of their own.
     pub max_failures: u32,
-    /// After this many failures from one client for all logins together, the client is refused.
+    /// The same, for all logins from one client together.
     pub max_client_failures: u32,
     pub failure_window: Duration,
     /// argon2 hashes computed at once (each takes 19 MiB and tens of milliseconds of CPU); more

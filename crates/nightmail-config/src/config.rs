@@ -14,6 +14,7 @@ use crate::imap::{self, ImapConfig};
 use crate::model::{self, ModelEntry};
 use crate::relay::{self, RelayConfig};
 use crate::smtp::{self, SmtpConfig};
+use crate::store::{self, StoreConfig};
 use crate::tls::{self, TlsConfig};
 use crate::user::{self, Password, User};
 use crate::worker::{self, WorkerConfig};
@@ -28,6 +29,7 @@ pub struct Config {
     pub imap: ImapConfig,
     pub tls: Option<TlsConfig>,
     pub auth: AuthConfig,
+    pub store: StoreConfig,
     pub users: Vec<User>,
     pub models: Vec<ModelEntry>,
     pub worker: WorkerConfig,
@@ -80,6 +82,14 @@ impl Config {
         self.models.iter().find(|m| &m.address == address)
     }
 
+    /// Whether mail for `domain` is this server's own: its hostname, or the domain of a user's or
+    /// a model's address (a bridge's address is at another provider, so its domain is not).
+    pub fn is_own_domain(&self, domain: &str) -> bool {
+        domain.eq_ignore_ascii_case(&self.hostname)
+            || self.users.iter().any(|u| u.address.domain().eq_ignore_ascii_case(domain))
+            || self.models.iter().any(|m| m.address.domain().eq_ignore_ascii_case(domain))
+    }
+
     /// The bridge whose upstream address is `address`.
     pub fn bridge(&self, address: &Address) -> Option<&BridgeConfig> {
         self.bridges.iter().find(|b| &b.address == address)
@@ -126,6 +136,8 @@ struct RawConfig {
     tls: Option<Spanned<tls::RawTls>>,
     #[serde(default)]
     auth: auth::RawAuth,
+    #[serde(default)]
+    store: store::RawStore,
     #[serde(default)]
     user: Vec<Spanned<user::RawUser>>,
     #[serde(default)]
@@ -253,6 +265,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         imap: imap::check(&raw.imap, &loc)?,
         tls,
         auth,
+        store: store::check(&raw.store, &loc)?,
         users,
         models,
         worker: worker::check(&raw.worker),

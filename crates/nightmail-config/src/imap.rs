@@ -17,6 +17,12 @@ pub struct ImapConfig {
     pub max_connections: usize,
     /// Connections from one client (an IPv4 address or an IPv6 /64) at once.
     pub max_connections_per_ip: usize,
+    /// Of `max_connections`, how many may be not yet logged in: the rest are for logged-in users
+    /// alone, whoever opens connections and stays silent.
+    pub max_unauthenticated: usize,
+    /// How long a connection may take to log in, from its greeting (RFC 9051 §5.4 lets the
+    /// not-authenticated state have a shorter autologout than the 30 minutes after login).
+    pub login_timeout: Duration,
     /// How long a whole command (with its literals) may take to arrive, counted from its first
     /// byte; also the deadline of a TLS handshake and of a write.
     pub command_timeout: Duration,
@@ -33,6 +39,8 @@ pub(crate) struct RawImap {
     pub(crate) listen_tls: Option<Spanned<SocketAddr>>,
     max_connections: Spanned<usize>,
     max_connections_per_ip: Spanned<usize>,
+    max_unauthenticated: Spanned<usize>,
+    login_timeout_secs: Spanned<u64>,
     command_timeout_secs: Spanned<u64>,
     max_mailboxes: Spanned<usize>,
     max_mailbox_name_bytes: Spanned<usize>,
@@ -46,6 +54,8 @@ impl Default for RawImap {
             max_connections: Spanned::new(0..0, 256),
             // Desktop clients open up to five per account; a household behind one NAT more.
             max_connections_per_ip: Spanned::new(0..0, 20),
+            max_unauthenticated: Spanned::new(0..0, 32),
+            login_timeout_secs: Spanned::new(0..0, 60),
             command_timeout_secs: Spanned::new(0..0, 600),
             max_mailboxes: Spanned::new(0..0, 1000),
             max_mailbox_name_bytes: Spanned::new(0..0, 255),
@@ -61,11 +71,16 @@ pub(crate) fn check(raw: &RawImap, loc: &Locator<'_>) -> Result<ImapConfig, Conf
     if *raw.command_timeout_secs.get_ref() == 0 {
         return Err(loc.spanned(&raw.command_timeout_secs, "imap.command_timeout_secs must be greater than 0".into()));
     }
+    if *raw.login_timeout_secs.get_ref() == 0 {
+        return Err(loc.spanned(&raw.login_timeout_secs, "imap.login_timeout_secs must be greater than 0".into()));
+    }
     Ok(ImapConfig {
         listen: raw.listen,
         listen_tls: raw.listen_tls.as_ref().map(|l| *l.get_ref()),
         max_connections: positive(&raw.max_connections, "max_connections")?,
         max_connections_per_ip: positive(&raw.max_connections_per_ip, "max_connections_per_ip")?,
+        max_unauthenticated: positive(&raw.max_unauthenticated, "max_unauthenticated")?,
+        login_timeout: Duration::from_secs(*raw.login_timeout_secs.get_ref()),
         command_timeout: Duration::from_secs(*raw.command_timeout_secs.get_ref()),
         max_mailboxes: positive(&raw.max_mailboxes, "max_mailboxes")?,
         max_mailbox_name_bytes: positive(&raw.max_mailbox_name_bytes, "max_mailbox_name_bytes")?,

@@ -13,6 +13,7 @@ mod imap;
 mod model;
 mod relay;
 mod smtp;
+mod store;
 mod tls;
 mod upstream;
 mod user;
@@ -28,6 +29,7 @@ pub use model::{ApiPrice, BackendConfig, Cost, Draft, LocalBackend, ModelEntry, 
 pub use nightmail_types::Address;
 pub use relay::RelayConfig;
 pub use smtp::SmtpConfig;
+pub use store::StoreConfig;
 pub use tls::TlsConfig;
 pub use upstream::{PasswordSource, RelayTls, Secret};
 pub use user::{Password, User};

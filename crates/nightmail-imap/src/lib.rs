@@ -28,7 +28,7 @@ use nightmail_store::Store;
 use nightmail_tls::TlsAcceptor;
 pub use nightmail_tls::Wrap;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 pub use error::ImapError;
 
@@ -51,24 +51,32 @@ pub async fn serve(
     wrap: Wrap,
 ) {
     // More connections than these are greeted with BYE (RFC 3501 §7.1.5).
-    let (max, per_client) = {
+    let (max, per_client, unauthenticated) = {
         let first = &current.borrow().config.imap;
-        (first.max_connections, first.max_connections_per_ip)
+        (first.max_connections, first.max_connections_per_ip, first.max_unauthenticated)
     };
+    // Sessions not yet logged in take one of these too, and give it back at login: silent
+    // connections can hold no more than these of the server's places.
+    let waiting = Arc::new(Semaphore::new(unauthenticated));
     let stop = shutdown.clone();
     nightmail_auth::accept(listener, "imap", max, per_client, shutdown, move |stream, peer, local, place| {
         let shared = current.borrow().clone();
         let wrap = wrap.with(shared.tls.as_ref());
         let stop = stop.clone();
+        let login_place = waiting.clone().try_acquire_owned();
         async move {
-            match place {
-                Ok(_place) => {
+            match (place, login_place) {
+                (Ok(_place), Ok(login_place)) => {
                     let _ = stream.set_nodelay(true);
                     let quick_ack = transport::QuickAck::of(&stream);
-                    session::run(stream, peer, local, shared, stop, wrap, quick_ack).await
+                    session::run(stream, peer, local, shared, stop, wrap, quick_ack, Some(login_place)).await
                 }
-                Err(Full::Server) => session::refuse(stream, "too many connections, try again later").await,
-                Err(Full::Client) => {
+                (Ok(_), Err(_)) => {
+                    tracing::info!(%peer, "imap: too many connections waiting to log in");
+                    session::refuse(stream, "too many connections waiting to log in, try again later").await
+                }
+                (Err(Full::Server), _) => session::refuse(stream, "too many connections, try again later").await,
+                (Err(Full::Client), _) => {
                     session::refuse(stream, "too many connections from your address, close some and try again").await
                 }
             }
@@ -87,7 +95,7 @@ pub async fn serve_stream(
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) {
-    session::run(stream, peer, local, shared, stop, Wrap::Plain, transport::QuickAck::none()).await
+    session::run(stream, peer, local, shared, stop, Wrap::Plain, transport::QuickAck::none(), None).await
 }
 
 /// On a loopback listener nothing crosses a network, so LOGIN is allowed without TLS; elsewhere

@@ -212,8 +212,10 @@ fn nstring(s: Option<String>) -> NString<'static> {
     }
 }
 
-/// An IMAP string for any text: quoted when possible, a literal otherwise.
+/// An IMAP string for any text: quoted when possible, a literal otherwise. A NUL, which no IMAP
+/// string may hold (RFC 3501 §4.3 CHAR8 is %x01-ff), becomes U+FFFD.
 pub fn istring(s: String) -> IString<'static> {
+    let s = if s.contains('\0') { s.replace('\0', "\u{FFFD}") } else { s };
     IString::try_from(s.clone()).unwrap_or_else(|_| IString::Literal(Literal::unvalidated(s.into_bytes())))
 }
 

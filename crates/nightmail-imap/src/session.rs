@@ -14,7 +14,7 @@ use imap_next::{Interrupt, Io, State as _};
 use nightmail_auth::AuthUser;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use crate::command::{self, capability, text};
 use crate::transport::{QuickAck, Stream, Transport, within};
@@ -66,6 +66,11 @@ pub(crate) struct Session {
     pub failed_logins: u32,
     /// Hang up once the current reply is out (too many failed logins).
     pub close_after_reply: bool,
+    /// The place among the sessions not yet logged in (`imap.max_unauthenticated`), given back
+    /// at login.
+    login_place: Option<OwnedSemaphorePermit>,
+    /// When a session still not logged in is ended (`imap.login_timeout_secs`).
+    login_deadline: Instant,
     errors: u32,
     /// Whether `server` was made with the limits for a logged-in user (see [`Limits`]).
     flow_limits: Limits,
@@ -131,6 +136,7 @@ fn options(shared: &Shared, limits: Limits) -> Options {
 }
 
 /// Serves one connection on `stream` until the client leaves, the session ends or `stop` turns.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     stream: impl Stream + 'static,
     peer: SocketAddr,
@@ -139,8 +145,11 @@ pub(crate) async fn run(
     stop: watch::Receiver<bool>,
     wrap: Wrap,
     quick_ack: QuickAck,
+    login_place: Option<OwnedSemaphorePermit>,
 ) {
     let mut session = Session {
+        login_place,
+        login_deadline: Instant::now() + shared.config.imap.login_timeout,
         server: Server::new(options(&shared, Limits::PreAuth), Greeting::ok(None, "x").expect("static greeting")),
         shared,
         peer,
@@ -357,8 +366,10 @@ impl Session {
             // (EXPUNGE too unless `selected-delayed`), not only in IDLE.
             let pushing = command_since.is_none() && self.notify.as_ref().is_some_and(|n| n.pushes_selected());
             let store = self.shared.store.clone();
+            let logging_in = matches!(self.state, State::NotAuthenticated).then_some(self.login_deadline);
+            let deadline = read_deadline(command_since, limit, logging_in);
             let read = tokio::select! {
-                read = tokio::time::timeout_at(read_deadline(command_since, limit).into(), self.transport.read(&mut buf)) => read,
+                read = tokio::time::timeout_at(deadline.into(), self.transport.read(&mut buf)) => read,
                 () = idle_wait(&mut self.state, &store), if idling || pushing => {
                     if idling {
                         if let Err(e) = self.sync(true) {
@@ -379,6 +390,11 @@ impl Session {
             let n = match read {
                 Err(_) if command_since.is_some() => {
                     self.untagged_bye("the command did not arrive in time");
+                    self.drain_output();
+                    return self.write_out().await;
+                }
+                Err(_) if logging_in.is_some() => {
+                    self.untagged_bye("autologout: not logged in in time");
                     self.drain_output();
                     return self.write_out().await;
                 }
@@ -562,6 +578,7 @@ impl Session {
     /// before login input is handed over one line at a time (see [`Session::hand_over`]).
     fn lift_limits_after_login(&mut self) {
         if self.flow_limits == Limits::PreAuth && !matches!(self.state, State::NotAuthenticated) {
+            drop(self.login_place.take());
             self.drain_output();
             self.flow_limits = Limits::LoggedIn;
             self.server = flow_without_greeting(&self.shared, Limits::LoggedIn);
@@ -632,9 +649,9 @@ fn tag_of(bytes: &[u8]) -> Option<Tag<'static>> {
 }
 
 /// When the next read must have returned: the command's deadline while one is arriving, else
-/// the autologout.
-fn read_deadline(command_since: Option<Instant>, limit: Duration) -> Instant {
-    let idle = Instant::now() + AUTOLOGOUT;
+/// the autologout; before login, `login_deadline` at the latest.
+fn read_deadline(command_since: Option<Instant>, limit: Duration, login_deadline: Option<Instant>) -> Instant {
+    let idle = login_deadline.unwrap_or_else(|| Instant::now() + AUTOLOGOUT);
     command_since.map_or(idle, |since| (since + limit).min(idle))
 }
 

@@ -20,6 +20,27 @@ pub(crate) fn check(raw: &[u8], max_line: usize, max_header_lines: usize) -> Res
             format!("Line {line} ends in a bare LF: lines must end in CRLF (RFC 5321 §2.3.8)"),
         ));
     }
+    // RFC 5322 §2.3: CR and LF only together; a bare CR is the other half of the smuggling pair.
+    if let Some(pos) = raw.iter().enumerate().position(|(i, &b)| b == b'\r' && raw.get(i + 1) != Some(&b'\n')) {
+        let line = raw[..pos].iter().filter(|&&b| b == b'\n').count() + 1;
+        return Err(Reply::owned(
+            554,
+            [5, 6, 0],
+            format!("Line {line} holds a bare CR: CR is allowed only before LF (RFC 5322 §2.3)"),
+        ));
+    }
+    // RFC 5322 §3.5 text and RFC 2045 §2.7-2.8 exclude NUL from mail (only obsolete syntax had it),
+    // and no IMAP client could fetch it but through BINARY (RFC 3516 §4.2).
+    if let Some(pos) = raw.iter().position(|&b| b == 0) {
+        let line = raw[..pos].iter().filter(|&&b| b == b'\n').count() + 1;
+        return Err(Reply::owned(
+            554,
+            [5, 6, 0],
+            format!(
+                "Line {line} holds a NUL byte, which mail may not carry (RFC 5322 §3.5): encode binary data as base64"
+            ),
+        ));
+    }
     let mut header_lines = 0;
     let mut in_header = true;
     for (n, line) in raw.split(|&b| b == b'\n').enumerate() {
@@ -198,6 +219,13 @@ mod tests {
         assert_eq!(check(long.as_bytes(), 1000, 10).unwrap_err().code, 554);
         let many: String = (0..11).map(|i| format!("X-{i}: y\r\n")).collect::<String>() + "\r\nbody\r\n";
         assert_eq!(check(many.as_bytes(), 1000, 10).unwrap_err().code, 552);
+        let cr = check(b"Subject: x\r\n\r\nbad\rline\r\n", 1000, 10).unwrap_err();
+        assert_eq!((cr.code, cr.esc), (554, [5, 6, 0]));
+        assert!(cr.text.contains("Line 3 holds a bare CR"), "{}", cr.text);
+        let nul = check(b"Subject: a\0b\r\n\r\nok\r\n", 1000, 10).unwrap_err();
+        assert_eq!((nul.code, nul.esc), (554, [5, 6, 0]));
+        assert!(nul.text.contains("Line 1 holds a NUL"), "{}", nul.text);
+        assert!(check(b"Subject: x\r\n\r\n8-bit \xe4\xff is fine\r\n", 1000, 10).is_ok());
         // Lines after the header do not count as header lines.
         let body: String = "X: y\r\n\r\n".to_string() + &"line\r\n".repeat(50);
         assert!(check(body.as_bytes(), 1000, 10).is_ok());

@@ -63,6 +63,7 @@ pub const RELAY_DENIED: Reply = Reply::new(
     [5, 7, 1],
     "Relaying denied: this server delivers only to its own users and models; add a [relay] smarthost to its configuration to send to outside addresses",
 );
+pub const NO_SUCH_USER: Reply = Reply::new(550, [5, 1, 1], "No such user or model here");
 pub const RELAY_NULL_SENDER: Reply = Reply::new(
     550,
     [5, 7, 1],

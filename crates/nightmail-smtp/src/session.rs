@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightmail_auth::AuthUser;
-use nightmail_store::Recipient;
+use nightmail_store::{Recipient, RelayHold};
 use nightmail_types::Address;
 use smtp_proto::Request;
 use smtp_proto::request::receiver::{
@@ -28,6 +28,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 pub(crate) struct Transaction {
     pub sender: Option<Address>,
     pub recipients: Vec<Recipient>,
+    /// A place in the sender's daily relay quota per outside recipient, held until the
+    /// transaction ends (dropped with it) or its message is stored.
+    pub relay_holds: Vec<RelayHold>,
 }
 
 /// What the next input bytes are.
@@ -155,6 +158,8 @@ impl Session {
             let read = tokio::time::timeout_at(self.read_deadline().into(), io.read(&mut buf)).await;
             let n = match read {
                 Err(_) => {
+                    // The transaction ends with the session, its relay quota places first.
+                    self.transaction = None;
                     reply::TIMEOUT.write(&mut self.out);
                     within(timeout, "writing a reply", io.write_all(&self.out)).await?;
                     return Ok(());
@@ -162,6 +167,8 @@ impl Session {
                 Ok(result) => result?,
             };
             if n == 0 {
+                // Released before the connection closes, so a client that sees the close knows.
+                self.transaction = None;
                 return Ok(());
             }
             self.pending_since.get_or_insert_with(Instant::now);

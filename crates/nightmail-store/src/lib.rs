@@ -27,8 +27,10 @@ mod mailbox;
 mod mailbox_ops;
 mod modseq;
 mod outbound;
+mod private;
 mod queue;
 mod refs;
+mod relay_quota;
 mod schema;
 mod space;
 mod subscriptions;
@@ -56,7 +58,9 @@ pub use mailbox::{MailEntry, MailboxInfo};
 pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
+pub use private::{log_made_private, make_private};
 pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, Retry, RetryPolicy};
+pub use relay_quota::{HoldError, RelayHold};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;
 
@@ -74,7 +78,13 @@ pub struct Store {
     changes: changes::Changes,
     /// Job records decoded by scans (`Store::job_reads`).
     job_reads: Arc<std::sync::atomic::AtomicU64>,
+    /// Outside recipients held by open SMTP transactions (`relay_quota.rs`).
+    relay_holds: Arc<relay_quota::RelayHolds>,
 }
+
+/// sled's page cache when no size is given. sled's own default, 1 GiB, is kept filled once a busy
+/// daemon has read that much, and never given back.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Store directories this process has opened (canonical paths).
 static OPENED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
@@ -88,12 +98,12 @@ const OWN_RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
 /// process can find the lock still held by ourselves.
 /// Such an open waits for that release, up to [`OWN_RELEASE`]; a lock held by another process, or
 /// on a directory this process never opened, is [`StoreError::Locked`] at once.
-fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
+fn open_sled(dir: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let ours = OPENED.lock().unwrap_or_else(|p| p.into_inner()).contains(&canonical);
     let deadline = std::time::Instant::now() + OWN_RELEASE;
     loop {
-        match sled::Config::new().path(dir).open() {
+        match sled::Config::new().path(dir).cache_capacity(cache_bytes).open() {
             Ok(db) => {
                 OPENED.lock().unwrap_or_else(|p| p.into_inner()).insert(canonical);
                 return Ok(db);
@@ -110,19 +120,29 @@ fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`, applying pending migrations.
+    /// Opens (or creates) the store in `dir`, applying pending migrations, with sled's page cache
+    /// at [`DEFAULT_CACHE_BYTES`].
     ///
     /// Only one process may hold the store; a second gets [`StoreError::Locked`].
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        Self::open_to(dir, SCHEMA_VERSION)
+        Self::open_with_cache(dir, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`Store::open`] with sled's page cache at most `cache_bytes` (the daemon's `store.cache_mb`).
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
+        Self::open_at(dir, SCHEMA_VERSION, cache_bytes)
     }
 
     /// Opens the store and migrates it up to `version` only. Tests use it to write a store as an
     /// older nightmail would have.
     #[doc(hidden)]
     pub fn open_to(dir: &Path, version: u32) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
-        let db = open_sled(dir)?;
+        Self::open_at(dir, version, DEFAULT_CACHE_BYTES)
+    }
+
+    fn open_at(dir: &Path, version: u32, cache_bytes: u64) -> Result<Store, StoreError> {
+        log_made_private(dir, &make_private(dir)?);
+        let db = open_sled(dir, cache_bytes)?;
         let durability = Arc::new(
             durable::Durability::new(dir)
                 .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?,
@@ -137,6 +157,7 @@ impl Store {
             leases: Arc::default(),
             changes: changes::Changes::default(),
             job_reads: Arc::default(),
+            relay_holds: Arc::default(),
         })
     }
 

@@ -20,6 +20,7 @@ const LEASE_SWEEP: Duration = Duration::from_secs(30);
 const DEDUPE_SWEEP: Duration = Duration::from_secs(3600);
 
 pub fn run(config: Config) -> anyhow::Result<()> {
+    owner_only_umask();
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(config))
 }
 
@@ -28,6 +29,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     crate::reload::refuse_demo_password_off_loopback(&config)?;
+    let data_dir = &config.data_dir;
+    nightmail_store::log_made_private(data_dir, &nightmail_store::make_private(data_dir)?);
     let store = open_store(&config)?;
     let recovered = store.recover_leases(true).await?;
     if recovered > 0 {
@@ -178,9 +181,19 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Everything the daemon writes under `data_dir` (the store and its blobs, the TLS key,
+/// checkpoints, the control socket) is for its owner alone, whatever umask it was started with:
+/// the systemd unit's `UMask=0077`, held by the daemon itself.
+fn owner_only_umask() {
+    // SAFETY: umask(2) only sets the process's file mode creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
 fn open_store(config: &Config) -> anyhow::Result<Store> {
     let dir = config.data_dir.join("store");
-    Store::open(&dir)
+    Store::open_with_cache(&dir, config.store.cache_bytes)
         .with_context(|| format!("opening the store in {} (data_dir in {})", dir.display(), config.source_name()))
 }
 

@@ -2,8 +2,9 @@
 //! (`nightmail_imap::serve_stream`) over an in-memory pipe, with a fresh store per input.
 //!
 //! The first byte picks where the session starts: before login, logged in (a `LOGIN` is sent
-//! first), or with INBOX selected; the store holds two messages (one multipart) so FETCH, SEARCH,
-//! STORE, COPY, MOVE and EXPUNGE have something to work on. The session must end by itself once
+//! first), or with INBOX selected; the store holds three messages (one multipart, one with NUL,
+//! bare CR and LF and 8-bit bytes: [`HOSTILE`]) so FETCH, SEARCH, STORE, COPY, MOVE and EXPUNGE
+//! have something to work on. The session must end by itself once
 //! the input ends, without panicking, within [`LIMIT`].
 
 #![no_main]
@@ -38,6 +39,15 @@ Message-ID: <m@x>\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\nMIME-Version: 1.0\
 Content-Type: multipart/mixed; boundary=\"zz\"\r\n\r\n--zz\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n\
 hello body\r\n--zz\r\nContent-Type: message/rfc822\r\n\r\nSubject: inner\r\n\r\ninner body\r\n--zz--\r\n";
 
+/// Bytes mail should not hold but a store may (an APPEND literal8, an older build's delivery):
+/// NUL in the header and a body, a bare CR, a bare LF and 8-bit octets, in a multipart message
+/// whose second part is clean. Every FETCH of it must answer (BINARY as a literal8) or refuse
+/// cleanly, never end the session.
+const HOSTILE: &[u8] = b"From: Nul <nul@nightmail.test>\r\nSubject: a\0b \xe4\xff\rc\r\n\
+Content-Type: multipart/mixed; boundary=\"yy\"\r\n\r\n--yy\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Content-Transfer-Encoding: 8bit\r\n\r\nnul \0 bare\rcr lf\n8-bit \xe4\xff\x80\r\n--yy\r\n\
+Content-Type: text/plain\r\n\r\nclean\r\n--yy--\r\n";
+
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     // mail-parser runs under catch_unwind in the server; a panic it catches is no crash. A panic
     // that ends a session shows up as a failed join below, and aborts there.
@@ -54,7 +64,7 @@ async fn session(data: &[u8]) {
     let dir = tempfile::Builder::new().tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("a temp dir");
     let store = Store::open(dir.path()).expect("a store");
     let inbox = store.create_mailbox("me", "INBOX").await.expect("INBOX");
-    for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME] {
+    for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME, HOSTILE] {
         store.append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000), None).await.expect("seed");
     }
     let config = CONFIG_PARSED.clone();

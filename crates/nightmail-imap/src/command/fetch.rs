@@ -50,10 +50,18 @@ pub(crate) fn internal_date(t: Timestamp) -> DateTime {
     DateTime::try_from(fixed).unwrap_or_else(|_| DateTime::unvalidated(chrono::DateTime::UNIX_EPOCH.fixed_offset()))
 }
 
-/// Message bytes for the wire: always a literal, so any octet survives.
-fn literal(bytes: Cow<'_, [u8]>) -> NString<'static> {
-    NString(Some(IString::Literal(Literal::unvalidated(bytes.into_owned()))))
+/// Message bytes for the wire: always a literal, so any octet but NUL survives. A literal may not
+/// hold a NUL (RFC 3501 §4.3, CHAR8 is %x01-ff; RFC 3516 §4.2 sends such data only as BINARY's
+/// literal8), so bytes with one are [`HoldsNul`].
+fn literal(bytes: Cow<'_, [u8]>) -> Result<NString<'static>, HoldsNul> {
+    match Literal::try_from(bytes.into_owned()) {
+        Ok(literal) => Ok(NString(Some(IString::Literal(literal)))),
+        Err(_) => Err(HoldsNul),
+    }
 }
+
+/// A message whose asked-for item holds a NUL outside BINARY: it is left out of the answer.
+struct HoldsNul;
 
 /// RFC 3501 §6.4.5 `<origin.octets>`: a slice, empty past the end; to the end without a count
 /// (RFC 5092 `partial-range`, for CATENATE's URLs).
@@ -112,7 +120,7 @@ fn fetch_items(
     raw: &[u8],
     structure: bool,
     newly_seen: bool,
-) -> Result<(Vec<MessageDataItem<'static>>, Vec<PartialBinary>), ImapError> {
+) -> Result<(Vec<MessageDataItem<'static>>, Vec<PartialBinary>), Unfetchable> {
     let mut partials = Vec::new();
     let parsed = structure.then(|| mime::parse(raw));
     let split = mime::header_end(raw);
@@ -125,9 +133,9 @@ fn fetch_items(
             MessageDataItemName::Flags => flags_item(entry, recent),
             MessageDataItemName::InternalDate => MessageDataItem::InternalDate(internal_date(entry.internal_date)),
             MessageDataItemName::Rfc822Size => MessageDataItem::Rfc822Size(entry.size as u32),
-            MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(raw))),
-            MessageDataItemName::Rfc822Header => MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))),
-            MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))),
+            MessageDataItemName::Rfc822 => MessageDataItem::Rfc822(literal(Cow::Borrowed(raw))?),
+            MessageDataItemName::Rfc822Header => MessageDataItem::Rfc822Header(literal(Cow::Borrowed(&raw[..split]))?),
+            MessageDataItemName::Rfc822Text => MessageDataItem::Rfc822Text(literal(Cow::Borrowed(&raw[split..]))?),
             MessageDataItemName::Envelope => MessageDataItem::Envelope(
                 parsed.as_ref().map(|p| p.envelope.clone()).unwrap_or_else(mime::empty_envelope),
             ),
@@ -142,12 +150,12 @@ fn fetch_items(
                 MessageDataItem::BodyExt {
                     section: section.clone(),
                     origin: partial.map(|(origin, _)| origin),
-                    data: literal(data),
+                    data: literal(data)?,
                 }
             }
             MessageDataItemName::Binary { section, partial, .. } => {
                 let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
-                let data = binary::decoded(raw, root, &path)?;
+                let data = binary::decoded(raw, root, &path).map_err(Unfetchable::Imap)?;
                 match partial {
                     Some((origin, count)) => {
                         let start = (*origin as usize).min(data.len());
@@ -166,7 +174,7 @@ fn fetch_items(
             }
             MessageDataItemName::BinarySize { section } => {
                 let path: Vec<u32> = section.iter().map(|n| n.get()).collect();
-                let size = binary::decoded(raw, root, &path)?.len() as u32;
+                let size = binary::decoded(raw, root, &path).map_err(Unfetchable::Imap)?.len() as u32;
                 MessageDataItem::BinarySize { section: section.clone(), size }
             }
             MessageDataItemName::ModSeq => condstore::modseq_item(entry.modseq),
@@ -176,6 +184,20 @@ fn fetch_items(
         items.push(flags_item(entry, recent));
     }
     Ok((items, partials))
+}
+
+/// Why one message's items cannot be sent.
+enum Unfetchable {
+    /// The whole FETCH fails (RFC 3516 §4.3 UNKNOWN-CTE, a part that does not exist).
+    Imap(ImapError),
+    /// This message is left out and the FETCH answers NO at the end (RFC 2180 §4.1.3's way).
+    Nul,
+}
+
+impl From<HoldsNul> for Unfetchable {
+    fn from(_: HoldsNul) -> Unfetchable {
+        Unfetchable::Nul
+    }
 }
 
 /// A `BINARY[section]<origin>` item (RFC 3516 §4.2). imap-types' item has no origin, so each is
@@ -278,6 +300,7 @@ pub(crate) async fn run(
         s.data(Data::Vanished { earlier: true, known_uids });
     }
     let mut vanished = false;
+    let mut with_nul = Vec::new();
     // One message at a time: its bytes are read, its response encoded and added to the session's
     // output, which is written whenever it is large (`Session::stream`); a mailbox is never held
     // in memory whole.
@@ -294,7 +317,15 @@ pub(crate) async fn run(
                 }
             },
         };
-        let (items, partials) = fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid))?;
+        let (items, partials) =
+            match fetch_items(&names, &entry, recent, &raw, structure, newly_seen.contains(&entry.uid)) {
+                Ok(fetched) => fetched,
+                Err(Unfetchable::Imap(e)) => return Err(e),
+                Err(Unfetchable::Nul) => {
+                    with_nul.push(entry.uid.0);
+                    continue;
+                }
+            };
         let seq = NonZeroU32::new(i as u32 + 1).expect("+1");
         let mut responses = Vec::with_capacity(1 + partials.len());
         if let Ok(items) = Vec1::try_from(items) {
@@ -307,6 +338,14 @@ pub(crate) async fn run(
                 break;
             }
         }
+    }
+    if let Some(first) = with_nul.first() {
+        let text = format!(
+            "{} message(s) (UID {first}{}) hold a NUL byte, which only BINARY[] can send (RFC 3516 §4.2): fetch them with BINARY[]",
+            with_nul.len(),
+            if with_nul.len() > 1 { ", ..." } else { "" }
+        );
+        return Err(ImapError::no(text));
     }
     if vanished {
         // RFC 5530 §3 EXPUNGEISSUED: a NOOP will tell the client what went.

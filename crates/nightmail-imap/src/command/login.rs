@@ -54,6 +54,5 @@ pub(crate) async fn check(s: &mut Session, login: &str, password: &str) -> Resul
             }
             Err(err)
         }
-        Err(e @ AuthError::Throttled { .. }) => Err(ImapError::no_with(other_code("UNAVAILABLE"), e.to_string())),
     }
 }

@@ -106,7 +106,5 @@ async fn check(session: &mut Session, login: &str, password: &str) {
             session.reply(reply::AUTH_OK);
         }
         Err(AuthError::Invalid) => session.reply(reply::AUTH_INVALID),
-        // RFC 4954 §6: 454 4.7.0 for a temporary authentication failure.
-        Err(e @ AuthError::Throttled { .. }) => session.reply(Reply::owned(454, [4, 7, 0], e.to_string())),
     }
 }

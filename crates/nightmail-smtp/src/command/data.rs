@@ -79,6 +79,8 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
     {
         dedupe_id = format!("{}\0{dedupe_id}", user.name);
     }
+    // The quota's places stay held until the outbound entries that replace them are stored.
+    let relay_holds = transaction.relay_holds;
     let incoming = nightmail_store::Incoming {
         key,
         raw,
@@ -104,4 +106,5 @@ pub(crate) async fn finish(session: &mut Session, raw: Vec<u8>) {
             session.reply(reply::STORE_FAILED);
         }
     }
+    drop(relay_holds);
 }

@@ -47,6 +47,6 @@ pub(crate) fn mail(session: &mut Session, from: MailFrom<String>) {
         let text = format!("Sender <{sender}> is not yours: you are logged in as <{}>", user.address);
         return session.reply(Reply::owned(553, [5, 7, 1], text));
     }
-    session.transaction = Some(Transaction { sender, recipients: Vec::new() });
+    session.transaction = Some(Transaction { sender, recipients: Vec::new(), relay_holds: Vec::new() });
     session.reply(Reply::new(250, [2, 1, 0], "Sender OK"));
 }

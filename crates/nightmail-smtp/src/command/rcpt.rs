@@ -1,10 +1,12 @@
-//! RCPT TO (RFC 5321 §4.1.1.3). This server's users and model addresses are accepted; an outside
+//! RCPT TO (RFC 5321 §4.1.1.3). This server's users and model addresses are accepted, any other
+//! address at its own domains refused; an outside
 //! address only from an authenticated user, and only with a `[relay]` smarthost configured, within
-//! that user's daily relay quota: this is never an open relay (RFC 5321 §7.1).
+//! that user's daily relay quota: this is never an open relay (RFC 5321 §7.1). An outside
+//! recipient takes its place in the quota here, not at the end of DATA (`Store::hold_relay`).
 
 use std::time::Duration;
 
-use nightmail_store::Recipient;
+use nightmail_store::{HoldError, Recipient};
 use nightmail_types::{Address, Timestamp};
 use smtp_proto::RcptTo;
 
@@ -29,6 +31,10 @@ pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
         Recipient::User { user: user.name.clone(), address }
     } else if config.model(&address).is_some() {
         Recipient::Model { address, via: None }
+    } else if config.is_own_domain(address.domain()) {
+        // RFC 5321 §4.2.2 and RFC 3463 X.1.1: nobody here by that name; relaying it to the
+        // smarthost would send our own domain's mail elsewhere.
+        return session.reply(reply::NO_SUCH_USER);
     } else {
         let Some(relay) = &config.relay else {
             return session.reply(reply::RELAY_DENIED);
@@ -41,23 +47,21 @@ pub(crate) fn rcpt(session: &mut Session, to: RcptTo<String>) {
         let recipient = Recipient::Remote { address, via: None };
         if !transaction.recipients.contains(&recipient) {
             let since = Timestamp(Timestamp::now().0.saturating_sub(DAY.as_millis() as u64));
-            let relayed = match session.shared.store.relayed_since(sender, since) {
-                Ok(n) => n,
-                Err(e) => {
+            let quota = relay.max_relay_recipients_per_user_per_day;
+            match session.shared.store.hold_relay(sender, quota, since) {
+                Ok(hold) => transaction.relay_holds.push(hold),
+                Err(HoldError::QuotaReached { used }) => {
+                    // RFC 3463 §3.8: X.7.1, delivery not authorized. Permanent for this message, as
+                    // Gmail's daily sending limit is; the user may send again tomorrow.
+                    let text = format!(
+                        "Daily relay quota reached: <{sender}> sent to or is sending to {used} outside recipients in the last 24 hours (relay.max_relay_recipients_per_user_per_day = {quota}); try again later"
+                    );
+                    return session.reply(Reply::owned(550, [5, 7, 1], text));
+                }
+                Err(HoldError::Store(e)) => {
                     tracing::error!("cannot count relayed mail: {e}");
                     return session.reply(reply::STORE_FAILED);
                 }
-            };
-            let pending = transaction.recipients.iter().filter(|r| matches!(r, Recipient::Remote { .. })).count();
-            let quota = relay.max_relay_recipients_per_user_per_day;
-            if relayed + pending >= quota {
-                // RFC 3463 §3.8: X.7.1, delivery not authorized. Permanent for this message, as
-                // Gmail's daily sending limit is; the user may send again tomorrow.
-                let text = format!(
-                    "Daily relay quota reached: <{sender}> sent to {} outside recipients in the last 24 hours (relay.max_relay_recipients_per_user_per_day = {quota}); try again later",
-                    relayed + pending
-                );
-                return session.reply(Reply::owned(550, [5, 7, 1], text));
             }
         }
         recipient
