@@ -70,6 +70,13 @@ impl Store {
         holds.insert(sender.clone(), held + 1);
         Ok(RelayHold { holds: self.relay_holds.clone(), sender: sender.clone() })
     }
+
+    /// What counts against `sender`'s quota now: outside recipients relayed since `since` and
+    /// those their open transactions hold.
+    pub fn relay_used(&self, sender: &Address, since: Timestamp) -> Result<usize, StoreError> {
+        let holds = self.relay_holds.lock();
+        Ok(self.relayed_since(sender, since)? + holds.get(sender).copied().unwrap_or(0))
+    }
 }
 
 #[cfg(test)]
@@ -88,6 +95,7 @@ mod tests {
         let _theirs = store.hold_relay(&other, 2, Timestamp(0)).expect("each sender has their own quota");
         drop(a);
         let _c = store.hold_relay(&me, 2, Timestamp(0)).expect("a released hold frees its place");
+        assert_eq!(store.relay_used(&me, Timestamp(0)).unwrap(), 2, "held places count as used");
         drop(b);
     }
 }

@@ -191,7 +191,7 @@ impl<'a> Letters<'a> {
         };
         let quota = relay.max_relay_recipients_per_user_per_day;
         let day_ago = Timestamp::now().minus(Duration::from_secs(24 * 3600));
-        let left = quota.saturating_sub(self.shift.store.relayed_since(asker, day_ago)?);
+        let left = quota.saturating_sub(self.shift.store.relay_used(asker, day_ago)?);
         if left >= max {
             return Ok((max, why));
         }
