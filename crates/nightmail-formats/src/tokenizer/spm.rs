@@ -6,118 +6,18 @@
 
 use nightmail_tensor::TensorError;
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
-use candle_core::quantized::gguf_file::Value;
-
+use super::vocab::{Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 
 /// SentencePiece's whitespace marker (U+2581): a space in the text is this in the pieces.
 const SPACE: &str = "\u{2581}";
 
-/// Token types as GGUF stores them (`tokenizer.ggml.token_type`, gguf-py `TokenType`).
-mod token_type {
-    pub const NORMAL: i32 = 1;
-    pub const UNKNOWN: i32 = 2;
-    pub const CONTROL: i32 = 3;
-    pub const USER_DEFINED: i32 = 4;
-    pub const BYTE: i32 = 6;
-}
-
-/// Texts llama.cpp makes control tokens whatever type the file gives them
-/// (`llama_vocab::impl::load`: its end-of-generation list, which holds the end-of-turn one, and
-/// its fill-in-the-middle lists; llama.cpp marks only the first FIM token of each kind it meets,
-/// here all are).
-const CONTROL_BY_NAME: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<｜fim▁begin｜>",
-    "<PRE>",
-    "▁<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<｜fim▁hole｜>",
-    "<SUF>",
-    "▁<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<｜fim▁end｜>",
-    "<MID>",
-    "▁<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<fim_pad>",
-    "<PAD>",
-    "[PAD]",
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-    "<|file_sep|>",
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<|flush|>",
-    "<|calls|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "</s>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "[EOS]",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-    "<eos>",
-    "<turn|>",
-    "<|tool_response>",
-    "<｜end▁of▁sentence｜>",
-    "[e~[",
-];
-
-/// What a token is, which decides how it is found in text and what it decodes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A piece of text, `▁` for a space.
-    Normal,
-    /// `<0xNN>`: one byte, for text no piece covers (byte fallback).
-    Byte(u8),
-    /// User-defined: matched whole in text, decoded as written.
-    Literal,
-    /// Control or unknown (`<s>`, `</s>`, `<unk>`, `[INST]`): matched whole in text, decoded as
-    /// nothing.
-    Hidden,
-    /// Unused, padding or of no known type: never matched whole in text, decoded as nothing.
-    Silent,
-}
-
-struct Token {
-    text: String,
-    score: f32,
-    kind: Kind,
-}
-
 /// A SentencePiece vocabulary read from GGUF, with llama.cpp's SPM settings.
 pub struct Spm {
-    tokens: Vec<Token>,
-    ids: HashMap<String, u32>,
-    /// Tokens found whole in text before the pieces are merged, longest first
-    /// (`cache_special_tokens`).
-    specials: Vec<u32>,
+    vocab: Vocab,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
@@ -130,69 +30,12 @@ fn bad(key: &str, reason: impl Into<String>) -> FormatError {
     FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
 }
 
-/// A numeric GGUF array (`scores` may be f32 or i32, `token_type` i32).
-fn numbers(g: &GgufFile, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
-    let Some(v) = g.value(key) else { return Ok(None) };
-    let list = v.to_vec().map_err(|_| bad(key, "as something other than an array"))?;
-    if list.len() < n {
-        return Err(bad(key, format!("{} entries for {n} tokens", list.len())));
-    }
-    list.iter()
-        .map(|v| match v {
-            Value::F32(x) => Ok(*x as f64),
-            Value::I32(x) => Ok(*x as f64),
-            _ => Err(bad(key, "with entries that are not f32 or i32")),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
-}
-
 impl Spm {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        const TOKENS: &str = "tokenizer.ggml.tokens";
-        let list = g
-            .value(TOKENS)
-            .ok_or_else(|| FormatError::MissingMetadata { key: TOKENS.into() })?
-            .to_vec()
-            .map_err(|_| bad(TOKENS, "as something other than an array"))?;
-        let n = list.len();
-        let scores = numbers(g, "tokenizer.ggml.scores", n)?;
-        let types = numbers(g, "tokenizer.ggml.token_type", n)?;
-        let mut tokens = Vec::with_capacity(n);
-        let mut ids = HashMap::with_capacity(n);
-        for (i, v) in list.iter().enumerate() {
-            let mut text = v.to_string().map_err(|_| bad(TOKENS, format!("token {i} as a non-string")))?.clone();
-            if text.is_empty() {
-                // As llama.cpp names an empty token, so that it can never match.
-                text = format!("[EMPTY_{i}]");
-            }
-            if let Some(first) = ids.insert(text.clone(), i as u32) {
-                return Err(bad(TOKENS, format!("`{text}` twice, as tokens {first} and {i}")));
-            }
-            let score = scores.as_ref().map_or(0.0, |s| s[i] as f32);
-            // No types at all: every token is normal (llama.cpp's default attribute).
-            let kind = match types.as_ref().map_or(token_type::NORMAL, |t| t[i] as i32) {
-                _ if CONTROL_BY_NAME.contains(&text.as_str()) => Kind::Hidden,
-                token_type::NORMAL => Kind::Normal,
-                token_type::UNKNOWN | token_type::CONTROL => Kind::Hidden,
-                token_type::USER_DEFINED => Kind::Literal,
-                token_type::BYTE => Kind::Byte(byte_of(&text).ok_or_else(|| {
-                    bad("tokenizer.ggml.token_type", format!("token {i} `{text}` as a byte, which is not <0xNN>"))
-                })?),
-                _ => Kind::Silent,
-            };
-            tokens.push(Token { text, score, kind });
-        }
-        let mut specials: Vec<u32> =
-            (0..n as u32).filter(|&i| matches!(tokens[i as usize].kind, Kind::Hidden | Kind::Literal)).collect();
-        specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].text.len()));
+        let vocab = Vocab::from_gguf(g)?;
         // llama.cpp's SPM defaults: <unk> <s> </s> at 0 1 2, BOS added, a space prefixed.
-        let id = |key: &str, default: u32| -> Option<u32> {
-            let id = g.uint(key).map_or(default, |v| v as u32);
-            ((id as usize) < n).then_some(id)
-        };
-        let bos = id("tokenizer.ggml.bos_token_id", 1);
-        let eos = id("tokenizer.ggml.eos_token_id", 2);
+        let bos = vocab.special_id(g, "tokenizer.ggml.bos_token_id", Some(1));
+        let eos = vocab.special_id(g, "tokenizer.ggml.eos_token_id", Some(2));
         let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(true);
         let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
         if add_bos && bos.is_none() {
@@ -202,9 +45,7 @@ impl Spm {
             return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
         }
         Ok(Spm {
-            tokens,
-            ids,
-            specials,
+            vocab,
             bos,
             eos,
             add_bos,
@@ -214,15 +55,15 @@ impl Spm {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.vocab.len()
     }
 
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.ids.get(text).copied()
+        self.vocab.id(text)
     }
 
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(|t| t.text.as_str())
+        self.vocab.text(id)
     }
 
     pub fn bos(&self) -> Option<u32> {
@@ -233,17 +74,18 @@ impl Spm {
         self.eos
     }
 
-    /// llama.cpp's `tokenize(text, add_special, parse_special = true)`: control, unknown and
-    /// user-defined tokens written in the text are those tokens; the text between them is
+    /// llama.cpp's `tokenize(text, add_special, parse_special)`: user-defined tokens written in
+    /// the text are those tokens, and control and unknown ones too with `parse_special`; the
+    /// text between them is
     /// merged from its characters, each stretch with a space before it when it starts the text
     /// or follows a special token (`add_space_prefix`).
-    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::new();
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
         let mut after_special = true;
-        for fragment in self.split_specials(text) {
+        for fragment in self.vocab.split_specials(text, parse_special) {
             match fragment {
                 Fragment::Text(t) => {
                     let mut escaped = String::with_capacity(t.len() + 3);
@@ -266,37 +108,6 @@ impl Spm {
         Ok(out)
     }
 
-    /// `tokenizer_st_partition`: each special token in turn, longest first, cuts the stretches
-    /// of text not yet cut at each of its occurrences.
-    fn split_specials<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
-        let mut fragments = if text.is_empty() { Vec::new() } else { vec![Fragment::Text(text)] };
-        for &id in &self.specials {
-            let needle = self.tokens[id as usize].text.as_str();
-            if !fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(needle))) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(fragments.len() + 2);
-            for f in fragments {
-                let Fragment::Text(mut rest) = f else {
-                    next.push(f);
-                    continue;
-                };
-                while let Some(at) = rest.find(needle) {
-                    if at > 0 {
-                        next.push(Fragment::Text(&rest[..at]));
-                    }
-                    next.push(Fragment::Token(id));
-                    rest = &rest[at + needle.len()..];
-                }
-                if !rest.is_empty() {
-                    next.push(Fragment::Text(rest));
-                }
-            }
-            fragments = next;
-        }
-        fragments
-    }
-
     /// `llm_tokenizer_spm_session::tokenize`: start from single characters and keep merging the
     /// adjacent pair whose concatenation is the highest-scoring token (the leftmost among equal
     /// scores); what is left is a token, or else its bytes' `<0xNN>` tokens.
@@ -314,8 +125,8 @@ impl Spm {
             let (left, right) = (left?, right?);
             let (l, r) = (&symbols[left], &symbols[right]);
             let piece = &text[l.start..l.start + l.len + r.len];
-            let id = *self.ids.get(piece)?;
-            Some(Bigram { score: self.tokens[id as usize].score, left, right, len: piece.len() })
+            let id = self.vocab.id(piece)?;
+            Some(Bigram { score: self.vocab.tokens[id as usize].score, left, right, len: piece.len() })
         };
         for i in 1..symbols.len() {
             queue.extend(bigram(&symbols, Some(i - 1), Some(i)));
@@ -340,8 +151,8 @@ impl Spm {
         while let Some(i) = at {
             let s = &symbols[i];
             let piece = &text[s.start..s.start + s.len];
-            match self.ids.get(piece) {
-                Some(id) => out.push(*id),
+            match self.vocab.id(piece) {
+                Some(id) => out.push(id),
                 None => {
                     for b in piece.bytes() {
                         out.push(self.byte_token(b)?);
@@ -356,10 +167,9 @@ impl Spm {
     /// `llama_vocab::byte_to_token`: `<0xNN>`, else the byte itself as a token.
     fn byte_token(&self, b: u8) -> Result<u32> {
         let hex = format!("<0x{b:02X}>");
-        self.ids
-            .get(&hex)
-            .or_else(|| if b.is_ascii() { self.ids.get(&char::from(b).to_string()) } else { None })
-            .copied()
+        self.vocab
+            .id(&hex)
+            .or_else(|| if b.is_ascii() { self.vocab.id(&char::from(b).to_string()) } else { None })
             .ok_or_else(|| {
                 FormatError::Tokenizer(format!(
                     "the text has byte 0x{b:02X}, which the vocabulary has neither as a piece nor as {hex}: the model cannot read this text"
@@ -388,8 +198,11 @@ impl Spm {
         }
         let mut out = Vec::new();
         for &id in ids {
-            let token =
-                self.tokens.get(id as usize).ok_or(TensorError::TokenOutOfRange { id, vocab: self.tokens.len() })?;
+            let token = self
+                .vocab
+                .tokens
+                .get(id as usize)
+                .ok_or(TensorError::TokenOutOfRange { id, vocab: self.vocab.len() })?;
             let start = out.len();
             match token.kind {
                 Kind::Normal => out.extend_from_slice(token.text.replace(SPACE, " ").as_bytes()),
@@ -408,17 +221,6 @@ impl Spm {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
     }
-}
-
-/// `<0xNN>` → the byte (`llama_vocab::impl::token_to_byte`).
-fn byte_of(text: &str) -> Option<u8> {
-    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
-}
-
-enum Fragment<'t> {
-    Text(&'t str),
-    Token(u32),
 }
 
 /// A stretch of the text being merged; `len` 0 once merged into its left neighbour.
@@ -460,6 +262,7 @@ impl Eq for Bigram {}
 
 #[cfg(test)]
 mod tests {
+    use super::super::vocab::byte_of;
     use super::*;
 
     fn fixture(name: &str) -> Spm {
@@ -470,7 +273,7 @@ mod tests {
     #[test]
     fn token_types_become_kinds_and_im_end_is_made_control_by_its_name() {
         let spm = fixture("model.gguf");
-        let kind = |t: &str| spm.tokens[spm.token_id(t).unwrap() as usize].kind;
+        let kind = |t: &str| spm.vocab.tokens[spm.token_id(t).unwrap() as usize].kind;
         assert_eq!(kind("<unk>"), Kind::Hidden);
         assert_eq!(kind("<s>"), Kind::Hidden);
         assert_eq!(kind("[INST]"), Kind::Hidden);
@@ -486,7 +289,7 @@ mod tests {
     #[test]
     fn byte_fallback_spells_an_unknown_character_in_its_utf8_bytes() {
         let spm = fixture("model.gguf");
-        let ids = spm.encode("😀", false).unwrap();
+        let ids = spm.encode("😀", false, true).unwrap();
         let bytes: Vec<u32> = "😀".bytes().map(|b| spm.token_id(&format!("<0x{b:02X}>")).unwrap()).collect();
         assert_eq!(&ids[ids.len() - 4..], &bytes[..]);
         assert_eq!(spm.decode(&ids).unwrap(), "😀");
@@ -498,7 +301,7 @@ mod tests {
     fn special_tokens_split_the_text_longest_first() {
         let spm = fixture("model.gguf");
         let id = |t: &str| spm.token_id(t).unwrap();
-        let ids = spm.encode("[/INST]</s>", false).unwrap();
+        let ids = spm.encode("[/INST]</s>", false, true).unwrap();
         assert_eq!(ids, vec![id("[/INST]"), id("</s>")]);
     }
 

@@ -1,0 +1,306 @@
+//! Byte-level BPE vocabularies as GGUF carries them (`tokenizer.ggml.model = "gpt2"`), tokenized
+//! as llama.cpp does (`src/llama-vocab.cpp`: `llm_tokenizer_bpe_session`, `tokenize` and
+//! `token_to_piece`): special tokens cut out first, the rest cut into words by the pre-tokenizer
+//! `tokenizer.ggml.pre` names (`pre.rs`), each word's bytes spelt in GPT-2's alphabet and merged
+//! by the rank of `tokenizer.ggml.merges`.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use nightmail_tensor::TensorError;
+
+use super::pre::{PreTokenizer, Splitter};
+use super::vocab::{Fragment, Kind, Vocab};
+use crate::error::{FormatError, Result};
+use crate::gguf::GgufFile;
+
+pub struct Bpe {
+    vocab: Vocab,
+    /// The rank of merging a pair: its line in `tokenizer.ggml.merges`.
+    ranks: HashMap<(String, String), u32>,
+    pre: PreTokenizer,
+    splitter: Splitter,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    /// GPT-2's alphabet: byte → the character that spells it, and back.
+    alphabet: Vec<char>,
+    bytes: HashMap<char, u8>,
+}
+
+fn bad(key: &str, reason: impl Into<String>) -> FormatError {
+    FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
+}
+
+impl Bpe {
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        // llama.cpp's fallback for a file without the key, with a warning that quality degrades.
+        let pre = PreTokenizer::from_name(g.string("tokenizer.ggml.pre").unwrap_or("default"))?;
+        let vocab = Vocab::from_gguf(g)?;
+        const MERGES: &str = "tokenizer.ggml.merges";
+        let mut ranks = HashMap::new();
+        match g.value(MERGES) {
+            Some(v) => {
+                let list = v.to_vec().map_err(|_| bad(MERGES, "as something other than an array"))?;
+                for (rank, m) in list.iter().enumerate() {
+                    let m = m.to_string().map_err(|_| bad(MERGES, format!("merge {rank} as a non-string")))?;
+                    // As llama.cpp reads a merge: cut at the first space after the first byte.
+                    if let Some(at) = m.get(1..).and_then(|r| r.find(' ')).map(|at| at + 1) {
+                        ranks.entry((m[..at].to_string(), m[at + 1..].to_string())).or_insert(rank as u32);
+                    }
+                }
+            }
+            // Kimi K2's files may leave the merges out; llama.cpp reads them without.
+            None if pre == PreTokenizer::KimiK2 => {}
+            None => return Err(FormatError::MissingMetadata { key: MERGES.into() }),
+        }
+        let bos = if pre.has_bos() { vocab.special_id(g, "tokenizer.ggml.bos_token_id", None) } else { None };
+        let eos = vocab.special_id(g, "tokenizer.ggml.eos_token_id", None);
+        let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(pre.adds_bos());
+        let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
+        if add_bos && bos.is_none() {
+            return Err(bad("tokenizer.ggml.add_bos_token", "true, but there is no BOS token"));
+        }
+        if add_eos && eos.is_none() {
+            return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
+        }
+        let alphabet = byte_alphabet();
+        let bytes = alphabet.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
+        Ok(Bpe { vocab, ranks, splitter: pre.splitter()?, pre, bos, eos, add_bos, add_eos, alphabet, bytes })
+    }
+
+    pub fn pre_tokenizer(&self) -> PreTokenizer {
+        self.pre
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab.len()
+    }
+
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.id(text)
+    }
+
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.vocab.text(id)
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// llama.cpp's `tokenize(text, add_special, parse_special)` for a BPE vocabulary.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        if add_special && self.add_bos {
+            out.extend(self.bos);
+        }
+        for fragment in self.vocab.split_specials(text, parse_special) {
+            match fragment {
+                Fragment::Text(t) => {
+                    for word in self.splitter.split(t)? {
+                        self.merge(&self.spell(word), &mut out);
+                    }
+                }
+                Fragment::Token(id) => out.push(id),
+            }
+        }
+        if add_special && self.add_eos {
+            out.extend(self.eos);
+        }
+        Ok(out)
+    }
+
+    /// A word's bytes in GPT-2's alphabet (`unicode_byte_encoding_process`).
+    fn spell(&self, word: &str) -> String {
+        word.bytes().map(|b| self.alphabet[b as usize]).collect()
+    }
+
+    /// `llm_tokenizer_bpe_session::tokenize` on one word: from its characters, keep merging the
+    /// adjacent pair of lowest rank (the leftmost among equal ranks); each part left is a token,
+    /// or else its ASCII bytes are.
+    fn merge(&self, word: &str, out: &mut Vec<u32>) {
+        if word.is_empty() {
+            return;
+        }
+        if self.pre.ignore_merges()
+            && let Some(id) = self.vocab.id(word)
+        {
+            out.push(id);
+            return;
+        }
+        let mut symbols: Vec<Symbol> = Vec::new();
+        for (start, c) in word.char_indices() {
+            let i = symbols.len();
+            symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
+            if i > 0 {
+                symbols[i - 1].next = Some(i);
+            }
+        }
+        let bigram = |symbols: &[Symbol], left: Option<usize>, right: Option<usize>| -> Option<Bigram> {
+            let (left, right) = (left?, right?);
+            let (l, r) = (&symbols[left], &symbols[right]);
+            let key = (word[l.start..l.start + l.len].to_string(), word[r.start..r.start + r.len].to_string());
+            let rank = *self.ranks.get(&key)?;
+            Some(Bigram { rank, left, right, len: l.len + r.len })
+        };
+        let mut queue = BinaryHeap::new();
+        for i in 1..symbols.len() {
+            queue.extend(bigram(&symbols, Some(i - 1), Some(i)));
+        }
+        while let Some(b) = queue.pop() {
+            let (l, r) = (&symbols[b.left], &symbols[b.right]);
+            // Stale: one side has been merged away or grown since this pair was queued.
+            if l.len == 0 || r.len == 0 || l.len + r.len != b.len || l.next != Some(b.right) {
+                continue;
+            }
+            let right_next = r.next;
+            symbols[b.left].len += symbols[b.right].len;
+            symbols[b.right].len = 0;
+            symbols[b.left].next = right_next;
+            if let Some(n) = right_next {
+                symbols[n].prev = Some(b.left);
+            }
+            queue.extend(bigram(&symbols, symbols[b.left].prev, Some(b.left)));
+            queue.extend(bigram(&symbols, Some(b.left), right_next));
+        }
+        let mut at = Some(0);
+        while let Some(i) = at {
+            let s = &symbols[i];
+            let piece = &word[s.start..s.start + s.len];
+            match self.vocab.id(piece) {
+                Some(id) => out.push(id),
+                // llama.cpp looks each byte of the spelt piece up alone: only ASCII ones can be
+                // tokens.
+                None => out.extend(piece.bytes().filter_map(|b| self.vocab.id(&char::from(b).to_string()))),
+            }
+            at = s.next;
+        }
+    }
+
+    /// llama.cpp's `detokenize(remove_special = true, unparse_special = false)`: control and
+    /// unknown tokens decode to nothing, user-defined ones as written, the rest from GPT-2's
+    /// alphabet back to bytes. Bytes, as a token may end inside a character.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut ids = ids;
+        if let (true, Some(&first)) = (self.add_bos, ids.first())
+            && Some(first) == self.bos
+        {
+            ids = &ids[1..];
+        }
+        if let (true, Some(&last)) = (self.add_eos, ids.last())
+            && Some(last) == self.eos
+        {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut out = Vec::new();
+        for &id in ids {
+            let token = self
+                .vocab
+                .tokens
+                .get(id as usize)
+                .ok_or(TensorError::TokenOutOfRange { id, vocab: self.vocab.len() })?;
+            match token.kind {
+                // `llama_decode_text`: characters outside the alphabet are kept as they are.
+                Kind::Normal => {
+                    for c in token.text.chars() {
+                        match self.bytes.get(&c) {
+                            Some(b) => out.push(*b),
+                            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                        }
+                    }
+                }
+                Kind::Literal => out.extend_from_slice(token.text.as_bytes()),
+                Kind::Byte(b) => out.push(b),
+                Kind::Hidden | Kind::Silent => {}
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+    }
+}
+
+/// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the rest for code points
+/// from 256 up, so that every byte string is a printable string.
+pub(super) fn byte_alphabet() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).expect("a byte is a char")
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("below the surrogates")
+            }
+        })
+        .collect()
+}
+
+/// A stretch of the word being merged; `len` 0 once merged into its left neighbour.
+struct Symbol {
+    start: usize,
+    len: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
+/// Two adjacent symbols whose merge is ranked. The queue pops the lowest rank first and, among
+/// equal ranks, the leftmost pair (`llm_bigram_bpe::comparator`).
+struct Bigram {
+    rank: u32,
+    left: usize,
+    right: usize,
+    len: usize,
+}
+
+impl Ord for Bigram {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.rank.cmp(&self.rank).then_with(|| other.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Bigram {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Bigram {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Bigram {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bigrams_pop_by_lowest_rank_then_leftmost() {
+        let a = Bigram { rank: 5, left: 3, right: 4, len: 2 };
+        let b = Bigram { rank: 5, left: 1, right: 2, len: 2 };
+        let c = Bigram { rank: 2, left: 7, right: 8, len: 2 };
+        let mut q: BinaryHeap<Bigram> = [a, b, c].into_iter().collect();
+        assert_eq!(q.pop().unwrap().left, 7);
+        assert_eq!(q.pop().unwrap().left, 1);
+        assert_eq!(q.pop().unwrap().left, 3);
+    }
+
+    #[test]
+    fn the_alphabet_spells_every_byte_once() {
+        let a = byte_alphabet();
+        assert_eq!((a[b' ' as usize], a[b'\n' as usize], a[b'A' as usize]), ('Ġ', 'Ċ', 'A'));
+        assert_eq!(a.iter().collect::<std::collections::HashSet<_>>().len(), 256);
+    }
+}
