@@ -46,7 +46,7 @@ impl Bpe {
                 for (rank, m) in list.iter().enumerate() {
                     let m = m.to_string().map_err(|_| bad(MERGES, format!("merge {rank} as a non-string")))?;
                     // As llama.cpp reads a merge: cut at the first space after the first byte.
-                    if let Some(at) = m.get(1..).and_then(|r| r.find(' ')).map(|at| at + 1) {
+                    if let Some(at) = m.bytes().skip(1).position(|b| b == b' ').map(|at| at + 1) {
                         ranks.entry((m[..at].to_string(), m[at + 1..].to_string())).or_insert(rank as u32);
                     }
                 }
