@@ -121,7 +121,7 @@ struct LlamaCpp {
 fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
     let request = serde_json::json!({ "model": model, "texts": texts(), "ids": ids });
     let mut child = Command::new("python3")
-        .arg(fixture("llama_cpp_tokens.py"))
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_cpp_tokens.py"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
