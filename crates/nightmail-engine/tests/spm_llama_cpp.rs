@@ -116,7 +116,7 @@ struct LlamaCpp {
     decoded: Vec<Vec<u8>>,
 }
 
-/// tests/fixtures/spm/llama_cpp_tokens.py on `model`: llama_tokenize with and without special
+/// tests/fixtures/llama_cpp_tokens.py on `model`: llama_tokenize with and without special
 /// tokens added for each text, and llama_detokenize of each id list.
 fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
     let request = serde_json::json!({ "model": model, "texts": texts(), "ids": ids });
