@@ -1,8 +1,9 @@
 //! Every pre-tokenizer nightmail claims gives llama.cpp's ids, checked live against llama.cpp
-//! (llama-cpp-python's bindings, which scripts/test.sh installs) on the same file: llama.cpp's
-//! Qwen2 vocabulary (`models/ggml-vocab-qwen2.gguf`, byte-level BPE of 151k tokens that spells
-//! every script) with `tokenizer.ggml.pre` rewritten to each name, on texts in many scripts with
-//! emoji, digit runs, code and whitespace runs. For names that have no `ggml-vocab` file of their
+//! (llama-cpp-python's bindings, which scripts/test.sh installs) on the same files: llama.cpp's
+//! Qwen2 and Llama 3 vocabularies (`models/ggml-vocab-{qwen2,llama-bpe}.gguf`, byte-level BPE of
+//! 151k and 128k tokens; Llama 3's has multi-digit and cased-word tokens, where splits differ
+//! most) with `tokenizer.ggml.pre` rewritten to each name, on texts in many scripts with emoji,
+//! digit runs, code and whitespace runs. For names that have no `ggml-vocab` file of their
 //! own (kimi-k2, deepseek-v3, gpt-4o, glm4, minimax-m2) this is the check.
 
 use std::io::Write;
@@ -71,9 +72,9 @@ fn llama_cpp_models() -> PathBuf {
     PathBuf::from(dir).join("models")
 }
 
-/// The Qwen2 vocabulary with `tokenizer.ggml.pre` set to `pre`, written to `dir`.
-fn vocabulary_named(dir: &Path, pre: &str) -> PathBuf {
-    let base = GgufFile::open(&llama_cpp_models().join("ggml-vocab-qwen2.gguf")).unwrap();
+/// llama.cpp's `vocab` vocabulary with `tokenizer.ggml.pre` set to `pre`, written to `dir`.
+fn vocabulary_named(dir: &Path, vocab: &str, pre: &str) -> PathBuf {
+    let base = GgufFile::open(&llama_cpp_models().join(format!("ggml-vocab-{vocab}.gguf"))).unwrap();
     let mut metadata: Vec<(String, Value)> = base
         .metadata()
         .iter()
@@ -81,7 +82,7 @@ fn vocabulary_named(dir: &Path, pre: &str) -> PathBuf {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     metadata.push(("tokenizer.ggml.pre".into(), Value::String(pre.into())));
-    let path = dir.join(format!("vocab-{pre}.gguf"));
+    let path = dir.join(format!("{vocab}-as-{pre}.gguf"));
     write_gguf(&path, &metadata, &[], 32, |_, _| Ok(())).unwrap();
     path
 }
@@ -111,8 +112,14 @@ fn llama_cpp(model: &Path, texts: &[String]) -> Vec<(Vec<u32>, Vec<u32>)> {
 }
 
 fn tokenizes_as_llama_cpp(pre: &str) {
+    for vocab in ["qwen2", "llama-bpe"] {
+        vocabulary_tokenizes_as_llama_cpp(vocab, pre);
+    }
+}
+
+fn vocabulary_tokenizes_as_llama_cpp(vocab: &str, pre: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let path = vocabulary_named(dir.path(), pre);
+    let path = vocabulary_named(dir.path(), vocab, pre);
     let tk = TextTokenizer::from_gguf_file(&path).unwrap().expect("a vocabulary");
     assert_eq!(tk.pre_tokenizer(), Some(PreTokenizer::from_name(pre).unwrap()));
     let texts = texts();
@@ -125,7 +132,13 @@ fn tokenizes_as_llama_cpp(pre: &str) {
             failed.push(format!("{text:?}: llama.cpp {special:?} / {plain:?}, nightmail {got_special:?} / {got_plain:?}"));
         }
     }
-    assert!(failed.is_empty(), "{pre}: {} of {} texts differ:\n{}", failed.len(), texts.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{vocab} as {pre}: {} of {} texts differ:\n{}",
+        failed.len(),
+        texts.len(),
+        failed.join("\n")
+    );
 }
 
 macro_rules! pre_tests {
@@ -159,7 +172,7 @@ pre_tests! {
 #[test]
 fn an_unknown_pre_tokenizer_is_refused_when_the_vocabulary_loads() {
     let dir = tempfile::tempdir().unwrap();
-    let path = vocabulary_named(dir.path(), "no-such-pre");
+    let path = vocabulary_named(dir.path(), "qwen2", "no-such-pre");
     let e = TextTokenizer::from_gguf_file(&path).err().expect("refused").to_string();
     assert!(e.contains("`no-such-pre`") && e.contains("kimi-k2") && e.contains("llama-bpe"), "{e}");
 }
