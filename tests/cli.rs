@@ -300,13 +300,16 @@ fn a_model_command_whose_reader_has_gone_ends_quietly_like_a_filter() {
 /// and its tokenizer cases: each `.inp` text with the ids of its `.out` line.
 fn llama_cpp_vocab(name: &str) -> (std::path::PathBuf, Vec<(String, Vec<u32>)>) {
     let dir = std::env::var_os("NIGHTMAIL_LLAMA_CPP_SRC").unwrap_or_else(|| {
-        panic!("NIGHTMAIL_LLAMA_CPP_SRC is not set: run `export NIGHTMAIL_LLAMA_CPP_SRC=$(scripts/fetch-llama-cpp-src.sh)`")
+        panic!(
+            "NIGHTMAIL_LLAMA_CPP_SRC is not set: run `export NIGHTMAIL_LLAMA_CPP_SRC=$(scripts/fetch-llama-cpp-src.sh)`"
+        )
     });
     let path = std::path::PathBuf::from(dir).join("models").join(format!("ggml-vocab-{name}.gguf"));
     let read = |ext: &str| std::fs::read_to_string(path.with_extension(format!("gguf.{ext}"))).unwrap();
     let inp = read("inp");
     let texts = inp.strip_suffix("\n__ggml_vocab_test__\n").unwrap_or(&inp).split("\n__ggml_vocab_test__\n");
-    let ids = read("out").lines().map(|l| l.split_whitespace().map(|i| i.parse().unwrap()).collect()).collect::<Vec<_>>();
+    let ids =
+        read("out").lines().map(|l| l.split_whitespace().map(|i| i.parse().unwrap()).collect()).collect::<Vec<_>>();
     (path.clone(), texts.map(str::to_string).zip(ids).collect())
 }
 

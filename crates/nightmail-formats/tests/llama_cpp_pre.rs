@@ -43,9 +43,43 @@ const TEXTS: &[&str] = &[
 /// Pieces strung at random into more texts: the seams between scripts and classes are where
 /// pre-tokenizers differ.
 const PIECES: &[&str] = &[
-    "the", " The", "ABC", "aBc", "'s", "'LL", " ", "  ", "\n", "\r\n", "\t", "1", "23", "4567", "我", "们",
-    "メ", "ー", "한", "ع", "ب", "😀", "👍🏽", "!", "...", "-", "(", ")", "_", "é", "\u{301}", "Ж", "\u{3000}",
-    "<|im_end|>", "¥", "µ", "ǅ",
+    "the",
+    " The",
+    "ABC",
+    "aBc",
+    "'s",
+    "'LL",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\t",
+    "1",
+    "23",
+    "4567",
+    "我",
+    "们",
+    "メ",
+    "ー",
+    "한",
+    "ع",
+    "ب",
+    "😀",
+    "👍🏽",
+    "!",
+    "...",
+    "-",
+    "(",
+    ")",
+    "_",
+    "é",
+    "\u{301}",
+    "Ж",
+    "\u{3000}",
+    "<|im_end|>",
+    "¥",
+    "µ",
+    "ǅ",
 ];
 
 fn random_texts(n: usize) -> Vec<String> {
@@ -129,7 +163,9 @@ fn vocabulary_tokenizes_as_llama_cpp(vocab: &str, pre: &str) {
     for (text, (special, plain)) in texts.iter().zip(&reference) {
         let (got_special, got_plain) = (tk.encode(text, true).unwrap(), tk.encode(text, false).unwrap());
         if (&got_special, &got_plain) != (special, plain) {
-            failed.push(format!("{text:?}: llama.cpp {special:?} / {plain:?}, nightmail {got_special:?} / {got_plain:?}"));
+            failed.push(format!(
+                "{text:?}: llama.cpp {special:?} / {plain:?}, nightmail {got_special:?} / {got_plain:?}"
+            ));
         }
     }
     assert!(

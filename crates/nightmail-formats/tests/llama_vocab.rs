@@ -30,10 +30,8 @@ fn cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
     if raw.ends_with("\n__ggml_vocab_test__\n") {
         inputs.pop();
     }
-    let outputs: Vec<Vec<u32>> = read("out")
-        .lines()
-        .map(|l| l.split_whitespace().map(|id| id.parse().expect("an id")).collect())
-        .collect();
+    let outputs: Vec<Vec<u32>> =
+        read("out").lines().map(|l| l.split_whitespace().map(|id| id.parse().expect("an id")).collect()).collect();
     assert_eq!(inputs.len(), outputs.len(), "{vocab}: .inp and .out hold different numbers of cases");
     inputs.into_iter().zip(outputs).collect()
 }

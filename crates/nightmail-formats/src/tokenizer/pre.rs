@@ -148,9 +148,7 @@ impl PreTokenizer {
     /// llama.cpp's regexes, in the order it applies them.
     fn regexes(self) -> &'static [&'static str] {
         match self {
-            PreTokenizer::Default => {
-                &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
-            }
+            PreTokenizer::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
             PreTokenizer::Gpt2 => &[GPT2],
             PreTokenizer::StarCoder => &[r"\p{N}", GPT2],
             PreTokenizer::Llama3 | PreTokenizer::Dbrx | PreTokenizer::Glm4 => &[LLAMA3],
@@ -164,9 +162,7 @@ impl PreTokenizer {
                 r"[一-龥ࠀ-一가-퟿]+",
                 r"\p{N}+",
             ],
-            PreTokenizer::DeepseekCoder => {
-                &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
-            }
+            PreTokenizer::DeepseekCoder => &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
             PreTokenizer::DeepseekV3 => &[r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK_V3_WORDS],
             PreTokenizer::Falcon => &[
                 r"[\p{P}\$\+<=>\^~\|`]+",

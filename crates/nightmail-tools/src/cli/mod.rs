@@ -16,8 +16,8 @@ use error::Doing;
 pub use error::{CommandError, Result};
 use generate::generate;
 use inspect::inspect;
-use tokenize::tokenize;
 use print::{bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_verify_bench};
+use tokenize::tokenize;
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
@@ -300,8 +300,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 (None, Some(f)) => tokenize::Source::File(f),
                 (None, None) => return Err(CommandError::Usage("give the text with --text T or --file F".into())),
             };
-            let options =
-                tokenize::Options { add_special: !no_add_special, parse_special: !no_parse_special, json };
+            let options = tokenize::Options { add_special: !no_add_special, parse_special: !no_parse_special, json };
             tokenize(model, source, options)
         }
         ModelCommand::Generate {

@@ -42,7 +42,6 @@ pub(super) fn tokenize(model: PathBuf, source: Source, options: Options) -> Resu
 }
 
 fn open(model: &Path) -> Result<Option<TextTokenizer>> {
-    let opened =
-        if model.is_dir() { TextTokenizer::from_hf_dir(model) } else { TextTokenizer::from_gguf_file(model) };
+    let opened = if model.is_dir() { TextTokenizer::from_hf_dir(model) } else { TextTokenizer::from_gguf_file(model) };
     opened.map_err(EngineError::from).doing(|| format!("reading the tokenizer of {}", model.display()))
 }

@@ -192,7 +192,11 @@ fn every_architectures_defaults_are_the_same_for_both_formats() {
 }
 
 /// The spec of `fixture`'s GGUF with key `{arch}.{key}` set to `value`.
-fn with_key(fixture_dir: &str, key: &str, value: candle_core::quantized::gguf_file::Value) -> crate::error::Result<ModelSpec> {
+fn with_key(
+    fixture_dir: &str,
+    key: &str,
+    value: candle_core::quantized::gguf_file::Value,
+) -> crate::error::Result<ModelSpec> {
     use nightmail_formats::GgufFile;
     use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
     let src = GgufFile::open(&fixture(fixture_dir).join("model.gguf")).unwrap();
