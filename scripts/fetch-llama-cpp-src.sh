@@ -18,20 +18,12 @@ if [[ -f "$src/.complete" ]]; then
     exit 0
 fi
 
-pip_cmd=()
-if command -v pip >/dev/null 2>&1; then
-    pip_cmd=(pip)
-elif command -v python3 >/dev/null 2>&1; then
-    pip_cmd=(python3 -m pip)
-else
-    echo "fetch-llama-cpp-src: neither pip nor python3 found: install python3-pip, then run this script again" >&2
-    exit 1
-fi
-
+# shellcheck source=lib/pip.sh
+source "$root/scripts/lib/pip.sh"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 # The sdist itself (--no-binary for this package only: its build tools may come as wheels).
-"${pip_cmd[@]}" download --quiet --no-deps --no-binary llama-cpp-python --dest "$tmp" "llama-cpp-python==$VERSION" >&2
+pip_download "$tmp" --no-binary llama-cpp-python "llama-cpp-python==$VERSION"
 sdist="$tmp/llama_cpp_python-$VERSION.tar.gz"
 if ! echo "$SHA256  $sdist" | sha256sum --check --status; then
     echo "fetch-llama-cpp-src: llama_cpp_python-$VERSION.tar.gz does not have sha256 $SHA256; refusing to use it" >&2

@@ -52,9 +52,7 @@ impl TextTokenizer {
             Some(m) => m,
         };
         if model == "llama" {
-            let spm = spm::Spm::from_gguf(g)?;
-            let text = |id: Option<u32>| id.and_then(|id| spm.token_text(id)).map(str::to_string);
-            return Ok(Some(TextTokenizer { bos: text(spm.bos()), eos: text(spm.eos()), inner: Inner::Spm(spm) }));
+            return Ok(Some(TextTokenizer::llama_cpp(Inner::Spm(spm::Spm::from_gguf(g)?))));
         }
         if model != "gpt2" {
             return Err(FormatError::Unsupported {
@@ -62,9 +60,28 @@ impl TextTokenizer {
                 hint: "GGUF vocabularies are read when they are gpt2-style BPE or SentencePiece (`llama`); use the Hugging Face directory with tokenizer.json".into(),
             });
         }
-        let bpe = bpe::Bpe::from_gguf(g)?;
-        let text = |id: Option<u32>| id.and_then(|id| bpe.token_text(id)).map(str::to_string);
-        Ok(Some(TextTokenizer { bos: text(bpe.bos()), eos: text(bpe.eos()), inner: Inner::Bpe(Box::new(bpe)) }))
+        Ok(Some(TextTokenizer::llama_cpp(Inner::Bpe(Box::new(bpe::Bpe::from_gguf(g)?)))))
+    }
+
+    /// A GGUF vocabulary's tokenizer, BOS and EOS spelt as the vocabulary spells them.
+    fn llama_cpp(inner: Inner) -> Self {
+        let (vocab, ends) = match &inner {
+            Inner::Bpe(b) => (b.vocab(), b.ends()),
+            Inner::Spm(s) => (s.vocab(), s.ends()),
+            Inner::Hf(_) => unreachable!("a GGUF vocabulary"),
+        };
+        let text = |id: Option<u32>| id.and_then(|id| vocab.text(id)).map(str::to_string);
+        let (bos, eos) = (text(ends.bos), text(ends.eos));
+        TextTokenizer { bos, eos, inner }
+    }
+
+    /// The vocabulary of a GGUF's tokenizer.
+    fn gguf_vocab(&self) -> Option<&vocab::Vocab> {
+        match &self.inner {
+            Inner::Bpe(b) => Some(b.vocab()),
+            Inner::Spm(s) => Some(s.vocab()),
+            Inner::Hf(_) => None,
+        }
     }
 
     /// Whether a Hugging Face directory holds a tokenizer this reads.
@@ -140,8 +157,7 @@ impl TextTokenizer {
     pub fn token_id(&self, text: &str) -> Option<u32> {
         match &self.inner {
             Inner::Hf(t) => t.token_to_id(text),
-            Inner::Bpe(b) => b.token_id(text),
-            Inner::Spm(s) => s.token_id(text),
+            _ => self.gguf_vocab()?.id(text),
         }
     }
 
@@ -149,8 +165,7 @@ impl TextTokenizer {
     pub fn token_text(&self, id: u32) -> Option<String> {
         match &self.inner {
             Inner::Hf(t) => t.id_to_token(id),
-            Inner::Bpe(b) => b.token_text(id).map(str::to_string),
-            Inner::Spm(s) => s.token_text(id).map(str::to_string),
+            _ => self.gguf_vocab()?.text(id).map(str::to_string),
         }
     }
 
@@ -165,8 +180,7 @@ impl TextTokenizer {
     pub fn vocab_size(&self) -> usize {
         match &self.inner {
             Inner::Hf(t) => t.get_vocab_size(true),
-            Inner::Bpe(b) => b.vocab_size(),
-            Inner::Spm(s) => s.vocab_size(),
+            _ => self.gguf_vocab().map_or(0, vocab::Vocab::len),
         }
     }
 }

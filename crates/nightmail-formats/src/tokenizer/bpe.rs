@@ -7,10 +7,8 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use nightmail_tensor::TensorError;
-
 use super::pre::{PreTokenizer, Splitter};
-use super::vocab::{Fragment, Kind, Vocab};
+use super::vocab::{Ends, Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 
@@ -20,10 +18,7 @@ pub struct Bpe {
     ranks: HashMap<(String, String), u32>,
     pre: PreTokenizer,
     splitter: Splitter,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    ends: Ends,
     /// GPT-2's alphabet: byte → the character that spells it, and back.
     alphabet: Vec<char>,
     bytes: HashMap<char, u8>,
@@ -55,65 +50,43 @@ impl Bpe {
             None if pre == PreTokenizer::KimiK2 => {}
             None => return Err(FormatError::MissingMetadata { key: MERGES.into() }),
         }
-        let bos = if pre.has_bos() { vocab.special_id(g, "tokenizer.ggml.bos_token_id", None) } else { None };
-        let eos = vocab.special_id(g, "tokenizer.ggml.eos_token_id", None);
-        let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(pre.adds_bos());
-        let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
-        if add_bos && bos.is_none() {
-            return Err(bad("tokenizer.ggml.add_bos_token", "true, but there is no BOS token"));
-        }
-        if add_eos && eos.is_none() {
-            return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
+        let mut ends = Ends::read(g, &vocab, None, None, pre.adds_bos())?;
+        if !pre.has_bos() {
+            ends.bos = None;
+            ends.add_bos = false;
         }
         let alphabet = byte_alphabet();
         let bytes = alphabet.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
-        Ok(Bpe { vocab, ranks, splitter: pre.splitter()?, pre, bos, eos, add_bos, add_eos, alphabet, bytes })
+        Ok(Bpe { vocab, ranks, splitter: pre.splitter()?, pre, ends, alphabet, bytes })
     }
 
     pub fn pre_tokenizer(&self) -> PreTokenizer {
         self.pre
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.vocab.len()
+    pub(super) fn vocab(&self) -> &Vocab {
+        &self.vocab
     }
 
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.vocab.id(text)
-    }
-
-    pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.vocab.text(id)
-    }
-
-    pub fn bos(&self) -> Option<u32> {
-        self.bos
-    }
-
-    pub fn eos(&self) -> Option<u32> {
-        self.eos
+    pub(super) fn ends(&self) -> &Ends {
+        &self.ends
     }
 
     /// llama.cpp's `tokenize(text, add_special, parse_special)` for a BPE vocabulary.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        if add_special && self.add_bos {
-            out.extend(self.bos);
-        }
-        for fragment in self.vocab.split_specials(text, parse_special) {
-            match fragment {
-                Fragment::Text(t) => {
-                    for word in self.splitter.split(t)? {
-                        self.merge(&self.spell(word), &mut out);
+        self.ends.around(add_special, |out| {
+            for fragment in self.vocab.split_specials(text, parse_special) {
+                match fragment {
+                    Fragment::Text(t) => {
+                        for word in self.splitter.split(t)? {
+                            self.merge(&self.spell(word), out);
+                        }
                     }
+                    Fragment::Token(id) => out.push(id),
                 }
-                Fragment::Token(id) => out.push(id),
             }
-        }
-        if add_special && self.add_eos {
-            out.extend(self.eos);
-        }
-        Ok(out)
+            Ok(())
+        })
     }
 
     /// A word's bytes in GPT-2's alphabet (`unicode_byte_encoding_process`).
@@ -187,24 +160,10 @@ impl Bpe {
     /// unknown tokens decode to nothing, user-defined ones as written, the rest from GPT-2's
     /// alphabet back to bytes. Bytes, as a token may end inside a character.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
-        let mut ids = ids;
-        if let (true, Some(&first)) = (self.add_bos, ids.first())
-            && Some(first) == self.bos
-        {
-            ids = &ids[1..];
-        }
-        if let (true, Some(&last)) = (self.add_eos, ids.last())
-            && Some(last) == self.eos
-        {
-            ids = &ids[..ids.len() - 1];
-        }
+        let (ids, _) = self.ends.strip(ids);
         let mut out = Vec::new();
         for &id in ids {
-            let token = self
-                .vocab
-                .tokens
-                .get(id as usize)
-                .ok_or(TensorError::TokenOutOfRange { id, vocab: self.vocab.len() })?;
+            let token = self.vocab.token(id)?;
             match token.kind {
                 // `llama_decode_text`: characters outside the alphabet are kept as they are.
                 Kind::Normal => {

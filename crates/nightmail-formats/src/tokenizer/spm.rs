@@ -4,11 +4,10 @@
 //! the same ids here as in llama.cpp. Not SentencePiece's own encoder: llama.cpp merges the
 //! adjacent pair whose merged piece has the highest score, for BPE and unigram vocabularies alike.
 
-use nightmail_tensor::TensorError;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::vocab::{Fragment, Kind, Vocab};
+use super::vocab::{Ends, Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 
@@ -18,60 +17,25 @@ const SPACE: &str = "\u{2581}";
 /// A SentencePiece vocabulary read from GGUF, with llama.cpp's SPM settings.
 pub struct Spm {
     vocab: Vocab,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    ends: Ends,
     /// SentencePiece's `add_dummy_prefix`: a space before the text, dropped again on decoding.
     add_space_prefix: bool,
-}
-
-fn bad(key: &str, reason: impl Into<String>) -> FormatError {
-    FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
 }
 
 impl Spm {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let vocab = Vocab::from_gguf(g)?;
         // llama.cpp's SPM defaults: <unk> <s> </s> at 0 1 2, BOS added, a space prefixed.
-        let bos = vocab.special_id(g, "tokenizer.ggml.bos_token_id", Some(1));
-        let eos = vocab.special_id(g, "tokenizer.ggml.eos_token_id", Some(2));
-        let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(true);
-        let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
-        if add_bos && bos.is_none() {
-            return Err(bad("tokenizer.ggml.add_bos_token", "true, but there is no BOS token"));
-        }
-        if add_eos && eos.is_none() {
-            return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
-        }
-        Ok(Spm {
-            vocab,
-            bos,
-            eos,
-            add_bos,
-            add_eos,
-            add_space_prefix: g.boolean("tokenizer.ggml.add_space_prefix").unwrap_or(true),
-        })
+        let ends = Ends::read(g, &vocab, Some(1), Some(2), true)?;
+        Ok(Spm { vocab, ends, add_space_prefix: g.boolean("tokenizer.ggml.add_space_prefix").unwrap_or(true) })
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.vocab.len()
+    pub(super) fn vocab(&self) -> &Vocab {
+        &self.vocab
     }
 
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.vocab.id(text)
-    }
-
-    pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.vocab.text(id)
-    }
-
-    pub fn bos(&self) -> Option<u32> {
-        self.bos
-    }
-
-    pub fn eos(&self) -> Option<u32> {
-        self.eos
+    pub(super) fn ends(&self) -> &Ends {
+        &self.ends
     }
 
     /// llama.cpp's `tokenize(text, add_special, parse_special)`: user-defined tokens written in
@@ -80,10 +44,10 @@ impl Spm {
     /// merged from its characters, each stretch with a space before it when it starts the text
     /// or follows a special token (`add_space_prefix`).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        if add_special && self.add_bos {
-            out.extend(self.bos);
-        }
+        self.ends.around(add_special, |out| self.encode_into(text, parse_special, out))
+    }
+
+    fn encode_into(&self, text: &str, parse_special: bool, out: &mut Vec<u32>) -> Result<()> {
         let mut after_special = true;
         for fragment in self.vocab.split_specials(text, parse_special) {
             match fragment {
@@ -93,7 +57,7 @@ impl Spm {
                         escaped.push_str(SPACE);
                     }
                     escaped.push_str(&t.replace(' ', SPACE));
-                    self.merge(&escaped, &mut out)?;
+                    self.merge(&escaped, out)?;
                     after_special = false;
                 }
                 Fragment::Token(id) => {
@@ -102,10 +66,7 @@ impl Spm {
                 }
             }
         }
-        if add_special && self.add_eos {
-            out.extend(self.eos);
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// `llm_tokenizer_spm_session::tokenize`: start from single characters and keep merging the
@@ -182,27 +143,12 @@ impl Spm {
     /// decoded as nothing, and the space prefixed on encoding taken off the first token. Bytes,
     /// as `<0xNN>` tokens may end inside a character.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
-        let mut ids = ids;
-        let mut strip_space = self.add_space_prefix;
-        if let (true, Some(&first)) = (self.add_bos, ids.first())
-            && Some(first) == self.bos
-        {
-            // llama.cpp keeps the space after a dropped BOS.
-            strip_space = false;
-            ids = &ids[1..];
-        }
-        if let (true, Some(&last)) = (self.add_eos, ids.last())
-            && Some(last) == self.eos
-        {
-            ids = &ids[..ids.len() - 1];
-        }
+        let (ids, dropped_bos) = self.ends.strip(ids);
+        // llama.cpp keeps the space after a dropped BOS.
+        let mut strip_space = self.add_space_prefix && !dropped_bos;
         let mut out = Vec::new();
         for &id in ids {
-            let token = self
-                .vocab
-                .tokens
-                .get(id as usize)
-                .ok_or(TensorError::TokenOutOfRange { id, vocab: self.vocab.len() })?;
+            let token = self.vocab.token(id)?;
             let start = out.len();
             match token.kind {
                 Kind::Normal => out.extend_from_slice(token.text.replace(SPACE, " ").as_bytes()),
@@ -273,7 +219,7 @@ mod tests {
     #[test]
     fn token_types_become_kinds_and_im_end_is_made_control_by_its_name() {
         let spm = fixture("model.gguf");
-        let kind = |t: &str| spm.vocab.tokens[spm.token_id(t).unwrap() as usize].kind;
+        let kind = |t: &str| spm.vocab.tokens[spm.vocab.id(t).unwrap() as usize].kind;
         assert_eq!(kind("<unk>"), Kind::Hidden);
         assert_eq!(kind("<s>"), Kind::Hidden);
         assert_eq!(kind("[INST]"), Kind::Hidden);
@@ -282,15 +228,15 @@ mod tests {
         assert_eq!(kind("<|im_end|>"), Kind::Hidden);
         assert_eq!(kind("<0x0A>"), Kind::Byte(b'\n'));
         assert_eq!(kind("[PAD2047]"), Kind::Silent);
-        assert_eq!((spm.bos(), spm.eos(), spm.vocab_size()), (Some(1), Some(2), 2048));
-        assert!(spm.add_space_prefix && spm.add_bos && !spm.add_eos);
+        assert_eq!((spm.ends.bos, spm.ends.eos, spm.vocab.len()), (Some(1), Some(2), 2048));
+        assert!(spm.add_space_prefix && spm.ends.add_bos && !spm.ends.add_eos);
     }
 
     #[test]
     fn byte_fallback_spells_an_unknown_character_in_its_utf8_bytes() {
         let spm = fixture("model.gguf");
         let ids = spm.encode("😀", false, true).unwrap();
-        let bytes: Vec<u32> = "😀".bytes().map(|b| spm.token_id(&format!("<0x{b:02X}>")).unwrap()).collect();
+        let bytes: Vec<u32> = "😀".bytes().map(|b| spm.vocab.id(&format!("<0x{b:02X}>")).unwrap()).collect();
         assert_eq!(&ids[ids.len() - 4..], &bytes[..]);
         assert_eq!(spm.decode(&ids).unwrap(), "😀");
         // A cut inside the character decodes to a replacement character, as a stream shows it.
@@ -300,7 +246,7 @@ mod tests {
     #[test]
     fn special_tokens_split_the_text_longest_first() {
         let spm = fixture("model.gguf");
-        let id = |t: &str| spm.token_id(t).unwrap();
+        let id = |t: &str| spm.vocab.id(t).unwrap();
         let ids = spm.encode("[/INST]</s>", false, true).unwrap();
         assert_eq!(ids, vec![id("[/INST]"), id("</s>")]);
     }

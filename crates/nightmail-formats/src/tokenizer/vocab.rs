@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
+use nightmail_tensor::TensorError;
 
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
@@ -196,6 +197,11 @@ impl Vocab {
         self.tokens.get(id as usize).map(|t| t.text.as_str())
     }
 
+    /// Token `id`, or the error a decode of an id past the vocabulary gives.
+    pub fn token(&self, id: u32) -> Result<&Token> {
+        Ok(self.tokens.get(id as usize).ok_or(TensorError::TokenOutOfRange { id, vocab: self.tokens.len() })?)
+    }
+
     /// `tokenizer_st_partition`: each special token in turn, longest first, cuts the stretches
     /// of text not yet cut at each of its occurrences. Without `parse_special` only user-defined
     /// tokens are cut, control and unknown ones stay text.
@@ -230,6 +236,64 @@ impl Vocab {
             fragments = next;
         }
         fragments
+    }
+}
+
+/// BOS and EOS, and whether `tokenize(add_special)` adds each (`tokenizer.ggml.add_bos_token`,
+/// `add_eos_token`, with the vocabulary type's defaults).
+pub(super) struct Ends {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+}
+
+impl Ends {
+    /// `bos` and `eos`: the ids when the file names none (`None`: no such token).
+    pub fn read(g: &GgufFile, vocab: &Vocab, bos: Option<u32>, eos: Option<u32>, add_bos: bool) -> Result<Self> {
+        let bos = vocab.special_id(g, "tokenizer.ggml.bos_token_id", bos);
+        let eos = vocab.special_id(g, "tokenizer.ggml.eos_token_id", eos);
+        let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(add_bos);
+        let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
+        if add_bos && bos.is_none() {
+            return Err(bad("tokenizer.ggml.add_bos_token", "true, but there is no BOS token"));
+        }
+        if add_eos && eos.is_none() {
+            return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
+        }
+        Ok(Ends { bos, eos, add_bos, add_eos })
+    }
+
+    /// What `body` adds to `out`, with BOS before and EOS after when `add_special` asks and the
+    /// vocabulary adds them.
+    pub fn around(&self, add_special: bool, body: impl FnOnce(&mut Vec<u32>) -> Result<()>) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        if add_special && self.add_bos {
+            out.extend(self.bos);
+        }
+        body(&mut out)?;
+        if add_special && self.add_eos {
+            out.extend(self.eos);
+        }
+        Ok(out)
+    }
+
+    /// `detokenize(remove_special = true)`: `ids` without the BOS first and EOS last that
+    /// encoding adds; and whether a BOS was taken off.
+    pub fn strip<'i>(&self, mut ids: &'i [u32]) -> (&'i [u32], bool) {
+        let mut dropped_bos = false;
+        if let (true, Some(&first)) = (self.add_bos, ids.first())
+            && Some(first) == self.bos
+        {
+            dropped_bos = true;
+            ids = &ids[1..];
+        }
+        if let (true, Some(&last)) = (self.add_eos, ids.last())
+            && Some(last) == self.eos
+        {
+            ids = &ids[..ids.len() - 1];
+        }
+        (ids, dropped_bos)
     }
 }
 
