@@ -5,6 +5,7 @@
 //! SentencePiece (`spm.rs`), over one vocabulary reader (`vocab.rs`).
 
 mod bpe;
+mod merge;
 pub mod pre;
 mod spm;
 mod unicode;

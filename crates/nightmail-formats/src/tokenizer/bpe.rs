@@ -4,9 +4,10 @@
 //! `tokenizer.ggml.pre` names (`pre.rs`), each word's bytes spelt in GPT-2's alphabet and merged
 //! by the rank of `tokenizer.ggml.merges`.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::collections::HashMap;
 
+use super::merge::merge;
 use super::pre::{PreTokenizer, Splitter};
 use super::vocab::{Ends, Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
@@ -107,52 +108,15 @@ impl Bpe {
             out.push(id);
             return;
         }
-        let mut symbols: Vec<Symbol> = Vec::new();
-        for (start, c) in word.char_indices() {
-            let i = symbols.len();
-            symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
-            if i > 0 {
-                symbols[i - 1].next = Some(i);
-            }
-        }
-        let bigram = |symbols: &[Symbol], left: Option<usize>, right: Option<usize>| -> Option<Bigram> {
-            let (left, right) = (left?, right?);
-            let (l, r) = (&symbols[left], &symbols[right]);
-            let key = (word[l.start..l.start + l.len].to_string(), word[r.start..r.start + r.len].to_string());
-            let rank = *self.ranks.get(&key)?;
-            Some(Bigram { rank, left, right, len: l.len + r.len })
-        };
-        let mut queue = BinaryHeap::new();
-        for i in 1..symbols.len() {
-            queue.extend(bigram(&symbols, Some(i - 1), Some(i)));
-        }
-        while let Some(b) = queue.pop() {
-            let (l, r) = (&symbols[b.left], &symbols[b.right]);
-            // Stale: one side has been merged away or grown since this pair was queued.
-            if l.len == 0 || r.len == 0 || l.len + r.len != b.len || l.next != Some(b.right) {
-                continue;
-            }
-            let right_next = r.next;
-            symbols[b.left].len += symbols[b.right].len;
-            symbols[b.right].len = 0;
-            symbols[b.left].next = right_next;
-            if let Some(n) = right_next {
-                symbols[n].prev = Some(b.left);
-            }
-            queue.extend(bigram(&symbols, symbols[b.left].prev, Some(b.left)));
-            queue.extend(bigram(&symbols, Some(b.left), right_next));
-        }
-        let mut at = Some(0);
-        while let Some(i) = at {
-            let s = &symbols[i];
-            let piece = &word[s.start..s.start + s.len];
+        // The lowest rank merges first.
+        let rank = |l: &str, r: &str, _: &str| self.ranks.get(&(l.to_string(), r.to_string())).map(|r| Reverse(*r));
+        for piece in merge(word, rank) {
             match self.vocab.id(piece) {
                 Some(id) => out.push(id),
                 // llama.cpp looks each byte of the spelt piece up alone: only ASCII ones can be
                 // tokens.
                 None => out.extend(piece.bytes().filter_map(|b| self.vocab.id(&char::from(b).to_string()))),
             }
-            at = s.next;
         }
     }
 
@@ -204,57 +168,9 @@ pub(super) fn byte_alphabet() -> Vec<char> {
         .collect()
 }
 
-/// A stretch of the word being merged; `len` 0 once merged into its left neighbour.
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
-/// Two adjacent symbols whose merge is ranked. The queue pops the lowest rank first and, among
-/// equal ranks, the leftmost pair (`llm_bigram_bpe::comparator`).
-struct Bigram {
-    rank: u32,
-    left: usize,
-    right: usize,
-    len: usize,
-}
-
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.rank.cmp(&self.rank).then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bigrams_pop_by_lowest_rank_then_leftmost() {
-        let a = Bigram { rank: 5, left: 3, right: 4, len: 2 };
-        let b = Bigram { rank: 5, left: 1, right: 2, len: 2 };
-        let c = Bigram { rank: 2, left: 7, right: 8, len: 2 };
-        let mut q: BinaryHeap<Bigram> = [a, b, c].into_iter().collect();
-        assert_eq!(q.pop().unwrap().left, 7);
-        assert_eq!(q.pop().unwrap().left, 1);
-        assert_eq!(q.pop().unwrap().left, 3);
-    }
 
     #[test]
     fn the_alphabet_spells_every_byte_once() {

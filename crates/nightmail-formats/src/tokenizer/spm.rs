@@ -4,9 +4,7 @@
 //! the same ids here as in llama.cpp. Not SentencePiece's own encoder: llama.cpp merges the
 //! adjacent pair whose merged piece has the highest score, for BPE and unigram vocabularies alike.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
-
+use super::merge::merge;
 use super::vocab::{Ends, Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
@@ -73,45 +71,9 @@ impl Spm {
     /// adjacent pair whose concatenation is the highest-scoring token (the leftmost among equal
     /// scores); what is left is a token, or else its bytes' `<0xNN>` tokens.
     fn merge(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
-        let mut symbols: Vec<Symbol> = Vec::new();
-        for (start, c) in text.char_indices() {
-            let i = symbols.len();
-            symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
-            if i > 0 {
-                symbols[i - 1].next = Some(i);
-            }
-        }
-        let mut queue = BinaryHeap::new();
-        let bigram = |symbols: &[Symbol], left: Option<usize>, right: Option<usize>| -> Option<Bigram> {
-            let (left, right) = (left?, right?);
-            let (l, r) = (&symbols[left], &symbols[right]);
-            let piece = &text[l.start..l.start + l.len + r.len];
-            let id = self.vocab.id(piece)?;
-            Some(Bigram { score: self.vocab.tokens[id as usize].score, left, right, len: piece.len() })
-        };
-        for i in 1..symbols.len() {
-            queue.extend(bigram(&symbols, Some(i - 1), Some(i)));
-        }
-        while let Some(b) = queue.pop() {
-            let (l, r) = (&symbols[b.left], &symbols[b.right]);
-            // Stale: one side has been merged away or grown since this pair was queued.
-            if l.len == 0 || r.len == 0 || l.len + r.len != b.len {
-                continue;
-            }
-            let right_next = r.next;
-            symbols[b.left].len += symbols[b.right].len;
-            symbols[b.right].len = 0;
-            symbols[b.left].next = right_next;
-            if let Some(n) = right_next {
-                symbols[n].prev = Some(b.left);
-            }
-            queue.extend(bigram(&symbols, symbols[b.left].prev, Some(b.left)));
-            queue.extend(bigram(&symbols, Some(b.left), right_next));
-        }
-        let mut at = (!symbols.is_empty()).then_some(0);
-        while let Some(i) = at {
-            let s = &symbols[i];
-            let piece = &text[s.start..s.start + s.len];
+        let score =
+            |_: &str, _: &str, joined: &str| self.vocab.id(joined).map(|id| self.vocab.tokens[id as usize].score);
+        for piece in merge(text, score) {
             match self.vocab.id(piece) {
                 Some(id) => out.push(id),
                 None => {
@@ -120,7 +82,6 @@ impl Spm {
                     }
                 }
             }
-            at = s.next;
         }
         Ok(())
     }
@@ -169,43 +130,6 @@ impl Spm {
     }
 }
 
-/// A stretch of the text being merged; `len` 0 once merged into its left neighbour.
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
-/// Two adjacent symbols whose concatenation is a token. The queue pops the highest score first
-/// and, among equal scores, the leftmost pair (`llm_bigram_spm::comparator`).
-struct Bigram {
-    score: f32,
-    left: usize,
-    right: usize,
-    len: usize,
-}
-
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal).then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
-
 #[cfg(test)]
 mod tests {
     use super::super::vocab::byte_of;
@@ -249,17 +173,6 @@ mod tests {
         let id = |t: &str| spm.vocab.id(t).unwrap();
         let ids = spm.encode("[/INST]</s>", false, true).unwrap();
         assert_eq!(ids, vec![id("[/INST]"), id("</s>")]);
-    }
-
-    #[test]
-    fn bigrams_pop_by_score_then_leftmost() {
-        let a = Bigram { score: -1.0, left: 3, right: 4, len: 2 };
-        let b = Bigram { score: -1.0, left: 1, right: 2, len: 2 };
-        let c = Bigram { score: -0.5, left: 7, right: 8, len: 2 };
-        let mut q: BinaryHeap<Bigram> = [a, b, c].into_iter().collect();
-        assert_eq!(q.pop().unwrap().left, 7);
-        assert_eq!(q.pop().unwrap().left, 1);
-        assert_eq!(q.pop().unwrap().left, 3);
     }
 
     #[test]
