@@ -7,7 +7,7 @@ use std::collections::BinaryHeap;
 
 /// The pieces `word` merges into, in order. `rank(left, right, joined)` ranks a pair (the
 /// greater pops first), `None` when it does not merge.
-pub(super) fn merge<'w, P: PartialOrd>(word: &'w str, rank: impl Fn(&str, &str, &str) -> Option<P>) -> Vec<&'w str> {
+pub(super) fn merge<P: PartialOrd>(word: &str, rank: impl Fn(&str, &str, &str) -> Option<P>) -> Vec<&str> {
     let mut symbols: Vec<Symbol> = Vec::new();
     for (start, c) in word.char_indices() {
         let i = symbols.len();
