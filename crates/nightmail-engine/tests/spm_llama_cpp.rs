@@ -116,11 +116,12 @@ struct LlamaCpp {
     decoded: Vec<Vec<u8>>,
 }
 
-/// tests/fixtures/spm/llama_cpp_tokens.py on `model`: llama_tokenize with and without special
+/// tests/fixtures/llama_cpp_tokens.py on `model`: llama_tokenize with and without special
 /// tokens added for each text, and llama_detokenize of each id list.
 fn llama_cpp(model: &Path, ids: &[Vec<u32>]) -> LlamaCpp {
     let request = serde_json::json!({ "model": model, "texts": texts(), "ids": ids });
-    let v = common::python_json(&fixture("llama_cpp_tokens.py"), &request, "llama.cpp's tokenizer");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_cpp_tokens.py");
+    let v = common::python_json(&script, &request, "llama.cpp's tokenizer");
     let list = |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
     let encoded = v["encoded"].as_array().unwrap().iter().map(|e| (list(&e["special"]), list(&e["plain"]))).collect();
     let decoded = v["decoded"]

@@ -7,7 +7,7 @@ use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::HfDir;
 use crate::names::{ExpertId, ExpertMatrix, packed_expert_bias_name, packed_expert_name};
-use nightmail_tensor::TensorView;
+use nightmail_tensor::{TensorError, TensorView};
 
 /// The file format a model came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -104,6 +104,19 @@ impl ModelFile {
                 if let Some(slice) = g.expert_slice(&name, id)? {
                     return Ok(slice);
                 }
+                // llama.cpp's `--fuse-gate-up-exps`: each expert's gate rows, then its up rows
+                // (`[experts, 2·ffn, hidden]`, `conversion/base.py`).
+                let half = match which {
+                    ExpertMatrix::Gate => Some(0),
+                    ExpertMatrix::Up => Some(1),
+                    ExpertMatrix::Down => None,
+                };
+                let fused = format!("blk.{}.ffn_gate_up_exps.weight", id.layer);
+                if let Some(half) = half
+                    && let Some(both) = g.expert_slice(&fused, id)?
+                {
+                    return half_rows(both, half);
+                }
                 // An expert-major file from `model pack`.
                 let packed = packed_expert_name(id, which);
                 g.tensor(&packed)?.ok_or(FormatError::MissingTensor { name })
@@ -152,4 +165,23 @@ impl ModelFile {
             ModelFile::Hf(h) => h.all_tensors(),
         }
     }
+}
+
+/// Half `half` (0 the first) of a matrix's rows: a view of the same bytes, as rows are whole
+/// blocks in every GGUF type.
+fn half_rows(v: TensorView<'_>, half: usize) -> Result<TensorView<'_>> {
+    let (rows, cols) = match v.shape[..] {
+        [rows, cols] if rows % 2 == 0 && rows > 0 => (rows, cols),
+        _ => {
+            let found = v.shape.clone();
+            return Err(TensorError::Shape { name: v.name, found, expected: vec![0, 0] }.into());
+        }
+    };
+    let per_half = v.bytes.len() / 2;
+    Ok(TensorView {
+        name: format!("{}.{}", v.name, ["gate", "up"][half]),
+        dtype: v.dtype,
+        shape: vec![rows / 2, cols],
+        bytes: &v.bytes[half * per_half..(half + 1) * per_half],
+    })
 }

@@ -1,21 +1,24 @@
-//! Text ↔ token ids, through the `tokenizers` crate (pure-Rust regex backend): from
-//! `tokenizer.json`, from a tiktoken BPE file (`tiktoken.model`, Kimi K2), or built from GGUF's
-//! gpt2-style BPE metadata (vocabulary, merges, and the pre-tokenizer llama.cpp names in
-//! `tokenizer.ggml.pre`, `src/llama-vocab.cpp`); GGUF's SentencePiece vocabularies through
-//! llama.cpp's own SPM tokenizer (`spm.rs`).
+//! Text ↔ token ids. A Hugging Face directory's `tokenizer.json` or tiktoken BPE file
+//! (`tiktoken.model`, Kimi K2) through the `tokenizers` crate (pure-Rust regex backend); a GGUF's
+//! vocabulary as llama.cpp tokenizes it, so that a file gives the ids llama.cpp gives: byte-level
+//! BPE (`bpe.rs`, cut into words by the pre-tokenizer `tokenizer.ggml.pre` names, `pre.rs`) and
+//! SentencePiece (`spm.rs`), over one vocabulary reader (`vocab.rs`).
 
+mod bpe;
+mod merge;
+pub mod pre;
 mod spm;
+mod unicode;
+mod vocab;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use serde_json::Value as Json;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
@@ -31,6 +34,8 @@ pub struct TextTokenizer {
 
 enum Inner {
     Hf(Box<Tokenizer>),
+    /// llama.cpp's tokenizer for `tokenizer.ggml.model = "gpt2"`.
+    Bpe(Box<bpe::Bpe>),
     /// llama.cpp's tokenizer for `tokenizer.ggml.model = "llama"`, which no `tokenizers` model
     /// reproduces (it merges by piece score).
     Spm(spm::Spm),
@@ -40,9 +45,6 @@ fn tk_err(e: impl std::fmt::Display) -> FormatError {
     FormatError::Tokenizer(e.to_string())
 }
 
-// llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3`'s split regex.
-const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
 impl TextTokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Option<Self>> {
         // No key, or llama.cpp's "none" vocabulary: the model is driven with token ids.
@@ -51,9 +53,7 @@ impl TextTokenizer {
             Some(m) => m,
         };
         if model == "llama" {
-            let spm = spm::Spm::from_gguf(g)?;
-            let text = |id: Option<u32>| id.and_then(|id| spm.token_text(id)).map(str::to_string);
-            return Ok(Some(TextTokenizer { bos: text(spm.bos()), eos: text(spm.eos()), inner: Inner::Spm(spm) }));
+            return Ok(Some(TextTokenizer::llama_cpp(Inner::Spm(spm::Spm::from_gguf(g)?))));
         }
         if model != "gpt2" {
             return Err(FormatError::Unsupported {
@@ -61,37 +61,28 @@ impl TextTokenizer {
                 hint: "GGUF vocabularies are read when they are gpt2-style BPE or SentencePiece (`llama`); use the Hugging Face directory with tokenizer.json".into(),
             });
         }
-        let mut inner = Tokenizer::from_gguf(g.content()).map_err(tk_err)?;
-        // candle's reader covers qwen2 and llama3 pre-tokenizers; its gpt2 fallback adds a prefix
-        // space, which llama.cpp and transformers do not. Set the split llama.cpp uses instead.
-        let pre = g.string("tokenizer.ggml.pre").unwrap_or("default");
-        let byte_level = || ByteLevel::new(false, true, true);
-        let fixed: Option<PreTokenizerWrapper> = match pre {
-            "qwen2" => None,
-            // SmolLM and the StarCoder family: every digit alone, then GPT-2's byte-level split.
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
-                Some(Sequence::new(vec![Digits::new(true).into(), byte_level().into()]).into())
-            }
-            "llama-bpe" | "llama3" | "smaug-bpe" | "lfm2" => {
-                let split =
-                    Split::new(SplitPattern::Regex(LLAMA3_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-                        .map_err(tk_err)?;
-                Some(Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into())
-            }
-            _ => Some(byte_level().into()),
+        Ok(Some(TextTokenizer::llama_cpp(Inner::Bpe(Box::new(bpe::Bpe::from_gguf(g)?)))))
+    }
+
+    /// A GGUF vocabulary's tokenizer, BOS and EOS spelt as the vocabulary spells them.
+    fn llama_cpp(inner: Inner) -> Self {
+        let (vocab, ends) = match &inner {
+            Inner::Bpe(b) => (b.vocab(), b.ends()),
+            Inner::Spm(s) => (s.vocab(), s.ends()),
+            Inner::Hf(_) => unreachable!("a GGUF vocabulary"),
         };
-        if let Some(p) = fixed {
-            inner.with_pre_tokenizer(Some(p));
+        let text = |id: Option<u32>| id.and_then(|id| vocab.text(id)).map(str::to_string);
+        let (bos, eos) = (text(ends.bos), text(ends.eos));
+        TextTokenizer { bos, eos, inner }
+    }
+
+    /// The vocabulary of a GGUF's tokenizer.
+    fn gguf_vocab(&self) -> Option<&vocab::Vocab> {
+        match &self.inner {
+            Inner::Bpe(b) => Some(b.vocab()),
+            Inner::Spm(s) => Some(s.vocab()),
+            Inner::Hf(_) => None,
         }
-        let text = |key: &str| {
-            let id = g.uint(key)? as u32;
-            g.value("tokenizer.ggml.tokens")?.to_vec().ok()?.get(id as usize)?.to_string().ok().cloned()
-        };
-        Ok(Some(TextTokenizer {
-            bos: text("tokenizer.ggml.bos_token_id"),
-            eos: text("tokenizer.ggml.eos_token_id"),
-            inner: Inner::Hf(Box::new(inner)),
-        }))
     }
 
     /// Whether a Hugging Face directory holds a tokenizer this reads.
@@ -133,9 +124,25 @@ impl TextTokenizer {
     /// whose template writes its own special tokens. Special tokens written in the text are read
     /// as those tokens.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        self.encode_with(text, add_special, true)
+    }
+
+    /// llama.cpp's `tokenize(text, add_special, parse_special)`: without `parse_special`,
+    /// control tokens written in the text are read as text (user-defined ones are still
+    /// tokens). A Hugging Face tokenizer always reads its special tokens.
+    pub fn encode_with(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         match &self.inner {
             Inner::Hf(t) => Ok(t.encode(text, add_special).map_err(tk_err)?.get_ids().to_vec()),
-            Inner::Spm(s) => s.encode(text, add_special),
+            Inner::Bpe(b) => b.encode(text, add_special, parse_special),
+            Inner::Spm(s) => s.encode(text, add_special, parse_special),
+        }
+    }
+
+    /// The pre-tokenizer a GGUF's BPE vocabulary names; `None` for other tokenizers.
+    pub fn pre_tokenizer(&self) -> Option<pre::PreTokenizer> {
+        match &self.inner {
+            Inner::Bpe(b) => Some(b.pre_tokenizer()),
+            _ => None,
         }
     }
 
@@ -143,6 +150,7 @@ impl TextTokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match &self.inner {
             Inner::Hf(t) => t.decode(ids, true).map_err(tk_err),
+            Inner::Bpe(b) => b.decode(ids),
             Inner::Spm(s) => s.decode(ids),
         }
     }
@@ -150,7 +158,7 @@ impl TextTokenizer {
     pub fn token_id(&self, text: &str) -> Option<u32> {
         match &self.inner {
             Inner::Hf(t) => t.token_to_id(text),
-            Inner::Spm(s) => s.token_id(text),
+            _ => self.gguf_vocab()?.id(text),
         }
     }
 
@@ -158,7 +166,7 @@ impl TextTokenizer {
     pub fn token_text(&self, id: u32) -> Option<String> {
         match &self.inner {
             Inner::Hf(t) => t.id_to_token(id),
-            Inner::Spm(s) => s.token_text(id).map(str::to_string),
+            _ => self.gguf_vocab()?.text(id).map(str::to_string),
         }
     }
 
@@ -173,7 +181,7 @@ impl TextTokenizer {
     pub fn vocab_size(&self) -> usize {
         match &self.inner {
             Inner::Hf(t) => t.get_vocab_size(true),
-            Inner::Spm(s) => s.vocab_size(),
+            _ => self.gguf_vocab().map_or(0, vocab::Vocab::len),
         }
     }
 }
@@ -216,7 +224,7 @@ fn from_tiktoken(path: &Path, config: Option<&Json>) -> Result<Tokenizer> {
         by_rank.push((rank, token));
     }
     by_rank.sort();
-    let alphabet = byte_alphabet();
+    let alphabet = bpe::byte_alphabet();
     let spell = |bytes: &[u8]| -> String { bytes.iter().map(|b| alphabet[*b as usize]).collect() };
     let mut merges = Vec::new();
     for (rank, token) in by_rank.iter().filter(|(_, t)| t.len() > 1) {
@@ -270,23 +278,6 @@ fn bpe_parts(ranks: &HashMap<Vec<u8>, u32>, token: &[u8], max_rank: u32) -> Vec<
         let right = parts.remove(i + 1);
         parts[i].extend(right);
     }
-}
-
-/// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the rest for code points
-/// from 256 up, so that every byte string is a printable string.
-fn byte_alphabet() -> Vec<char> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let mut next = 256;
-    (0..256u32)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).expect("a byte is a char")
-            } else {
-                next += 1;
-                char::from_u32(next - 1).expect("below the surrogates")
-            }
-        })
-        .collect()
 }
 
 /// Standard base64 (RFC 4648 §4), padded or not.

@@ -198,3 +198,74 @@ pub fn runs<'a>(parts: impl Iterator<Item = (usize, &'a MatrixExtent)>) -> Vec<R
     }
     runs
 }
+
+#[cfg(test)]
+mod tests {
+    use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
+    use nightmail_formats::{ExpertId, ExpertMatrix, GgufFile, ModelFile};
+
+    use crate::spec::ModelSpec;
+    use crate::spec::test_files::{fixture, load_error};
+
+    /// The Qwen3-MoE fixture as llama.cpp's `--fuse-gate-up-exps` writes it: each layer's
+    /// `ffn_gate_exps` and `ffn_up_exps` as one `ffn_gate_up_exps`, every expert's gate rows
+    /// then its up rows.
+    fn fused_gate_up(out: &std::path::Path) -> std::path::PathBuf {
+        let g = GgufFile::open(&fixture("qwen3_moe").join("model.gguf")).unwrap();
+        let tensors = g.all_tensors().unwrap();
+        let find = |name: &str| tensors.iter().find(|t| t.name == name).unwrap();
+        let mut headers = Vec::new();
+        let mut data: Vec<Vec<u8>> = Vec::new();
+        for t in tensors.iter().filter(|t| !t.name.contains("ffn_up_exps")) {
+            match t.name.strip_suffix(".ffn_gate_exps.weight") {
+                Some(block) => {
+                    let up = find(&format!("{block}.ffn_up_exps.weight"));
+                    let [e, f, h] = t.shape[..] else { panic!("{:?}", t.shape) };
+                    let per = t.bytes.len() / e;
+                    let bytes =
+                        (0..e).flat_map(|i| [&t.bytes[i * per..(i + 1) * per], &up.bytes[i * per..(i + 1) * per]]);
+                    headers.push(TensorHeader::new(
+                        format!("{block}.ffn_gate_up_exps.weight"),
+                        t.dtype,
+                        &[e, 2 * f, h],
+                    ));
+                    data.push(bytes.flatten().copied().collect());
+                }
+                None => {
+                    headers.push(TensorHeader::new(&t.name, t.dtype, &t.shape));
+                    data.push(t.bytes.to_vec());
+                }
+            }
+        }
+        let metadata: Vec<_> = g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| k.as_str() != "general.alignment")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let path = out.join("fused.gguf");
+        write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(&data[i])).unwrap();
+        path
+    }
+
+    #[test]
+    fn fused_gate_up_experts_read_as_the_separate_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let fused = fused_gate_up(dir.path());
+        let (plain, both) =
+            (ModelFile::open(&fixture("qwen3_moe").join("model.gguf")).unwrap(), ModelFile::open(&fused).unwrap());
+        let spec = ModelSpec::read(&plain).unwrap();
+        assert_eq!(ModelSpec::read(&both).unwrap(), spec);
+        let experts = spec.moe.as_ref().expect("experts").experts;
+        for layer in (0..spec.layers).filter(|&l| spec.moe_layers[l]) {
+            for expert in 0..experts {
+                for m in ExpertMatrix::ALL {
+                    let id = ExpertId { layer, expert };
+                    let (a, b) = (plain.expert_matrix(id, m).unwrap(), both.expert_matrix(id, m).unwrap());
+                    assert_eq!((a.dtype, &a.shape, a.bytes), (b.dtype, &b.shape, b.bytes), "{id:?} {m:?}");
+                }
+            }
+        }
+        assert_eq!(load_error(&fused), None, "the fused file loads whole");
+    }
+}

@@ -4,246 +4,50 @@
 //! the same ids here as in llama.cpp. Not SentencePiece's own encoder: llama.cpp merges the
 //! adjacent pair whose merged piece has the highest score, for BPE and unigram vocabularies alike.
 
-use nightmail_tensor::TensorError;
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
-
-use candle_core::quantized::gguf_file::Value;
-
+use super::merge::merge;
+use super::vocab::{Ends, Fragment, Kind, Vocab};
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 
 /// SentencePiece's whitespace marker (U+2581): a space in the text is this in the pieces.
 const SPACE: &str = "\u{2581}";
 
-/// Token types as GGUF stores them (`tokenizer.ggml.token_type`, gguf-py `TokenType`).
-mod token_type {
-    pub const NORMAL: i32 = 1;
-    pub const UNKNOWN: i32 = 2;
-    pub const CONTROL: i32 = 3;
-    pub const USER_DEFINED: i32 = 4;
-    pub const BYTE: i32 = 6;
-}
-
-/// Texts llama.cpp makes control tokens whatever type the file gives them
-/// (`llama_vocab::impl::load`: its end-of-generation list, which holds the end-of-turn one, and
-/// its fill-in-the-middle lists; llama.cpp marks only the first FIM token of each kind it meets,
-/// here all are).
-const CONTROL_BY_NAME: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<｜fim▁begin｜>",
-    "<PRE>",
-    "▁<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<｜fim▁hole｜>",
-    "<SUF>",
-    "▁<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<｜fim▁end｜>",
-    "<MID>",
-    "▁<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<fim_pad>",
-    "<PAD>",
-    "[PAD]",
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-    "<|file_sep|>",
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<|flush|>",
-    "<|calls|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "</s>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "[EOS]",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-    "<eos>",
-    "<turn|>",
-    "<|tool_response>",
-    "<｜end▁of▁sentence｜>",
-    "[e~[",
-];
-
-/// What a token is, which decides how it is found in text and what it decodes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A piece of text, `▁` for a space.
-    Normal,
-    /// `<0xNN>`: one byte, for text no piece covers (byte fallback).
-    Byte(u8),
-    /// User-defined: matched whole in text, decoded as written.
-    Literal,
-    /// Control or unknown (`<s>`, `</s>`, `<unk>`, `[INST]`): matched whole in text, decoded as
-    /// nothing.
-    Hidden,
-    /// Unused, padding or of no known type: never matched whole in text, decoded as nothing.
-    Silent,
-}
-
-struct Token {
-    text: String,
-    score: f32,
-    kind: Kind,
-}
-
 /// A SentencePiece vocabulary read from GGUF, with llama.cpp's SPM settings.
 pub struct Spm {
-    tokens: Vec<Token>,
-    ids: HashMap<String, u32>,
-    /// Tokens found whole in text before the pieces are merged, longest first
-    /// (`cache_special_tokens`).
-    specials: Vec<u32>,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    vocab: Vocab,
+    ends: Ends,
     /// SentencePiece's `add_dummy_prefix`: a space before the text, dropped again on decoding.
     add_space_prefix: bool,
 }
 
-fn bad(key: &str, reason: impl Into<String>) -> FormatError {
-    FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
-}
-
-/// A numeric GGUF array (`scores` may be f32 or i32, `token_type` i32).
-fn numbers(g: &GgufFile, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
-    let Some(v) = g.value(key) else { return Ok(None) };
-    let list = v.to_vec().map_err(|_| bad(key, "as something other than an array"))?;
-    if list.len() < n {
-        return Err(bad(key, format!("{} entries for {n} tokens", list.len())));
-    }
-    list.iter()
-        .map(|v| match v {
-            Value::F32(x) => Ok(*x as f64),
-            Value::I32(x) => Ok(*x as f64),
-            _ => Err(bad(key, "with entries that are not f32 or i32")),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
-}
-
 impl Spm {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        const TOKENS: &str = "tokenizer.ggml.tokens";
-        let list = g
-            .value(TOKENS)
-            .ok_or_else(|| FormatError::MissingMetadata { key: TOKENS.into() })?
-            .to_vec()
-            .map_err(|_| bad(TOKENS, "as something other than an array"))?;
-        let n = list.len();
-        let scores = numbers(g, "tokenizer.ggml.scores", n)?;
-        let types = numbers(g, "tokenizer.ggml.token_type", n)?;
-        let mut tokens = Vec::with_capacity(n);
-        let mut ids = HashMap::with_capacity(n);
-        for (i, v) in list.iter().enumerate() {
-            let mut text = v.to_string().map_err(|_| bad(TOKENS, format!("token {i} as a non-string")))?.clone();
-            if text.is_empty() {
-                // As llama.cpp names an empty token, so that it can never match.
-                text = format!("[EMPTY_{i}]");
-            }
-            if let Some(first) = ids.insert(text.clone(), i as u32) {
-                return Err(bad(TOKENS, format!("`{text}` twice, as tokens {first} and {i}")));
-            }
-            let score = scores.as_ref().map_or(0.0, |s| s[i] as f32);
-            // No types at all: every token is normal (llama.cpp's default attribute).
-            let kind = match types.as_ref().map_or(token_type::NORMAL, |t| t[i] as i32) {
-                _ if CONTROL_BY_NAME.contains(&text.as_str()) => Kind::Hidden,
-                token_type::NORMAL => Kind::Normal,
-                token_type::UNKNOWN | token_type::CONTROL => Kind::Hidden,
-                token_type::USER_DEFINED => Kind::Literal,
-                token_type::BYTE => Kind::Byte(byte_of(&text).ok_or_else(|| {
-                    bad("tokenizer.ggml.token_type", format!("token {i} `{text}` as a byte, which is not <0xNN>"))
-                })?),
-                _ => Kind::Silent,
-            };
-            tokens.push(Token { text, score, kind });
-        }
-        let mut specials: Vec<u32> =
-            (0..n as u32).filter(|&i| matches!(tokens[i as usize].kind, Kind::Hidden | Kind::Literal)).collect();
-        specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].text.len()));
+        let vocab = Vocab::from_gguf(g)?;
         // llama.cpp's SPM defaults: <unk> <s> </s> at 0 1 2, BOS added, a space prefixed.
-        let id = |key: &str, default: u32| -> Option<u32> {
-            let id = g.uint(key).map_or(default, |v| v as u32);
-            ((id as usize) < n).then_some(id)
-        };
-        let bos = id("tokenizer.ggml.bos_token_id", 1);
-        let eos = id("tokenizer.ggml.eos_token_id", 2);
-        let add_bos = g.boolean("tokenizer.ggml.add_bos_token").unwrap_or(true);
-        let add_eos = g.boolean("tokenizer.ggml.add_eos_token").unwrap_or(false);
-        if add_bos && bos.is_none() {
-            return Err(bad("tokenizer.ggml.add_bos_token", "true, but there is no BOS token"));
-        }
-        if add_eos && eos.is_none() {
-            return Err(bad("tokenizer.ggml.add_eos_token", "true, but there is no EOS token"));
-        }
-        Ok(Spm {
-            tokens,
-            ids,
-            specials,
-            bos,
-            eos,
-            add_bos,
-            add_eos,
-            add_space_prefix: g.boolean("tokenizer.ggml.add_space_prefix").unwrap_or(true),
-        })
+        let ends = Ends::read(g, &vocab, Some(1), Some(2), true)?;
+        Ok(Spm { vocab, ends, add_space_prefix: g.boolean("tokenizer.ggml.add_space_prefix").unwrap_or(true) })
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+    pub(super) fn vocab(&self) -> &Vocab {
+        &self.vocab
     }
 
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.ids.get(text).copied()
+    pub(super) fn ends(&self) -> &Ends {
+        &self.ends
     }
 
-    pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(|t| t.text.as_str())
-    }
-
-    pub fn bos(&self) -> Option<u32> {
-        self.bos
-    }
-
-    pub fn eos(&self) -> Option<u32> {
-        self.eos
-    }
-
-    /// llama.cpp's `tokenize(text, add_special, parse_special = true)`: control, unknown and
-    /// user-defined tokens written in the text are those tokens; the text between them is
+    /// llama.cpp's `tokenize(text, add_special, parse_special)`: user-defined tokens written in
+    /// the text are those tokens, and control and unknown ones too with `parse_special`; the
+    /// text between them is
     /// merged from its characters, each stretch with a space before it when it starts the text
     /// or follows a special token (`add_space_prefix`).
-    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        if add_special && self.add_bos {
-            out.extend(self.bos);
-        }
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        self.ends.around(add_special, |out| self.encode_into(text, parse_special, out))
+    }
+
+    fn encode_into(&self, text: &str, parse_special: bool, out: &mut Vec<u32>) -> Result<()> {
         let mut after_special = true;
-        for fragment in self.split_specials(text) {
+        for fragment in self.vocab.split_specials(text, parse_special) {
             match fragment {
                 Fragment::Text(t) => {
                     let mut escaped = String::with_capacity(t.len() + 3);
@@ -251,7 +55,7 @@ impl Spm {
                         escaped.push_str(SPACE);
                     }
                     escaped.push_str(&t.replace(' ', SPACE));
-                    self.merge(&escaped, &mut out)?;
+                    self.merge(&escaped, out)?;
                     after_special = false;
                 }
                 Fragment::Token(id) => {
@@ -260,95 +64,24 @@ impl Spm {
                 }
             }
         }
-        if add_special && self.add_eos {
-            out.extend(self.eos);
-        }
-        Ok(out)
-    }
-
-    /// `tokenizer_st_partition`: each special token in turn, longest first, cuts the stretches
-    /// of text not yet cut at each of its occurrences.
-    fn split_specials<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
-        let mut fragments = if text.is_empty() { Vec::new() } else { vec![Fragment::Text(text)] };
-        for &id in &self.specials {
-            let needle = self.tokens[id as usize].text.as_str();
-            if !fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(needle))) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(fragments.len() + 2);
-            for f in fragments {
-                let Fragment::Text(mut rest) = f else {
-                    next.push(f);
-                    continue;
-                };
-                while let Some(at) = rest.find(needle) {
-                    if at > 0 {
-                        next.push(Fragment::Text(&rest[..at]));
-                    }
-                    next.push(Fragment::Token(id));
-                    rest = &rest[at + needle.len()..];
-                }
-                if !rest.is_empty() {
-                    next.push(Fragment::Text(rest));
-                }
-            }
-            fragments = next;
-        }
-        fragments
+        Ok(())
     }
 
     /// `llm_tokenizer_spm_session::tokenize`: start from single characters and keep merging the
     /// adjacent pair whose concatenation is the highest-scoring token (the leftmost among equal
     /// scores); what is left is a token, or else its bytes' `<0xNN>` tokens.
     fn merge(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
-        let mut symbols: Vec<Symbol> = Vec::new();
-        for (start, c) in text.char_indices() {
-            let i = symbols.len();
-            symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
-            if i > 0 {
-                symbols[i - 1].next = Some(i);
-            }
-        }
-        let mut queue = BinaryHeap::new();
-        let bigram = |symbols: &[Symbol], left: Option<usize>, right: Option<usize>| -> Option<Bigram> {
-            let (left, right) = (left?, right?);
-            let (l, r) = (&symbols[left], &symbols[right]);
-            let piece = &text[l.start..l.start + l.len + r.len];
-            let id = *self.ids.get(piece)?;
-            Some(Bigram { score: self.tokens[id as usize].score, left, right, len: piece.len() })
-        };
-        for i in 1..symbols.len() {
-            queue.extend(bigram(&symbols, Some(i - 1), Some(i)));
-        }
-        while let Some(b) = queue.pop() {
-            let (l, r) = (&symbols[b.left], &symbols[b.right]);
-            // Stale: one side has been merged away or grown since this pair was queued.
-            if l.len == 0 || r.len == 0 || l.len + r.len != b.len {
-                continue;
-            }
-            let right_next = r.next;
-            symbols[b.left].len += symbols[b.right].len;
-            symbols[b.right].len = 0;
-            symbols[b.left].next = right_next;
-            if let Some(n) = right_next {
-                symbols[n].prev = Some(b.left);
-            }
-            queue.extend(bigram(&symbols, symbols[b.left].prev, Some(b.left)));
-            queue.extend(bigram(&symbols, Some(b.left), right_next));
-        }
-        let mut at = (!symbols.is_empty()).then_some(0);
-        while let Some(i) = at {
-            let s = &symbols[i];
-            let piece = &text[s.start..s.start + s.len];
-            match self.ids.get(piece) {
-                Some(id) => out.push(*id),
+        let score =
+            |_: &str, _: &str, joined: &str| self.vocab.id(joined).map(|id| self.vocab.tokens[id as usize].score);
+        for piece in merge(text, score) {
+            match self.vocab.id(piece) {
+                Some(id) => out.push(id),
                 None => {
                     for b in piece.bytes() {
                         out.push(self.byte_token(b)?);
                     }
                 }
             }
-            at = s.next;
         }
         Ok(())
     }
@@ -356,10 +89,9 @@ impl Spm {
     /// `llama_vocab::byte_to_token`: `<0xNN>`, else the byte itself as a token.
     fn byte_token(&self, b: u8) -> Result<u32> {
         let hex = format!("<0x{b:02X}>");
-        self.ids
-            .get(&hex)
-            .or_else(|| if b.is_ascii() { self.ids.get(&char::from(b).to_string()) } else { None })
-            .copied()
+        self.vocab
+            .id(&hex)
+            .or_else(|| if b.is_ascii() { self.vocab.id(&char::from(b).to_string()) } else { None })
             .ok_or_else(|| {
                 FormatError::Tokenizer(format!(
                     "the text has byte 0x{b:02X}, which the vocabulary has neither as a piece nor as {hex}: the model cannot read this text"
@@ -372,24 +104,12 @@ impl Spm {
     /// decoded as nothing, and the space prefixed on encoding taken off the first token. Bytes,
     /// as `<0xNN>` tokens may end inside a character.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
-        let mut ids = ids;
-        let mut strip_space = self.add_space_prefix;
-        if let (true, Some(&first)) = (self.add_bos, ids.first())
-            && Some(first) == self.bos
-        {
-            // llama.cpp keeps the space after a dropped BOS.
-            strip_space = false;
-            ids = &ids[1..];
-        }
-        if let (true, Some(&last)) = (self.add_eos, ids.last())
-            && Some(last) == self.eos
-        {
-            ids = &ids[..ids.len() - 1];
-        }
+        let (ids, dropped_bos) = self.ends.strip(ids);
+        // llama.cpp keeps the space after a dropped BOS.
+        let mut strip_space = self.add_space_prefix && !dropped_bos;
         let mut out = Vec::new();
         for &id in ids {
-            let token =
-                self.tokens.get(id as usize).ok_or(TensorError::TokenOutOfRange { id, vocab: self.tokens.len() })?;
+            let token = self.vocab.token(id)?;
             let start = out.len();
             match token.kind {
                 Kind::Normal => out.extend_from_slice(token.text.replace(SPACE, " ").as_bytes()),
@@ -410,56 +130,9 @@ impl Spm {
     }
 }
 
-/// `<0xNN>` → the byte (`llama_vocab::impl::token_to_byte`).
-fn byte_of(text: &str) -> Option<u8> {
-    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
-}
-
-enum Fragment<'t> {
-    Text(&'t str),
-    Token(u32),
-}
-
-/// A stretch of the text being merged; `len` 0 once merged into its left neighbour.
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
-/// Two adjacent symbols whose concatenation is a token. The queue pops the highest score first
-/// and, among equal scores, the leftmost pair (`llm_bigram_spm::comparator`).
-struct Bigram {
-    score: f32,
-    left: usize,
-    right: usize,
-    len: usize,
-}
-
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal).then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
-
 #[cfg(test)]
 mod tests {
+    use super::super::vocab::byte_of;
     use super::*;
 
     fn fixture(name: &str) -> Spm {
@@ -470,7 +143,7 @@ mod tests {
     #[test]
     fn token_types_become_kinds_and_im_end_is_made_control_by_its_name() {
         let spm = fixture("model.gguf");
-        let kind = |t: &str| spm.tokens[spm.token_id(t).unwrap() as usize].kind;
+        let kind = |t: &str| spm.vocab.tokens[spm.vocab.id(t).unwrap() as usize].kind;
         assert_eq!(kind("<unk>"), Kind::Hidden);
         assert_eq!(kind("<s>"), Kind::Hidden);
         assert_eq!(kind("[INST]"), Kind::Hidden);
@@ -479,15 +152,15 @@ mod tests {
         assert_eq!(kind("<|im_end|>"), Kind::Hidden);
         assert_eq!(kind("<0x0A>"), Kind::Byte(b'\n'));
         assert_eq!(kind("[PAD2047]"), Kind::Silent);
-        assert_eq!((spm.bos(), spm.eos(), spm.vocab_size()), (Some(1), Some(2), 2048));
-        assert!(spm.add_space_prefix && spm.add_bos && !spm.add_eos);
+        assert_eq!((spm.ends.bos, spm.ends.eos, spm.vocab.len()), (Some(1), Some(2), 2048));
+        assert!(spm.add_space_prefix && spm.ends.add_bos && !spm.ends.add_eos);
     }
 
     #[test]
     fn byte_fallback_spells_an_unknown_character_in_its_utf8_bytes() {
         let spm = fixture("model.gguf");
-        let ids = spm.encode("😀", false).unwrap();
-        let bytes: Vec<u32> = "😀".bytes().map(|b| spm.token_id(&format!("<0x{b:02X}>")).unwrap()).collect();
+        let ids = spm.encode("😀", false, true).unwrap();
+        let bytes: Vec<u32> = "😀".bytes().map(|b| spm.vocab.id(&format!("<0x{b:02X}>")).unwrap()).collect();
         assert_eq!(&ids[ids.len() - 4..], &bytes[..]);
         assert_eq!(spm.decode(&ids).unwrap(), "😀");
         // A cut inside the character decodes to a replacement character, as a stream shows it.
@@ -497,20 +170,9 @@ mod tests {
     #[test]
     fn special_tokens_split_the_text_longest_first() {
         let spm = fixture("model.gguf");
-        let id = |t: &str| spm.token_id(t).unwrap();
-        let ids = spm.encode("[/INST]</s>", false).unwrap();
+        let id = |t: &str| spm.vocab.id(t).unwrap();
+        let ids = spm.encode("[/INST]</s>", false, true).unwrap();
         assert_eq!(ids, vec![id("[/INST]"), id("</s>")]);
-    }
-
-    #[test]
-    fn bigrams_pop_by_score_then_leftmost() {
-        let a = Bigram { score: -1.0, left: 3, right: 4, len: 2 };
-        let b = Bigram { score: -1.0, left: 1, right: 2, len: 2 };
-        let c = Bigram { score: -0.5, left: 7, right: 8, len: 2 };
-        let mut q: BinaryHeap<Bigram> = [a, b, c].into_iter().collect();
-        assert_eq!(q.pop().unwrap().left, 7);
-        assert_eq!(q.pop().unwrap().left, 1);
-        assert_eq!(q.pop().unwrap().left, 3);
     }
 
     #[test]

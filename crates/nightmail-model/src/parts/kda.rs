@@ -110,7 +110,7 @@ impl Kda {
         } else {
             OutputGate::LowRank { a: linear("ssm_g_a", d, hidden)?, b: linear("ssm_g_b", w, d)? }
         };
-        let decay_rate = decay_rates(&vector("ssm_a", h)?, format);
+        let decay_rate = decay_rates(&per_head_a(ck, l, h)?, format);
         Ok(Kda {
             qkv,
             conv,
@@ -193,6 +193,22 @@ impl Kda {
     }
 }
 
+/// A layer's `ssm_a`, one value per head. K3's checkpoints store A_log zero-padded past the
+/// heads (128 values for 96); llama.cpp's converter keeps the first `heads` (`kimi_k3.py`), and
+/// so does this once the rest are seen to be padding. Any other count is refused.
+fn per_head_a(ck: &dyn WeightSource, l: usize, heads: usize) -> Result<Vec<f32>> {
+    let name = format!("blk.{l}.ssm_a");
+    let stored = ck.require(&name)?.elem_count();
+    if stored <= heads {
+        return ck.vector(&name, heads);
+    }
+    let all = ck.vector(&name, stored)?;
+    if all[heads..].iter().any(|a| *a != 0.0) {
+        return ck.vector(&name, heads);
+    }
+    Ok(all[..heads].to_vec())
+}
+
 /// The per-channel log decay from `x = f_b(f_a(x)) + dt_bias` and `rate = exp(A_log)`:
 /// transformers' `KimiLinearForgetGate` (`−rate·softplus(x)`), or with K3's lower bound fla's
 /// `naive_kda_lowerbound_gate` (`lb·σ(rate·x)`, in (lb, 0) whatever x is).
@@ -216,5 +232,40 @@ mod tests {
         close(decay(3f32.ln() / 2.0, 2.0, Some(-5.0)), -3.75);
         close(decay(0.0, 148.4, Some(-5.0)), -2.5);
         close(decay(0.0, 2.0, None), -2.0 * std::f32::consts::LN_2);
+    }
+
+    /// K3's fixture with each A_log padded past its 4 heads by `pad`, its decay rates per layer.
+    fn decay_rates_padded_with(pad: f32) -> crate::error::Result<Vec<Vec<f32>>> {
+        use crate::spec::test_files::fixture;
+        use nightmail_formats::ModelFile;
+        let src = fixture("kimi_k3");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        let mut tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+        for (_, t) in tensors.iter_mut().filter(|(n, _)| n.ends_with(".A_log")) {
+            let tail = Tensor::full(pad, 4, &Device::Cpu).unwrap().to_dtype(t.dtype()).unwrap();
+            *t = Tensor::cat(&[&t.flatten_all().unwrap(), &tail], 0).unwrap();
+        }
+        candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+        let ck = ModelFile::open(dir.path())?;
+        let spec = ModelSpec::read(&ck)?;
+        let kda = spec.kda.clone().expect("K3 has KDA layers");
+        kda.layers.iter().map(|&l| Ok(Kda::load(&ck, Format::Safetensors, &spec, &kda, l)?.decay_rate)).collect()
+    }
+
+    #[test]
+    fn a_log_zero_padded_past_the_heads_reads_as_the_heads_alone() {
+        use nightmail_formats::ModelFile;
+        let ck = ModelFile::open(&crate::spec::test_files::fixture("kimi_k3")).unwrap();
+        let spec = ModelSpec::read(&ck).unwrap();
+        let kda = spec.kda.clone().unwrap();
+        let plain: Vec<Vec<f32>> = kda
+            .layers
+            .iter()
+            .map(|&l| Kda::load(&ck, Format::Safetensors, &spec, &kda, l).unwrap().decay_rate)
+            .collect();
+        assert_eq!(decay_rates_padded_with(0.0).unwrap(), plain);
+        let e = decay_rates_padded_with(1.0).unwrap_err().to_string();
+        assert!(e.contains("A_log"), "{e}");
     }
 }

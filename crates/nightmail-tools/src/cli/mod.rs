@@ -5,6 +5,7 @@ mod error;
 mod generate;
 mod inspect;
 mod print;
+mod tokenize;
 
 use std::path::PathBuf;
 
@@ -16,6 +17,7 @@ pub use error::{CommandError, Result};
 use generate::generate;
 use inspect::inspect;
 use print::{bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_verify_bench};
+use tokenize::tokenize;
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
@@ -30,6 +32,28 @@ pub enum ModelCommand {
         /// Also state what this much RAM (MiB) holds: resident layers, expert cache, reads per token.
         #[arg(long)]
         memory_mb: Option<usize>,
+    },
+    /// The token ids the model's tokenizer gives a text, as llama.cpp's llama-tokenize gives
+    /// them: BOS/EOS added as the vocabulary says, special tokens in the text read as tokens.
+    /// Reads only the tokenizer, so a vocabulary-only GGUF will do.
+    Tokenize {
+        /// A .gguf file or a Hugging Face model directory.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        text: Option<String>,
+        /// Tokenize this file's text.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Add no BOS/EOS.
+        #[arg(long)]
+        no_add_special: bool,
+        /// Read special tokens written in the text as text.
+        #[arg(long)]
+        no_parse_special: bool,
+        /// One JSON object whose `tokens` is the list of ids.
+        #[arg(long)]
+        json: bool,
     },
     /// Generate from a prompt and print the text (or, with --json, one JSON object).
     Generate {
@@ -270,6 +294,15 @@ pub enum ModelCommand {
 pub fn run(command: ModelCommand) -> Result<()> {
     match command {
         ModelCommand::Inspect { path, json, memory_mb } => inspect(path, json, memory_mb),
+        ModelCommand::Tokenize { model, text, file, no_add_special, no_parse_special, json } => {
+            let source = match (text, file) {
+                (Some(t), _) => tokenize::Source::Text(t),
+                (None, Some(f)) => tokenize::Source::File(f),
+                (None, None) => return Err(CommandError::Usage("give the text with --text T or --file F".into())),
+            };
+            let options = tokenize::Options { add_special: !no_add_special, parse_special: !no_parse_special, json };
+            tokenize(model, source, options)
+        }
         ModelCommand::Generate {
             model,
             prompt,

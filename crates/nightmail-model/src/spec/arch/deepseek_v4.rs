@@ -67,8 +67,18 @@ fn with_v4_parts(mut s: ModelSpec, v4: DeepseekV4Spec, limit: f64, moe_keys: Opt
 fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
     let s = g.base()?;
     let v4 = from_gguf(g.g, g.arch, s.layers)?;
-    // llama.cpp's `swiglu_clamp_exp` (the shared expert's `swiglu_clamp_shexp` defaults to it).
-    let limit = g.float("swiglu_clamp_exp").unwrap_or(SWIGLU_LIMIT);
+    // llama.cpp's `swiglu_clamp_exp`, one per layer as its converter writes it; the shared
+    // expert's `swiglu_clamp_shexp` defaults to it, and nightmail clamps both alike.
+    let limit = g.per_layer("swiglu_clamp_exp", |_| true)?.unwrap_or(SWIGLU_LIMIT);
+    if let Some(shared) = g.per_layer("swiglu_clamp_shexp", |_| true)?
+        && shared != limit
+    {
+        return Err(FormatError::Unsupported {
+            what: format!("a shared expert clamped at {shared} beside routed experts clamped at {limit}"),
+            hint: "nightmail clamps the shared and routed experts' SwiGLU alike".into(),
+        }
+        .into());
+    }
     let keys = g.moe_keys()?;
     with_v4_parts(s, v4, limit, keys)
 }

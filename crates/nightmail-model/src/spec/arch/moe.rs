@@ -46,8 +46,9 @@ impl Gguf<'_> {
             return Ok(None);
         }
         let top_k = self.need("expert_used_count")?;
-        let expert_ffn = match self.uint("expert_feed_forward_length") {
-            Some(f) => f,
+        // One width, or one per layer with 0 for the dense ones (`n_ff_exp_arr`).
+        let expert_ffn = match self.per_layer("expert_feed_forward_length", |v| v > 0.0)? {
+            Some(f) => f as usize,
             None => self.need("feed_forward_length")?,
         };
         let gating = self.uint("expert_gating_func");

@@ -5,6 +5,7 @@ use crate::error::ModelError;
 use nightmail_formats::FormatError;
 use std::path::PathBuf;
 
+use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
 
 use super::{is_latent, missing, rope, row};
@@ -38,6 +39,43 @@ impl<'a> Gguf<'a> {
 
     pub fn boolean(&self, k: &str) -> Option<bool> {
         self.g.boolean(&self.key(k))
+    }
+
+    /// A key llama.cpp's converters write as one value or as one per layer (`[v] * block_count`,
+    /// `add_swiglu_clamp_exp`): the value all layers share, where `counts` says which entries
+    /// count (an expert width of 0 marks a dense layer). Layers that differ are refused: the spec
+    /// holds one value.
+    pub fn per_layer(&self, k: &str, counts: impl Fn(f64) -> bool) -> Result<Option<f64>> {
+        let key = self.key(k);
+        let number = |v: &Value| -> Option<f64> {
+            match v {
+                Value::F32(x) => Some(*x as f64),
+                Value::F64(x) => Some(*x),
+                other => nightmail_formats::gguf_value_as_u64(other).map(|x| x as f64),
+            }
+        };
+        let bad = |reason: String| ModelError::from(FormatError::BadMetadata { key: key.clone(), reason });
+        let Some(value) = self.g.value(&key) else { return Ok(None) };
+        let Value::Array(list) = value else {
+            return number(value).map(Some).ok_or_else(|| bad("as something other than a number".into()));
+        };
+        let mut shared = None;
+        for (layer, v) in list.iter().enumerate() {
+            let v = number(v).ok_or_else(|| bad(format!("with layer {layer} not a number")))?;
+            match shared {
+                _ if !counts(v) => {}
+                None => shared = Some(v),
+                Some(s) if s == v => {}
+                Some(s) => {
+                    return Err(FormatError::Unsupported {
+                        what: format!("`{key}` differing between layers ({s} and {v} at layer {layer})"),
+                        hint: "nightmail reads one value for all layers; convert with a config that gives one".into(),
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(shared)
     }
 
     /// A size the graph divides by or counts with: 0 is a corrupt file, not a model.

@@ -190,3 +190,60 @@ fn every_architectures_defaults_are_the_same_for_both_formats() {
     }
     assert!(failures.is_empty(), "the two readers' defaults disagree:\n{}", failures.join("\n"));
 }
+
+/// The spec of `fixture`'s GGUF with key `{arch}.{key}` set to `value`.
+fn with_key(
+    fixture_dir: &str,
+    key: &str,
+    value: candle_core::quantized::gguf_file::Value,
+) -> crate::error::Result<ModelSpec> {
+    use nightmail_formats::GgufFile;
+    use nightmail_formats::gguf_write::{TensorHeader, write_gguf};
+    let src = GgufFile::open(&fixture(fixture_dir).join("model.gguf")).unwrap();
+    let key = format!("{}.{key}", src.string("general.architecture").unwrap());
+    let mut metadata: Vec<_> = src
+        .metadata()
+        .iter()
+        .filter(|(k, _)| **k != key && k.as_str() != "general.alignment")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.push((key, value));
+    let tensors = src.all_tensors().unwrap();
+    let headers: Vec<TensorHeader> = tensors.iter().map(|t| TensorHeader::new(&t.name, t.dtype, &t.shape)).collect();
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("model.gguf");
+    write_gguf(&path, &metadata, &headers, 32, |i, w| w.write_all(tensors[i].bytes)).unwrap();
+    ModelSpec::read(&ModelFile::open(&path).unwrap())
+}
+
+#[test]
+fn deepseek_v4s_per_layer_swiglu_clamps_read_as_its_one_limit() {
+    use candle_core::quantized::gguf_file::Value;
+    let plain = read(&fixture("deepseek_v4").join("model.gguf"));
+    let limits = |v: &[f32]| Value::Array(v.iter().map(|x| Value::F32(*x)).collect());
+    let n = plain.layers;
+    // As llama.cpp's converter writes them: `[swiglu_limit] * block_count`, for both.
+    let limit = match plain.ffn_activation {
+        crate::spec::Activation::ClampedSilu { limit } => limit,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(with_key("deepseek_v4", "swiglu_clamp_exp", limits(&vec![limit; n])).unwrap(), plain);
+    let mut uneven = vec![limit; n];
+    uneven[n - 1] = limit + 1.0;
+    let e = with_key("deepseek_v4", "swiglu_clamp_exp", limits(&uneven)).unwrap_err().to_string();
+    assert!(e.contains("differing between layers"), "{e}");
+    let e = with_key("deepseek_v4", "swiglu_clamp_shexp", limits(&vec![limit + 1.0; n])).unwrap_err().to_string();
+    assert!(e.contains("shared expert clamped"), "{e}");
+}
+
+#[test]
+fn k3s_expert_width_reads_as_a_scalar_or_one_per_layer() {
+    use candle_core::quantized::gguf_file::Value;
+    let plain = read(&fixture("kimi_k3").join("model.gguf"));
+    let moe = plain.moe.as_ref().expect("experts");
+    // One per layer, 0 where a layer is dense (llama.cpp's `n_ff_exp_arr`).
+    let widths = plain.moe_layers.iter().map(|m| Value::U32(if *m { moe.expert_ffn as u32 } else { 0 })).collect();
+    assert_eq!(with_key("kimi_k3", "expert_feed_forward_length", Value::Array(widths)).unwrap(), plain);
+    let scalar = Value::U32(moe.expert_ffn as u32);
+    assert_eq!(with_key("kimi_k3", "expert_feed_forward_length", scalar).unwrap(), plain);
+}
