@@ -110,12 +110,15 @@ pub(super) fn print_bench(r: &crate::bench::BenchReport) {
         100.0 * r.disk_busy_fraction,
         r.busy_read_gbps
     );
+    let split = if r.rss.split {
+        format!("anonymous {}, file {}", bytes(r.rss.rss_anon_bytes), bytes(r.rss.rss_file_bytes))
+    } else {
+        "no anonymous/file split on this system".into()
+    };
     println!(
-        "memory          RSS {} (peak {}; anonymous {}, file {}), dense weights {}",
+        "memory          RSS {} (peak {}; {split}), dense weights {}",
         bytes(r.rss.rss_bytes),
         bytes(r.rss.rss_peak_bytes),
-        bytes(r.rss.rss_anon_bytes),
-        bytes(r.rss.rss_file_bytes),
         bytes(r.dense_bytes)
     );
     let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
