@@ -177,9 +177,10 @@ pub(crate) fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
     quantize_blocks(x)
 }
 
-/// [`quantize_blocks`] in 4-lane vectors, as ggml's NEON `quantize_row_q8_1` is written: the
-/// same maximum (`fmaxnmv` ignores NaN as `f32::max` does), the same IEEE multiply, `fcvtns`
-/// rounding half to even, and the same integer sum, so the same blocks.
+/// [`quantize_blocks`] in 4-lane vectors: the same maximum (`fmaxnmv` ignores NaN as `f32::max`
+/// does), the same IEEE multiply by 127/max, `fcvtns` rounding half to even, and the same integer
+/// sum, so the blocks x86 makes. ggml's NEON `quantize_row_q8_1` multiplies by 1/d instead, which
+/// can round a value differently; an aarch64 machine here computes what an x86 one does.
 #[cfg(target_arch = "aarch64")]
 fn quantize_neon(x: &[f32]) -> Vec<Q8Block> {
     use std::arch::aarch64::*;

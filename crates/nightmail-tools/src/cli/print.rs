@@ -180,10 +180,17 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
         if r.disk_measured { " measured here" } else { " given" }
     );
     for k in std::iter::once(&r.dense_kernel).chain(&r.expert_kernel) {
-        println!(
-            "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
-            k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
-        );
+        if k.measured {
+            println!(
+                "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
+                k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
+            );
+        } else {
+            println!(
+                "kernel          {} ({}): not timed here; the given memory bandwidth, {:.2} GB/s, at every batch",
+                k.tensor, k.dtype, k.gbps_batch1
+            );
+        }
     }
     println!("predicted       {:.3} s/token", r.predicted_s_per_token);
     println!("batch  s/step  disk s  compute s  tokens/s");
