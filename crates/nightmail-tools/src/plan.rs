@@ -244,7 +244,8 @@ mod tests {
     fn a_k3_directory_plans_from_its_language_model_tensors() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
         let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };
-        let opts = PlanOptions { model, budget, disk_gbps: Some(1.0), mem_gbps: None, probe_bytes: 0, batches: vec![1] };
+        let opts =
+            PlanOptions { model, budget, disk_gbps: Some(1.0), mem_gbps: None, probe_bytes: 0, batches: vec![1] };
         let r = plan(&opts).unwrap();
         assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
         assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
@@ -283,8 +284,14 @@ mod tests {
     fn a_given_memory_bandwidth_replaces_the_timed_kernels_at_every_batch() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
         let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 8, verify_rows: 1, stream_layers: None };
-        let opts =
-            PlanOptions { model, budget, disk_gbps: Some(1.0), mem_gbps: Some(100.0), probe_bytes: 0, batches: vec![1, 8] };
+        let opts = PlanOptions {
+            model,
+            budget,
+            disk_gbps: Some(1.0),
+            mem_gbps: Some(100.0),
+            probe_bytes: 0,
+            batches: vec![1, 8],
+        };
         let r = plan(&opts).unwrap();
         let expert = r.expert_kernel.as_ref().expect("a MoE fixture");
         for k in [&r.dense_kernel, expert] {
