@@ -101,7 +101,7 @@ impl Q8_0Matrix {
             #[cfg(target_arch = "aarch64")]
             {
                 let kernel = super::arm::ArmKernel::detect();
-                return super::arm::dispatch!(kernel, dot_arm(d, qs, x));
+                super::arm::dispatch!(kernel, dot_arm(d, qs, x))
             }
             #[cfg(not(target_arch = "aarch64"))]
             dot_scalar(d, qs, x)
