@@ -203,15 +203,9 @@ mod tests {
     #[test]
     fn every_arm_path_gives_the_scalar_references_bits() {
         use crate::kernel::arm::ArmKernel;
-        use crate::kernel::q8::ARM_SHAPES;
-        use crate::kernel::q8::tests::random;
-        for (seed, (rows, blocks, tokens)) in (1u64..).zip(ARM_SHAPES) {
-            let cols = blocks * QK;
-            let w = Tensor::from_vec(random(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
-            let bytes = QTensor::quantize(&w, GgmlDType::Q4_0).unwrap().data().unwrap().to_vec();
+        for (rows, blocks, bytes, q8) in crate::kernel::q8::arm_cases(GgmlDType::Q4_0) {
+            let (cols, tokens) = (blocks * QK, q8.len());
             let m = Q4_0Matrix::new(WeightBytes::from(&bytes[..]), rows, cols);
-            let q8: Vec<Vec<Q8Block>> =
-                (0..tokens as u64).map(|t| quantize_q8_1(&random(cols, 100 * seed + t))).collect();
             let want: Vec<u32> = (0..tokens)
                 .flat_map(|t| (0..rows).map(move |r| (t, r)))
                 .map(|(t, r)| dot_scalar(m.row_bytes(r), &q8[t]).to_bits())

@@ -361,13 +361,9 @@ mod tests {
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn every_arm_path_gives_the_scalar_references_bits() {
-        use crate::kernel::q8::{ARM_SHAPES, each_arm_path_gives_the_scalar_bits};
-        for (seed, (rows, blocks, tokens)) in (1u64..).zip(ARM_SHAPES) {
-            let cols = blocks * QK;
-            let w = Tensor::from_vec(random(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
-            let m = Q4_1Matrix::from_ggml(&QTensor::quantize(&w, GgmlDType::Q4_1).unwrap().data().unwrap(), rows, cols);
-            let q8: Vec<Vec<Q8Block>> =
-                (0..tokens as u64).map(|t| quantize_q8_1(&random(cols, 100 * seed + t))).collect();
+        use crate::kernel::q8::{arm_cases, each_arm_path_gives_the_scalar_bits};
+        for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q4_1) {
+            let m = Q4_1Matrix::from_ggml(&bytes, rows, blocks * QK);
             let row = |r: usize| &m.blocks[r * blocks..(r + 1) * blocks];
             each_arm_path_gives_the_scalar_bits(
                 &q8,

@@ -345,8 +345,29 @@ pub(crate) fn each_chunk_equals_each_token_alone(
 /// Shapes for the aarch64 paths' tests: (rows, blocks a row, tokens), odd counts and chunk tails
 /// among them (one block; 7, 33 blocks; 11 tokens: a whole chunk and one more).
 #[cfg(all(test, target_arch = "aarch64"))]
-pub(crate) const ARM_SHAPES: [(usize, usize, usize); 5] =
-    [(1, 1, 1), (3, 7, 11), (5, 33, 4), (9, 2, TOKENS), (2, 9, 3)];
+const ARM_SHAPES: [(usize, usize, usize); 5] = [(1, 1, 1), (3, 7, 11), (5, 33, 4), (9, 2, TOKENS), (2, 9, 3)];
+
+/// One test case of the aarch64 paths: rows, blocks a row, a matrix's ggml blocks, tokens.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) type ArmCase = (usize, usize, Vec<u8>, Vec<Vec<Q8Block>>);
+
+/// For each of [`ARM_SHAPES`]: rows, blocks a row, a random matrix quantized to `dtype` (ggml's
+/// blocks) and random tokens' Q8 blocks.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn arm_cases(dtype: candle_core::quantized::GgmlDType) -> Vec<ArmCase> {
+    use candle_core::quantized::QTensor;
+    (1u64..)
+        .zip(ARM_SHAPES)
+        .map(|(seed, (rows, blocks, tokens))| {
+            let cols = blocks * QK;
+            let w =
+                Tensor::from_vec(tests::random(rows * cols, seed), (rows, cols), &candle_core::Device::Cpu).unwrap();
+            let bytes = QTensor::quantize(&w, dtype).unwrap().data().unwrap().to_vec();
+            let q8 = (0..tokens as u64).map(|t| quantize_q8_1(&tests::random(cols, 100 * seed + t))).collect();
+            (rows, blocks, bytes, q8)
+        })
+        .collect()
+}
 
 /// For each aarch64 path this CPU runs: `one(kernel, r, x)` (the one-token path) and `chunk(r,
 /// xs, out)` over chunks of up to [`TOKENS`] of `q8` laid out for that path give `scalar(r, x)`'s

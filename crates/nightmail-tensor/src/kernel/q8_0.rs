@@ -287,14 +287,9 @@ mod tests {
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn every_arm_path_gives_the_scalar_references_bits() {
-        use crate::kernel::q8::tests::random;
-        use crate::kernel::q8::{ARM_SHAPES, each_arm_path_gives_the_scalar_bits};
-        for (seed, (rows, blocks, tokens)) in (1u64..).zip(ARM_SHAPES) {
-            let cols = blocks * QK;
-            let w = Tensor::from_vec(random(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
-            let m = Q8_0Matrix::from_ggml(&QTensor::quantize(&w, GgmlDType::Q8_0).unwrap().data().unwrap(), rows, cols);
-            let q8: Vec<Vec<Q8Block>> =
-                (0..tokens as u64).map(|t| quantize_q8_1(&random(cols, 100 * seed + t))).collect();
+        use crate::kernel::q8::{arm_cases, each_arm_path_gives_the_scalar_bits};
+        for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q8_0) {
+            let m = Q8_0Matrix::from_ggml(&bytes, rows, blocks * QK);
             let row = |r: usize| (&m.d[r * blocks..(r + 1) * blocks], &m.qs[r * blocks..(r + 1) * blocks]);
             each_arm_path_gives_the_scalar_bits(
                 &q8,
