@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The test command: installs what the end-to-end tests talk to when it is missing, then runs
-# `cargo deny` and `cargo test --workspace` (extra arguments go to cargo test, e.g.
-# `scripts/test.sh --test smtp`).
+# `cargo deny`, `cargo test --workspace` and, without arguments, the ARM tests
+# (scripts/test-arm.sh: aarch64 under qemu, the macOS check). Extra arguments go to cargo test,
+# e.g. `scripts/test.sh --test smtp`; `scripts/test.sh --arm` runs the ARM part alone.
 # Works on a fresh Debian/Ubuntu machine with Rust and Python 3; .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --arm ]; then
+  exec scripts/test-arm.sh
+fi
 
 # Real clients the end-to-end tests drive (Debian packages; `command` name, then package).
 tools=(
@@ -90,3 +95,7 @@ cargo deny check bans licenses sources
 
 cargo --version
 cargo test --workspace "$@"
+
+if [ $# -eq 0 ]; then
+  scripts/test-arm.sh
+fi

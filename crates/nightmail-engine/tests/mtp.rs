@@ -303,6 +303,7 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
             model: path.clone(),
             budget: ask(least.minimum_bytes),
             disk_gbps: Some(1.0),
+            mem_gbps: None,
             probe_bytes: 0,
             batches: vec![1],
         };

@@ -155,20 +155,24 @@ pub enum MatVecPath {
 pub const MATVEC_ENV: &str = "NIGHTMAIL_MATVEC";
 
 /// The path a matrix of `dtype` takes on this CPU. Our Q4_0, Q4_1, Q8_0 and F16 kernels have
-/// only x86_64 SIMD (AVX2, F16C) besides a scalar loop; where that is missing (Apple Silicon),
-/// candle's quantized mat-vec, which has NEON kernels for its types (k_quants.rs
-/// `vec_dot_q4_0_q8_0` and friends), and for F16 candle's half-precision matmul, do the work.
-/// MXFP4 is not a candle type: it keeps its own kernels everywhere. F32 always goes to candle.
+/// x86_64 SIMD (AVX2, F16C) and aarch64 NEON (every aarch64 CPU) besides a scalar loop; on an
+/// x86_64 CPU without AVX2, candle's quantized mat-vec and, for F16, its half-precision matmul
+/// do the work. MXFP4 is not a candle type: it keeps its own kernels everywhere. F32 always goes
+/// to candle.
 pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
     let switch = std::env::var(MATVEC_ENV).unwrap_or_default().to_ascii_lowercase();
     if switch == "f32" {
         return MatVecPath::F32;
     }
+    // NEON is in every aarch64 CPU, and with it every aarch64 path of our kernels.
+    let neon = cfg!(target_arch = "aarch64");
     let ours = match dtype {
-        WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16) => crate::kernel::matvec::has_avx2_f16c(),
-        WeightDType::Ggml(GgmlDType::Q8_0) => crate::kernel::cpu::has_avx2(),
+        WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16) => {
+            neon || crate::kernel::matvec::has_avx2_f16c()
+        }
+        WeightDType::Ggml(GgmlDType::Q8_0) => neon || crate::kernel::cpu::has_avx2(),
         // Neither are llama.cpp's i-quants and ternary types: their own kernels where they have
-        // one (scalar without AVX2), else an f32 product of their dequantized weights.
+        // one (scalar without AVX2 or on aarch64), else an f32 product of their dequantized weights.
         WeightDType::Mxfp4 | WeightDType::LowBit(_) => return MatVecPath::Native,
         _ => return MatVecPath::Candle,
     };

@@ -127,16 +127,20 @@ fn expert_region_and_dense_bytes(path: &Path) -> Result<((PathBuf, u64), u64)> {
     Ok((first, dense))
 }
 
-/// This process's resident memory (`/proc/self/status`; zeros where it is missing).
+/// This process's resident memory (Linux: `/proc/self/status`, zeros where it is missing; macOS:
+/// the task's resident size from mach and the peak from `getrusage`).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Rss {
     pub rss_bytes: u64,
     pub rss_peak_bytes: u64,
-    /// Of the current RSS: anonymous memory (weights, cache, heap) and file pages (the binary).
+    /// Of the current RSS: anonymous memory (weights, cache, heap) and file pages (the binary);
+    /// zeros where the system does not split it (`split` false).
     pub rss_anon_bytes: u64,
     pub rss_file_bytes: u64,
+    pub split: bool,
 }
 
+#[cfg(not(target_os = "macos"))]
 pub fn rss() -> Rss {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
@@ -151,7 +155,27 @@ pub fn rss() -> Rss {
         rss_peak_bytes: field("VmHWM:"),
         rss_anon_bytes: field("RssAnon:"),
         rss_file_bytes: field("RssFile:"),
+        split: true,
     }
+}
+
+/// macOS has no `/proc`: the resident size from `task_info(MACH_TASK_BASIC_INFO)`, the peak from
+/// `getrusage`, whose `ru_maxrss` is in bytes there (getrusage(2) on macOS; Linux's is in KiB).
+#[cfg(target_os = "macos")]
+pub fn rss() -> Rss {
+    // SAFETY: both calls write only the structs they are given, sized as they expect.
+    let (now, peak) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        let peak = if libc::getrusage(libc::RUSAGE_SELF, &mut usage) == 0 { usage.ru_maxrss as u64 } else { 0 };
+        let mut info: libc::mach_task_basic_info = std::mem::zeroed();
+        let mut count = libc::MACH_TASK_BASIC_INFO_COUNT;
+        // libc marks mach_task_self deprecated in favour of the mach2 crate; it is the same call.
+        #[allow(deprecated)]
+        let task = libc::mach_task_self();
+        let kr = libc::task_info(task, libc::MACH_TASK_BASIC_INFO, (&raw mut info).cast(), &mut count);
+        (if kr == libc::KERN_SUCCESS { info.resident_size } else { 0 }, peak)
+    };
+    Rss { rss_bytes: now, rss_peak_bytes: peak, rss_anon_bytes: 0, rss_file_bytes: 0, split: false }
 }
 
 /// The disk's sequential direct-read rate over the model's expert region, in bytes/s.

@@ -26,6 +26,9 @@ pub struct PlanOptions {
     pub budget: MemoryBudget,
     /// The disk's rate in GB/s; measured on the model file when absent.
     pub disk_gbps: Option<f64>,
+    /// Another machine's memory bandwidth in GB/s (a Mac's, planned for from here): each step's
+    /// weights are taken as read once from memory at this rate instead of timing the kernels.
+    pub mem_gbps: Option<f64>,
     /// Bytes read to measure the disk.
     pub probe_bytes: u64,
     /// Batch sizes to predict a step for.
@@ -40,6 +43,8 @@ pub struct KernelRate {
     /// GB/s of weights at batch 1 and at batch 8 (per step of 8 tokens).
     pub gbps_batch1: f64,
     pub gbps_batch8: f64,
+    /// Timed on this machine, or the given memory bandwidth (`--mem-gbps`) at both batch sizes.
+    pub measured: bool,
 }
 
 impl KernelRate {
@@ -91,11 +96,11 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
         Some(g) => (g, false),
         None => (measure_disk(&ck, &opts.model, opts.probe_bytes)? / 1e9, true),
     };
-    let dense_kernel = dense_rate(&ck)?;
+    let dense_kernel = rate_or_memory(&dense_matrix(&ck)?, opts.mem_gbps)?;
     let expert_kernel = match spec.moe_layers.iter().position(|m| *m) {
         Some(layer) => {
             let [gate, ..] = expert_views(&ck, &spec, ExpertId { layer, expert: 0 })?;
-            Some(rate(&gate)?)
+            Some(rate_or_memory(&gate, opts.mem_gbps)?)
         }
         None => None,
     };
@@ -164,11 +169,27 @@ fn measure_disk(ck: &ModelFile, model: &Path, probe: u64) -> Result<f64> {
     Ok(sequential_bandwidth(&file, 0, probe, 4 << 20, 16).map_err(|source| FormatError::Io { path: file, source })?)
 }
 
-/// The rate of the kernel of layer 0's largest dense matrix.
-fn dense_rate(ck: &ModelFile) -> Result<KernelRate> {
-    let all = ck.all_tensors()?;
-    let largest = all
-        .iter()
+/// The kernel's rate over `weight` timed here, or, given another machine's memory bandwidth, that
+/// bandwidth at every batch: a step that reads its weights once from memory cannot go faster, so
+/// the prediction is the best that machine can do with kernels that keep up with its memory.
+fn rate_or_memory(weight: &TensorView<'_>, mem_gbps: Option<f64>) -> Result<KernelRate> {
+    match mem_gbps {
+        Some(gbps) => Ok(KernelRate {
+            tensor: weight.name.clone(),
+            dtype: format!("{:?}", weight.dtype),
+            gbps_batch1: gbps,
+            gbps_batch8: gbps,
+            measured: false,
+        }),
+        None => rate(weight),
+    }
+}
+
+/// Layer 0's largest dense matrix.
+fn dense_matrix(ck: &ModelFile) -> Result<TensorView<'_>> {
+    let largest = ck
+        .all_tensors()?
+        .into_iter()
         .filter(|t| t.shape.len() == 2 && !is_expert_tensor(&t.name))
         // GGUF, transformers, or a multimodal checkpoint's text model (`language_model.model...`).
         .filter(|t| {
@@ -176,7 +197,7 @@ fn dense_rate(ck: &ModelFile) -> Result<KernelRate> {
         })
         .max_by_key(|t| t.bytes.len())
         .ok_or_else(|| FormatError::MissingTensor { name: "a matrix of layer 0".into() })?;
-    rate(largest)
+    Ok(largest)
 }
 
 /// Time `weight`'s kernel at batch 1 and 8 over copies of it filling 64 MiB or more, so that
@@ -211,6 +232,7 @@ fn rate(weight: &TensorView<'_>) -> Result<KernelRate> {
         dtype: format!("{:?}", weight.dtype),
         gbps_batch1: gbps(1)?,
         gbps_batch8: gbps(8)?,
+        measured: true,
     })
 }
 
@@ -222,7 +244,8 @@ mod tests {
     fn a_k3_directory_plans_from_its_language_model_tensors() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
         let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };
-        let opts = PlanOptions { model, budget, disk_gbps: Some(1.0), probe_bytes: 0, batches: vec![1] };
+        let opts =
+            PlanOptions { model, budget, disk_gbps: Some(1.0), mem_gbps: None, probe_bytes: 0, batches: vec![1] };
         let r = plan(&opts).unwrap();
         assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
         assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
@@ -242,7 +265,8 @@ mod tests {
             verify_rows: 1,
             stream_layers: Some(vec![0, 1, 2]),
         };
-        let opts = PlanOptions { model, budget, disk_gbps: Some(0.001), probe_bytes: 0, batches: vec![1, 8] };
+        let opts =
+            PlanOptions { model, budget, disk_gbps: Some(0.001), mem_gbps: None, probe_bytes: 0, batches: vec![1, 8] };
         let r = plan(&opts).unwrap();
         assert!(!r.disk_measured && r.plan.resident_layers.is_empty());
         let dense: usize = r.plan.sizes.layers.iter().map(|l| l.disk_bytes).sum();
@@ -254,5 +278,31 @@ mod tests {
         assert_eq!(r.predicted_s_per_token, one.s_per_step);
         // Eight sequences share the dense stream: more tokens per second than one.
         assert!(r.steps[1].tokens_per_s > one.tokens_per_s, "{:?}", r.steps);
+    }
+
+    #[test]
+    fn a_given_memory_bandwidth_replaces_the_timed_kernels_at_every_batch() {
+        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/model.gguf");
+        let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 8, verify_rows: 1, stream_layers: None };
+        let opts = PlanOptions {
+            model,
+            budget,
+            disk_gbps: Some(1.0),
+            mem_gbps: Some(100.0),
+            probe_bytes: 0,
+            batches: vec![1, 8],
+        };
+        let r = plan(&opts).unwrap();
+        let expert = r.expert_kernel.as_ref().expect("a MoE fixture");
+        for k in [&r.dense_kernel, expert] {
+            assert!(!k.measured && k.gbps_batch1 == 100.0 && k.gbps_batch8 == 100.0, "{k:?}");
+        }
+        // Memory-bound: a step's compute time is its weight bytes over the bandwidth, once per
+        // step whatever the batch.
+        for step in &r.steps {
+            let weights = r.dense_compute_bytes + r.plan.expert_bytes_per_step(step.batch);
+            let want = weights / 100e9;
+            assert!((step.compute_s_per_step - want).abs() <= 1e-12 * want.max(1.0), "{step:?} vs {want}");
+        }
     }
 }

@@ -63,7 +63,8 @@ impl F16Matrix {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let tokens = x.dim(0)?;
         let xs = activations(x)?;
-        let fast = has_avx2_f16c();
+        // aarch64's widening (`fcvtl`) is base ARMv8: every aarch64 CPU takes the vector path.
+        let fast = has_avx2_f16c() || cfg!(target_arch = "aarch64");
         let w = self.halves();
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &w[r * self.cols..(r + 1) * self.cols];
@@ -122,7 +123,48 @@ unsafe fn dots_f16c<const N: usize>(w: &[f16], xs: [&[f32]; N]) -> [f32; N] {
     })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// [`dots_f16c`] in NEON: each 8-lane vector as two 4-lane halves taking the same fused
+/// multiply-adds, summed as `hsum_avx2` sums, so a Mac computes the bits an F16C machine does.
+#[cfg(target_arch = "aarch64")]
+unsafe fn dots_f16c<const N: usize>(w: &[f16], xs: [&[f32]; N]) -> [f32; N] {
+    use std::arch::aarch64::*;
+    // SAFETY: base NEON (every aarch64 CPU); loads of halves k..k+8 < n and of the activations'
+    // elements k..k+8 < n ≤ x.len() (asserted).
+    unsafe {
+        let n = w.len() / 32 * 32;
+        assert!(xs.iter().all(|x| x.len() >= w.len()));
+        let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; N];
+        for i in (0..n).step_by(32) {
+            for j in 0..4 {
+                let k = i + 8 * j;
+                let (lo, hi): (float32x4_t, float32x4_t);
+                // `fcvtl` (base ARMv8 FP) widens exactly; `vcvt_f32_f16` needs the unstable f16 type.
+                let h = vld1q_u16(w.as_ptr().add(k).cast());
+                std::arch::asm!(
+                    "fcvtl {lo:v}.4s, {h:v}.4h",
+                    "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                    h = in(vreg) h,
+                    lo = out(vreg) lo,
+                    hi = out(vreg) hi,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    let (x0, x1) = (vld1q_f32(x.as_ptr().add(k)), vld1q_f32(x.as_ptr().add(k + 4)));
+                    a[j] = [vfmaq_f32(a[j][0], lo, x0), vfmaq_f32(a[j][1], hi, x1)];
+                }
+            }
+        }
+        std::array::from_fn(|t| {
+            let a = &acc[t];
+            let half = |h: usize| vaddq_f32(vaddq_f32(a[0][h], a[1][h]), vaddq_f32(a[2][h], a[3][h]));
+            let s4 = vaddq_f32(half(0), half(1));
+            let s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+            vget_lane_f32::<0>(s2) + vget_lane_f32::<1>(s2) + dot_scalar(&w[n..], &xs[t][n..])
+        })
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 unsafe fn dots_f16c<const N: usize>(w: &[f16], xs: [&[f32]; N]) -> [f32; N] {
     std::array::from_fn(|t| dot_scalar(w, xs[t]))
 }
@@ -144,6 +186,40 @@ mod tests {
         for t in 0..tokens {
             for r in 0..rows {
                 assert!((got[t][r] - want[t][r]).abs() < 1e-3, "token {t} row {r}: {} vs {}", got[t][r], want[t][r]);
+            }
+        }
+    }
+
+    /// The NEON path sums as the F16C path does: each row against the 8-lane order computed
+    /// here in plain Rust (fused multiply-adds per lane, `hsum_avx2`'s pairing, the tail scalar).
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn the_neon_path_gives_the_f16c_orders_bits() {
+        use crate::kernel::q8::tests::random;
+        for (rows, cols, tokens) in [(3, 32, 1), (5, 200, 3), (2, 31, 2), (7, 97, 4)] {
+            let w: Vec<f16> = random(rows * cols, cols as u64).iter().map(|v| f16::from_f32(*v)).collect();
+            let x = random(tokens * cols, 7 + cols as u64);
+            let bytes: Vec<u8> = w.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let xt = Tensor::from_vec(x.clone(), (tokens, cols), &candle_core::Device::Cpu).unwrap();
+            let got = F16Matrix::from_bytes(&bytes, rows, cols).forward(&xt).unwrap().to_vec2::<f32>().unwrap();
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let (w, x) = (&w[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                    let n = cols / 32 * 32;
+                    let mut lanes = [[0f32; 8]; 4];
+                    for i in (0..n).step_by(32) {
+                        for (j, lane) in lanes.iter_mut().enumerate() {
+                            for (l, a) in lane.iter_mut().enumerate() {
+                                *a = w[i + 8 * j + l].to_f32().mul_add(x[i + 8 * j + l], *a);
+                            }
+                        }
+                    }
+                    let v: [f32; 8] =
+                        std::array::from_fn(|l| (lanes[0][l] + lanes[1][l]) + (lanes[2][l] + lanes[3][l]));
+                    let s4: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
+                    let want = ((s4[0] + s4[2]) + (s4[1] + s4[3])) + dot_scalar(&w[n..], &x[n..]);
+                    assert_eq!(got[t][r].to_bits(), want.to_bits(), "{rows}x{cols} token {t} row {r}");
+                }
             }
         }
     }

@@ -1,6 +1,9 @@
-//! Mat-vec kernels, one file per weight type, each with its x86 paths (AVX2, AVX-512 VNNI) chosen
-//! at run time and a scalar path that sums in the order of the ggml function it cites.
+//! Mat-vec kernels, one file per weight type, each with its x86 paths (AVX2, AVX-512 VNNI) and
+//! aarch64 paths (NEON, dotprod; `arm.rs`) chosen at run time and a scalar path that sums in the
+//! order of the ggml function it cites.
 
+#[cfg(target_arch = "aarch64")]
+pub mod arm;
 pub mod cpu;
 pub mod f16;
 pub mod iq1_m;

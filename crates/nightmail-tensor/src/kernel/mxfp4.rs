@@ -87,6 +87,9 @@ pub enum Kernel {
     Scalar,
     Avx2,
     Avx512,
+    /// aarch64's base NEON (every aarch64 CPU): the activations are f32, so no integer dot
+    /// product instruction applies.
+    Neon,
 }
 
 impl Kernel {
@@ -104,6 +107,9 @@ impl Kernel {
                 return Kernel::Avx2;
             }
         }
+        if cfg!(target_arch = "aarch64") {
+            return Kernel::Neon;
+        }
         Kernel::Scalar
     }
 
@@ -115,18 +121,19 @@ impl Kernel {
                 Kernel::Scalar => true,
                 Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
                 Kernel::Avx512 => Self::detect() == Kernel::Avx512,
+                Kernel::Neon => false,
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            self == Kernel::Scalar
+            self == Kernel::Scalar || (self == Kernel::Neon && cfg!(target_arch = "aarch64"))
         }
     }
 
     /// The kernels this CPU can run, the portable one first.
     #[cfg(test)]
     pub fn available() -> Vec<Self> {
-        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512].into_iter().filter(|k| k.runs_here()).collect()
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512, Kernel::Neon].into_iter().filter(|k| k.runs_here()).collect()
     }
 }
 
@@ -186,6 +193,9 @@ unsafe fn dots(kernel: Kernel, row: &[u8], xs: &[&[f32]], ys: &mut [f32]) {
             (Kernel::Avx512, 1) => dots_simd::<1>(kernel, row, xs, ys),
             (Kernel::Avx512, 2) => dots_simd::<2>(kernel, row, xs, ys),
             (Kernel::Avx512, 3) => dots_simd::<3>(kernel, row, xs, ys),
+            (Kernel::Neon, 1) => dots_simd::<1>(kernel, row, xs, ys),
+            (Kernel::Neon, 2) => dots_simd::<2>(kernel, row, xs, ys),
+            (Kernel::Neon, 3) => dots_simd::<3>(kernel, row, xs, ys),
             (_, _) => dots_simd::<TOKENS_PER_PASS>(kernel, row, xs, ys),
         }
     }
@@ -225,10 +235,66 @@ unsafe fn dots_simd<const N: usize>(kernel: Kernel, row: &[u8], xs: &[&[f32]], y
         };
         ys[..N].copy_from_slice(&out);
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _ = kernel;
+        // SAFETY: every load stays inside `row` (whole blocks) or an activation row (checked above).
+        ys[..N].copy_from_slice(&unsafe { dots_neon::<N>(row, &xs) });
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = kernel;
         dots_scalar(row, &xs, ys);
+    }
+}
+
+/// NEON: a block's 16 bytes become 32 signed doubled values with one table lookup per nibble
+/// half (as ggml's NEON `ggml_vec_dot_mxfp4_q8_0` does), widened to eight vectors of 4 f32. Each
+/// pair of 4-lane vectors takes the operations one 8-lane vector of [`dots_avx2`] takes, and the
+/// lanes are summed as `hsum_avx2` sums them, so a Mac computes the bits an AVX2 machine does.
+///
+/// # Safety
+/// Each `xs[t]` holds the row's `cols` activations.
+#[cfg(target_arch = "aarch64")]
+unsafe fn dots_neon<const N: usize>(row: &[u8], xs: &[&[f32]; N]) -> [f32; N] {
+    use std::arch::aarch64::*;
+    // SAFETY: base NEON (every aarch64 CPU); loads of the 16-entry table, of 16 bytes inside
+    // each 17-byte block, and of block b's 32 activations (the caller's promise).
+    unsafe {
+        let table = vld1q_s8(KVALUES.as_ptr());
+        let widen = |v: int8x8_t| {
+            let v = vmovl_s8(v);
+            [vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), vcvtq_f32_s32(vmovl_high_s16(v))]
+        };
+        // Two accumulators per token (even and odd blocks), each 8 lanes as two vectors.
+        let mut acc = [[[vdupq_n_f32(0.0); 2]; 2]; N];
+        for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+            let packed = vld1q_u8(block.as_ptr().add(1));
+            let lo = vqtbl1q_s8(table, vandq_u8(packed, vdupq_n_u8(0x0F))); // elements 0..15
+            let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(packed)); // 16..31
+            let w = [widen(vget_low_s8(lo)), widen(vget_high_s8(lo)), widen(vget_low_s8(hi)), widen(vget_high_s8(hi))];
+            let d = vdupq_n_f32(e8m0_to_f32_half(block[0]));
+            for t in 0..N {
+                let x: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(xs[t].as_ptr().add(b * QK + 4 * i)));
+                let s: [float32x4_t; 2] = std::array::from_fn(|h| {
+                    let mut s = vmulq_f32(w[0][h], x[h]);
+                    for j in 1..4 {
+                        s = vfmaq_f32(s, w[j][h], x[2 * j + h]);
+                    }
+                    s
+                });
+                let a = &mut acc[t][b & 1];
+                a[0] = vfmaq_f32(a[0], d, s[0]);
+                a[1] = vfmaq_f32(a[1], d, s[1]);
+            }
+        }
+        std::array::from_fn(|t| {
+            let [even, odd] = acc[t];
+            // hsum_avx2 of even + odd: the halves added, then lanes 0+2 and 1+3, then those two.
+            let s4 = vaddq_f32(vaddq_f32(even[0], odd[0]), vaddq_f32(even[1], odd[1]));
+            let s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+            vget_lane_f32::<0>(s2) + vget_lane_f32::<1>(s2)
+        })
     }
 }
 

@@ -5,7 +5,9 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+#[cfg(not(target_arch = "aarch64"))]
+use super::matvec::has_avx2_f16c;
+use super::matvec::{activations, rows_by_tokens};
 use super::q8::{Q8Block, quantize_q8_1};
 use crate::bytes::WeightBytes;
 use crate::error::Result;
@@ -39,39 +41,59 @@ impl Q4_0Matrix {
 
     /// `x`: `[tokens, cols]` → `[tokens, rows]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // A height llama.cpp repacks takes its repacked order (nibble_x8.rs).
+        // A height llama.cpp repacks takes its repacked order on x86 (nibble_x8.rs).
+        #[cfg(not(target_arch = "aarch64"))]
         if self.rows.is_multiple_of(super::nibble_x8::TILE_ROWS) {
             let levels = &super::nibble_x8::Q4_0_LEVELS;
             return super::nibble_x8::matmul(levels, self.bytes.as_slice(), self.rows, self.cols, x);
         }
-        let tokens = x.dim(0)?;
         let xs = activations(x)?;
         let q8: Vec<Vec<Q8Block>> = xs.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        #[cfg(target_arch = "aarch64")]
+        return self.forward_arm(&q8, super::arm::ArmKernel::detect());
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            let tokens = x.dim(0)?;
+            let row_bytes = self.cols / QK * BLOCK_BYTES;
+            let blocks = self.bytes.as_slice();
+            let avx2 = has_avx2_f16c();
+            rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
+                let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
+                if !avx2 {
+                    out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(row, &q8[t]));
+                    return;
+                }
+                // Each block is unpacked once for up to TOKENS tokens (a verify pass's or a batch's).
+                for (c, out) in out.chunks_mut(TOKENS).enumerate() {
+                    let x = |i: usize| &q8[c * TOKENS + i][..];
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    match out.len() {
+                        1 => out[0] = unsafe { dots_avx2::<1>(row, [x(0)]) }[0],
+                        2 => out.copy_from_slice(&unsafe { dots_avx2::<2>(row, [x(0), x(1)]) }),
+                        3 => out.copy_from_slice(&unsafe { dots_avx2::<3>(row, [x(0), x(1), x(2)]) }),
+                        _ => out.copy_from_slice(&unsafe { dots_avx2::<4>(row, [x(0), x(1), x(2), x(3)]) }),
+                    }
+                }
+            })
+        }
+    }
+
+    /// The activations' Q8 blocks `q8` (one vector per token) → `[tokens, rows]` on aarch64 path
+    /// `kernel`; each row's blocks are unpacked once for all tokens.
+    #[cfg(target_arch = "aarch64")]
+    fn forward_arm(&self, q8: &[Vec<Q8Block>], kernel: super::arm::ArmKernel) -> Result<Tensor> {
         let row_bytes = self.cols / QK * BLOCK_BYTES;
         let blocks = self.bytes.as_slice();
-        let avx2 = has_avx2_f16c();
-        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
+        let xs: Vec<&[Q8Block]> = q8.iter().map(|x| &x[..]).collect();
+        rows_by_tokens(self.rows, xs.len(), self.rows * self.cols * xs.len(), |r, out| {
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
-            if !avx2 {
-                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(row, &q8[t]));
-                return;
-            }
-            // Each block is unpacked once for up to TOKENS tokens (a verify pass's or a batch's).
-            for (c, out) in out.chunks_mut(TOKENS).enumerate() {
-                let x = |i: usize| &q8[c * TOKENS + i][..];
-                // SAFETY: AVX2, FMA and F16C were detected at run time.
-                match out.len() {
-                    1 => out[0] = unsafe { dots_avx2::<1>(row, [x(0)]) }[0],
-                    2 => out.copy_from_slice(&unsafe { dots_avx2::<2>(row, [x(0), x(1)]) }),
-                    3 => out.copy_from_slice(&unsafe { dots_avx2::<3>(row, [x(0), x(1), x(2)]) }),
-                    _ => out.copy_from_slice(&unsafe { dots_avx2::<4>(row, [x(0), x(1), x(2), x(3)]) }),
-                }
-            }
+            super::arm::dispatch!(kernel, dots_arm(row, &xs, out))
         })
     }
 }
 
 /// Tokens one unpacking of a block serves (one accumulator each).
+#[cfg(not(target_arch = "aarch64"))]
 const TOKENS: usize = 4;
 
 fn scale(block: &[u8]) -> f32 {
@@ -120,7 +142,31 @@ unsafe fn dots_avx2<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N]
     acc.map(|a| super::matvec::hsum_avx2(a))
 }
 
+/// [`dot_scalar`] for each token, each block's integer sum taken in NEON
+/// ([`super::arm::block_dot`]) and its nibbles unpacked once for all tokens: the same float
+/// operations in the same order, so the same bits.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn dots_arm<const SDOT: bool>(row: &[u8], xs: &[&[Q8Block]], out: &mut [f32]) {
+    assert!(out.len() == xs.len() && xs.iter().all(|x| x.len() * BLOCK_BYTES >= row.len()));
+    out.fill(0.0);
+    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        // SAFETY: the block's 16 packed bytes.
+        let w = unsafe { super::arm::nibbles(&block[2..], 8) };
+        let d = scale(block);
+        for (y, x) in out.iter_mut().zip(xs) {
+            // SAFETY: the caller's proof of dotprod is passed on.
+            let acc = unsafe { super::arm::block_dot::<SDOT>(w, &x[b].qs) };
+            *y += d * x[b].d * acc as f32;
+        }
+    }
+}
+
 #[cfg(not(target_arch = "x86_64"))]
+#[allow(dead_code)]
 unsafe fn dots_avx2<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
     xs.map(|x| dot_scalar(row, x))
 }
@@ -154,6 +200,25 @@ mod tests {
                     got[t][r],
                     want[t][r]
                 );
+            }
+        }
+    }
+
+    /// Each aarch64 path (NEON, dotprod) against the scalar reference, every token of a call.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn every_arm_path_gives_the_scalar_references_bits() {
+        use crate::kernel::arm::ArmKernel;
+        for (rows, blocks, bytes, q8) in crate::kernel::q8::arm_cases(GgmlDType::Q4_0) {
+            let (cols, tokens) = (blocks * QK, q8.len());
+            let m = Q4_0Matrix::new(WeightBytes::from(&bytes[..]), rows, cols);
+            let want: Vec<u32> = (0..tokens)
+                .flat_map(|t| (0..rows).map(move |r| (t, r)))
+                .map(|(t, r)| dot_scalar(m.row_bytes(r), &q8[t]).to_bits())
+                .collect();
+            for kernel in ArmKernel::available() {
+                let got = m.forward_arm(&q8, kernel).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(got.iter().map(|y| y.to_bits()).collect::<Vec<_>>(), want, "{kernel:?} {rows}x{cols}");
             }
         }
     }

@@ -6,10 +6,9 @@
 use candle_core::Tensor;
 use half::f16;
 
-use super::q8::{
-    AVX2_TOKENS, ChunkKernel, LANES, PAIRS, Q8Block, QK, TokenBlocks, by_tokens, half_of, pairs_avx2, pairs_vnni,
-    q8_matmul,
-};
+#[cfg(target_arch = "x86_64")]
+use super::q8::{AVX2_TOKENS, LANES, PAIRS, by_tokens, half_of, pairs_avx2, pairs_vnni};
+use super::q8::{ChunkKernel, Q8Block, QK, TokenBlocks, q8_matmul};
 
 use crate::error::Result;
 
@@ -70,6 +69,10 @@ impl Q4_1Matrix {
             ChunkKernel::Avx2 => return unsafe { by_tokens!(xs, out, token_dots_avx2(row)) },
             ChunkKernel::Scalar => {}
         }
+        #[cfg(target_arch = "aarch64")]
+        if let ChunkKernel::Arm(kernel) = xs.kernel {
+            return super::arm::dispatch!(kernel, token_dots_arm(row, xs, out));
+        }
         out.iter_mut().zip(&xs.tokens).for_each(|(y, x)| *y = dot_scalar(row, x));
     }
 
@@ -81,7 +84,14 @@ impl Q4_1Matrix {
             return unsafe { dots_avx2::<N>(self, r0, x) };
         }
         let nb = self.cols / QK;
-        std::array::from_fn(|i| dot_scalar(&self.blocks[(r0 + i) * nb..(r0 + i + 1) * nb], x))
+        let row = |i: usize| &self.blocks[(r0 + i) * nb..(r0 + i + 1) * nb];
+        #[cfg(target_arch = "aarch64")]
+        {
+            let kernel = super::arm::ArmKernel::detect();
+            std::array::from_fn(|i| super::arm::dispatch!(kernel, dot_arm(row(i), x)))
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        std::array::from_fn(|i| dot_scalar(row(i), x))
     }
 }
 
@@ -101,6 +111,46 @@ fn dot_scalar(blocks: &[[u8; BLOCK_BYTES]], x: &[Q8Block]) -> f32 {
         sum += d * x.d * acc as f32 + m * x.s;
     }
     sum
+}
+
+/// [`dot_scalar`] with each block's integer sum taken in NEON ([`super::arm::block_dot`]): the
+/// same float operations in the same order, so the same bits.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn dot_arm<const SDOT: bool>(blocks: &[[u8; BLOCK_BYTES]], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for (w, x) in blocks.iter().zip(x) {
+        let (d, m) = scales(w);
+        // SAFETY: a block's 16 packed bytes; the caller's proof of dotprod is passed on.
+        let acc = unsafe { super::arm::block_dot::<SDOT>(super::arm::nibbles(&w[4..], 0), &x.qs) };
+        sum += d * x.d * acc as f32 + m * x.s;
+    }
+    sum
+}
+
+/// [`dot_arm`] for each token of a chunk, each block unpacked once for all of them.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn token_dots_arm<const SDOT: bool>(row: &[[u8; BLOCK_BYTES]], xs: &TokenBlocks, out: &mut [f32]) {
+    let n = xs.len();
+    assert!(out.len() == n && xs.qs.len() >= row.len() * n && xs.d.len() >= row.len() && xs.s.len() >= row.len());
+    out.fill(0.0);
+    for (b, w) in row.iter().enumerate() {
+        let (d, m) = scales(w);
+        // SAFETY: a block's 16 packed bytes.
+        let wq = unsafe { super::arm::nibbles(&w[4..], 0) };
+        for (t, y) in out.iter_mut().enumerate() {
+            // SAFETY: the caller's proof of dotprod is passed on.
+            let acc = unsafe { super::arm::block_dot::<SDOT>(wq, &xs.qs[b * n + t]) };
+            *y += d * xs.d[b][t] * acc as f32 + m * xs.s[b][t];
+        }
+    }
 }
 
 /// Rows `r0..r0 + N` against one token's blocks, each row in `ggml_vec_dot_q4_1_q8_1`'s AVX2
@@ -305,6 +355,24 @@ mod tests {
         let m = Q4_1Matrix::from_ggml(&q.data().unwrap(), rows, cols);
         let q8: Vec<Vec<Q8Block>> = (0..TOKENS as u64).map(|t| quantize_q8_1(&random(cols, 50 + t))).collect();
         each_chunk_equals_each_token_alone(&q8, rows, |r, x| m.dots::<1>(r, x)[0], |r, xs, o| m.token_dots(r, xs, o));
+    }
+
+    /// Each aarch64 path (NEON, dotprod), one token and chunks, against the scalar reference.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn every_arm_path_gives_the_scalar_references_bits() {
+        use crate::kernel::q8::{arm_cases, each_arm_path_gives_the_scalar_bits};
+        for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q4_1) {
+            let m = Q4_1Matrix::from_ggml(&bytes, rows, blocks * QK);
+            let row = |r: usize| &m.blocks[r * blocks..(r + 1) * blocks];
+            each_arm_path_gives_the_scalar_bits(
+                &q8,
+                rows,
+                |r, x| dot_scalar(row(r), x),
+                |k, r, x| crate::kernel::arm::dispatch!(k, dot_arm(row(r), x)),
+                |r, xs, out| m.token_dots(r, xs, out),
+            );
+        }
     }
 
     #[test]

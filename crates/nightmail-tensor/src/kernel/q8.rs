@@ -5,6 +5,7 @@
 use candle_core::Tensor;
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
 use super::cpu::{has_avx2, has_avx512_vnni};
 use super::matvec::{activations, fill_group, row_groups_by_tokens, rows_by_tokens};
 use crate::error::Result;
@@ -38,15 +39,25 @@ pub(crate) const LANES: usize = 16;
 
 /// The chunk kernels, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 pub(crate) enum ChunkKernel {
     /// AVX-512 F, BW, VL and VNNI (with AVX2, FMA and F16C): two tokens to a 512-bit vector.
     Avx512,
     /// AVX2, FMA and F16C: a token to a 256-bit vector.
     Avx2,
     Scalar,
+    /// An aarch64 path: a token at a time, each block's weights loaded once for all of them.
+    #[cfg(target_arch = "aarch64")]
+    Arm(super::arm::ArmKernel),
 }
 
 impl ChunkKernel {
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) fn detect() -> Self {
+        ChunkKernel::Arm(super::arm::ArmKernel::detect())
+    }
+
+    #[cfg(not(target_arch = "aarch64"))]
     pub(crate) fn detect() -> Self {
         if !super::matvec::has_avx2_f16c() {
             ChunkKernel::Scalar
@@ -63,6 +74,8 @@ impl ChunkKernel {
         match self {
             ChunkKernel::Avx512 => TOKENS,
             ChunkKernel::Avx2 | ChunkKernel::Scalar => AVX2_TOKENS,
+            #[cfg(target_arch = "aarch64")]
+            ChunkKernel::Arm(_) => TOKENS,
         }
     }
 }
@@ -98,6 +111,7 @@ pub(crate) const AVX2_TOKENS: usize = 8;
 
 /// `out.copy_from_slice(&kernel::<N>(args.., xs))` for the N = `xs.len()` (1 to [`TOKENS`]) of
 /// a chunk of tokens: a kernel that keeps one accumulator per token.
+#[cfg(target_arch = "x86_64")]
 macro_rules! by_tokens {
     ($xs:ident, $out:ident, $kernel:ident($($arg:expr),*)) => {
         match $xs.len() {
@@ -114,6 +128,7 @@ macro_rules! by_tokens {
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use by_tokens;
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
@@ -156,7 +171,39 @@ pub(crate) fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
         // SAFETY: AVX2 (and with it SSE4.1's rounding) was detected at run time.
         return unsafe { quantize_avx2(x) };
     }
+    #[cfg(target_arch = "aarch64")]
+    return quantize_neon(x);
+    #[cfg(not(target_arch = "aarch64"))]
     quantize_blocks(x)
+}
+
+/// [`quantize_blocks`] in 4-lane vectors: the same maximum (`fmaxnmv` ignores NaN as `f32::max`
+/// does), the same IEEE multiply by 127/max, `fcvtns` rounding half to even, and the same integer
+/// sum, so the blocks x86 makes. ggml's NEON `quantize_row_q8_1` multiplies by 1/d instead, which
+/// can round a value differently; an aarch64 machine here computes what an x86 one does.
+#[cfg(target_arch = "aarch64")]
+fn quantize_neon(x: &[f32]) -> Vec<Q8Block> {
+    use std::arch::aarch64::*;
+    let mut out = Vec::with_capacity(x.len() / QK);
+    for x in x.chunks_exact(QK) {
+        // SAFETY: base NEON (every aarch64 CPU); eight 4-lane loads within the 32 elements and
+        // four 8-byte stores within the 32 bytes.
+        let (d, sum, qs) = unsafe {
+            let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(x.as_ptr().add(4 * i)));
+            let amax = vmaxnmvq_f32(v.iter().fold(vdupq_n_f32(0.0), |m, v| vmaxnmq_f32(m, vabsq_f32(*v))));
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let q = v.map(|v| vcvtnq_s32_f32(vmulq_n_f32(v, id)));
+            let sum = vaddvq_s32(q.iter().fold(vdupq_n_s32(0), |s, q| vaddq_s32(s, *q)));
+            let mut qs = [0i8; QK];
+            for (i, pair) in q.chunks_exact(2).enumerate() {
+                let halves = vcombine_s16(vqmovn_s32(pair[0]), vqmovn_s32(pair[1]));
+                vst1_s8(qs.as_mut_ptr().add(8 * i), vqmovn_s16(halves));
+            }
+            (amax / 127.0, sum, qs)
+        };
+        out.push(Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs });
+    }
+    out
 }
 
 /// [`quantize_blocks`] in 8-lane vectors, as ggml's AVX2 `quantize_row_q8_1` is written: the same
@@ -196,7 +243,8 @@ unsafe fn quantize_avx2(x: &[f32]) -> Vec<Q8Block> {
     out
 }
 
-// The reference the vector code is tested against, and the path without AVX2.
+// The reference the vector code is tested against, and the path without AVX2 or NEON.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 fn quantize_blocks(x: &[f32]) -> Vec<Q8Block> {
     let mut out = Vec::with_capacity(x.len() / QK);
     for x in x.chunks_exact(QK) {
@@ -236,6 +284,7 @@ pub(crate) fn half_of(
 }
 
 /// Token pairs of a chunk in [`token_dots_avx512`].
+#[cfg(target_arch = "x86_64")]
 pub(crate) const PAIRS: usize = TOKENS / 2;
 
 /// Unsigned × signed bytes, each 4 neighbours' products summed into 8 i32 lanes, as ggml's
@@ -272,10 +321,14 @@ pub(crate) fn each_chunk_equals_each_token_alone(
     let nb = q8[0].len();
     // The one-token path sums in the scalar order only where the chunks do too; an AVX-512 CPU
     // runs the AVX2 kernel as well.
+    #[cfg(not(target_arch = "aarch64"))]
     let kernels = match ChunkKernel::detect() {
         ChunkKernel::Avx512 => vec![ChunkKernel::Avx512, ChunkKernel::Avx2],
         kernel => vec![kernel],
     };
+    // Every aarch64 path sums in the scalar order, the one-token path's included.
+    #[cfg(target_arch = "aarch64")]
+    let kernels: Vec<ChunkKernel> = super::arm::ArmKernel::available().into_iter().map(ChunkKernel::Arm).collect();
     for kernel in kernels {
         for n in 1..=kernel.tokens().min(q8.len()) {
             let xs = TokenBlocks::new(q8[..n].iter().map(|x| &x[..]).collect(), nb, kernel);
@@ -285,6 +338,64 @@ pub(crate) fn each_chunk_equals_each_token_alone(
                 chunk(r, &xs, &mut out);
                 assert_eq!(out, want, "{kernel:?}, {n} tokens, row {r}");
             }
+        }
+    }
+}
+
+/// Shapes for the aarch64 paths' tests: (rows, blocks a row, tokens), odd counts and chunk tails
+/// among them (one block; 7, 33 blocks; 11 tokens: a whole chunk and one more).
+#[cfg(all(test, target_arch = "aarch64"))]
+const ARM_SHAPES: [(usize, usize, usize); 5] = [(1, 1, 1), (3, 7, 11), (5, 33, 4), (9, 2, TOKENS), (2, 9, 3)];
+
+/// One test case of the aarch64 paths: rows, blocks a row, a matrix's ggml blocks, tokens.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) type ArmCase = (usize, usize, Vec<u8>, Vec<Vec<Q8Block>>);
+
+/// For each of [`ARM_SHAPES`]: rows, blocks a row, a random matrix quantized to `dtype` (ggml's
+/// blocks) and random tokens' Q8 blocks.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn arm_cases(dtype: candle_core::quantized::GgmlDType) -> Vec<ArmCase> {
+    use candle_core::quantized::QTensor;
+    (1u64..)
+        .zip(ARM_SHAPES)
+        .map(|(seed, (rows, blocks, tokens))| {
+            let cols = blocks * QK;
+            let w =
+                Tensor::from_vec(tests::random(rows * cols, seed), (rows, cols), &candle_core::Device::Cpu).unwrap();
+            let bytes = QTensor::quantize(&w, dtype).unwrap().data().unwrap().to_vec();
+            let q8 = (0..tokens as u64).map(|t| quantize_q8_1(&tests::random(cols, 100 * seed + t))).collect();
+            (rows, blocks, bytes, q8)
+        })
+        .collect()
+}
+
+/// For each aarch64 path this CPU runs: `one(kernel, r, x)` (the one-token path) and `chunk(r,
+/// xs, out)` over chunks of up to [`TOKENS`] of `q8` laid out for that path give `scalar(r, x)`'s
+/// bits for each row in `0..rows` and each token x.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn each_arm_path_gives_the_scalar_bits(
+    q8: &[Vec<Q8Block>],
+    rows: usize,
+    scalar: impl Fn(usize, &[Q8Block]) -> f32,
+    one: impl Fn(super::arm::ArmKernel, usize, &[Q8Block]) -> f32,
+    chunk: impl Fn(usize, &TokenBlocks, &mut [f32]),
+) {
+    let nb = q8[0].len();
+    let paths = super::arm::ArmKernel::available();
+    assert!(!paths.is_empty());
+    for kernel in paths {
+        for r in 0..rows {
+            let want: Vec<u32> = q8.iter().map(|x| scalar(r, x).to_bits()).collect();
+            let alone: Vec<u32> = q8.iter().map(|x| one(kernel, r, x).to_bits()).collect();
+            assert_eq!(alone, want, "{kernel:?} one-token path, row {r} of {nb} blocks");
+            let mut chunked = Vec::new();
+            for c in q8.chunks(TOKENS) {
+                let xs = TokenBlocks::new(c.iter().map(|x| &x[..]).collect(), nb, ChunkKernel::Arm(kernel));
+                let mut out = vec![0f32; c.len()];
+                chunk(r, &xs, &mut out);
+                chunked.extend(out.iter().map(|y| y.to_bits()));
+            }
+            assert_eq!(chunked, want, "{kernel:?} chunks, row {r} of {nb} blocks");
         }
     }
 }

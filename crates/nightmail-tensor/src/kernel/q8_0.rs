@@ -5,8 +5,11 @@
 use candle_core::Tensor;
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
 use super::cpu::has_avx2;
-use super::q8::{ChunkKernel, PAIRS, Q8Block, TokenBlocks, q8_matmul};
+#[cfg(target_arch = "x86_64")]
+use super::q8::PAIRS;
+use super::q8::{ChunkKernel, Q8Block, TokenBlocks, q8_matmul};
 use crate::error::Result;
 
 const QK: usize = 32;
@@ -75,6 +78,10 @@ impl Q8_0Matrix {
             }
             ChunkKernel::Avx2 | ChunkKernel::Scalar => {}
         }
+        #[cfg(target_arch = "aarch64")]
+        if let ChunkKernel::Arm(kernel) = xs.kernel {
+            return super::arm::dispatch!(kernel, token_dots_arm(d, qs, xs, out));
+        }
         out.iter_mut().zip(&xs.tokens).for_each(|(y, x)| *y = dot_scalar(d, qs, x));
     }
 
@@ -91,6 +98,12 @@ impl Q8_0Matrix {
                 // SAFETY: AVX2 and FMA were detected at run time.
                 return unsafe { dot_avx2(d, qs, x) };
             }
+            #[cfg(target_arch = "aarch64")]
+            {
+                let kernel = super::arm::ArmKernel::detect();
+                super::arm::dispatch!(kernel, dot_arm(d, qs, x))
+            }
+            #[cfg(not(target_arch = "aarch64"))]
             dot_scalar(d, qs, x)
         })
     }
@@ -106,6 +119,43 @@ fn dot_scalar(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
         sum += d[b] * x[b].d * acc as f32;
     }
     sum
+}
+
+/// [`dot_scalar`] with each block's integer sum taken in NEON ([`super::arm::block_dot`]): the
+/// same float operations in the same order, so the same bits.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn dot_arm<const SDOT: bool>(d: &[f32], qs: &[[i8; QK]], x: &[Q8Block]) -> f32 {
+    let mut sum = 0f32;
+    for ((d, q), xb) in d.iter().zip(qs).zip(x) {
+        // SAFETY: the caller's proof of dotprod is passed on.
+        let acc = unsafe { super::arm::block_dot::<SDOT>(super::arm::bytes(q), &xb.qs) };
+        sum += d * xb.d * acc as f32;
+    }
+    sum
+}
+
+/// [`dot_arm`] for each token of a chunk, each weight block loaded once for all of them.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn token_dots_arm<const SDOT: bool>(d: &[f32], qs: &[[i8; QK]], xs: &TokenBlocks, out: &mut [f32]) {
+    let n = xs.len();
+    assert!(out.len() == n && xs.qs.len() >= qs.len() * n && xs.d.len() >= qs.len());
+    out.fill(0.0);
+    for (b, (d, q)) in d.iter().zip(qs).enumerate() {
+        let w = super::arm::bytes(q);
+        for (t, y) in out.iter_mut().enumerate() {
+            // SAFETY: the caller's proof of dotprod is passed on.
+            let acc = unsafe { super::arm::block_dot::<SDOT>(w, &xs.qs[b * n + t]) };
+            *y += d * xs.d[b][t] * acc as f32;
+        }
+    }
 }
 
 /// One row (`d`, `qs`) against one token's blocks in `ggml_vec_dot_q8_0_q8_0`'s AVX2 order.
@@ -231,6 +281,24 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (TOKENS, cols), &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
         let q8: Vec<Vec<Q8Block>> = x.iter().map(|x| quantize_q8_1(x)).collect();
         each_chunk_equals_each_token_alone(&q8, rows, |r, x| m.dots::<1>(r, x)[0], |r, xs, o| m.token_dots(r, xs, o));
+    }
+
+    /// Each aarch64 path (NEON, dotprod), one token and chunks, against the scalar reference.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn every_arm_path_gives_the_scalar_references_bits() {
+        use crate::kernel::q8::{arm_cases, each_arm_path_gives_the_scalar_bits};
+        for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q8_0) {
+            let m = Q8_0Matrix::from_ggml(&bytes, rows, blocks * QK);
+            let row = |r: usize| (&m.d[r * blocks..(r + 1) * blocks], &m.qs[r * blocks..(r + 1) * blocks]);
+            each_arm_path_gives_the_scalar_bits(
+                &q8,
+                rows,
+                |r, x| dot_scalar(row(r).0, row(r).1, x),
+                |k, r, x| crate::kernel::arm::dispatch!(k, dot_arm(row(r).0, row(r).1, x)),
+                |r, xs, out| m.token_dots(r, xs, out),
+            );
+        }
     }
 
     #[test]

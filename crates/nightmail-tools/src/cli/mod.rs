@@ -254,7 +254,8 @@ pub enum ModelCommand {
         json: bool,
     },
     /// What a memory budget keeps resident for a model, the bytes each token reads from disk, and
-    /// the time per token and batch size that predicts on this machine (or with --disk-gbps).
+    /// the time per token and batch size that predicts on this machine (or with --disk-gbps and
+    /// --mem-gbps, on another).
     Plan {
         /// A .gguf file or a Hugging Face model directory.
         model: PathBuf,
@@ -263,6 +264,10 @@ pub enum ModelCommand {
         /// The disk's sequential read rate; measured on the model file when absent.
         #[arg(long)]
         disk_gbps: Option<f64>,
+        /// Another machine's memory bandwidth in GB/s (a Mac's: docs/MODELS.md lists them): the
+        /// kernels are taken to read each step's weights at this rate instead of being timed here.
+        #[arg(long)]
+        mem_gbps: Option<f64>,
         /// Tokens of key/value cache to reserve per sequence (the largest --batch has as many caches).
         #[arg(long, default_value_t = nightmail_engine::stream::DEFAULT_KV_TOKENS)]
         kv_tokens: usize,
@@ -511,7 +516,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Plan { model, memory_mb, disk_gbps, kv_tokens, probe_mb, batch, json } => {
+        ModelCommand::Plan { model, memory_mb, disk_gbps, mem_gbps, kv_tokens, probe_mb, batch, json } => {
             let opts = crate::plan::PlanOptions {
                 model,
                 budget: MemoryBudget {
@@ -520,6 +525,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                     ..MemoryBudget::mb(memory_mb)
                 },
                 disk_gbps,
+                mem_gbps,
                 probe_bytes: probe_mb << 20,
                 batches: batch,
             };

@@ -110,12 +110,15 @@ pub(super) fn print_bench(r: &crate::bench::BenchReport) {
         100.0 * r.disk_busy_fraction,
         r.busy_read_gbps
     );
+    let split = if r.rss.split {
+        format!("anonymous {}, file {}", bytes(r.rss.rss_anon_bytes), bytes(r.rss.rss_file_bytes))
+    } else {
+        "no anonymous/file split on this system".into()
+    };
     println!(
-        "memory          RSS {} (peak {}; anonymous {}, file {}), dense weights {}",
+        "memory          RSS {} (peak {}; {split}), dense weights {}",
         bytes(r.rss.rss_bytes),
         bytes(r.rss.rss_peak_bytes),
-        bytes(r.rss.rss_anon_bytes),
-        bytes(r.rss.rss_file_bytes),
         bytes(r.dense_bytes)
     );
     let distinct: Vec<String> = r.distinct_experts.iter().map(|(_, n)| n.to_string()).collect();
@@ -177,10 +180,17 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
         if r.disk_measured { " measured here" } else { " given" }
     );
     for k in std::iter::once(&r.dense_kernel).chain(&r.expert_kernel) {
-        println!(
-            "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
-            k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
-        );
+        if k.measured {
+            println!(
+                "kernel          {} ({}): {:.2} GB/s at batch 1, {:.2} GB/s at batch 8",
+                k.tensor, k.dtype, k.gbps_batch1, k.gbps_batch8
+            );
+        } else {
+            println!(
+                "kernel          {} ({}): not timed here; the given memory bandwidth, {:.2} GB/s, at every batch",
+                k.tensor, k.dtype, k.gbps_batch1
+            );
+        }
     }
     println!("predicted       {:.3} s/token", r.predicted_s_per_token);
     println!("batch  s/step  disk s  compute s  tokens/s");
