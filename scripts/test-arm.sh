@@ -90,5 +90,7 @@ printf '#include <stddef.h>\nvoid abort(void);\n' >"$headers/stdlib.h"
 printf '#define assert(x) ((void)0)\n' >"$headers/assert.h"
 export CC_aarch64_apple_darwin=clang
 export CFLAGS_aarch64_apple_darwin="-ffreestanding -nostdlibinc -I$headers"
+# Warnings are errors here: code that only a Mac compiles is seen by no other check.
+export CARGO_TARGET_AARCH64_APPLE_DARWIN_RUSTFLAGS="-D warnings"
 cargo check --workspace --all-targets --target "$mac"
 cargo check --workspace --all-targets --target "$mac" --features nightmail-engine/metal

@@ -214,12 +214,6 @@ pub fn memory_plan(path: impl AsRef<Path>, budget: MemoryBudget) -> Result<Memor
     MemoryPlan::new(stream::ModelSizes::read(&ck, &spec)?, budget)
 }
 
-#[cfg(all(feature = "metal", target_os = "macos"))]
-/// The Metal device, when this build has the `metal` feature on macOS.
-pub fn metal_available() -> bool {
-    candle_core::Device::new_metal(0).is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
