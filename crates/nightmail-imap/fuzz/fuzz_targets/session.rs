@@ -48,6 +48,23 @@ Content-Type: multipart/mixed; boundary=\"yy\"\r\n\r\n--yy\r\nContent-Type: text
 Content-Transfer-Encoding: 8bit\r\n\r\nnul \0 bare\rcr lf\n8-bit \xe4\xff\x80\r\n--yy\r\n\
 Content-Type: text/plain\r\n\r\nclean\r\n--yy--\r\n";
 
+/// A message holding each of the 256 byte values in a header field and in a binary part (RFC 3516
+/// §4.2 lets BINARY carry any octet; BODY[] of it must still answer or refuse cleanly).
+fn every_byte() -> Vec<u8> {
+    let all: Vec<u8> = (0..=255).collect();
+    let mut raw = b"From: All <all@nightmail.test>\r\nX-All: ".to_vec();
+    raw.extend_from_slice(&all);
+    raw.extend_from_slice(
+        b"\r\nContent-Type: multipart/mixed; boundary=\"bb\"\r\n\r\n--bb\r\n\
+Content-Type: application/octet-stream\r\nContent-Transfer-Encoding: binary\r\n\r\n",
+    );
+    raw.extend_from_slice(&all);
+    raw.extend_from_slice(b"\r\n--bb\r\nContent-Type: text/plain\r\n\r\nclean\r\n--bb--\r\n");
+    raw
+}
+
+static EVERY_BYTE: LazyLock<Vec<u8>> = LazyLock::new(every_byte);
+
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     // mail-parser runs under catch_unwind in the server; a panic it catches is no crash. A panic
     // that ends a session shows up as a failed join below, and aborts there.
@@ -64,8 +81,11 @@ async fn session(data: &[u8]) {
     let dir = tempfile::Builder::new().tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("a temp dir");
     let store = Store::open(dir.path()).expect("a store");
     let inbox = store.create_mailbox("me", "INBOX").await.expect("INBOX");
-    for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME, HOSTILE] {
-        store.append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000), None).await.expect("seed");
+    for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME, HOSTILE, EVERY_BYTE.as_slice()] {
+        store
+            .append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000), None)
+            .await
+            .expect("seed");
     }
     let config = CONFIG_PARSED.clone();
     let auth = Authenticator::new(config.users.clone(), config.auth.clone());
