@@ -5,7 +5,8 @@ Starts `nightmail serve` (BIN, default target/debug/nightmail) on port 0 in a te
 messages of SIZE bytes a round by IMAP APPEND, with FETCH=1 fetches the whole INBOX after each
 round, and prints VmRSS and the anonymous memory (smaps_rollup) 2 s after each round's session
 ends. CACHE_MB sets store.cache_mb; REOPEN=1 restarts the daemon on the same data and fetches
-everything twice; TRIM=1 calls malloc_trim(0) in the daemon through gdb at the end; WRAP prefixes
+everything twice; SESSIONS=K then opens K sessions one after another (LOGIN, SELECT, FETCH
+of everything, LOGOUT); TRIM=1 calls malloc_trim(0) in the daemon through gdb at the end; WRAP prefixes
 the daemon's command (e.g. WRAP="heaptrack -o /tmp/ht": the RSS figures are then left out).
 
     N=100 SIZE=780000 ROUNDS=3 FETCH=0 scripts/memory-probe.py
@@ -92,6 +93,11 @@ for r in range(ROUNDS):
         fetch_all(imap)
     time.sleep(2)
     print(f"round {r + 1} ({(r + 1) * N} messages of {SIZE} B)", rss(p), flush=True)
+for k in range(int(os.environ.get("SESSIONS", "0"))):
+    fetch_all(imap)
+if os.environ.get("SESSIONS"):
+    time.sleep(1)
+    print(f"after {os.environ['SESSIONS']} sessions", rss(p), flush=True)
 if os.environ.get("TRIM") and not WRAP:
     subprocess.run(["gdb", "-p", str(p.pid), "-batch", "-ex", "call (int)malloc_trim(0)"], capture_output=True)
     print("after malloc_trim(0)", rss(p), flush=True)
