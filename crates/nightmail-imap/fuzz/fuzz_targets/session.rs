@@ -1,98 +1,25 @@
-//! One client's whole IMAP session from arbitrary bytes, through the real session code
-//! (`nightmail_imap::serve_stream`) over an in-memory pipe, with a fresh store per input.
-//!
-//! The first byte picks where the session starts: before login, logged in (a `LOGIN` is sent
-//! first), or with INBOX selected; the store holds three messages (one multipart, one with NUL,
-//! bare CR and LF and 8-bit bytes: [`HOSTILE`]) so FETCH, SEARCH, STORE, COPY, MOVE and EXPUNGE
-//! have something to work on. The session must end by itself once
-//! the input ends, without panicking, within [`LIMIT`].
+//! The IMAP session fuzz target: arbitrary bytes as one client's whole session (`../harness.rs`
+//! says how). A session that hangs or panics aborts, which libFuzzer records as a crash.
 
 #![no_main]
 
-use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use nightmail_auth::Authenticator;
-use nightmail_config::Config;
-use nightmail_imap::Shared;
-use nightmail_store::Store;
-use nightmail_types::Timestamp;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// How long one session may take before it counts as hung.
-const LIMIT: Duration = Duration::from_secs(20);
-
-const CONFIG: &str = r#"
-hostname = "nightmail.test"
-[auth]
-failure_delay_ms = 0
-[[user]]
-name = "me"
-address = "me@nightmail.test"
-password = "pw"
-"#;
-
-const MIME: &[u8] = b"From: Ann <ann@nightmail.test>\r\nTo: me@nightmail.test\r\nSubject: =?utf-8?q?h=C3=A9?=\r\n\
-Message-ID: <m@x>\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\nMIME-Version: 1.0\r\n\
-Content-Type: multipart/mixed; boundary=\"zz\"\r\n\r\n--zz\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n\
-hello body\r\n--zz\r\nContent-Type: message/rfc822\r\n\r\nSubject: inner\r\n\r\ninner body\r\n--zz--\r\n";
-
-/// Bytes mail should not hold but a store may (an APPEND literal8, an older build's delivery):
-/// NUL in the header and a body, a bare CR, a bare LF and 8-bit octets, in a multipart message
-/// whose second part is clean. Every FETCH of it must answer (BINARY as a literal8) or refuse
-/// cleanly, never end the session.
-const HOSTILE: &[u8] = b"From: Nul <nul@nightmail.test>\r\nSubject: a\0b \xe4\xff\rc\r\n\
-Content-Type: multipart/mixed; boundary=\"yy\"\r\n\r\n--yy\r\nContent-Type: text/plain; charset=utf-8\r\n\
-Content-Transfer-Encoding: 8bit\r\n\r\nnul \0 bare\rcr lf\n8-bit \xe4\xff\x80\r\n--yy\r\n\
-Content-Type: text/plain\r\n\r\nclean\r\n--yy--\r\n";
+#[path = "../harness.rs"]
+mod harness;
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     // mail-parser runs under catch_unwind in the server; a panic it catches is no crash. A panic
-    // that ends a session shows up as a failed join below, and aborts there.
+    // that ends a session comes back from the harness as an error, and aborts here.
     std::panic::set_hook(Box::new(|info| eprintln!("panic: {info}")));
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
 });
 
-static CONFIG_PARSED: LazyLock<Config> = LazyLock::new(|| Config::parse(CONFIG, None).expect("the fuzz config"));
-
-fuzz_target!(|data: &[u8]| RUNTIME.block_on(session(data)));
-
-async fn session(data: &[u8]) {
-    let Some((&mode, input)) = data.split_first() else { return };
-    let dir = tempfile::Builder::new().tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("a temp dir");
-    let store = Store::open(dir.path()).expect("a store");
-    let inbox = store.create_mailbox("me", "INBOX").await.expect("INBOX");
-    for raw in [&b"Subject: plain\r\n\r\nfirst\r\n"[..], MIME, HOSTILE] {
-        store.append_mail(inbox.id, raw, vec!["\\Seen".into()], Timestamp(1_700_000_000_000), None).await.expect("seed");
+fuzz_target!(|data: &[u8]| {
+    if let Err(e) = RUNTIME.block_on(harness::session(data)) {
+        eprintln!("{e}");
+        std::process::abort();
     }
-    let config = CONFIG_PARSED.clone();
-    let auth = Authenticator::new(config.users.clone(), config.auth.clone());
-    let shared = Arc::new(Shared { config: Arc::new(config), store, auth, tls: None });
-    let (client, server) = tokio::io::duplex(64 * 1024);
-    let (_stop, stop) = tokio::sync::watch::channel(false);
-    let addr: SocketAddr = "127.0.0.1:1143".parse().expect("an address");
-    let served = tokio::spawn(nightmail_imap::serve_stream(server, addr, addr, shared, stop));
-    let (mut from_server, mut to_server) = tokio::io::split(client);
-    let drain = tokio::spawn(async move {
-        let mut sink = [0u8; 16 * 1024];
-        while matches!(from_server.read(&mut sink).await, Ok(n) if n > 0) {}
-    });
-    let prelude: &[u8] = match mode % 3 {
-        0 => b"",
-        1 => b"a LOGIN me pw\r\n",
-        _ => b"a LOGIN me pw\r\nb SELECT INBOX\r\n",
-    };
-    // A session that has closed stops reading; what it did not read is simply not sent.
-    let _ = to_server.write_all(prelude).await;
-    let _ = to_server.write_all(input).await;
-    let _ = to_server.shutdown().await;
-    drop(to_server);
-    match tokio::time::timeout(LIMIT, served).await {
-        Err(_) => panic!("the session did not end within {LIMIT:?} of its input ending"),
-        Ok(Err(e)) if e.is_panic() => std::process::abort(),
-        Ok(_) => {}
-    }
-    let _ = drain.await;
-}
+});
