@@ -12,7 +12,7 @@ use mail_builder::headers::HeaderType;
 use mail_builder::headers::address::Address as MbAddress;
 use mail_builder::headers::text::Text;
 
-use crate::Address;
+use crate::address::Address;
 
 /// One line of text, safe to write as a header field body: no control character (CR, LF, NUL,
 /// TAB, DEL, the C1 set) and no Unicode line or paragraph separator.
