@@ -12,7 +12,7 @@
 
 use candle_core::Tensor;
 
-use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::matvec::{activations, has_avx2_f16c, row_groups_by_tokens};
 use super::q8::{Q8Block, quantize_q8_1};
 use crate::error::Result;
 
@@ -50,72 +50,117 @@ pub(crate) fn dot_scalar(levels: &[i8; 16], row: &[u8], x: &[Q8Block]) -> f32 {
     acc
 }
 
-/// `row` against `N` tokens, each block's nibbles looked up once.
+/// One tile (`TILE_ROWS` rows of `row_bytes` each, consecutive in `tile`) against `N` tokens:
+/// `[token][row]`. Each row keeps its own chain of `fma(dot, d_w · d_x, acc)` in its own lane, as
+/// llama.cpp's 8-row gemv does, so a lane's result is the scalar chain's bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_avx2<const N: usize>(levels: &[i8; 16], row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
+unsafe fn tile_dots_avx2<const N: usize>(
+    levels: &[i8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+) -> [[f32; TILE_ROWS]; N] {
     use std::arch::x86_64::*;
     // SAFETY: a 16-byte load of the 16 levels.
     let lut = unsafe { _mm_loadu_si128(levels.as_ptr().cast()) };
     let m4 = _mm_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [0f32; N];
-    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-        // SAFETY: a 16-byte load inside the 18-byte block.
-        let bits = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
-        let w = _mm256_set_m128i(
-            _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
-            _mm_shuffle_epi8(lut, _mm_and_si128(bits, m4)),
-        );
-        let abs_w = _mm256_sign_epi8(w, w);
-        let dw = scale(block);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..row_bytes / BLOCK_BYTES {
+        let block = |i: usize| &tile[i * row_bytes + b * BLOCK_BYTES..i * row_bytes + (b + 1) * BLOCK_BYTES];
+        // The tile's 8 weights as signed bytes and their magnitudes, one pair per row.
+        let w: [(__m256i, __m256i); TILE_ROWS] = std::array::from_fn(|i| {
+            // SAFETY: a 16-byte load inside the 18-byte block.
+            let bits = unsafe { _mm_loadu_si128(block(i).as_ptr().add(2).cast()) };
+            let w = _mm256_set_m128i(
+                _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+                _mm_shuffle_epi8(lut, _mm_and_si128(bits, m4)),
+            );
+            (w, _mm256_sign_epi8(w, w))
+        });
+        let h = |i: usize| u16::from_le_bytes([block(i)[0], block(i)[1]]) as i16;
+        // f16 to f32 is exact, as `scale` is.
+        let dw = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
         for (acc, x) in acc.iter_mut().zip(&xs) {
             let xb = &x[b];
             // SAFETY: a 32-byte load inside `qs`.
             let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-            // |w| · (x with w's sign): exact integer products, summed exactly.
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(q8, w)), ones);
-            let s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            let dot = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-            *acc = (dot as f32).mul_add(dw * xb.d, *acc);
+            // |w| · (x with w's sign): exact integer products in 8 partial sums per row.
+            let p = w.map(|(w, abs_w)| _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(q8, w)), ones));
+            // Each row's 8 partial sums to one lane (integer sums: exact in any order).
+            let s0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let s4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            let dots = _mm256_add_epi32(
+                _mm256_permute2x128_si256(s0123, s4567, 0x20),
+                _mm256_permute2x128_si256(s0123, s4567, 0x31),
+            );
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), d, *acc);
         }
     }
-    acc
+    acc.map(|a| {
+        let mut out = [0f32; TILE_ROWS];
+        // SAFETY: an 8-float store into an 8-float array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn dots_avx2<const N: usize>(levels: &[i8; 16], row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
-    xs.map(|x| dot_scalar(levels, row, x))
+unsafe fn tile_dots_avx2<const N: usize>(
+    levels: &[i8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+) -> [[f32; TILE_ROWS]; N] {
+    xs.map(|x| std::array::from_fn(|i| dot_scalar(levels, &tile[i * row_bytes..(i + 1) * row_bytes], x)))
 }
 
-/// Tokens one lookup of a block's nibbles serves.
+/// Tokens one unpacking of a tile's nibbles serves.
 const TOKENS: usize = 4;
 
-/// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks),
-/// activations quantized as ggml's x86 `quantize_row_q8_0` does.
+/// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks,
+/// `rows` a multiple of [`TILE_ROWS`]), activations quantized as ggml's x86 `quantize_row_q8_0`
+/// does.
 pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
+    assert!(rows.is_multiple_of(TILE_ROWS), "{rows} rows: not whole tiles of {TILE_ROWS}");
     let tokens = x.dim(0)?;
     let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
     let row_bytes = cols / QK * BLOCK_BYTES;
     let avx2 = has_avx2_f16c();
-    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
-        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+    row_groups_by_tokens(rows, tokens, rows * cols * tokens, TILE_ROWS, |r, out| {
+        // `out` is `[row][token]` for the tile's rows.
+        let tile = &bytes[r * row_bytes..(r + TILE_ROWS) * row_bytes];
         if !avx2 {
-            out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(levels, row, &q8[t]));
+            for (i, ys) in out.chunks_exact_mut(tokens).enumerate() {
+                let row = &tile[i * row_bytes..(i + 1) * row_bytes];
+                ys.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(levels, row, &q8[t]));
+            }
             return;
         }
-        for (c, out) in out.chunks_mut(TOKENS).enumerate() {
-            let x = |i: usize| &q8[c * TOKENS + i][..];
+        for c in (0..tokens).step_by(TOKENS) {
+            let x = |i: usize| &q8[c + i][..];
             // SAFETY: AVX2, FMA and F16C were detected at run time.
-            match out.len() {
-                1 => out[0] = unsafe { dots_avx2::<1>(levels, row, [x(0)]) }[0],
-                2 => out.copy_from_slice(&unsafe { dots_avx2::<2>(levels, row, [x(0), x(1)]) }),
-                3 => out.copy_from_slice(&unsafe { dots_avx2::<3>(levels, row, [x(0), x(1), x(2)]) }),
-                _ => out.copy_from_slice(&unsafe { dots_avx2::<4>(levels, row, [x(0), x(1), x(2), x(3)]) }),
+            match (tokens - c).min(TOKENS) {
+                1 => put(out, tokens, c, &unsafe { tile_dots_avx2::<1>(levels, tile, row_bytes, [x(0)]) }),
+                2 => put(out, tokens, c, &unsafe { tile_dots_avx2::<2>(levels, tile, row_bytes, [x(0), x(1)]) }),
+                3 => put(out, tokens, c, &unsafe { tile_dots_avx2::<3>(levels, tile, row_bytes, [x(0), x(1), x(2)]) }),
+                _ => put(out, tokens, c, &unsafe {
+                    tile_dots_avx2::<4>(levels, tile, row_bytes, [x(0), x(1), x(2), x(3)])
+                }),
             }
         }
     })
+}
+
+/// Tokens `c..` of a tile's results (`[token][row]`) into `out` (`[row][token]`).
+fn put(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; TILE_ROWS]]) {
+    for (t, ys) in got.iter().enumerate() {
+        for (i, &y) in ys.iter().enumerate() {
+            out[i * tokens + c + t] = y;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -125,17 +170,20 @@ mod tests {
 
     #[test]
     fn every_token_of_a_multi_token_call_equals_the_scalar_chain_bit_for_bit() {
-        let (rows, cols, tokens) = (16, 7 * QK, 6);
+        let (rows, cols) = (16, 7 * QK);
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * 7, 8);
-        let xs = super::super::q8::tests::random(tokens * cols, 4);
-        let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();
-        for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {
-            let got = matmul(levels, &bytes, rows, cols, &x).unwrap().to_vec2::<f32>().unwrap();
-            for t in 0..tokens {
-                let q8 = quantize_q8_1(&xs[t * cols..(t + 1) * cols]);
-                for r in 0..rows {
-                    let want = dot_scalar(levels, &bytes[r * 7 * BLOCK_BYTES..(r + 1) * 7 * BLOCK_BYTES], &q8);
-                    assert_eq!(got[t][r].to_bits(), want.to_bits(), "token {t} row {r}");
+        // One token, a part chunk, and a whole chunk with a part one.
+        for tokens in [1, 3, 6] {
+            let xs = super::super::q8::tests::random(tokens * cols, 4);
+            let x = Tensor::from_vec(xs.clone(), (tokens, cols), &Device::Cpu).unwrap();
+            for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {
+                let got = matmul(levels, &bytes, rows, cols, &x).unwrap().to_vec2::<f32>().unwrap();
+                for t in 0..tokens {
+                    let q8 = quantize_q8_1(&xs[t * cols..(t + 1) * cols]);
+                    for r in 0..rows {
+                        let want = dot_scalar(levels, &bytes[r * 7 * BLOCK_BYTES..(r + 1) * 7 * BLOCK_BYTES], &q8);
+                        assert_eq!(got[t][r].to_bits(), want.to_bits(), "token {t} row {r}");
+                    }
                 }
             }
         }
