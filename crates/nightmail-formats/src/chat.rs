@@ -125,6 +125,13 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Kimi K3's own prompt format, for K3 files that carry no template: the template Moonshot
+    /// ships with K3 (system and user turns, reasoning, tool declarations, calls and results), as
+    /// llama.cpp keeps it in `models/templates/Kimi-K3.jinja`, byte for byte.
+    pub fn kimi_k3() -> Self {
+        ChatTemplate::new(include_str!("chat/kimi_k3.jinja"))
+    }
+
     pub fn from_gguf(g: &GgufFile) -> Option<Self> {
         g.string("tokenizer.chat_template").map(ChatTemplate::new)
     }
