@@ -1,6 +1,7 @@
 //! Chat prompts through the model's own Jinja template (the Hugging Face chat-template convention:
 //! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`; Jinja with trim_blocks and
-//! lstrip_blocks), rendered by minijinja with Python-compatible string methods.
+//! lstrip_blocks), rendered by minijinja with Python-compatible string methods, set up to give the
+//! text transformers' `apply_chat_template` gives (tests/chat_templates.rs checks each family's).
 
 use std::path::Path;
 
