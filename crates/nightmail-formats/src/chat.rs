@@ -191,8 +191,26 @@ impl ChatTemplate {
         ];
         vars.extend(options.kwargs.iter().map(|(k, v)| (k.clone(), Value::from(Serde(v)))));
         let ctx = map(vars.iter().map(|(k, v)| (k.as_str(), v.clone())).collect());
-        env.render_str(&self.source, ctx).map_err(|e| FormatError::ChatTemplate(e.to_string()))
+        env.render_str(&without_generation_tags(&self.source), ctx)
+            .map_err(|e| FormatError::ChatTemplate(e.to_string()))
     }
+}
+
+/// transformers' `{% generation %}...{% endgeneration %}` (its AssistantTracker extension) marks
+/// the assistant's span and renders its body unchanged; minijinja has no such tag, so each becomes
+/// an `if true` block with the same whitespace control, which renders the same.
+fn without_generation_tags(source: &str) -> std::borrow::Cow<'_, str> {
+    static TAG: std::sync::OnceLock<fancy_regex::Regex> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| {
+        fancy_regex::Regex::new(r"\{%([-+]?)\s*(end)?generation\s*([-+]?)%\}").expect("a valid pattern")
+    });
+    tag.replace_all(source, |c: &fancy_regex::Captures| {
+        let (open, close) = (&c[1], &c[3]);
+        match c.get(2) {
+            Some(_) => format!("{{%{open} endif {close}%}}"),
+            None => format!("{{%{open} if true {close}%}}"),
+        }
+    })
 }
 
 /// The message as transformers hands it to the template, keys in the order of the OpenAI message
@@ -515,6 +533,14 @@ mod tests {
         .render_with(&[m], &RenderOptions::default())
         .unwrap();
         assert_eq!(out, r#"think|think|c1 f {"z": 1, "a": 2}|True"#);
+    }
+
+    #[test]
+    fn a_generation_block_renders_its_body() {
+        let t = ChatTemplate::new(
+            "a\n  {%- generation -%}\n  b {% generation %}c{% endgeneration %}\n  {%- endgeneration %}\nd",
+        );
+        assert_eq!(t.render(&[], false, "", "").unwrap(), "ab cd");
     }
 
     #[test]

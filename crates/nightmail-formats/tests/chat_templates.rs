@@ -315,6 +315,8 @@ family!(
     ]
 );
 family!(mixtral, "<s>", "</s>", ["mistralai-Mistral-Nemo-Instruct-2407.jinja"]);
+// Not families nightmail runs: templates with transformers' `{% generation %}` block.
+family!(generation_blocks, "<s>", "</s>", ["LFM2.5-8B-A1B.jinja", "poolside-Laguna-XS.2.jinja"]);
 
 /// The demo model's own template, read from its GGUF (scripts/fetch-model.sh fetches it).
 #[test]
