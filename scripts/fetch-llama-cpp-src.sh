@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fetch llama.cpp's tokenizer test files (models/ggml-vocab-*.gguf with their .inp/.out cases,
-# MIT) from the llama-cpp-python 0.3.36 sdist on PyPI, checked by sha256, into target/llama-cpp-src/.
-# The tokenizer tests read them through NIGHTMAIL_LLAMA_CPP_SRC (scripts/test.sh sets it).
+# MIT) and its copies of models' chat templates (models/templates/*.jinja) from the
+# llama-cpp-python 0.3.36 sdist on PyPI, checked by sha256, into target/llama-cpp-src/.
+# The tokenizer and chat-template tests read them through NIGHTMAIL_LLAMA_CPP_SRC (scripts/test.sh
+# sets it).
 # Usage: scripts/fetch-llama-cpp-src.sh   Prints the llama.cpp directory on its last line; does
 # nothing when it is already there.
 set -euo pipefail
@@ -13,7 +15,8 @@ SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dest="$root/target/llama-cpp-src"
 src="$dest/llama_cpp_python-$VERSION/vendor/llama.cpp"
-if [[ -f "$src/.complete" ]]; then
+# .complete marks an unpacking; one from before the templates were unpacked too is done again.
+if [[ -f "$src/.complete" && -d "$src/models/templates" ]]; then
     echo "$src"
     exit 0
 fi
@@ -32,12 +35,17 @@ fi
 mkdir -p "$tmp/x"
 tar -xzf "$sdist" -C "$tmp/x" --wildcards \
     "llama_cpp_python-$VERSION/vendor/llama.cpp/models/ggml-vocab-*" \
+    "llama_cpp_python-$VERSION/vendor/llama.cpp/models/templates/*" \
     "llama_cpp_python-$VERSION/vendor/llama.cpp/LICENSE"
 touch "$tmp/x/llama_cpp_python-$VERSION/vendor/llama.cpp/.complete"
 mkdir -p "$dest"
 rm -rf "$dest/llama_cpp_python-$VERSION.part.$$"
 mv "$tmp/x/llama_cpp_python-$VERSION" "$dest/llama_cpp_python-$VERSION.part.$$"
-# Another run may have finished first; either copy is the same.
+# An unpacking without the templates gives way; another run may have finished first, and either
+# copy is the same.
+if [[ ! -d "$src/models/templates" ]]; then
+    rm -rf "$dest/llama_cpp_python-$VERSION"
+fi
 mv -T "$dest/llama_cpp_python-$VERSION.part.$$" "$dest/llama_cpp_python-$VERSION" 2>/dev/null \
     || rm -rf "$dest/llama_cpp_python-$VERSION.part.$$"
 echo "$src"

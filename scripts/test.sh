@@ -71,6 +71,13 @@ if ! python3 -c 'import gguf' 2>/dev/null; then
     || python3 -m pip install --quiet --break-system-packages 'gguf==0.19.0'
 fi
 
+# transformers (PyPI; its chat-template renderer needs no torch), which
+# crates/nightmail-formats/tests/chat_templates.rs renders models' templates with to compare.
+if ! python3 -c 'import transformers.utils.chat_template_utils' 2>/dev/null; then
+  python3 -m pip install --quiet 'transformers==5.24.0' \
+    || python3 -m pip install --quiet --break-system-packages 'transformers==5.24.0'
+fi
+
 # aiosmtpd (PyPI), the scripted receiving smarthost of tests/relay.rs, for the same python3 (the
 # virtual environment above when there is one; else the system's, which may need PEP 668's flag).
 if ! python3 -c 'import aiosmtpd' 2>/dev/null; then

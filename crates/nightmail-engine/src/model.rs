@@ -102,6 +102,9 @@ impl Model {
             ModelFile::Gguf(g) => (TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
             ModelFile::Hf(h) => (TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
         };
+        // A K3 file without a template still has K3's own prompt format.
+        let chat_template = chat_template
+            .or_else(|| (spec.architecture == nightmail_model::Architecture::KimiK3).then(ChatTemplate::kimi_k3));
         Ok(Model {
             path: path.to_path_buf(),
             format: ck.format(),

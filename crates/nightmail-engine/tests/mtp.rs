@@ -38,11 +38,12 @@ fn mtp_reference(fixture: &str) -> MtpReference {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Each fixture's safetensors directory and GGUF, with the fixture's name (llama.cpp's qwen3next
-/// converter drops the MTP layer, so that GGUF has none: see the refusal test).
+/// Each fixture's safetensors directory and GGUF, with the fixture's name (the GGUFs keep the
+/// layer as blk.N.nextn.*, as llama.cpp's converters do: conversion/qwen.py's _QwenMtpMixin for
+/// qwen3next).
 fn files() -> Vec<(&'static str, PathBuf)> {
     let mut files: Vec<_> = FIXTURES.iter().map(|f| (*f, common::fixture(f))).collect();
-    files.extend(FIXTURES[..2].iter().map(|f| (*f, common::fixture(f).join("model.gguf"))));
+    files.extend(FIXTURES.iter().map(|f| (*f, common::fixture(f).join("model.gguf"))));
     files
 }
 
@@ -157,7 +158,7 @@ fn mtp_drafting_on_a_model_without_the_layer_is_refused_naming_the_model_and_the
         (common::fixture("llama"), "`num_nextn_predict_layers`"),
         (common::fixture("llama").join("model.gguf"), "`llama.nextn_predict_layers`"),
         (common::fixture("deepseek_v3").join("model.gguf"), "`deepseek2.nextn_predict_layers`"),
-        (common::fixture("qwen3_next_mtp").join("model.gguf"), "`qwen3next.nextn_predict_layers`"),
+        (common::fixture("qwen3_next").join("model.gguf"), "`qwen3next.nextn_predict_layers`"),
     ] {
         let err = Model::load(&path).unwrap().attach_mtp().unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()) && err.contains(key), "{err}");
@@ -262,13 +263,18 @@ fn inspect_counts_the_mtp_layer_apart_from_the_model() {
         assert_eq!((m.expert_bytes, m.parameters * 4), (experts, m.bytes), "{fixture}");
         assert!(experts > 0, "{fixture}");
     }
-    // The GGUF: the same model, and the MTP layer without the copies (llama.cpp shares them).
-    for fixture in &FIXTURES[..2] {
+    // The GGUF: the same model, and the MTP layer without the copies (llama.cpp shares them;
+    // Qwen3-Next's checkpoint holds none).
+    for fixture in FIXTURES {
         let (hf, gguf) = (common::fixture(fixture), common::fixture(fixture).join("model.gguf"));
         let (a, b) = (nightmail_tools::inspect(&hf).unwrap(), nightmail_tools::inspect(&gguf).unwrap());
         assert_eq!((b.parameters, b.dense_bytes, b.expert_bytes), (a.parameters, a.dense_bytes, a.expert_bytes));
         let (ma, mb) = (a.mtp.unwrap(), b.mtp.unwrap());
-        let copies = 2 * (a.spec.vocab_size * a.spec.hidden_size) as u64;
+        let copies = safetensors_bytes(&hf.join("mtp.safetensors"))
+            .iter()
+            .filter(|(n, _)| n.ends_with("embed_tokens.weight") || n.ends_with("shared_head.head.weight"))
+            .map(|(_, b)| b / 4)
+            .sum::<u64>();
         assert_eq!((mb.parameters, mb.expert_bytes), (ma.parameters - copies, ma.expert_bytes), "{fixture}");
     }
     assert!(nightmail_tools::inspect(&common::fixture("deepseek_v3")).unwrap().mtp.is_none());

@@ -15,7 +15,7 @@ pub mod mxfp4_pair;
 mod names;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, RenderOptions, ToolArguments, ToolCall};
 pub use error::{FormatError, Result};
 pub use gguf::{GgufFile, STRIPE_PARTS, value_as_u64 as gguf_value_as_u64};
 pub use hf::HfDir;

@@ -57,8 +57,9 @@ fn as_stored(hf: &ModelSpec, gguf: &mut ModelSpec) {
     // The key a format counts its MTP layers under.
     gguf.mtp_key.clone_from(&hf.mtp_key);
     // config.json names the MTP layers its config declares (DeepseekV3Config says 1 whether or
-    // not the checkpoint holds one); a GGUF counts the blocks it holds: llama.cpp's qwen3next and
-    // DeepSeek-V2 converters drop the layer, GLM-4.5's writes a NextN block in any case.
+    // not the checkpoint holds one); a GGUF counts the blocks it holds: llama.cpp's DeepSeek-V2
+    // converter drops the layer (qwen3next's did before conversion/qwen.py's _QwenMtpMixin),
+    // GLM-4.5's writes a NextN block in any case.
     let dropped = matches!(a, Architecture::Qwen3Next | Architecture::DeepseekV3) && gguf.mtp_layers == 0;
     let added = a == Architecture::Glm4Moe && (hf.mtp_layers, gguf.mtp_layers) == (0, 1);
     if dropped || added {
