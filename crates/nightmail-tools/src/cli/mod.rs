@@ -16,7 +16,9 @@ use error::Doing;
 pub use error::{CommandError, Result};
 use generate::generate;
 use inspect::inspect;
-use print::{bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_verify_bench};
+use print::{
+    bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_prefill_bench, print_verify_bench,
+};
 use tokenize::tokenize;
 
 #[derive(Subcommand)]
@@ -223,6 +225,13 @@ pub enum ModelCommand {
         /// With --verify: rounds that take the widths in turn.
         #[arg(long, default_value_t = 2)]
         rounds: usize,
+        /// Instead: prefill this many seeded prompt tokens streamed, in passes as wide as the
+        /// memory budget allows, against the I/O floor and the same prefill with the model in RAM.
+        #[arg(long, conflicts_with_all = ["batch", "verify"])]
+        prefill: Option<usize>,
+        /// With --prefill: this many prompt tokens per pass instead (e.g. 32, a fixed chunk).
+        #[arg(long, requires = "prefill")]
+        prefill_chunk: Option<usize>,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -449,6 +458,8 @@ pub fn run(command: ModelCommand) -> Result<()> {
             verify,
             acceptance,
             rounds,
+            prefill,
+            prefill_chunk,
             json,
             timeline,
         } => {
@@ -474,6 +485,15 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 greedy,
                 timeline,
             };
+            if let Some(tokens) = prefill {
+                let r = crate::bench::bench_prefill(&opts, tokens, prefill_chunk)?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print_prefill_bench(&r);
+                }
+                return Ok(());
+            }
             if !verify.is_empty() {
                 let r = crate::bench::bench_verify(&opts, &verify, &acceptance, rounds)?;
                 if json {
