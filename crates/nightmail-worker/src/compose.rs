@@ -547,7 +547,7 @@ mod tests {
     #[test]
     fn the_prefill_time_is_stated_in_a_header_and_the_footer_when_known() {
         let kimi_address = Address::parse("kimi@n.local").unwrap();
-        let stats = |prefill_ms: Option<u64>| {
+        let stats = |prefill_ms: Option<u32>| {
             let outcome = BackendAnswer {
                 content: "Yes.".into(),
                 prompt_tokens: Some(2000),

@@ -366,7 +366,7 @@ impl<'m> Running<'m> {
         outcome.output_tokens = generated - reasoning;
         outcome.prompt_tokens = Some(self.stream.prompt_tokens().len() as u64);
         outcome.prefilled_tokens = Some(self.stream.prefilled_tokens() as u64);
-        outcome.prefill_ms = Some(self.stream.prefill_time().as_millis() as u64);
+        outcome.prefill_ms = Some(u32::try_from(self.stream.prefill_time().as_millis()).unwrap_or(u32::MAX));
         outcome.finish_reason = match self.stream.stop_reason() {
             Some(StopReason::Eos | StopReason::StopString) => "stop",
             Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",
