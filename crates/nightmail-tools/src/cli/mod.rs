@@ -286,6 +286,9 @@ pub enum ModelCommand {
         /// Batch sizes to predict a step for.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         batch: Vec<usize>,
+        /// Also predict the prefill of a prompt of this many tokens.
+        #[arg(long)]
+        prompt_tokens: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -536,7 +539,17 @@ pub fn run(command: ModelCommand) -> Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Plan { model, memory_mb, disk_gbps, mem_gbps, kv_tokens, probe_mb, batch, json } => {
+        ModelCommand::Plan {
+            model,
+            memory_mb,
+            disk_gbps,
+            mem_gbps,
+            kv_tokens,
+            probe_mb,
+            batch,
+            prompt_tokens,
+            json,
+        } => {
             let opts = crate::plan::PlanOptions {
                 model,
                 budget: MemoryBudget {
@@ -548,6 +561,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 mem_gbps,
                 probe_bytes: probe_mb << 20,
                 batches: batch,
+                prompt_tokens,
             };
             let r = crate::plan::plan(&opts)?;
             if json {

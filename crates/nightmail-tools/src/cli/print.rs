@@ -224,6 +224,18 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
         Some(b) => println!("the disk stops being the limit at batch {b}"),
         None => println!("the disk stays the limit up to batch 256"),
     }
+    if let Some(p) = &r.prefill {
+        println!(
+            "prefill         {} prompt tokens in {} passes of {}: predicted {:.3} s (disk {:.3} s for {}, compute {:.3} s)",
+            p.prompt_tokens,
+            p.passes,
+            p.tokens_per_pass,
+            p.predicted_prefill_s,
+            p.disk_s,
+            bytes(p.disk_bytes as u64),
+            p.compute_s
+        );
+    }
 }
 
 pub(super) fn print_kernel_bench(r: &crate::kernel_bench::KernelBenchReport) {
