@@ -155,20 +155,29 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
         let s = step(b);
         s.compute_s_per_step >= s.disk_s_per_step
     });
-    // A pass of c prompt tokens is a step of c rows: the union of their routes read once.
+    // A pass of c prompt tokens is a step of c rows, but for its cache hits: passes sweep every
+    // layer's union in order through a cache smaller than the bank, so LRU has evicted each
+    // expert before the next pass asks for it again (`model bench --prefill` measures the
+    // bank read once per pass).
     let prefill = opts.prompt_tokens.filter(|&n| n > 0).map(|n| {
         let width = nightmail_engine::prefill_tokens_per_pass(&spec, Some(&plan), n);
         let (full, rest) = (n / width, n % width);
-        let passes: Vec<PredictedStep> =
-            std::iter::repeat_n(width, full).chain((rest > 0).then_some(rest)).map(step).collect();
+        let widths: Vec<usize> = std::iter::repeat_n(width, full).chain((rest > 0).then_some(rest)).collect();
+        let disk = |w: usize| {
+            let experts = if plan.experts_resident { 0.0 } else { plan.expert_bytes_per_step(w) };
+            plan.dense_disk_bytes_per_token as f64 + experts
+        };
+        let disk_bytes: f64 = widths.iter().map(|&w| disk(w)).sum();
+        let compute_s: f64 = widths.iter().map(|&w| step(w).compute_s_per_step).sum();
+        let disk_s = disk_bytes / bw;
         PredictedPrefill {
             prompt_tokens: n,
             tokens_per_pass: width,
-            passes: passes.len(),
-            disk_bytes: passes.iter().map(|p| p.disk_bytes_per_step).sum(),
-            disk_s: passes.iter().map(|p| p.disk_s_per_step).sum(),
-            compute_s: passes.iter().map(|p| p.compute_s_per_step).sum(),
-            predicted_prefill_s: passes.iter().map(|p| p.s_per_step).sum(),
+            passes: widths.len(),
+            disk_bytes,
+            disk_s,
+            compute_s,
+            predicted_prefill_s: widths.iter().map(|&w| (disk(w) / bw).max(step(w).compute_s_per_step)).sum(),
         }
     });
     Ok(PlanReport {
