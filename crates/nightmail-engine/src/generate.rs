@@ -580,6 +580,12 @@ impl TokenStream<'_> {
         states.save(&run, self.prompt_tokens.len(), &self.cache)
     }
 
+    /// Time from the stream's start to the end of its prompt's prefill (or of its restore); zero
+    /// while the prompt is still running.
+    pub fn prefill_time(&self) -> Duration {
+        self.prefill
+    }
+
     /// Prompt tokens this stream ran through the model; the rest were restored.
     pub fn prefilled_tokens(&self) -> usize {
         self.prompt_tokens.len() - self.restored_prompt

@@ -17,6 +17,7 @@ mod generate;
 mod journal;
 mod model;
 mod pass_costs;
+mod prefill;
 mod reasoning;
 mod request;
 mod sampling;
@@ -38,6 +39,7 @@ pub use nightmail_model::{
 };
 pub use nightmail_tensor::TensorError;
 pub use pass_costs::{CostLine, PassCosts};
+pub use prefill::{MAX_PREFILL_TOKENS, activation_bytes_per_token, prefill_tokens_per_pass};
 pub use reasoning::{SplitReply, split_reasoning};
 pub use request::{Completion, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 pub use sampling::{Sampling, argmax};

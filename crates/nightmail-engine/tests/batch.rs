@@ -232,3 +232,56 @@ fn a_prompt_prefilled_in_one_chunk_matches_the_plain_stream() {
     }
     assert_eq!(stepped, plain);
 }
+
+/// A fixture's 60-token prompt run token by token, in passes of 7, in one pass, and in the passes
+/// the model's memory sizing picks: the next-token logits agree within `tolerance`, and the
+/// answer drawn through [`Model::step`] at that width has the tokens of the token-by-token one.
+fn prefill_width_does_not_change_the_result(fixture: &str, least_budget: bool, tolerance: f32) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);
+    // The least budget the model runs in: its experts stream through the smallest cache.
+    let memory = least_budget.then(|| {
+        let bytes = nightmail_engine::memory_plan(&path, MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
+        MemoryBudget { bytes, ..MemoryBudget::mb(0) }
+    });
+    let model = Model::load_with(&path, &LoadOptions { stream: None, memory }).unwrap();
+    assert_eq!(model.streaming().is_some(), least_budget, "{fixture}: experts streamed");
+    let prompt: Vec<u32> = (0..60).map(|i| (i * 37 + 11) % 256).collect();
+    let sized = model.prefill_chunk(prompt.len());
+    let logits = |chunk: usize| model.prefill(&prompt, &mut model.new_cache(), chunk).unwrap();
+    let one_by_one = logits(1);
+    for chunk in [7, prompt.len(), sized] {
+        let worst = logits(chunk).iter().zip(&one_by_one).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst < tolerance, "{fixture}: passes of {chunk} differ from token by token by {worst:e}");
+    }
+    let answer = |chunk: usize| {
+        let mut s = model.stream_deferred(request(prompt.clone(), 6, Sampling::greedy()), None).unwrap();
+        let mut ids = Vec::new();
+        while s.stop_reason().is_none() {
+            ids.extend(model.step(&mut [&mut s], chunk).unwrap().into_iter().flatten().map(|e| e.id));
+        }
+        ids
+    };
+    assert_eq!(answer(sized), answer(1), "{fixture}: the answer after a prefill in passes of {sized}");
+}
+
+#[test]
+fn a_moe_prompt_prefilled_in_budget_sized_passes_matches_token_by_token() {
+    // qwen3_moe under a budget that streams its experts: each pass groups its tokens by expert
+    // (`MoeBlock::forward_routed`). F32 gemm rounds by row count: 1e-5, as the batch tests.
+    prefill_width_does_not_change_the_result("qwen3_moe", true, 1e-5);
+}
+
+#[test]
+fn a_sliding_window_prompt_prefilled_in_wide_passes_matches_token_by_token() {
+    // gpt_oss: a pass of 60 rows masks each row to its own window of 5 and its sinks.
+    prefill_width_does_not_change_the_result("gpt_oss", false, 1e-5);
+}
+
+#[test]
+fn recurrent_prompts_prefilled_in_wide_passes_match_token_by_token() {
+    // KDA (kimi_k3) and Gated DeltaNet (qwen3_next): a pass runs the delta rule over its chunk
+    // from the state the last pass left; the fixtures' sharpened routers amplify rounding, hence
+    // their 1e-4 (as the batch tests).
+    prefill_width_does_not_change_the_result("kimi_k3", false, 1e-4);
+    prefill_width_does_not_change_the_result("qwen3_next", false, 1e-4);
+}

@@ -312,6 +312,7 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
             mem_gbps: None,
             probe_bytes: 0,
             batches: vec![1],
+            prompt_tokens: None,
         };
         let plan = nightmail_tools::plan(&opts).unwrap().plan;
         assert!(plan.mtp_bytes == dense, "{name}: {plan:?}");

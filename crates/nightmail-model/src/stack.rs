@@ -257,10 +257,11 @@ impl Transformer {
         Ok(())
     }
 
-    /// Verify passes' rows (`(first row, rows)` of `h`, the post-attention state at MoE layer
-    /// `l`): guess layer l+1's experts for each row with its router, as [`Transformer::look_ahead`]
-    /// does for a decode step, and prefetch the union, so that a verify pass's expert reads
-    /// overlap its compute as a decode step's do. (Recall is scored on decode steps only.)
+    /// Verify passes' and prefills' rows (`(first row, rows)` of `h`, the post-attention state at
+    /// MoE layer `l`): guess layer l+1's experts for each row with its router, as
+    /// [`Transformer::look_ahead`] does for a decode step, and prefetch the union, so that a wide
+    /// pass's expert reads overlap its compute as a decode step's do. (Recall is scored on decode
+    /// steps only.)
     fn look_ahead_rows(&self, l: usize, h: &Tensor, rows: &[(usize, usize)]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
@@ -404,14 +405,15 @@ impl Transformer {
                         None => moe.router.route(&n)?,
                     };
                     moe.announce(&routes);
-                    // Decoding sequences and verify passes guess their next layer's experts
-                    // (prefills do not).
+                    // Every row guesses its next layer's experts: a decoding sequence's, and a
+                    // verify pass's or a prefill's (whose union is read while this layer computes
+                    // rather than after it routes).
                     let mut verify_rows = Vec::new();
                     for ((cache, t), &off) in groups.iter_mut().zip(&offsets) {
                         if prefetching && t.len() == 1 {
                             let route: Vec<usize> = routes[off].experts.iter().map(|(e, _)| *e).collect();
                             self.look_ahead(l, &h.narrow(0, off, 1)?, &route, cache)?;
-                        } else if prefetching && cache.verifying() {
+                        } else if prefetching {
                             verify_rows.push((off, t.len()));
                         }
                     }

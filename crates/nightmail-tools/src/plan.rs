@@ -33,6 +33,8 @@ pub struct PlanOptions {
     pub probe_bytes: u64,
     /// Batch sizes to predict a step for.
     pub batches: Vec<usize>,
+    /// Prompt tokens to predict the prefill of.
+    pub prompt_tokens: Option<usize>,
 }
 
 /// A kernel's rate over one of the model's matrices, in weight bytes per second.
@@ -67,6 +69,19 @@ pub struct PredictedStep {
     pub tokens_per_s: f64,
 }
 
+/// A prompt's prefill, predicted: passes as wide as `Model::prefill_chunk` makes them under the
+/// budget, each priced as a step of that many rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct PredictedPrefill {
+    pub prompt_tokens: usize,
+    pub tokens_per_pass: usize,
+    pub passes: usize,
+    pub disk_bytes: f64,
+    pub disk_s: f64,
+    pub compute_s: f64,
+    pub predicted_prefill_s: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
     pub plan: MemoryPlan,
@@ -86,6 +101,7 @@ pub struct PlanReport {
     /// The least batch whose step the kernels take longer to compute than the disk to read;
     /// `None` when none up to 256 does.
     pub disk_bound_until_batch: Option<usize>,
+    pub prefill: Option<PredictedPrefill>,
 }
 
 pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
@@ -139,7 +155,33 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
         let s = step(b);
         s.compute_s_per_step >= s.disk_s_per_step
     });
+    // A pass of c prompt tokens is a step of c rows, but for its cache hits: passes sweep every
+    // layer's union in order through a cache smaller than the bank, so LRU has evicted each
+    // expert before the next pass asks for it again (`model bench --prefill` measures the
+    // bank read once per pass).
+    let prefill = opts.prompt_tokens.filter(|&n| n > 0).map(|n| {
+        let width = nightmail_engine::prefill_tokens_per_pass(&spec, Some(&plan), n);
+        let (full, rest) = (n / width, n % width);
+        let widths: Vec<usize> = std::iter::repeat_n(width, full).chain((rest > 0).then_some(rest)).collect();
+        let disk = |w: usize| {
+            let experts = if plan.experts_resident { 0.0 } else { plan.expert_bytes_per_step(w) };
+            plan.dense_disk_bytes_per_token as f64 + experts
+        };
+        let disk_bytes: f64 = widths.iter().map(|&w| disk(w)).sum();
+        let compute_s: f64 = widths.iter().map(|&w| step(w).compute_s_per_step).sum();
+        let disk_s = disk_bytes / bw;
+        PredictedPrefill {
+            prompt_tokens: n,
+            tokens_per_pass: width,
+            passes: widths.len(),
+            disk_bytes,
+            disk_s,
+            compute_s,
+            predicted_prefill_s: widths.iter().map(|&w| (disk(w) / bw).max(step(w).compute_s_per_step)).sum(),
+        }
+    });
     Ok(PlanReport {
+        prefill,
         disk_gbps,
         disk_measured,
         dense_compute_bytes,
@@ -244,8 +286,15 @@ mod tests {
     fn a_k3_directory_plans_from_its_language_model_tensors() {
         let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kimi_k3");
         let budget = MemoryBudget { bytes: 64 << 20, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };
-        let opts =
-            PlanOptions { model, budget, disk_gbps: Some(1.0), mem_gbps: None, probe_bytes: 0, batches: vec![1] };
+        let opts = PlanOptions {
+            model,
+            budget,
+            disk_gbps: Some(1.0),
+            mem_gbps: None,
+            probe_bytes: 0,
+            batches: vec![1],
+            prompt_tokens: None,
+        };
         let r = plan(&opts).unwrap();
         assert!(r.dense_kernel.tensor.starts_with("language_model.model.layers.0."), "{}", r.dense_kernel.tensor);
         assert!(r.plan.experts_resident && r.disk_bytes_per_token == 0.0 && r.predicted_s_per_token > 0.0);
@@ -265,8 +314,15 @@ mod tests {
             verify_rows: 1,
             stream_layers: Some(vec![0, 1, 2]),
         };
-        let opts =
-            PlanOptions { model, budget, disk_gbps: Some(0.001), mem_gbps: None, probe_bytes: 0, batches: vec![1, 8] };
+        let opts = PlanOptions {
+            model,
+            budget,
+            disk_gbps: Some(0.001),
+            mem_gbps: None,
+            probe_bytes: 0,
+            batches: vec![1, 8],
+            prompt_tokens: Some(300),
+        };
         let r = plan(&opts).unwrap();
         assert!(!r.disk_measured && r.plan.resident_layers.is_empty());
         let dense: usize = r.plan.sizes.layers.iter().map(|l| l.disk_bytes).sum();
@@ -278,6 +334,11 @@ mod tests {
         assert_eq!(r.predicted_s_per_token, one.s_per_step);
         // Eight sequences share the dense stream: more tokens per second than one.
         assert!(r.steps[1].tokens_per_s > one.tokens_per_s, "{:?}", r.steps);
+        // A 300-token prompt in passes that each read the dense stream once: fewer reads than
+        // its tokens, and the passes cover the prompt.
+        let p = r.prefill.as_ref().expect("a prefill was asked for");
+        assert_eq!(p.passes, 300usize.div_ceil(p.tokens_per_pass), "{p:?}");
+        assert!(p.disk_bytes < 300.0 * r.disk_bytes_per_token, "{p:?}");
     }
 
     #[test]
@@ -291,6 +352,7 @@ mod tests {
             mem_gbps: Some(100.0),
             probe_bytes: 0,
             batches: vec![1, 8],
+            prompt_tokens: None,
         };
         let r = plan(&opts).unwrap();
         let expert = r.expert_kernel.as_ref().expect("a MoE fixture");

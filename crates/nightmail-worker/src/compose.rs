@@ -225,6 +225,10 @@ impl Stats<'_> {
             (Some(n), _) => format!("{n} prompt tokens"),
             (None, _) => "prompt tokens not reported".to_string(),
         };
+        let prompt = match o.prefill_ms {
+            Some(ms) => format!("{prompt} (prefill {:.1} s)", ms as f64 / 1000.0),
+            None => prompt,
+        };
         let mut footer = format!(
             "-- \nnightmail: {} via {}\n{prompt}, {} output tokens{reasoning}; {:.1} s, {:.2} s/token\n",
             self.model_address,
@@ -317,6 +321,9 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, 
     }
     if let Some(n) = o.prefilled_tokens {
         headers.push(("X-Nightmail-Prefilled-Tokens", n.to_string()));
+    }
+    if let Some(ms) = o.prefill_ms {
+        headers.push(("X-Nightmail-Prefill-Seconds", format!("{:.3}", ms as f64 / 1000.0)));
     }
     if let Some(energy) = stats.energy {
         headers.push(("X-Nightmail-Energy-Wh", format!("{:.4}", energy.watt_hours)));
@@ -535,5 +542,38 @@ mod tests {
         // A server that does not say: no header.
         let (_, headers) = stats(None);
         assert!(!headers.iter().any(|(name, _)| *name == "X-Nightmail-Prefilled-Tokens"), "{headers:?}");
+    }
+
+    #[test]
+    fn the_prefill_time_is_stated_in_a_header_and_the_footer_when_known() {
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let stats = |prefill_ms: Option<u32>| {
+            let outcome = BackendAnswer {
+                content: "Yes.".into(),
+                prompt_tokens: Some(2000),
+                prefilled_tokens: Some(2000),
+                prefill_ms,
+                ..Default::default()
+            };
+            let stats = Stats {
+                model_address: &kimi_address,
+                backend: "local m.gguf".into(),
+                outcome: &outcome,
+                wall: Duration::from_secs(30),
+                job: 1,
+                energy: None,
+                api_price: None,
+            };
+            let (body, headers) = answer(&stats, &[]);
+            let Body::Markdown(body) = body else { panic!("a Markdown answer") };
+            (body, headers)
+        };
+        let (body, headers) = stats(Some(12_345));
+        assert!(body.contains("\n2000 prompt tokens (prefill 12.3 s), "), "{body}");
+        assert!(headers.contains(&("X-Nightmail-Prefill-Seconds", HeaderText::new("12.345"))), "{headers:?}");
+        // A server that does not say: neither.
+        let (body, headers) = stats(None);
+        assert!(body.contains("\n2000 prompt tokens, "), "{body}");
+        assert!(!headers.iter().any(|(name, _)| *name == "X-Nightmail-Prefill-Seconds"), "{headers:?}");
     }
 }

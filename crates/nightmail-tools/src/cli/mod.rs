@@ -16,7 +16,9 @@ use error::Doing;
 pub use error::{CommandError, Result};
 use generate::generate;
 use inspect::inspect;
-use print::{bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_verify_bench};
+use print::{
+    bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_prefill_bench, print_verify_bench,
+};
 use tokenize::tokenize;
 
 #[derive(Subcommand)]
@@ -223,6 +225,13 @@ pub enum ModelCommand {
         /// With --verify: rounds that take the widths in turn.
         #[arg(long, default_value_t = 2)]
         rounds: usize,
+        /// Instead: prefill this many seeded prompt tokens streamed, in passes as wide as the
+        /// memory budget allows, against the I/O floor and the same prefill with the model in RAM.
+        #[arg(long, conflicts_with_all = ["batch", "verify"])]
+        prefill: Option<usize>,
+        /// With --prefill: this many prompt tokens per pass instead (e.g. 32, a fixed chunk).
+        #[arg(long, requires = "prefill")]
+        prefill_chunk: Option<usize>,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -277,6 +286,9 @@ pub enum ModelCommand {
         /// Batch sizes to predict a step for.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         batch: Vec<usize>,
+        /// Also predict the prefill of a prompt of this many tokens.
+        #[arg(long)]
+        prompt_tokens: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -449,6 +461,8 @@ pub fn run(command: ModelCommand) -> Result<()> {
             verify,
             acceptance,
             rounds,
+            prefill,
+            prefill_chunk,
             json,
             timeline,
         } => {
@@ -474,6 +488,15 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 greedy,
                 timeline,
             };
+            if let Some(tokens) = prefill {
+                let r = crate::bench::bench_prefill(&opts, tokens, prefill_chunk)?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print_prefill_bench(&r);
+                }
+                return Ok(());
+            }
             if !verify.is_empty() {
                 let r = crate::bench::bench_verify(&opts, &verify, &acceptance, rounds)?;
                 if json {
@@ -516,7 +539,17 @@ pub fn run(command: ModelCommand) -> Result<()> {
             }
             Ok(())
         }
-        ModelCommand::Plan { model, memory_mb, disk_gbps, mem_gbps, kv_tokens, probe_mb, batch, json } => {
+        ModelCommand::Plan {
+            model,
+            memory_mb,
+            disk_gbps,
+            mem_gbps,
+            kv_tokens,
+            probe_mb,
+            batch,
+            prompt_tokens,
+            json,
+        } => {
             let opts = crate::plan::PlanOptions {
                 model,
                 budget: MemoryBudget {
@@ -528,6 +561,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 mem_gbps,
                 probe_bytes: probe_mb << 20,
                 batches: batch,
+                prompt_tokens,
             };
             let r = crate::plan::plan(&opts)?;
             if json {

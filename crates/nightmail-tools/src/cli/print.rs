@@ -22,6 +22,26 @@ pub(super) fn print_batch_bench(r: &crate::bench::BatchReport) {
     }
 }
 
+pub(super) fn print_prefill_bench(r: &crate::bench::PrefillReport) {
+    println!(
+        "prefill    {} tokens in {} passes of {}: {:.3} s ({:.1} tokens/s)",
+        r.prefill_tokens,
+        r.prefill_passes,
+        r.prefill_chunk,
+        r.prefill_s,
+        r.prefill_tokens as f64 / r.prefill_s.max(1e-9)
+    );
+    println!(
+        "read       {} from disk ({} experts: the expert bank {:.2} times); disk {:.2} GB/s",
+        bytes(r.prefill_disk_bytes),
+        bytes(r.prefill_expert_disk_bytes),
+        r.expert_bank_reads,
+        r.disk_gbps
+    );
+    println!("I/O floor  {:.3} s; resident {:.3} s", r.prefill_io_floor_s, r.prefill_resident_s);
+    println!("ratio      prefill / max(floor, resident) = {:.2}", r.ratio_to_bound);
+}
+
 pub(super) fn print_verify_bench(r: &crate::bench::VerifyReport) {
     println!(
         "{} passes per width in {} rounds; disk {:.2} GB/s; {} experts, top {}",
@@ -203,6 +223,18 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
     match r.disk_bound_until_batch {
         Some(b) => println!("the disk stops being the limit at batch {b}"),
         None => println!("the disk stays the limit up to batch 256"),
+    }
+    if let Some(p) = &r.prefill {
+        println!(
+            "prefill         {} prompt tokens in {} passes of {}: predicted {:.3} s (disk {:.3} s for {}, compute {:.3} s)",
+            p.prompt_tokens,
+            p.passes,
+            p.tokens_per_pass,
+            p.predicted_prefill_s,
+            p.disk_s,
+            bytes(p.disk_bytes as u64),
+            p.compute_s
+        );
     }
 }
 

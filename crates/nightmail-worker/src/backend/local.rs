@@ -9,8 +9,10 @@
 //!   `max_batch`; the rest wait in that order and join as jobs leave.
 //! - Every job in the batch gets one token per step, so a short question that joins beside a
 //!   long one finishes in its own number of steps, not after the long one.
-//! - A joining job's prompt is run [`PREFILL_CHUNK`] tokens per step, one prompt at a time,
-//!   beside the batch's decoding: a long prompt slows the steps it shares, it never stops them.
+//! - A joining job's prompt is run [`Model::prefill_chunk`] tokens per step (as many as the
+//!   memory budget lets one pass hold, so a long prompt reads the experts few times), one prompt
+//!   at a time, beside the batch's decoding: a long prompt slows the steps it shares, it never
+//!   stops them.
 //! - Each job checkpoints on its own schedule and stops on its own signal between steps.
 
 use std::collections::VecDeque;
@@ -26,9 +28,6 @@ use nightmail_engine::{
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter};
-
-/// Prompt tokens run per step for a job that is joining the batch.
-pub const PREFILL_CHUNK: usize = 32;
 
 pub struct Local {
     inner: Arc<Inner>,
@@ -199,8 +198,13 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
         if batch.is_empty() {
             continue;
         }
+        // The step prefills the first prompt still to run, as wide as memory allows for it.
+        let prefill_chunk = batch
+            .iter()
+            .find(|r| r.stream.stop_reason().is_none() && r.stream.is_prefilling())
+            .map_or(1, |r| model.prefill_chunk(r.stream.prompt_tokens().len()));
         let mut streams: Vec<&mut TokenStream<'_>> = batch.iter_mut().map(|r| &mut r.stream).collect();
-        match model.step(&mut streams, PREFILL_CHUNK) {
+        match model.step(&mut streams, prefill_chunk) {
             Ok(events) => {
                 for (r, event) in batch.iter_mut().zip(events) {
                     if let Some(event) = event {
@@ -362,6 +366,7 @@ impl<'m> Running<'m> {
         outcome.output_tokens = generated - reasoning;
         outcome.prompt_tokens = Some(self.stream.prompt_tokens().len() as u64);
         outcome.prefilled_tokens = Some(self.stream.prefilled_tokens() as u64);
+        outcome.prefill_ms = Some(u32::try_from(self.stream.prefill_time().as_millis()).unwrap_or(u32::MAX));
         outcome.finish_reason = match self.stream.stop_reason() {
             Some(StopReason::Eos | StopReason::StopString) => "stop",
             Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",

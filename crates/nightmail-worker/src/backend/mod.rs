@@ -56,6 +56,9 @@ pub struct BackendAnswer {
     /// Of the prompt tokens, those the model ran; the rest were restored (a thread's saved
     /// state, or the job's checkpoint). `None` when the backend does not say (a server's).
     pub prefilled_tokens: Option<u64>,
+    /// Milliseconds from the start to the end of the prompt's prefill (or of its restore).
+    /// `None` when the backend does not say (a server's).
+    pub prefill_ms: Option<u32>,
     /// Answer tokens, reasoning not included.
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
