@@ -62,7 +62,8 @@ enum Command {
     /// Inspect a model file, or generate with it (no daemon needed).
     Model {
         #[command(subcommand)]
-        command: nightmail_tools::cli::ModelCommand,
+        // Boxed: its many options would make every other command as large.
+        command: Box<nightmail_tools::cli::ModelCommand>,
     },
 }
 
@@ -116,7 +117,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Model { command } => {
             die_on_broken_pipe();
-            nightmail_tools::cli::run(command)?
+            nightmail_tools::cli::run(*command)?
         }
         Command::Serve => {
             let config = load(path.as_deref())?;
