@@ -191,8 +191,7 @@ impl ChatTemplate {
         ];
         vars.extend(options.kwargs.iter().map(|(k, v)| (k.clone(), Value::from(Serde(v)))));
         let ctx = map(vars.iter().map(|(k, v)| (k.as_str(), v.clone())).collect());
-        env.render_str(&without_generation_tags(&self.source), ctx)
-            .map_err(|e| FormatError::ChatTemplate(e.to_string()))
+        env.render_str(&without_generation_tags(&self.source), ctx).map_err(render_error)
     }
 }
 
@@ -270,6 +269,24 @@ fn map(entries: Vec<(&str, Value)>) -> Value {
         }
     }
     Value::from(Serde(Ordered(entries)))
+}
+
+/// A template's own `raise_exception` (it refuses the conversation) told apart from a template
+/// this Jinja cannot run.
+fn render_error(e: minijinja::Error) -> FormatError {
+    let unsupported = matches!(
+        e.kind(),
+        ErrorKind::SyntaxError
+            | ErrorKind::UnknownFilter
+            | ErrorKind::UnknownTest
+            | ErrorKind::UnknownFunction
+            | ErrorKind::UnknownMethod
+    );
+    if unsupported {
+        FormatError::ChatTemplate(format!("{e}: the template uses a feature nightmail's Jinja does not have"))
+    } else {
+        FormatError::ChatTemplate(e.to_string())
+    }
 }
 
 fn environment() -> Result<Environment<'static>> {
@@ -546,8 +563,14 @@ mod tests {
     #[test]
     fn raise_exception_in_a_template_is_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}");
-        assert!(
-            matches!(t.render(&[], true, "", ""), Err(FormatError::ChatTemplate(m)) if m.contains("no system role"))
-        );
+        assert!(matches!(t.render(&[], true, "", ""), Err(FormatError::ChatTemplate(m))
+            if m.contains("no system role") && !m.contains("does not have")));
+    }
+
+    #[test]
+    fn a_template_this_jinja_cannot_run_says_so() {
+        let t = ChatTemplate::new("{{ messages | no_such_filter }}");
+        assert!(matches!(t.render(&[], true, "", ""), Err(FormatError::ChatTemplate(m))
+            if m.contains("no_such_filter") && m.contains("does not have")));
     }
 }

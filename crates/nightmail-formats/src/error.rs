@@ -55,7 +55,7 @@ pub enum FormatError {
     LayerRead { path: PathBuf, layer: usize, reason: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    #[error("chat template: {0}: the model's template uses a feature nightmail's Jinja does not have")]
+    #[error("chat template: {0}")]
     ChatTemplate(String),
     #[error(transparent)]
     Tensor(#[from] TensorError),
