@@ -1,7 +1,7 @@
 //! The engine's figures while a local model that streams its experts from disk writes an answer:
 //! `status --json` gives the expert cache hit rate, disk read rate and prefetch recall of the
 //! running job (docs/STATUS.md), `status` prints them, and `status --watch`, drawn in tmux, shows
-//! them under its bar.
+//! them under its bar. Once its prompt is in, `status` also says how the prompt went in.
 
 mod common;
 
@@ -53,10 +53,26 @@ fn status_shows_the_engine_figures_of_a_job_being_written() {
     assert!((0.0..=1.0).contains(&hits), "{engine}");
     assert!(engine["disk_mb_per_s"].as_f64().unwrap() >= 0.0, "{engine}");
 
+    // The prompt: all of it run (no saved state to reuse), its time apart from the answer's.
+    let prompt = loop {
+        let jobs = daemon.jobs();
+        if let Some(prompt) = jobs[0].get("prompt") {
+            break prompt.clone();
+        }
+        assert!(Instant::now() < deadline, "no prompt figures: {jobs:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let tokens = prompt["tokens"].as_u64().unwrap();
+    assert!(tokens > 10, "{prompt}");
+    assert_eq!(prompt["prefilled_tokens"].as_u64(), Some(tokens), "{prompt}");
+    assert_eq!(prompt["reused_tokens"].as_u64(), Some(0), "{prompt}");
+    assert!(prompt["prefill_secs"].as_f64().unwrap() >= 0.0, "{prompt}");
+
     // Plain `status` prints them under the job's line.
     let out = daemon.cli(&["status"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("engine: cache hits "), "{text}");
+    assert!(text.contains(&format!("prompt: {tokens} tokens (0 reused), in ")), "{text}");
 
     // status --watch draws them under the job's bar.
     let command = format!("{} --config {} status --watch", common::BIN, daemon.config.display());

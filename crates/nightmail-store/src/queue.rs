@@ -131,6 +131,17 @@ pub struct Progress {
     /// answer (`None` for a model server, which reports none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineFigures>,
+    /// Once the prompt is in: how many of its tokens the model ran (the rest were restored from
+    /// a thread's saved state or the job's checkpoint) and how long that took, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_in: Option<PromptIn>,
+}
+
+/// How a job's prompt went in, apart from the answer's time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptIn {
+    pub prefilled_tokens: u64,
+    pub prefill_ms: u64,
 }
 
 /// How an engine that streams weights from disk is doing. Whole numbers (per mille, KB/s), so a

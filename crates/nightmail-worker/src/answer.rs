@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use nightmail_config::{ModelEntry, ReasoningOutput};
-use nightmail_store::{Finish, Incoming, Job, LeasedJob, Origin, Progress, Retry, StoreError};
+use nightmail_store::{Finish, Incoming, Job, LeasedJob, Origin, Progress, PromptIn, Retry, StoreError};
 use nightmail_types::{Address, Timestamp};
 use tokio::sync::watch;
 
@@ -238,6 +238,10 @@ impl<'a> Answer<'a> {
                     checkpoint_tokens: 0,
                     max_tokens: u64::from(prompt.request.max_tokens),
                     engine: None,
+                    prompt_in: outcome
+                        .prefilled_tokens
+                        .zip(outcome.prefill_ms)
+                        .map(|(prefilled_tokens, ms)| PromptIn { prefilled_tokens, prefill_ms: u64::from(ms) }),
                 };
                 store.record_progress(&mut leased, totals).await?;
                 let (done, receipt) = store.finish(leased, Finish::Done { reply }, &self.shift.policy).await?;

@@ -66,6 +66,11 @@ impl<'a> Generation<'a> {
                         }
                         Event::Reasoning(_) => progress.reasoning_tokens += 1,
                         Event::Engine(figures) => progress.engine = Some(figures),
+                        Event::Prompt { tokens, prompt_in } => {
+                            progress.prompt_tokens = tokens;
+                            progress.prompt_in = Some(prompt_in);
+                            save_now = true;
+                        }
                         Event::Checkpoint { tokens, .. } => {
                             progress.checkpoint_tokens = tokens;
                             // Saved at once, so `status` shows what a restart would keep.

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use nightmail_config::Config;
-use nightmail_store::{EngineFigures, Job, JobState, Outbound, OutboundState, Store};
+use nightmail_store::{EngineFigures, Job, JobState, Outbound, OutboundState, Progress, Store};
 use nightmail_types::Timestamp;
 use nightmail_worker::checkpoints;
 use serde::{Deserialize, Serialize};
@@ -118,6 +118,31 @@ pub struct JobView {
     /// How the local engine writing the answer is doing, while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineView>,
+    /// How the prompt went in, apart from the answer's time, once it is in (the local engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<PromptView>,
+}
+
+/// A job's prompt: its length, the tokens the model ran for it and the rest restored (a thread's
+/// saved state or the job's checkpoint), and the seconds it took (docs/STATUS.md).
+#[derive(Serialize, Deserialize)]
+pub struct PromptView {
+    pub tokens: u64,
+    pub prefilled_tokens: u64,
+    pub reused_tokens: u64,
+    pub prefill_secs: f64,
+}
+
+impl PromptView {
+    fn of(p: &Progress) -> Option<PromptView> {
+        let prompt_in = p.prompt_in?;
+        Some(PromptView {
+            tokens: p.prompt_tokens,
+            prefilled_tokens: prompt_in.prefilled_tokens,
+            reused_tokens: p.prompt_tokens.saturating_sub(prompt_in.prefilled_tokens),
+            prefill_secs: prompt_in.prefill_ms as f64 / 1000.0,
+        })
+    }
 }
 
 /// The local engine's figures over its last second or so (docs/STATUS.md).
@@ -162,6 +187,7 @@ impl JobView {
             max_tokens: job.progress.as_ref().map(|p| p.max_tokens).filter(|&m| m > 0),
             updated_at_ms: job.progress.as_ref().map(|p| p.updated_at.0),
             ack: job.ack.clone(),
+            prompt: job.progress.as_ref().and_then(PromptView::of),
             engine: match job.state {
                 JobState::Running { .. } => job.progress.as_ref().and_then(|p| p.engine.as_ref()).map(EngineView::of),
                 _ => None,
@@ -250,6 +276,10 @@ pub fn fetch(config: &Config) -> anyhow::Result<Report> {
 
 /// The engine's figures, as `status` and the watch show them: `-` for one the last second had
 /// nothing to measure.
+fn prompt_line(p: &PromptView) -> String {
+    format!("{} tokens ({} reused), in {:.1} s", p.tokens, p.reused_tokens, p.prefill_secs)
+}
+
 pub fn engine_line(e: &EngineView) -> String {
     let share = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
     let rate = e.disk_mb_per_s.map_or_else(|| "-".to_string(), |v| format!("{v:.1} MB/s"));
@@ -276,6 +306,12 @@ fn print_jobs(report: &Report) {
             clip(&job.subject, 32),
             job.message_id
         );
+        // A running job's prompt and engine lines; a finished one's prompt is in its reply's footer.
+        if job.state == "running"
+            && let Some(prompt) = &job.prompt
+        {
+            println!("{:>20}  prompt: {}", "", prompt_line(prompt));
+        }
         if let Some(engine) = &job.engine {
             println!("{:>20}  engine: {}", "", engine_line(engine));
         }

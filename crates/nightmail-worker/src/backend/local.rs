@@ -25,6 +25,7 @@ use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
     StateCache, StopReason, StreamConfig, TokenEvent, TokenStream,
 };
+use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter};
@@ -261,6 +262,8 @@ struct Running<'m> {
     think: ThinkSplitter,
     outcome: BackendAnswer,
     checkpoints: Option<CheckpointTimer>,
+    /// Whether the worker has been told how the prompt went in (with the first token).
+    prompt_told: bool,
 }
 
 impl<'m> Running<'m> {
@@ -284,6 +287,7 @@ impl<'m> Running<'m> {
             done: Some(job.done),
             think: ThinkSplitter::default(),
             outcome: BackendAnswer { model: config.path.display().to_string(), ..BackendAnswer::default() },
+            prompt_told: false,
             checkpoints: job.checkpoint.map(|_| CheckpointTimer {
                 every_tokens: config.checkpoint_every_tokens as usize,
                 every: config.checkpoint_every,
@@ -323,13 +327,22 @@ impl<'m> Running<'m> {
                 self.outcome.reasoning.push_str(t);
                 self.outcome.reasoning_tokens += 1;
             }
-            Event::Checkpoint { .. } | Event::Engine(_) => {}
+            Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } => {}
         }
         let _ = self.events.send(event);
     }
 
-    /// A new token: its text to the worker, then a checkpoint if one is due.
+    /// A new token: its text to the worker, then a checkpoint if one is due. The first also
+    /// tells how the prompt went in.
     fn token(&mut self, token: &TokenEvent) {
+        if !self.prompt_told {
+            self.prompt_told = true;
+            let prompt_in = PromptIn {
+                prefilled_tokens: self.stream.prefilled_tokens() as u64,
+                prefill_ms: u64::try_from(self.stream.prefill_time().as_millis()).unwrap_or(u64::MAX),
+            };
+            let _ = self.events.send(Event::Prompt { tokens: self.stream.prompt_tokens().len() as u64, prompt_in });
+        }
         self.text(&token.text);
         let generated = self.stream.generated();
         if self.checkpoints.as_ref().is_some_and(|s| s.due(generated)) {

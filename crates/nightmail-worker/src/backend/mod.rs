@@ -44,6 +44,11 @@ pub enum Event {
     },
     /// How the engine that writes the answer is doing (the local engine, every second or so).
     Engine(nightmail_store::EngineFigures),
+    /// The prompt, `tokens` long, is in: the local engine says so with its first token.
+    Prompt {
+        tokens: u64,
+        prompt_in: nightmail_store::PromptIn,
+    },
 }
 
 /// A finished generation.

@@ -254,7 +254,7 @@ fn record(outcome: &mut BackendAnswer, events: &mpsc::UnboundedSender<Event>, ev
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
-        Event::Checkpoint { .. } | Event::Engine(_) => {}
+        Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } => {}
     }
     let _ = events.send(event);
 }
