@@ -5,9 +5,10 @@
 //! run live) on conversations with system, user and assistant turns, reasoning, tool calls and
 //! tool results, with and without a generation prompt.
 
-use std::io::Write;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use nightmail_formats::{ChatMessage, ChatTemplate, RenderOptions, ToolArguments, ToolCall};
 use serde_json::{Value as Json, json};
@@ -146,22 +147,8 @@ struct Rendered {
 
 /// tests/fixtures/transformers_chat.py on every request.
 fn transformers(requests: &[Json]) -> Vec<Result<String, String>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/transformers_chat.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to run transformers");
-    child.stdin.take().unwrap().write_all(Json::Array(requests.to_vec()).to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "transformers failed (it is needed: pip install 'transformers==5.24.0', see scripts/test.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answers: Vec<Json> = serde_json::from_slice(&out.stdout).unwrap();
+    let answers = common::python_json("transformers_chat.py", &Json::Array(requests.to_vec()), "transformers==5.24.0");
+    let answers: Vec<Json> = serde_json::from_value(answers).unwrap();
     answers
         .into_iter()
         .map(|a| match a.get("text") {

@@ -6,9 +6,9 @@
 //! digit runs, code and whitespace runs. For names that have no `ggml-vocab` file of their
 //! own (kimi-k2, deepseek-v3, gpt-4o, glm4, minimax-m2) this is the check.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use candle_core::quantized::gguf_file::Value;
 use nightmail_formats::gguf_write::write_gguf;
@@ -124,23 +124,8 @@ fn vocabulary_named(dir: &Path, vocab: &str, pre: &str) -> PathBuf {
 /// tests/fixtures/llama_cpp_tokens.py: llama_tokenize of each text, with and without BOS/EOS
 /// added, special tokens parsed.
 fn llama_cpp(model: &Path, texts: &[String]) -> Vec<(Vec<u32>, Vec<u32>)> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_cpp_tokens.py");
     let request = serde_json::json!({ "model": model, "texts": texts, "ids": [] });
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to run llama-cpp-python");
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "llama-cpp-python failed (it is needed: pip install 'llama-cpp-python[server]==0.3.36', see scripts/test.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::python_json("llama_cpp_tokens.py", &request, "llama-cpp-python[server]==0.3.36");
     let list = |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
     v["encoded"].as_array().unwrap().iter().map(|e| (list(&e["special"]), list(&e["plain"]))).collect()
 }
