@@ -505,28 +505,29 @@ mod tests {
         assert_eq!(reply.references, ["<ok@x>", "<1@x>"], "an id with a control in it is not written");
     }
 
+    /// The Markdown body and the headers of a local model's answer of "Yes." to a 2000-token
+    /// prompt, `outcome` setting the rest, written `wall` after the question.
+    fn footer_and_headers(outcome: BackendAnswer, wall: Duration) -> (String, Vec<(&'static str, HeaderText)>) {
+        let kimi_address = Address::parse("kimi@n.local").unwrap();
+        let outcome = BackendAnswer { content: "Yes.".into(), prompt_tokens: Some(2000), ..outcome };
+        let stats = Stats {
+            model_address: &kimi_address,
+            backend: "local m.gguf".into(),
+            outcome: &outcome,
+            wall,
+            job: 1,
+            energy: None,
+            api_price: None,
+        };
+        let (body, headers) = answer(&stats, &[]);
+        let Body::Markdown(body) = body else { panic!("a Markdown answer") };
+        (body, headers)
+    }
+
     #[test]
     fn restored_prompt_tokens_are_stated_in_a_header_and_the_footer() {
-        let kimi_address = Address::parse("kimi@n.local").unwrap();
-        let stats = |prefilled: Option<u64>| {
-            let outcome = BackendAnswer {
-                content: "Yes.".into(),
-                prompt_tokens: Some(2000),
-                prefilled_tokens: prefilled,
-                ..Default::default()
-            };
-            let stats = Stats {
-                model_address: &kimi_address,
-                backend: "local m.gguf".into(),
-                outcome: &outcome,
-                wall: Duration::from_secs(1),
-                job: 1,
-                energy: None,
-                api_price: None,
-            };
-            let (body, headers) = answer(&stats, &[]);
-            let Body::Markdown(body) = body else { panic!("a Markdown answer") };
-            (body, headers)
+        let stats = |prefilled_tokens: Option<u64>| {
+            footer_and_headers(BackendAnswer { prefilled_tokens, ..Default::default() }, Duration::from_secs(1))
         };
         let (body, headers) = stats(Some(60));
         assert!(
@@ -546,27 +547,9 @@ mod tests {
 
     #[test]
     fn the_prefill_time_is_stated_in_a_header_and_the_footer_when_known() {
-        let kimi_address = Address::parse("kimi@n.local").unwrap();
         let stats = |prefill_ms: Option<u32>| {
-            let outcome = BackendAnswer {
-                content: "Yes.".into(),
-                prompt_tokens: Some(2000),
-                prefilled_tokens: Some(2000),
-                prefill_ms,
-                ..Default::default()
-            };
-            let stats = Stats {
-                model_address: &kimi_address,
-                backend: "local m.gguf".into(),
-                outcome: &outcome,
-                wall: Duration::from_secs(30),
-                job: 1,
-                energy: None,
-                api_price: None,
-            };
-            let (body, headers) = answer(&stats, &[]);
-            let Body::Markdown(body) = body else { panic!("a Markdown answer") };
-            (body, headers)
+            let outcome = BackendAnswer { prefilled_tokens: Some(2000), prefill_ms, ..Default::default() };
+            footer_and_headers(outcome, Duration::from_secs(30))
         };
         let (body, headers) = stats(Some(12_345));
         assert!(body.contains("\n2000 prompt tokens (prefill 12.3 s), "), "{body}");
