@@ -25,15 +25,9 @@ command -v qemu-aarch64-static >/dev/null || packages+=(qemu-user-static)
 # For ring's C in the macOS check below.
 command -v clang >/dev/null || packages+=(clang)
 if [ ${#packages[@]} -gt 0 ]; then
-  if ! command -v apt-get >/dev/null; then
-    echo "scripts/test-arm.sh: the ARM tests need ${packages[*]}: install them with your package manager" >&2
-    exit 1
-  fi
-  sudo=()
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${packages[@]}"
+  # shellcheck source=lib/apt.sh
+  source scripts/lib/apt.sh
+  apt_install "scripts/test-arm.sh: the ARM tests" --no-install-recommends "${packages[@]}"
 fi
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc

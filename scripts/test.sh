@@ -34,15 +34,9 @@ if ! python3 -c 'import llama_cpp.server' 2>/dev/null && ! python3 -c 'import en
   packages+=(python3-venv)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
-  if ! command -v apt-get >/dev/null; then
-    echo "scripts/test.sh: the tests need ${packages[*]}: install them with your package manager" >&2
-    exit 1
-  fi
-  sudo=()
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq "${packages[@]}"
+  # shellcheck source=lib/apt.sh
+  source scripts/lib/apt.sh
+  apt_install "scripts/test.sh: the tests" "${packages[@]}"
 fi
 
 # llama.cpp's OpenAI-compatible server (PyPI llama-cpp-python), the real server the worker's tests
