@@ -13,6 +13,7 @@ use crate::error::{ConfigError, Locator};
 use crate::imap::{self, ImapConfig};
 use crate::model::{self, ModelEntry};
 use crate::relay::{self, RelayConfig};
+use crate::research::{self, ResearchConfig, Tool};
 use crate::smtp::{self, SmtpConfig};
 use crate::store::{self, StoreConfig};
 use crate::tls::{self, TlsConfig};
@@ -37,6 +38,8 @@ pub struct Config {
     pub relay: Option<RelayConfig>,
     /// Mailboxes at other providers that a model answers from (`[[bridge]]`).
     pub bridges: Vec<BridgeConfig>,
+    /// Where research tools reach and what a job may spend on them (`[research]`).
+    pub research: ResearchConfig,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -147,6 +150,8 @@ struct RawConfig {
     relay: Option<Spanned<relay::RawRelay>>,
     #[serde(default)]
     bridge: Vec<Spanned<bridge::RawBridge>>,
+    #[serde(default)]
+    research: research::RawResearch,
 }
 
 fn default_hostname() -> Spanned<String> {
@@ -251,6 +256,18 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         }
         bridges.push(bridge);
     }
+    let research = research::check(&raw.research, &loc)?;
+    for (spanned, model) in raw.model.iter().zip(&models) {
+        if model.tools.contains(&Tool::WebSearch) && research.search.is_none() {
+            return Err(loc.spanned(
+                spanned,
+                format!(
+                    "model {} has the tool web_search but [research] names no search service: set search = \"searxng\" and search_url",
+                    model.address
+                ),
+            ));
+        }
+    }
     if users.is_empty() {
         warnings.push(format!(
             "{} has no [[user]]: nobody can log in; add one with `nightmail user add NAME --address A`",
@@ -271,6 +288,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         worker: worker::check(&raw.worker),
         relay,
         bridges,
+        research,
         source: source.map(Path::to_path_buf),
         warnings,
     })

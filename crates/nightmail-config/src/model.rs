@@ -7,6 +7,7 @@ use nightmail_types::Address;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::research::{self, Tool};
 use crate::error::{ConfigError, Locator, address};
 
 /// Where a model's answers come from.
@@ -121,6 +122,8 @@ pub struct ModelEntry {
     /// The context, in tokens, prompts are fitted to (`context_tokens`): at most this, and at
     /// most what the backend reports; `None`: what the backend reports.
     pub context_tokens: Option<usize>,
+    /// The research tools this model may call (`tools`; none by default).
+    pub tools: Vec<Tool>,
 }
 
 /// The figures a reply's cost line is computed from (`[[model]]` keys `watts`,
@@ -164,6 +167,8 @@ pub(crate) struct RawModel {
     progress_every_secs: u64,
     progress_mail_every_hours: Option<Spanned<f64>>,
     context_tokens: Option<Spanned<usize>>,
+    #[serde(default)]
+    tools: Vec<Spanned<String>>,
     // backend = "openai"
     url: Option<Spanned<String>>,
     model: Option<String>,
@@ -377,6 +382,7 @@ pub(crate) fn check(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Mo
         progress_every: Duration::from_secs(m.progress_every_secs.max(1)),
         progress_mail_every,
         context_tokens,
+        tools: research::tools(&m.tools, loc)?,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use crate::error::EngineError;
 use nightmail_formats::FormatError;
+use nightmail_formats::chat::{ChatMessage, RenderOptions};
 use nightmail_model::ModelError;
 use nightmail_tensor::TensorError;
 use std::ops::ControlFlow;
@@ -303,14 +304,24 @@ impl Model {
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
             Prompt::Text(text) => Ok(self.tokenizer().ok_or(EngineError::NoTokenizer)?.encode(text, true)?),
-            Prompt::Chat(messages) => {
-                let tok = self.tokenizer().ok_or(EngineError::NoTokenizer)?;
-                let template = self.chat_template().ok_or(EngineError::NoChatTemplate)?;
-                let text =
-                    template.render(messages, true, tok.bos_text().unwrap_or(""), tok.eos_text().unwrap_or(""))?;
-                Ok(tok.encode(&text, false)?)
-            }
+            Prompt::Chat(messages) => self.chat_tokens(messages, None),
+            Prompt::ToolChat { messages, tools } => self.chat_tokens(messages, Some(tools.clone())),
         }
+    }
+
+    /// A conversation rendered by the model's template, the assistant's turn opened.
+    fn chat_tokens(&self, messages: &[ChatMessage], tools: Option<String>) -> Result<Vec<u32>> {
+        let tok = self.tokenizer().ok_or(EngineError::NoTokenizer)?;
+        let template = self.chat_template().ok_or(EngineError::NoChatTemplate)?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            bos_token: tok.bos_text().unwrap_or("").into(),
+            eos_token: tok.eos_text().unwrap_or("").into(),
+            tools,
+            kwargs: Vec::new(),
+        };
+        let text = template.render_with(messages, &options)?;
+        Ok(tok.encode(&text, false)?)
     }
 }
 

@@ -19,6 +19,9 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// A conversation, rendered by the model's chat template with the assistant turn opened.
     Chat(Vec<ChatMessage>),
+    /// A conversation with the functions the model may call: `tools` is the JSON text of their
+    /// array (`[{"type": "function", "function": {..}}]`), which the template renders its way.
+    ToolChat { messages: Vec<ChatMessage>, tools: String },
 }
 
 #[derive(Debug, Clone)]

@@ -135,6 +135,18 @@ pub struct Progress {
     /// a thread's saved state or the job's checkpoint) and how long that took, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_in: Option<PromptIn>,
+    /// The job's research so far, when its model has tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub research: Option<ResearchProgress>,
+}
+
+/// What a job's research has done: tool calls, bytes downloaded, and the step it is on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResearchProgress {
+    pub calls: u32,
+    pub bytes: u64,
+    /// What the job is doing now (`searching: ...`, `reading: host/path`), or did last.
+    pub step: String,
 }
 
 /// How a job's prompt went in, apart from the answer's time.

@@ -238,6 +238,7 @@ impl<'a> Answer<'a> {
                     checkpoint_tokens: 0,
                     max_tokens: u64::from(prompt.request.max_tokens),
                     engine: None,
+                    research: None,
                     prompt_in: outcome
                         .prefilled_tokens
                         .zip(outcome.prefill_ms)
@@ -332,6 +333,7 @@ impl<'a> Answer<'a> {
             reasoning: options.reasoning.or(model.reasoning.then_some(true)),
             model: options.model.clone(),
             checkpoint: Some(checkpoints::path(&self.shift.config().data_dir, asked.job.id)),
+            tools: Vec::new(),
         }
     }
 

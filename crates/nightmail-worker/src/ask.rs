@@ -48,7 +48,7 @@ pub fn build(
     }
     let mut turns = Vec::new();
     if let Some(prompt) = system_prompt.filter(|p| !p.trim().is_empty()) {
-        turns.push(Turn { role: Role::System, content: prompt.trim().to_string() });
+        turns.push(Turn::new(Role::System, prompt.trim()));
     }
     let mut text = String::from(INSTRUCTION);
     let mut earlier: Vec<String> = Vec::new();

@@ -3,6 +3,7 @@
 
 use nightmail_types::Address;
 
+use crate::backend::CallRequest;
 use crate::mail::Mail;
 use crate::options::{self, MailOptions};
 use crate::text::{drop_repeated_quotes, normalize, trim_signature};
@@ -12,6 +13,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result, answering an assistant turn's call.
+    Tool,
 }
 
 impl Role {
@@ -20,6 +23,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -28,6 +32,24 @@ impl Role {
 pub struct Turn {
     pub role: Role,
     pub content: String,
+    /// An assistant turn's tool calls; a tool turn's one call it answers.
+    pub calls: Vec<CallRequest>,
+}
+
+impl Turn {
+    pub fn new(role: Role, content: impl Into<String>) -> Turn {
+        Turn { role, content: content.into(), calls: Vec::new() }
+    }
+
+    /// The model's turn that called tools.
+    pub fn calling(content: impl Into<String>, calls: Vec<CallRequest>) -> Turn {
+        Turn { role: Role::Assistant, content: content.into(), calls }
+    }
+
+    /// A tool's result for `call`.
+    pub fn result(call: &CallRequest, content: impl Into<String>) -> Turn {
+        Turn { role: Role::Tool, content: content.into(), calls: vec![call.clone()] }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -47,7 +69,7 @@ pub fn build(
 ) -> Conversation {
     let mut turns = Vec::new();
     if let Some(prompt) = system_prompt.filter(|p| !p.trim().is_empty()) {
-        turns.push(Turn { role: Role::System, content: prompt.trim().to_string() });
+        turns.push(Turn::new(Role::System, prompt.trim()));
     }
     let authors: Vec<&Address> = thread
         .iter()
@@ -113,7 +135,7 @@ pub(crate) fn push(turns: &mut Vec<Turn>, role: Role, content: String) {
             last.content.push_str("\n\n");
             last.content.push_str(&content);
         }
-        _ => turns.push(Turn { role, content }),
+        _ => turns.push(Turn::new(role, content)),
     }
 }
 

@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
-    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream,
+    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall,
 };
 use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter};
+use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, ToolSpec};
+use crate::conversation::{Role, Turn};
+
 
 pub struct Local {
     inner: Arc<Inner>,
@@ -464,9 +466,39 @@ fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Drafting {
     }
 }
 
-/// The request's turns as the engine's chat prompt.
+/// The request's turns as the engine's chat prompt, with the tools the model may call: calls and
+/// results in the message shape chat templates read.
 fn chat(request: &Request) -> Prompt {
-    Prompt::Chat(request.turns.iter().map(|t| ChatMessage::new(t.role.as_str(), t.content.clone())).collect())
+    let messages = request.turns.iter().map(message).collect();
+    if request.tools.is_empty() {
+        return Prompt::Chat(messages);
+    }
+    let tools: Vec<serde_json::Value> = request.tools.iter().map(ToolSpec::to_json).collect();
+    Prompt::ToolChat { messages, tools: serde_json::Value::from(tools).to_string() }
+}
+
+fn message(turn: &Turn) -> ChatMessage {
+    match turn.role {
+        Role::Tool => {
+            let call = turn.calls.first();
+            ChatMessage::tool_result(
+                call.map(|c| c.id.as_str()).unwrap_or_default(),
+                call.map(|c| c.name.as_str()).unwrap_or_default(),
+                turn.content.clone(),
+            )
+        }
+        role => turn.calls.iter().fold(ChatMessage::new(role.as_str(), turn.content.clone()), |m, call| {
+            // Arguments that are a JSON object go to the template as the object (transformers'
+            // form); anything else as the text the model wrote.
+            let object = serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok_and(|v| v.is_object());
+            let arguments = if object {
+                ToolArguments::Object(call.arguments.clone())
+            } else {
+                ToolArguments::Text(call.arguments.clone())
+            };
+            m.with_tool_call(ToolCall::function(call.id.clone(), call.name.clone(), arguments))
+        }),
+    }
 }
 
 impl Backend for Local {

@@ -30,6 +30,38 @@ pub struct Request {
     /// Where a backend that can checkpoint (the local engine) keeps this job's state, and
     /// resumes from.
     pub checkpoint: Option<PathBuf>,
+    /// Functions the model may call (none: it answers from what it has).
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A function the model may call, as OpenAI's `tools` entries and chat templates describe one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// The arguments' JSON Schema.
+    pub parameters: serde_json::Value,
+}
+
+impl ToolSpec {
+    /// `{"type": "function", "function": {"name", "description", "parameters"}}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "function",
+            "function": { "name": self.name, "description": self.description, "parameters": self.parameters },
+        })
+    }
+}
+
+/// A call the model wrote: its id, the function's name and the arguments' JSON text as written.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CallRequest {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+    /// Why the call could not be read, when it could not: answered with this, never run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub malformed: Option<String>,
 }
 
 /// A piece of the reply as it streams.
@@ -71,6 +103,9 @@ pub struct BackendAnswer {
     pub finish_reason: String,
     /// The model that answered, as the backend names it.
     pub model: String,
+    /// The tools the model called, in the order it wrote them: the answer is not done until
+    /// their results are given back.
+    pub calls: Vec<CallRequest>,
 }
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]

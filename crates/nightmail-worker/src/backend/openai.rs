@@ -10,7 +10,11 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
-use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, estimate_tokens};
+use super::{
+    Backend, BackendAnswer, BackendError, BoxFuture, CallRequest, Event, Measure, Request, ThinkSplitter, ToolSpec,
+    estimate_tokens,
+};
+use crate::conversation::{Role, Turn};
 
 pub struct OpenAi {
     client: reqwest::Client,
@@ -93,8 +97,7 @@ impl OpenAi {
     }
 
     fn body(&self, request: &Request) -> Value {
-        let messages: Vec<Value> =
-            request.turns.iter().map(|t| json!({ "role": t.role.as_str(), "content": t.content })).collect();
+        let messages: Vec<Value> = request.turns.iter().map(message).collect();
         let mut body = json!({
             "model": request.model.as_deref().unwrap_or(&self.model),
             "messages": messages,
@@ -103,6 +106,10 @@ impl OpenAi {
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
         });
+        if !request.tools.is_empty() {
+            body["tools"] = request.tools.iter().map(ToolSpec::to_json).collect();
+            body["tool_choice"] = json!("auto");
+        }
         if let Some(reasoning) = request.reasoning {
             // The convention of llama.cpp, vLLM and SGLang for templates that can think.
             body["chat_template_kwargs"] = json!({ "enable_thinking": reasoning });
@@ -174,6 +181,7 @@ impl OpenAi {
         let (mut content_chunks, mut reasoning_chunks) = (0u64, 0u64);
         let mut usage_seen = false;
         let mut done = false;
+        let mut calls = StreamedCalls::default();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(self.timeout, stream.next()) => next,
@@ -220,6 +228,9 @@ impl OpenAi {
                     let _ = events.send(Event::Reasoning(text.to_string()));
                 }
             }
+            if let Some(parts) = delta["tool_calls"].as_array() {
+                calls.add(parts);
+            }
             if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
                 content_chunks += 1;
                 for e in think.push(text) {
@@ -243,10 +254,87 @@ impl OpenAi {
             outcome.output_tokens = content_chunks;
             outcome.reasoning_tokens = reasoning_chunks;
         }
-        if outcome.content.trim().is_empty() && outcome.reasoning.trim().is_empty() {
+        outcome.calls = calls.finish();
+        if outcome.content.trim().is_empty() && outcome.reasoning.trim().is_empty() && outcome.calls.is_empty() {
             return Err(BackendError::Transient("the server's answer was empty".into()));
         }
         Ok(outcome)
+    }
+}
+
+/// A turn as an OpenAI chat message: an assistant turn's calls as `tool_calls`, a tool turn with
+/// the `tool_call_id` it answers.
+fn message(turn: &Turn) -> Value {
+    match turn.role {
+        Role::Assistant if !turn.calls.is_empty() => json!({
+            "role": "assistant",
+            "content": turn.content,
+            "tool_calls": turn.calls.iter().map(|c| json!({
+                "id": c.id,
+                "type": "function",
+                "function": { "name": c.name, "arguments": c.arguments },
+            })).collect::<Vec<_>>(),
+        }),
+        Role::Tool => {
+            let call = turn.calls.first();
+            json!({
+                "role": "tool",
+                "tool_call_id": call.map(|c| c.id.as_str()).unwrap_or_default(),
+                "name": call.map(|c| c.name.as_str()).unwrap_or_default(),
+                "content": turn.content,
+            })
+        }
+        _ => json!({ "role": turn.role.as_str(), "content": turn.content }),
+    }
+}
+
+/// Tool calls as a stream gives them: pieces of each call (`index`, then its `id`, name and
+/// arguments in fragments) put back together.
+#[derive(Default)]
+struct StreamedCalls {
+    calls: Vec<CallRequest>,
+}
+
+impl StreamedCalls {
+    fn add(&mut self, parts: &[Value]) {
+        for part in parts {
+            let index = part["index"].as_u64().map_or(self.calls.len().saturating_sub(1), |i| i as usize);
+            while self.calls.len() <= index {
+                let n = self.calls.len();
+                self.calls.push(CallRequest {
+                    id: format!("call_{n}"),
+                    name: String::new(),
+                    arguments: String::new(),
+                    malformed: None,
+                });
+            }
+            let call = &mut self.calls[index];
+            if let Some(id) = part["id"].as_str().filter(|id| !id.is_empty()) {
+                call.id = id.to_string();
+            }
+            let function = &part["function"];
+            if let Some(name) = function["name"].as_str() {
+                call.name.push_str(name);
+            }
+            match &function["arguments"] {
+                Value::String(text) => call.arguments.push_str(text),
+                // Some servers send the arguments as an object rather than its JSON text.
+                v @ Value::Object(_) => call.arguments.push_str(&v.to_string()),
+                _ => {}
+            }
+        }
+    }
+
+    fn finish(self) -> Vec<CallRequest> {
+        self.calls
+            .into_iter()
+            .map(|mut call| {
+                if call.name.is_empty() {
+                    call.malformed = Some("the call names no function".into());
+                }
+                call
+            })
+            .collect()
     }
 }
 
@@ -286,7 +374,6 @@ mod tests {
     //! Against an in-process stand-in for an OpenAI-compatible server, speaking plain HTTP/1.1:
     //! the real-server test (llama.cpp's server) is in the workspace's tests/worker.rs.
     use super::*;
-    use crate::conversation::{Role, Turn};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
@@ -375,14 +462,15 @@ mod tests {
     fn request() -> Request {
         Request {
             turns: vec![
-                Turn { role: Role::System, content: "sys".into() },
-                Turn { role: Role::User, content: "2+2?".into() },
+                Turn::new(Role::System, "sys"),
+                Turn::new(Role::User, "2+2?"),
             ],
             max_tokens: 64,
             temperature: 0.0,
             reasoning: Some(true),
             model: None,
             checkpoint: None,
+            tools: Vec::new(),
         }
     }
 
