@@ -1,0 +1,62 @@
+//! Qwen3-Coder's and Qwen3.5's XML calls (Qwen3-Coder.jinja, Qwen3.5-4B.jinja):
+//! `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`,
+//! a value written bare where it is a string and through `tojson` where it is an object or list.
+
+use super::ParsedTurn;
+use super::scan::{Piece, Turn, Unread, loose_value, object, pieces, short, unread};
+use crate::chat::ToolArguments;
+
+const CLOSE: &str = "</tool_call>";
+const EXPECTED: &str =
+    "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>";
+
+pub(super) fn parse(text: &str) -> ParsedTurn {
+    let mut turn = Turn::new(&["<|im_end|>", "<|endoftext|>"], EXPECTED);
+    for piece in pieces(text, super::hermes::OPEN, CLOSE) {
+        match piece {
+            Piece::Text(t) => turn.prose(t),
+            Piece::Block { raw, inner, closed } => {
+                let read = if closed {
+                    read(inner)
+                } else {
+                    Err(unread(name_in(inner), format!("it has no end marker `{CLOSE}`")))
+                };
+                turn.call(raw, None, read);
+            }
+        }
+    }
+    turn.finish()
+}
+
+fn name_in(inner: &str) -> Option<&str> {
+    let after = inner.trim_start().strip_prefix("<function=")?;
+    after.split_once('>').map(|(name, _)| name.trim()).filter(|n| !n.is_empty())
+}
+
+fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
+    let name = name_in(inner).ok_or_else(|| unread(None, "it does not begin with <function=NAME>"))?;
+    let body = inner.trim_start().split_once('>').map_or("", |(_, b)| b);
+    let body = body
+        .trim_end()
+        .strip_suffix("</function>")
+        .ok_or_else(|| unread(Some(name), "its <function=...> has no end marker `</function>`"))?;
+    let mut pairs = Vec::new();
+    for piece in pieces(body, "<parameter=", "</parameter>") {
+        match piece {
+            Piece::Text(t) if t.trim().is_empty() => {}
+            Piece::Text(t) => return Err(unread(Some(name), format!("`{}` is not a parameter", short(t.trim())))),
+            Piece::Block { inner, closed, .. } => {
+                let (key, value) =
+                    inner.split_once('>').ok_or_else(|| unread(Some(name), "a <parameter=...> tag has no `>`"))?;
+                if !closed {
+                    return Err(unread(Some(name), format!("the parameter {key} has no end marker `</parameter>`")));
+                }
+                // The template puts a newline on each side of the value.
+                let value = value.strip_prefix('\n').unwrap_or(value);
+                let value = value.strip_suffix('\n').unwrap_or(value);
+                pairs.push((key.trim().to_string(), loose_value(value)));
+            }
+        }
+    }
+    Ok((name.to_string(), object(&pairs)))
+}
