@@ -17,7 +17,8 @@ mod names;
 pub mod tokenizer;
 
 pub use chat::{
-    ChatMessage, ChatTemplate, FunctionCall, MalformedCall, ParsedTurn, RenderOptions, ToolArguments, ToolCall, ToolSyntax,
+    ChatMessage, ChatTemplate, FunctionCall, MalformedCall, ParsedTurn, RenderOptions, ToolArguments, ToolCall,
+    ToolSyntax,
 };
 pub use error::{FormatError, Result};
 pub use gguf::{GgufFile, STRIPE_PARTS, value_as_u64 as gguf_value_as_u64};

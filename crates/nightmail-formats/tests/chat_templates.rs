@@ -10,23 +10,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::template;
 use nightmail_formats::{ChatMessage, ChatTemplate, RenderOptions, ToolArguments, ToolCall};
 use serde_json::{Value as Json, json};
-
-fn templates_dir() -> PathBuf {
-    let dir = std::env::var_os("NIGHTMAIL_LLAMA_CPP_SRC").unwrap_or_else(|| {
-        panic!(
-            "NIGHTMAIL_LLAMA_CPP_SRC is not set: run `export NIGHTMAIL_LLAMA_CPP_SRC=$(scripts/fetch-llama-cpp-src.sh)` (scripts/test.sh does)"
-        )
-    });
-    PathBuf::from(dir).join("models/templates")
-}
-
-fn template(name: &str) -> String {
-    let path = templates_dir().join(name);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-llama-cpp-src.sh again)", path.display()))
-}
 
 const TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, now.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "send_mail", "description": "Send a letter.", "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}, "required": ["to", "body"]}}}]"#;
 

@@ -1,5 +1,5 @@
 //! DeepSeek-V3/R1 and V3.1 calls, in `<｜tool▁calls▁begin｜>..<｜tool▁calls▁end｜>`, each
-//! `<｜tool▁call▁begin｜>..<｜tool▁call▁end｜>`: V3 and R1 write `function<｜tool▁sep｜>NAME\n```json\n{..}\n```` 
+//! `<｜tool▁call▁begin｜>..<｜tool▁call▁end｜>`: V3 and R1 write `function<｜tool▁sep｜>NAME\n```json\n{..}\n````
 //! (deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja), V3.1 `NAME<｜tool▁sep｜>{..}`
 //! (deepseek-ai-DeepSeek-V3.1.jinja).
 
@@ -41,9 +41,7 @@ pub(super) fn parse(text: &str, version: Version) -> ParsedTurn {
                         Piece::Block { raw, inner, closed } => {
                             let read = match read(inner, version) {
                                 Ok(call) if closed => Ok(call),
-                                Ok((name, _)) => {
-                                    Err(unread(Some(&name), format!("it has no end marker `{CALL_END}`")))
-                                }
+                                Ok((name, _)) => Err(unread(Some(&name), format!("it has no end marker `{CALL_END}`"))),
                                 Err(u) if closed => Err(u),
                                 Err(u) => Err(Unread { reason: format!("it has no end marker `{CALL_END}`"), ..u }),
                             };

@@ -41,7 +41,9 @@ pub(super) fn parse(text: &str, block: &Block) -> ParsedTurn {
     for piece in pieces(text, block.open, block.close) {
         match piece {
             Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => xml_calls(inner, &TAGS, &mut turn, &|_, body| xml_params(body, &TAGS, &value)),
+            Piece::Block { inner, .. } => {
+                xml_calls(inner, &TAGS, &mut turn, &|_, body| xml_params(body, &TAGS, &value))
+            }
         }
     }
     turn.finish()

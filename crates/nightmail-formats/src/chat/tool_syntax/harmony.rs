@@ -9,8 +9,7 @@ use super::ParsedTurn;
 use super::scan::{Turn, json_arguments, unread};
 
 pub(super) const OPEN: &str = " to=functions.";
-const EXPECTED: &str =
-    "<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{\"KEY\": \"VALUE\"}<|call|>";
+const EXPECTED: &str = "<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{\"KEY\": \"VALUE\"}<|call|>";
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&[], EXPECTED);
@@ -30,7 +29,8 @@ pub(super) fn parse(text: &str) -> ParsedTurn {
                     turn.prose("\n\n");
                 }
             } else {
-                let prose = ["<|end|>", "<|return|>", "<|call|>"].iter().fold(message.to_string(), |t, e| t.replace(e, ""));
+                let prose =
+                    ["<|end|>", "<|return|>", "<|call|>"].iter().fold(message.to_string(), |t, e| t.replace(e, ""));
                 turn.prose(&prose);
             }
             continue;
@@ -49,4 +49,3 @@ pub(super) fn parse(text: &str) -> ParsedTurn {
     }
     turn.finish()
 }
-

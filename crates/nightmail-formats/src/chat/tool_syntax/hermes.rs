@@ -29,9 +29,8 @@ pub(super) fn parse(text: &str) -> ParsedTurn {
 }
 
 fn read(inner: &str) -> Result<(String, crate::chat::ToolArguments), super::scan::Unread> {
-    let call: Json = serde_json::from_str(inner.trim()).map_err(|e| {
-        unread(name_in(inner).as_deref(), format!("it is not JSON ({e}): `{}`", short(inner.trim())))
-    })?;
+    let call: Json = serde_json::from_str(inner.trim())
+        .map_err(|e| unread(name_in(inner).as_deref(), format!("it is not JSON ({e}): `{}`", short(inner.trim()))))?;
     let name = call.get("name").and_then(Json::as_str).ok_or_else(|| unread(None, "it has no \"name\" string"))?;
     // llama.cpp's Hermes parser takes `parameters` as well (common/chat-peg-parser.cpp).
     let arguments = call

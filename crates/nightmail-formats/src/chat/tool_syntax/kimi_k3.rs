@@ -23,12 +23,8 @@ const TAGS: Tags = Tags {
 };
 
 /// The turn's own tags around its prose (`render_assistant`, and the message it sits in).
-const FRAMING: &[&str] = &[
-    "<|open|>response<|sep|>",
-    "<|close|>response<|sep|>",
-    "<|close|>message<|sep|>",
-    "<|end_of_msg|>",
-];
+const FRAMING: &[&str] =
+    &["<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"];
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(FRAMING, EXPECTED);

@@ -6,8 +6,7 @@ use super::scan::{Piece, Tags, Turn, loose_value, pieces, xml_calls, xml_params}
 
 pub(super) const OPEN: &str = "<minimax:tool_call>";
 const CLOSE: &str = "</minimax:tool_call>";
-const EXPECTED: &str =
-    "<minimax:tool_call>\n<invoke name=\"NAME\">\n<parameter name=\"KEY\">VALUE</parameter>\n</invoke>\n</minimax:tool_call>";
+const EXPECTED: &str = "<minimax:tool_call>\n<invoke name=\"NAME\">\n<parameter name=\"KEY\">VALUE</parameter>\n</invoke>\n</minimax:tool_call>";
 const TAGS: Tags = Tags {
     call: "<invoke",
     call_close: "</invoke>",

@@ -7,8 +7,7 @@ use super::scan::{Piece, Turn, Unread, loose_value, object, pieces, short, unrea
 use crate::chat::ToolArguments;
 
 const CLOSE: &str = "</tool_call>";
-const EXPECTED: &str =
-    "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>";
+const EXPECTED: &str = "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>";
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&["<|im_end|>", "<|endoftext|>"], EXPECTED);

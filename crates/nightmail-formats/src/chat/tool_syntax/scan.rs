@@ -12,7 +12,11 @@ pub(super) enum Piece<'a> {
     Text(&'a str),
     /// `inner` lies between the markers and `raw` includes them; not `closed` where the text ended
     /// before the closing marker.
-    Block { raw: &'a str, inner: &'a str, closed: bool },
+    Block {
+        raw: &'a str,
+        inner: &'a str,
+        closed: bool,
+    },
 }
 
 pub(super) fn pieces<'a>(text: &'a str, open: &str, close: &str) -> Vec<Piece<'a>> {
@@ -31,7 +35,8 @@ pub(super) fn pieces<'a>(text: &'a str, open: &str, close: &str) -> Vec<Piece<'a
             }
             None => {
                 // A stream cut inside the closing marker: the part written is no content.
-                let cut = close.char_indices().map(|(i, _)| &close[..i]).filter(|p| !p.is_empty() && after.ends_with(p));
+                let cut =
+                    close.char_indices().map(|(i, _)| &close[..i]).filter(|p| !p.is_empty() && after.ends_with(p));
                 let inner = &after[..after.len() - cut.map(str::len).max().unwrap_or(0)];
                 out.push(Piece::Block { raw: &rest[at..], inner, closed: false });
                 rest = "";
@@ -200,9 +205,7 @@ pub(super) fn xml_calls(
                     _ if !closed => Err(unread(name.as_deref(), format!("it has no end marker `{}`", tags.call_close))),
                     (None, _) => Err(unread(None, format!("its opening tag has no `{}`", tags.header_end))),
                     (Some(_), None) => Err(unread(None, format!("it names no function ({}=\"...\")", tags.name_attr))),
-                    (Some((_, rest)), Some(n)) => {
-                        body(n, rest).map(|a| (n.clone(), a)).map_err(|r| unread(Some(n), r))
-                    }
+                    (Some((_, rest)), Some(n)) => body(n, rest).map(|a| (n.clone(), a)).map_err(|r| unread(Some(n), r)),
                 };
                 turn.call(raw, None, read);
             }
