@@ -152,6 +152,9 @@ fn templates_without_tool_calls_have_no_syntax() {
     for file in ["google-gemma-2-2b-it.jinja", "microsoft-Phi-3.5-mini-instruct.jinja"] {
         assert_eq!(ToolSyntax::of_template(&ChatTemplate::new(template(file))), None, "{file}");
     }
+    let smollm2 = nightmail_formats::GgufFile::open(&common::smollm2_gguf()).unwrap();
+    let smollm2 = ChatTemplate::from_gguf(&smollm2).expect("SmolLM2's GGUF carries a chat template");
+    assert_eq!(ToolSyntax::of_template(&smollm2), None, "SmolLM2");
     let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
     assert_eq!(ToolSyntax::of_template(&ChatTemplate::new(chatml)), None);
 }

@@ -46,3 +46,18 @@ pub fn template(name: &str) -> String {
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-llama-cpp-src.sh again)", path.display()))
 }
+
+/// The demo model's GGUF: `NIGHTMAIL_SMOLLM2`, else what scripts/fetch-model.sh fetches.
+#[allow(dead_code)] // not every test file reads the demo model
+pub fn smollm2_gguf() -> PathBuf {
+    if let Some(p) = std::env::var_os("NIGHTMAIL_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/fetch-model.sh"))
+        .output()
+        .expect("running scripts/fetch-model.sh");
+    assert!(out.status.success(), "scripts/fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-model.sh prints the path").trim())
+}
