@@ -76,7 +76,7 @@ fn alphabet() -> Vec<String> {
 }
 
 #[test]
-fn truncations_of_well_formed_turns_never_panic_and_lose_only_their_tail() {
+fn truncations_of_well_formed_turns_never_panic_nor_add_calls() {
     for syntax in ToolSyntax::ALL {
         let text = valid(syntax);
         let whole = syntax.parse(text);

@@ -35,31 +35,24 @@ fn name_in(inner: &str) -> Option<&str> {
 
 fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
     let name = name_in(inner).ok_or_else(|| unread(None, "it does not begin with the function's name"))?;
-    let body = &inner[inner.find("<arg_key>").unwrap_or(inner.len())..];
+    let mut rest = &inner[inner.find("<arg_key>").unwrap_or(inner.len())..];
     let mut pairs = Vec::new();
-    let mut key: Option<String> = None;
-    for piece in pieces(body, "<arg_", "</arg_") {
-        match piece {
-            Piece::Text(t) if t.trim().is_empty() || t.trim() == "key>" || t.trim() == "value>" => {}
-            Piece::Text(t) => return Err(unread(Some(name), format!("`{}` is not an argument", short(t.trim())))),
-            Piece::Block { inner, closed, .. } => {
-                if !closed {
-                    return Err(unread(Some(name), "an <arg_key> or <arg_value> has no end tag"));
-                }
-                match (inner.split_once('>'), key.take()) {
-                    (Some(("key", k)), None) => key = Some(k.trim().to_string()),
-                    (Some(("value", v)), Some(k)) => pairs.push((k, loose_value(v))),
-                    (Some(("value", _)), None) => return Err(unread(Some(name), "an <arg_value> has no <arg_key>")),
-                    (Some(("key", _)), Some(k)) => {
-                        return Err(unread(Some(name), format!("the argument {k} has no <arg_value>")));
-                    }
-                    _ => return Err(unread(Some(name), "an argument tag is neither <arg_key> nor <arg_value>")),
-                }
-            }
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return Ok((name.to_string(), object(&pairs)));
         }
-    }
-    match key {
-        Some(k) => Err(unread(Some(name), format!("the argument {k} has no <arg_value>"))),
-        None => Ok((name.to_string(), object(&pairs))),
+        let pair = (|| {
+            let r = rest.strip_prefix("<arg_key>").ok_or_else(|| format!("`{}` is not an argument", short(rest)))?;
+            let (key, r) = r.split_once("</arg_key>").ok_or("an <arg_key> has no </arg_key>")?;
+            let key = key.trim();
+            let r =
+                r.trim_start().strip_prefix("<arg_value>").ok_or(format!("the argument {key} has no <arg_value>"))?;
+            let (value, r) = r.split_once("</arg_value>").ok_or(format!("the argument {key} has no </arg_value>"))?;
+            Ok::<_, String>(((key.to_string(), loose_value(value)), r))
+        })();
+        let (pair, r) = pair.map_err(|reason| unread(Some(name), reason))?;
+        pairs.push(pair);
+        rest = r;
     }
 }
