@@ -4,8 +4,7 @@
 //! (deepseek-ai-DeepSeek-V3.1.jinja).
 
 use super::ParsedTurn;
-use super::scan::{Piece, Turn, Unread, json_arguments, pieces, unread};
-use crate::chat::ToolArguments;
+use super::scan::{Read, Turn, Unread, block_calls, json_arguments, sections, unread};
 
 pub(super) const OPEN: &str = "<｜tool▁calls▁begin｜>";
 const CLOSE: &str = "<｜tool▁calls▁end｜>";
@@ -29,50 +28,35 @@ pub(super) fn parse(text: &str, version: Version) -> ParsedTurn {
         }
     };
     let mut turn = Turn::new(&["<｜end▁of▁sentence｜>"], expected);
-    // A section whose end marker is missing still gives the calls it completed.
-    for piece in pieces(text, OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => {
-                for call in pieces(inner, CALL, CALL_END) {
-                    match call {
-                        Piece::Text(t) if t.trim().is_empty() => {}
-                        Piece::Text(t) => turn.stray(t),
-                        Piece::Block { raw, inner, closed } => {
-                            let read = match read(inner, version) {
-                                Ok(call) if closed => Ok(call),
-                                Ok((name, _)) => Err(unread(Some(&name), format!("it has no end marker `{CALL_END}`"))),
-                                Err(u) if closed => Err(u),
-                                Err(u) => Err(Unread { reason: format!("it has no end marker `{CALL_END}`"), ..u }),
-                            };
-                            turn.call(raw, None, read);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    sections(text, OPEN, CLOSE, &mut turn, &|section, turn| {
+        let name_in = |inner: &str| split(inner, version).map(|(name, _)| name.to_string()).filter(|n| !n.is_empty());
+        block_calls(section, (CALL, CALL_END), true, turn, &|inner| read(inner, version), &name_in);
+    });
     turn.finish()
 }
 
-fn read(inner: &str, version: Version) -> Result<(String, ToolArguments), Unread> {
-    let (head, rest) = inner.split_once(SEP).ok_or_else(|| unread(None, format!("it has no `{SEP}`")))?;
-    let (name, arguments) = match version {
+/// The call's name and the text of its arguments (V3's still fenced).
+fn split(inner: &str, version: Version) -> Option<(&str, &str)> {
+    let (head, rest) = inner.split_once(SEP)?;
+    Some(match version {
         Version::V31 => (head.trim(), rest),
-        Version::V3 => {
-            let (name, fenced) = rest.split_once('\n').unwrap_or((rest, ""));
-            let name = name.trim();
-            let arguments = fenced
-                .trim()
-                .strip_prefix("```json")
-                .and_then(|a| a.trim_end().strip_suffix("```"))
-                .ok_or_else(|| unread(Some(name), "its arguments are not in a ```json fence"))?;
-            (name, arguments)
-        }
-    };
+        Version::V3 => rest.split_once('\n').map_or((rest.trim(), ""), |(name, fenced)| (name.trim(), fenced)),
+    })
+}
+
+fn read(inner: &str, version: Version) -> Result<Read, Unread> {
+    let (name, arguments) = split(inner, version).ok_or_else(|| unread(None, format!("it has no `{SEP}`")))?;
     if name.is_empty() {
         return Err(unread(None, "it names no function"));
     }
+    let arguments = match version {
+        Version::V31 => arguments,
+        Version::V3 => arguments
+            .trim()
+            .strip_prefix("```json")
+            .and_then(|a| a.trim_end().strip_suffix("```"))
+            .ok_or_else(|| unread(Some(name), "its arguments are not in a ```json fence"))?,
+    };
     let arguments = json_arguments(arguments).map_err(|r| unread(Some(name), r))?;
-    Ok((name.to_string(), arguments))
+    Ok(Read::new(name, arguments))
 }

@@ -6,7 +6,7 @@
 use serde_json::Value as Json;
 
 use super::ParsedTurn;
-use super::scan::{Piece, Tags, Turn, attr, loose_value, pieces, xml_calls, xml_params};
+use super::scan::{Tags, Turn, attr, loose_value, sections, xml_calls, xml_params};
 
 pub(super) struct Block {
     pub open: &'static str,
@@ -38,14 +38,9 @@ const TAGS: Tags = Tags {
 
 pub(super) fn parse(text: &str, block: &Block) -> ParsedTurn {
     let mut turn = Turn::new(&["<｜end▁of▁sentence｜>"], block.expected);
-    for piece in pieces(text, block.open, block.close) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => {
-                xml_calls(inner, &TAGS, &mut turn, &|_, body| xml_params(body, &TAGS, &value))
-            }
-        }
-    }
+    sections(text, block.open, block.close, &mut turn, &|section, turn| {
+        xml_calls(section, &TAGS, turn, &|_, body| xml_params(body, &TAGS, &value))
+    });
     turn.finish()
 }
 

@@ -3,8 +3,7 @@
 //! the parts in 4.5 and 4.6; a value is bare where it is a string, else `tojson`.
 
 use super::ParsedTurn;
-use super::scan::{Piece, Turn, Unread, loose_value, object, pieces, short, unread};
-use crate::chat::ToolArguments;
+use super::scan::{Read, Turn, Unread, block_calls, loose_value, object, short, unread};
 
 const CLOSE: &str = "</tool_call>";
 const EXPECTED: &str = "<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>";
@@ -12,19 +11,9 @@ const EXPECTED: &str = "<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALU
 pub(super) fn parse(text: &str) -> ParsedTurn {
     // The assistant's turn ends where the model writes the next role's token.
     let mut turn = Turn::new(&["<|endoftext|>", "<|user|>", "<|observation|>"], EXPECTED);
-    for piece in pieces(text, super::hermes::OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { raw, inner, closed } => {
-                let read = if closed {
-                    read(inner)
-                } else {
-                    Err(unread(name_in(inner), format!("it has no end marker `{CLOSE}`")))
-                };
-                turn.call(raw, None, read);
-            }
-        }
-    }
+    block_calls(text, (super::hermes::OPEN, CLOSE), false, &mut turn, &read, &|inner| {
+        name_in(inner).map(str::to_string)
+    });
     turn.finish()
 }
 
@@ -33,14 +22,14 @@ fn name_in(inner: &str) -> Option<&str> {
     (!name.is_empty() && !name.contains('<') && !name.contains(char::is_whitespace)).then_some(name)
 }
 
-fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
+fn read(inner: &str) -> Result<Read, Unread> {
     let name = name_in(inner).ok_or_else(|| unread(None, "it does not begin with the function's name"))?;
     let mut rest = &inner[inner.find("<arg_key>").unwrap_or(inner.len())..];
     let mut pairs = Vec::new();
     loop {
         rest = rest.trim_start();
         if rest.is_empty() {
-            return Ok((name.to_string(), object(&pairs)));
+            return Ok(Read::new(name, object(&pairs)));
         }
         let pair = (|| {
             let r = rest.strip_prefix("<arg_key>").ok_or_else(|| format!("`{}` is not an argument", short(rest)))?;

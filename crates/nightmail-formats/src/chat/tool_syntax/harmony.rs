@@ -6,7 +6,7 @@
 //! bodies of the messages addressed to no function.
 
 use super::ParsedTurn;
-use super::scan::{Turn, json_arguments, unread};
+use super::scan::{Read, Turn, json_arguments, unread};
 
 pub(super) const OPEN: &str = " to=functions.";
 const EXPECTED: &str = "<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{\"KEY\": \"VALUE\"}<|call|>";
@@ -43,9 +43,9 @@ pub(super) fn parse(text: &str) -> ParsedTurn {
         } else if !ended {
             Err(unread(Some(name), "it has no end marker `<|call|>`"))
         } else {
-            json_arguments(body).map(|a| (name.to_string(), a)).map_err(|r| unread(Some(name), r))
+            json_arguments(body).map(|a| Read::new(name, a)).map_err(|r| unread(Some(name), r))
         };
-        turn.call(message, None, read);
+        turn.call(message, read);
     }
     turn.finish()
 }

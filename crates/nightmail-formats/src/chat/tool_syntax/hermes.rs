@@ -4,7 +4,7 @@
 use serde_json::Value as Json;
 
 use super::ParsedTurn;
-use super::scan::{Piece, Turn, json_arguments, pieces, short, unread};
+use super::scan::{Read, Turn, Unread, block_calls, json_arguments, short, unread};
 
 pub(super) const OPEN: &str = "<tool_call>";
 pub(super) const CLOSE: &str = "</tool_call>";
@@ -12,23 +12,11 @@ const EXPECTED: &str = "<tool_call>\n{\"name\": \"NAME\", \"arguments\": {\"KEY\
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&["<|im_end|>", "<|endoftext|>"], EXPECTED);
-    for piece in pieces(text, OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { raw, inner, closed } => {
-                let read = if closed {
-                    read(inner)
-                } else {
-                    Err(unread(name_in(inner).as_deref(), format!("it has no end marker `{CLOSE}`")))
-                };
-                turn.call(raw, None, read);
-            }
-        }
-    }
+    block_calls(text, (OPEN, CLOSE), false, &mut turn, &read, &name_in);
     turn.finish()
 }
 
-fn read(inner: &str) -> Result<(String, crate::chat::ToolArguments), super::scan::Unread> {
+fn read(inner: &str) -> Result<Read, Unread> {
     let call: Json = serde_json::from_str(inner.trim())
         .map_err(|e| unread(name_in(inner).as_deref(), format!("it is not JSON ({e}): `{}`", short(inner.trim()))))?;
     let name = call.get("name").and_then(Json::as_str).ok_or_else(|| unread(None, "it has no \"name\" string"))?;
@@ -38,7 +26,7 @@ fn read(inner: &str) -> Result<(String, crate::chat::ToolArguments), super::scan
         .or_else(|| call.get("parameters"))
         .ok_or_else(|| unread(Some(name), "it has no \"arguments\" object"))?;
     let arguments = json_arguments(&arguments.to_string()).map_err(|r| unread(Some(name), r))?;
-    Ok((name.to_string(), arguments))
+    Ok(Read::new(name, arguments))
 }
 
 /// The `"name"` of a call whose JSON does not parse, for the message to the model.

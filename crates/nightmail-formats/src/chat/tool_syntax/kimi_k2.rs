@@ -3,8 +3,7 @@
 //! `functions.NAME:IDX` is the call's id, which the `tool` turn answers.
 
 use super::ParsedTurn;
-use super::scan::{Piece, Turn, Unread, json_arguments, pieces, unread};
-use crate::chat::ToolArguments;
+use super::scan::{Read, Turn, Unread, block_calls, json_arguments, sections, unread};
 
 pub(super) const OPEN: &str = "<|tool_calls_section_begin|>";
 const CLOSE: &str = "<|tool_calls_section_end|>";
@@ -15,29 +14,10 @@ const EXPECTED: &str = "<|tool_calls_section_begin|><|tool_call_begin|>functions
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&["<|im_end|>"], EXPECTED);
-    // A section whose end marker is missing still gives the calls it completed.
-    for piece in pieces(text, OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => {
-                for call in pieces(inner, CALL, CALL_END) {
-                    match call {
-                        Piece::Text(t) if t.trim().is_empty() => {}
-                        Piece::Text(t) => turn.stray(t),
-                        Piece::Block { raw, inner, closed } => {
-                            let id = inner.split_once(ARGUMENTS).map(|(id, _)| id.trim().to_string());
-                            let read = if closed {
-                                read(inner)
-                            } else {
-                                Err(unread(id.as_deref().map(name_of), format!("it has no end marker `{CALL_END}`")))
-                            };
-                            turn.call(raw, id, read);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    sections(text, OPEN, CLOSE, &mut turn, &|section, turn| {
+        let name_in = |inner: &str| inner.split_once(ARGUMENTS).map(|(id, _)| name_of(id.trim()).to_string());
+        block_calls(section, (CALL, CALL_END), true, turn, &read, &name_in);
+    });
     turn.finish()
 }
 
@@ -47,7 +27,7 @@ fn name_of(id: &str) -> &str {
     id.rsplit_once(':').map_or(id, |(name, _)| name)
 }
 
-fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
+fn read(inner: &str) -> Result<Read, Unread> {
     let (id, arguments) =
         inner.split_once(ARGUMENTS).ok_or_else(|| unread(None, format!("it has no `{ARGUMENTS}`")))?;
     let name = name_of(id.trim());
@@ -55,5 +35,5 @@ fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
         return Err(unread(None, "it names no function (functions.NAME:0)"));
     }
     let arguments = json_arguments(arguments).map_err(|r| unread(Some(name), r))?;
-    Ok((name.to_string(), arguments))
+    Ok(Read { id: Some(id.trim().to_string()), ..Read::new(name, arguments) })
 }

@@ -7,7 +7,7 @@
 use serde_json::Value as Json;
 
 use super::ParsedTurn;
-use super::scan::{Piece, Tags, Turn, attr, json_arguments, pieces, xml_calls, xml_params};
+use super::scan::{Tags, Turn, attr, json_arguments, sections, xml_calls, xml_params};
 
 pub(super) const OPEN: &str = "<|open|>tools<|sep|>";
 const CLOSE: &str = "<|close|>tools<|sep|>";
@@ -28,12 +28,7 @@ const FRAMING: &[&str] =
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(FRAMING, EXPECTED);
-    for piece in pieces(text, OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => xml_calls(inner, &TAGS, &mut turn, &body),
-        }
-    }
+    sections(text, OPEN, CLOSE, &mut turn, &|section, turn| xml_calls(section, &TAGS, turn, &body));
     turn.finish()
 }
 

@@ -2,7 +2,7 @@
 //! `<parameter name="K">V</parameter>`, a value bare where it is a string, else `tojson`.
 
 use super::ParsedTurn;
-use super::scan::{Piece, Tags, Turn, loose_value, pieces, xml_calls, xml_params};
+use super::scan::{Tags, Turn, loose_value, sections, xml_calls, xml_params};
 
 pub(super) const OPEN: &str = "<minimax:tool_call>";
 const CLOSE: &str = "</minimax:tool_call>";
@@ -19,14 +19,8 @@ const TAGS: Tags = Tags {
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&["[e~["], EXPECTED);
-    // A section whose end marker is missing still gives the calls it completed.
-    for piece in pieces(text, OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { inner, .. } => {
-                xml_calls(inner, &TAGS, &mut turn, &|_, body| xml_params(body, &TAGS, &|_, v| Ok(loose_value(v))))
-            }
-        }
-    }
+    sections(text, OPEN, CLOSE, &mut turn, &|section, turn| {
+        xml_calls(section, &TAGS, turn, &|_, body| xml_params(body, &TAGS, &|_, v| Ok(loose_value(v))))
+    });
     turn.finish()
 }

@@ -3,27 +3,16 @@
 //! a value written bare where it is a string and through `tojson` where it is an object or list.
 
 use super::ParsedTurn;
-use super::scan::{Piece, Turn, Unread, loose_value, object, pieces, short, unread};
-use crate::chat::ToolArguments;
+use super::scan::{Piece, Read, Turn, Unread, block_calls, loose_value, object, pieces, short, unread};
 
 const CLOSE: &str = "</tool_call>";
 const EXPECTED: &str = "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>";
 
 pub(super) fn parse(text: &str) -> ParsedTurn {
     let mut turn = Turn::new(&["<|im_end|>", "<|endoftext|>"], EXPECTED);
-    for piece in pieces(text, super::hermes::OPEN, CLOSE) {
-        match piece {
-            Piece::Text(t) => turn.prose(t),
-            Piece::Block { raw, inner, closed } => {
-                let read = if closed {
-                    read(inner)
-                } else {
-                    Err(unread(name_in(inner), format!("it has no end marker `{CLOSE}`")))
-                };
-                turn.call(raw, None, read);
-            }
-        }
-    }
+    block_calls(text, (super::hermes::OPEN, CLOSE), false, &mut turn, &read, &|inner| {
+        name_in(inner).map(str::to_string)
+    });
     turn.finish()
 }
 
@@ -32,7 +21,7 @@ fn name_in(inner: &str) -> Option<&str> {
     after.split_once('>').map(|(name, _)| name.trim()).filter(|n| !n.is_empty())
 }
 
-fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
+fn read(inner: &str) -> Result<Read, Unread> {
     let name = name_in(inner).ok_or_else(|| unread(None, "it does not begin with <function=NAME>"))?;
     let body = inner.trim_start().split_once('>').map_or("", |(_, b)| b);
     let body = body
@@ -57,5 +46,5 @@ fn read(inner: &str) -> Result<(String, ToolArguments), Unread> {
             }
         }
     }
-    Ok((name.to_string(), object(&pairs)))
+    Ok(Read::new(name, object(&pairs)))
 }

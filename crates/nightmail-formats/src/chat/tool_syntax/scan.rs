@@ -59,6 +59,55 @@ pub(super) fn unread(name: Option<&str>, reason: impl Into<String>) -> Unread {
     Unread { name: name.map(str::to_string), reason: reason.into() }
 }
 
+/// A call read: its id where the family writes one (Kimi K2's `functions.NAME:IDX`), its function
+/// and arguments.
+pub(super) struct Read {
+    pub id: Option<String>,
+    pub name: String,
+    pub arguments: ToolArguments,
+}
+
+impl Read {
+    pub fn new(name: &str, arguments: ToolArguments) -> Self {
+        Read { id: None, name: name.to_string(), arguments }
+    }
+}
+
+/// Text whose calls sit in `open`..`close` sections: the rest is prose, each section's inside goes
+/// to `calls`. A section whose end marker is missing still gives the calls it completed.
+pub(super) fn sections(text: &str, open: &str, close: &str, turn: &mut Turn, calls: &dyn Fn(&str, &mut Turn)) {
+    for piece in pieces(text, open, close) {
+        match piece {
+            Piece::Text(t) => turn.prose(t),
+            Piece::Block { inner, .. } => calls(inner, turn),
+        }
+    }
+}
+
+/// Calls each in an `open`..`close` block, read by `read` from the block's inside; `name_in` finds
+/// the function's name in a block cut off before its end marker. Text between the blocks is
+/// prose, or inside a calls section (`in_section`) an error.
+pub(super) fn block_calls(
+    text: &str,
+    (open, close): (&str, &str),
+    in_section: bool,
+    turn: &mut Turn,
+    read: &dyn Fn(&str) -> Result<Read, Unread>,
+    name_in: &dyn Fn(&str) -> Option<String>,
+) {
+    for piece in pieces(text, open, close) {
+        match piece {
+            Piece::Text(t) if !in_section => turn.prose(t),
+            Piece::Text(t) if t.trim().is_empty() => {}
+            Piece::Text(t) => turn.stray(t),
+            Piece::Block { raw, inner, closed: true } => turn.call(raw, read(inner)),
+            Piece::Block { raw, inner, closed: false } => {
+                turn.call(raw, Err(unread(name_in(inner).as_deref(), format!("it has no end marker `{close}`"))))
+            }
+        }
+    }
+}
+
 /// A turn being assembled: its prose and calls, and the framing tokens its family writes around
 /// a turn, which are not prose.
 pub(super) struct Turn {
@@ -78,13 +127,15 @@ impl Turn {
         self.prose.push_str(text);
     }
 
-    /// A call read (or not) from `raw`; the call's id is the family's own where it writes one,
-    /// else `call_N`, its place in the turn.
-    pub fn call(&mut self, raw: &str, id: Option<String>, read: Result<(String, ToolArguments), Unread>) {
+    /// A call read (or not) from `raw`; its id is the family's own where it writes one, else
+    /// `call_N`, its place in the turn.
+    pub fn call(&mut self, raw: &str, read: Result<Read, Unread>) {
         let call = match read {
-            Ok((name, arguments)) => {
-                Ok(ToolCall::function(id.unwrap_or_else(|| format!("call_{}", self.calls.len())), name, arguments))
-            }
+            Ok(r) => Ok(ToolCall::function(
+                r.id.unwrap_or_else(|| format!("call_{}", self.calls.len())),
+                r.name,
+                r.arguments,
+            )),
             Err(u) => Err(self.malformed(raw, u)),
         };
         self.calls.push(call);
@@ -93,7 +144,7 @@ impl Turn {
     /// Text in a calls section that is no call.
     pub fn stray(&mut self, raw: &str) {
         let reason = format!("`{}` is not a call", short(raw.trim()));
-        self.call(raw, None, Err(unread(None, reason)));
+        self.call(raw, Err(unread(None, reason)));
     }
 
     fn malformed(&self, raw: &str, u: Unread) -> MalformedCall {
@@ -194,23 +245,16 @@ pub(super) fn xml_calls(
     turn: &mut Turn,
     body: &dyn Fn(&str, &str) -> Result<ToolArguments, String>,
 ) {
-    for piece in pieces(section, tags.call, tags.call_close) {
-        match piece {
-            Piece::Text(t) if t.trim().is_empty() => {}
-            Piece::Text(t) => turn.stray(t),
-            Piece::Block { raw, inner, closed } => {
-                let header = inner.split_once(tags.header_end);
-                let name = header.and_then(|(h, _)| attr(h, tags.name_attr));
-                let read = match (header, &name) {
-                    _ if !closed => Err(unread(name.as_deref(), format!("it has no end marker `{}`", tags.call_close))),
-                    (None, _) => Err(unread(None, format!("its opening tag has no `{}`", tags.header_end))),
-                    (Some(_), None) => Err(unread(None, format!("it names no function ({}=\"...\")", tags.name_attr))),
-                    (Some((_, rest)), Some(n)) => body(n, rest).map(|a| (n.clone(), a)).map_err(|r| unread(Some(n), r)),
-                };
-                turn.call(raw, None, read);
-            }
-        }
-    }
+    let read = |inner: &str| {
+        let (header, rest) = inner
+            .split_once(tags.header_end)
+            .ok_or_else(|| unread(None, format!("its opening tag has no `{}`", tags.header_end)))?;
+        let name = attr(header, tags.name_attr)
+            .ok_or_else(|| unread(None, format!("it names no function ({}=\"...\")", tags.name_attr)))?;
+        body(&name, rest).map(|a| Read::new(&name, a)).map_err(|r| unread(Some(&name), r))
+    };
+    let name_in = |inner: &str| inner.split_once(tags.header_end).and_then(|(h, _)| attr(h, tags.name_attr));
+    block_calls(section, (tags.call, tags.call_close), true, turn, &read, &name_in);
 }
 
 /// The parameters of an XML-style call, each value read by `value` (given the parameter's header).
