@@ -149,7 +149,13 @@ fn kimi_k3_built_in() {
 /// Templates that render no tool calls have no syntax; the worker asks for Hermes then.
 #[test]
 fn templates_without_tool_calls_have_no_syntax() {
-    for file in ["google-gemma-2-2b-it.jinja", "microsoft-Phi-3.5-mini-instruct.jinja"] {
+    // Apriel 1.5 and MiniMax-M3 name `<tool_call>` but write calls in forms of their own.
+    for file in [
+        "google-gemma-2-2b-it.jinja",
+        "microsoft-Phi-3.5-mini-instruct.jinja",
+        "unsloth-Apriel-1.5.jinja",
+        "MiniMax-M3.jinja",
+    ] {
         assert_eq!(ToolSyntax::of_template(&ChatTemplate::new(template(file))), None, "{file}");
     }
     let smollm2 = nightmail_formats::GgufFile::open(&common::smollm2_gguf()).unwrap();

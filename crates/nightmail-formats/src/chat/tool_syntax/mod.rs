@@ -86,6 +86,12 @@ impl ToolSyntax {
     pub fn of_template(template: &ChatTemplate) -> Option<ToolSyntax> {
         let src = template.source();
         let has = |marker: &str| src.contains(marker);
+        // Templates whose instructions name `<tool_call>` but whose calls are a form not read here:
+        // MiniMax-M3's namespaced tags (common/chat.cpp detects them apart) and Apriel 1.5's
+        // `<tool_calls>[...]` list (unsloth-Apriel-1.5.jinja).
+        if has("]<]minimax[>[") || has("<tool_calls>[") {
+            return None;
+        }
         // Harmony headers: only gpt-oss writes `<|channel|>` and ends a call with `<|call|>`.
         if has("<|channel|>") && has("<|call|>") {
             return Some(ToolSyntax::Harmony);
