@@ -129,7 +129,9 @@ impl ToolSyntax {
         None
     }
 
-    /// The literal text that begins a call: a stream holds a call once it holds this.
+    /// The literal text that begins a call: a stream holds a call once it holds this. For harmony
+    /// it is ` to=functions.`, the part of a call's header common to the template's order
+    /// (`<|start|>assistant to=..<|channel|>commentary`) and the model's (`<|channel|>commentary to=..`).
     pub fn call_opener(&self) -> &'static str {
         match self {
             ToolSyntax::KimiK2 => kimi_k2::OPEN,

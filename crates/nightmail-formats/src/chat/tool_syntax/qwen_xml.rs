@@ -2,6 +2,8 @@
 //! `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`,
 //! a value written bare where it is a string and through `tojson` where it is an object or list.
 
+use serde_json::Value as Json;
+
 use super::ParsedTurn;
 use super::scan::{Piece, Read, Turn, Unread, block_calls, loose_value, object, pieces, short, unread};
 
@@ -42,9 +44,36 @@ fn read(inner: &str) -> Result<Read, Unread> {
                 // The template puts a newline on each side of the value.
                 let value = value.strip_prefix('\n').unwrap_or(value);
                 let value = value.strip_suffix('\n').unwrap_or(value);
-                pairs.push((key.trim().to_string(), loose_value(value)));
+                pairs.push((key.trim().to_string(), python_scalar(value).unwrap_or_else(|| loose_value(value))));
             }
         }
     }
     Ok(Read::new(name, object(&pairs)))
+}
+
+/// The template writes a scalar with Jinja's `| string`, which in transformers is Python's `str`:
+/// `True`, `False`, `None` (llama.cpp reads them so too, common/chat-peg-parser.cpp).
+fn python_scalar(value: &str) -> Option<Json> {
+    match value.trim() {
+        "True" => Some(Json::Bool(true)),
+        "False" => Some(Json::Bool(false)),
+        "None" => Some(Json::Null),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ToolArguments;
+
+    /// Qwen3-Coder's template writes booleans through Python's `str`; JSON's spelling reads too.
+    #[test]
+    fn qwen_xml_reads_python_and_json_booleans() {
+        let turn = parse(
+            "<tool_call>\n<function=f>\n<parameter=a>\nTrue\n</parameter>\n<parameter=b>\nfalse\n</parameter>\n<parameter=c>\nNone\n</parameter>\n</function>\n</tool_call>",
+        );
+        let [Ok(call)] = &turn.calls[..] else { panic!("{turn:?}") };
+        assert_eq!(call.function.arguments, ToolArguments::Object(r#"{"a": true, "b": false, "c": null}"#.into()));
+    }
 }
