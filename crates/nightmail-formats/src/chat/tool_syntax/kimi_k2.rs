@@ -37,3 +37,16 @@ fn read(inner: &str) -> Result<Read, Unread> {
     let arguments = json_arguments(arguments).map_err(|r| unread(Some(name), r))?;
     Ok(Read { id: Some(id.trim().to_string()), ..Read::new(name, arguments) })
 }
+
+#[cfg(test)]
+mod tests {
+    /// The `tool` turn answers `functions.NAME:IDX`, so the call keeps it as its id.
+    #[test]
+    fn a_call_keeps_its_kimi_id() {
+        let turn = super::parse(
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.send_mail:3<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+        );
+        let [Ok(call)] = &turn.calls[..] else { panic!("{turn:?}") };
+        assert_eq!((call.id.as_deref(), call.function.name.as_str()), (Some("functions.send_mail:3"), "send_mail"));
+    }
+}
