@@ -14,6 +14,10 @@ use serde_json::Value as Json;
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 
+mod tool_syntax;
+
+pub use tool_syntax::{MalformedCall, ParsedTurn, ToolSyntax};
+
 /// One turn, in the OpenAI / transformers message shape that chat templates read: an assistant
 /// turn may carry its reasoning and tool calls, a `tool` turn answers a call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

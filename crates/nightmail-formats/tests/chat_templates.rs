@@ -7,26 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
+use common::template;
 use nightmail_formats::{ChatMessage, ChatTemplate, RenderOptions, ToolArguments, ToolCall};
 use serde_json::{Value as Json, json};
-
-fn templates_dir() -> PathBuf {
-    let dir = std::env::var_os("NIGHTMAIL_LLAMA_CPP_SRC").unwrap_or_else(|| {
-        panic!(
-            "NIGHTMAIL_LLAMA_CPP_SRC is not set: run `export NIGHTMAIL_LLAMA_CPP_SRC=$(scripts/fetch-llama-cpp-src.sh)` (scripts/test.sh does)"
-        )
-    });
-    PathBuf::from(dir).join("models/templates")
-}
-
-fn template(name: &str) -> String {
-    let path = templates_dir().join(name);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-llama-cpp-src.sh again)", path.display()))
-}
 
 const TOOLS: &str = r#"[{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, now.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "send_mail", "description": "Send a letter.", "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}, "required": ["to", "body"]}}}]"#;
 
@@ -308,20 +291,7 @@ family!(generation_blocks, "<s>", "</s>", ["LFM2.5-8B-A1B.jinja", "poolside-Lagu
 /// The demo model's own template, read from its GGUF (scripts/fetch-model.sh fetches it).
 #[test]
 fn smollm2_gguf() {
-    let path = match std::env::var_os("NIGHTMAIL_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-            let out = Command::new("bash")
-                .arg(root.join("scripts/fetch-model.sh"))
-                .output()
-                .expect("running scripts/fetch-model.sh");
-            assert!(out.status.success(), "scripts/fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
-            PathBuf::from(
-                String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-model.sh prints the path").trim(),
-            )
-        }
-    };
+    let path = common::smollm2_gguf();
     let g = nightmail_formats::GgufFile::open(&path).unwrap();
     let template = ChatTemplate::from_gguf(&g).expect("SmolLM2's GGUF carries a chat template");
     let tk = nightmail_formats::TextTokenizer::from_gguf(&g).unwrap().expect("SmolLM2's GGUF carries a vocabulary");
