@@ -50,14 +50,17 @@ fn is_global_v6(ip: Ipv6Addr) -> bool {
     }
     // Only global unicast 2000::/3 is left to allow (RFC 4291 §2.4): this refuses fc00::/7
     // unique-local, fe80::/10 link-local, ff00::/8 multicast, 64:ff9b:1::/48 local NAT64 and 100::/64
-    // discard at once.
+    // discard, and 5f00::/16 SRv6 SIDs (RFC 9602) at once.
     if s[0] & 0xe000 != 0x2000 {
         return false;
     }
-    let special = (s[0] == 0x2001 && s[1] < 0x200) // IETF protocol assignments 2001::/23 (Teredo, ORCHID, benchmarking)
-        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation, RFC 3849
-        || (s[0] & 0xfff0) == 0x3ff0 // documentation 3fff::/20, RFC 9637
-        || s[0] == 0x5f00; // SRv6 SIDs, RFC 9602
+    let special = match s[0] {
+        // IETF protocol assignments 2001::/23 (Teredo, ORCHID, benchmarking), and documentation
+        // 2001:db8::/32 (RFC 3849).
+        0x2001 => s[1] < 0x200 || s[1] == 0x0db8,
+        0x3fff => s[1] < 0x1000, // documentation 3fff::/20, RFC 9637
+        _ => false,
+    };
     !special
 }
 
@@ -150,6 +153,8 @@ mod tests {
             "100::1",
             "64:ff9b:1::1",
             "fec0::1",
+            "3fff:0fff::1",
+            "5f00::1",
         ] {
             assert!(!v4(ip), "{ip} should be refused");
         }
@@ -157,7 +162,7 @@ mod tests {
 
     #[test]
     fn public_ipv6_and_mapped_public_ipv4_are_global() {
-        for ip in ["2606:4700:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"] {
+        for ip in ["2606:4700:4700::1111", "3fff:1000::1", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"] {
             assert!(v4(ip), "{ip} should be allowed");
         }
     }

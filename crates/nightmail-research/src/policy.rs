@@ -72,9 +72,9 @@ pub(crate) fn duration_text(d: Duration) -> String {
 /// Bytes as a model reads them: "2 MiB", "512 KiB", "100 bytes".
 pub(crate) fn bytes_text(n: u64) -> String {
     const MIB: u64 = 1024 * 1024;
-    if n >= MIB && n % MIB == 0 {
+    if n >= MIB && n.is_multiple_of(MIB) {
         format!("{} MiB", n / MIB)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{} KiB", n / 1024)
     } else {
         format!("{n} bytes")
