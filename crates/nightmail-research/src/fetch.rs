@@ -16,7 +16,7 @@ pub struct Page {
     pub title: Option<String>,
     /// Readable text, at most `TEXT_LIMIT_CHARS` characters (with a note when cut).
     pub text: String,
-    /// Bytes downloaded, robots.txt included.
+    /// Body bytes downloaded, robots.txt included (redirects' bodies are never read).
     pub bytes: u64,
     /// The media type, without parameters ("text/html").
     pub content_type: String,
@@ -68,4 +68,23 @@ fn media_type(response: &reqwest::Response) -> (String, Option<String>) {
         name.trim().eq_ignore_ascii_case("charset").then(|| value.trim().trim_matches('"').to_string())
     });
     (essence, charset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_survives_the_workers_journal_as_json() {
+        let page = Page {
+            url: "https://example.org/".into(),
+            title: Some("Example".into()),
+            text: "text".into(),
+            bytes: 4,
+            content_type: "text/plain".into(),
+            cut: false,
+        };
+        let json = serde_json::to_string(&page).unwrap();
+        assert_eq!(serde_json::from_str::<Page>(&json).unwrap(), page);
+    }
 }
