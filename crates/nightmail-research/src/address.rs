@@ -168,6 +168,14 @@ mod tests {
     }
 
     #[test]
+    fn one_private_address_among_public_ones_refuses_the_name() {
+        let public: SocketAddr = "8.8.8.8:80".parse().unwrap();
+        let private: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        assert_eq!(first_refused("example.org", 80, &[public, private], &[]), Some(private));
+        assert_eq!(first_refused("example.org", 80, &[public], &[]), None);
+    }
+
+    #[test]
     fn allow_private_lets_through_the_named_host_port_or_address_only() {
         let lo: SocketAddr = "127.0.0.1:8888".parse().unwrap();
         let lo6: SocketAddr = "[::1]:8888".parse().unwrap();

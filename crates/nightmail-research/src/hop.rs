@@ -117,3 +117,28 @@ pub(crate) fn request_error(url: &Url, error: &reqwest::Error) -> FetchError {
     }
     FetchError::Request { url: url.to_string(), reason }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The connection goes to the checked addresses, never to a fresh DNS answer: a name under
+    /// `.invalid` (RFC 6761 §6.4) resolves nowhere, yet the request reaches the pinned listener.
+    #[tokio::test]
+    async fn the_connection_goes_to_the_checked_addresses_without_a_second_lookup() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf).await.unwrap();
+            let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\npinned";
+            stream.write_all(reply).await.unwrap();
+        });
+        let url = Url::parse(&format!("http://rebind.invalid:{}/", addr.port())).unwrap();
+        let target = Target { url, addrs: vec![addr] };
+        let response = get(&target, &FetchPolicy::default()).await.unwrap();
+        assert_eq!(response.text().await.unwrap(), "pinned");
+    }
+}
