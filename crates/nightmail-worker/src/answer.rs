@@ -10,7 +10,7 @@ use nightmail_types::{Address, Timestamp};
 use tokio::sync::watch;
 
 use crate::backend::{self, BackendAnswer, BackendError, Request};
-use crate::compose::{self, Stats};
+use crate::compose::{self, Researched, Stats};
 use crate::concierge::acknowledgement;
 use crate::control::{self, Command, command_in};
 use crate::conversation::{self, Conversation};
@@ -22,6 +22,7 @@ use crate::letters::{self, Asked, Content, Letters};
 use crate::mail::{self, Mail};
 use crate::progress::ProgressTimer;
 use crate::setup::Shift;
+use crate::research::{Findings, MailSearch, Research, Toolbox};
 use crate::{ask, checkpoints};
 
 /// Earlier thread messages given to the model, at most.
@@ -64,6 +65,8 @@ struct Prompt {
     conversation: Conversation,
     request: Request,
     left_out: LeftOut,
+    /// What the research found, when the model has tools.
+    findings: Option<Findings>,
 }
 
 /// What the answer has cost since its attempt started: time, and energy where it is measured.
@@ -172,6 +175,7 @@ impl<'a> Answer<'a> {
         let owner = job.sender.as_ref().and_then(|s| self.shift.config().user_by_address(s)).map(|u| u.name.clone());
         let mut generation = Generation::new(self.shift, asked, ProgressTimer::new(model, owner, started));
         let whole_thread = self.thread(question, job.sender.as_ref())?;
+        let mut research = self.research(asked)?;
         let build = |thread: &[Mail], question: &Mail| self.request(asked, &self.converse(asked, thread, question));
         let mut refits = 0;
         // Estimated prompt lengths times this: raised when a server counts a refused prompt longer.
@@ -192,8 +196,13 @@ impl<'a> Answer<'a> {
             };
             let conversation = self.converse(asked, &thread, &fitted);
             let request = self.request(asked, &conversation);
-            let Some((back, result)) = generation.run(leased, backend.as_ref(), &request, self.stop.clone()).await?
-            else {
+            let generated = match research.as_mut() {
+                Some(research) => {
+                    research.generate(&mut generation, leased, backend.as_ref(), &request, self.stop.clone()).await?
+                }
+                None => generation.run(leased, backend.as_ref(), &request, self.stop.clone()).await?,
+            };
+            let Some((back, result)) = generated else {
                 // The lease was lost: cancelled (the checkpoint has no use now) or taken over.
                 if !self.shift.store.job(job.id)?.is_some_and(|j| checkpoints::may_resume(&j.state)) {
                     checkpoints::remove(&self.shift.config().data_dir, job.id);
@@ -212,7 +221,8 @@ impl<'a> Answer<'a> {
                     leased = back;
                 }
                 result => {
-                    let prompt = Prompt { conversation, request, left_out };
+                    let findings = research.as_ref().zip(result.as_ref().ok()).map(|(r, answer)| r.findings(answer));
+                    let prompt = Prompt { conversation, request, left_out, findings };
                     return Ok(Attempt::Ran(Run { leased: back, result, prompt }));
                 }
             }
@@ -238,7 +248,7 @@ impl<'a> Answer<'a> {
                     checkpoint_tokens: 0,
                     max_tokens: u64::from(prompt.request.max_tokens),
                     engine: None,
-                    research: None,
+                    research: prompt.findings.as_ref().map(|f| f.progress.clone()),
                     prompt_in: outcome
                         .prefilled_tokens
                         .zip(outcome.prefill_ms)
@@ -291,6 +301,9 @@ impl<'a> Answer<'a> {
             notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
         }
         notes.extend(left_out.note());
+        if let Some(limit) = prompt.findings.as_ref().and_then(|f| f.limit.as_ref()) {
+            notes.push(format!("Research stopped early: {limit}; the answer uses what was found by then"));
+        }
         if outcome.finish_reason == "length" {
             notes.push(format!(
                 "The answer stopped at the length limit ({} tokens); ask again with @max-tokens N for more.",
@@ -306,11 +319,31 @@ impl<'a> Answer<'a> {
             job: job.id.0,
             energy: meter.finish(started.elapsed(), model.cost.watts),
             api_price: model.cost.api_price,
+            research: prompt.findings.as_ref().map(|f| Researched { sources: f.sources.clone(), summary: f.summary.clone() }),
         };
         let (body, headers) = compose::answer(&stats, &notes);
         let attachment = (model.reasoning_output == ReasoningOutput::Attach && !outcome.reasoning.trim().is_empty())
             .then(|| ("reasoning.txt", outcome.reasoning.clone()));
         Letters::new(self.shift).reply(asked, Content { body, headers, attachment })
+    }
+
+    /// The job's research, when its model has tools: the asker's own mail searchable only when
+    /// the asker has an account here.
+    fn research(&self, asked: Asked<'_>) -> Result<Option<Research>, StoreError> {
+        let Asked { job, model, .. } = asked;
+        if model.tools.is_empty() {
+            return Ok(None);
+        }
+        let config = self.shift.config();
+        let asker = job.sender.as_ref().filter(|s| config.user_by_address(s).is_some());
+        let mail = self.shift.setup.mail_index.clone().zip(asker).map(|(index, asker)| {
+            MailSearch::new(index, self.shift.store.clone(), asker.clone())
+        });
+        let toolbox = Toolbox::new(model.tools.clone(), config.research.clone(), mail);
+        let dir = checkpoints::dir(&config.data_dir);
+        Research::open(toolbox, &dir, job.id.0)
+            .map(Some)
+            .map_err(|e| StoreError::Io { path: dir, message: format!("the research journal: {e}") })
     }
 
     /// The conversation the model is given: a thread's turns, or an Ask folder's framed question.

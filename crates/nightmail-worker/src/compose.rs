@@ -179,6 +179,16 @@ pub struct Stats<'a> {
     pub energy: Option<Energy>,
     /// A hosted API's price, to state what the same tokens would have cost there.
     pub api_price: Option<ApiPrice>,
+    /// What a model with tools looked up: the Sources section and the footer's count.
+    pub research: Option<Researched>,
+}
+
+/// The research an answer rests on, as the reply states it.
+pub struct Researched {
+    /// The Sources section (Markdown), when the model was shown any.
+    pub sources: Option<String>,
+    /// `3 tool calls (fetch 2, web_search 1), 40 KB fetched`.
+    pub summary: String,
 }
 
 impl Stats<'_> {
@@ -237,6 +247,9 @@ impl Stats<'_> {
             self.wall.as_secs_f64(),
             self.seconds_per_token()
         );
+        if let Some(research) = &self.research {
+            footer.push_str(&format!("research: {}\n", research.summary));
+        }
         if let Some(line) = self.cost_line() {
             footer.push_str(&line);
             footer.push('\n');
@@ -300,6 +313,10 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, 
         body = "(The model gave no answer text; its reasoning is attached if reasoning output is on.)".into();
     }
     body.push_str("\n\n");
+    if let Some(sources) = stats.research.as_ref().and_then(|r| r.sources.as_ref()) {
+        body.push_str(sources.trim_end());
+        body.push_str("\n\n");
+    }
     for note in notes {
         body.push_str(&format!("[{note}]\n"));
     }
@@ -328,6 +345,9 @@ pub fn answer(stats: &Stats<'_>, notes: &[String]) -> (Body, Vec<(&'static str, 
     if let Some(energy) = stats.energy {
         headers.push(("X-Nightmail-Energy-Wh", format!("{:.4}", energy.watt_hours)));
         headers.push(("X-Nightmail-Energy-Source", energy.source.to_string()));
+    }
+    if let Some(research) = &stats.research {
+        headers.push(("X-Nightmail-Research", research.summary.clone()));
     }
     if let Some(usd) = stats.api_equivalent() {
         headers.push(("X-Nightmail-Api-Equivalent-Usd", format!("{usd:.6}")));
@@ -434,6 +454,7 @@ mod tests {
             job: 7,
             energy: Some(Energy { watt_hours: 0.25, source: crate::cost::EnergySource::Configured { watts: 300.0 } }),
             api_price: Some(ApiPrice { input_per_mtok: 3.0, output_per_mtok: 15.0 }),
+            research: None,
         };
         let (body, headers) = answer(&stats, &["I did not understand: @colour blue".into()]);
         let raw = kimis_reply(&parent, body, headers, Some(("reasoning.txt", "thinking...".into())));
@@ -518,6 +539,7 @@ mod tests {
             job: 1,
             energy: None,
             api_price: None,
+            research: None,
         };
         let (body, headers) = answer(&stats, &[]);
         let Body::Markdown(body) = body else { panic!("a Markdown answer") };

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use nightmail_store::{LeasedJob, Progress, StoreError};
+use nightmail_store::{LeasedJob, Progress, ResearchProgress, StoreError};
 use nightmail_types::Timestamp;
 use tokio::sync::{mpsc, watch};
 
@@ -25,11 +25,13 @@ pub struct Generation<'a> {
     shift: &'a Shift,
     asked: Asked<'a>,
     timer: ProgressTimer,
+    /// The job's research so far, shown with its progress (`None` without tools).
+    pub research: Option<ResearchProgress>,
 }
 
 impl<'a> Generation<'a> {
     pub fn new(shift: &'a Shift, asked: Asked<'a>, timer: ProgressTimer) -> Generation<'a> {
-        Generation { shift, asked, timer }
+        Generation { shift, asked, timer, research: None }
     }
 
     /// Streams the backend's answer, saving progress and renewing the lease as it comes. Returns
@@ -45,7 +47,11 @@ impl<'a> Generation<'a> {
         let (halt_tx, halt) = watch::channel(false);
         let generation = backend.generate(request, events_tx, halt);
         tokio::pin!(generation);
-        let mut progress = Progress { max_tokens: u64::from(request.max_tokens), ..Progress::default() };
+        let mut progress = Progress {
+            max_tokens: u64::from(request.max_tokens),
+            research: self.research.clone(),
+            ..Progress::default()
+        };
         let mut last_save = Instant::now();
         let mut save_now = false;
         let mut last_renew = Instant::now();
@@ -103,6 +109,27 @@ impl<'a> Generation<'a> {
             }
         };
         Ok(Some((leased, result)))
+    }
+
+    /// Records a research step (a tool call starting or done) as the job's progress, renews the
+    /// lease, and shows it to the asker when due. `None`: the lease was lost.
+    pub async fn research_step(
+        &mut self,
+        mut leased: LeasedJob,
+        research: ResearchProgress,
+    ) -> Result<Option<LeasedJob>, StoreError> {
+        self.research = Some(research);
+        let progress = Progress { research: self.research.clone(), updated_at: Timestamp::now(), ..Progress::default() };
+        let store = &self.shift.store;
+        let saved = async {
+            store.record_progress(&mut leased, progress.clone()).await?;
+            store.renew(&mut leased, self.shift.config().worker.lease).await?;
+            self.show_progress(&mut leased, &progress).await
+        };
+        match saved.await {
+            Ok(()) => Ok(Some(leased)),
+            Err(e) => lost(e),
+        }
     }
 
     /// Files the job's `In Progress` message and sends its progress mail, each when due. Only a

@@ -12,6 +12,7 @@
 //! wires them.
 
 pub mod answer;
+pub mod research;
 pub mod concierge;
 pub mod control;
 pub mod gate;
@@ -60,7 +61,8 @@ pub struct Worker {
 impl Worker {
     pub fn new(store: Store, config: Arc<Config>, backends: Backends) -> Worker {
         let policy = retry_policy(&config.worker);
-        Worker { store, setup: Setup { config, backends: Arc::new(backends) }, policy, live: None }
+        let mail_index = setup::mail_index(&config, None);
+        Worker { store, setup: Setup { config, backends: Arc::new(backends), mail_index }, policy, live: None }
     }
 
     /// A worker that takes each job's models from the latest setup sent on `live`. The

@@ -57,8 +57,9 @@ impl ProgressTimer {
     }
 }
 
+/// How far the job has got, as the messages show it: tokens written, and tool calls made.
 fn written(progress: &Progress) -> u64 {
-    progress.output_tokens + progress.reasoning_tokens
+    progress.output_tokens + progress.reasoning_tokens + progress.research.as_ref().map_or(0, |r| u64::from(r.calls))
 }
 
 /// The text of the `In Progress` message.
@@ -70,8 +71,9 @@ pub fn page(progress: &Progress, job: u64) -> String {
     };
     format!(
         "This answer is being written ({}). This message is replaced as it grows, and removed when \
-         the answer is sent.\n\n{so_far}\n\n-- \nnightmail: job {job}, in progress\n",
-        tokens(progress)
+         the answer is sent.\n{}\n{so_far}\n\n-- \nnightmail: job {job}, in progress\n",
+        tokens(progress),
+        research(progress)
     )
 }
 
@@ -82,6 +84,20 @@ pub fn mail(progress: &Progress, job: u64) -> String {
         tokens(progress),
         progress.partial_text.trim()
     )
+}
+
+/// The research line: the step the job is on, and what it has done.
+fn research(progress: &Progress) -> String {
+    match &progress.research {
+        Some(r) => format!(
+            "\nResearching, {} tool call{} so far ({} KB read): {}\n",
+            r.calls,
+            if r.calls == 1 { "" } else { "s" },
+            r.bytes.div_ceil(1024),
+            r.step
+        ),
+        None => String::new(),
+    }
 }
 
 fn tokens(progress: &Progress) -> String {

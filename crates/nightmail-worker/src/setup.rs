@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nightmail_config::{Config, ModelEntry};
+use nightmail_config::{Config, ModelEntry, Tool};
+use nightmail_mailindex::MailIndex;
 use nightmail_store::{RetryPolicy, Store};
 use nightmail_types::Address;
 
@@ -50,12 +51,16 @@ fn backend_for(model: &ModelEntry, data_dir: &Path) -> Arc<dyn Backend> {
 pub struct Setup {
     pub config: Arc<Config>,
     pub backends: Arc<Backends>,
+    /// Users' mail indexes for `search_mail`, when a model has that tool (one handle, so one
+    /// writer per index).
+    pub mail_index: Option<MailIndex>,
 }
 
 impl Setup {
     pub fn new(config: Arc<Config>) -> Setup {
         let backends = Arc::new(backends(&config));
-        Setup { config, backends }
+        let mail_index = mail_index(&config, None);
+        Setup { config, backends, mail_index }
     }
 
     /// The setup for a reloaded configuration `new`. A model whose backend settings did not
@@ -81,13 +86,34 @@ impl Setup {
             };
             map.insert(model.address.clone(), backend);
         }
-        Setup { config: Arc::new(config), backends: Arc::new(map) }
+        let mail_index = mail_index(&config, self.mail_index.as_ref());
+        Setup { config: Arc::new(config), backends: Arc::new(map), mail_index }
     }
 }
 
 /// What one job, or one pass of the concierge, works with from its start to its end: the store,
 /// the setup it started with, and the worker's retry policy (the first setup's: the `[worker]`
 /// section needs a restart).
+/// The mail indexes under `data_dir/mail_index`, for the configured users, when a model has
+/// `search_mail`; `None` otherwise, or when the directory cannot be made (said in the log).
+pub(crate) fn mail_index(config: &Config, old: Option<&MailIndex>) -> Option<MailIndex> {
+    if !config.models.iter().any(|m| m.tools.contains(&Tool::SearchMail)) {
+        return None;
+    }
+    let users = config.users.iter().map(|u| (u.address.clone(), u.name.clone()));
+    let opened = match old {
+        Some(old) => Ok(old.clone()),
+        None => MailIndex::open(&config.data_dir.join("mail_index")),
+    };
+    match opened {
+        Ok(index) => Some(index.with_users(users)),
+        Err(e) => {
+            tracing::warn!("search_mail is unavailable: {e}");
+            None
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Shift {
     pub store: Store,
