@@ -141,6 +141,21 @@ impl Store {
         Ok(list)
     }
 
+    /// Every owner that has a mailbox, in byte order: the users a rebuild of the mail index
+    /// walks, including owners no longer configured (so it can say which it left out).
+    pub fn owners(&self) -> Result<Vec<String>, StoreError> {
+        let mut owners: Vec<String> = Vec::new();
+        for key in self.trees.mailbox_names.iter().keys() {
+            let key = key?;
+            let owner = key.split(|&b| b == 0).next().unwrap_or_default();
+            let owner = String::from_utf8_lossy(owner);
+            if owners.last().map(String::as_str) != Some(&*owner) {
+                owners.push(owner.into_owned());
+            }
+        }
+        Ok(owners)
+    }
+
     /// The messages of a mailbox, in UID order.
     pub fn mail(&self, mailbox: MailboxId) -> Result<Vec<MailEntry>, StoreError> {
         self.trees.mail.scan_prefix(mailbox.to_be_bytes()).map(mail_entry).collect()
@@ -189,5 +204,23 @@ impl Store {
         // RFC 5465 §5.4: a NOTIFY session watching for MailboxName learns of the new mailbox.
         self.notify(info.id);
         Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Store;
+
+    /// Owners come once each however many mailboxes they have, and one whose name is a prefix of
+    /// another's stays apart from it (the key's `\0` ends the owner).
+    #[tokio::test]
+    async fn owners_lists_each_mailbox_owner_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.owners().unwrap().is_empty());
+        for (owner, name) in [("bob", "INBOX"), ("al", "INBOX"), ("al", "Sent"), ("alice", "INBOX")] {
+            store.create_mailbox(owner, name).await.unwrap();
+        }
+        assert_eq!(store.owners().unwrap(), ["al", "alice", "bob"]);
     }
 }

@@ -293,7 +293,7 @@ impl<'a> Answer<'a> {
         spent: Spent,
     ) -> Result<Incoming, StoreError> {
         let Asked { job, model, .. } = asked;
-        let Prompt { conversation, request, left_out } = prompt;
+        let Prompt { conversation, request, left_out, findings } = prompt;
         let Spent { started, meter } = spent;
         let options = &conversation.options;
         let mut notes = Vec::new();
@@ -301,7 +301,7 @@ impl<'a> Answer<'a> {
             notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
         }
         notes.extend(left_out.note());
-        if let Some(limit) = prompt.findings.as_ref().and_then(|f| f.limit.as_ref()) {
+        if let Some(limit) = findings.as_ref().and_then(|f| f.limit.as_ref()) {
             notes.push(format!("Research stopped early: {limit}; the answer uses what was found by then"));
         }
         if outcome.finish_reason == "length" {
@@ -319,7 +319,7 @@ impl<'a> Answer<'a> {
             job: job.id.0,
             energy: meter.finish(started.elapsed(), model.cost.watts),
             api_price: model.cost.api_price,
-            research: prompt.findings.as_ref().map(|f| Researched { sources: f.sources.clone(), summary: f.summary.clone() }),
+            research: findings.as_ref().map(|f| Researched { sources: f.sources.clone(), summary: f.summary.clone() }),
         };
         let (body, headers) = compose::answer(&stats, &notes);
         let attachment = (model.reasoning_output == ReasoningOutput::Attach && !outcome.reasoning.trim().is_empty())
