@@ -31,7 +31,10 @@ pub use error::{EngineError, Result};
 pub use generate::TokenStream;
 pub use model::{LoadOptions, Model, memory_plan};
 pub use nightmail_formats::FormatError;
-pub use nightmail_formats::{ChatMessage, ChatTemplate, Format, RenderOptions, TextTokenizer, ToolArguments, ToolCall};
+pub use nightmail_formats::{
+    ChatMessage, ChatTemplate, Format, MalformedCall, ParsedTurn, RenderOptions, TextTokenizer, ToolArguments, ToolCall,
+    ToolSyntax,
+};
 pub use nightmail_model::ModelError;
 pub use nightmail_model::{
     Activation, Architecture, AttentionSpec, ExpertId, ExpertStore, LayerRecall, MlaSpec, ModelSpec, MoeSpec,

@@ -109,6 +109,9 @@ pub(crate) fn status(shift: &Shift, job: &Job) -> Result<String, StoreError> {
         if j.sender == job.sender {
             let mut progress =
                 j.progress.as_ref().map(|p| format!(", {} tokens so far", p.output_tokens)).unwrap_or_default();
+            if let Some(r) = j.progress.as_ref().and_then(|p| p.research.as_ref()) {
+                progress.push_str(&format!(", {} tool calls ({})", r.calls, r.step));
+            }
             if let (JobState::Running { .. }, Some(pace)) = (&j.state, &pace) {
                 progress.push_str(&format!(", about {} left", human_duration(pace.rest(j))));
             }

@@ -121,6 +121,17 @@ pub struct JobView {
     /// How the prompt went in, apart from the answer's time, once it is in (the local engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<PromptView>,
+    /// A model with tools: the calls it has made, bytes downloaded, and its step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub research: Option<ResearchView>,
+}
+
+/// A job's research so far (docs/STATUS.md).
+#[derive(Serialize, Deserialize)]
+pub struct ResearchView {
+    pub tool_calls: u32,
+    pub bytes_fetched: u64,
+    pub step: String,
 }
 
 /// A job's prompt: its length, the tokens the model ran for it and the rest restored (a thread's
@@ -188,6 +199,11 @@ impl JobView {
             updated_at_ms: job.progress.as_ref().map(|p| p.updated_at.0),
             ack: job.ack.clone(),
             prompt: job.progress.as_ref().and_then(PromptView::of),
+            research: job.progress.as_ref().and_then(|p| p.research.as_ref()).map(|r| ResearchView {
+                tool_calls: r.calls,
+                bytes_fetched: r.bytes,
+                step: r.step.clone(),
+            }),
             engine: match job.state {
                 JobState::Running { .. } => job.progress.as_ref().and_then(|p| p.engine.as_ref()).map(EngineView::of),
                 _ => None,
@@ -314,6 +330,15 @@ fn print_jobs(report: &Report) {
         }
         if let Some(engine) = &job.engine {
             println!("{:>20}  engine: {}", "", engine_line(engine));
+        }
+        if let Some(r) = &job.research {
+            println!(
+                "{:>20}  research: {} tool calls, {} KB fetched; {}",
+                "",
+                r.tool_calls,
+                r.bytes_fetched.div_ceil(1024),
+                r.step
+            );
         }
     }
     if report.checkpoint_bytes > 0 {

@@ -29,6 +29,7 @@ use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, ToolSpec};
+use super::calls::CallSyntax;
 use crate::conversation::{Role, Turn};
 
 
@@ -81,6 +82,8 @@ struct Job {
     events: mpsc::UnboundedSender<Event>,
     stop: watch::Receiver<bool>,
     done: oneshot::Sender<Result<BackendAnswer, BackendError>>,
+    /// The tools the model may call (OpenAI's JSON array), when it may.
+    tools: Option<String>,
 }
 
 impl Local {
@@ -266,12 +269,21 @@ struct Running<'m> {
     checkpoints: Option<CheckpointTimer>,
     /// Whether the worker has been told how the prompt went in (with the first token).
     prompt_told: bool,
+    /// How the model writes tool calls, when it was given tools.
+    calls: Option<CallSyntax>,
 }
 
 impl<'m> Running<'m> {
     /// Opens the job's stream (resuming from its checkpoint if it has one); a job that cannot
     /// start is answered at once.
-    fn start(model: &'m Model, config: &LocalBackend, job: Job, states: Option<&StateCache>) -> Option<Running<'m>> {
+    fn start(model: &'m Model, config: &LocalBackend, mut job: Job, states: Option<&StateCache>) -> Option<Running<'m>> {
+        let calls = job.tools.as_ref().map(|tools| {
+            let syntax = CallSyntax::of(model.chat_template());
+            if let Prompt::ToolChat { messages, .. } = &mut job.request.prompt {
+                syntax.describe(messages, tools);
+            }
+            syntax
+        });
         let mut stream = match model.stream_deferred(job.request, job.checkpoint.as_deref()) {
             Ok(s) => s,
             Err(e) => {
@@ -290,6 +302,7 @@ impl<'m> Running<'m> {
             think: ThinkSplitter::default(),
             outcome: BackendAnswer { model: config.path.display().to_string(), ..BackendAnswer::default() },
             prompt_told: false,
+            calls,
             checkpoints: job.checkpoint.map(|_| CheckpointTimer {
                 every_tokens: config.checkpoint_every_tokens as usize,
                 every: config.checkpoint_every,
@@ -388,6 +401,9 @@ impl<'m> Running<'m> {
             Some(StopReason::Cancelled) | None => return Err(BackendError::Stopped),
         }
         .to_string();
+        if let Some(syntax) = self.calls {
+            (outcome.content, outcome.calls) = syntax.read(&outcome.content);
+        }
         Ok(outcome)
     }
 
@@ -535,7 +551,11 @@ impl Backend for Local {
             };
             generate.draft = engine_draft(&c.draft);
             let (done, result) = oneshot::channel();
-            let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done };
+            let tools = match &generate.prompt {
+                Prompt::ToolChat { tools, .. } => Some(tools.clone()),
+                _ => None,
+            };
+            let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done, tools };
             self.inner.submit(Work::Generate(job));
             // Generation takes as long as it takes (hours, for a model streamed from SSD).
             result.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))

@@ -2,6 +2,7 @@
 //! reasoning arrive as separate [`Event`]s so the worker can save progress as it goes, and a stop
 //! signal ends generation between tokens.
 
+mod calls;
 mod gauge;
 pub mod local;
 pub mod openai;
