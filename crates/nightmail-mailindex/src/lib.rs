@@ -69,7 +69,7 @@ pub struct MailHit {
 }
 
 /// What one catch-up did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatchUp {
     /// Messages read from the store and added.
     pub indexed: usize,
@@ -81,8 +81,8 @@ pub struct CatchUp {
     pub unreadable: usize,
 }
 
-/// What a rebuild of every user's index did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a rebuild of every user's index did (sent over the control socket by a running daemon).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RebuildReport {
     /// Each configured user and the messages now in their index, in address order.
     pub users: Vec<(Address, usize)>,
