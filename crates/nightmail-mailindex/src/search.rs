@@ -1,11 +1,11 @@
 //! Answering a model's query over one user's index.
 
 use nightmail_types::Address;
+use tantivy::TantivyDocument;
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, TermQuery};
 use tantivy::schema::{Field, IndexRecordOption, Term, Value};
 use tantivy::snippet::{Snippet, SnippetGenerator};
-use tantivy::TantivyDocument;
 
 use crate::{IndexError, MailHit, MailIndex, UserIndex};
 
@@ -55,6 +55,8 @@ impl UserIndex {
         let owner = TermQuery::new(Term::from_field_text(f.user, user.as_str()), IndexRecordOption::Basic);
         let query = BooleanQuery::new(vec![(Occur::Must, parsed), (Occur::Must, Box::new(owner))]);
 
+        // Sees what another handle or process committed since; cheap when nothing was.
+        self.reader.reload().map_err(|e| self.error(e))?;
         let searcher = self.reader.searcher();
         let top = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score()).map_err(|e| self.error(e))?;
         let mut snippets = SnippetGenerator::create(&searcher, &query, f.body).map_err(|e| self.error(e))?;

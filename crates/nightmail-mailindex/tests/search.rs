@@ -66,8 +66,25 @@ async fn malformed_queries_give_hits_or_an_error() {
     w.deliver(&w.ann, "Plans", "unclosed plans and more").await;
     w.index.catch_up(&w.store, &w.ann).unwrap();
     for query in [
-        "\"unclosed", "AND OR", "subject:", "(plans", "plans)", "nofield:plans", "plans^^", "*", "\"\"", "",
-        "   ", ":::", "subject:\"", "[a TO", "-", "+plans -", "plans~", "\\", "\u{0}",
+        "\"unclosed",
+        "AND OR",
+        "subject:",
+        "(plans",
+        "plans)",
+        "nofield:plans",
+        "plans^^",
+        "*",
+        "\"\"",
+        "",
+        "   ",
+        ":::",
+        "subject:\"",
+        "[a TO",
+        "-",
+        "+plans -",
+        "plans~",
+        "\\",
+        "\u{0}",
     ] {
         match w.index.search(&w.ann, query, 5) {
             Ok(hits) => assert!(hits.iter().all(|h| h.subject == "Plans"), "{query}: {hits:?}"),
