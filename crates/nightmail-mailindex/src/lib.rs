@@ -95,7 +95,10 @@ impl MailIndex {
     /// Opens the directory of all users' indexes (`data_dir/mail_index`), creating it if
     /// missing. Users' indexes are opened when first used.
     pub fn open(dir: &Path) -> Result<MailIndex, IndexError> {
-        std::fs::create_dir_all(dir).map_err(|source| IndexError::Io { path: dir.to_path_buf(), source })?;
+        // The index holds the mail's text: private as the store is (0700, whatever the umask).
+        let changed = nightmail_store::make_private(dir)
+            .map_err(|e| IndexError::Io { path: dir.to_path_buf(), source: std::io::Error::other(e.to_string()) })?;
+        nightmail_store::log_made_private(dir, &changed);
         Ok(MailIndex {
             inner: Arc::new(Inner { dir: dir.to_path_buf(), owners: HashMap::new(), open: Mutex::default() }),
         })

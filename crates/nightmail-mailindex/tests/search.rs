@@ -24,6 +24,10 @@ async fn a_user_finds_only_their_own_mail_even_when_another_matches_better() {
     // Bob's index is another directory, named by the digest of his address.
     assert_ne!(w.index.user_dir(&w.ann), w.index.user_dir(&w.bob));
     assert!(w.index.user_dir(&w.ann).starts_with(w.dir.path().join("mail_index")));
+    // It holds the mail's text: nobody but the daemon's user may enter it.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(w.dir.path().join("mail_index")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "mode {mode:o}");
 }
 
 #[tokio::test]
