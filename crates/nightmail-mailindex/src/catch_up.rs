@@ -64,14 +64,11 @@ impl UserIndex {
     /// `from_scratch`: forget every document and record first (a rebuild).
     fn catch_up(&self, store: &Store, user: &Address, owner: &str, from_scratch: bool) -> Result<CatchUp, IndexError> {
         let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        // Another handle or process may have committed since this reader last looked.
+        self.reader.reload().map_err(|e| self.error(e))?;
         let before = self.index.load_metas().map_err(|e| self.error(e))?;
         let before = IndexedMailboxes::from_payload(before.payload.as_deref()).unwrap_or_else(IndexedMailboxes::empty);
-        let mut writer = self.writer()?;
-        let mut state = before.clone();
-        if from_scratch {
-            writer.delete_all_documents().map_err(|e| self.error(e))?;
-            state = IndexedMailboxes::empty();
-        }
+        let mut state = if from_scratch { IndexedMailboxes::empty() } else { before.clone() };
         // Read before any mail: a change after this read has a higher mod-sequence than the one
         // recorded below, so the next catch-up sees it.
         let mailboxes = store.mailboxes(owner)?;
@@ -79,6 +76,17 @@ impl UserIndex {
 
         let gone: Vec<u64> =
             state.mailboxes.keys().copied().filter(|id| !mailboxes.iter().any(|m| m.id.0 == *id)).collect();
+        let changed = |m: &MailboxInfo| {
+            state.mailboxes.get(&m.id.0).is_none_or(|r| !r.same_mailbox(m) || r.highest_modseq != m.highest_modseq)
+        };
+        if !from_scratch && gone.is_empty() && !mailboxes.iter().any(changed) {
+            // The common case: no writer (and no lock file) for a catch-up with nothing to do.
+            return Ok(done);
+        }
+        let mut writer = self.writer()?;
+        if from_scratch {
+            writer.delete_all_documents().map_err(|e| self.error(e))?;
+        }
         for id in gone {
             state.mailboxes.remove(&id);
             done.removed += self.count_mailbox(id)?;

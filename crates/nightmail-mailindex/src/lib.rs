@@ -69,7 +69,7 @@ pub struct MailHit {
 }
 
 /// What one catch-up did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatchUp {
     /// Messages read from the store and added.
     pub indexed: usize,
@@ -81,8 +81,8 @@ pub struct CatchUp {
     pub unreadable: usize,
 }
 
-/// What a rebuild of every user's index did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a rebuild of every user's index did (sent over the control socket by a running daemon).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RebuildReport {
     /// Each configured user and the messages now in their index, in address order.
     pub users: Vec<(Address, usize)>,
@@ -95,7 +95,10 @@ impl MailIndex {
     /// Opens the directory of all users' indexes (`data_dir/mail_index`), creating it if
     /// missing. Users' indexes are opened when first used.
     pub fn open(dir: &Path) -> Result<MailIndex, IndexError> {
-        std::fs::create_dir_all(dir).map_err(|source| IndexError::Io { path: dir.to_path_buf(), source })?;
+        // The index holds the mail's text: private as the store is (0700, whatever the umask).
+        let changed = nightmail_store::make_private(dir)
+            .map_err(|e| IndexError::Io { path: dir.to_path_buf(), source: std::io::Error::other(e.to_string()) })?;
+        nightmail_store::log_made_private(dir, &changed);
         Ok(MailIndex {
             inner: Arc::new(Inner { dir: dir.to_path_buf(), owners: HashMap::new(), open: Mutex::default() }),
         })

@@ -1,9 +1,7 @@
 //! The fields of a user's mail index, and the tokenizer its text fields share.
 
 use tantivy::Index;
-use tantivy::schema::{
-    Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions,
-};
+use tantivy::schema::{Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions};
 use tantivy::tokenizer::{AsciiFoldingFilter, LowerCaser, RemoveLongFilter, SimpleTokenizer, TextAnalyzer};
 
 /// Bumped whenever a field or the tokenizer changes: an index written under another version is

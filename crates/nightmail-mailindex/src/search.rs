@@ -1,11 +1,11 @@
 //! Answering a model's query over one user's index.
 
 use nightmail_types::Address;
+use tantivy::TantivyDocument;
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, TermQuery};
 use tantivy::schema::{Field, IndexRecordOption, Term, Value};
 use tantivy::snippet::{Snippet, SnippetGenerator};
-use tantivy::TantivyDocument;
 
 use crate::{IndexError, MailHit, MailIndex, UserIndex};
 
@@ -55,6 +55,8 @@ impl UserIndex {
         let owner = TermQuery::new(Term::from_field_text(f.user, user.as_str()), IndexRecordOption::Basic);
         let query = BooleanQuery::new(vec![(Occur::Must, parsed), (Occur::Must, Box::new(owner))]);
 
+        // Sees what another handle or process committed since; cheap when nothing was.
+        self.reader.reload().map_err(|e| self.error(e))?;
         let searcher = self.reader.searcher();
         let top = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score()).map_err(|e| self.error(e))?;
         let mut snippets = SnippetGenerator::create(&searcher, &query, f.body).map_err(|e| self.error(e))?;
@@ -113,4 +115,34 @@ fn opening(body: &str) -> String {
 /// Whitespace runs, newlines included, as one space: a hit is one line in a tool's answer.
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use nightmail_types::Address;
+    use tantivy::TantivyDocument;
+
+    use crate::MailIndex;
+
+    /// The user field is a guard of its own: a document of Bob's that somehow sat in Ann's
+    /// directory is still not hers to find.
+    #[test]
+    fn a_document_of_another_user_in_ones_own_index_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = MailIndex::open(dir.path()).unwrap();
+        let (ann, bob) = (Address::parse("ann@x.org").unwrap(), Address::parse("bob@x.org").unwrap());
+        let own = index.user_index(&ann, true).unwrap();
+        let mut writer = own.writer().unwrap();
+        for (user, subject) in [(&ann, "mine"), (&bob, "stray")] {
+            let mut doc = TantivyDocument::default();
+            doc.add_text(own.fields.user, user.as_str());
+            doc.add_text(own.fields.subject, subject);
+            doc.add_text(own.fields.body, "kestrel");
+            writer.add_document(doc).unwrap();
+        }
+        writer.commit().unwrap();
+        own.reader.reload().unwrap();
+        let hits = index.search(&ann, "kestrel", 10).unwrap();
+        assert_eq!(hits.iter().map(|h| h.subject.as_str()).collect::<Vec<_>>(), ["mine"]);
+    }
 }

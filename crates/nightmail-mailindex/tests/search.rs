@@ -24,6 +24,10 @@ async fn a_user_finds_only_their_own_mail_even_when_another_matches_better() {
     // Bob's index is another directory, named by the digest of his address.
     assert_ne!(w.index.user_dir(&w.ann), w.index.user_dir(&w.bob));
     assert!(w.index.user_dir(&w.ann).starts_with(w.dir.path().join("mail_index")));
+    // It holds the mail's text: nobody but the daemon's user may enter it.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(w.dir.path().join("mail_index")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "mode {mode:o}");
 }
 
 #[tokio::test]
@@ -66,8 +70,25 @@ async fn malformed_queries_give_hits_or_an_error() {
     w.deliver(&w.ann, "Plans", "unclosed plans and more").await;
     w.index.catch_up(&w.store, &w.ann).unwrap();
     for query in [
-        "\"unclosed", "AND OR", "subject:", "(plans", "plans)", "nofield:plans", "plans^^", "*", "\"\"", "",
-        "   ", ":::", "subject:\"", "[a TO", "-", "+plans -", "plans~", "\\", "\u{0}",
+        "\"unclosed",
+        "AND OR",
+        "subject:",
+        "(plans",
+        "plans)",
+        "nofield:plans",
+        "plans^^",
+        "*",
+        "\"\"",
+        "",
+        "   ",
+        ":::",
+        "subject:\"",
+        "[a TO",
+        "-",
+        "+plans -",
+        "plans~",
+        "\\",
+        "\u{0}",
     ] {
         match w.index.search(&w.ann, query, 5) {
             Ok(hits) => assert!(hits.iter().all(|h| h.subject == "Plans"), "{query}: {hits:?}"),

@@ -53,7 +53,11 @@ enum Command {
     /// backup is verified first, and the restored store checked.
     Restore { dir: PathBuf },
     /// Check that every index in the store points at existing records and bytes.
-    Check,
+    Check {
+        /// Also rebuild every user's mail index (the search behind `search_mail`) from the store.
+        #[arg(long)]
+        reindex: bool,
+    },
     /// Manage users.
     User {
         #[command(subcommand)]
@@ -184,8 +188,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Check => {
-            if !crate::backup::check(&load(path.as_deref())?)? {
+        Command::Check { reindex } => {
+            let config = load(path.as_deref())?;
+            let whole = crate::backup::check(&config)?;
+            if reindex {
+                crate::reindex::reindex(&config)?;
+            }
+            if !whole {
                 return Ok(ExitCode::FAILURE);
             }
         }

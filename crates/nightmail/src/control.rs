@@ -26,6 +26,11 @@ pub enum Request {
     },
     /// Check that every index points at existing records and bytes.
     Check,
+    /// Rebuild the mail index (`search_mail`) of these users: address and mailbox owner name,
+    /// from the asking command's configuration.
+    Reindex {
+        users: Vec<(nightmail_types::Address, String)>,
+    },
 }
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {

@@ -42,6 +42,7 @@ async fn answer(stream: UnixStream, store: &Store, data_dir: &Path) -> anyhow::R
         Ok(Request::OutboundDrop { id }) => crate::outbound::answer(store, crate::outbound::Action::Drop, id).await,
         Ok(Request::Backup { dir }) => crate::backup::answer_backup(store, data_dir, dir).await,
         Ok(Request::Check) => crate::backup::answer_check(store).await,
+        Ok(Request::Reindex { users }) => crate::reindex::answer(store, data_dir, users).await,
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }),
     };
     let mut text = serde_json::to_vec(&response)?;

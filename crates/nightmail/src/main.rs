@@ -7,6 +7,7 @@ mod client_config;
 mod control;
 mod control_server;
 mod outbound;
+mod reindex;
 mod reload;
 mod serve;
 mod status;
