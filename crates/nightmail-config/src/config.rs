@@ -16,6 +16,7 @@ use crate::relay::{self, RelayConfig};
 use crate::smtp::{self, SmtpConfig};
 use crate::store::{self, StoreConfig};
 use crate::tls::{self, TlsConfig};
+use crate::transcribe::{self, TranscribeConfig};
 use crate::user::{self, Password, User};
 use crate::worker::{self, WorkerConfig};
 
@@ -37,6 +38,8 @@ pub struct Config {
     pub relay: Option<RelayConfig>,
     /// Mailboxes at other providers that a model answers from (`[[bridge]]`).
     pub bridges: Vec<BridgeConfig>,
+    /// The Whisper model voice notes are transcribed with (`[transcribe]`); `None`: not transcribed.
+    pub transcribe: Option<TranscribeConfig>,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -147,6 +150,7 @@ struct RawConfig {
     relay: Option<Spanned<relay::RawRelay>>,
     #[serde(default)]
     bridge: Vec<Spanned<bridge::RawBridge>>,
+    transcribe: Option<transcribe::RawTranscribe>,
 }
 
 fn default_hostname() -> Spanned<String> {
@@ -271,6 +275,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         worker: worker::check(&raw.worker),
         relay,
         bridges,
+        transcribe: raw.transcribe.as_ref().map(|t| transcribe::check(t, &loc)).transpose()?,
         source: source.map(Path::to_path_buf),
         warnings,
     })

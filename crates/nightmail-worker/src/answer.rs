@@ -22,7 +22,7 @@ use crate::letters::{self, Asked, Content, Letters};
 use crate::mail::{self, Mail};
 use crate::progress::ProgressTimer;
 use crate::setup::Shift;
-use crate::{ask, checkpoints};
+use crate::{ask, checkpoints, voice};
 
 /// Earlier thread messages given to the model, at most.
 const MAX_THREAD: usize = 20;
@@ -64,6 +64,8 @@ struct Prompt {
     conversation: Conversation,
     request: Request,
     left_out: LeftOut,
+    /// The question's voice notes, which the reply says were heard (and by which model) or not.
+    voice_notes: Vec<voice::VoiceNote>,
 }
 
 /// What the answer has cost since its attempt started: time, and energy where it is measured.
@@ -171,7 +173,13 @@ impl<'a> Answer<'a> {
         // Only an asker with an account here has an In Progress mailbox (not a bridge's outside asker).
         let owner = job.sender.as_ref().and_then(|s| self.shift.config().user_by_address(s)).map(|u| u.name.clone());
         let mut generation = Generation::new(self.shift, asked, ProgressTimer::new(model, owner, started));
-        let whole_thread = self.thread(question, job.sender.as_ref())?;
+        let mut whole_thread = self.thread(question, job.sender.as_ref())?;
+        // Voice notes become words before the prompt is fitted: the transcript is what it holds.
+        let transcribe = self.shift.config().transcribe.as_ref();
+        voice::hear(transcribe, &mut whole_thread).await;
+        let mut heard = question.clone();
+        voice::hear(transcribe, std::slice::from_mut(&mut heard)).await;
+        let question = &heard;
         let build = |thread: &[Mail], question: &Mail| self.request(asked, &self.converse(asked, thread, question));
         let mut refits = 0;
         // Estimated prompt lengths times this: raised when a server counts a refused prompt longer.
@@ -212,7 +220,8 @@ impl<'a> Answer<'a> {
                     leased = back;
                 }
                 result => {
-                    let prompt = Prompt { conversation, request, left_out };
+                    let voice_notes = question.voice_notes.clone();
+                    let prompt = Prompt { conversation, request, left_out, voice_notes };
                     return Ok(Attempt::Ran(Run { leased: back, result, prompt }));
                 }
             }
@@ -282,13 +291,14 @@ impl<'a> Answer<'a> {
         spent: Spent,
     ) -> Result<Incoming, StoreError> {
         let Asked { job, model, .. } = asked;
-        let Prompt { conversation, request, left_out } = prompt;
+        let Prompt { conversation, request, left_out, voice_notes } = prompt;
         let Spent { started, meter } = spent;
         let options = &conversation.options;
         let mut notes = Vec::new();
         if !options.unknown.is_empty() {
             notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
         }
+        notes.extend(voice_notes.iter().map(voice::VoiceNote::in_reply));
         notes.extend(left_out.note());
         if outcome.finish_reason == "length" {
             notes.push(format!(
