@@ -12,13 +12,16 @@ use std::time::Duration;
 use common::{Daemon, PASSWORD, external, wait_for_jobs};
 use nightmail_transcribe::word_error_rate;
 
-const SPOKEN: &str = "The quick brown fox jumps over the lazy dog. Please call me back tomorrow morning about the budget meeting.";
+const SPOKEN: &str =
+    "The quick brown fox jumps over the lazy dog. Please call me back tomorrow morning about the budget meeting.";
 
 fn whisper_model() -> PathBuf {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch-whisper.sh");
     let out = Command::new("bash").arg(script).output().unwrap();
     assert!(out.status.success(), "scripts/fetch-whisper.sh failed: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-whisper.sh prints the path").trim())
+    PathBuf::from(
+        String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-whisper.sh prints the path").trim(),
+    )
 }
 
 /// `SPOKEN` as a voice note `file`, encoded with `codec`.
@@ -57,12 +60,18 @@ set ssl_starttls=no\nset ssl_force_tls=no\nset copy=no\nset timeout=1\n",
     let mut child = mutt.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), body.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "mutt failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mutt failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The words under the "Voice note: NAME" heading of the prompt's user turn.
 fn transcript_in(prompt: &str, name: &str) -> String {
-    let heading = format!("---------- Voice note: {name} (transcribed by whisper-tiny.en on this machine) ----------\n");
+    let heading =
+        format!("---------- Voice note: {name} (transcribed by whisper-tiny.en on this machine) ----------\n");
     let at = prompt.find(&heading).unwrap_or_else(|| panic!("no {heading:?} in the prompt: {prompt}"));
     let rest = &prompt[at + heading.len()..];
     rest.split("\n\n").next().unwrap().to_string()
@@ -89,7 +98,10 @@ fn mutt_voice_notes_are_transcribed_into_the_prompt_and_the_reply_says_by_whom()
     let requests = backend.prompts();
     assert_eq!(requests.len(), 1, "{requests:#?}");
     let messages: serde_json::Value = serde_json::from_str(&requests[0]).unwrap();
-    let user = messages.as_array().unwrap().iter().rfind(|m| m["role"] == "user").unwrap()["content"].as_str().unwrap().to_string();
+    let user = messages.as_array().unwrap().iter().rfind(|m| m["role"] == "user").unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(user.starts_with("Two notes for you."), "{user}");
     for name in ["note.m4a", "note.ogg"] {
         let heard = transcript_in(&user, name);
@@ -101,7 +113,8 @@ fn mutt_voice_notes_are_transcribed_into_the_prompt_and_the_reply_says_by_whom()
 
     daemon.stop();
     let inbox = daemon.mailbox("me", "INBOX");
-    let reply = inbox.iter().find(|m| m.contains("I will call you tomorrow morning.")).unwrap_or_else(|| panic!("{inbox:#?}"));
+    let reply =
+        inbox.iter().find(|m| m.contains("I will call you tomorrow morning.")).unwrap_or_else(|| panic!("{inbox:#?}"));
     let parsed = mail_parser::MessageParser::default().parse(reply.as_bytes()).unwrap();
     let text = parsed.body_text(0).unwrap().replace("\r\n", "\n");
     for name in ["note.m4a", "note.ogg"] {
@@ -122,12 +135,18 @@ fn without_transcribe_the_reply_says_the_note_was_not_heard() {
     wait_for_jobs(&daemon, 1, Duration::from_secs(120));
     let prompt = backend.prompts().remove(0);
     assert!(
-        prompt.contains("[voice note note.ogg: not transcribed — no [transcribe] model is configured; see docs/MAIL.md]"),
+        prompt
+            .contains("[voice note note.ogg: not transcribed — no [transcribe] model is configured; see docs/MAIL.md]"),
         "{prompt}"
     );
     daemon.stop();
     let inbox = daemon.mailbox("me", "INBOX");
     let reply = inbox.iter().find(|m| m.contains("Noted.")).unwrap_or_else(|| panic!("{inbox:#?}"));
-    let text = mail_parser::MessageParser::default().parse(reply.as_bytes()).unwrap().body_text(0).unwrap().replace("\r\n", "\n");
+    let text = mail_parser::MessageParser::default()
+        .parse(reply.as_bytes())
+        .unwrap()
+        .body_text(0)
+        .unwrap()
+        .replace("\r\n", "\n");
     assert!(text.contains("Voice note note.ogg was not heard: this server has no [transcribe] model"), "{text}");
 }

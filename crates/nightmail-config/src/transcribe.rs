@@ -73,7 +73,9 @@ mod tests {
 
     #[test]
     fn missing_model_says_what_to_do() {
-        let err = Config::parse("[transcribe]\nmodel = \"models/nope\"\n", Some(Path::new("nm.toml"))).unwrap_err().to_string();
+        let err = Config::parse("[transcribe]\nmodel = \"models/nope\"\n", Some(Path::new("nm.toml")))
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("nm.toml:2:"), "{err}");
         assert!(err.contains("scripts/fetch-whisper.sh"), "{err}");
     }

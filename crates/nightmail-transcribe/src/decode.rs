@@ -24,9 +24,7 @@ pub struct Pcm {
 }
 
 fn err(what: impl std::fmt::Display) -> TranscribeError {
-    TranscribeError::Decode {
-        what: what.to_string(),
-    }
+    TranscribeError::Decode { what: what.to_string() }
 }
 
 pub fn decode(audio: &[u8], content_type: Option<&str>, file_name: Option<&str>) -> Result<Pcm, TranscribeError> {
@@ -59,7 +57,11 @@ pub fn decode(audio: &[u8], content_type: Option<&str>, file_name: Option<&str>)
     Ok(pcm)
 }
 
-fn decode_symphonia(format: &mut dyn FormatReader, track_id: u32, params: &CodecParameters) -> Result<Pcm, TranscribeError> {
+fn decode_symphonia(
+    format: &mut dyn FormatReader,
+    track_id: u32,
+    params: &CodecParameters,
+) -> Result<Pcm, TranscribeError> {
     let mut decoder = symphonia::default::get_codecs()
         .make(params, &DecoderOptions::default())
         .map_err(|e| err(format!("unsupported codec: {e}")))?;
@@ -101,13 +103,13 @@ fn decode_opus(format: &mut dyn FormatReader, track_id: u32, params: &CodecParam
     // The encoder's pre-skip (RFC 7845 §4.2) is priming, not audio.
     let skip = (params.delay.unwrap_or(0) as usize).min(samples.len());
     samples.drain(..skip);
-    Ok(Pcm {
-        samples,
-        sample_rate: OPUS_RATE,
-    })
+    Ok(Pcm { samples, sample_rate: OPUS_RATE })
 }
 
-fn next_packet(format: &mut dyn FormatReader, track_id: u32) -> Result<Option<symphonia::core::formats::Packet>, TranscribeError> {
+fn next_packet(
+    format: &mut dyn FormatReader,
+    track_id: u32,
+) -> Result<Option<symphonia::core::formats::Packet>, TranscribeError> {
     loop {
         match format.next_packet() {
             Ok(packet) if packet.track_id() == track_id => return Ok(Some(packet)),
@@ -121,9 +123,5 @@ fn next_packet(format: &mut dyn FormatReader, track_id: u32) -> Result<Option<sy
 
 fn downmix_into(interleaved: &[f32], channels: usize, out: &mut Vec<f32>) {
     let channels = channels.max(1);
-    out.extend(
-        interleaved
-            .chunks_exact(channels)
-            .map(|frame| frame.iter().sum::<f32>() / channels as f32),
-    );
+    out.extend(interleaved.chunks_exact(channels).map(|frame| frame.iter().sum::<f32>() / channels as f32));
 }

@@ -6,8 +6,8 @@
 mod decode;
 mod mel;
 mod resample;
-mod whisper;
 mod wer;
+mod whisper;
 
 use std::path::{Path, PathBuf};
 
@@ -33,27 +33,24 @@ pub enum TranscribeError {
         "{path}: {what}: a Whisper model is a directory with config.json, model.safetensors and tokenizer.json (scripts/fetch-whisper.sh makes one)"
     )]
     ModelInvalid { path: PathBuf, what: String },
-    #[error(
-        "the audio could not be decoded ({what}): send it as m4a/AAC, mp3, Ogg/Opus, WAV or WebM"
-    )]
+    #[error("the audio could not be decoded ({what}): send it as m4a/AAC, mp3, Ogg/Opus, WAV or WebM")]
     Decode { what: String },
     #[error("the audio holds no samples: nothing to transcribe")]
     Empty,
-    #[error("Whisper failed while transcribing ({0}): the model files may be damaged; run scripts/fetch-whisper.sh again")]
+    #[error(
+        "Whisper failed while transcribing ({0}): the model files may be damaged; run scripts/fetch-whisper.sh again"
+    )]
     Inference(#[from] candle_core::Error),
-    #[error("language {language:?} is not one this Whisper model knows: set [transcribe] language to a code such as \"en\", or leave it out to detect")]
+    #[error(
+        "language {language:?} is not one this Whisper model knows: set [transcribe] language to a code such as \"en\", or leave it out to detect"
+    )]
     UnknownLanguage { language: String },
 }
 
 /// Audio by MIME type (RFC 2046 `audio/*`; also `video/webm` and `video/mp4`, which phones use for
 /// voice memos) or, for the `application/octet-stream` many clients send, by file extension.
 pub fn is_audio(content_type: &str, file_name: Option<&str>) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if essence.starts_with("audio/") || essence == "video/webm" || essence == "video/ogg" {
         return true;
     }
@@ -61,13 +58,11 @@ pub fn is_audio(content_type: &str, file_name: Option<&str>) -> bool {
         .and_then(|name| Path::new(name).extension())
         .and_then(|ext| ext.to_str())
         .map(str::to_ascii_lowercase);
-    matches!(
-        extension.as_deref(),
-        Some("m4a" | "aac" | "mp3" | "ogg" | "oga" | "opus" | "wav" | "webm" | "weba")
-    ) && (essence.is_empty()
-        || essence == "application/octet-stream"
-        || essence == "video/mp4"
-        || essence == "application/ogg")
+    matches!(extension.as_deref(), Some("m4a" | "aac" | "mp3" | "ogg" | "oga" | "opus" | "wav" | "webm" | "weba"))
+        && (essence.is_empty()
+            || essence == "application/octet-stream"
+            || essence == "video/mp4"
+            || essence == "application/ogg")
 }
 
 #[cfg(test)]

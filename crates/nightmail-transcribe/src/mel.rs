@@ -10,11 +10,7 @@ fn hz_to_mel(hz: f64) -> f64 {
     const MIN_LOG_HZ: f64 = 1000.0;
     let min_log_mel = MIN_LOG_HZ / F_SP;
     let log_step = 6.4f64.ln() / 27.0;
-    if hz >= MIN_LOG_HZ {
-        min_log_mel + (hz / MIN_LOG_HZ).ln() / log_step
-    } else {
-        hz / F_SP
-    }
+    if hz >= MIN_LOG_HZ { min_log_mel + (hz / MIN_LOG_HZ).ln() / log_step } else { hz / F_SP }
 }
 
 fn mel_to_hz(mel: f64) -> f64 {
@@ -22,11 +18,7 @@ fn mel_to_hz(mel: f64) -> f64 {
     const MIN_LOG_HZ: f64 = 1000.0;
     let min_log_mel = MIN_LOG_HZ / F_SP;
     let log_step = 6.4f64.ln() / 27.0;
-    if mel >= min_log_mel {
-        MIN_LOG_HZ * (log_step * (mel - min_log_mel)).exp()
-    } else {
-        mel * F_SP
-    }
+    if mel >= min_log_mel { MIN_LOG_HZ * (log_step * (mel - min_log_mel)).exp() } else { mel * F_SP }
 }
 
 /// `n_mels` rows of `n_fft / 2 + 1` weights, row-major, as `pcm_to_mel` reads them.
@@ -36,9 +28,7 @@ pub fn filter_bank(sample_rate: usize, n_fft: usize, n_mels: usize) -> Vec<f32> 
     let fft_hz: Vec<f64> = (0..bins).map(|k| k as f64 * nyquist / (bins - 1) as f64).collect();
     // n_mels + 2 edges evenly spaced in mel from 0 Hz to Nyquist: filter i spans edges i..i+2.
     let top = hz_to_mel(nyquist);
-    let edges: Vec<f64> = (0..n_mels + 2)
-        .map(|i| mel_to_hz(top * i as f64 / (n_mels + 1) as f64))
-        .collect();
+    let edges: Vec<f64> = (0..n_mels + 2).map(|i| mel_to_hz(top * i as f64 / (n_mels + 1) as f64)).collect();
     let mut bank = vec![0f32; n_mels * bins];
     for m in 0..n_mels {
         let (lo, center, hi) = (edges[m], edges[m + 1], edges[m + 2]);

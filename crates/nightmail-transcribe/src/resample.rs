@@ -34,11 +34,7 @@ pub fn resample(input: &[f32], from_hz: u32, to_hz: u32) -> Vec<f32> {
 }
 
 fn sinc(x: f64) -> f64 {
-    if x.abs() < 1e-12 {
-        1.0
-    } else {
-        (PI * x).sin() / (PI * x)
-    }
+    if x.abs() < 1e-12 { 1.0 } else { (PI * x).sin() / (PI * x) }
 }
 
 /// Blackman window over t in [-1, 1].
@@ -56,9 +52,7 @@ mod tests {
 
     fn tone(hz: f64, rate: u32, seconds: f64) -> Vec<f32> {
         let n = (f64::from(rate) * seconds) as usize;
-        (0..n)
-            .map(|i| (2.0 * std::f64::consts::PI * hz * i as f64 / f64::from(rate)).sin() as f32)
-            .collect()
+        (0..n).map(|i| (2.0 * std::f64::consts::PI * hz * i as f64 / f64::from(rate)).sin() as f32).collect()
     }
 
     fn rms(x: &[f32]) -> f64 {
@@ -71,7 +65,7 @@ mod tests {
         assert_eq!(kept.len(), 16_000);
         // A sine's RMS is 1/sqrt(2); the middle avoids the edges where the kernel is cut.
         let middle = &kept[1000..15_000];
-        assert!((rms(middle) - 0.7071).abs() < 0.01, "rms {}", rms(middle));
+        assert!((rms(middle) - std::f64::consts::FRAC_1_SQRT_2).abs() < 0.01, "rms {}", rms(middle));
         let expected = tone(440.0, 16_000, 1.0);
         let err = middle.iter().zip(&expected[1000..15_000]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(err < 0.01, "max error {err}");
@@ -85,7 +79,8 @@ mod tests {
         let up = resample(&tone(300.0, 8_000, 1.0), 8_000, 16_000);
         assert_eq!(up.len(), 16_000);
         let expected = tone(300.0, 16_000, 1.0);
-        let err = up[1000..15_000].iter().zip(&expected[1000..15_000]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let err =
+            up[1000..15_000].iter().zip(&expected[1000..15_000]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(err < 0.01, "max error {err}");
     }
 }

@@ -9,7 +9,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::whisper::{self as w, audio, model::Whisper};
 use tokenizers::Tokenizer;
 
-use crate::{Transcript, TranscribeError, decode, mel, resample};
+use crate::{TranscribeError, Transcript, decode, mel, resample};
 
 /// A Whisper model loaded from a Hugging Face layout directory, ready to transcribe.
 pub struct Transcriber {
@@ -52,12 +52,15 @@ impl Transcriber {
         }
         let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
         let invalid = |what: String| TranscribeError::ModelInvalid { path: dir.to_path_buf(), what };
-        let config_text = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| invalid(format!("config.json: {e}")))?;
+        let config_text =
+            std::fs::read_to_string(dir.join("config.json")).map_err(|e| invalid(format!("config.json: {e}")))?;
         let config: w::Config = serde_json::from_str(&config_text).map_err(|e| invalid(format!("config.json: {e}")))?;
-        let extra: ExtraConfig = serde_json::from_str(&config_text).map_err(|e| invalid(format!("config.json: {e}")))?;
-        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
-        let id = |token: &str| tokenizer.token_to_id(token).ok_or_else(|| invalid(format!("tokenizer.json has no {token}")));
+        let extra: ExtraConfig =
+            serde_json::from_str(&config_text).map_err(|e| invalid(format!("config.json: {e}")))?;
+        let tokenizer =
+            Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
+        let id =
+            |token: &str| tokenizer.token_to_id(token).ok_or_else(|| invalid(format!("tokenizer.json has no {token}")));
         let tokens = SpecialTokens {
             eot: id(w::EOT_TOKEN)?,
             sot: id(w::SOT_TOKEN)?,
@@ -81,23 +84,12 @@ impl Transcriber {
             .ok()
             .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "whisper".into());
-        let transcriber = Transcriber {
-            model,
-            tokenizer,
-            filters,
-            tokens,
-            suppress,
-            suppress_first,
-            language: None,
-            name,
-        };
+        let transcriber =
+            Transcriber { model, tokenizer, filters, tokens, suppress, suppress_first, language: None, name };
         if let Some(language) = language.filter(|_| transcriber.multilingual()) {
             transcriber.language_token(language)?;
         }
-        Ok(Transcriber {
-            language: language.map(str::to_owned),
-            ..transcriber
-        })
+        Ok(Transcriber { language: language.map(str::to_owned), ..transcriber })
     }
 
     /// The model directory's name, e.g. "whisper-tiny.en".
@@ -118,7 +110,12 @@ impl Transcriber {
             .ok_or_else(|| TranscribeError::UnknownLanguage { language: language.into() })
     }
 
-    pub fn transcribe(&self, audio_bytes: &[u8], content_type: Option<&str>, file_name: Option<&str>) -> Result<Transcript, TranscribeError> {
+    pub fn transcribe(
+        &self,
+        audio_bytes: &[u8],
+        content_type: Option<&str>,
+        file_name: Option<&str>,
+    ) -> Result<Transcript, TranscribeError> {
         let pcm = decode::decode(audio_bytes, content_type, file_name)?;
         let seconds = pcm.samples.len() as f32 / pcm.sample_rate as f32;
         let samples = resample::resample(&pcm.samples, pcm.sample_rate, w::SAMPLE_RATE as u32);
@@ -189,10 +186,10 @@ impl Transcriber {
             }
             tokens.push(next);
         }
-        let text = self
-            .tokenizer
-            .decode(&tokens[prompt.len()..], true)
-            .map_err(|e| TranscribeError::ModelInvalid { path: PathBuf::from(&self.name), what: format!("tokenizer: {e}") })?;
+        let text = self.tokenizer.decode(&tokens[prompt.len()..], true).map_err(|e| TranscribeError::ModelInvalid {
+            path: PathBuf::from(&self.name),
+            what: format!("tokenizer: {e}"),
+        })?;
         Ok(text.trim().to_owned())
     }
 
@@ -204,7 +201,13 @@ impl Transcriber {
         Ok(languages.start as u32 + argmax(&logits[languages]))
     }
 
-    fn last_logits(&self, model: &mut Whisper, features: &Tensor, tokens: &[u32], first: bool) -> Result<Vec<f32>, TranscribeError> {
+    fn last_logits(
+        &self,
+        model: &mut Whisper,
+        features: &Tensor,
+        tokens: &[u32],
+        first: bool,
+    ) -> Result<Vec<f32>, TranscribeError> {
         let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
         let hidden = model.decoder.forward(&input, features, first)?;
         let last = hidden.i((.., tokens.len() - 1..))?;
@@ -214,10 +217,5 @@ impl Transcriber {
 }
 
 fn argmax(values: &[f32]) -> u32 {
-    values
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
+    values.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
 }
-

@@ -10,16 +10,22 @@ use nightmail_transcribe::{Transcriber, is_audio, word_error_rate};
 
 /// The pangram, then plain words a voice note holds: Whisper tiny often hears espeak-ng's "brown
 /// fox jumps" as "roundfark stump", so the pangram alone would swing the rate by a third.
-const SENTENCE: &str = "The quick brown fox jumps over the lazy dog. Please call me back tomorrow morning about the budget meeting.";
+const SENTENCE: &str =
+    "The quick brown fox jumps over the lazy dog. Please call me back tomorrow morning about the budget meeting.";
 
 /// The bound the task sets.
 const MAX_WER: f32 = 0.35;
 
 fn model_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new("bash").arg(root.join("scripts/fetch-whisper.sh")).output().expect("running scripts/fetch-whisper.sh");
+    let out = Command::new("bash")
+        .arg(root.join("scripts/fetch-whisper.sh"))
+        .output()
+        .expect("running scripts/fetch-whisper.sh");
     assert!(out.status.success(), "scripts/fetch-whisper.sh failed: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-whisper.sh prints the path").trim())
+    PathBuf::from(
+        String::from_utf8(out.stdout).unwrap().lines().last().expect("fetch-whisper.sh prints the path").trim(),
+    )
 }
 
 fn transcriber() -> &'static Transcriber {
@@ -28,7 +34,8 @@ fn transcriber() -> &'static Transcriber {
 }
 
 fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e} (install espeak-ng and ffmpeg, or run scripts/test.sh)"));
+    let out =
+        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e} (install espeak-ng and ffmpeg, or run scripts/test.sh)"));
     assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -40,7 +47,11 @@ fn speak(dir: &Path, sentence: &str, file: &str, codec: &[&str]) -> Vec<u8> {
     if codec.is_empty() {
         std::fs::rename(&wav, &out).unwrap();
     } else {
-        run(Command::new("ffmpeg").args(["-hide_banner", "-loglevel", "error", "-y", "-i"]).arg(&wav).args(codec).arg(&out));
+        run(Command::new("ffmpeg")
+            .args(["-hide_banner", "-loglevel", "error", "-y", "-i"])
+            .arg(&wav)
+            .args(codec)
+            .arg(&out));
     }
     std::fs::read(out).unwrap()
 }

@@ -62,7 +62,8 @@ struct Run {
 /// The prompt as the backend was given it, and what of the thread was left out to fit it.
 struct Prompt {
     conversation: Conversation,
-    request: Request,
+    /// Boxed: a `Run` stays within clippy's bound on `Attempt`'s variants' sizes.
+    request: Box<Request>,
     left_out: LeftOut,
     /// The question's voice notes, which the reply says were heard (and by which model) or not.
     voice_notes: Vec<voice::VoiceNote>,
@@ -221,7 +222,7 @@ impl<'a> Answer<'a> {
                 }
                 result => {
                     let voice_notes = question.voice_notes.clone();
-                    let prompt = Prompt { conversation, request, left_out, voice_notes };
+                    let prompt = Prompt { conversation, request: Box::new(request), left_out, voice_notes };
                     return Ok(Attempt::Ran(Run { leased: back, result, prompt }));
                 }
             }

@@ -13,10 +13,19 @@ use crate::mail::Mail;
 /// What became of one audio attachment.
 #[derive(Clone, Debug, PartialEq)]
 pub enum VoiceNote {
-    Heard { name: String, model: String, text: String },
+    Heard {
+        name: String,
+        model: String,
+        text: String,
+    },
     /// No `[transcribe]` section: the note reaches the model as its name only.
-    NoModel { name: String },
-    Failed { name: String, why: String },
+    NoModel {
+        name: String,
+    },
+    Failed {
+        name: String,
+        why: String,
+    },
 }
 
 impl VoiceNote {
@@ -24,11 +33,14 @@ impl VoiceNote {
     pub fn in_conversation(&self) -> String {
         match self {
             VoiceNote::Heard { name, model, text } => {
-                format!("---------- Voice note: {name} (transcribed by {model} on this machine) ----------\n{}", text.trim())
+                format!(
+                    "---------- Voice note: {name} (transcribed by {model} on this machine) ----------\n{}",
+                    text.trim()
+                )
             }
-            VoiceNote::NoModel { name } => format!(
-                "[voice note {name}: not transcribed — no [transcribe] model is configured; see docs/MAIL.md]"
-            ),
+            VoiceNote::NoModel { name } => {
+                format!("[voice note {name}: not transcribed — no [transcribe] model is configured; see docs/MAIL.md]")
+            }
             VoiceNote::Failed { name, why } => format!("[voice note {name}: not transcribed — {why}]"),
         }
     }
@@ -58,7 +70,8 @@ pub async fn hear(config: Option<&TranscribeConfig>, mails: &mut [Mail]) {
                 Some(config) => {
                     let (config, file) = (config.clone(), name.clone());
                     let job = tokio::task::spawn_blocking(move || transcribe(&config, &file, &content_type, &audio));
-                    job.await.unwrap_or_else(|e| VoiceNote::Failed { name, why: format!("the transcriber stopped ({e})") })
+                    job.await
+                        .unwrap_or_else(|e| VoiceNote::Failed { name, why: format!("the transcriber stopped ({e})") })
                 }
             };
             tracing::info!(note = ?note_summary(&note), "voice note");
@@ -69,7 +82,9 @@ pub async fn hear(config: Option<&TranscribeConfig>, mails: &mut [Mail]) {
 
 fn note_summary(note: &VoiceNote) -> String {
     match note {
-        VoiceNote::Heard { name, model, text } => format!("{name}: {} words by {model}", text.split_whitespace().count()),
+        VoiceNote::Heard { name, model, text } => {
+            format!("{name}: {} words by {model}", text.split_whitespace().count())
+        }
         other => other.in_reply(),
     }
 }
@@ -81,7 +96,9 @@ fn transcribe(config: &TranscribeConfig, name: &str, content_type: &str, audio: 
         Err(e) => return failed(e.to_string()),
     };
     match transcriber.transcribe(audio, Some(content_type), Some(name)) {
-        Ok(t) if t.text.trim().is_empty() => failed(format!("{:.0} s of audio held no words Whisper recognised", t.seconds)),
+        Ok(t) if t.text.trim().is_empty() => {
+            failed(format!("{:.0} s of audio held no words Whisper recognised", t.seconds))
+        }
         Ok(t) => VoiceNote::Heard { name: name.to_string(), model: transcriber.model_name().to_string(), text: t.text },
         Err(e) => failed(e.to_string()),
     }
@@ -129,7 +146,8 @@ mod tests {
 
     #[test]
     fn a_heard_note_names_its_model() {
-        let note = VoiceNote::Heard { name: "n.m4a".into(), model: "whisper-tiny.en".into(), text: " Call me. ".into() };
+        let note =
+            VoiceNote::Heard { name: "n.m4a".into(), model: "whisper-tiny.en".into(), text: " Call me. ".into() };
         assert_eq!(
             note.in_conversation(),
             "---------- Voice note: n.m4a (transcribed by whisper-tiny.en on this machine) ----------\nCall me."
