@@ -86,5 +86,8 @@ export CC_aarch64_apple_darwin=clang
 export CFLAGS_aarch64_apple_darwin="-ffreestanding -nostdlibinc -I$headers"
 # Warnings are errors here: code that only a Mac compiles is seen by no other check.
 export CARGO_TARGET_AARCH64_APPLE_DARWIN_RUSTFLAGS="-D warnings"
+# audiopus_sys (libopus, for Opus voice notes) would otherwise build libopus with cmake for the
+# Mac; given a library directory it only prints link flags, and a check never links.
+export LIBOPUS_LIB_DIR="$headers"
 cargo check --workspace --all-targets --target "$mac"
 cargo check --workspace --all-targets --target "$mac" --features nightmail-engine/metal

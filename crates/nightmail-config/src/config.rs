@@ -17,6 +17,7 @@ use crate::research::{self, ResearchConfig, Tool};
 use crate::smtp::{self, SmtpConfig};
 use crate::store::{self, StoreConfig};
 use crate::tls::{self, TlsConfig};
+use crate::transcribe::{self, TranscribeConfig};
 use crate::user::{self, Password, User};
 use crate::worker::{self, WorkerConfig};
 
@@ -40,6 +41,8 @@ pub struct Config {
     pub bridges: Vec<BridgeConfig>,
     /// Where research tools reach and what a job may spend on them (`[research]`).
     pub research: ResearchConfig,
+    /// The Whisper model voice notes are transcribed with (`[transcribe]`); `None`: not transcribed.
+    pub transcribe: Option<TranscribeConfig>,
     /// The file this came from, if any (built-in defaults otherwise).
     pub source: Option<PathBuf>,
     /// Things worth a warning at start-up (plain-text passwords, no users).
@@ -152,6 +155,7 @@ struct RawConfig {
     bridge: Vec<Spanned<bridge::RawBridge>>,
     #[serde(default)]
     research: research::RawResearch,
+    transcribe: Option<transcribe::RawTranscribe>,
 }
 
 fn default_hostname() -> Spanned<String> {
@@ -289,6 +293,7 @@ fn parse(text: &str, source: Option<&Path>) -> Result<Config, ConfigError> {
         relay,
         bridges,
         research,
+        transcribe: raw.transcribe.as_ref().map(|t| transcribe::check(t, &loc)).transpose()?,
         source: source.map(Path::to_path_buf),
         warnings,
     })

@@ -23,7 +23,7 @@ use crate::mail::{self, Mail};
 use crate::progress::ProgressTimer;
 use crate::setup::Shift;
 use crate::research::{Findings, MailSearch, Research, Toolbox};
-use crate::{ask, checkpoints};
+use crate::{ask, checkpoints, voice};
 
 /// Earlier thread messages given to the model, at most.
 const MAX_THREAD: usize = 20;
@@ -63,10 +63,13 @@ struct Run {
 /// The prompt as the backend was given it, and what of the thread was left out to fit it.
 struct Prompt {
     conversation: Conversation,
-    request: Request,
+    /// Boxed: a `Run` stays within clippy's bound on `Attempt`'s variants' sizes.
+    request: Box<Request>,
     left_out: LeftOut,
     /// What the research found, when the model has tools.
     findings: Option<Findings>,
+    /// The question's voice notes, which the reply says were heard (and by which model) or not.
+    voice_notes: Vec<voice::VoiceNote>,
 }
 
 /// What the answer has cost since its attempt started: time, and energy where it is measured.
@@ -174,7 +177,13 @@ impl<'a> Answer<'a> {
         // Only an asker with an account here has an In Progress mailbox (not a bridge's outside asker).
         let owner = job.sender.as_ref().and_then(|s| self.shift.config().user_by_address(s)).map(|u| u.name.clone());
         let mut generation = Generation::new(self.shift, asked, ProgressTimer::new(model, owner, started));
-        let whole_thread = self.thread(question, job.sender.as_ref())?;
+        let mut whole_thread = self.thread(question, job.sender.as_ref())?;
+        // Voice notes become words before the prompt is fitted: the transcript is what it holds.
+        let transcribe = self.shift.config().transcribe.as_ref();
+        voice::hear(transcribe, &mut whole_thread).await;
+        let mut heard = question.clone();
+        voice::hear(transcribe, std::slice::from_mut(&mut heard)).await;
+        let question = &heard;
         let mut research = self.research(asked)?;
         let build = |thread: &[Mail], question: &Mail| self.request(asked, &self.converse(asked, thread, question));
         let mut refits = 0;
@@ -222,7 +231,8 @@ impl<'a> Answer<'a> {
                 }
                 result => {
                     let findings = research.as_ref().zip(result.as_ref().ok()).map(|(r, answer)| r.findings(answer));
-                    let prompt = Prompt { conversation, request, left_out, findings };
+                    let voice_notes = question.voice_notes.clone();
+                    let prompt = Prompt { conversation, request: Box::new(request), left_out, findings, voice_notes };
                     return Ok(Attempt::Ran(Run { leased: back, result, prompt }));
                 }
             }
@@ -293,13 +303,14 @@ impl<'a> Answer<'a> {
         spent: Spent,
     ) -> Result<Incoming, StoreError> {
         let Asked { job, model, .. } = asked;
-        let Prompt { conversation, request, left_out, findings } = prompt;
+        let Prompt { conversation, request, left_out, findings, voice_notes } = prompt;
         let Spent { started, meter } = spent;
         let options = &conversation.options;
         let mut notes = Vec::new();
         if !options.unknown.is_empty() {
             notes.push(format!("Options not understood and ignored: {}", options.unknown.join(", ")));
         }
+        notes.extend(voice_notes.iter().map(voice::VoiceNote::in_reply));
         notes.extend(left_out.note());
         if let Some(limit) = findings.as_ref().and_then(|f| f.limit.as_ref()) {
             notes.push(format!("Research stopped early: {limit}; the answer uses what was found by then"));

@@ -115,10 +115,18 @@ pub(crate) fn content(mail: &Mail, body: &str, earlier: &[String], name_author: 
     for (name, text) in &mail.text_attachments {
         out.push_str(&format!("\n\n---------- Attachment: {name} ----------\n{}", text.trim()));
     }
-    if !mail.other_attachments.is_empty() {
+    for note in &mail.voice_notes {
+        out.push_str("\n\n");
+        out.push_str(&note.in_conversation());
+    }
+    // Audio not yet heard (`voice::hear` did not run on this mail) is listed like any other file.
+    let unheard = mail.audio_attachments.iter().map(|(name, ctype, audio)| (name, ctype, audio.len()));
+    let others = mail.other_attachments.iter().map(|(name, ctype, size)| (name, ctype, *size)).chain(unheard);
+    let others: Vec<_> = others.collect();
+    if !others.is_empty() {
         out.push_str("\n\nOther attachments (not included):");
-        for (name, ctype, size) in &mail.other_attachments {
-            out.push_str(&format!("\n- {name} ({ctype}, {})", human_size(*size)));
+        for (name, ctype, size) in others {
+            out.push_str(&format!("\n- {name} ({ctype}, {})", human_size(size)));
         }
     }
     out.trim().to_string()

@@ -35,6 +35,7 @@ pub mod options;
 pub mod outlet;
 pub mod progress;
 pub mod text;
+pub mod voice;
 
 use std::sync::Arc;
 use std::time::Duration;

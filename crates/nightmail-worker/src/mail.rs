@@ -5,6 +5,8 @@
 use mail_parser::{MessageParser, MimeHeaders};
 use nightmail_types::Address;
 
+use crate::voice::VoiceNote;
+
 /// One address as written in a header: the checked address and its display form.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Person {
@@ -50,6 +52,11 @@ pub struct Mail {
     pub text_attachments: Vec<(String, String)>,
     /// Other attachments: name, content type, size in bytes.
     pub other_attachments: Vec<(String, String, usize)>,
+    /// Audio attachments (`nightmail_transcribe::is_audio`): name, content type, the audio.
+    /// `voice::hear` turns them into `voice_notes` and empties this.
+    pub audio_attachments: Vec<(String, String, Vec<u8>)>,
+    /// What became of each audio attachment, once heard.
+    pub voice_notes: Vec<VoiceNote>,
     pub auto_submitted: Option<String>,
     pub precedence: Option<String>,
     pub list_unsubscribe: bool,
@@ -119,6 +126,10 @@ fn parse_inner(raw: &[u8]) -> Option<Mail> {
         let texty = TEXT_EXTENSIONS.contains(&extension.as_str())
             || ctype.starts_with("text/") && ctype != "text/html"
             || ctype == "application/json";
+        if !texty && nightmail_transcribe::is_audio(&ctype, Some(&name)) {
+            mail.audio_attachments.push((name, ctype, part.contents().to_vec()));
+            continue;
+        }
         match part.text_contents().filter(|_| texty) {
             Some(text) => {
                 let mut text = text.to_string();
