@@ -239,12 +239,27 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
         .map(|m| (m["tool_call_id"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
         .collect();
     let result = |id: &str| results.iter().find(|(i, _)| i == id).map(|(_, c)| c.clone()).unwrap();
-    assert!(result("c1").contains("[1] Bank 4% offer") && result("c1").contains("[2] Savings rates compared"), "{results:?}");
+    assert!(
+        result("c1").contains("[1] Bank 4% offer") && result("c1").contains("[2] Savings rates compared"),
+        "{results:?}"
+    );
     assert!(result("c2").starts_with("[1] Bank 4% offer"), "the page keeps its search number: {results:?}");
-    assert!(result("c2").contains("Businesses are not eligible") && !result("c2").contains("Home | Accounts"), "{results:?}");
-    assert!(result("c3").contains("refused") && result("c3").contains("169.254.169.254"), "the metadata address is refused: {results:?}");
-    assert!(result("c4").contains("[3]") && result("c4").contains("savings rate from my bank"), "my mail is found: {results:?}");
-    assert!(!result("c4").contains("secret savings rate") && !result("c4").contains("9.9%"), "never ann's mail: {results:?}");
+    assert!(
+        result("c2").contains("Businesses are not eligible") && !result("c2").contains("Home | Accounts"),
+        "{results:?}"
+    );
+    assert!(
+        result("c3").contains("refused") && result("c3").contains("169.254.169.254"),
+        "the metadata address is refused: {results:?}"
+    );
+    assert!(
+        result("c4").contains("[3]") && result("c4").contains("savings rate from my bank"),
+        "my mail is found: {results:?}"
+    );
+    assert!(
+        !result("c4").contains("secret savings rate") && !result("c4").contains("9.9%"),
+        "never ann's mail: {results:?}"
+    );
     assert!(result("c5").contains("needs a \"url\""), "a call without its argument is told so: {results:?}");
 
     // While the answer is pending: status counts the calls, and the In Progress message says so.
@@ -270,8 +285,11 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
     assert_eq!(model.requests_with(1).len(), 1, "the second round is not asked again");
     daemon.stop();
 
-    let replies: Vec<String> =
-        daemon.mailbox("me", "INBOX").into_iter().filter(|m| header(m, "Subject").as_deref() == Some("Re: 4% offer")).collect();
+    let replies: Vec<String> = daemon
+        .mailbox("me", "INBOX")
+        .into_iter()
+        .filter(|m| header(m, "Subject").as_deref() == Some("Re: 4% offer"))
+        .collect();
     assert_eq!(replies.len(), 1);
     let reply = &replies[0];
     // The page asked for mail to others: the reply goes to the asker alone, and nothing else left.
@@ -293,4 +311,3 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
         Some("5 tool calls (fetch 3")
     );
 }
-

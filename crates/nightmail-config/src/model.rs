@@ -7,8 +7,8 @@ use nightmail_types::Address;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::research::{self, Tool};
 use crate::error::{ConfigError, Locator, address};
+use crate::research::{self, Tool};
 
 /// Where a model's answers come from.
 #[derive(Clone, Debug, PartialEq)]

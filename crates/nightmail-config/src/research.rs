@@ -123,7 +123,9 @@ pub(crate) fn check(raw: &RawResearch, loc: &Locator<'_>) -> Result<ResearchConf
             };
             let text = url.get_ref().trim_end_matches('/').to_string();
             if !(text.starts_with("http://") || text.starts_with("https://")) {
-                return Err(loc.spanned(url, format!("research.search_url `{text}` must start with http:// or https://")));
+                return Err(
+                    loc.spanned(url, format!("research.search_url `{text}` must start with http:// or https://"))
+                );
             }
             Some(SearchService::Searxng { url: text })
         }
@@ -144,7 +146,8 @@ pub(crate) fn check(raw: &RawResearch, loc: &Locator<'_>) -> Result<ResearchConf
     let mut allow_private = Vec::new();
     for entry in &raw.allow_private {
         let text = entry.get_ref().trim().to_ascii_lowercase();
-        let port = text.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then(|| port.parse::<u16>().ok())?);
+        let port =
+            text.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then(|| port.parse::<u16>().ok())?);
         if port.is_none() {
             return Err(loc.spanned(
                 entry,

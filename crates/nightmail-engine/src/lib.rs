@@ -32,8 +32,8 @@ pub use generate::TokenStream;
 pub use model::{LoadOptions, Model, memory_plan};
 pub use nightmail_formats::FormatError;
 pub use nightmail_formats::{
-    ChatMessage, ChatTemplate, Format, MalformedCall, ParsedTurn, RenderOptions, TextTokenizer, ToolArguments, ToolCall,
-    ToolSyntax,
+    ChatMessage, ChatTemplate, Format, MalformedCall, ParsedTurn, RenderOptions, TextTokenizer, ToolArguments,
+    ToolCall, ToolSyntax,
 };
 pub use nightmail_model::ModelError;
 pub use nightmail_model::{

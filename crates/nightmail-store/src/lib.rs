@@ -59,7 +59,9 @@ pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
 pub use private::{log_made_private, make_private};
-pub use queue::{EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, PromptIn, ResearchProgress, Retry, RetryPolicy};
+pub use queue::{
+    EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, PromptIn, ResearchProgress, Retry, RetryPolicy,
+};
 pub use relay_quota::{HoldError, RelayHold};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;

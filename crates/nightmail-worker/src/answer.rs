@@ -21,8 +21,8 @@ use crate::generation::Generation;
 use crate::letters::{self, Asked, Content, Letters};
 use crate::mail::{self, Mail};
 use crate::progress::ProgressTimer;
-use crate::setup::Shift;
 use crate::research::{Findings, MailSearch, Research, Toolbox};
+use crate::setup::Shift;
 use crate::{ask, checkpoints, voice};
 
 /// Earlier thread messages given to the model, at most.
@@ -67,7 +67,7 @@ struct Prompt {
     request: Box<Request>,
     left_out: LeftOut,
     /// What the research found, when the model has tools.
-    findings: Option<Findings>,
+    findings: Option<Box<Findings>>,
     /// The question's voice notes, which the reply says were heard (and by which model) or not.
     voice_notes: Vec<voice::VoiceNote>,
 }
@@ -230,7 +230,8 @@ impl<'a> Answer<'a> {
                     leased = back;
                 }
                 result => {
-                    let findings = research.as_ref().zip(result.as_ref().ok()).map(|(r, answer)| r.findings(answer));
+                    let findings =
+                        research.as_ref().zip(result.as_ref().ok()).map(|(r, answer)| Box::new(r.findings(answer)));
                     let voice_notes = question.voice_notes.clone();
                     let prompt = Prompt { conversation, request: Box::new(request), left_out, findings, voice_notes };
                     return Ok(Attempt::Ran(Run { leased: back, result, prompt }));
@@ -347,9 +348,13 @@ impl<'a> Answer<'a> {
         }
         let config = self.shift.config();
         let asker = job.sender.as_ref().filter(|s| config.user_by_address(s).is_some());
-        let mail = self.shift.setup.mail_index.clone().zip(asker).map(|(index, asker)| {
-            MailSearch::new(index, self.shift.store.clone(), asker.clone())
-        });
+        let mail = self
+            .shift
+            .setup
+            .mail_index
+            .clone()
+            .zip(asker)
+            .map(|(index, asker)| MailSearch::new(index, self.shift.store.clone(), asker.clone()));
         let toolbox = Toolbox::new(model.tools.clone(), config.research.clone(), mail);
         let dir = checkpoints::dir(&config.data_dir);
         Research::open(toolbox, &dir, job.id.0)

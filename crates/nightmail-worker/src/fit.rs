@@ -238,7 +238,15 @@ mod tests {
 
     fn build(thread: &[Mail], question: &Mail) -> Request {
         let turns = conversation::build(None, thread, question, |_| false).turns;
-        Request { turns, max_tokens: 100, temperature: 0.0, reasoning: None, model: None, checkpoint: None, tools: Vec::new() }
+        Request {
+            turns,
+            max_tokens: 100,
+            temperature: 0.0,
+            reasoning: None,
+            model: None,
+            checkpoint: None,
+            tools: Vec::new(),
+        }
     }
 
     fn mail(body: &str, attachment: Option<&str>) -> Mail {

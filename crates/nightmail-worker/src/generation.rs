@@ -119,7 +119,8 @@ impl<'a> Generation<'a> {
         research: ResearchProgress,
     ) -> Result<Option<LeasedJob>, StoreError> {
         self.research = Some(research);
-        let progress = Progress { research: self.research.clone(), updated_at: Timestamp::now(), ..Progress::default() };
+        let progress =
+            Progress { research: self.research.clone(), updated_at: Timestamp::now(), ..Progress::default() };
         let store = &self.shift.store;
         let saved = async {
             store.record_progress(&mut leased, progress.clone()).await?;

@@ -12,13 +12,13 @@
 //! wires them.
 
 pub mod answer;
-pub mod research;
 pub mod concierge;
 pub mod control;
 pub mod gate;
 pub mod generation;
 pub mod letters;
 pub mod pacing;
+pub mod research;
 pub mod setup;
 
 pub mod ask;

@@ -76,7 +76,9 @@ mod tests {
 
     #[test]
     fn a_template_without_tools_is_told_them_and_read_in_the_hermes_form() {
-        let plain = ChatTemplate::new("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+        let plain = ChatTemplate::new(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+        );
         let syntax = CallSyntax::of(Some(&plain));
         assert_eq!(syntax, CallSyntax { syntax: ToolSyntax::Hermes, native: false });
         let mut messages = vec![ChatMessage::new("user", "Rates?")];
@@ -89,7 +91,10 @@ mod tests {
         assert_eq!(content, "Let me look.");
         assert_eq!(calls.len(), 1);
         assert_eq!((calls[0].name.as_str(), calls[0].malformed.as_ref()), ("fetch", None));
-        assert_eq!(serde_json::from_str::<serde_json::Value>(&calls[0].arguments).unwrap()["url"], "https://b.example/");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&calls[0].arguments).unwrap()["url"],
+            "https://b.example/"
+        );
         let (_, bad) = syntax.read("<tool_call>\n{\"name\": \"fetch\", \"arguments\": {\"url\": }\n</tool_call>");
         assert!(bad[0].malformed.as_ref().is_some_and(|why| why.contains("fetch")), "{bad:?}");
     }

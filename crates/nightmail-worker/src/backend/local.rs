@@ -28,10 +28,9 @@ use nightmail_engine::{
 use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, ToolSpec};
 use super::calls::CallSyntax;
+use super::{Backend, BackendAnswer, BackendError, BoxFuture, Event, Measure, Request, ThinkSplitter, ToolSpec};
 use crate::conversation::{Role, Turn};
-
 
 pub struct Local {
     inner: Arc<Inner>,
@@ -276,7 +275,12 @@ struct Running<'m> {
 impl<'m> Running<'m> {
     /// Opens the job's stream (resuming from its checkpoint if it has one); a job that cannot
     /// start is answered at once.
-    fn start(model: &'m Model, config: &LocalBackend, mut job: Job, states: Option<&StateCache>) -> Option<Running<'m>> {
+    fn start(
+        model: &'m Model,
+        config: &LocalBackend,
+        mut job: Job,
+        states: Option<&StateCache>,
+    ) -> Option<Running<'m>> {
         let calls = job.tools.as_ref().map(|tools| {
             let syntax = CallSyntax::of(model.chat_template());
             if let Prompt::ToolChat { messages, .. } = &mut job.request.prompt {

@@ -461,10 +461,7 @@ mod tests {
 
     fn request() -> Request {
         Request {
-            turns: vec![
-                Turn::new(Role::System, "sys"),
-                Turn::new(Role::User, "2+2?"),
-            ],
+            turns: vec![Turn::new(Role::System, "sys"), Turn::new(Role::User, "2+2?")],
             max_tokens: 64,
             temperature: 0.0,
             reasoning: Some(true),

@@ -137,8 +137,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = Journal::path(dir.path(), 7);
         let mut j = Journal::open(path.clone()).unwrap();
-        let round =
-            Round { content: String::new(), reasoning: "r".into(), calls: vec![call("a")], output_tokens: 3, reasoning_tokens: 1 };
+        let round = Round {
+            content: String::new(),
+            reasoning: "r".into(),
+            calls: vec![call("a")],
+            output_tokens: 3,
+            reasoning_tokens: 1,
+        };
         j.record_round(0, round.clone()).unwrap();
         j.record_result(0, "a", outcome("page")).unwrap();
         // A crash in the middle of writing the next line.

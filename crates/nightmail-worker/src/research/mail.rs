@@ -25,7 +25,8 @@ impl MailSearch {
     }
 
     pub async fn search(&self, query: &str, sources: &mut Sources, result_chars: usize) -> CallOutcome {
-        let (index, store, asker, query) = (self.index.clone(), self.store.clone(), self.asker.clone(), query.to_string());
+        let (index, store, asker, query) =
+            (self.index.clone(), self.store.clone(), self.asker.clone(), query.to_string());
         let found = tokio::task::spawn_blocking(move || {
             index.catch_up(&store, &asker)?;
             index.search(&asker, &query, HITS)
@@ -37,7 +38,13 @@ impl MailSearch {
             Err(e) => return failed(format!("error: the mail search failed: {e}")),
         };
         if hits.is_empty() {
-            return CallOutcome { text: "No messages found.".into(), sources: Vec::new(), bytes: 0, millis: 0, ran: true };
+            return CallOutcome {
+                text: "No messages found.".into(),
+                sources: Vec::new(),
+                bytes: 0,
+                millis: 0,
+                ran: true,
+            };
         }
         let mut text = String::new();
         let mut cited = Vec::new();

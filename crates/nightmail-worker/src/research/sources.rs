@@ -84,7 +84,8 @@ mod tests {
         assert_eq!(s.number(&web(1)), 1);
         assert_eq!(s.number(&web(2)), 2);
         assert_eq!(s.number(&web(1)), 1);
-        let mail = Source::Mail { date: "2 Dec 2026".into(), from: "Ada <ada@x>".into(), subject: "Rates\r\nBcc: x".into() };
+        let mail =
+            Source::Mail { date: "2 Dec 2026".into(), from: "Ada <ada@x>".into(), subject: "Rates\r\nBcc: x".into() };
         assert_eq!(s.number(&mail), 3);
         let section = s.section("The rate is advertised [2] and hard to get [3].").unwrap();
         assert!(section.starts_with("Sources:\n\n"), "{section}");

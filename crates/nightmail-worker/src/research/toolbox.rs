@@ -17,9 +17,7 @@ const SEARCH_RESULTS: usize = 8;
 
 /// The schema the model sees for `tool`.
 pub fn spec(tool: Tool) -> ToolSpec {
-    let one = |key: &str, what: &str| {
-        json!({"type": "object", "properties": {key: {"type": "string", "description": what}}, "required": [key]})
-    };
+    let one = |key: &str, what: &str| json!({"type": "object", "properties": {key: {"type": "string", "description": what}}, "required": [key]});
     match tool {
         Tool::WebSearch => ToolSpec {
             name: "web_search",
@@ -137,8 +135,12 @@ impl Toolbox {
                 None => failed("error: no search service is configured".into()),
                 Some(service) => {
                     let service = match service {
-                        SearchService::Searxng { url } => nightmail_research::SearchService::Searxng { base_url: url.clone() },
-                        SearchService::Command { argv } => nightmail_research::SearchService::Command { argv: argv.clone() },
+                        SearchService::Searxng { url } => {
+                            nightmail_research::SearchService::Searxng { base_url: url.clone() }
+                        }
+                        SearchService::Command { argv } => {
+                            nightmail_research::SearchService::Command { argv: argv.clone() }
+                        }
                     };
                     match nightmail_research::web_search(&service, query, SEARCH_RESULTS, &policy).await {
                         Ok(hits) => self.hits(query, &hits, sources),
