@@ -30,6 +30,8 @@ struct SpecialTokens {
     transcribe: u32,
     translate: u32,
     no_timestamps: u32,
+    /// <|nospeech|> (<|nocaptions|> in the first vocabularies), where the tokenizer has one.
+    no_speech: Option<u32>,
 }
 
 /// The parts of a transformers WhisperConfig that candle's `Config` leaves out.
@@ -67,6 +69,7 @@ impl Transcriber {
             transcribe: id(w::TRANSCRIBE_TOKEN)?,
             translate: id(w::TRANSLATE_TOKEN)?,
             no_timestamps: id(w::NO_TIMESTAMPS_TOKEN)?,
+            no_speech: w::NO_SPEECH_TOKENS.iter().find_map(|t| tokenizer.token_to_id(t)),
         };
         let weights = dir.join("model.safetensors");
         if !weights.is_file() {
@@ -163,10 +166,20 @@ impl Transcriber {
         }
         prompt.push(self.tokens.no_timestamps);
         let mut tokens = prompt.clone();
+        let (mut sum_logprob, mut no_speech_prob) = (0.0f64, 0.0f64);
         // openai/whisper decoding.py: sample_len defaults to half the text context.
         let max_new = self.model.config.max_target_positions / 2;
         for step in 0..max_new {
-            let mut logits = self.last_logits(model, features, &tokens, step == 0)?;
+            // The first step reads every prompt position: the one at <|startoftranscript|> gives
+            // the probability that the window holds no speech.
+            let from = if step == 0 { 0 } else { tokens.len() - 1 };
+            let rows = self.logits(model, features, &tokens, step == 0, from)?;
+            if step == 0
+                && let Some(no_speech) = self.tokens.no_speech
+            {
+                no_speech_prob = log_softmax_at(&rows[0], no_speech as usize).exp();
+            }
+            let mut logits = rows.into_iter().next_back().unwrap_or_default();
             // Text tokens lie below <|endoftext|> in every Whisper vocabulary; the rest are
             // special tokens and timestamps, which a plain transcript never holds.
             for (id, logit) in logits.iter_mut().enumerate() {
@@ -181,10 +194,18 @@ impl Transcriber {
                 }
             }
             let next = argmax(&logits);
+            sum_logprob += log_softmax_at(&logits, next as usize);
             if next == self.tokens.eot {
                 break;
             }
             tokens.push(next);
+        }
+        // openai/whisper transcribe.py: a window the model deems silent (no-speech probability
+        // over 0.6) whose words it is also unsure of (mean log-probability under -1) is skipped;
+        // otherwise silence comes out as a stray "you".
+        let avg_logprob = sum_logprob / (tokens.len() - prompt.len() + 1) as f64;
+        if no_speech_prob > w::NO_SPEECH_THRESHOLD && avg_logprob < w::LOGPROB_THRESHOLD {
+            return Ok(String::new());
         }
         let text = self.tokenizer.decode(&tokens[prompt.len()..], true).map_err(|e| TranscribeError::ModelInvalid {
             path: PathBuf::from(&self.name),
@@ -196,24 +217,33 @@ impl Transcriber {
     /// openai/whisper decoding.py `detect_language`: one decoder step from <|startoftranscript|>,
     /// the most likely of the language tokens.
     fn detect_language(&self, model: &mut Whisper, features: &Tensor) -> Result<u32, TranscribeError> {
-        let logits = self.last_logits(model, features, &[self.tokens.sot], true)?;
+        let rows = self.logits(model, features, &[self.tokens.sot], true, 0)?;
         let languages = (self.tokens.sot + 1) as usize..self.tokens.translate as usize;
-        Ok(languages.start as u32 + argmax(&logits[languages]))
+        Ok(languages.start as u32 + argmax(&rows[0][languages]))
     }
 
-    fn last_logits(
+    /// The next-token logits at positions `from..` of `tokens`.
+    fn logits(
         &self,
         model: &mut Whisper,
         features: &Tensor,
         tokens: &[u32],
         first: bool,
-    ) -> Result<Vec<f32>, TranscribeError> {
+        from: usize,
+    ) -> Result<Vec<Vec<f32>>, TranscribeError> {
         let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
         let hidden = model.decoder.forward(&input, features, first)?;
-        let last = hidden.i((.., tokens.len() - 1..))?;
-        let logits = model.decoder.final_linear(&last)?.squeeze(0)?.squeeze(0)?;
-        Ok(logits.to_dtype(candle_core::DType::F32)?.to_vec1()?)
+        let hidden = hidden.i((.., from..))?;
+        let logits = model.decoder.final_linear(&hidden)?.squeeze(0)?;
+        Ok(logits.to_dtype(candle_core::DType::F32)?.to_vec2()?)
     }
+}
+
+/// log(softmax(logits)[index]), by the log-sum-exp of the finite logits.
+fn log_softmax_at(logits: &[f32], index: usize) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    logits[index] as f64 - max - sum.ln()
 }
 
 fn argmax(values: &[f32]) -> u32 {
