@@ -38,13 +38,7 @@ impl Web {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { break };
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut request = String::new();
-                let _ = reader.read_line(&mut request);
-                while let Ok(n) = reader.read_line(&mut String::new()) {
-                    if n <= 2 {
-                        break;
-                    }
-                }
+                let (request, _) = common::read_head(&mut reader);
                 let target = request.split_whitespace().nth(1).unwrap_or("/").to_string();
                 let path = target.split('?').next().unwrap_or("/").to_string();
                 *counted.lock().unwrap().entry(path.clone()).or_insert(0) += 1;
@@ -117,18 +111,7 @@ fn tool_results(request: &Value) -> usize {
 
 fn answer(mut stream: std::net::TcpStream, web: u16, log: &Mutex<Vec<Value>>, gate: &(Mutex<bool>, Condvar)) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
+    let (_, length) = common::read_head(&mut reader);
     let mut body = vec![0; length];
     if reader.read_exact(&mut body).is_err() {
         return;
@@ -278,7 +261,7 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
     assert_eq!((searches, pages), (1, 1));
     model.open_gate();
     daemon.restart();
-    let jobs = wait_for_jobs(&daemon, 4, Duration::from_secs(120));
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(120));
     assert!(jobs.iter().all(|j| j["state"] == "done"), "{jobs:?}");
     assert_eq!((web.hits("/search"), web.hits("/offer")), (1, 1), "no search or fetch repeated after the kill");
     assert_eq!(model.requests_with(0).len(), 1, "the first round is not asked again");
@@ -293,7 +276,7 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
     assert_eq!(replies.len(), 1);
     let reply = &replies[0];
     // The page asked for mail to others: the reply goes to the asker alone, and nothing else left.
-    assert_eq!(header(reply, "To").as_deref(), Some("me@nightmail.test"));
+    assert_eq!(header(reply, "To").as_deref(), Some("<me@nightmail.test>"));
     assert_eq!(header(reply, "Cc"), None);
     assert_eq!(header(reply, "Bcc"), None);
     assert!(daemon.mailbox("ann", "INBOX").iter().all(|m| !m.contains("evil.test")));
@@ -310,4 +293,46 @@ fn a_research_job_searches_reads_and_cites_and_resumes_after_a_kill_without_fetc
         header(reply, "X-Nightmail-Research").as_deref().map(|h| h.split(", ").next().unwrap_or("")),
         Some("5 tool calls (fetch 3")
     );
+}
+
+/// A real model through llama.cpp's server, which constrains a call to its tool's JSON schema
+/// (llama-cpp-python's `chatml-function-calling` format, which answers tool requests only whole):
+/// SmolLM2 calls fetch on its own, every call runs (its made-up host cannot be resolved, which
+/// the model is told), and at the job's limit of two calls the model answers without tools, the
+/// reply saying what was done and where the research stopped.
+#[test]
+fn a_real_model_calls_tools_through_llama_cpp_server_until_the_jobs_limit() {
+    let server = common::LlamaServer::start_with(&["--chat_format", "chatml-function-calling"]);
+    let proxy = common::RecordingProxy::start(
+        server.url.trim_start_matches("http://").trim_end_matches("/v1").parse().unwrap(),
+    );
+    let url = format!("http://{}/v1", proxy.addr);
+    let mut daemon = Daemon::start_with(|dir| {
+        common::config_answering(dir, "[research]\nmax_calls_per_job = 2\ncall_timeout_secs = 5\n", &url, 1).replace(
+            "backend = \"openai\"\n",
+            "backend = \"openai\"\ntools = [\"fetch\"]\ntemperature = 0\nmax_tokens = 48\n",
+        )
+    });
+    send(
+        &daemon,
+        "me",
+        "kimi@nightmail.test",
+        "offer",
+        "Read http://127.0.0.1:9/offer and tell me whether the bank's 4% offer is real.",
+    );
+    let jobs = wait_for_jobs(&daemon, 1, Duration::from_secs(300));
+    assert_eq!(jobs[0]["state"], "done", "{jobs:?}");
+    daemon.stop();
+    // The model's calls went back to it as tool results, one request per round, the last without tools.
+    let requests = proxy.chat_requests();
+    let tools_offered: Vec<bool> = requests.iter().map(|r| r.get("tools").is_some()).collect();
+    assert!(tools_offered.ends_with(&[true, true, false]), "{tools_offered:?}");
+    let last = requests.last().unwrap();
+    let results: Vec<&Value> = last["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(results.len(), 2, "{last}");
+    assert!(results.iter().all(|m| m["content"].as_str().unwrap().starts_with("error: ")), "{results:?}");
+    let reply = daemon.mailbox("me", "INBOX").remove(0);
+    let text = text_body(&reply);
+    assert!(text.contains("research: 2 tool calls (fetch 2)"), "{text}");
+    assert!(text.contains("[Research stopped early: the research limit of 2 tool calls per job is reached"), "{text}");
 }

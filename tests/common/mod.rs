@@ -520,6 +520,11 @@ pub struct LlamaServer {
 
 impl LlamaServer {
     pub fn start() -> LlamaServer {
+        LlamaServer::start_with(&[])
+    }
+
+    /// With more of the server's arguments, e.g. `["--chat_format", "chatml-function-calling"]`.
+    pub fn start_with(args: &[&str]) -> LlamaServer {
         let model = demo_model();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let probe = Command::new("python3").args(["-c", "import llama_cpp.server"]).output().unwrap();
@@ -532,6 +537,7 @@ impl LlamaServer {
             .arg("--model")
             .arg(&model)
             .args(["--n_ctx", "4096", "--n_threads", "2", "--seed", "7"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -735,20 +741,7 @@ impl RecordingBackend {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { break };
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut length = 0;
-                let mut request_line = String::new();
-                let _ = reader.read_line(&mut request_line);
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':')
-                        && name.eq_ignore_ascii_case("content-length")
-                    {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                }
+                let (request_line, length) = read_head(&mut reader);
                 if request_line.starts_with("GET ") && request_line.contains("/models ") {
                     let (status, body) = match context {
                         Some(n) => (
@@ -802,6 +795,25 @@ impl RecordingBackend {
     pub fn prompts(&self) -> Vec<String> {
         self.requests.lock().unwrap().iter().map(|r| r["messages"].to_string()).collect()
     }
+}
+
+/// An HTTP/1.1 request's first line and its Content-Length (0 without one), its head read.
+pub fn read_head(reader: &mut impl BufRead) -> (String, usize) {
+    let mut length = 0;
+    let mut request_line = String::new();
+    let _ = reader.read_line(&mut request_line);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    (request_line, length)
 }
 
 /// A CA and a certificate it signed for 127.0.0.1, written as PEM files: (ca, cert, key).

@@ -7,6 +7,7 @@ mod gauge;
 pub mod local;
 pub mod openai;
 mod think;
+mod unstreamed;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 //! reasoning deltas (`reasoning_content`, `reasoning`) and inline `<think>` are kept apart from
 //! the answer.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use eventsource_stream::Eventsource;
@@ -26,6 +27,8 @@ pub struct OpenAi {
     retries: u32,
     /// The context each served model reported (`None`: the server reports none), once asked.
     contexts: std::sync::Mutex<std::collections::HashMap<String, Option<usize>>>,
+    /// This server refused a streamed request with tools: ask for whole answers with tools.
+    unstreamed_tools: AtomicBool,
 }
 
 /// How long the model list may take: it only tells how long a prompt may be.
@@ -70,7 +73,67 @@ impl OpenAi {
             timeout,
             retries,
             contexts: Default::default(),
+            unstreamed_tools: AtomicBool::new(false),
         }
+    }
+
+    /// A request with tools: streamed, unless this server refused a streamed one before; then (and
+    /// on such a refusal) asked for whole.
+    async fn answer(
+        &self,
+        request: &Request,
+        events: mpsc::UnboundedSender<Event>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<BackendAnswer, BackendError> {
+        if request.tools.is_empty() {
+            return self.run(request, events, stop).await;
+        }
+        if !self.unstreamed_tools.load(Ordering::Relaxed) {
+            match self.run(request, events.clone(), stop.clone()).await {
+                Err(BackendError::Transient(e) | BackendError::Permanent(e)) => {
+                    tracing::warn!(
+                        "openai backend: a streamed request with tools failed ({e}); asking for whole answers with tools from now on"
+                    );
+                    self.unstreamed_tools.store(true, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        self.run_whole(request, events, stop).await
+    }
+
+    async fn run_whole(
+        &self,
+        request: &Request,
+        events: mpsc::UnboundedSender<Event>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<BackendAnswer, BackendError> {
+        let mut body = self.body(request);
+        body["stream"] = json!(false);
+        if let Some(object) = body.as_object_mut() {
+            object.remove("stream_options");
+        }
+        let response = self.send(&body, &mut stop).await?;
+        let whole: Value = tokio::select! {
+            read = tokio::time::timeout(self.timeout, response.json()) => match read {
+                Ok(Ok(whole)) => whole,
+                Ok(Err(e)) => return Err(BackendError::Transient(format!("the server's answer was not JSON: {e}"))),
+                Err(_) => return Err(BackendError::Transient(format!("the server sent no answer within {} s", self.timeout.as_secs()))),
+            },
+            _ = stop.wait_for(|s| *s) => return Err(BackendError::Stopped),
+        };
+        let mut answer =
+            super::unstreamed::answer(&whole, request.model.clone().unwrap_or_else(|| self.model.clone()))?;
+        // Told as one piece, so progress shows it as a streamed answer's would.
+        let (content, reasoning) = (std::mem::take(&mut answer.content), std::mem::take(&mut answer.reasoning));
+        if !reasoning.is_empty() {
+            record(&mut answer, &events, Event::Reasoning(reasoning));
+        }
+        let mut think = ThinkSplitter::default();
+        for e in think.push(&content).into_iter().chain(think.finish()) {
+            record(&mut answer, &events, e);
+        }
+        Ok(answer)
     }
 
     /// The context the server reports for `model`, asked once (a server that cannot be reached
@@ -365,7 +428,7 @@ impl Backend for OpenAi {
         events: mpsc::UnboundedSender<Event>,
         stop: watch::Receiver<bool>,
     ) -> BoxFuture<'a, Result<BackendAnswer, BackendError>> {
-        Box::pin(self.run(request, events, stop))
+        Box::pin(self.answer(request, events, stop))
     }
 }
 
