@@ -77,7 +77,7 @@ pub(crate) unsafe fn with_dotprod<R>(f: impl FnOnce() -> R) -> R {
 /// The CPU has FEAT_DotProd.
 #[inline]
 #[target_feature(enable = "dotprod")]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: a register-only instruction the enclosing function's feature allows.
     unsafe {
@@ -113,6 +113,24 @@ pub(crate) unsafe fn block_dot<const SDOT: bool>(w: [int8x16_t; 2], x: &[i8; 32]
             vpadalq_s16(acc, vmull_high_s8(w[1], x1))
         };
         vaddvq_s32(acc)
+    }
+}
+
+/// Lane k: Σ of the byte products 4k..4k+3 of `w` and `x` (ggml's x86 lane of a 16-byte half),
+/// exactly: `sdot` itself, or `smull` to 16-bit products (−128 · −128 fits) and two pairwise adds.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn quad_sums<const SDOT: bool>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only base NEON; `sdot` only where the caller proved dotprod.
+    unsafe {
+        if SDOT {
+            sdot(vdupq_n_s32(0), w, x)
+        } else {
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+            vpaddq_s32(lo, vpaddlq_s16(vmull_high_s8(w, x)))
+        }
     }
 }
 
