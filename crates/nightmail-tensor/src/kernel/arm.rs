@@ -152,6 +152,22 @@ pub(crate) unsafe fn nibbles(packed: &[u8], offset: i8) -> [int8x16_t; 2] {
     }
 }
 
+/// A block's 16 packed bytes as its 32 weights through a 16-entry table (IQ4_NL's levels),
+/// low nibbles elements 0..15, high 16..31, by `tbl` as ggml's NEON `ggml_vec_dot_iq4_nl_q8_0`
+/// looks them up.
+///
+/// # Safety
+/// `packed` holds at least 16 bytes.
+#[inline(always)]
+pub(crate) unsafe fn nibble_levels(packed: &[u8], levels: &[i8; 16]) -> [int8x16_t; 2] {
+    debug_assert!(packed.len() >= 16);
+    // SAFETY: 16-byte loads within `packed` (the caller's promise) and the table; base NEON.
+    unsafe {
+        let (p, table) = (vld1q_u8(packed.as_ptr()), vld1q_s8(levels.as_ptr()));
+        [vqtbl1q_s8(table, vandq_u8(p, vdupq_n_u8(0x0F))), vqtbl1q_s8(table, vshrq_n_u8::<4>(p))]
+    }
+}
+
 /// A Q8 block's 32 bytes as two 16-byte halves.
 #[inline(always)]
 pub(crate) fn bytes(qs: &[i8; 32]) -> [int8x16_t; 2] {

@@ -23,6 +23,7 @@ pub(crate) struct Q8K {
 }
 
 /// ggml-quants.c `nearest_int`: round half to even through the float's mantissa (|x| < 2^22).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn nearest_int(x: f32) -> i32 {
     let v = x + 12582912.0;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
@@ -38,6 +39,7 @@ pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
 
 /// ggml-quants.c `quantize_row_q8_K_ref`, which ggml's x86 `quantize_row_q8_K` calls: the scale
 /// from the element of largest magnitude, with its sign (iscale = -127 / max).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 pub(crate) fn quantize_q8_k_ref(x: &[f32]) -> Vec<Q8K> {
     x.chunks_exact(QK_K)
         .map(|x| {
@@ -82,6 +84,7 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
 }
 
 /// The 8 integer lanes of one super-block against one token's Q8_K block.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn lanes_scalar(w: &Decoded, x: &Q8K) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for (e, (&w8, &x8)) in w.w.iter().zip(&x.qs).enumerate() {
@@ -97,6 +100,7 @@ pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
 }
 
 /// `row` · one token, in ggml's AVX2 order, without SIMD.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 pub(crate) fn dot_scalar<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     let mut acc = [0f32; 8];
     let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
