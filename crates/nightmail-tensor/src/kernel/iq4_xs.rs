@@ -71,6 +71,7 @@ mod tests {
         super::super::q8_k::tests::check_kernel::<Iq4Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 
+    #[cfg(target_arch = "aarch64")]
     #[test]
     fn iq4_xs_decoding_gives_the_scalar_lookups_weights() {
         use super::super::q8_k::{Decoded, SuperBlock};

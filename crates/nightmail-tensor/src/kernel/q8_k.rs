@@ -4,7 +4,8 @@
 //! integer product lands in one of 8 i32 lanes (lane k: elements 4k..4k+3 of each 32), a
 //! super-block's lanes go into 8 f32 accumulators by one fused multiply-add with d_w · d_x, and
 //! `hsum_float_8` adds the accumulators at the end; integer sums are exact, so the result depends
-//! only on that float order, which the scalar path below keeps lane for lane.
+//! only on that float order, which the scalar path below keeps lane for lane, and so do the
+//! aarch64 paths (`q8_k_arm.rs`).
 
 use candle_core::Tensor;
 
