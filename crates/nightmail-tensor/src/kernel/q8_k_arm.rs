@@ -147,7 +147,8 @@ mod tests {
     fn neon_q8_k_quantization_gives_the_scalar_blocks() {
         let mut x = random(9 * QK_K, 41);
         // A block of zeros; one whose largest magnitude comes at both signs (the first wins);
-        // one whose maximum is negative and has NaNs beside it; one of exact halves (ties).
+        // one whose maximum is negative and has NaNs beside it; one of exact halves scaled by
+        // exactly 1 (its maximum is −127), so that every other value is a tie to round to even.
         x[..QK_K].fill(0.0);
         x[QK_K + 7] = -3.0;
         x[QK_K + 200] = 3.0;
@@ -155,8 +156,9 @@ mod tests {
         x[2 * QK_K + 3] = f32::NAN;
         x[2 * QK_K + 100] = -f32::NAN;
         for (i, v) in x[3 * QK_K..4 * QK_K].iter_mut().enumerate() {
-            *v = (i as f32 - 127.0) + 0.5;
+            *v = (i as f32 - 128.0) * 0.5;
         }
+        x[4 * QK_K - 1] = -127.0;
         // A lone nonzero value in the last element, where the search for its sign ends.
         x[4 * QK_K..5 * QK_K].fill(0.0);
         x[5 * QK_K - 1] = 1e-30;
