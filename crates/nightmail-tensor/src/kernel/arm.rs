@@ -77,7 +77,7 @@ pub(crate) unsafe fn with_dotprod<R>(f: impl FnOnce() -> R) -> R {
 /// The CPU has FEAT_DotProd.
 #[inline]
 #[target_feature(enable = "dotprod")]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: a register-only instruction the enclosing function's feature allows.
     unsafe {
@@ -116,6 +116,24 @@ pub(crate) unsafe fn block_dot<const SDOT: bool>(w: [int8x16_t; 2], x: &[i8; 32]
     }
 }
 
+/// Lane k: Σ of the byte products 4k..4k+3 of `w` and `x` (ggml's x86 lane of a 16-byte half),
+/// exactly: `sdot` itself, or `smull` to 16-bit products (−128 · −128 fits) and two pairwise adds.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn quad_sums<const SDOT: bool>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only base NEON; `sdot` only where the caller proved dotprod.
+    unsafe {
+        if SDOT {
+            sdot(vdupq_n_s32(0), w, x)
+        } else {
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+            vpaddq_s32(lo, vpaddlq_s16(vmull_high_s8(w, x)))
+        }
+    }
+}
+
 /// A ggml 4-bit block's 16 packed bytes as its 32 weights, minus `offset` (8 for Q4_0, whose
 /// nibbles stand for −8..7; 0 for Q4_1): the low nibbles are elements 0..15, the high 16..31.
 ///
@@ -131,6 +149,22 @@ pub(crate) unsafe fn nibbles(packed: &[u8], offset: i8) -> [int8x16_t; 2] {
         let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(p));
         let off = vdupq_n_s8(offset);
         [vsubq_s8(lo, off), vsubq_s8(hi, off)]
+    }
+}
+
+/// A block's 16 packed bytes as its 32 weights through a 16-entry table (IQ4_NL's levels),
+/// low nibbles elements 0..15, high 16..31, by `tbl` as ggml's NEON `ggml_vec_dot_iq4_nl_q8_0`
+/// looks them up.
+///
+/// # Safety
+/// `packed` holds at least 16 bytes.
+#[inline(always)]
+pub(crate) unsafe fn nibble_levels(packed: &[u8], levels: &[i8; 16]) -> [int8x16_t; 2] {
+    debug_assert!(packed.len() >= 16);
+    // SAFETY: 16-byte loads within `packed` (the caller's promise) and the table; base NEON.
+    unsafe {
+        let (p, table) = (vld1q_u8(packed.as_ptr()), vld1q_s8(levels.as_ptr()));
+        [vqtbl1q_s8(table, vandq_u8(p, vdupq_n_u8(0x0F))), vqtbl1q_s8(table, vshrq_n_u8::<4>(p))]
     }
 }
 

@@ -54,12 +54,22 @@ impl Iq4NlMatrix {
         }
         let tokens = x.dim(0)?;
         let q8: Vec<Vec<Q8Block>> = super::matvec::activations(x)?.chunks_exact(self.cols).map(quantize_q8_1).collect();
+        #[cfg(not(target_arch = "aarch64"))]
         let avx2 = super::matvec::has_avx2_f16c();
+        #[cfg(target_arch = "aarch64")]
+        let kernel = super::arm::ArmKernel::detect();
         super::matvec::rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = self.row_bytes(r);
             for (y, x) in out.iter_mut().zip(&q8) {
-                // SAFETY: AVX2, FMA and F16C were detected at run time.
-                *y = if avx2 { unsafe { dot_avx2(row, x) } } else { dot_scalar(row, x) };
+                #[cfg(target_arch = "aarch64")]
+                {
+                    *y = super::arm::dispatch!(kernel, dot_arm(row, x));
+                }
+                #[cfg(not(target_arch = "aarch64"))]
+                {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    *y = if avx2 { unsafe { dot_avx2(row, x) } } else { dot_scalar(row, x) };
+                }
             }
         })
     }
@@ -75,6 +85,7 @@ fn lanes(block: &[u8], x: &super::q8::Q8Block) -> [i32; 8] {
     lanes
 }
 
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn dot_scalar(row: &[u8], x: &[super::q8::Q8Block]) -> f32 {
     let mut acc = [[0f32; 8]; 2];
     let pairs = row.len() / BLOCK_BYTES / 2;
@@ -127,7 +138,44 @@ unsafe fn dot_avx2(row: &[u8], x: &[super::q8::Q8Block]) -> f32 {
     total
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// [`dot_scalar`] in NEON or with `sdot`: ggml's NEON `ggml_vec_dot_iq4_nl_q8_0` looks the
+/// levels up with `tbl` as here, but sums each block pair to one float; this keeps the AVX2
+/// order's 8 lanes (a 16-byte half's `sdot` is lanes 0..3 or 4..7 exactly), so x86's bits.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn dot_arm<const SDOT: bool>(row: &[u8], x: &[super::q8::Q8Block]) -> f32 {
+    use std::arch::aarch64::*;
+    let pairs = row.len() / BLOCK_BYTES / 2;
+    // SAFETY: base NEON; 16-byte loads within each block's 16 packed bytes and its token's 32
+    // bytes; `quad_sums` gets the caller's proof of dotprod.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 2]; 2];
+        for (b, (block, xb)) in row.chunks_exact(BLOCK_BYTES).zip(x).enumerate().take(2 * pairs) {
+            let w = super::arm::nibble_levels(&block[2..], &KVALUES_IQ4NL);
+            let lo = super::arm::quad_sums::<SDOT>(w[0], vld1q_s8(xb.qs.as_ptr()));
+            let hi = super::arm::quad_sums::<SDOT>(w[1], vld1q_s8(xb.qs.as_ptr().add(16)));
+            let d = vdupq_n_f32(xb.d * half(block, 0));
+            let a = &mut acc[b % 2];
+            a[0] = vfmaq_f32(a[0], vcvtq_f32_s32(lo), d);
+            a[1] = vfmaq_f32(a[1], vcvtq_f32_s32(hi), d);
+        }
+        // ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) of the two accumulators' sum, as `dot_scalar`.
+        let s4 = vaddq_f32(vaddq_f32(acc[0][1], acc[1][1]), vaddq_f32(acc[0][0], acc[1][0]));
+        let mut s = [0f32; 4];
+        vst1q_f32(s.as_mut_ptr(), s4);
+        let mut total = (s[0] + s[2]) + (s[1] + s[3]);
+        if let (Some(block), Some(xb)) = (row.chunks_exact(BLOCK_BYTES).nth(2 * pairs), x.get(2 * pairs)) {
+            let l = lanes(block, xb);
+            total += xb.d * half(block, 0) * ((l[0] + l[1] + l[2] + l[3]) + (l[4] + l[5] + l[6] + l[7])) as f32;
+        }
+        total
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 unsafe fn dot_avx2(row: &[u8], x: &[super::q8::Q8Block]) -> f32 {
     dot_scalar(row, x)
 }
@@ -161,6 +209,28 @@ mod tests {
                 let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
                 let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                 assert!((scalar as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {scalar} vs {want}");
+            }
+        }
+    }
+
+    /// Each aarch64 path (NEON, dotprod) against the scalar order on the same random blocks:
+    /// one block a row, a pair, odd counts with ggml's scalar tail, rows llama.cpp does not repack.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn every_arm_path_gives_the_scalar_bits() {
+        use crate::kernel::arm::{ArmKernel, dispatch};
+        for (seed, (rows, blocks, tokens)) in (1u64..).zip([(1, 1, 1), (3, 2, 2), (5, 9, 3), (7, 33, 5)]) {
+            let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * blocks, seed);
+            let m = Iq4NlMatrix::new(WeightBytes::from(&bytes[..]), rows, blocks * QK);
+            for t in 0..tokens as u64 {
+                let q8 = super::super::q8::quantize_q8_1(&super::super::q8::tests::random(blocks * QK, 100 * seed + t));
+                for r in 0..rows {
+                    let want = dot_scalar(m.row_bytes(r), &q8);
+                    for kernel in ArmKernel::available() {
+                        let got = dispatch!(kernel, dot_arm(m.row_bytes(r), &q8));
+                        assert_eq!(got.to_bits(), want.to_bits(), "{kernel:?}: row {r} of {blocks} blocks, token {t}");
+                    }
+                }
             }
         }
     }

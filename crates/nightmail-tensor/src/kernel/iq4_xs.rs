@@ -37,11 +37,27 @@ impl super::q8_k::SuperBlock for Iq4Xs {
         for ib in 0..QK_K / 32 {
             let ls = scale(b, ib) as i16;
             out.scales[2 * ib..2 * ib + 2].fill(ls);
-            for (j, q) in b[8 + 16 * ib..8 + 16 * (ib + 1)].iter().enumerate() {
-                out.w[32 * ib + j] = KVALUES_IQ4NL[(q & 0xf) as usize];
-                out.w[32 * ib + j + 16] = KVALUES_IQ4NL[(q >> 4) as usize];
+            let packed = &b[8 + 16 * ib..8 + 16 * (ib + 1)];
+            // ggml's NEON `ggml_vec_dot_iq4_xs_q8_K`'s `tbl` lookup of the 16 levels.
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: the 16 packed bytes; two 16-byte stores within the 256 weights.
+            unsafe {
+                let [lo, hi] = super::arm::nibble_levels(packed, &KVALUES_IQ4NL);
+                std::arch::aarch64::vst1q_s8(out.w.as_mut_ptr().add(32 * ib), lo);
+                std::arch::aarch64::vst1q_s8(out.w.as_mut_ptr().add(32 * ib + 16), hi);
             }
+            #[cfg(not(target_arch = "aarch64"))]
+            weights_scalar(packed, &mut out.w[32 * ib..32 * (ib + 1)]);
         }
+    }
+}
+
+/// A 32-block's 16 packed bytes as its weights, element j low nibble and j+16 high.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its test compares against
+fn weights_scalar(packed: &[u8], w: &mut [i8]) {
+    for (j, q) in packed.iter().enumerate() {
+        w[j] = KVALUES_IQ4NL[(q & 0xf) as usize];
+        w[j + 16] = KVALUES_IQ4NL[(q >> 4) as usize];
     }
 }
 
@@ -53,5 +69,21 @@ mod tests {
     fn iq4_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 24);
         super::super::q8_k::tests::check_kernel::<Iq4Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn iq4_xs_decoding_gives_the_scalar_lookups_weights() {
+        use super::super::q8_k::{Decoded, SuperBlock};
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 7, 25);
+        for b in bytes.chunks_exact(BLOCK_BYTES) {
+            let mut got = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+            Iq4Xs::decode(b, &mut got);
+            let mut want = [0i8; QK_K];
+            for (ib, w) in want.chunks_exact_mut(32).enumerate() {
+                weights_scalar(&b[8 + 16 * ib..8 + 16 * (ib + 1)], w);
+            }
+            assert_eq!(got.w, want);
+        }
     }
 }

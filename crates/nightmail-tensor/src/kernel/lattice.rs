@@ -28,8 +28,30 @@ pub(crate) fn grid_byte(point: u64, j: usize) -> u8 {
 }
 
 /// The 8 bytes of a grid point (two 4-byte IQ3 points side by side) with bit j of `signs`
-/// negating byte j: the signed weights before the sub-block scale.
+/// negating byte j: the signed weights before the sub-block scale. On aarch64 in NEON, as ggml's
+/// NEON i-quant dots sign a point (`vtst` against the bit masks, then negate where set).
 pub(crate) fn signed_point(point: u64, signs: u8) -> [i8; 8] {
+    #[cfg(target_arch = "aarch64")]
+    return signed_point_neon(point, signs);
+    #[cfg(not(target_arch = "aarch64"))]
+    signed_point_scalar(point, signs)
+}
+
+/// [`signed_point`] in 8-byte vectors: the mask of set bits m (0 or −1 a byte), then (g ^ m) − m.
+#[cfg(target_arch = "aarch64")]
+fn signed_point_neon(point: u64, signs: u8) -> [i8; 8] {
+    use std::arch::aarch64::*;
+    const BITS: u64 = u64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]);
+    // SAFETY: register-only base NEON (every aarch64 CPU).
+    unsafe {
+        let m = vreinterpret_s8_u8(vtst_u8(vdup_n_u8(signs), vcreate_u8(BITS)));
+        let g = vcreate_s8(point);
+        vget_lane_u64::<0>(vreinterpret_u64_s8(vsub_s8(veor_s8(g, m), m))).to_le_bytes().map(|b| b as i8)
+    }
+}
+
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its test compares against
+fn signed_point_scalar(point: u64, signs: u8) -> [i8; 8] {
     std::array::from_fn(|j| {
         let g = grid_byte(point, j) as i8;
         if signs & (1 << j) != 0 { -g } else { g }
@@ -44,6 +66,20 @@ pub(crate) fn sign(signs: u8, j: usize) -> f32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Every sign byte on every grid point of the three types that sign points.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_signed_points_are_the_scalar_ones() {
+        use super::super::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
+        let iq3 = IQ3XXS_GRID.iter().zip(IQ3XXS_GRID.iter().rev()).map(|(a, b)| *a as u64 | (*b as u64) << 32);
+        let points: Vec<u64> = IQ2XXS_GRID.iter().chain(&IQ2XS_GRID).copied().chain(iq3).collect();
+        for point in points {
+            for signs in 0..=255u8 {
+                assert_eq!(signed_point_neon(point, signs), signed_point_scalar(point, signs), "{point:#x} {signs:#x}");
+            }
+        }
+    }
 
     /// `n` blocks of random bytes with a small finite f16 scale first, reproducibly.
     pub(crate) fn random_blocks(block_bytes: usize, n: usize, seed: u64) -> Vec<u8> {

@@ -27,6 +27,8 @@ pub mod q4_1;
 pub mod q8;
 pub mod q8_0;
 pub mod q8_k;
+#[cfg(target_arch = "aarch64")]
+mod q8_k_arm;
 pub mod tq1_0;
 pub mod tq2_0;
 

@@ -12,7 +12,9 @@
 
 use candle_core::Tensor;
 
-use super::matvec::{activations, has_avx2_f16c, row_groups_by_tokens};
+use super::matvec::activations;
+#[cfg(not(target_arch = "aarch64"))]
+use super::matvec::{has_avx2_f16c, row_groups_by_tokens};
 use super::q8::{Q8Block, quantize_q8_1};
 use crate::error::Result;
 
@@ -32,6 +34,7 @@ fn scale(block: &[u8]) -> f32 {
 }
 
 /// One block's integer dot with one token's block.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn block_dot(levels: &[i8; 16], block: &[u8], x: &Q8Block) -> i32 {
     let mut sum = 0i32;
     for (j, q) in block[2..BLOCK_BYTES].iter().enumerate() {
@@ -42,6 +45,7 @@ fn block_dot(levels: &[i8; 16], block: &[u8], x: &Q8Block) -> i32 {
 }
 
 /// One row against one token, without SIMD.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 pub(crate) fn dot_scalar(levels: &[i8; 16], row: &[u8], x: &[Q8Block]) -> f32 {
     let mut acc = 0f32;
     for (block, xb) in row.chunks_exact(BLOCK_BYTES).zip(x) {
@@ -107,7 +111,7 @@ unsafe fn tile_dots_avx2<const N: usize>(
     })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 unsafe fn tile_dots_avx2<const N: usize>(
     levels: &[i8; 16],
     tile: &[u8],
@@ -118,6 +122,7 @@ unsafe fn tile_dots_avx2<const N: usize>(
 }
 
 /// Tokens one unpacking of a tile's nibbles serves.
+#[cfg(not(target_arch = "aarch64"))]
 const TOKENS: usize = 4;
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks,
@@ -125,10 +130,13 @@ const TOKENS: usize = 4;
 /// does.
 pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
     assert!(rows.is_multiple_of(TILE_ROWS), "{rows} rows: not whole tiles of {TILE_ROWS}");
-    let tokens = x.dim(0)?;
     let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
     let row_bytes = cols / QK * BLOCK_BYTES;
-    let avx2 = has_avx2_f16c();
+    #[cfg(target_arch = "aarch64")]
+    return matmul_arm(levels, bytes, rows, row_bytes, &q8, super::arm::ArmKernel::detect());
+    #[cfg(not(target_arch = "aarch64"))]
+    let (tokens, avx2) = (q8.len(), has_avx2_f16c());
+    #[cfg(not(target_arch = "aarch64"))]
     row_groups_by_tokens(rows, tokens, rows * cols * tokens, TILE_ROWS, |r, out| {
         // `out` is `[row][token]` for the tile's rows.
         let tile = &bytes[r * row_bytes..(r + TILE_ROWS) * row_bytes];
@@ -154,7 +162,49 @@ pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, 
     })
 }
 
+/// The aarch64 path (IQ4_NL only: aarch64's Q4_0 takes `q4_0.rs`' NEON kernels): each row's
+/// [`dot_scalar`] chain per token, each block's integer dot in NEON or `sdot`
+/// ([`super::arm::block_dot`]) and its nibbles looked up once for all tokens, so the same bits.
+#[cfg(target_arch = "aarch64")]
+fn matmul_arm(
+    levels: &[i8; 16],
+    bytes: &[u8],
+    rows: usize,
+    row_bytes: usize,
+    q8: &[Vec<Q8Block>],
+    kernel: super::arm::ArmKernel,
+) -> Result<Tensor> {
+    let xs: Vec<&[Q8Block]> = q8.iter().map(|x| &x[..]).collect();
+    let work = rows * row_bytes / BLOCK_BYTES * QK * xs.len();
+    super::matvec::rows_by_tokens(rows, xs.len(), work, |r, out| {
+        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        super::arm::dispatch!(kernel, dots_arm(levels, row, &xs, out))
+    })
+}
+
+/// [`dot_scalar`] for each token of `xs` into `out`.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn dots_arm<const SDOT: bool>(levels: &[i8; 16], row: &[u8], xs: &[&[Q8Block]], out: &mut [f32]) {
+    assert!(out.len() == xs.len() && xs.iter().all(|x| x.len() * BLOCK_BYTES >= row.len()));
+    out.fill(0.0);
+    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        // SAFETY: the block's 16 packed bytes.
+        let w = unsafe { super::arm::nibble_levels(&block[2..], levels) };
+        let d = scale(block);
+        for (y, x) in out.iter_mut().zip(xs) {
+            // SAFETY: the caller's proof of dotprod is passed on.
+            let dot = unsafe { super::arm::block_dot::<SDOT>(w, &x[b].qs) };
+            *y = (dot as f32).mul_add(d * x[b].d, *y);
+        }
+    }
+}
+
 /// Tokens `c..` of a tile's results (`[token][row]`) into `out` (`[row][token]`).
+#[cfg(not(target_arch = "aarch64"))]
 fn put(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; TILE_ROWS]]) {
     for (t, ys) in got.iter().enumerate() {
         for (i, &y) in ys.iter().enumerate() {
@@ -185,6 +235,32 @@ mod tests {
                         assert_eq!(got[t][r].to_bits(), want.to_bits(), "token {t} row {r}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Each aarch64 path (NEON, dotprod) on IQ4_NL's levels, the heights llama.cpp repacks:
+    /// every token of a call, one block a row or an odd count, gives the scalar chain's bits.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn every_arm_path_gives_the_scalar_chains_bits() {
+        let levels = &super::super::iq_grids::KVALUES_IQ4NL;
+        for (seed, (rows, blocks, tokens)) in (1u64..).zip([(8, 1, 1), (16, 9, 5), (24, 2, 4), (8, 33, 9)]) {
+            let row_bytes = blocks * BLOCK_BYTES;
+            let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * blocks, seed);
+            let q8: Vec<Vec<Q8Block>> = (0..tokens as u64)
+                .map(|t| quantize_q8_1(&super::super::q8::tests::random(blocks * QK, 100 * seed + t)))
+                .collect();
+            let want: Vec<u32> = q8
+                .iter()
+                .flat_map(|x| {
+                    (0..rows).map(|r| dot_scalar(levels, &bytes[r * row_bytes..(r + 1) * row_bytes], x).to_bits())
+                })
+                .collect();
+            for kernel in super::super::arm::ArmKernel::available() {
+                let got = matmul_arm(levels, &bytes, rows, row_bytes, &q8, kernel).unwrap().flatten_all().unwrap();
+                let got: Vec<u32> = got.to_vec1::<f32>().unwrap().iter().map(|y| y.to_bits()).collect();
+                assert_eq!(got, want, "{kernel:?}: {rows} rows of {blocks} blocks, {tokens} tokens");
             }
         }
     }

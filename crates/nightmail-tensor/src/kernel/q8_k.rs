@@ -4,11 +4,14 @@
 //! integer product lands in one of 8 i32 lanes (lane k: elements 4k..4k+3 of each 32), a
 //! super-block's lanes go into 8 f32 accumulators by one fused multiply-add with d_w · d_x, and
 //! `hsum_float_8` adds the accumulators at the end; integer sums are exact, so the result depends
-//! only on that float order, which the scalar path below keeps lane for lane.
+//! only on that float order, which the scalar path below keeps lane for lane, and so do the
+//! aarch64 paths (`q8_k_arm.rs`).
 
 use candle_core::Tensor;
 
-use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::matvec::activations;
+#[cfg(not(target_arch = "aarch64"))]
+use super::matvec::{has_avx2_f16c, rows_by_tokens};
 use crate::error::Result;
 
 use super::lattice::QK_K;
@@ -21,14 +24,24 @@ pub(crate) struct Q8K {
 }
 
 /// ggml-quants.c `nearest_int`: round half to even through the float's mantissa (|x| < 2^22).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn nearest_int(x: f32) -> i32 {
     let v = x + 12582912.0;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
+/// The activations' Q8_K blocks: [`quantize_q8_k_ref`]'s, in NEON on aarch64 (`q8_k_arm.rs`).
+pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
+    #[cfg(target_arch = "aarch64")]
+    return super::q8_k_arm::quantize_q8_k(x);
+    #[cfg(not(target_arch = "aarch64"))]
+    quantize_q8_k_ref(x)
+}
+
 /// ggml-quants.c `quantize_row_q8_K_ref`, which ggml's x86 `quantize_row_q8_K` calls: the scale
 /// from the element of largest magnitude, with its sign (iscale = -127 / max).
-pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
+pub(crate) fn quantize_q8_k_ref(x: &[f32]) -> Vec<Q8K> {
     x.chunks_exact(QK_K)
         .map(|x| {
             let (mut max, mut amax) = (0f32, 0f32);
@@ -72,6 +85,7 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
 }
 
 /// The 8 integer lanes of one super-block against one token's Q8_K block.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 fn lanes_scalar(w: &Decoded, x: &Q8K) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for (e, (&w8, &x8)) in w.w.iter().zip(&x.qs).enumerate() {
@@ -81,12 +95,13 @@ fn lanes_scalar(w: &Decoded, x: &Q8K) -> [i32; 8] {
 }
 
 /// ggml's `hsum_float_8`: ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)).
-fn hsum8(a: [f32; 8]) -> f32 {
+pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
     let s4: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
     (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
 
 /// `row` · one token, in ggml's AVX2 order, without SIMD.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: the reference its tests compare against
 pub(crate) fn dot_scalar<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     let mut acc = [0f32; 8];
     let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
@@ -133,37 +148,43 @@ unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) 
     acc.map(|a| T::FINAL * super::matvec::hsum_avx2(a))
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     xs.map(|x| dot_scalar::<T>(row, x))
 }
 
 /// Tokens one decoding of a row's blocks serves.
+#[cfg(not(target_arch = "aarch64"))]
 const TOKENS: usize = 4;
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes`, `rows` rows of `cols / 256` blocks of `T`.
 pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
-    let tokens = x.dim(0)?;
     let q8: Vec<Vec<Q8K>> = activations(x)?.chunks_exact(cols).map(quantize_q8_k).collect();
-    let row_bytes = cols / QK_K * T::BYTES;
-    let avx2 = has_avx2_f16c();
-    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
-        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-        if !avx2 {
-            out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar::<T>(row, &q8[t]));
-            return;
-        }
-        for (c, out) in out.chunks_mut(TOKENS).enumerate() {
-            let x = |i: usize| &q8[c * TOKENS + i][..];
-            // SAFETY: AVX2 and FMA were detected at run time.
-            match out.len() {
-                1 => out[0] = unsafe { dots_avx2::<T, 1>(row, [x(0)]) }[0],
-                2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2>(row, [x(0), x(1)]) }),
-                3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3>(row, [x(0), x(1), x(2)]) }),
-                _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4>(row, [x(0), x(1), x(2), x(3)]) }),
+    #[cfg(target_arch = "aarch64")]
+    return super::q8_k_arm::matmul::<T>(bytes, rows, cols, &q8, super::arm::ArmKernel::detect());
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let tokens = x.dim(0)?;
+        let row_bytes = cols / QK_K * T::BYTES;
+        let avx2 = has_avx2_f16c();
+        rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
+            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            if !avx2 {
+                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar::<T>(row, &q8[t]));
+                return;
             }
-        }
-    })
+            for (c, out) in out.chunks_mut(TOKENS).enumerate() {
+                let x = |i: usize| &q8[c * TOKENS + i][..];
+                // SAFETY: AVX2 and FMA were detected at run time.
+                match out.len() {
+                    1 => out[0] = unsafe { dots_avx2::<T, 1>(row, [x(0)]) }[0],
+                    2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2>(row, [x(0), x(1)]) }),
+                    3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3>(row, [x(0), x(1), x(2)]) }),
+                    _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4>(row, [x(0), x(1), x(2), x(3)]) }),
+                }
+            }
+        })
+    }
 }
 
 /// A matrix whose type [`Linear`](crate::Linear) knows only through this: its product, and its
