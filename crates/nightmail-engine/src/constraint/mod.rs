@@ -1,0 +1,180 @@
+//! Grammar-constrained decoding of tool calls: once the output holds a call's opener, each step's
+//! tokens whose text would take it out of a well-formed call to one of the given tools are masked
+//! before sampling, until the call's closing marker; then decoding is free again.
+//!
+//! The check is a byte-level automaton ([`frame`] over [`json`]) whose state is `Copy`: a token is
+//! allowed when feeding its bytes (precomputed once per vocabulary) to a copy of the state does
+//! not fail. Greedy checks the argmax first and masks the whole row only when it is refused; with
+//! a temperature the whole row is masked and the sampler draws from it as usual. Both are exact:
+//! the token taken is the one the sampler takes from the logits with every refused token at −∞
+//! (the greedy shortcut gives the same token, as an allowed argmax is still the first largest).
+
+mod frame;
+mod json;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use nightmail_formats::{TextTokenizer, ToolSyntax};
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+use crate::sampling::{Sampler, argmax};
+use frame::{CallGrammar, CallState};
+use json::ArgsSchema;
+
+/// The calls a generation may write, for the engine to constrain decoding to them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallGrammar {
+    pub syntax: ToolSyntax,
+    /// Each function's name and the JSON Schema of its arguments.
+    pub tools: Vec<(String, Value)>,
+}
+
+/// Why a tool list cannot be made a grammar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    #[error("the tools are not an OpenAI tools array: {0}; pass `[{{\"type\": \"function\", \"function\": {{\"name\": .., \"parameters\": ..}}}}]`")]
+    NotTools(String),
+    #[error("the tool name `{0}` is not one a call can carry: use letters, digits, `_`, `-` and `.`")]
+    BadName(String),
+    #[error("more than {max} tools: constrain calls to fewer")]
+    TooManyTools { max: usize },
+    #[error("the arguments of `{function}` list more than {max} properties: constrain calls to fewer")]
+    TooManyProperties { function: String, max: usize },
+    #[error("`{function}` requires {key}, which its properties do not list: fix the tool's schema")]
+    UnknownRequired { function: String, key: String },
+}
+
+impl ToolCallGrammar {
+    /// From OpenAI's tools array (the JSON text `Prompt::ToolChat` carries).
+    pub fn from_openai_tools(syntax: ToolSyntax, tools: &str) -> std::result::Result<Self, GrammarError> {
+        let array: Vec<Value> = serde_json::from_str(tools).map_err(|e| GrammarError::NotTools(e.to_string()))?;
+        let tools = array
+            .iter()
+            .map(|t| {
+                let f = t.get("function").unwrap_or(t);
+                let name = f.get("name").and_then(Value::as_str).ok_or(GrammarError::NotTools("a tool has no name".into()))?;
+                Ok((name.to_string(), f.get("parameters").cloned().unwrap_or(Value::Null)))
+            })
+            .collect::<std::result::Result<_, GrammarError>>()?;
+        Ok(ToolCallGrammar { syntax, tools })
+    }
+
+    /// The automaton; `None` for a syntax decoded freely (see [`frame::frame`]).
+    fn compile(&self) -> std::result::Result<Option<CallGrammar>, GrammarError> {
+        let Some((opener, parts)) = frame::frame(self.syntax) else { return Ok(None) };
+        if self.tools.len() > 64 {
+            return Err(GrammarError::TooManyTools { max: 64 });
+        }
+        let mut names = Vec::new();
+        let mut schemas = Vec::new();
+        for (name, schema) in &self.tools {
+            // A name is written raw inside the frame (a JSON string, before `<`, `:` or a space).
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+                return Err(GrammarError::BadName(name.clone()));
+            }
+            names.push(name.as_bytes().to_vec());
+            schemas.push(ArgsSchema::new(name, schema)?);
+        }
+        Ok(Some(CallGrammar::new(opener, parts, names, schemas)))
+    }
+
+    /// What a checkpoint's identity records of it: resuming under another grammar would be wrong.
+    pub(crate) fn identity(&self) -> String {
+        format!("{:?} {}", self.syntax, serde_json::to_string(&self.tools).unwrap_or_default())
+    }
+}
+
+/// Each token's bytes as they appear in decoded text, laid end to end.
+pub(crate) struct TokenPieces {
+    bytes: Vec<u8>,
+    starts: Vec<u32>,
+}
+
+impl TokenPieces {
+    pub fn new(tokenizer: &TextTokenizer, vocab: usize) -> Result<TokenPieces> {
+        let mut bytes = Vec::new();
+        let mut starts = Vec::with_capacity(vocab + 1);
+        starts.push(0);
+        for id in 0..vocab as u32 {
+            // Ids past the tokenizer's vocabulary (padded output rows) have no text.
+            if let Ok(piece) = tokenizer.piece_bytes(id) {
+                bytes.extend_from_slice(&piece);
+            }
+            starts.push(bytes.len() as u32);
+        }
+        Ok(TokenPieces { bytes, starts })
+    }
+
+    fn piece(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        match (self.starts.get(i), self.starts.get(i + 1)) {
+            (Some(&a), Some(&b)) => &self.bytes[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+}
+
+/// A generation's constraint: the grammar and where its output stands.
+pub(crate) struct Constraint {
+    grammar: CallGrammar,
+    state: CallState,
+    pieces: Arc<TokenPieces>,
+    eos: Vec<u32>,
+}
+
+impl Constraint {
+    /// `None` when the syntax is decoded freely.
+    pub fn new(request: &ToolCallGrammar, pieces: Arc<TokenPieces>, eos: &[u32]) -> Result<Option<Constraint>> {
+        let Some(grammar) = request.compile().map_err(EngineError::Grammar)? else { return Ok(None) };
+        let state = grammar.start();
+        Ok(Some(Constraint { grammar, state, pieces, eos: eos.to_vec() }))
+    }
+
+    /// The state after `id`, if the grammar allows it. Inside a call, a token that writes no
+    /// text (an end of sequence, a control token) is refused: it would end or stall the call.
+    fn after(&self, id: u32) -> Option<CallState> {
+        let piece = self.pieces.piece(id);
+        if self.grammar.in_call(&self.state) && (piece.is_empty() || self.eos.contains(&id)) {
+            return None;
+        }
+        let mut s = self.state;
+        piece.iter().all(|&b| self.grammar.feed(&mut s, b)).then_some(s)
+    }
+
+    /// Sets every refused token's logit to −∞.
+    pub fn mask(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if *l != f32::NEG_INFINITY && self.after(id as u32).is_none() {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// The sampler's token from `logits` with the refused ones masked (in place, when masking
+    /// was needed), and the state moved past it.
+    pub fn pick(&mut self, logits: &mut [f32], sampler: &mut Sampler) -> Result<u32> {
+        if sampler.is_greedy() {
+            let id = argmax(logits);
+            if let Some(s) = self.after(id) {
+                self.state = s;
+                return Ok(id);
+            }
+        }
+        self.mask(logits);
+        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+            return Err(EngineError::ConstraintDeadEnd);
+        }
+        let id = sampler.sample(logits);
+        self.advance(id)?;
+        Ok(id)
+    }
+
+    /// Moves past a token taken (or restored from a checkpoint: replaying them rebuilds the state).
+    pub fn advance(&mut self, id: u32) -> Result<()> {
+        self.state = self.after(id).ok_or(EngineError::ConstraintDeadEnd)?;
+        Ok(())
+    }
+}
