@@ -231,10 +231,13 @@ impl Model {
             .into());
         }
         let mut sampler = Sampler::new(request.sampling)?;
-        let constraint = match &request.tool_calls {
+        let mut constraint = match &request.tool_calls {
             Some(grammar) => self.constraint(grammar)?,
             None => None,
         };
+        if let Some(c) = constraint.as_mut() {
+            c.prime(&prompt_tokens);
+        }
         // Drafts are verified against unmasked logits: a constrained stream runs without them.
         if request.tool_calls.is_some() {
             request.draft = Drafting::None;

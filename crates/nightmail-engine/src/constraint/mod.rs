@@ -172,6 +172,19 @@ impl Constraint {
         Ok(id)
     }
 
+    /// Reads the prompt's text, so that a prompt ending inside a call (a forced opener) is
+    /// continued as one. What the prompt holds that no call continues (an example in the
+    /// instructions) only starts the watch for the opener over.
+    pub fn prime(&mut self, prompt: &[u32]) {
+        for &id in prompt {
+            for &b in self.pieces.piece(id) {
+                if !self.grammar.feed(&mut self.state, b) {
+                    self.state = self.grammar.start();
+                }
+            }
+        }
+    }
+
     /// Moves past a token taken (or restored from a checkpoint: replaying them rebuilds the state).
     pub fn advance(&mut self, id: u32) -> Result<()> {
         self.state = self.after(id).ok_or(EngineError::ConstraintDeadEnd)?;
