@@ -116,3 +116,21 @@ fn the_mask_costs_are_reported() {
     );
     assert!(constrained.tokens.len() > 1);
 }
+
+/// Drafting is off while a grammar constrains the stream (a verify pass would judge guesses by
+/// unmasked logits): a drafted request gives the undrafted tokens and drafts nothing. A syntax
+/// decoded freely (Qwen's XML form) leaves the tokens as without a grammar.
+#[test]
+fn drafting_is_off_under_a_grammar_and_free_syntaxes_change_nothing() {
+    let plain = generate(Sampling::greedy(), true);
+    let mut drafted = request(Sampling::greedy(), true);
+    drafted.draft = nightmail_engine::Drafting::Lookup;
+    let drafted = model().generate(drafted, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!((drafted.tokens, drafted.drafted), (plain.tokens, 0));
+    let mut xml = request(Sampling::greedy(), false);
+    xml.max_new_tokens = 24;
+    xml.tool_calls = Some(ToolCallGrammar::from_openai_tools(ToolSyntax::QwenXml, TOOLS).unwrap());
+    let free = GenerateRequest { tool_calls: None, ..xml.clone() };
+    let run = |r| model().generate(r, |_| std::ops::ControlFlow::Continue(())).unwrap().tokens;
+    assert_eq!(run(xml), run(free));
+}

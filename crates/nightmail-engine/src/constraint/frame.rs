@@ -15,7 +15,10 @@ pub(crate) enum Part {
     Digits,
     /// Any text up to and including `end`, beginning with a byte of `first` (harmony's header
     /// after the recipient, which the model writes in more than one order).
-    Until { end: &'static str, first: &'static [u8] },
+    Until {
+        end: &'static str,
+        first: &'static [u8],
+    },
     Args,
 }
 
@@ -31,9 +34,19 @@ pub(crate) fn frame(syntax: ToolSyntax) -> Option<(&'static str, &'static [Part]
         // Each call inside the section opens with its own marker, so a second call is constrained too.
         ToolSyntax::KimiK2 => (
             "<|tool_call_begin|>",
-            &[Lit("functions."), Name, Lit(":"), Digits, Lit("<|tool_call_argument_begin|>"), Args, Lit("<|tool_call_end|>")],
+            &[
+                Lit("functions."),
+                Name,
+                Lit(":"),
+                Digits,
+                Lit("<|tool_call_argument_begin|>"),
+                Args,
+                Lit("<|tool_call_end|>"),
+            ],
         ),
-        ToolSyntax::DeepSeekV31 => ("<｜tool▁call▁begin｜>", &[Name, Lit("<｜tool▁sep｜>"), Args, Lit("<｜tool▁call▁end｜>")]),
+        ToolSyntax::DeepSeekV31 => {
+            ("<｜tool▁call▁begin｜>", &[Name, Lit("<｜tool▁sep｜>"), Args, Lit("<｜tool▁call▁end｜>")])
+        }
         ToolSyntax::DeepSeekV3 => (
             "<｜tool▁call▁begin｜>",
             &[Lit("function<｜tool▁sep｜>"), Name, Lit("\n```json\n"), Args, Lit("\n```<｜tool▁call▁end｜>")],

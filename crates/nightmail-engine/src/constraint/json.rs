@@ -41,9 +41,10 @@ impl ArgsSchema {
             }
         }
         for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
-            let i = names.iter().position(|n| Some(n.as_str()) == r.as_str()).ok_or_else(|| {
-                GrammarError::UnknownRequired { function: function.into(), key: r.to_string() }
-            })?;
+            let i = names
+                .iter()
+                .position(|n| Some(n.as_str()) == r.as_str())
+                .ok_or_else(|| GrammarError::UnknownRequired { function: function.into(), key: r.to_string() })?;
             schema_out.required |= 1 << i;
         }
         let quoted = |k: &String| serde_json::to_string(k).map(|q| q.as_bytes()[1..q.len() - 1].to_vec());
@@ -61,16 +62,27 @@ enum Expect {
     /// The opening `{` of the arguments.
     Start,
     /// A value; `strict`: only a string (a string property's), `close`: `]` may end an empty array.
-    Value { strict: bool, close: bool },
+    Value {
+        strict: bool,
+        close: bool,
+    },
     /// A key's opening quote, or (`close`) the `}` of an empty object.
-    Key { close: bool },
+    Key {
+        close: bool,
+    },
     Colon,
     /// `,` or the closer of the innermost container.
     Comma,
-    Str { key: bool, esc: Esc },
+    Str {
+        key: bool,
+        esc: Esc,
+    },
     Number(Num),
     /// `true`, `false` or `null`: which, and the bytes matched.
-    Literal { word: u8, at: u8 },
+    Literal {
+        word: u8,
+        at: u8,
+    },
     Done,
 }
 
@@ -80,7 +92,11 @@ enum Expect {
 enum Esc {
     None,
     Slash,
-    Hex { left: u8, value: u16, low: bool },
+    Hex {
+        left: u8,
+        value: u16,
+        low: bool,
+    },
     /// After a high surrogate: the `\` and then the `u` of its low half.
     LowSlash,
     LowU,

@@ -35,7 +35,9 @@ pub struct ToolCallGrammar {
 /// Why a tool list cannot be made a grammar.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrammarError {
-    #[error("the tools are not an OpenAI tools array: {0}; pass `[{{\"type\": \"function\", \"function\": {{\"name\": .., \"parameters\": ..}}}}]`")]
+    #[error(
+        "the tools are not an OpenAI tools array: {0}; pass `[{{\"type\": \"function\", \"function\": {{\"name\": .., \"parameters\": ..}}}}]`"
+    )]
     NotTools(String),
     #[error("the tool name `{0}` is not one a call can carry: use letters, digits, `_`, `-` and `.`")]
     BadName(String),
@@ -48,18 +50,22 @@ pub enum GrammarError {
 }
 
 impl ToolCallGrammar {
-    /// From OpenAI's tools array (the JSON text `Prompt::ToolChat` carries).
+    /// From OpenAI's tools array (the JSON text `Prompt::ToolChat` carries), checked: a list
+    /// this returns opens a stream.
     pub fn from_openai_tools(syntax: ToolSyntax, tools: &str) -> std::result::Result<Self, GrammarError> {
         let array: Vec<Value> = serde_json::from_str(tools).map_err(|e| GrammarError::NotTools(e.to_string()))?;
         let tools = array
             .iter()
             .map(|t| {
                 let f = t.get("function").unwrap_or(t);
-                let name = f.get("name").and_then(Value::as_str).ok_or(GrammarError::NotTools("a tool has no name".into()))?;
+                let name =
+                    f.get("name").and_then(Value::as_str).ok_or(GrammarError::NotTools("a tool has no name".into()))?;
                 Ok((name.to_string(), f.get("parameters").cloned().unwrap_or(Value::Null)))
             })
             .collect::<std::result::Result<_, GrammarError>>()?;
-        Ok(ToolCallGrammar { syntax, tools })
+        let grammar = ToolCallGrammar { syntax, tools };
+        grammar.compile()?;
+        Ok(grammar)
     }
 
     /// The automaton; `None` for a syntax decoded freely (see [`frame::frame`]).
@@ -144,13 +150,17 @@ impl Constraint {
         piece.iter().all(|&b| self.grammar.feed(&mut s, b)).then_some(s)
     }
 
-    /// Sets every refused token's logit to −∞.
+    /// Sets every refused token's logit to −∞ (in chunks across threads: each token's check is
+    /// independent, and a whole vocabulary is tens of thousands of them).
     pub fn mask(&self, logits: &mut [f32]) {
-        for (id, l) in logits.iter_mut().enumerate() {
-            if *l != f32::NEG_INFINITY && self.after(id as u32).is_none() {
-                *l = f32::NEG_INFINITY;
+        use rayon::prelude::*;
+        logits.par_chunks_mut(4096).enumerate().for_each(|(chunk, row)| {
+            for (i, l) in row.iter_mut().enumerate() {
+                if *l != f32::NEG_INFINITY && self.after((chunk * 4096 + i) as u32).is_none() {
+                    *l = f32::NEG_INFINITY;
+                }
             }
-        }
+        });
     }
 
     /// The sampler's token from `logits` with the refused ones masked (in place, when masking

@@ -16,7 +16,10 @@ fn tools(syntax: ToolSyntax) -> ToolCallGrammar {
                 json!({"type": "object", "properties": {"url": {"type": "string"}, "max_bytes": {"type": "integer"}}, "required": ["url"]}),
             ),
             ("fetch_all".into(), json!({"type": "object", "properties": {"urls": {"type": "array"}}})),
-            ("search".into(), json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})),
+            (
+                "search".into(),
+                json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+            ),
         ],
     }
 }
@@ -127,7 +130,10 @@ fn the_json_argument_families_frame_calls_their_parsers_read() {
             ToolSyntax::Harmony,
             "<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"query\": \"x\"}<|call|>",
         ),
-        (ToolSyntax::Harmony, "<|start|>assistant to=functions.search<|channel|>commentary json<|message|>{\"query\": \"x\"}<|call|>"),
+        (
+            ToolSyntax::Harmony,
+            "<|start|>assistant to=functions.search<|channel|>commentary json<|message|>{\"query\": \"x\"}<|call|>",
+        ),
     ];
     for (syntax, call) in calls {
         assert!(whole(&grammar(syntax), call), "{syntax:?}: {call}");
@@ -141,7 +147,8 @@ fn the_json_argument_families_frame_calls_their_parsers_read() {
 
 #[test]
 fn xml_syntaxes_are_left_free() {
-    for syntax in [ToolSyntax::QwenXml, ToolSyntax::Glm, ToolSyntax::MiniMaxM2, ToolSyntax::KimiK3, ToolSyntax::DeepSeekV32]
+    for syntax in
+        [ToolSyntax::QwenXml, ToolSyntax::Glm, ToolSyntax::MiniMaxM2, ToolSyntax::KimiK3, ToolSyntax::DeepSeekV32]
     {
         assert!(tools(syntax).compile().unwrap().is_none(), "{syntax:?}");
     }
@@ -202,5 +209,48 @@ fn masking_keeps_to_the_grammar_greedy_and_sampled() {
     for _ in 0..50 {
         let mut c2 = Constraint { state: c.state, grammar: c.grammar.clone(), pieces: c.pieces.clone(), eos: vec![6] };
         assert_eq!(c2.pick(&mut [1.0, 1.0, 9.0, 2.0, 1.0, 3.0, 8.0], &mut hot).unwrap(), 3);
+    }
+}
+
+/// The mask over SmolLM2's real vocabulary (49,152 pieces): in each state, what it allows is what
+/// the grammar allows, and its cost per step is printed (`cargo test -p nightmail-engine --lib
+/// mask_over_smollm2 -- --nocapture`).
+#[test]
+fn mask_over_smollm2s_vocabulary() {
+    let path = std::env::var_os("NIGHTMAIL_SMOLLM2").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    let tok = TextTokenizer::from_gguf_file(&path).unwrap().unwrap();
+    let t0 = std::time::Instant::now();
+    let pieces = Arc::new(TokenPieces::new(&tok, tok.vocab_size()).unwrap());
+    eprintln!("token pieces read in {:?}", t0.elapsed());
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let mut c = Constraint::new(&tools(ToolSyntax::Hermes), pieces, &[eos]).unwrap().unwrap();
+    for (at, text) in [
+        ("free", "The rate is"),
+        ("name", "<tool_call>\n{\"name\": \"fetch"),
+        ("key", "\", \"arguments\": {\""),
+        ("string", "url\": \"https://a.example/"),
+    ] {
+        c.prime(&tok.encode(text, false).unwrap());
+        let mut row = vec![0.0f32; tok.vocab_size()];
+        let runs = 20;
+        let t0 = std::time::Instant::now();
+        for _ in 0..runs {
+            row.iter_mut().for_each(|l| *l = 0.0);
+            c.mask(&mut row);
+        }
+        let allowed = row.iter().filter(|l| l.is_finite()).count();
+        eprintln!(
+            "{at}: {allowed} tokens allowed, {:.0} µs per masked step",
+            t0.elapsed().as_secs_f64() * 1e6 / runs as f64
+        );
+        match at {
+            // Outside a call only a token that would open one and break it is refused.
+            "free" => assert_eq!(allowed, row.len()),
+            "name" => assert!(allowed > 0 && allowed < 50, "{allowed}"),
+            _ => assert!(allowed > 0 && allowed < row.len()),
+        }
+        assert!(!row[eos as usize].is_finite() || at == "free");
     }
 }

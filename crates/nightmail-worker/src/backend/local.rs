@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
-    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall,
+    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall, ToolCallGrammar,
 };
 use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -285,6 +285,12 @@ impl<'m> Running<'m> {
             let syntax = CallSyntax::of(model.chat_template());
             if let Prompt::ToolChat { messages, .. } = &mut job.request.prompt {
                 syntax.describe(messages, tools);
+            }
+            // The engine keeps the calls the model writes well-formed (for the JSON-argument
+            // syntaxes); a tool list it cannot make a grammar of leaves decoding free.
+            match ToolCallGrammar::from_openai_tools(syntax.syntax, tools) {
+                Ok(grammar) => job.request.tool_calls = Some(grammar),
+                Err(e) => tracing::warn!(error = %e, "tool calls decoded without a grammar"),
             }
             syntax
         });
