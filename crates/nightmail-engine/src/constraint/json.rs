@@ -248,10 +248,11 @@ impl Json {
     }
 
     fn string(&mut self, b: u8, key: bool, esc: Esc, schema: &ArgsSchema) -> bool {
-        if key && self.depth == 1 {
-            if let Some(keys) = &schema.keys {
-                return self.schema_key(b, keys);
-            }
+        if key
+            && self.depth == 1
+            && let Some(keys) = &schema.keys
+        {
+            return self.schema_key(b, keys);
         }
         let next = match (esc, b) {
             (Esc::None, b'"') => {

@@ -224,6 +224,10 @@ fn mask_over_smollm2s_vocabulary() {
     let t0 = std::time::Instant::now();
     let pieces = Arc::new(TokenPieces::new(&tok, tok.vocab_size()).unwrap());
     eprintln!("token pieces read in {:?}", t0.elapsed());
+    // The pieces laid end to end are the decoded text (a multi-byte character split across tokens included).
+    let ids = tok.encode("Grüße, 東京 {\"a\": 1}\n", false).unwrap();
+    let laid: Vec<u8> = ids.iter().flat_map(|&id| pieces.piece(id).to_vec()).collect();
+    assert_eq!(String::from_utf8(laid).unwrap(), tok.decode(&ids).unwrap());
     let eos = tok.token_id("<|im_end|>").unwrap();
     let mut c = Constraint::new(&tools(ToolSyntax::Hermes), pieces, &[eos]).unwrap().unwrap();
     for (at, text) in [
