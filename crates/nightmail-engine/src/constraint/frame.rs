@@ -192,6 +192,21 @@ impl CallGrammar {
         }
     }
 
+    /// Watching for the opener with none of it matched: a text without the opener's first byte
+    /// leaves the state as it is.
+    pub fn idle(&self, s: &CallState) -> bool {
+        s.part == 0 && s.at == 0
+    }
+
+    pub fn opener_start(&self) -> u8 {
+        self.opener[0]
+    }
+
+    /// Whether the output is inside a value string of the arguments ([`Json::in_plain_string`]).
+    pub fn in_plain_string(&self, s: &CallState) -> bool {
+        s.part != 0 && self.parts[s.part as usize - 1] == Part::Args && s.json.in_plain_string()
+    }
+
     /// Whether the output is inside a call (the opener read, the end not yet).
     pub fn in_call(&self, s: &CallState) -> bool {
         s.part != 0

@@ -136,6 +136,12 @@ impl Json {
         Json { expect: Expect::Start, arrays: 0, depth: 0, ws: 0, seen: 0, keys: 0, key_len: 0 }
     }
 
+    /// Inside a value string, past any escape: a byte other than `"`, `\\` and a control
+    /// character leaves the state as it is.
+    pub fn in_plain_string(&self) -> bool {
+        self.expect == (Expect::Str { key: false, esc: Esc::None })
+    }
+
     pub fn is_done(&self) -> bool {
         self.expect == Expect::Done
     }

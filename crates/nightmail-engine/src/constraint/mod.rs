@@ -97,6 +97,9 @@ impl ToolCallGrammar {
 pub(crate) struct TokenPieces {
     bytes: Vec<u8>,
     starts: Vec<u32>,
+    /// Tokens of text a JSON string holds unescaped (RFC 8259 §7): inside a string value they
+    /// leave the automaton's state as it is, so the mask skips feeding them there.
+    plain: Vec<bool>,
 }
 
 impl TokenPieces {
@@ -111,7 +114,18 @@ impl TokenPieces {
             }
             starts.push(bytes.len() as u32);
         }
-        Ok(TokenPieces { bytes, starts })
+        Ok(TokenPieces::laid(bytes, starts))
+    }
+
+    fn laid(bytes: Vec<u8>, starts: Vec<u32>) -> TokenPieces {
+        let plain = starts
+            .windows(2)
+            .map(|w| {
+                let piece = &bytes[w[0] as usize..w[1] as usize];
+                !piece.is_empty() && piece.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
+            })
+            .collect();
+        TokenPieces { bytes, starts, plain }
     }
 
     fn piece(&self, id: u32) -> &[u8] {
@@ -126,6 +140,8 @@ impl TokenPieces {
 /// A generation's constraint: the grammar and where its output stands.
 pub(crate) struct Constraint {
     grammar: CallGrammar,
+    /// Tokens holding the opener's first byte: only they can open a call from an idle watch.
+    opening: Vec<bool>,
     state: CallState,
     pieces: Arc<TokenPieces>,
     eos: Vec<u32>,
@@ -136,7 +152,9 @@ impl Constraint {
     pub fn new(request: &ToolCallGrammar, pieces: Arc<TokenPieces>, eos: &[u32]) -> Result<Option<Constraint>> {
         let Some(grammar) = request.compile().map_err(EngineError::Grammar)? else { return Ok(None) };
         let state = grammar.start();
-        Ok(Some(Constraint { grammar, state, pieces, eos: eos.to_vec() }))
+        let first = grammar.opener_start();
+        let opening = (0..pieces.plain.len() as u32).map(|id| pieces.piece(id).contains(&first)).collect();
+        Ok(Some(Constraint { grammar, opening, state, pieces, eos: eos.to_vec() }))
     }
 
     /// The state after `id`, if the grammar allows it. Inside a call, a token that writes no
@@ -145,6 +163,11 @@ impl Constraint {
         let piece = self.pieces.piece(id);
         if self.grammar.in_call(&self.state) && (piece.is_empty() || self.eos.contains(&id)) {
             return None;
+        }
+        let plain = self.pieces.plain.get(id as usize) == Some(&true) && self.grammar.in_plain_string(&self.state);
+        let idle = self.opening.get(id as usize) == Some(&false) && self.grammar.idle(&self.state);
+        if plain || idle {
+            return Some(self.state);
         }
         let mut s = self.state;
         piece.iter().all(|&b| self.grammar.feed(&mut s, b)).then_some(s)

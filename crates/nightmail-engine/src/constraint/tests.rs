@@ -184,12 +184,13 @@ fn bad_tool_lists_are_refused_with_what_to_fix() {
 #[test]
 fn masking_keeps_to_the_grammar_greedy_and_sampled() {
     let words = ["<tool_call>", "\n{\"name\": \"", "delete", "search", "\"", "x", "<|eos|>"];
-    let mut pieces = TokenPieces { bytes: Vec::new(), starts: vec![0] };
+    let (mut bytes, mut starts) = (Vec::new(), vec![0]);
     for w in words {
         let w = if w == "<|eos|>" { "" } else { w };
-        pieces.bytes.extend_from_slice(w.as_bytes());
-        pieces.starts.push(pieces.bytes.len() as u32);
+        bytes.extend_from_slice(w.as_bytes());
+        starts.push(bytes.len() as u32);
     }
+    let pieces = TokenPieces::laid(bytes, starts);
     let mut c = Constraint::new(&tools(ToolSyntax::Hermes), Arc::new(pieces), &[6]).unwrap().unwrap();
     let mut greedy = Sampler::new(Sampling::greedy()).unwrap();
     // Outside a call everything is allowed, the end of sequence included.
@@ -207,7 +208,13 @@ fn masking_keeps_to_the_grammar_greedy_and_sampled() {
     assert_eq!(row.iter().filter(|l| l.is_finite()).count(), 1);
     let mut hot = Sampler::new(Sampling { temperature: 2.0, top_k: None, top_p: None, seed: 5 }).unwrap();
     for _ in 0..50 {
-        let mut c2 = Constraint { state: c.state, grammar: c.grammar.clone(), pieces: c.pieces.clone(), eos: vec![6] };
+        let mut c2 = Constraint {
+            state: c.state,
+            grammar: c.grammar.clone(),
+            opening: c.opening.clone(),
+            pieces: c.pieces.clone(),
+            eos: vec![6],
+        };
         assert_eq!(c2.pick(&mut [1.0, 1.0, 9.0, 2.0, 1.0, 3.0, 8.0], &mut hot).unwrap(), 3);
     }
 }
@@ -245,6 +252,14 @@ fn mask_over_smollm2s_vocabulary() {
             c.mask(&mut row);
         }
         let allowed = row.iter().filter(|l| l.is_finite()).count();
+        // The shortcuts (a plain string, an idle watch) give what feeding every byte gives.
+        for id in 0..row.len() as u32 {
+            let mut s = c.state;
+            let fed = c.pieces.piece(id).iter().all(|&b| c.grammar.feed(&mut s, b)).then_some(s);
+            let in_call = c.grammar.in_call(&c.state);
+            let fed = fed.filter(|_| !in_call || !(c.pieces.piece(id).is_empty() || id == eos));
+            assert_eq!(c.after(id), fed, "{at}: token {id}");
+        }
         eprintln!(
             "{at}: {allowed} tokens allowed, {:.0} µs per masked step",
             t0.elapsed().as_secs_f64() * 1e6 / runs as f64
