@@ -8,6 +8,9 @@
 //! a temperature the whole row is masked and the sampler draws from it as usual. Both are exact:
 //! the token taken is the one the sampler takes from the logits with every refused token at −∞
 //! (the greedy shortcut gives the same token, as an allowed argmax is still the first largest).
+//! The draw itself is the sampler's, one random word as without a grammar, so a checkpoint's
+//! sampler position still holds; the automaton's state is rebuilt on resume by replaying the
+//! prompt's and the restored tokens' bytes.
 
 mod frame;
 mod json;
