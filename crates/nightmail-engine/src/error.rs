@@ -23,6 +23,12 @@ pub enum EngineError {
     PromptTooLong { len: usize, max: usize },
     #[error("sampling: {0}")]
     Sampling(String),
+    #[error("tool-call grammar: {0}")]
+    Grammar(#[from] crate::constraint::GrammarError),
+    #[error(
+        "no token of the vocabulary continues the tool call: the vocabulary lacks a piece the grammar needs; generate without a tool-call grammar"
+    )]
+    ConstraintDeadEnd,
     #[error(
         "a memory budget of {budget_mb:.1} MiB cannot run this model: it needs at least {minimum_mb} MiB ({detail}): raise memory_mb (--memory-mb), or shorten the reserved context"
     )]

@@ -10,6 +10,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::constraint::{Constraint, TokenPieces, ToolCallGrammar};
 use crate::draft::verify::{Drawn, Feed, Verifier};
 use crate::draft::{DrafterState, Drafting};
 use crate::error::Result;
@@ -44,6 +45,8 @@ pub struct TokenStream<'m> {
     verify: Verifier,
     /// Prompt positions restored rather than run: from a checkpoint, or a saved thread state.
     restored_prompt: usize,
+    /// The tool-call grammar decoding keeps to, where the request gave one.
+    constraint: Option<Constraint>,
 }
 
 impl Model {
@@ -152,6 +155,7 @@ impl Model {
                     stop: request.stop.clone(),
                     stop_at_eos: request.stop_at_eos,
                     template: None,
+                    tool_calls: request.tool_calls.as_ref().map(ToolCallGrammar::identity),
                 };
                 let (journal, saved) = Journal::open(path, &identity, self.spec().layers)?;
                 (Some(journal), saved)
@@ -210,7 +214,7 @@ impl Model {
     /// where that state left off.
     fn start(
         &self,
-        request: GenerateRequest,
+        mut request: GenerateRequest,
         prompt_tokens: Vec<u32>,
         started: Instant,
         journal: Option<Journal>,
@@ -227,6 +231,17 @@ impl Model {
             .into());
         }
         let mut sampler = Sampler::new(request.sampling)?;
+        let mut constraint = match &request.tool_calls {
+            Some(grammar) => self.constraint(grammar)?,
+            None => None,
+        };
+        if let Some(c) = constraint.as_mut() {
+            c.prime(&prompt_tokens);
+        }
+        // Drafts are verified against unmasked logits: a constrained stream runs without them.
+        if request.tool_calls.is_some() {
+            request.draft = Drafting::None;
+        }
         let drafter = match request.draft {
             Drafting::Model => Some(DrafterState::new(self.draft_model().ok_or(EngineError::NoDraftModel)?)),
             Drafting::Mtp => Some(DrafterState::mtp(self)?),
@@ -264,12 +279,17 @@ impl Model {
             prompt_fed,
             verify: Verifier::new(drafter),
             restored_prompt,
+            constraint,
         };
         if prefill {
             stream.prefill_rest()?;
         }
         // Replay restored tokens' text exactly as it was handed out the first time.
         for (index, id) in restored.into_iter().enumerate() {
+            // The grammar's state is rebuilt from the restored tokens, as they were drawn.
+            if let Some(c) = stream.constraint.as_mut() {
+                c.advance(id)?;
+            }
             stream.tokens.push(id);
             if let Some(tok) = self.tokenizer() {
                 stream.text = tok.decode(&stream.tokens)?;
@@ -297,6 +317,19 @@ impl Model {
             }
         }
         Ok(stream.into_completion())
+    }
+
+    /// The runtime constraint for `grammar`; `None` for a syntax decoded freely.
+    fn constraint(&self, grammar: &ToolCallGrammar) -> Result<Option<Constraint>> {
+        let tok = self.tokenizer().ok_or(EngineError::NoTokenizer)?;
+        let pieces = match self.pieces.get() {
+            Some(p) => p.clone(),
+            None => {
+                let built = std::sync::Arc::new(TokenPieces::new(tok, self.spec().vocab_size)?);
+                self.pieces.get_or_init(|| built).clone()
+            }
+        };
+        Constraint::new(grammar, pieces, &self.spec().eos_tokens)
     }
 
     /// The prompt's tokens as the model will read them (a chat rendered by its template).
@@ -468,8 +501,11 @@ impl TokenStream<'_> {
         if self.stop.is_some() {
             return Ok(None);
         }
-        let Some(logits) = self.next_logits.take() else { return Ok(None) };
-        let id = self.sampler.sample(&logits);
+        let Some(mut logits) = self.next_logits.take() else { return Ok(None) };
+        let id = match self.constraint.as_mut() {
+            Some(c) => c.pick(&mut logits, &mut self.sampler)?,
+            None => self.sampler.sample(&logits),
+        };
         let index = self.tokens.len();
         self.tokens.push(id);
         let model = self.model;

@@ -74,6 +74,10 @@ pub(crate) struct Identity {
     /// from a generation's checkpoint, whose identity serializes as it did before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// The tool-call grammar decoding was constrained to, if any (absent otherwise, so an
+    /// unconstrained checkpoint's identity serializes as it did before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<String>,
 }
 
 /// One file of a model's weights, as a checkpoint's identity knows it.
@@ -690,6 +694,7 @@ mod tests {
             stop: Vec::new(),
             stop_at_eos: true,
             template: None,
+            tool_calls: None,
         }
     }
 

@@ -11,6 +11,7 @@
 //! The `metal` feature switches on candle's Metal backend on macOS; this crate's CPU path is the
 //! default and the only one built and tested on Linux.
 
+mod constraint;
 pub mod draft;
 mod error;
 mod generate;
@@ -26,6 +27,7 @@ pub mod stream;
 #[cfg(test)]
 mod whole_model_tests;
 
+pub use constraint::{GrammarError, ToolCallGrammar};
 pub use draft::{DraftLength, Drafting, PromptLookup};
 pub use error::{EngineError, Result};
 pub use generate::TokenStream;

@@ -30,6 +30,8 @@ pub struct Model {
     pub(crate) drafter: Option<Box<Model>>,
     /// The time of the MTP layer's one-row passes (`Drafting::Mtp`), once it is loaded.
     pub(crate) mtp_passes: Option<PassCosts>,
+    /// Each token's bytes, for tool-call grammars: read from the tokenizer on first use.
+    pub(crate) pieces: std::sync::OnceLock<Arc<crate::constraint::TokenPieces>>,
 }
 
 /// How to load a model.
@@ -118,6 +120,7 @@ impl Model {
             passes: PassCosts::default(),
             drafter: None,
             mtp_passes: None,
+            pieces: Default::default(),
         })
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::constraint::ToolCallGrammar;
 use crate::draft::{Drafting, PromptLookup};
 use crate::reasoning::SplitReply;
 use crate::sampling::Sampling;
@@ -42,6 +43,10 @@ pub struct GenerateRequest {
     /// Prompt lookup's n-gram sizes, for `Drafting::Lookup`, and the most guesses per pass and how
     /// many to make, for any drafter.
     pub lookup: PromptLookup,
+    /// Constrain the tool calls the model writes to these tools ([`crate::constraint`]): after
+    /// the syntax's call opener, only tokens that keep the call well-formed are drawn. Drafting
+    /// is off for such a request (a verify pass would judge guesses by unmasked logits).
+    pub tool_calls: Option<ToolCallGrammar>,
 }
 
 impl GenerateRequest {
@@ -55,6 +60,7 @@ impl GenerateRequest {
             record_logits: false,
             draft: Drafting::None,
             lookup: PromptLookup::default(),
+            tool_calls: None,
         }
     }
 }

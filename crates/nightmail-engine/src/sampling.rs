@@ -54,6 +54,10 @@ impl Sampler {
         Ok(Sampler { params, rng: ChaCha12Rng::seed_from_u64(params.seed) })
     }
 
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0
+    }
+
     /// The generator's position: 32-bit words drawn since seeding.
     pub fn position(&self) -> u128 {
         self.rng.get_word_pos()

@@ -86,6 +86,7 @@ impl StateCache {
             stop: Vec::new(),
             stop_at_eos: false,
             template: Some(template.unwrap_or_default()),
+            tool_calls: None,
         };
         let json = serde_json::to_vec(&identity)
             .map_err(|e| EngineError::Checkpoint { path: model.path().to_path_buf(), reason: e.to_string() })?;

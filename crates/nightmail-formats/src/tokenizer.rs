@@ -155,6 +155,19 @@ impl TextTokenizer {
         }
     }
 
+    /// The bytes token `id` adds inside a decoded text, as `decode` writes it there (a byte
+    /// token may be part of a character; control tokens add nothing): what a constraint on
+    /// decoding checks each candidate token by.
+    pub fn piece_bytes(&self, id: u32) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        match &self.inner {
+            Inner::Hf(t) => out.extend_from_slice(t.decode(&[id], true).map_err(tk_err)?.as_bytes()),
+            Inner::Bpe(b) => b.push_piece(id, &mut out)?,
+            Inner::Spm(s) => s.push_piece(id, &mut out)?,
+        }
+        Ok(out)
+    }
+
     pub fn token_id(&self, text: &str) -> Option<u32> {
         match &self.inner {
             Inner::Hf(t) => t.token_to_id(text),

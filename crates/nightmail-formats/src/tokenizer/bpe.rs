@@ -127,23 +127,29 @@ impl Bpe {
         let (ids, _) = self.ends.strip(ids);
         let mut out = Vec::new();
         for &id in ids {
-            let token = self.vocab.token(id)?;
-            match token.kind {
-                // `llama_decode_text`: characters outside the alphabet are kept as they are.
-                Kind::Normal => {
-                    for c in token.text.chars() {
-                        match self.bytes.get(&c) {
-                            Some(b) => out.push(*b),
-                            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
-                        }
-                    }
-                }
-                Kind::Literal => out.extend_from_slice(token.text.as_bytes()),
-                Kind::Byte(b) => out.push(b),
-                Kind::Hidden | Kind::Silent => {}
-            }
+            self.push_piece(id, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// The bytes token `id` adds to a decoded text (none for a control token).
+    pub fn push_piece(&self, id: u32, out: &mut Vec<u8>) -> Result<()> {
+        let token = self.vocab.token(id)?;
+        match token.kind {
+            // `llama_decode_text`: characters outside the alphabet are kept as they are.
+            Kind::Normal => {
+                for c in token.text.chars() {
+                    match self.bytes.get(&c) {
+                        Some(b) => out.push(*b),
+                        None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                    }
+                }
+            }
+            Kind::Literal => out.extend_from_slice(token.text.as_bytes()),
+            Kind::Byte(b) => out.push(b),
+            Kind::Hidden | Kind::Silent => {}
+        }
+        Ok(())
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

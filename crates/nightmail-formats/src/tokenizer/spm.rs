@@ -109,20 +109,26 @@ impl Spm {
         let mut strip_space = self.add_space_prefix && !dropped_bos;
         let mut out = Vec::new();
         for &id in ids {
-            let token = self.vocab.token(id)?;
             let start = out.len();
-            match token.kind {
-                Kind::Normal => out.extend_from_slice(token.text.replace(SPACE, " ").as_bytes()),
-                Kind::Literal => out.extend_from_slice(token.text.as_bytes()),
-                Kind::Byte(b) => out.push(b),
-                Kind::Hidden | Kind::Silent => {}
-            }
+            self.push_piece(id, &mut out)?;
             if strip_space && out.get(start) == Some(&b' ') {
                 out.remove(start);
             }
             strip_space = false;
         }
         Ok(out)
+    }
+
+    /// The bytes token `id` adds inside a decoded text (none for a control token).
+    pub fn push_piece(&self, id: u32, out: &mut Vec<u8>) -> Result<()> {
+        let token = self.vocab.token(id)?;
+        match token.kind {
+            Kind::Normal => out.extend_from_slice(token.text.replace(SPACE, " ").as_bytes()),
+            Kind::Literal => out.extend_from_slice(token.text.as_bytes()),
+            Kind::Byte(b) => out.push(b),
+            Kind::Hidden | Kind::Silent => {}
+        }
+        Ok(())
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

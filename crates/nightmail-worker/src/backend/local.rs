@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
     ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
-    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall,
+    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall, ToolCallGrammar,
 };
 use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -51,13 +51,11 @@ type EngineSlot = Arc<Mutex<Option<std_mpsc::Sender<Work>>>>;
 
 /// What the engine thread is asked to do.
 enum Work {
-    Generate(Job),
+    /// Boxed: a job is several times a measurement's size, and the channel holds either.
+    Generate(Box<Job>),
     /// Count a prompt's tokens with the model's tokenizer and chat template; answered between
     /// steps, without joining the batch.
-    Measure {
-        prompt: Prompt,
-        reply: oneshot::Sender<Result<Measure, BackendError>>,
-    },
+    Measure { prompt: Prompt, reply: oneshot::Sender<Result<Measure, BackendError>> },
 }
 
 impl Work {
@@ -245,7 +243,7 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
 /// Queues a generation; answers a measurement at once.
 fn take(model: &Model, work: Work, waiting: &mut VecDeque<Job>) {
     match work {
-        Work::Generate(job) => waiting.push_back(job),
+        Work::Generate(job) => waiting.push_back(*job),
         Work::Measure { prompt, reply } => {
             let measured = model.prompt_tokens(&prompt).map_err(backend_error).map(|tokens| Measure {
                 prompt_tokens: tokens.len(),
@@ -285,6 +283,12 @@ impl<'m> Running<'m> {
             let syntax = CallSyntax::of(model.chat_template());
             if let Prompt::ToolChat { messages, .. } = &mut job.request.prompt {
                 syntax.describe(messages, tools);
+            }
+            // The engine keeps the calls the model writes well-formed (for the JSON-argument
+            // syntaxes); a tool list it cannot make a grammar of leaves decoding free.
+            match ToolCallGrammar::from_openai_tools(syntax.syntax, tools) {
+                Ok(grammar) => job.request.tool_calls = Some(grammar),
+                Err(e) => tracing::warn!(error = %e, "tool calls decoded without a grammar"),
             }
             syntax
         });
@@ -560,7 +564,7 @@ impl Backend for Local {
                 _ => None,
             };
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done, tools };
-            self.inner.submit(Work::Generate(job));
+            self.inner.submit(Work::Generate(Box::new(job)));
             // Generation takes as long as it takes (hours, for a model streamed from SSD).
             result.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))
         })

@@ -204,3 +204,21 @@ fn ran() -> CallOutcome {
 pub fn failed(text: String) -> CallOutcome {
     CallOutcome { text, sources: Vec::new(), bytes: 0, millis: 0, ran: false }
 }
+
+#[cfg(test)]
+mod tests {
+    use nightmail_engine::{ToolCallGrammar, ToolSyntax};
+
+    /// The local backend asks the engine to constrain calls to these tools: each syntax takes
+    /// them as a grammar (the XML-ish ones as free decoding).
+    #[test]
+    fn the_research_tools_make_a_call_grammar_in_every_syntax() {
+        use nightmail_config::Tool;
+        let tools: Vec<_> = [Tool::WebSearch, Tool::Fetch, Tool::SearchMail].map(|t| super::spec(t).to_json()).into();
+        let text = serde_json::Value::from(tools).to_string();
+        for syntax in ToolSyntax::ALL {
+            let grammar = ToolCallGrammar::from_openai_tools(syntax, &text).unwrap();
+            assert_eq!(grammar.tools.len(), 3, "{syntax:?}");
+        }
+    }
+}
