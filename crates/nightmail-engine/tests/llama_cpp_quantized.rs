@@ -94,4 +94,3 @@ greedy_tests! {
     iq2_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XS", "--pure", "--others", "Q8_0", "--imatrix";
     q2_k_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K", "--pure", "--others", "Q8_0";
 }
-

@@ -182,7 +182,8 @@ mod tests {
         // The block's f16 d and dmin sit at its end: put small finite ones there.
         let mut bytes = bytes;
         for b in bytes.chunks_exact_mut(BLOCK_BYTES) {
-            let (d, m) = (half::f16::from_f32(0.01 + b[0] as f32 * 1e-4), half::f16::from_f32(0.002 + b[1] as f32 * 1e-5));
+            let (d, m) =
+                (half::f16::from_f32(0.01 + b[0] as f32 * 1e-4), half::f16::from_f32(0.002 + b[1] as f32 * 1e-5));
             b[80..82].copy_from_slice(&d.to_le_bytes());
             b[82..84].copy_from_slice(&m.to_le_bytes());
         }
@@ -215,4 +216,3 @@ mod tests {
         }
     }
 }
-

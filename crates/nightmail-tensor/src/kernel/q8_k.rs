@@ -302,4 +302,3 @@ pub(crate) mod tests {
         }
     }
 }
-
