@@ -80,9 +80,17 @@ macro_rules! greedy_tests {
 
 // llama.cpp's Q2_K mix, as a user quantizes (its `ffn_down`s are Q3_K, the rest Q4_0 by
 // `tensor_type_fallback`: the file whose tokens departed at the second step); then files whose
-// `ffn_down`s are the i-quant named and whose other matrices are Q8_0 (`--pure --others`).
+// `ffn_down`s are the type named and whose other matrices are Q8_0 (`--pure --others`; the
+// IQ2/IQ3 types need an importance matrix, `--imatrix`). These low-bit files leave close greedy
+// choices, which departed while a prompt (8 tokens or more) was computed in the vec_dot order:
+// llama.cpp computes it in its tiled mat-mul (ggml-cpu/tiled, `ggml_tiled_min_batch`), which
+// `q8_k.rs` and `q2_k.rs` now follow.
 greedy_tests! {
     q2_k_mix_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K";
     iq4_nl_smollm2_greedy_tokens_equal_llama_cpps: "IQ4_NL", "--pure", "--others", "Q8_0";
     iq4_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ4_XS", "--pure", "--others", "Q8_0";
+    iq3_xxs_smollm2_greedy_tokens_equal_llama_cpps: "IQ3_XXS", "--pure", "--others", "Q8_0", "--imatrix";
+    iq2_xxs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XXS", "--pure", "--others", "Q8_0", "--imatrix";
+    iq2_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XS", "--pure", "--others", "Q8_0", "--imatrix";
+    q2_k_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K", "--pure", "--others", "Q8_0";
 }

@@ -71,6 +71,11 @@ impl Linear {
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::LowBit(crate::kernel::lowbit::low_bit_matrix(t, bytes, rows, cols).expect("has_kernel"))
             }
+            (WeightDType::Ggml(GgmlDType::Q2K), &[rows, cols]) if crate::kernel::q2_k::has_kernel(cols) => {
+                // Q2_K in llama.cpp's orders (`q2_k.rs`).
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::LowBit(Box::new(crate::kernel::q2_k::Q2KMatrix::new(bytes, rows, cols)))
+            }
             (WeightDType::Ggml(GgmlDType::Q4_1), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(crate::kernel::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
             }
@@ -171,6 +176,8 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
             neon || crate::kernel::matvec::has_avx2_f16c()
         }
         WeightDType::Ggml(GgmlDType::Q8_0) => neon || crate::kernel::cpu::has_avx2(),
+        // Q2_K in llama.cpp's AVX2 orders (`q2_k.rs`); without AVX2, candle's kernel.
+        WeightDType::Ggml(GgmlDType::Q2K) => crate::kernel::q2_k::has_kernel(QK_K_COLS),
         // Neither are llama.cpp's i-quants and ternary types: their own kernels where they have
         // one (scalar without AVX2 or on aarch64), else an f32 product of their dequantized weights.
         WeightDType::Mxfp4 | WeightDType::LowBit(_) => return MatVecPath::Native,
@@ -178,6 +185,9 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
     };
     if ours && switch != "candle" { MatVecPath::Native } else { MatVecPath::Candle }
 }
+
+/// A width every super-block type accepts, to ask whether a type's kernel exists on this CPU.
+const QK_K_COLS: usize = 256;
 
 /// candle's matrix for `weight`: its quantized blocks as they are, F16 as a half tensor.
 fn candle_matmul(weight: &TensorView<'_>) -> Result<Weight> {

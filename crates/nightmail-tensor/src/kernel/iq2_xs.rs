@@ -24,7 +24,8 @@ pub(crate) fn dequantize_block(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq2_xs_q8_K` order (see `q8_k.rs`).
+/// The mat-vec in ggml's AVX2 `ggml_vec_dot_iq2_xs_q8_K` order, or for 8 tokens or more its tiled
+/// mat-mul's (see `q8_k.rs`).
 pub struct Iq2Xs;
 
 impl super::q8_k::SuperBlock for Iq2Xs {

@@ -22,6 +22,7 @@ pub mod lowbit;
 pub mod matvec;
 pub mod mxfp4;
 mod nibble_x8;
+pub mod q2_k;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8;

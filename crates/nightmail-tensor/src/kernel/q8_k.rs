@@ -4,8 +4,13 @@
 //! integer product lands in one of 8 i32 lanes (lane k: elements 4k..4k+3 of each 32), a
 //! super-block's lanes go into 8 f32 accumulators by one fused multiply-add with d_w · d_x, and
 //! `hsum_float_8` adds the accumulators at the end; integer sums are exact, so the result depends
-//! only on that float order, which the scalar path below keeps lane for lane, and so do the
-//! aarch64 paths (`q8_k_arm.rs`).
+//! only on that float order, which the scalar path below keeps lane for lane. That is llama.cpp's
+//! order for fewer than 8 tokens (a decode step); from 8 (a prompt) its tiled mat-mul
+//! (ggml-cpu/tiled, AVX code: x86 only) takes over, one chain per row and token over the
+//! super-blocks' integer sums ([`dot_tiled`]), and so do we on x86: a prompt's logits would
+//! otherwise differ from llama.cpp's in the last bits, and a low-bit file's close greedy choices
+//! with them. On aarch64 llama.cpp keeps the vec_dot order for every batch, and so do our NEON
+//! paths (`q8_k_arm.rs`).
 
 use candle_core::Tensor;
 
@@ -115,13 +120,29 @@ pub(crate) fn dot_scalar<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     T::FINAL * hsum8(acc)
 }
 
+/// `row` · one token in the order of ggml's tiled mat-mul (ggml-cpu/tiled/tiled-kernel.cpp
+/// `tiled_run_micro_vnni_8x16`, which llama.cpp takes for batches of 8 tokens or more,
+/// tiled.cpp `ggml_tiled_min_batch`): a super-block's exact integer sum times d_w (the type's
+/// final factor folded in, tiled.cpp `tiled_unpack_src0`), times d_x, added to one chain.
+pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
+    let mut acc = 0f32;
+    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+    for (block, xb) in row.chunks_exact(T::BYTES).zip(x) {
+        T::decode(block, &mut w);
+        let isum: i32 = lanes_scalar(&w, xb).iter().sum();
+        acc = (isum as f32 * (T::d(block) * T::FINAL)).mul_add(xb.d, acc);
+    }
+    acc
+}
+
 /// `row` against `N` tokens, each block decoded once: each token's sum is the one
 /// [`dot_scalar`] computes, in AVX2 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
+unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut chain = [0f32; N];
     let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
     for (b, block) in row.chunks_exact(T::BYTES).enumerate() {
         T::decode(block, &mut w);
@@ -132,7 +153,7 @@ unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) 
         let sc: [__m256i; 8] = std::array::from_fn(|s| {
             _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * s + 1]), _mm_set1_epi16(w.scales[2 * s]))
         });
-        for (acc, x) in acc.iter_mut().zip(&xs) {
+        for ((acc, chain), x) in acc.iter_mut().zip(&mut chain).zip(&xs) {
             let xb = &x[b];
             let mut sum = _mm256_setzero_si256();
             for s in 0..8 {
@@ -142,16 +163,28 @@ unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) 
                 let p = _mm256_maddubs_epi16(abs[s], _mm256_sign_epi8(q8, ws[s]));
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc[s]));
             }
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), _mm256_cvtepi32_ps(sum), *acc);
+            if TILED {
+                // The lanes' sum is exact in any order: the super-block's integer sum.
+                let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+                let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+                let isum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+                *chain = (isum as f32 * (dw * T::FINAL)).mul_add(xb.d, *chain);
+            } else {
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb.d), _mm256_cvtepi32_ps(sum), *acc);
+            }
         }
     }
-    acc.map(|a| T::FINAL * super::matvec::hsum_avx2(a))
+    if TILED { chain } else { acc.map(|a| T::FINAL * super::matvec::hsum_avx2(a)) }
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-unsafe fn dots_avx2<T: SuperBlock, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
-    xs.map(|x| dot_scalar::<T>(row, x))
+unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
+    xs.map(|x| if TILED { dot_tiled::<T>(row, x) } else { dot_scalar::<T>(row, x) })
 }
+
+/// The fewest tokens for which llama.cpp takes its tiled mat-mul over `ggml_vec_dot_*_q8_K`
+/// (tiled.cpp `ggml_tiled_min_batch`): a prompt's pass, not a decode step's.
+pub(crate) const TILED_MIN_TOKENS: usize = 8;
 
 /// Tokens one decoding of a row's blocks serves.
 #[cfg(not(target_arch = "aarch64"))]
@@ -167,20 +200,32 @@ pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &
         let tokens = x.dim(0)?;
         let row_bytes = cols / QK_K * T::BYTES;
         let avx2 = has_avx2_f16c();
+        let tiled = tokens >= TILED_MIN_TOKENS;
         rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
             let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
             if !avx2 {
-                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar::<T>(row, &q8[t]));
+                let dot = if tiled { dot_tiled::<T> } else { dot_scalar::<T> };
+                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot(row, &q8[t]));
                 return;
             }
             for (c, out) in out.chunks_mut(TOKENS).enumerate() {
                 let x = |i: usize| &q8[c * TOKENS + i][..];
+                if tiled {
+                    // SAFETY: AVX2 and FMA were detected at run time.
+                    match out.len() {
+                        1 => out[0] = unsafe { dots_avx2::<T, 1, true>(row, [x(0)]) }[0],
+                        2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, true>(row, [x(0), x(1)]) }),
+                        3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3, true>(row, [x(0), x(1), x(2)]) }),
+                        _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4, true>(row, [x(0), x(1), x(2), x(3)]) }),
+                    }
+                    continue;
+                }
                 // SAFETY: AVX2 and FMA were detected at run time.
                 match out.len() {
-                    1 => out[0] = unsafe { dots_avx2::<T, 1>(row, [x(0)]) }[0],
-                    2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2>(row, [x(0), x(1)]) }),
-                    3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3>(row, [x(0), x(1), x(2)]) }),
-                    _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4>(row, [x(0), x(1), x(2), x(3)]) }),
+                    1 => out[0] = unsafe { dots_avx2::<T, 1, false>(row, [x(0)]) }[0],
+                    2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, false>(row, [x(0), x(1)]) }),
+                    3 => out.copy_from_slice(&unsafe { dots_avx2::<T, 3, false>(row, [x(0), x(1), x(2)]) }),
+                    _ => out.copy_from_slice(&unsafe { dots_avx2::<T, 4, false>(row, [x(0), x(1), x(2), x(3)]) }),
                 }
             }
         })
@@ -241,18 +286,20 @@ pub(crate) mod tests {
     }
 
     /// For a type: the SIMD path equals the scalar path bit for bit, for one token and several
-    /// together; and both are the dequantized weights times the dequantized activations, up to
-    /// f32 rounding.
+    /// together (below [`TILED_MIN_TOKENS`] in the vec_dot order, from it in the tiled order);
+    /// and both orders are the dequantized weights times the dequantized activations, up to f32
+    /// rounding.
     pub(crate) fn check_kernel<T: SuperBlock>(
         bytes: &[u8],
         rows: usize,
         cols: usize,
         dequantize_block: fn(&[u8], &mut [f32]),
     ) {
-        let tokens = 6;
+        let tokens = TILED_MIN_TOKENS + 1;
         let xs = super::super::q8::tests::random(tokens * cols, 5);
         let x = Tensor::from_vec(xs.clone(), (tokens, cols), &candle_core::Device::Cpu).unwrap();
         let got = matmul::<T>(bytes, rows, cols, &x).unwrap().to_vec2::<f32>().unwrap();
+        let few = matmul::<T>(bytes, rows, cols, &x.narrow(0, 0, 6).unwrap()).unwrap().to_vec2::<f32>().unwrap();
         let row_bytes = cols / QK_K * T::BYTES;
         for t in 0..tokens {
             let q8 = quantize_q8_k(&xs[t * cols..(t + 1) * cols]);
@@ -260,19 +307,21 @@ pub(crate) mod tests {
             let xq: Vec<f32> = q8.iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect();
             for r in 0..rows {
                 let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-                let scalar = dot_scalar::<T>(row, &q8);
-                assert_eq!(
-                    got[t][r].to_bits(),
-                    scalar.to_bits(),
-                    "token {t} row {r}: {} vs scalar {scalar}",
-                    got[t][r]
-                );
+                let (scalar, tiled) = (dot_scalar::<T>(row, &q8), dot_tiled::<T>(row, &q8));
+                // A prompt's order: the tiled one on x86, vec_dot's on aarch64 (as llama.cpp's builds).
+                let prompt = if cfg!(target_arch = "aarch64") { scalar } else { tiled };
+                assert_eq!(got[t][r].to_bits(), prompt.to_bits(), "token {t} row {r}: {} vs {prompt}", got[t][r]);
+                if t < 6 {
+                    assert_eq!(few[t][r].to_bits(), scalar.to_bits(), "token {t} row {r}: {} vs {scalar}", few[t][r]);
+                }
                 assert_eq!(alone[0][r].to_bits(), scalar.to_bits(), "token {t} row {r} alone");
                 let mut w = vec![0f32; cols];
                 row.chunks_exact(T::BYTES).zip(w.chunks_exact_mut(QK_K)).for_each(|(b, y)| dequantize_block(b, y));
                 let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
                 let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                assert!((scalar as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {scalar} vs {want}");
+                for y in [scalar, tiled] {
+                    assert!((y as f64 - want).abs() <= 1e-5 * scale + 1e-6, "token {t} row {r}: {y} vs {want}");
+                }
             }
         }
     }
