@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

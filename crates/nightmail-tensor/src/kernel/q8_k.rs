@@ -124,6 +124,8 @@ pub(crate) fn dot_scalar<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
 /// `tiled_run_micro_vnni_8x16`, which llama.cpp takes for batches of 8 tokens or more,
 /// tiled.cpp `ggml_tiled_min_batch`): a super-block's exact integer sum times d_w (the type's
 /// final factor folded in, tiled.cpp `tiled_unpack_src0`), times d_x, added to one chain.
+// On aarch64 only the tests read it: llama.cpp's aarch64 build has no tiled mat-mul.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     let mut acc = 0f32;
     let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
