@@ -24,7 +24,7 @@ pub enum EngineError {
     #[error("sampling: {0}")]
     Sampling(String),
     #[error("tool-call grammar: {0}")]
-    Grammar(#[from] crate::constraint::GrammarError),
+    Grammar(#[from] GrammarError),
     #[error(
         "no token of the vocabulary continues the tool call: the vocabulary lacks a piece the grammar needs; generate without a tool-call grammar"
     )]
@@ -96,3 +96,20 @@ impl From<candle_core::Error> for EngineError {
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Why a tool list cannot be made a grammar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    #[error(
+        "the tools are not an OpenAI tools array: {0}; pass `[{{\"type\": \"function\", \"function\": {{\"name\": .., \"parameters\": ..}}}}]`"
+    )]
+    NotTools(String),
+    #[error("the tool name `{0}` is not one a call can carry: use letters, digits, `_`, `-` and `.`")]
+    BadName(String),
+    #[error("more than {max} tools: constrain calls to fewer")]
+    TooManyTools { max: usize },
+    #[error("the arguments of `{function}` list more than {max} properties: constrain calls to fewer")]
+    TooManyProperties { function: String, max: usize },
+    #[error("`{function}` requires {key}, which its properties do not list: fix the tool's schema")]
+    UnknownRequired { function: String, key: String },
+}

@@ -27,9 +27,9 @@ pub mod stream;
 #[cfg(test)]
 mod whole_model_tests;
 
-pub use constraint::{GrammarError, ToolCallGrammar};
+pub use constraint::ToolCallGrammar;
 pub use draft::{DraftLength, Drafting, PromptLookup};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, GrammarError, Result};
 pub use generate::TokenStream;
 pub use model::{LoadOptions, Model, memory_plan};
 pub use nightmail_formats::FormatError;

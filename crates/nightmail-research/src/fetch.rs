@@ -36,7 +36,7 @@ pub async fn fetch(url: &str, policy: &FetchPolicy) -> Result<Page, FetchError> 
 async fn fetch_page(url: url::Url, policy: &FetchPolicy) -> Result<Page, FetchError> {
     let mut downloaded = 0u64;
     let mut robots = Robots::default();
-    let robots = policy.respect_robots.then_some(&mut robots);
+    let robots = policy.respect_robots.then_some(&mut robots as &mut dyn redirect::HopPermission);
     let response = redirect::follow(url, policy, policy.max_redirects, robots, &mut downloaded).await?;
     let final_url = response.url().to_string();
     if !response.status().is_success() {

@@ -2,13 +2,26 @@
 //! lists, every resolved address, and robots.txt (reqwest's own redirect policy would connect to
 //! the next host before we could look at it).
 
+use std::future::Future;
+use std::pin::Pin;
+
 use reqwest::StatusCode;
 use url::Url;
 
 use crate::error::FetchError;
 use crate::hop;
 use crate::policy::FetchPolicy;
-use crate::robots::Robots;
+
+/// What a hop's URL must also pass before it is requested (robots.txt, `robots.rs`, which fetches
+/// its files through [`follow`] without one).
+pub(crate) trait HopPermission: Send {
+    fn permit<'a>(
+        &'a mut self,
+        url: &'a Url,
+        policy: &'a FetchPolicy,
+        downloaded: &'a mut u64,
+    ) -> Pin<Box<dyn Future<Output = Result<(), FetchError>> + Send + 'a>>;
+}
 
 /// GETs `url`, following up to `max_redirects` redirects; returns the last response (any status
 /// but a redirect). With `robots`, each hop's path is checked against its host's robots.txt.
@@ -16,7 +29,7 @@ pub(crate) async fn follow(
     url: Url,
     policy: &FetchPolicy,
     max_redirects: u8,
-    mut robots: Option<&mut Robots>,
+    mut robots: Option<&mut dyn HopPermission>,
     downloaded: &mut u64,
 ) -> Result<reqwest::Response, FetchError> {
     let mut url = url;
@@ -24,7 +37,7 @@ pub(crate) async fn follow(
     loop {
         let target = hop::check(&url, policy).await?;
         if let Some(robots) = robots.as_deref_mut() {
-            robots.check(&url, policy, downloaded).await?;
+            robots.permit(&url, policy, downloaded).await?;
         }
         let response = hop::get(&target, policy).await?;
         let Some(next) = location(&url, &response)? else { return Ok(response) };

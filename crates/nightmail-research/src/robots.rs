@@ -56,6 +56,17 @@ impl Robots {
     }
 }
 
+impl redirect::HopPermission for Robots {
+    fn permit<'a>(
+        &'a mut self,
+        url: &'a Url,
+        policy: &'a FetchPolicy,
+        downloaded: &'a mut u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), FetchError>> + Send + 'a>> {
+        Box::pin(self.check(url, policy, downloaded))
+    }
+}
+
 async fn load(origin: &str, policy: &FetchPolicy, downloaded: &mut u64) -> Rules {
     let Ok(url) = Url::parse(&format!("{origin}/robots.txt")) else {
         return Rules::AllowAll;

@@ -4,7 +4,7 @@
 //! (§3, numbers as §6, strings as §7). The state is `Copy`, so checking a candidate token is
 //! copying it and feeding the token's bytes.
 
-use super::GrammarError;
+use crate::error::GrammarError;
 use serde_json::Value;
 
 /// Most properties a schema may list (one bit each in the automaton's state).

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use nightmail_formats::{TextTokenizer, ToolSyntax};
 use serde_json::Value;
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, GrammarError, Result};
 use crate::sampling::{Sampler, argmax};
 use frame::{CallGrammar, CallState};
 use json::ArgsSchema;
@@ -33,23 +33,6 @@ pub struct ToolCallGrammar {
     pub syntax: ToolSyntax,
     /// Each function's name and the JSON Schema of its arguments.
     pub tools: Vec<(String, Value)>,
-}
-
-/// Why a tool list cannot be made a grammar.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GrammarError {
-    #[error(
-        "the tools are not an OpenAI tools array: {0}; pass `[{{\"type\": \"function\", \"function\": {{\"name\": .., \"parameters\": ..}}}}]`"
-    )]
-    NotTools(String),
-    #[error("the tool name `{0}` is not one a call can carry: use letters, digits, `_`, `-` and `.`")]
-    BadName(String),
-    #[error("more than {max} tools: constrain calls to fewer")]
-    TooManyTools { max: usize },
-    #[error("the arguments of `{function}` list more than {max} properties: constrain calls to fewer")]
-    TooManyProperties { function: String, max: usize },
-    #[error("`{function}` requires {key}, which its properties do not list: fix the tool's schema")]
-    UnknownRequired { function: String, key: String },
 }
 
 impl ToolCallGrammar {
