@@ -66,6 +66,14 @@ pub struct CallRequest {
     pub malformed: Option<String>,
 }
 
+impl CallRequest {
+    /// A call as a server sent it: one that names no function is malformed.
+    pub fn named(id: String, name: String, arguments: String) -> CallRequest {
+        let malformed = name.is_empty().then(|| "the call names no function".to_string());
+        CallRequest { id, name, arguments, malformed }
+    }
+}
+
 /// A piece of the reply as it streams.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {

@@ -389,15 +389,7 @@ impl StreamedCalls {
     }
 
     fn finish(self) -> Vec<CallRequest> {
-        self.calls
-            .into_iter()
-            .map(|mut call| {
-                if call.name.is_empty() {
-                    call.malformed = Some("the call names no function".into());
-                }
-                call
-            })
-            .collect()
+        self.calls.into_iter().map(|c| CallRequest::named(c.id, c.name, c.arguments)).collect()
     }
 }
 

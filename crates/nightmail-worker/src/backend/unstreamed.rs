@@ -27,15 +27,15 @@ pub fn answer(body: &Value, model: String) -> Result<BackendAnswer, BackendError
                 .map(|(i, call)| {
                     let function = &call["function"];
                     let name = function["name"].as_str().unwrap_or_default().to_string();
-                    CallRequest {
-                        id: call["id"].as_str().map_or_else(|| format!("call_{i}"), str::to_string),
-                        malformed: name.is_empty().then(|| "the call names no function".to_string()),
+                    let arguments = match &function["arguments"] {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    };
+                    CallRequest::named(
+                        call["id"].as_str().map_or_else(|| format!("call_{i}"), str::to_string),
                         name,
-                        arguments: match &function["arguments"] {
-                            Value::String(text) => text.clone(),
-                            other => other.to_string(),
-                        },
-                    }
+                        arguments,
+                    )
                 })
                 .collect()
         })

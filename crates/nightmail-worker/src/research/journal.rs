@@ -28,6 +28,18 @@ pub struct CallOutcome {
     pub ran: bool,
 }
 
+impl CallOutcome {
+    /// A tool's result, to be filled in: what it found and what it cost.
+    pub fn ran(text: String) -> CallOutcome {
+        CallOutcome { text, sources: Vec::new(), bytes: 0, millis: 0, ran: true }
+    }
+
+    /// A call that did not run, told why.
+    pub fn failed(text: String) -> CallOutcome {
+        CallOutcome { ran: false, ..CallOutcome::ran(text) }
+    }
+}
+
 /// A round: what the model wrote, with its calls.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Round {

@@ -7,7 +7,6 @@ use nightmail_types::Address;
 
 use super::journal::CallOutcome;
 use super::sources::{Source, Sources};
-use super::toolbox::failed;
 
 /// Messages given to the model per search.
 const HITS: usize = 8;
@@ -34,17 +33,11 @@ impl MailSearch {
         .await;
         let hits = match found {
             Ok(Ok(hits)) => hits,
-            Ok(Err(e)) => return failed(format!("error: the mail search failed: {e}")),
-            Err(e) => return failed(format!("error: the mail search failed: {e}")),
+            Ok(Err(e)) => return CallOutcome::failed(format!("error: the mail search failed: {e}")),
+            Err(e) => return CallOutcome::failed(format!("error: the mail search failed: {e}")),
         };
         if hits.is_empty() {
-            return CallOutcome {
-                text: "No messages found.".into(),
-                sources: Vec::new(),
-                bytes: 0,
-                millis: 0,
-                ran: true,
-            };
+            return CallOutcome::ran("No messages found.".into());
         }
         let mut text = String::new();
         let mut cited = Vec::new();
@@ -62,7 +55,7 @@ impl MailSearch {
             ));
         }
         let text: String = text.chars().take(result_chars).collect();
-        CallOutcome { text, sources: cited, bytes: 0, millis: 0, ran: true }
+        CallOutcome { sources: cited, ..CallOutcome::ran(text) }
     }
 }
 

@@ -132,7 +132,7 @@ impl Toolbox {
         let policy = self.policy(bytes_left);
         let mut outcome = match action {
             Action::Search(query) => match self.config.search.as_ref() {
-                None => failed("error: no search service is configured".into()),
+                None => CallOutcome::failed("error: no search service is configured".into()),
                 Some(service) => {
                     let service = match service {
                         SearchService::Searxng { url } => {
@@ -144,17 +144,17 @@ impl Toolbox {
                     };
                     match nightmail_research::web_search(&service, query, SEARCH_RESULTS, &policy).await {
                         Ok(hits) => self.hits(query, &hits, sources),
-                        Err(e) => failed(format!("error: the search failed: {e}")),
+                        Err(e) => CallOutcome::failed(format!("error: the search failed: {e}")),
                     }
                 }
             },
             Action::Fetch(url) => match nightmail_research::fetch(url, &policy).await {
                 Ok(page) => self.page(&page, sources),
-                Err(e) => failed(format!("error: {url} could not be read: {e}")),
+                Err(e) => CallOutcome::failed(format!("error: {url} could not be read: {e}")),
             },
             Action::SearchMail(query) => match &self.mail {
                 Some(mail) => mail.search(query, sources, self.config.result_chars).await,
-                None => failed("error: search_mail is not available for this question".into()),
+                None => CallOutcome::failed("error: search_mail is not available for this question".into()),
             },
         };
         outcome.millis = started.elapsed().as_millis() as u64;
@@ -163,7 +163,7 @@ impl Toolbox {
 
     fn hits(&self, query: &str, hits: &[SearchHit], sources: &mut Sources) -> CallOutcome {
         if hits.is_empty() {
-            return CallOutcome { text: format!("No results for \"{query}\"."), ..ran() };
+            return CallOutcome::ran(format!("No results for \"{query}\"."));
         }
         let mut text = String::new();
         let mut cited = Vec::new();
@@ -173,7 +173,7 @@ impl Toolbox {
             cited.push(source);
             text.push_str(&format!("[{n}] {} ({})\n{}\n\n", hit.title.trim(), hit.url, hit.snippet.trim()));
         }
-        CallOutcome { text: self.cut(text), sources: cited, ..ran() }
+        CallOutcome { sources: cited, ..CallOutcome::ran(self.cut(text)) }
     }
 
     fn page(&self, page: &Page, sources: &mut Sources) -> CallOutcome {
@@ -181,7 +181,7 @@ impl Toolbox {
         let source = Source::Web { url: page.url.clone(), title: title.clone() };
         let n = sources.number(&source);
         let text = format!("[{n}] {} ({})\n\n{}", title.trim(), page.url, page.text.trim());
-        CallOutcome { text: self.cut(text), sources: vec![source], bytes: page.bytes, ..ran() }
+        CallOutcome { sources: vec![source], bytes: page.bytes, ..CallOutcome::ran(self.cut(text)) }
     }
 
     /// A result cut to `result_chars`, saying so.
@@ -194,15 +194,6 @@ impl Toolbox {
         cut.push_str("\n[... cut: the rest is longer than this tool's result limit]");
         cut
     }
-}
-
-fn ran() -> CallOutcome {
-    CallOutcome { text: String::new(), sources: Vec::new(), bytes: 0, millis: 0, ran: true }
-}
-
-/// A call that did not run, told why.
-pub fn failed(text: String) -> CallOutcome {
-    CallOutcome { text, sources: Vec::new(), bytes: 0, millis: 0, ran: false }
 }
 
 #[cfg(test)]
