@@ -7,6 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A test build is made once: incremental compilation's caches would double target/ on disk
+# (2.5 of 5.4 GB measured) for no gain. Free space is printed first, for a run that runs out.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+df -h . | tail -n 1 | awk '{print "scripts/test.sh: " $4 " free on " $6}'
+
 if [ "${1:-}" = --arm ]; then
   exec scripts/test-arm.sh
 fi
