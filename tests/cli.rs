@@ -276,6 +276,8 @@ fn model_inspect_states_a_k3_directorys_layers_by_kind_its_weights_and_what_a_bu
         text.contains("memory         64.0 MiB holds 6 of 6 layers") && text.contains("100% of experts hit, 0 B read"),
         "{text}"
     );
+    // The directory carries no template: it is prompted in K3's own format, built in.
+    assert!(text.contains("chat template built in"), "{text}");
 }
 
 /// `nightmail model plan M | head`: the reader goes away, and the command ends as a Unix filter

@@ -3,7 +3,7 @@
 
 use crate::error::EngineError;
 use nightmail_formats::FormatError;
-use nightmail_formats::chat::{ChatMessage, RenderOptions};
+use nightmail_formats::chat::RenderOptions;
 use nightmail_model::ModelError;
 use nightmail_tensor::TensorError;
 use std::ops::ControlFlow;
@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::journal::{Delta, Identity, Journal, Saved, WeightsFile};
 use crate::model::Model;
 use crate::reasoning::split_reasoning;
-use crate::request::{Completion, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
+use crate::request::{Completion, Conversation, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 use crate::sampling::Sampler;
 use crate::state_cache::{Reuse, StateCache};
 use nightmail_model::SequenceState;
@@ -337,23 +337,22 @@ impl Model {
         match prompt {
             Prompt::Tokens(t) => Ok(t.clone()),
             Prompt::Text(text) => Ok(self.tokenizer().ok_or(EngineError::NoTokenizer)?.encode(text, true)?),
-            Prompt::Chat(messages) => self.chat_tokens(messages, None),
-            Prompt::ToolChat { messages, tools } => self.chat_tokens(messages, Some(tools.clone())),
+            Prompt::Chat(chat) => self.chat_tokens(chat),
         }
     }
 
     /// A conversation rendered by the model's template, the assistant's turn opened.
-    fn chat_tokens(&self, messages: &[ChatMessage], tools: Option<String>) -> Result<Vec<u32>> {
+    fn chat_tokens(&self, chat: &Conversation) -> Result<Vec<u32>> {
         let tok = self.tokenizer().ok_or(EngineError::NoTokenizer)?;
         let template = self.chat_template().ok_or(EngineError::NoChatTemplate)?;
         let options = RenderOptions {
             add_generation_prompt: true,
             bos_token: tok.bos_text().unwrap_or("").into(),
             eos_token: tok.eos_text().unwrap_or("").into(),
-            tools,
-            kwargs: Vec::new(),
+            tools: chat.tools.clone(),
+            kwargs: chat.thinking.map(nightmail_formats::chat::thinking_switches).unwrap_or_default(),
         };
-        let text = template.render_with(messages, &options)?;
+        let text = template.render_with(&chat.messages, &options)?;
         Ok(tok.encode(&text, false)?)
     }
 }

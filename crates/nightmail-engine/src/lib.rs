@@ -31,7 +31,7 @@ pub use constraint::ToolCallGrammar;
 pub use draft::{DraftLength, Drafting, PromptLookup};
 pub use error::{EngineError, GrammarError, Result};
 pub use generate::TokenStream;
-pub use model::{LoadOptions, Model, memory_plan};
+pub use model::{LoadOptions, Model, TemplateSource, chat_template_of, memory_plan};
 pub use nightmail_formats::FormatError;
 pub use nightmail_formats::{
     ChatMessage, ChatTemplate, Format, MalformedCall, ParsedTurn, RenderOptions, TextTokenizer, ToolArguments,
@@ -46,7 +46,7 @@ pub use nightmail_tensor::TensorError;
 pub use pass_costs::{CostLine, PassCosts};
 pub use prefill::{MAX_PREFILL_TOKENS, activation_bytes_per_token, prefill_tokens_per_pass};
 pub use reasoning::{SplitReply, split_reasoning};
-pub use request::{Completion, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
+pub use request::{Completion, Conversation, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 pub use sampling::{Sampling, argmax};
 pub use state_cache::{Reuse, StateCache};
 pub use stream::{

@@ -48,6 +48,29 @@ pub struct LoadOptions {
 /// Reader threads of the dense layer stream: two layers in flight when the window holds two.
 const LAYER_READERS: usize = 2;
 
+/// Where a model's chat template comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateSource {
+    /// The file's own (GGUF `tokenizer.chat_template`, or the Hugging Face directory's).
+    File,
+    /// The family's prompt format, built in: Kimi K3's, for K3 files that carry none.
+    BuiltIn,
+}
+
+/// The chat template a model is prompted with: the file's own, else its family's built in.
+pub fn chat_template_of(ck: &ModelFile, spec: &ModelSpec) -> Option<(ChatTemplate, TemplateSource)> {
+    let own = match ck {
+        ModelFile::Gguf(g) => ChatTemplate::from_gguf(g),
+        ModelFile::Hf(h) => ChatTemplate::from_hf_dir(h.dir()),
+    };
+    match own {
+        Some(t) => Some((t, TemplateSource::File)),
+        None => (spec.architecture == nightmail_model::Architecture::KimiK3)
+            .then(|| (ChatTemplate::kimi_k3(), TemplateSource::BuiltIn)),
+    }
+}
+
 impl Model {
     /// Load a `.gguf` file or a Hugging Face model directory.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
@@ -100,13 +123,11 @@ impl Model {
             net.stream_layers(store.clone());
             dense = Some(store);
         }
-        let (tokenizer, chat_template) = match &ck {
-            ModelFile::Gguf(g) => (TextTokenizer::from_gguf(g)?, ChatTemplate::from_gguf(g)),
-            ModelFile::Hf(h) => (TextTokenizer::from_hf_dir(h.dir())?, ChatTemplate::from_hf_dir(h.dir())),
+        let tokenizer = match &ck {
+            ModelFile::Gguf(g) => TextTokenizer::from_gguf(g)?,
+            ModelFile::Hf(h) => TextTokenizer::from_hf_dir(h.dir())?,
         };
-        // A K3 file without a template still has K3's own prompt format.
-        let chat_template = chat_template
-            .or_else(|| (spec.architecture == nightmail_model::Architecture::KimiK3).then(ChatTemplate::kimi_k3));
+        let chat_template = chat_template_of(&ck, &spec).map(|(t, _)| t);
         Ok(Model {
             path: path.to_path_buf(),
             format: ck.format(),

@@ -19,10 +19,25 @@ pub enum Prompt {
     /// Token ids, used as given.
     Tokens(Vec<u32>),
     /// A conversation, rendered by the model's chat template with the assistant turn opened.
-    Chat(Vec<ChatMessage>),
-    /// A conversation with the functions the model may call: `tools` is the JSON text of their
-    /// array (`[{"type": "function", "function": {..}}]`), which the template renders its way.
-    ToolChat { messages: Vec<ChatMessage>, tools: String },
+    Chat(Conversation),
+}
+
+/// A conversation and the template switches it is rendered with.
+#[derive(Debug, Clone, Default)]
+pub struct Conversation {
+    pub messages: Vec<ChatMessage>,
+    /// The functions the model may call: the JSON text of their array (`[{"type": "function",
+    /// "function": {..}}]`), which the template renders its way.
+    pub tools: Option<String>,
+    /// Whether the model should think before answering, for templates with such a switch
+    /// ([`nightmail_formats::chat::thinking_switches`]); none keeps the template's default.
+    pub thinking: Option<bool>,
+}
+
+impl From<Vec<ChatMessage>> for Conversation {
+    fn from(messages: Vec<ChatMessage>) -> Self {
+        Conversation { messages, ..Conversation::default() }
+    }
 }
 
 #[derive(Debug, Clone)]

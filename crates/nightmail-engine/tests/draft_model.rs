@@ -168,10 +168,13 @@ fn smollm2_with_a_draft_model_of_its_tokenizer_gives_the_plain_text() {
     let smollm2 = common::smollm2();
     let dir = tempfile::tempdir().unwrap();
     let question = "Can you confirm that the meeting on Thursday at 3pm in room 204 is still on?";
-    let chat = Prompt::Chat(vec![nightmail_engine::ChatMessage::new(
-        "user",
-        format!("Repeat this question word for word, then answer it: \"{question}\""),
-    )]);
+    let chat = Prompt::Chat(
+        vec![nightmail_engine::ChatMessage::new(
+            "user",
+            format!("Repeat this question word for word, then answer it: \"{question}\""),
+        )]
+        .into(),
+    );
     // Itself as its draft model (every guess holds), and a random one of its vocabulary (few do).
     let random = tiny(dir.path(), "random.gguf", Some(smollm2.clone()));
     for draft in [smollm2.clone(), random] {

@@ -142,10 +142,13 @@ fn the_draft_length_follows_the_cost_of_a_row() {
 fn smollm2_quoting_a_question_accepts_drafts_and_gives_the_plain_tokens_bit_for_bit() {
     let model = Model::load(common::smollm2()).unwrap();
     let question = "Can you confirm that the meeting on Thursday at 3pm in room 204 is still on?";
-    let prompt = Prompt::Chat(vec![nightmail_engine::ChatMessage::new(
-        "user",
-        format!("Repeat this question word for word, then answer it: \"{question}\""),
-    )]);
+    let prompt = Prompt::Chat(
+        vec![nightmail_engine::ChatMessage::new(
+            "user",
+            format!("Repeat this question word for word, then answer it: \"{question}\""),
+        )]
+        .into(),
+    );
     let (plain, plain_rows) = run(&model, request(prompt.clone(), 40, Sampling::greedy(), Drafting::None));
     let (drafted, drafted_rows) = run(&model, request(prompt, 40, Sampling::greedy(), Drafting::Lookup));
     assert_eq!(drafted.text, plain.text);

@@ -62,7 +62,7 @@ fn same_greedy_tokens_as_llama_cpp(ftype: &str, flags: &[&str]) {
     let path = quantize(dir.path(), ftype, flags);
     let model = Model::load(&path).unwrap();
     for q in QUESTIONS {
-        let prompt = model.prompt_tokens(&Prompt::Chat(vec![ChatMessage::new("user", q)])).unwrap();
+        let prompt = model.prompt_tokens(&Prompt::Chat(vec![ChatMessage::new("user", q)].into())).unwrap();
         let want = llama_cpp_greedy(&path, &prompt, NEW_TOKENS);
         let got = greedy(&model, &prompt, NEW_TOKENS);
         assert_eq!(got, want, "{ftype} {flags:?}, {q:?}: nightmail's greedy tokens, then llama.cpp's");

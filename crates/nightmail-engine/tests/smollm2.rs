@@ -28,7 +28,7 @@ fn fetch() -> PathBuf {
 }
 
 fn chat(question: &str, max_new_tokens: usize) -> nightmail_engine::Completion {
-    let mut r = GenerateRequest::new(Prompt::Chat(vec![ChatMessage::new("user", question)]));
+    let mut r = GenerateRequest::new(Prompt::Chat(vec![ChatMessage::new("user", question)].into()));
     r.max_new_tokens = max_new_tokens;
     model().generate(r, |_| ControlFlow::Continue(())).unwrap()
 }
@@ -74,7 +74,7 @@ fn chat_names_the_primary_colors_and_stops_at_end_of_turn() {
 
 #[test]
 fn stop_strings_cut_the_text_before_them() {
-    let mut r = GenerateRequest::new(Prompt::Chat(vec![ChatMessage::new("user", "Name three primary colors.")]));
+    let mut r = GenerateRequest::new(Prompt::Chat(vec![ChatMessage::new("user", "Name three primary colors.")].into()));
     r.max_new_tokens = 64;
     r.stop = vec!["Blue".into()];
     let mut streamed = String::new();

@@ -116,6 +116,18 @@ pub struct RenderOptions {
     pub kwargs: Vec<(String, Json)>,
 }
 
+/// The template variables that turn a model's thinking on or off, set together: each family
+/// reads one (`enable_thinking`: Qwen3, GLM-4.5..4.7, SmolLM3; `thinking`: DeepSeek V3.1..V4 and
+/// Kimi K3). gpt-oss cannot stop thinking; off asks it for its least (`reasoning_effort`,
+/// harmony's "low").
+pub fn thinking_switches(on: bool) -> Vec<(String, Json)> {
+    let mut switches = vec![("enable_thinking".to_string(), Json::Bool(on)), ("thinking".to_string(), Json::Bool(on))];
+    if !on {
+        switches.push(("reasoning_effort".to_string(), Json::String("low".into())));
+    }
+    switches
+}
+
 pub struct ChatTemplate {
     source: String,
 }

@@ -8,6 +8,7 @@
 mod common;
 
 use common::template;
+use nightmail_formats::chat::thinking_switches;
 use nightmail_formats::{ChatMessage, ChatTemplate, RenderOptions, ToolArguments, ToolCall};
 use serde_json::{Value as Json, json};
 
@@ -105,10 +106,12 @@ fn cases() -> Vec<Case> {
 
 /// Template switches each case is also rendered with: none, and the ones the families read
 /// (Qwen3's `enable_thinking`, DeepSeek-V3.1's and Kimi K3's `thinking`, K3's `thinking_effort`,
-/// gpt-oss's `reasoning_effort`), each way.
+/// gpt-oss's `reasoning_effort`), each way, and the sets a mail's thinking switch sets.
 fn switches() -> Vec<Vec<(String, Json)>> {
     vec![
         vec![],
+        thinking_switches(true),
+        thinking_switches(false),
         vec![
             ("enable_thinking".into(), json!(false)),
             ("thinking".into(), json!(true)),
@@ -287,6 +290,36 @@ family!(
 family!(mixtral, "<s>", "</s>", ["mistralai-Mistral-Nemo-Instruct-2407.jinja"]);
 // Not families nightmail runs: templates with transformers' `{% generation %}` block.
 family!(generation_blocks, "<s>", "</s>", ["LFM2.5-8B-A1B.jinja", "poolside-Laguna-XS.2.jinja"]);
+
+/// A mail's thinking switch, on and off, changes the prompt of every family that can be told
+/// (what each text is, transformers' rendering with the same variables checks above).
+#[test]
+fn thinking_switch_reaches_each_family() {
+    let families = [
+        "Qwen-Qwen3-0.6B.jinja",
+        "Qwen3.5-4B.jinja",
+        "GLM-4.6.jinja",
+        "GLM-4.7-Flash.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        "deepseek-ai-DeepSeek-V3.2.jinja",
+        "deepseek-ai-DeepSeek-V4.jinja",
+        "Kimi-K3.jinja",
+        "openai-gpt-oss-120b.jinja",
+    ];
+    let ask = [ChatMessage::new("user", "Is it going to rain?")];
+    for file in families {
+        let t = ChatTemplate::new(template(file));
+        let render = |on: bool| {
+            let options = RenderOptions {
+                add_generation_prompt: true,
+                kwargs: thinking_switches(on),
+                ..RenderOptions::default()
+            };
+            t.render_with(&ask, &options).unwrap()
+        };
+        assert_ne!(render(true), render(false), "{file}: thinking on and off render the same prompt");
+    }
+}
 
 /// The demo model's own template, read from its GGUF (scripts/fetch-model.sh fetches it).
 #[test]

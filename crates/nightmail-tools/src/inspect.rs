@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use nightmail_engine::Result;
 use nightmail_engine::stream::{MemoryBudget, MemoryPlan, ModelSizes};
+use nightmail_engine::{Result, TemplateSource, chat_template_of};
 use nightmail_formats::{Format, ModelFile, is_expert_tensor, is_mtp_tensor};
 use nightmail_model::spec::ModelSpec;
 
@@ -87,7 +87,8 @@ pub struct ModelInfo {
     /// Routed-expert bytes one token reads: top-k experts in each MoE layer.
     pub expert_bytes_per_token: u64,
     pub has_tokenizer: bool,
-    pub has_chat_template: bool,
+    /// The file's own template, the family's built in, or none.
+    pub chat_template: Option<TemplateSource>,
     /// What the budget given to [`inspect_with_memory`] holds.
     pub ram: Option<RamFit>,
 }
@@ -134,15 +135,11 @@ pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<
         Some(m) => experts * m.routing.top_k() as u64 / m.experts as u64,
         None => 0,
     };
-    let (has_tokenizer, has_chat_template) = match &ck {
-        ModelFile::Gguf(g) => {
-            (g.string("tokenizer.ggml.model").is_some(), g.string("tokenizer.chat_template").is_some())
-        }
-        ModelFile::Hf(h) => (
-            nightmail_formats::TextTokenizer::in_hf_dir(h.dir()),
-            nightmail_formats::chat::ChatTemplate::from_hf_dir(h.dir()).is_some(),
-        ),
+    let has_tokenizer = match &ck {
+        ModelFile::Gguf(g) => g.string("tokenizer.ggml.model").is_some(),
+        ModelFile::Hf(h) => nightmail_formats::TextTokenizer::in_hf_dir(h.dir()),
     };
+    let chat_template = chat_template_of(&ck, &spec).map(|(_, source)| source);
     let ram = match budget {
         Some(budget) => {
             let plan = MemoryPlan::new(ModelSizes::read(&ck, &spec)?, budget)?;
@@ -168,7 +165,7 @@ pub fn inspect_with_memory(path: &Path, budget: Option<MemoryBudget>) -> Result<
         mtp,
         expert_bytes_per_token: per_token,
         has_tokenizer,
-        has_chat_template,
+        chat_template,
         ram,
     })
 }

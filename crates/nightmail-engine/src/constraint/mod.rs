@@ -36,7 +36,7 @@ pub struct ToolCallGrammar {
 }
 
 impl ToolCallGrammar {
-    /// From OpenAI's tools array (the JSON text `Prompt::ToolChat` carries), checked: a list
+    /// From OpenAI's tools array (the JSON text `Conversation::tools` carries), checked: a list
     /// this returns opens a stream.
     pub fn from_openai_tools(syntax: ToolSyntax, tools: &str) -> std::result::Result<Self, GrammarError> {
         let array: Vec<Value> = serde_json::from_str(tools).map_err(|e| GrammarError::NotTools(e.to_string()))?;

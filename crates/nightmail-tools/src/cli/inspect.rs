@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use nightmail_engine::{Activation, MemoryBudget, Routing};
+use nightmail_engine::{Activation, MemoryBudget, Routing, TemplateSource};
 
 use super::error::Result;
 use super::print::{bytes, yes};
@@ -116,7 +116,12 @@ pub(super) fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> Re
             bytes(r.disk_bytes_per_token as u64)
         );
     }
-    println!("tokenizer      {}  chat template {}", yes(info.has_tokenizer), yes(info.has_chat_template));
+    let template = match info.chat_template {
+        Some(TemplateSource::File) => "yes",
+        Some(TemplateSource::BuiltIn) => "built in (the family's own prompt format)",
+        None => "no",
+    };
+    println!("tokenizer      {}  chat template {template}", yes(info.has_tokenizer));
     Ok(())
 }
 

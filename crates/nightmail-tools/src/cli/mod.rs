@@ -357,7 +357,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 }
             };
             let prompt = match (prompt, prompt_tokens, chat) {
-                (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)]),
+                (Some(text), None, true) => Prompt::Chat(vec![ChatMessage::new("user", text)].into()),
                 (Some(text), None, false) => Prompt::Text(text),
                 (None, Some(tokens), false) => Prompt::Tokens(tokens),
                 (None, Some(_), true) => {

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use nightmail_config::LocalBackend;
 use nightmail_engine::{
-    ChatMessage, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup, Sampling,
-    StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall, ToolCallGrammar,
+    ChatMessage, Conversation, EngineError, GenerateRequest, LoadOptions, MemoryBudget, Model, Prompt, PromptLookup,
+    Sampling, StateCache, StopReason, StreamConfig, TokenEvent, TokenStream, ToolArguments, ToolCall, ToolCallGrammar,
 };
 use nightmail_store::PromptIn;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -281,8 +281,8 @@ impl<'m> Running<'m> {
     ) -> Option<Running<'m>> {
         let calls = job.tools.as_ref().map(|tools| {
             let syntax = CallSyntax::of(model.chat_template());
-            if let Prompt::ToolChat { messages, .. } = &mut job.request.prompt {
-                syntax.describe(messages, tools);
+            if let Prompt::Chat(chat) = &mut job.request.prompt {
+                syntax.describe(&mut chat.messages, tools);
             }
             // The engine keeps the calls the model writes well-formed (for the JSON-argument
             // syntaxes); a tool list it cannot make a grammar of leaves decoding free.
@@ -490,15 +490,18 @@ fn engine_draft(draft: &nightmail_config::Draft) -> nightmail_engine::Drafting {
     }
 }
 
-/// The request's turns as the engine's chat prompt, with the tools the model may call: calls and
-/// results in the message shape chat templates read.
+/// The request's turns as the engine's chat prompt, with the tools the model may call (calls and
+/// results in the message shape chat templates read) and the mail's thinking switch.
 fn chat(request: &Request) -> Prompt {
-    let messages = request.turns.iter().map(message).collect();
-    if request.tools.is_empty() {
-        return Prompt::Chat(messages);
-    }
-    let tools: Vec<serde_json::Value> = request.tools.iter().map(ToolSpec::to_json).collect();
-    Prompt::ToolChat { messages, tools: serde_json::Value::from(tools).to_string() }
+    let tools = (!request.tools.is_empty()).then(|| {
+        let tools: Vec<serde_json::Value> = request.tools.iter().map(ToolSpec::to_json).collect();
+        serde_json::Value::from(tools).to_string()
+    });
+    Prompt::Chat(Conversation {
+        messages: request.turns.iter().map(message).collect(),
+        tools,
+        thinking: request.reasoning,
+    })
 }
 
 fn message(turn: &Turn) -> ChatMessage {
@@ -560,7 +563,7 @@ impl Backend for Local {
             generate.draft = engine_draft(&c.draft);
             let (done, result) = oneshot::channel();
             let tools = match &generate.prompt {
-                Prompt::ToolChat { tools, .. } => Some(tools.clone()),
+                Prompt::Chat(chat) => chat.tools.clone(),
                 _ => None,
             };
             let job = Job { request: generate, checkpoint: request.checkpoint.clone(), events, stop, done, tools };
@@ -568,5 +571,35 @@ impl Backend for Local {
             // Generation takes as long as it takes (hours, for a model streamed from SSD).
             result.await.unwrap_or_else(|_| Err(BackendError::Transient("the engine thread failed".into())))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{Role, Turn};
+
+    fn request(reasoning: Option<bool>) -> Request {
+        Request {
+            turns: vec![Turn::new(Role::System, "sys"), Turn::new(Role::User, "2+2?")],
+            max_tokens: 64,
+            temperature: 0.0,
+            reasoning,
+            model: None,
+            checkpoint: None,
+            tools: Vec::new(),
+        }
+    }
+
+    /// A mail's `reasoning: off` reaches the template as the engine renders it, as it reaches an
+    /// OpenAI server's `chat_template_kwargs`.
+    #[test]
+    fn the_thinking_switch_goes_with_the_conversation() {
+        for reasoning in [None, Some(true), Some(false)] {
+            let Prompt::Chat(chat) = chat(&request(reasoning)) else { panic!("a chat prompt") };
+            assert_eq!(chat.thinking, reasoning);
+            assert_eq!(chat.messages.len(), 2);
+            assert_eq!(chat.tools, None);
+        }
     }
 }
