@@ -162,3 +162,33 @@ mod gpt_oss_mxfp4 {
         agrees_with_the_twin(&fixture("gpt_oss_mxfp4").join("model.gguf"));
     }
 }
+
+/// The fixtures as llama.cpp's own converter writes them (tests/fixtures/llama_cpp_convert.py runs
+/// the llama-cpp-python 0.3.36 sdist's convert_hf_to_gguf.py, F32): its tensor names, permuted
+/// q/k, stacked experts and metadata read as written, against transformers' reference.
+macro_rules! llama_cpp_converted {
+    ($($arch:ident: [$($file:literal),+]),* $(,)?) => {
+        mod llama_cpp_converted {$(
+            #[test]
+            fn $arch() {
+                $(super::check(stringify!($arch), super::fixture(stringify!($arch)).join($file));)+
+            }
+        )*}
+    };
+}
+
+llama_cpp_converted!(
+    llama: ["llama_cpp.gguf"],
+    mixtral: ["llama_cpp.gguf"],
+    qwen2_moe: ["llama_cpp.gguf"],
+    qwen3_moe: ["llama_cpp.gguf"],
+    deepseek_v3: ["llama_cpp.gguf"],
+    deepseek_v3_mtp: ["llama_cpp.gguf"],
+    glm4_moe: ["llama_cpp.gguf"],
+    glm4_moe_mtp: ["llama_cpp.gguf"],
+    gpt_oss: ["llama_cpp.gguf"],
+    minimax_m2: ["llama_cpp.gguf"],
+    // `--fuse-gate-up-exps`: the experts' gate and up in one `ffn_gate_up_exps`.
+    qwen3_next: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
+    kimi_k3: ["llama_cpp.gguf"],
+);
