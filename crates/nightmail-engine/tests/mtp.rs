@@ -40,10 +40,13 @@ fn mtp_reference(fixture: &str) -> MtpReference {
 
 /// Each fixture's safetensors directory and GGUF, with the fixture's name (the GGUFs keep the
 /// layer as blk.N.nextn.*, as llama.cpp's converters do: conversion/qwen.py's _QwenMtpMixin for
-/// qwen3next).
+/// qwen3next), and the files llama.cpp's converter wrote where it keeps the layer (its deepseek2
+/// conversion drops it).
 fn files() -> Vec<(&'static str, PathBuf)> {
     let mut files: Vec<_> = FIXTURES.iter().map(|f| (*f, common::fixture(f))).collect();
     files.extend(FIXTURES.iter().map(|f| (*f, common::fixture(f).join("model.gguf"))));
+    files.extend(["glm4_moe_mtp", "qwen3_next_mtp"].map(|f| (f, common::fixture(f).join("llama_cpp.gguf"))));
+    files.push(("qwen3_next_mtp", common::fixture("qwen3_next_mtp").join("llama_cpp_fused.gguf")));
     files
 }
 
@@ -294,7 +297,18 @@ fn the_memory_plan_keeps_the_mtp_layers_dense_weights_and_streams_its_experts() 
                 .filter(|(n, _)| n.ends_with("embed_tokens.weight") || n.ends_with("shared_head.head.weight"))
                 .map(|(_, b)| b)
                 .sum(),
-            false => 0,
+            // llama.cpp's converter keeps GLM's copies as blk.N.nextn.embed_tokens and
+            // shared_head_head; our generate.py leaves them out.
+            false => nightmail_formats::ModelFile::open(&path)
+                .unwrap()
+                .all_tensors()
+                .unwrap()
+                .iter()
+                .filter(|t| {
+                    t.name.ends_with("nextn.embed_tokens.weight") || t.name.ends_with("nextn.shared_head_head.weight")
+                })
+                .map(|t| t.dtype.byte_len(t.elem_count()) as u64)
+                .sum(),
         };
         let dense = (m.bytes - m.expert_bytes - copies) as usize;
         let ask = |bytes| MemoryBudget { bytes, kv_tokens: 64, batch: 1, verify_rows: 1, stream_layers: None };

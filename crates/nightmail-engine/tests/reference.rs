@@ -190,5 +190,6 @@ llama_cpp_converted!(
     minimax_m2: ["llama_cpp.gguf"],
     // `--fuse-gate-up-exps`: the experts' gate and up in one `ffn_gate_up_exps`.
     qwen3_next: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
+    qwen3_next_mtp: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
     kimi_k3: ["llama_cpp.gguf"],
 );
