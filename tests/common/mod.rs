@@ -556,6 +556,11 @@ impl LlamaServer {
         }
         LlamaServer { url: format!("http://127.0.0.1:{port}/v1"), child }
     }
+
+    /// The server's process, for a test that kills it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for LlamaServer {

@@ -376,12 +376,28 @@ mod tests {
         assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\n").contains("needs `url`"));
         assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"local\"\n").contains("needs `path`"));
         assert!(err("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = \"ftp://x\"\n").contains("nm.toml:4:"));
+        let listed = |urls: &str| format!("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = {urls}\n");
+        assert!(err(&listed("[]")).contains("lists no server"));
+        assert!(err(&listed(r#"["http://a/v1", "ftp://b"]"#)).contains("`ftp://b` must start with http"));
+        assert!(err(&listed(r#"["http://a/v1", "http://a/v1/"]"#)).contains("lists `http://a/v1` twice"));
         assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\n").contains("exactly one of"));
         assert!(err("[[user]]\nname = \"me\"\naddress = \"me@x\"\npassword_hash = \"md5\"\n").contains("argon2"));
         let twice = "[[user]]\nname = \"a\"\naddress = \"me@x\"\npassword = \"p\"\n[[model]]\naddress = \"ME@x\"\nbackend = \"local\"\npath = \"m.gguf\"\n";
         assert!(err(twice).contains("used twice"));
         assert!(err("[smtp]\nlisten = \"nowhere\"\n").contains("nm.toml:2:"));
         assert!(err("[tls]\nself_signed = true\ncert = \"c.pem\"\n").contains("[tls]"));
+    }
+
+    /// Servers of one model, tried in turn: one URL or a list, in the order given.
+    #[test]
+    fn a_model_may_list_several_servers() {
+        let model = |urls: &str| format!("[[model]]\naddress = \"k@x\"\nbackend = \"openai\"\nurl = {urls}\n");
+        let urls = |text: &str| match &parse(&model(text), None).unwrap().models[0].backend {
+            BackendConfig::OpenAi { urls, .. } => urls.clone(),
+            BackendConfig::Local(_) => panic!("an openai model"),
+        };
+        assert_eq!(urls(r#""http://a/v1/""#), ["http://a/v1"]);
+        assert_eq!(urls(r#"["http://b:8080/v1", "https://a/v1"]"#), ["http://b:8080/v1", "https://a/v1"]);
     }
 
     #[test]

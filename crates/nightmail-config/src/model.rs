@@ -15,8 +15,9 @@ use crate::research::{self, Tool};
 pub enum BackendConfig {
     /// An OpenAI-compatible chat completions server (llama.cpp's server, vLLM, a cloud API).
     OpenAi {
-        /// Base URL, e.g. `http://127.0.0.1:8080/v1`; `/chat/completions` is appended.
-        url: String,
+        /// Base URLs, e.g. `http://127.0.0.1:8080/v1` (`/chat/completions` is appended): servers
+        /// of the same model, tried in turn when one is down or fails mid-answer.
+        urls: Vec<String>,
         /// The `model` field sent to the server.
         model: String,
         /// Name of the environment variable holding the API key, if the server needs one.
@@ -170,7 +171,7 @@ pub(crate) struct RawModel {
     #[serde(default)]
     tools: Vec<Spanned<String>>,
     // backend = "openai"
-    url: Option<Spanned<String>>,
+    url: Option<Spanned<Urls>>,
     model: Option<String>,
     api_key_env: Option<String>,
     #[serde(default = "default_timeout_secs")]
@@ -268,6 +269,14 @@ fn default_timeout_secs() -> u64 {
     600
 }
 
+/// `url = "http://..."`, or a list of servers of the same model.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Urls {
+    One(String),
+    Several(Vec<String>),
+}
+
 fn default_retries() -> u32 {
     2
 }
@@ -283,12 +292,26 @@ pub(crate) fn check(spanned: &Spanned<RawModel>, loc: &Locator<'_>) -> Result<Mo
                     format!("model {address}: backend \"openai\" needs `url` (e.g. \"http://127.0.0.1:8080/v1\")"),
                 ));
             };
-            let text = url.get_ref().trim_end_matches('/').to_string();
-            if !(text.starts_with("http://") || text.starts_with("https://")) {
-                return Err(loc.spanned(url, format!("model.url `{text}` must start with http:// or https://")));
+            let listed = match url.get_ref() {
+                Urls::One(one) => std::slice::from_ref(one),
+                Urls::Several(several) => several.as_slice(),
+            };
+            if listed.is_empty() {
+                return Err(loc.spanned(url, format!("model {address}: `url` lists no server")));
+            }
+            let mut urls = Vec::with_capacity(listed.len());
+            for text in listed {
+                let text = text.trim_end_matches('/').to_string();
+                if !(text.starts_with("http://") || text.starts_with("https://")) {
+                    return Err(loc.spanned(url, format!("model.url `{text}` must start with http:// or https://")));
+                }
+                if urls.contains(&text) {
+                    return Err(loc.spanned(url, format!("model.url lists `{text}` twice")));
+                }
+                urls.push(text);
             }
             BackendConfig::OpenAi {
-                url: text,
+                urls,
                 model: m.model.clone().unwrap_or_else(|| "default".into()),
                 api_key_env: m.api_key_env.clone(),
                 timeout: Duration::from_secs(m.timeout_secs.max(1)),

@@ -71,6 +71,11 @@ impl<'a> Generation<'a> {
                             progress.partial_text.push_str(&t);
                         }
                         Event::Reasoning(_) => progress.reasoning_tokens += 1,
+                        Event::Restarted => {
+                            (progress.output_tokens, progress.reasoning_tokens) = (0, 0);
+                            progress.partial_text.clear();
+                            save_now = true;
+                        }
                         Event::Engine(figures) => progress.engine = Some(figures),
                         Event::Prompt { tokens, prompt_in } => {
                             progress.prompt_tokens = tokens;

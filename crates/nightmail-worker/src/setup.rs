@@ -35,9 +35,9 @@ pub fn backends(config: &Config) -> Backends {
 
 fn backend_for(model: &ModelEntry, data_dir: &Path) -> Arc<dyn Backend> {
     match &model.backend {
-        nightmail_config::BackendConfig::OpenAi { url, model: name, api_key_env, timeout, retries } => {
+        nightmail_config::BackendConfig::OpenAi { urls, model: name, api_key_env, timeout, retries } => {
             let key = api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
-            Arc::new(backend::openai::OpenAi::new(url, name, key, *timeout, *retries))
+            Arc::new(backend::openai::OpenAi::new(urls, name, key, *timeout, *retries))
         }
         nightmail_config::BackendConfig::Local(local) => {
             Arc::new(backend::local::Local::new(local.clone(), states_dir(data_dir)))

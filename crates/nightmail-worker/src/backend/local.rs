@@ -350,7 +350,7 @@ impl<'m> Running<'m> {
                 self.outcome.reasoning.push_str(t);
                 self.outcome.reasoning_tokens += 1;
             }
-            Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } => {}
+            Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } | Event::Restarted => {}
         }
         let _ = self.events.send(event);
     }

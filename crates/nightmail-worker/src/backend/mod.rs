@@ -86,6 +86,8 @@ pub enum Event {
     },
     /// How the engine that writes the answer is doing (the local engine, every second or so).
     Engine(nightmail_store::EngineFigures),
+    /// The answer so far is dropped: it starts over (on another server of the model).
+    Restarted,
     /// The prompt, `tokens` long, is in: the local engine says so with its first token.
     Prompt {
         tokens: u64,

@@ -3,7 +3,7 @@
 //! reasoning deltas (`reasoning_content`, `reasoning`) and inline `<think>` are kept apart from
 //! the answer.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use eventsource_stream::Eventsource;
@@ -19,15 +19,22 @@ use crate::conversation::{Role, Turn};
 
 pub struct OpenAi {
     client: reqwest::Client,
-    /// Base URL without the trailing slash, e.g. `http://127.0.0.1:8080/v1`.
-    url: String,
+    /// Servers of the same model, tried in turn from the last that answered.
+    servers: Vec<Server>,
+    /// The server that answered last.
+    preferred: AtomicUsize,
     model: String,
     api_key: Option<String>,
     timeout: Duration,
     retries: u32,
     /// The context each served model reported (`None`: the server reports none), once asked.
     contexts: std::sync::Mutex<std::collections::HashMap<String, Option<usize>>>,
-    /// This server refused a streamed request with tools: ask for whole answers with tools.
+}
+
+struct Server {
+    /// Base URL without the trailing slash, e.g. `http://127.0.0.1:8080/v1`.
+    url: String,
+    /// This server refused a streamed request with tools: ask it for whole answers with tools.
     unstreamed_tools: AtomicBool,
 }
 
@@ -60,50 +67,91 @@ fn context_in_refusal(text: &str) -> Option<(usize, Option<usize>)> {
 }
 
 impl OpenAi {
-    pub fn new(url: &str, model: &str, api_key: Option<String>, timeout: Duration, retries: u32) -> OpenAi {
+    /// A backend for the servers at `urls` (at least one), which serve the same model.
+    pub fn new(urls: &[String], model: &str, api_key: Option<String>, timeout: Duration, retries: u32) -> OpenAi {
+        assert!(!urls.is_empty(), "an openai backend needs a server");
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .expect("an HTTP client with default TLS settings builds");
+        let servers = urls
+            .iter()
+            .map(|url| Server { url: url.trim_end_matches('/').to_string(), unstreamed_tools: AtomicBool::new(false) })
+            .collect();
         OpenAi {
             client,
-            url: url.trim_end_matches('/').to_string(),
+            servers,
+            preferred: AtomicUsize::new(0),
             model: model.to_string(),
             api_key,
             timeout,
             retries,
             contexts: Default::default(),
-            unstreamed_tools: AtomicBool::new(false),
         }
     }
 
-    /// A request with tools: streamed, unless this server refused a streamed one before; then (and
-    /// on such a refusal) asked for whole.
+    /// The answer from the server that answered last, else from the next in turn: a server that
+    /// cannot be reached, or fails mid-answer, hands the request on (the answer starts over,
+    /// `Event::Restarted`). Refusals (4xx, a prompt too long, a stop) are final.
     async fn answer(
         &self,
         request: &Request,
         events: mpsc::UnboundedSender<Event>,
         stop: watch::Receiver<bool>,
     ) -> Result<BackendAnswer, BackendError> {
-        if request.tools.is_empty() {
-            return self.run(request, events, stop).await;
+        let first = self.preferred.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for k in 0..self.servers.len() {
+            let i = (first + k) % self.servers.len();
+            let server = &self.servers[i];
+            match self.answer_from(server, request, events.clone(), stop.clone()).await {
+                Ok(answer) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Err(BackendError::Transient(e)) => {
+                    if k + 1 < self.servers.len() {
+                        tracing::warn!("openai backend: {} failed ({e}); asking the next server", server.url);
+                        let _ = events.send(Event::Restarted);
+                    }
+                    failures.push(e);
+                }
+                Err(other) => return Err(other),
+            }
         }
-        if !self.unstreamed_tools.load(Ordering::Relaxed) {
-            match self.run(request, events.clone(), stop.clone()).await {
+        Err(BackendError::Transient(failures.join("; then ")))
+    }
+
+    /// A request with tools: streamed, unless this server refused a streamed one before; then (and
+    /// on such a refusal) asked for whole.
+    async fn answer_from(
+        &self,
+        server: &Server,
+        request: &Request,
+        events: mpsc::UnboundedSender<Event>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<BackendAnswer, BackendError> {
+        if request.tools.is_empty() {
+            return self.run(server, request, events, stop).await;
+        }
+        if !server.unstreamed_tools.load(Ordering::Relaxed) {
+            match self.run(server, request, events.clone(), stop.clone()).await {
                 Err(BackendError::Transient(e) | BackendError::Permanent(e)) => {
                     tracing::warn!(
-                        "openai backend: a streamed request with tools failed ({e}); asking for whole answers with tools from now on"
+                        "openai backend: a streamed request with tools failed ({e}); asking {} for whole answers with tools from now on",
+                        server.url
                     );
-                    self.unstreamed_tools.store(true, Ordering::Relaxed);
+                    server.unstreamed_tools.store(true, Ordering::Relaxed);
                 }
                 other => return other,
             }
         }
-        self.run_whole(request, events, stop).await
+        self.run_whole(server, request, events, stop).await
     }
 
     async fn run_whole(
         &self,
+        server: &Server,
         request: &Request,
         events: mpsc::UnboundedSender<Event>,
         mut stop: watch::Receiver<bool>,
@@ -113,7 +161,7 @@ impl OpenAi {
         if let Some(object) = body.as_object_mut() {
             object.remove("stream_options");
         }
-        let response = self.send(&body, &mut stop).await?;
+        let response = self.send(server, &body, &mut stop).await?;
         let whole: Value = tokio::select! {
             read = tokio::time::timeout(self.timeout, response.json()) => match read {
                 Ok(Ok(whole)) => whole,
@@ -136,13 +184,14 @@ impl OpenAi {
         Ok(answer)
     }
 
-    /// The context the server reports for `model`, asked once (a server that cannot be reached
-    /// is asked again next time).
+    /// The context the server that answered last reports for `model`, asked once (a server that
+    /// cannot be reached is asked again next time).
     async fn context(&self, model: &str) -> Option<usize> {
         if let Some(known) = self.contexts.lock().expect("contexts lock").get(model) {
             return *known;
         }
-        let mut get = self.client.get(format!("{}/models", self.url));
+        let server = &self.servers[self.preferred.load(Ordering::Relaxed)];
+        let mut get = self.client.get(format!("{}/models", server.url));
         if let Some(key) = &self.api_key {
             get = get.bearer_auth(key);
         }
@@ -181,8 +230,13 @@ impl OpenAi {
     }
 
     /// Sends the request, retrying refused connections, 429 and 5xx with backoff (1 s, 2 s, ...).
-    async fn send(&self, body: &Value, stop: &mut watch::Receiver<bool>) -> Result<reqwest::Response, BackendError> {
-        let endpoint = format!("{}/chat/completions", self.url);
+    async fn send(
+        &self,
+        server: &Server,
+        body: &Value,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<reqwest::Response, BackendError> {
+        let endpoint = format!("{}/chat/completions", server.url);
         let mut last = String::new();
         for attempt in 0..=self.retries {
             if attempt > 0 {
@@ -229,12 +283,13 @@ impl OpenAi {
 
     async fn run(
         &self,
+        server: &Server,
         request: &Request,
         events: mpsc::UnboundedSender<Event>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<BackendAnswer, BackendError> {
         let body = self.body(request);
-        let response = self.send(&body, &mut stop).await?;
+        let response = self.send(server, &body, &mut stop).await?;
         let mut stream = response.bytes_stream().eventsource();
         let mut outcome = BackendAnswer {
             model: request.model.clone().unwrap_or_else(|| self.model.clone()),
@@ -397,14 +452,15 @@ fn record(outcome: &mut BackendAnswer, events: &mpsc::UnboundedSender<Event>, ev
     match &event {
         Event::Content(t) => outcome.content.push_str(t),
         Event::Reasoning(t) => outcome.reasoning.push_str(t),
-        Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } => {}
+        Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } | Event::Restarted => {}
     }
     let _ = events.send(event);
 }
 
 impl Backend for OpenAi {
     fn describe(&self) -> String {
-        format!("openai {} at {}", self.model, self.url)
+        let urls: Vec<&str> = self.servers.iter().map(|s| s.url.as_str()).collect();
+        format!("openai {} at {}", self.model, urls.join(", then "))
     }
 
     fn measure<'a>(&'a self, request: &'a Request) -> BoxFuture<'a, Result<Measure, BackendError>> {
@@ -546,7 +602,7 @@ mod tests {
             r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":3}}}"#,
         ])])
         .await;
-        let backend = OpenAi::new(&url, "m", Some("k".into()), Duration::from_secs(10), 0);
+        let backend = OpenAi::new(std::slice::from_ref(&url), "m", Some("k".into()), Duration::from_secs(10), 0);
         let (result, events) = run(&backend).await;
         let outcome = result.unwrap();
         assert_eq!(outcome.content, "The answer is 4.");
@@ -564,7 +620,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_cut_before_its_end_is_an_interrupted_answer() {
         let (url, _server) = stub(vec![sse_cut(&[r#"{"choices":[{"delta":{"content":"The answer is"}}]}"#])]).await;
-        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 0);
+        let backend = OpenAi::new(std::slice::from_ref(&url), "m", None, Duration::from_secs(10), 0);
         let (result, _) = run(&backend).await;
         assert!(
             matches!(result, Err(BackendError::Transient(ref m)) if m.contains("no [DONE], no finish reason")),
@@ -573,7 +629,7 @@ mod tests {
         // A finish reason without [DONE] (some servers omit it) is a complete answer.
         let (url, _server) =
             stub(vec![sse_cut(&[r#"{"choices":[{"delta":{"content":"4."},"finish_reason":"stop"}]}"#])]).await;
-        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 0);
+        let backend = OpenAi::new(std::slice::from_ref(&url), "m", None, Duration::from_secs(10), 0);
         assert_eq!(run(&backend).await.0.unwrap().content, "4.");
     }
 
@@ -581,13 +637,13 @@ mod tests {
     async fn server_errors_are_retried_and_client_errors_are_not() {
         let (url, server) =
             stub(vec![status(503, "busy"), sse(&[r#"{"choices":[{"delta":{"content":"ok"}}]}"#])]).await;
-        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 1);
+        let backend = OpenAi::new(std::slice::from_ref(&url), "m", None, Duration::from_secs(10), 1);
         let (result, _) = run(&backend).await;
         assert_eq!(result.unwrap().content, "ok");
         assert_eq!(server.await.unwrap().len(), 2);
 
         let (url, _server) = stub(vec![status(400, r#"{"error":"bad model"}"#)]).await;
-        let backend = OpenAi::new(&url, "m", None, Duration::from_secs(10), 3);
+        let backend = OpenAi::new(std::slice::from_ref(&url), "m", None, Duration::from_secs(10), 3);
         let (result, _) = run(&backend).await;
         assert!(
             matches!(result, Err(BackendError::Permanent(ref m)) if m.contains("400") && m.contains("bad model")),
@@ -595,10 +651,51 @@ mod tests {
         );
     }
 
+    /// Servers of one model: one that is down, or that fails mid-answer, hands the request to
+    /// the next and the answer starts over; the one that answered is asked first next time.
+    #[tokio::test]
+    async fn a_server_down_or_failing_mid_answer_hands_the_request_to_the_next() {
+        let down = format!(
+            "http://127.0.0.1:{}/v1",
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        );
+        let (cut_url, cut) = stub(vec![sse_cut(&[r#"{"choices":[{"delta":{"content":"The ans"}}]}"#])]).await;
+        let answer = |text: &str| {
+            sse(&[&format!(r#"{{"choices":[{{"delta":{{"content":"{text}"}},"finish_reason":"stop"}}]}}"#)])
+        };
+        let (good_url, good) = stub(vec![answer("4."), answer("Again 4.")]).await;
+        let backend = OpenAi::new(&[down, cut_url, good_url.clone()], "m", None, Duration::from_secs(5), 0);
+        assert!(backend.describe().ends_with(&format!(", then {good_url}")), "{}", backend.describe());
+        let (result, events) = run(&backend).await;
+        assert_eq!(result.unwrap().content, "4.");
+        let restarted = Event::Restarted;
+        assert_eq!(
+            events,
+            [restarted.clone(), Event::Content("The ans".into()), restarted, Event::Content("4.".into())]
+        );
+        let (result, events) = run(&backend).await;
+        assert_eq!(
+            (result.unwrap().content, events),
+            ("Again 4.".to_string(), vec![Event::Content("Again 4.".into())])
+        );
+        assert_eq!((cut.await.unwrap().len(), good.await.unwrap().len()), (1, 2));
+    }
+
+    /// A refusal is the model's answer to the request, not a server being down: not handed on.
+    #[tokio::test]
+    async fn a_refusal_is_not_handed_to_the_next_server() {
+        let (refusing, _server) = stub(vec![status(400, r#"{"error":"bad temperature"}"#)]).await;
+        let (other, asked) = stub(vec![]).await;
+        let backend = OpenAi::new(&[refusing, other], "m", None, Duration::from_secs(5), 0);
+        let (result, _) = run(&backend).await;
+        assert!(matches!(result, Err(BackendError::Permanent(ref m)) if m.contains("bad temperature")), "{result:?}");
+        assert!(asked.await.unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn a_refused_connection_is_transient() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let backend = OpenAi::new(&format!("http://127.0.0.1:{port}/v1"), "m", None, Duration::from_secs(5), 0);
+        let backend = OpenAi::new(&[format!("http://127.0.0.1:{port}/v1")], "m", None, Duration::from_secs(5), 0);
         let (result, _) = run(&backend).await;
         assert!(matches!(result, Err(BackendError::Transient(_))), "{result:?}");
     }

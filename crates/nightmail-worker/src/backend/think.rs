@@ -66,7 +66,7 @@ mod tests {
             match e {
                 Event::Content(t) => content.push_str(&t),
                 Event::Reasoning(t) => reasoning.push_str(&t),
-                Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } => {}
+                Event::Checkpoint { .. } | Event::Engine(_) | Event::Prompt { .. } | Event::Restarted => {}
             }
         }
         (content, reasoning)
