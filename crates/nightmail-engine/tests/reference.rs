@@ -191,5 +191,7 @@ llama_cpp_converted!(
     // `--fuse-gate-up-exps`: the experts' gate and up in one `ffn_gate_up_exps`.
     qwen3_next: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
     qwen3_next_mtp: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
+    qwen3_5_moe: ["llama_cpp.gguf", "llama_cpp_fused.gguf"],
+    kimi_linear: ["llama_cpp.gguf"],
     kimi_k3: ["llama_cpp.gguf"],
 );
