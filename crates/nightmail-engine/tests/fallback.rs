@@ -41,7 +41,7 @@ fn load(path: &Path, switch: Option<&str>) -> Model {
         Some("f32") => Some(MatVecPath::F32),
         _ => None,
     };
-    for t in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F16] {
+    for t in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::F16, GgmlDType::BF16] {
         let path = matvec_path(WeightDType::Ggml(t));
         assert!(want.is_none_or(|w| w == path), "{t:?} takes {path:?} under {switch:?}");
     }
@@ -95,6 +95,25 @@ macro_rules! fallback_tests {
 }
 
 fallback_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+
+/// BF16 weights (qwen3_moe as llama.cpp's converter writes it with `--outtype bf16`) computed
+/// from their two bytes by our kernel give the logits of the same weights widened to f32 at load
+/// (candle's path widens them so too).
+#[test]
+fn bf16_weights_computed_in_two_bytes_give_the_widened_weights_logits() {
+    let path = fixture("qwen3_moe").join("llama_cpp_bf16.gguf");
+    let r = reference("qwen3_moe");
+    let then = &r.greedy_tokens[..r.logits.len() - 1];
+    let widened = fed_logit_rows(&load(&path, Some("f32")), &r.prompt_tokens, then);
+    let ours = max_error(&widened, &fed_logit_rows(&load(&path, None), &r.prompt_tokens, then));
+    let candle = max_error(&widened, &fed_logit_rows(&load(&path, Some("candle")), &r.prompt_tokens, then));
+    println!("qwen3_moe BF16 max |dlogit| against its weights widened to f32: ours {ours:.2e}, candle {candle:.2e}");
+    assert!(ours < 1e-4 && candle < 1e-4, "ours {ours:e}, candle {candle:e}");
+    // And the model is still the model: BF16's rounding of the weights moves transformers' logits
+    // little.
+    let rounding = max_error(&r.logits, &widened);
+    assert!(rounding < 0.1, "BF16 rounding moved the logits by {rounding:e}");
+}
 
 #[test]
 fn synthetic_f16_models_with_q4_0_and_q8_0_experts() {

@@ -18,7 +18,8 @@ pub struct Linear {
 
 enum Weight {
     Candle(QMatMul),
-    F16(Box<crate::kernel::f16::F16Matrix>),
+    F16(Box<crate::kernel::half::F16Matrix>),
+    Bf16(Box<crate::kernel::half::Bf16Matrix>),
     Q4_0(Box<crate::kernel::q4_0::Q4_0Matrix>),
     Q4_1(Box<crate::kernel::q4_1::Q4_1Matrix>),
     Q8_0(Box<crate::kernel::q8_0::Q8_0Matrix>),
@@ -85,7 +86,12 @@ impl Linear {
             (WeightDType::F16, &[rows, cols]) => {
                 // F16 too: read as halves where the bytes lie.
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
-                Weight::F16(Box::new(crate::kernel::f16::F16Matrix::new(bytes, rows, cols)))
+                Weight::F16(Box::new(crate::kernel::half::F16Matrix::new(bytes, rows, cols)))
+            }
+            (WeightDType::BF16, &[rows, cols]) => {
+                // And BF16 (most Hugging Face checkpoints' dense weights): kept in two bytes.
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::Bf16(Box::new(crate::kernel::half::Bf16Matrix::new(bytes, rows, cols)))
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };
@@ -106,6 +112,7 @@ impl Linear {
             |dtype: GgmlDType, cols: usize, bytes: &[u8]| row_values("output.weight", dtype.into(), cols, bytes);
         match &self.weight {
             Weight::F16(w) => Ok(w.row(i)),
+            Weight::Bf16(w) => Ok(w.row(i)),
             Weight::Q4_0(w) => values(GgmlDType::Q4_0, w.cols(), w.row_bytes(i)),
             Weight::Q4_1(w) => values(GgmlDType::Q4_1, w.cols(), w.row_bytes(i)),
             Weight::Q8_0(w) => values(GgmlDType::Q8_0, w.cols(), &w.row_bytes(i)),
@@ -131,6 +138,7 @@ impl Linear {
         let y = match &self.weight {
             Weight::Candle(w) => w.forward(x)?,
             Weight::F16(w) => w.forward(x)?,
+            Weight::Bf16(w) => w.forward(x)?,
             Weight::Q4_0(w) => w.forward(x)?,
             Weight::Q4_1(w) => w.forward(x)?,
             Weight::Q8_0(w) => w.forward(x)?,
@@ -172,7 +180,7 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
     // NEON is in every aarch64 CPU, and with it every aarch64 path of our kernels.
     let neon = cfg!(target_arch = "aarch64");
     let ours = match dtype {
-        WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16) => {
+        WeightDType::Ggml(GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::F16 | GgmlDType::BF16) => {
             neon || crate::kernel::matvec::has_avx2_f16c()
         }
         WeightDType::Ggml(GgmlDType::Q8_0) => neon || crate::kernel::cpu::has_avx2(),

@@ -5,7 +5,7 @@
 #[cfg(target_arch = "aarch64")]
 pub mod arm;
 pub mod cpu;
-pub mod f16;
+pub mod half;
 pub mod iq1_m;
 pub mod iq1_s;
 pub mod iq2_s;
@@ -33,7 +33,7 @@ mod q8_k_arm;
 pub mod tq1_0;
 pub mod tq2_0;
 
-pub use f16::F16Matrix;
+pub use half::{Bf16Matrix, F16Matrix, HalfFloat, HalfMatrix};
 pub use mxfp4::Mxfp4Matrix;
 pub use q4_0::Q4_0Matrix;
 pub use q4_1::Q4_1Matrix;
