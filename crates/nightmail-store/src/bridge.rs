@@ -84,6 +84,7 @@ impl Store {
             Some(i) => self.recipient_ids(i)?,
             None => Vec::new(),
         };
+        let _staged = self.stage(incoming.map(|i| (i.key, i.raw.as_slice())))?;
         let now = Timestamp::now();
         let receipt = self.trees.transaction(|tx| {
             let receipt = match incoming {

@@ -1,6 +1,7 @@
-//! Accepting one message for its recipients, atomically: the raw bytes, a mailbox copy for each
-//! local user, a job for each model address, an outbound entry for each remote address, the
-//! Message-ID index and the dedupe marks, in one transaction, flushed before the caller may say 250.
+//! Accepting one message for its recipients, atomically: a mailbox copy for each local user, a job
+//! for each model address, an outbound entry for each remote address, the Message-ID index and the
+//! dedupe marks, in one transaction over the raw bytes' file written before it
+//! (`message_files.rs`), flushed before the caller may say 250.
 
 use nightmail_types::{Address, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -265,8 +266,8 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
         holders += 1;
     }
     if receipt.message.is_some() {
-        tx.messages.insert(&message_key.to_be_bytes(), incoming.raw.as_slice())?;
-        crate::refs::hold(tx.message_refs, message_key, holders, &incoming.summary.message_id)?;
+        // The bytes are in their file already (`Store::stage`).
+        crate::refs::hold_new(tx.message_refs, message_key, holders, &incoming.summary.message_id, &incoming.raw)?;
         let mut participants: Vec<Address> = incoming.sender.iter().cloned().collect();
         participants.extend(incoming.recipients.iter().map(|r| r.address().clone()));
         participants.dedup();
@@ -323,6 +324,7 @@ impl Store {
     pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
         self.ensure_room(incoming.raw.len() as u64)?;
         let ids = self.recipient_ids(incoming)?;
+        let _staged = self.stage([(incoming.key, incoming.raw.as_slice())])?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;
         self.announce(&receipt);

@@ -513,6 +513,7 @@ impl Store {
             Some(m) => self.recipient_ids(m)?,
             None => Vec::new(),
         };
+        let _staged = self.stage(mail.map(|m| (m.key, m.raw.as_slice())))?;
         let result = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             match job.state {
@@ -565,6 +566,7 @@ impl Store {
             Some(m) => self.recipient_ids(m)?,
             None => Vec::new(),
         };
+        let _staged = self.stage(ack.as_ref().map(|m| (m.key, m.raw.as_slice())))?;
         let (job, receipt) = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             if job.triaged || !matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
@@ -622,16 +624,16 @@ impl Store {
         let mut purged = 0;
         for id in old {
             let writing = self.trees.writing();
-            let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids, &t.replies, &t.answers, &t.open_jobs)
-                .transaction(|(jobs, refs, messages, message_ids, replies, answers, open_jobs)| {
-                    // Re-read: a job is never un-finished, but it may already be gone.
-                    let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
-                    let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
-                    jobs.remove(&id.to_be_bytes()[..])?;
-                    IndexTrees { replies, answers, open_jobs }.remove(&job)?;
-                    RefTrees { refs, messages, message_ids }.release::<StoreError>(job.message)?;
-                    Ok(true)
-                })?;
+            let gone = (&t.jobs, &t.message_refs, &t.collected, &t.message_ids, &t.replies, &t.answers, &t.open_jobs)
+                .transaction(|(jobs, refs, collected, message_ids, replies, answers, open_jobs)| {
+                // Re-read: a job is never un-finished, but it may already be gone.
+                let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
+                let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
+                jobs.remove(&id.to_be_bytes()[..])?;
+                IndexTrees { replies, answers, open_jobs }.remove(&job)?;
+                RefTrees { refs, collected, message_ids }.release::<StoreError>(job.message)?;
+                Ok(true)
+            })?;
             drop(writing);
             purged += usize::from(gone);
         }
