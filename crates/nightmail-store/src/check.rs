@@ -2,8 +2,9 @@
 //! reference points at records and bytes that exist, and every message's holder count
 //! (`refs.rs`) is the number of mailbox entries, jobs and outbound entries that hold it, and every
 //! held message has its file, of the size and SHA-256 recorded for it. Run while writes wait (the
-//! backup's gate), so a change under way is not mistaken for damage. A file nothing references is
-//! no damage (a write ahead of its transaction, or a crash's leftover) and goes at the next open.
+//! backup's gate), so a change under way is not mistaken for damage; the held files' bytes are read
+//! after the gate is released, while no file may be removed. A file nothing references is no
+//! damage (a write ahead of its transaction, or a crash's leftover) and goes at the next open.
 
 use std::collections::{HashMap, HashSet};
 
@@ -57,9 +58,9 @@ fn file_differs(t: &crate::schema::Trees, key: MessageKey, holders: &Holders) ->
 
 impl Store {
     /// Checks that every index points at existing records and bytes (see the module comment).
-    /// Blocking; writes wait until it returns.
+    /// Blocking; writes wait until the records are read.
     pub fn check(&self) -> Result<Integrity, StoreError> {
-        let _quiet = self.trees.quiesce();
+        let quiet = self.trees.quiesce();
         let t = &self.trees;
         let mut report = Integrity::default();
         let mut problem = |text: String| {
@@ -214,6 +215,7 @@ impl Store {
         }
 
         let mut counted = HashSet::new();
+        let mut to_read = Vec::new();
         for entry in t.message_refs.iter() {
             let (key, value) = entry?;
             let key = MessageKey(key_of(&key).unwrap_or(u64::MAX));
@@ -224,8 +226,8 @@ impl Store {
             }
             if !messages.contains(&key) {
                 problem(format!("message {key} has a holder count but no file ({})", t.files.path(key).display()));
-            } else if let Some(wrong) = file_differs(t, key, &holders)? {
-                problem(wrong);
+            } else {
+                to_read.push((key, holders));
             }
             counted.insert(key);
         }
@@ -241,6 +243,13 @@ impl Store {
                         copy.key
                     ));
                 }
+            }
+        }
+        let _holding = t.files.hold_all();
+        drop(quiet);
+        for (key, holders) in &to_read {
+            if let Some(wrong) = file_differs(t, *key, holders)? {
+                problem(wrong);
             }
         }
         report.messages = messages.len() as u64;
