@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
+use crate::message_files::Staged;
 use crate::outbound::{Outbound, OutboundId, OutboundState};
 use crate::queue::{Job, Origin, write_job};
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
@@ -312,6 +313,16 @@ impl Store {
         Ok(incoming.recipients.iter().map(|_| self.db.generate_id()).collect::<Result<Vec<u64>, _>>()?)
     }
 
+    /// What a transaction that may deliver `mail` needs ahead of it: fresh ids for its recipients
+    /// and its file, written (`Store::stage`).
+    pub(crate) fn ready(&self, mail: Option<&Incoming>) -> Result<(Vec<u64>, Staged), StoreError> {
+        let ids = match mail {
+            Some(m) => self.recipient_ids(m)?,
+            None => Vec::new(),
+        };
+        Ok((ids, self.stage(mail.map(|m| (m.key, m.raw.as_slice())))?))
+    }
+
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
     /// mailbox copies, its jobs and its outbound entries are on disk. While the disk is short of
     /// space it writes nothing and returns [`StoreError::Full`] (see `space.rs`).
@@ -323,8 +334,7 @@ impl Store {
     #[doc(hidden)]
     pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
         self.ensure_room(incoming.raw.len() as u64)?;
-        let ids = self.recipient_ids(incoming)?;
-        let _staged = self.stage([(incoming.key, incoming.raw.as_slice())])?;
+        let (ids, _staged) = self.ready(Some(incoming))?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;
         self.announce(&receipt);

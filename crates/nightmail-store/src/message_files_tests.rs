@@ -56,6 +56,21 @@ async fn a_message_is_a_private_file_until_its_last_holder_goes() {
 }
 
 #[tokio::test]
+async fn no_file_goes_while_a_backup_copies_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let key = store.deliver(&incoming(&store, "<h@x>", vec![to_me()])).await.unwrap().message.unwrap();
+    let inbox = store.mailbox("me", "INBOX").unwrap().unwrap().id;
+    let holding = store.trees.files.hold_all();
+    expunge_all(&store, inbox).await;
+    assert!(store.trees.files.path(key).exists(), "kept for the backup copying it");
+    drop(holding);
+    store.flush().await.unwrap();
+    assert!(!store.trees.files.path(key).exists(), "removed by the next flush");
+    assert!(store.trees.collected.is_empty());
+}
+
+#[tokio::test]
 async fn opening_removes_files_nothing_references() {
     let dir = tempfile::tempdir().unwrap();
     let kept = {

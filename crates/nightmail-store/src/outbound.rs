@@ -287,11 +287,7 @@ impl Store {
         notice: Option<&Incoming>,
         now: Timestamp,
     ) -> Result<Option<Receipt>, StoreError> {
-        let ids = match notice {
-            Some(n) => self.recipient_ids(n)?,
-            None => Vec::new(),
-        };
-        let _staged = self.stage(notice.map(|n| (n.key, n.raw.as_slice())))?;
+        let (ids, _staged) = self.ready(notice)?;
         let receipt = self.trees.transaction(|tx| {
             let holders = RefTrees { refs: tx.message_refs, collected: tx.collected, message_ids: tx.message_ids };
             for (leased, settle) in &settled {

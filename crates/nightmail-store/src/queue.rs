@@ -509,11 +509,7 @@ impl Store {
             Finish::Done { reply } => Some(reply),
             Finish::Failed { notice, .. } => notice.as_ref(),
         };
-        let ids = match mail {
-            Some(m) => self.recipient_ids(m)?,
-            None => Vec::new(),
-        };
-        let _staged = self.stage(mail.map(|m| (m.key, m.raw.as_slice())))?;
+        let (ids, _staged) = self.ready(mail)?;
         let result = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             match job.state {
@@ -562,11 +558,7 @@ impl Store {
     /// A job already finished is left as it is. Returns the job as it now is.
     pub async fn triage(&self, id: JobId, ack: Option<Incoming>) -> Result<Job, StoreError> {
         let now = Timestamp::now();
-        let ids = match &ack {
-            Some(m) => self.recipient_ids(m)?,
-            None => Vec::new(),
-        };
-        let _staged = self.stage(ack.as_ref().map(|m| (m.key, m.raw.as_slice())))?;
+        let (ids, _staged) = self.ready(ack.as_ref())?;
         let (job, receipt) = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             if job.triaged || !matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {

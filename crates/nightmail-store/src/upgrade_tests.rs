@@ -29,6 +29,9 @@ async fn a_store_written_by_the_schema_8_binary_opens_with_its_mail_and_jobs() {
     copy_fixture("schema8", &path);
     let store = Store::open(&path).unwrap();
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // Schema 13 moved the bytes out of sled: one file per message.
+    assert!(!store.db.tree_names().iter().any(|n| &n[..] == crate::schema::MESSAGES.as_bytes()));
+    assert_eq!(store.trees.files.list().unwrap().len(), 3);
 
     let inbox = store.mailbox("me", "INBOX").unwrap().expect("me's INBOX survives");
     let texts: Vec<String> = store
