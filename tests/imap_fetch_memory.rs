@@ -1,7 +1,8 @@
-//! FETCH streams a large mailbox through a bounded buffer (issue 15): `UID FETCH 1:*
-//! BODY.PEEK[]` of a mailbox many times larger than the bound raises the daemon's peak resident
-//! memory (VmHWM, reset through `/proc/PID/clear_refs` before the FETCH) by far less than the
-//! mailbox, while the client at first reads nothing, so the daemon is held at a full socket.
+//! FETCH streams a large mailbox through a bounded buffer: `UID FETCH 1:* BODY.PEEK[]` of a
+//! mailbox many times larger than the bound raises the daemon's peak resident memory (VmHWM,
+//! reset through `/proc/PID/clear_refs` before the FETCH) by far less than the mailbox, while the
+//! client at first reads nothing, so the daemon is held at a full socket. And mail stored and read
+//! leaves the daemon's steady memory bounded by its configuration, not by the mail it has seen.
 
 mod common;
 
@@ -133,4 +134,77 @@ fn fetching_a_large_mailbox_holds_a_bounded_buffer() {
         "mailbox {mailbox_kb} kB; daemon RSS before {before} kB, peak while held {held_peak} kB, peak {peak} kB (+{growth} kB)"
     );
     assert!(growth < mailbox_kb / 4, "FETCH raised the peak by {growth} kB for a {mailbox_kb} kB mailbox");
+}
+
+/// APPENDs `count` messages of about `bytes` each to INBOX over one connection (LITERAL+).
+fn append(daemon: &Daemon, first: usize, count: usize, bytes: usize) {
+    let (mut writer, mut reader) = connect(daemon);
+    writer.write_all(format!("a LOGIN me \"{PASSWORD}\"\r\n").as_bytes()).unwrap();
+    assert!(until(&mut reader, "a").starts_with("a OK"));
+    let line = "y".repeat(998) + "\r\n";
+    for i in first..first + count {
+        let mut message = format!("Subject: kept {i}\r\nMessage-ID: <kept{i}@test>\r\n\r\n").into_bytes();
+        while message.len() + line.len() <= bytes {
+            message.extend_from_slice(line.as_bytes());
+        }
+        writer.write_all(format!("p{i} APPEND INBOX {{{}+}}\r\n", message.len()).as_bytes()).unwrap();
+        writer.write_all(&message).unwrap();
+        writer.write_all(b"\r\n").unwrap();
+        let tagged = until(&mut reader, &format!("p{i}"));
+        assert!(tagged.starts_with(&format!("p{i} OK")), "{tagged}");
+    }
+}
+
+/// Fetches the whole INBOX, reading as it comes; returns the bytes received.
+fn fetch_all(daemon: &Daemon) -> usize {
+    let (mut writer, mut reader) = connect(daemon);
+    writer.write_all(format!("a LOGIN me \"{PASSWORD}\"\r\nb SELECT INBOX\r\n").as_bytes()).unwrap();
+    until(&mut reader, "b");
+    writer.write_all(b"c UID FETCH 1:* BODY.PEEK[]\r\nd LOGOUT\r\n").unwrap();
+    let mut received = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = reader.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        received += n;
+    }
+    received
+}
+
+/// Storing and reading mail leaves the daemon's resident memory bounded by `store.cache_mb` and
+/// the largest message, not by the mail read since start: 96 messages of 780 KB (73 MiB) are
+/// APPENDed and FETCHed, and the steady RSS afterwards must be within sled's cache, eight
+/// messages' worth of buffers and 8 MiB of the RSS once warm. Message bytes kept as sled values
+/// stay on the heap whatever the cache size; as files, the kernel's page cache holds them.
+#[test]
+fn reading_mail_leaves_the_daemons_memory_bounded_by_its_configuration() {
+    const CACHE_MB: u64 = 8;
+    const MAX_MESSAGE: usize = 1_000_000;
+    const SIZE: usize = 780_000;
+    let daemon = Daemon::start_with(|dir| {
+        config(dir, &format!("[store]\ncache_mb = {CACHE_MB}\n"))
+            .replace("max_message_bytes = 100000", &format!("max_message_bytes = {MAX_MESSAGE}"))
+    });
+    let pid = daemon.pid();
+    // Warm: the code paths, buffers and allocator arenas of an APPEND and a FETCH.
+    append(&daemon, 0, 4, SIZE);
+    fetch_all(&daemon);
+    std::thread::sleep(Duration::from_secs(1));
+    let warm = proc_kb(pid, "VmRSS:");
+
+    let count = 96;
+    append(&daemon, 4, count, SIZE);
+    let received = fetch_all(&daemon);
+    assert!(received >= (count + 4) * SIZE * 99 / 100, "{received} bytes");
+    // Steady: what the daemon keeps once idle, not a peak.
+    std::thread::sleep(Duration::from_secs(2));
+    let steady = proc_kb(pid, "VmRSS:");
+    let bound_kb = CACHE_MB * 1024 + 8 * MAX_MESSAGE as u64 / 1024 + 8 * 1024;
+    let mail_kb = ((count + 4) * SIZE / 1024) as u64;
+    eprintln!("{mail_kb} kB of mail stored and read; RSS warm {warm} kB, steady {steady} kB (bound +{bound_kb} kB)");
+    assert!(
+        steady < warm + bound_kb,
+        "steady RSS grew from {warm} kB to {steady} kB, past the bound of +{bound_kb} kB, with {mail_kb} kB of mail read"
+    );
 }

@@ -250,14 +250,14 @@ fn under_umask_022_the_data_dir_is_for_its_owner_alone_and_older_modes_are_repai
     let mut daemon = Daemon::start_with_umask("022", |dir| {
         config(dir, "").replace("max_message_bytes = 100000", "max_message_bytes = 400000")
     });
-    // A message large enough for sled to keep in a file of its own under blobs/ (over 128 KiB,
-    // a quarter of its 512 KiB segments).
+    // A message, a file of its own under store/messages/; large, as sled once kept such a one in
+    // a blob file.
     let body = "a line of a long message, long enough for sled's blob files\r\n".repeat(3500);
     let reply = submit(&daemon, format!("From: me@nightmail.test\r\nSubject: big\r\n\r\n{body}").as_bytes());
     assert!(reply.starts_with("250 "), "{reply}");
     let data = daemon.data_dir();
-    let blobs = std::fs::read_dir(data.join("store/blobs")).unwrap().count();
-    assert!(blobs > 0, "the message went to a blob file");
+    let shards = std::fs::read_dir(data.join("store/messages")).unwrap().count();
+    assert!(shards > 0, "the message went to a file of its own");
     assert!(data.join("store/db").exists() && data.join("control.sock").exists());
     assert_eq!(shared_paths(&data), Vec::<String>::new(), "paths the umask left open to others");
 

@@ -387,7 +387,7 @@ fn traced_calls(trace: &str) -> Vec<Call> {
 }
 
 /// RFC 5321 §6.1: once 250 is sent the message must survive a power cut, not only `kill -9`.
-/// The daemon runs under strace; one message large enough for sled to keep it in a blob file is
+/// The daemon runs under strace; one message (a file of its own under `store/messages/`) is
 /// submitted, and every file the store wrote while receiving it must have been fsynced (or
 /// fdatasynced: sled's `sync_file_range` flushes neither the drive's cache nor metadata) after its
 /// last write and before the `250` went out, and the directory of each new file too.
@@ -415,7 +415,7 @@ fn a_250_follows_an_fsync_of_every_file_holding_the_message() {
     starts(&c.cmd("MAIL FROM:<me@nightmail.test>"), "250");
     starts(&c.cmd("RCPT TO:<ann@nightmail.test>"), "250");
     starts(&c.cmd("DATA"), "354 ");
-    // A 300 KiB attachment: well over sled's blob threshold.
+    // A 300 KiB attachment.
     let attachment: String = (0..4000).map(|i| format!("{:076}\r\n", i)).collect();
     c.send(
         format!(
@@ -445,7 +445,7 @@ fn a_250_follows_an_fsync_of_every_file_holding_the_message() {
         window.iter().filter(|c| is_write(&c.name) && c.path.starts_with(&store)).map(|c| c.path.as_str()).collect();
     written.sort();
     written.dedup();
-    assert!(written.iter().any(|p| p.contains("/blobs/")), "no blob file was written: {written:?}");
+    assert!(written.iter().any(|p| p.contains("/messages/")), "no message file was written: {written:?}");
     let synced_after = |path: &str, index: usize| {
         window.iter().any(|c| matches!(c.name.as_str(), "fsync" | "fdatasync") && c.path == path && c.done > index)
     };
@@ -453,7 +453,7 @@ fn a_250_follows_an_fsync_of_every_file_holding_the_message() {
         let last = window.iter().filter(|c| is_write(&c.name) && c.path == *path).map(|c| c.done).max().unwrap();
         assert!(synced_after(path, last), "{path} was written at trace line {last} and not fsynced before the 250");
     }
-    for path in written.iter().filter(|p| p.contains("/blobs/")) {
+    for path in written.iter().filter(|p| p.contains("/blobs/") || p.contains("/messages/")) {
         let dir = &path[..path.rfind('/').unwrap()];
         let last = window.iter().filter(|c| c.path == *path).map(|c| c.done).min().unwrap();
         assert!(synced_after(dir, last), "{dir}, holding the new {path}, was not fsynced before the 250");

@@ -8,7 +8,9 @@
 //! wait for that read; the fsyncs come after the gate is released.
 //!
 //! A backup directory holds `trees/NN.kv` (one file per sled tree: records of
-//! `u32 key length, key, u32 value length, value`, big-endian), any extra files the caller adds
+//! `u32 key length, key, u32 value length, value`, big-endian), `messages.kv` (the message files
+//! the copied `message_refs` names, as records of key and bytes, copied after the gate is
+//! released while no message file may be removed), any extra files the caller adds
 //! (`files/...`), and `manifest.json`, written last (after every other file and the directory are
 //! fsynced), with the SHA-256, size and record count of each. A directory without a manifest is
 //! an interrupted backup; restore refuses it, and one whose files do not match their manifest.
@@ -38,6 +40,9 @@ pub struct Manifest {
     /// store hands out ids from above it, so none is given twice.
     pub next_id: u64,
     pub trees: Vec<TreeCopy>,
+    /// The message files (schema 13; before, the bytes are in a tree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<TreeCopy>,
     pub files: Vec<FileCopy>,
 }
 
@@ -148,7 +153,7 @@ impl Store {
         let trees_dir = dir.join("trees");
         std::fs::create_dir(&trees_dir).map_err(io_error(&trees_dir))?;
         let mut open: Vec<(String, String, Hashed, u64)> = Vec::new();
-        let (next_id, created_at) = {
+        let (next_id, created_at, held, _holding) = {
             let _quiet = self.trees.quiesce();
             let mut names: Vec<sled::IVec> = self.db.tree_names();
             names.sort();
@@ -166,7 +171,11 @@ impl Store {
                 }
                 open.push((name, file, out, entries));
             }
-            (self.db.generate_id()?, nightmail_types::Timestamp::now().0)
+            let held = self.trees.message_refs.iter().keys().collect::<Result<Vec<_>, _>>()?;
+            // Taken under the gate, so no file the copied trees reference is removed until the
+            // copy below ends (`message_files::reap` checks under the gate).
+            let holding = self.trees.files.hold_all();
+            (self.db.generate_id()?, nightmail_types::Timestamp::now().0, held, holding)
         };
         let mut trees = Vec::with_capacity(open.len());
         for (name, file, out, entries) in open {
@@ -174,6 +183,8 @@ impl Store {
             trees.push(TreeCopy { name, file, entries, bytes, sha256 });
         }
         sync_dir(&trees_dir)?;
+        let messages = self.copy_messages(dir, &held)?;
+        drop(_holding);
         let mut files = Vec::with_capacity(extra.len());
         for (relative, source) in extra {
             let target = dir.join("files").join(relative);
@@ -192,6 +203,7 @@ impl Store {
             created_at,
             next_id,
             trees,
+            messages: Some(messages),
             files,
         };
         // The manifest last, whole or not at all: its presence says the backup is complete.
@@ -205,6 +217,29 @@ impl Store {
             sync_dir(parent)?;
         }
         Ok(manifest)
+    }
+}
+
+impl Store {
+    /// Writes `messages.kv`: the file of each message in `held` (`message_refs` keys).
+    fn copy_messages(&self, dir: &Path, held: &[sled::IVec]) -> Result<TreeCopy, StoreError> {
+        let file = "messages.kv".to_string();
+        let path = dir.join(&file);
+        let mut out = Hashed::create(&path)?;
+        for key in held {
+            let id = crate::MessageKey(u64::from_be_bytes(key[..].try_into().map_err(|_| StoreError::Corrupt {
+                tree: crate::schema::MESSAGE_REFS,
+                message: "a key is not a message key".into(),
+            })?));
+            let raw = self.trees.files.read(id)?.ok_or_else(|| StoreError::Io {
+                path: self.trees.files.path(id),
+                message: format!("message {id} is held but its file is missing: run `nightmail check`"),
+            })?;
+            out.record(key, &raw).map_err(io_error(&path))?;
+        }
+        let (bytes, sha256) = out.finish().map_err(io_error(&path))?;
+        sync_dir(dir)?;
+        Ok(TreeCopy { name: crate::message_files::DIR.into(), file, entries: held.len() as u64, bytes, sha256 })
     }
 }
 
@@ -229,7 +264,7 @@ pub fn verify_backup(dir: &Path) -> Result<Manifest, StoreError> {
     if manifest.schema_version > SCHEMA_VERSION {
         return Err(StoreError::TooNew { found: manifest.schema_version, known: SCHEMA_VERSION });
     }
-    for tree in &manifest.trees {
+    for tree in manifest.trees.iter().chain(&manifest.messages) {
         let (bytes, sha256, entries) = read_tree(dir, tree, |_, _| Ok(()))?;
         check_sums(dir, &tree.file, (bytes, &sha256), (tree.bytes, &tree.sha256))?;
         if entries != tree.entries {
@@ -322,6 +357,14 @@ pub fn restore(backup: &Path, store_dir: &Path, files_dir: &Path) -> Result<(Man
     // written, then opened once more with an interval that is a multiple of sled's default and at
     // least `next_id`: the counter is recovered, and persisted, above every id in the backup.
     let interval = manifest.next_id.div_ceil(IDGEN_INTERVAL).max(1) * IDGEN_INTERVAL;
+    // The files first, synced each, as a live store writes them before their references.
+    if let Some(messages) = &manifest.messages {
+        let files = crate::message_files::MessageFiles::new(store_dir);
+        read_tree(backup, messages, |key, raw| {
+            let key: [u8; 8] = key.try_into().map_err(|_| bad(backup, "messages.kv holds a bad key".into()))?;
+            files.write(crate::MessageKey(u64::from_be_bytes(key)), &raw)
+        })?;
+    }
     for pass in 0..2 {
         let db = sled::Config::new().path(store_dir).idgen_persist_interval(interval).open()?;
         if pass == 0 {

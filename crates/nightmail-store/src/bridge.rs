@@ -80,10 +80,7 @@ impl Store {
         incoming: Option<&Incoming>,
         state: &BridgeState,
     ) -> Result<Receipt, StoreError> {
-        let ids = match incoming {
-            Some(i) => self.recipient_ids(i)?,
-            None => Vec::new(),
-        };
+        let (ids, _staged) = self.ready(incoming)?;
         let now = Timestamp::now();
         let receipt = self.trees.transaction(|tx| {
             let receipt = match incoming {

@@ -1,7 +1,10 @@
 //! The integrity check (`nightmail check`, and the last step of a restore): every index and every
 //! reference points at records and bytes that exist, and every message's holder count
-//! (`refs.rs`) is the number of mailbox entries, jobs and outbound entries that hold it. Run
-//! while writes wait (the backup's gate), so a change under way is not mistaken for damage.
+//! (`refs.rs`) is the number of mailbox entries, jobs and outbound entries that hold it, and every
+//! held message has its file, of the size and SHA-256 recorded for it. Run while writes wait (the
+//! backup's gate), so a change under way is not mistaken for damage; the held files' bytes are read
+//! after the gate is released, while no file may be removed. A file nothing references is no
+//! damage (a write ahead of its transaction, or a crash's leftover) and goes at the next open.
 
 use std::collections::{HashMap, HashSet};
 
@@ -38,11 +41,26 @@ fn key_of(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?))
 }
 
+/// What is wrong with held message `key`'s file, if its size or SHA-256 is not the one recorded.
+fn file_differs(t: &crate::schema::Trees, key: MessageKey, holders: &Holders) -> Result<Option<String>, StoreError> {
+    let Some(raw) = t.files.read(key)? else { return Ok(Some(format!("message {key}'s file is missing"))) };
+    if holders.sha256.is_empty() {
+        return Ok(None);
+    }
+    if raw.len() as u64 != holders.size {
+        return Ok(Some(format!("message {key}'s file is {} bytes, {} were stored", raw.len(), holders.size)));
+    }
+    if crate::stable_digest(&raw) != holders.sha256 {
+        return Ok(Some(format!("message {key}'s file does not match its SHA-256: the bytes are damaged")));
+    }
+    Ok(None)
+}
+
 impl Store {
     /// Checks that every index points at existing records and bytes (see the module comment).
-    /// Blocking; writes wait until it returns.
+    /// Blocking; writes wait until the records are read.
     pub fn check(&self) -> Result<Integrity, StoreError> {
-        let _quiet = self.trees.quiesce();
+        let quiet = self.trees.quiesce();
         let t = &self.trees;
         let mut report = Integrity::default();
         let mut problem = |text: String| {
@@ -51,8 +69,10 @@ impl Store {
             }
         };
         let mut messages = HashSet::new();
-        for key in t.messages.iter().keys() {
-            messages.insert(MessageKey(key_of(&key?).unwrap_or(u64::MAX)));
+        for listed in t.files.list()? {
+            if let crate::message_files::Listed::Message(key) = listed {
+                messages.insert(key);
+            }
         }
         let mut held: HashMap<MessageKey, u64> = HashMap::new();
 
@@ -195,6 +215,7 @@ impl Store {
         }
 
         let mut counted = HashSet::new();
+        let mut to_read = Vec::new();
         for entry in t.message_refs.iter() {
             let (key, value) = entry?;
             let key = MessageKey(key_of(&key).unwrap_or(u64::MAX));
@@ -204,15 +225,13 @@ impl Store {
                 problem(format!("message {key} is counted as held {} times, but {actual} hold it", holders.count));
             }
             if !messages.contains(&key) {
-                problem(format!("message {key} has a holder count but no bytes"));
+                problem(format!("message {key} has a holder count but no file ({})", t.files.path(key).display()));
+            } else {
+                to_read.push((key, holders));
             }
             counted.insert(key);
         }
-        for key in &messages {
-            if !counted.contains(key) {
-                problem(format!("message {key} has no holder count (nothing would ever delete it)"));
-            }
-        }
+        messages.retain(|key| counted.contains(key));
         for entry in t.message_ids.iter() {
             let (id, value) = entry?;
             let copies: Vec<MessageRef> = decode(MESSAGE_IDS, &value)?;
@@ -224,6 +243,13 @@ impl Store {
                         copy.key
                     ));
                 }
+            }
+        }
+        let _holding = t.files.hold_all();
+        drop(quiet);
+        for (key, holders) in &to_read {
+            if let Some(wrong) = file_differs(t, *key, holders)? {
+                problem(wrong);
             }
         }
         report.messages = messages.len() as u64;

@@ -1,12 +1,14 @@
-//! Accepting one message for its recipients, atomically: the raw bytes, a mailbox copy for each
-//! local user, a job for each model address, an outbound entry for each remote address, the
-//! Message-ID index and the dedupe marks, in one transaction, flushed before the caller may say 250.
+//! Accepting one message for its recipients, atomically: a mailbox copy for each local user, a job
+//! for each model address, an outbound entry for each remote address, the Message-ID index and the
+//! dedupe marks, in one transaction over the raw bytes' file written before it
+//! (`message_files.rs`), flushed before the caller may say 250.
 
 use nightmail_types::{Address, Timestamp};
 use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
+use crate::message_files::Staged;
 use crate::outbound::{Outbound, OutboundId, OutboundState};
 use crate::queue::{Job, Origin, write_job};
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
@@ -265,8 +267,8 @@ pub(crate) fn deliver_in(tx: &Tx<'_>, incoming: &Incoming, ids: &[u64], now: Tim
         holders += 1;
     }
     if receipt.message.is_some() {
-        tx.messages.insert(&message_key.to_be_bytes(), incoming.raw.as_slice())?;
-        crate::refs::hold(tx.message_refs, message_key, holders, &incoming.summary.message_id)?;
+        // The bytes are in their file already (`Store::stage`).
+        crate::refs::hold_new(tx.message_refs, message_key, holders, &incoming.summary.message_id, &incoming.raw)?;
         let mut participants: Vec<Address> = incoming.sender.iter().cloned().collect();
         participants.extend(incoming.recipients.iter().map(|r| r.address().clone()));
         participants.dedup();
@@ -311,6 +313,16 @@ impl Store {
         Ok(incoming.recipients.iter().map(|_| self.db.generate_id()).collect::<Result<Vec<u64>, _>>()?)
     }
 
+    /// What a transaction that may deliver `mail` needs ahead of it: fresh ids for its recipients
+    /// and its file, written (`Store::stage`).
+    pub(crate) fn ready(&self, mail: Option<&Incoming>) -> Result<(Vec<u64>, Staged), StoreError> {
+        let ids = match mail {
+            Some(m) => self.recipient_ids(m)?,
+            None => Vec::new(),
+        };
+        Ok((ids, self.stage(mail.map(|m| (m.key, m.raw.as_slice())))?))
+    }
+
     /// Stores a message for its recipients and flushes. When this returns `Ok`, the message, its
     /// mailbox copies, its jobs and its outbound entries are on disk. While the disk is short of
     /// space it writes nothing and returns [`StoreError::Full`] (see `space.rs`).
@@ -322,7 +334,7 @@ impl Store {
     #[doc(hidden)]
     pub async fn deliver_at(&self, incoming: &Incoming, now: Timestamp) -> Result<Receipt, StoreError> {
         self.ensure_room(incoming.raw.len() as u64)?;
-        let ids = self.recipient_ids(incoming)?;
+        let (ids, _staged) = self.ready(Some(incoming))?;
         let receipt = self.trees.transaction(|tx| deliver_in(tx, incoming, &ids, now))?;
         self.flush().await?;
         self.announce(&receipt);

@@ -40,7 +40,12 @@ pub(crate) fn file_in<E: From<StoreError>>(
     // Read the header only when needed: delivered mail (and mail filed before) is indexed already.
     let needs_summary = holders.message_id.is_empty() || filing.ask.is_some();
     let summary = match needs_summary {
-        true => tx.messages.get(key.to_be_bytes())?.and_then(|raw| Summary::read(&raw)).unwrap_or_default(),
+        true => tx
+            .files
+            .read(key)
+            .map_err(|e| ConflictableTransactionError::Abort(e.into()))?
+            .and_then(|raw| Summary::read(&raw))
+            .unwrap_or_default(),
         false => Summary::default(),
     };
     if holders.message_id.is_empty() && !summary.message_id.is_empty() {

@@ -15,7 +15,7 @@ use crate::ids::mail_key;
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::modseq::{next_modseq, record_expunge};
 use crate::queue::{Job, JobState, LeasedJob, read_job, write_job};
-use crate::refs::{RefTrees, hold};
+use crate::refs::{RefTrees, hold_new};
 use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
 use crate::{MailboxId, MailboxInfo, Store, StoreError, Uid};
 
@@ -46,7 +46,7 @@ pub(crate) fn withdraw_in(tx: &Tx<'_>, job: &mut Job) -> TxResult<Option<Mailbox
         record_expunge(tx.expunged, filed.mailbox, modseq, filed.uid)?;
         tx.mailboxes.insert(&filed.mailbox.to_be_bytes(), encode(&info))?;
     }
-    RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids }
+    RefTrees { refs: tx.message_refs, collected: tx.collected, message_ids: tx.message_ids }
         .release::<StoreError>(entry.message)?;
     Ok(Some(filed.mailbox))
 }
@@ -59,6 +59,7 @@ impl Store {
         let key = self.new_message_key()?;
         let new_id = MailboxId(self.db.generate_id()?);
         let now = Timestamp::now();
+        let _staged = self.stage([(key, raw)])?;
         let (job, old, mailbox) = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, leased.job.id)?;
             if !leased.holds(&job.state) {
@@ -67,8 +68,7 @@ impl Store {
             let old = withdraw_in(tx, &mut job)?;
             let info = ensure_mailbox(tx.meta, tx.mailboxes, tx.mailbox_names, owner, IN_PROGRESS, new_id, now)?;
             let mailbox = info.id;
-            tx.messages.insert(&key.to_be_bytes(), raw)?;
-            hold::<StoreError>(tx.message_refs, key, 1, "")?;
+            hold_new::<StoreError>(tx.message_refs, key, 1, "", raw)?;
             let entry = MailEntry {
                 uid: Uid(0),
                 message: key,

@@ -1,5 +1,5 @@
-//! The durable store of nightmail: raw messages (immutable bytes), per-user mailboxes, and the
-//! job queue for model addresses.
+//! The durable store of nightmail: raw messages (immutable files, `message_files.rs`), per-user
+//! mailboxes, and the job queue for model addresses.
 //!
 //! sled is the engine today, but no sled type crosses this crate's API: the servers and the worker
 //! speak only of [`Store`], [`Job`], [`Uid`] and friends, so the engine can be swapped (redb,
@@ -25,6 +25,7 @@ mod lease_clock;
 mod mail_ops;
 mod mailbox;
 mod mailbox_ops;
+mod message_files;
 mod modseq;
 mod outbound;
 mod private;
@@ -149,8 +150,17 @@ impl Store {
             durable::Durability::new(dir)
                 .map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?,
         );
-        migrations::migrate(&db, version)?;
-        let trees = schema::Trees::open(&db)?;
+        migrations::migrate(&db, dir, version)?;
+        let trees = schema::Trees::open(&db, dir)?;
+        if version >= 13 {
+            // What sled recovered is made durable first: a file is removed only once no reference
+            // to it can come back.
+            durability.flush(&db).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
+            let removed = message_files::sweep(&trees)?;
+            if removed > 0 {
+                tracing::info!(removed, "removed message files nothing referenced (left by a crash)");
+            }
+        }
         Ok(Store {
             db,
             trees,
@@ -172,22 +182,28 @@ impl Store {
         &self.path
     }
 
-    /// Raw RFC 5322 bytes of a stored message.
+    /// Raw RFC 5322 bytes of a stored message, read from its file (the page cache holds it, not
+    /// this process's heap, once the caller drops it).
     pub fn message(&self, key: MessageKey) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.trees.messages.get(key.to_be_bytes())?.map(|v| v.to_vec()))
+        self.trees.files.read(key)
     }
 
-    /// Waits until everything written so far is on stable storage (fsynced: see `durable.rs`).
+    /// Waits until everything written so far is on stable storage (fsynced: see `durable.rs`),
+    /// then removes the files of messages whose release it made durable (`message_files.rs`).
     ///
     /// A blocking `flush` on tokio's blocking pool, not `flush_async`: in sled 0.34 concurrent
     /// `flush_async` calls occupy every thread of sled's own pool, which is also the pool that
     /// writes the buffers they wait for, and the whole store deadlocks under concurrent writers.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let (db, durability, path) = (self.db.clone(), self.durability.clone(), self.path.clone());
-        tokio::task::spawn_blocking(move || durability.flush(&db))
-            .await
-            .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))?
-            .map_err(|e| StoreError::Io { path, message: format!("flushing the store: {e}") })
+        let trees = self.trees.clone();
+        tokio::task::spawn_blocking(move || {
+            let collected = message_files::collected(&trees)?;
+            durability.flush(&db).map_err(|e| StoreError::Io { path, message: format!("flushing the store: {e}") })?;
+            message_files::reap(&trees, &collected)
+        })
+        .await
+        .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))?
     }
 }
 
@@ -195,6 +211,8 @@ impl Store {
 mod backup_tests;
 #[cfg(test)]
 mod live_tests;
+#[cfg(test)]
+mod message_files_tests;
 #[cfg(test)]
 mod outbound_tests;
 #[cfg(test)]

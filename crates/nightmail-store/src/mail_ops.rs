@@ -18,7 +18,7 @@ use crate::ids::mail_key;
 use crate::mailbox::MailEntry;
 use crate::mailbox_ops::MailboxOpError;
 use crate::modseq::{ModSeq, next_modseq, record_expunge};
-use crate::refs::{RefTrees, hold};
+use crate::refs::{RefTrees, hold, hold_new};
 use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
 use crate::{JobId, MailboxId, MailboxInfo, Store, StoreError, Uid};
 
@@ -264,7 +264,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let removed = self.trees.transaction(|tx| {
-            let holders = RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids };
+            let holders = RefTrees { refs: tx.message_refs, collected: tx.collected, message_ids: tx.message_ids };
             let mut info = read_mailbox(tx.mailboxes, mailbox)?;
             let mut modseq = None;
             let mut removed = Vec::with_capacity(candidates.len());
@@ -408,6 +408,7 @@ impl Store {
                 }
             })
             .collect();
+        let _staged = self.stage(keys.iter().copied().zip(mails.iter().map(|m| m.raw)))?;
         let appended = self.trees.transaction(|tx| {
             let mut info = read_mailbox(tx.mailboxes, mailbox)?;
             let mut stored = Vec::with_capacity(entries.len());
@@ -415,8 +416,7 @@ impl Store {
                 let uid = info.uid_next;
                 info.uid_next = Uid(uid.0 + 1);
                 let entry = MailEntry { uid, modseq: next_modseq(&mut info), ..entry.clone() };
-                tx.messages.insert(&entry.message.to_be_bytes(), mail.raw)?;
-                hold(tx.message_refs, entry.message, 1, "")?;
+                hold_new(tx.message_refs, entry.message, 1, "", mail.raw)?;
                 tx.mail.insert(&mail_key(mailbox, uid)[..], encode(&entry))?;
                 stored.push(entry);
             }

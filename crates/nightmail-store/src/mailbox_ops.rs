@@ -127,7 +127,7 @@ impl Store {
             }
             tx.mailbox_names.remove(key.as_slice())?;
             tx.mailboxes.remove(&info.id.to_be_bytes())?;
-            let holders = RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids };
+            let holders = RefTrees { refs: tx.message_refs, collected: tx.collected, message_ids: tx.message_ids };
             for k in &mail_keys {
                 if let Some(v) = tx.mail.remove(k)? {
                     let entry: MailEntry = decode(MAIL, &v).map_err(|e| Abort::Abort(e.into()))?;

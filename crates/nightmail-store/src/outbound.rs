@@ -287,12 +287,9 @@ impl Store {
         notice: Option<&Incoming>,
         now: Timestamp,
     ) -> Result<Option<Receipt>, StoreError> {
-        let ids = match notice {
-            Some(n) => self.recipient_ids(n)?,
-            None => Vec::new(),
-        };
+        let (ids, _staged) = self.ready(notice)?;
         let receipt = self.trees.transaction(|tx| {
-            let holders = RefTrees { refs: tx.message_refs, messages: tx.messages, message_ids: tx.message_ids };
+            let holders = RefTrees { refs: tx.message_refs, collected: tx.collected, message_ids: tx.message_ids };
             for (leased, settle) in &settled {
                 let Some(mut entry) = read::<StoreError>(tx.outbound, leased.entry.id)? else { continue };
                 match entry.state {
@@ -360,8 +357,8 @@ impl Store {
     pub async fn drop_outbound(&self, id: OutboundId, now: Timestamp) -> Result<Outbound, OutboundOpError> {
         let t = &self.trees;
         let writing = self.trees.writing();
-        let entry = (&t.outbound, &t.message_refs, &t.messages, &t.message_ids).transaction(
-            |(outbound, refs, messages, message_ids)| {
+        let entry = (&t.outbound, &t.message_refs, &t.collected, &t.message_ids).transaction(
+            |(outbound, refs, collected, message_ids)| {
                 let mut entry = read::<OutboundOpError>(outbound, id)?
                     .ok_or(ConflictableTransactionError::Abort(OutboundOpError::NoSuch(id)))?;
                 if !entry.state.is_waiting() {
@@ -372,7 +369,7 @@ impl Store {
                 }
                 // A sender holding the lease will find it gone when it settles, and leave it.
                 entry.state = OutboundState::Dropped { at: now };
-                RefTrees { refs, messages, message_ids }.release::<OutboundOpError>(entry.message)?;
+                RefTrees { refs, collected, message_ids }.release::<OutboundOpError>(entry.message)?;
                 outbound.insert(&id.to_be_bytes()[..], encode(&entry))?;
                 Ok(entry)
             },

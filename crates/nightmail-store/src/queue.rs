@@ -509,10 +509,7 @@ impl Store {
             Finish::Done { reply } => Some(reply),
             Finish::Failed { notice, .. } => notice.as_ref(),
         };
-        let ids = match mail {
-            Some(m) => self.recipient_ids(m)?,
-            None => Vec::new(),
-        };
+        let (ids, _staged) = self.ready(mail)?;
         let result = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             match job.state {
@@ -561,10 +558,7 @@ impl Store {
     /// A job already finished is left as it is. Returns the job as it now is.
     pub async fn triage(&self, id: JobId, ack: Option<Incoming>) -> Result<Job, StoreError> {
         let now = Timestamp::now();
-        let ids = match &ack {
-            Some(m) => self.recipient_ids(m)?,
-            None => Vec::new(),
-        };
+        let (ids, _staged) = self.ready(ack.as_ref())?;
         let (job, receipt) = self.trees.transaction(|tx| {
             let mut job = read_job(tx.jobs, id)?;
             if job.triaged || !matches!(job.state, JobState::Queued { .. } | JobState::Running { .. }) {
@@ -622,16 +616,16 @@ impl Store {
         let mut purged = 0;
         for id in old {
             let writing = self.trees.writing();
-            let gone = (&t.jobs, &t.message_refs, &t.messages, &t.message_ids, &t.replies, &t.answers, &t.open_jobs)
-                .transaction(|(jobs, refs, messages, message_ids, replies, answers, open_jobs)| {
-                    // Re-read: a job is never un-finished, but it may already be gone.
-                    let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
-                    let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
-                    jobs.remove(&id.to_be_bytes()[..])?;
-                    IndexTrees { replies, answers, open_jobs }.remove(&job)?;
-                    RefTrees { refs, messages, message_ids }.release::<StoreError>(job.message)?;
-                    Ok(true)
-                })?;
+            let gone = (&t.jobs, &t.message_refs, &t.collected, &t.message_ids, &t.replies, &t.answers, &t.open_jobs)
+                .transaction(|(jobs, refs, collected, message_ids, replies, answers, open_jobs)| {
+                // Re-read: a job is never un-finished, but it may already be gone.
+                let Some(bytes) = jobs.get(id.to_be_bytes())? else { return Ok(false) };
+                let job: Job = decode(JOBS, &bytes).map_err(ConflictableTransactionError::Abort)?;
+                jobs.remove(&id.to_be_bytes()[..])?;
+                IndexTrees { replies, answers, open_jobs }.remove(&job)?;
+                RefTrees { refs, collected, message_ids }.release::<StoreError>(job.message)?;
+                Ok(true)
+            })?;
             drop(writing);
             purged += usize::from(gone);
         }

@@ -1,7 +1,8 @@
 //! Garbage collection of message bytes. A message is stored once and held by mailbox entries
 //! (delivery, APPEND, COPY), jobs (the question a model answers) and outbound entries (mail
 //! awaiting the relay); `message_refs` counts those holders, in the same transaction that adds or
-//! removes one. When EXPUNGE or DELETE drops the last holder, the bytes go in that transaction.
+//! removes one. When EXPUNGE or DELETE drops the last holder, that transaction records the key in
+//! `collected`, and the file goes once it is flushed (`message_files.rs`).
 //!
 //! A job holds its question's bytes until retention deletes the finished job (`Store::purge_jobs`,
 //! `queue.rs`; status and the thread of a later follow-up read jobs until then); a message awaiting
@@ -28,12 +29,17 @@ pub(crate) struct Holders {
     /// The Message-ID it is indexed under in `message_ids` (empty if it is not indexed).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message_id: String,
+    /// The size and SHA-256 (hex) of the message's file, for the integrity check (schema 13).
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
 }
 
 /// The trees one reference change touches, inside a transaction.
 pub(crate) struct RefTrees<'a> {
     pub refs: &'a TransactionalTree,
-    pub messages: &'a TransactionalTree,
+    pub collected: &'a TransactionalTree,
     pub message_ids: &'a TransactionalTree,
 }
 
@@ -65,8 +71,28 @@ pub(crate) fn hold<E: From<StoreError>>(
     Ok(())
 }
 
+/// [`hold`] for a message stored just now (its file written ahead, `Store::stage`): also records
+/// the size and SHA-256 of its bytes.
+pub(crate) fn hold_new<E: From<StoreError>>(
+    refs: &TransactionalTree,
+    key: MessageKey,
+    n: u64,
+    message_id: &str,
+    raw: &[u8],
+) -> TxResult<(), E> {
+    let holders = Holders {
+        count: n,
+        message_id: message_id.to_string(),
+        size: raw.len() as u64,
+        sha256: crate::stable_digest(raw),
+    };
+    refs.insert(&key.to_be_bytes(), encode(&holders))?;
+    Ok(())
+}
+
 impl RefTrees<'_> {
-    /// Removes one holder of `key`; with none left, deletes the bytes and the index entry.
+    /// Removes one holder of `key`; with none left, deletes the index entry and marks the file
+    /// for removal after this transaction is flushed.
     /// Returns whether the message was collected. A message with no record is kept: nothing
     /// is deleted on a count this build did not keep.
     pub fn release<E: From<StoreError>>(&self, key: MessageKey) -> TxResult<bool, E> {
@@ -77,7 +103,7 @@ impl RefTrees<'_> {
             return Ok(false);
         }
         self.refs.remove(&key.to_be_bytes())?;
-        self.messages.remove(&key.to_be_bytes())?;
+        self.collected.insert(&key.to_be_bytes(), &[])?;
         if !holders.message_id.is_empty() {
             let id = holders.message_id.as_bytes();
             if let Some(v) = self.message_ids.get(id)? {

@@ -3,7 +3,7 @@
 //! | tree            | key                              | value                        |
 //! |-----------------|----------------------------------|------------------------------|
 //! | `meta`          | `schema_version`, `uidvalidity`  | u32 big-endian               |
-//! | `messages`      | MessageKey                       | raw RFC 5322 bytes           |
+//! | `messages`      | MessageKey                       | raw RFC 5322 bytes, until schema 13 moved them to files (`message_files.rs`) and dropped the tree |
 //! | `mailboxes`     | MailboxId                        | JSON `MailboxRecord`         |
 //! | `mailbox_names` | owner `\0` name (UTF-8, schema 5) | MailboxId                    |
 //! | `mail`          | MailboxId ++ Uid                 | JSON `MailRecord`            |
@@ -20,6 +20,10 @@
 //! | `replies`       | sender `\0` finished_at ++ JobId | empty: the jobs that sent their sender a reply or notice, for the hourly limit (schema 12, `job_index.rs`) |
 //! | `answers`       | model `\0` done_at ++ JobId      | started_at ++ tokens (u64 big-endian each): a model's answers, for its pace (schema 12) |
 //! | `open_jobs`     | model `\0` created_at ++ JobId   | empty: the jobs queued or running, per model in arrival order, for queue positions and `status` (schema 12) |
+//! | `collected`     | MessageKey                       | empty: messages whose last holder went, whose files are removed once that is flushed (schema 13, `message_files.rs`) |
+//!
+//! A message's bytes are the file `messages/<kk>/<key>` under the store's directory (schema 13);
+//! `message_refs` records its size and SHA-256 for the integrity check.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -28,7 +32,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionalTree};
 use crate::StoreError;
 
 /// The schema this build writes. Each step up has a migration in `migrations/`.
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 pub(crate) const META: &str = "meta";
 pub(crate) const MESSAGES: &str = "messages";
@@ -48,6 +52,7 @@ pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
 pub(crate) const REPLIES: &str = "replies";
 pub(crate) const ANSWERS: &str = "answers";
 pub(crate) const OPEN_JOBS: &str = "open_jobs";
+pub(crate) const COLLECTED: &str = "collected";
 
 pub(crate) const KEY_SCHEMA_VERSION: &[u8] = b"schema_version";
 pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
@@ -55,7 +60,7 @@ pub(crate) const KEY_LAST_UIDVALIDITY: &[u8] = b"uidvalidity";
 #[derive(Clone)]
 pub(crate) struct Trees {
     pub meta: sled::Tree,
-    pub messages: sled::Tree,
+    pub collected: sled::Tree,
     pub mailboxes: sled::Tree,
     pub mailbox_names: sled::Tree,
     pub mail: sled::Tree,
@@ -72,16 +77,18 @@ pub(crate) struct Trees {
     pub replies: sled::Tree,
     pub answers: sled::Tree,
     pub open_jobs: sled::Tree,
+    /// The message bytes (`message_files.rs`).
+    pub files: crate::message_files::MessageFiles,
     /// Held shared by every write, and exclusively by a backup (`backup.rs`): sled 0.34 has no
     /// snapshots, so a consistent copy of all trees is one taken while no write is under way.
     gate: Arc<RwLock<()>>,
 }
 
 impl Trees {
-    pub fn open(db: &sled::Db) -> Result<Trees, StoreError> {
+    pub fn open(db: &sled::Db, dir: &std::path::Path) -> Result<Trees, StoreError> {
         Ok(Trees {
             meta: db.open_tree(META)?,
-            messages: db.open_tree(MESSAGES)?,
+            collected: db.open_tree(COLLECTED)?,
             mailboxes: db.open_tree(MAILBOXES)?,
             mailbox_names: db.open_tree(MAILBOX_NAMES)?,
             mail: db.open_tree(MAIL)?,
@@ -98,6 +105,7 @@ impl Trees {
             replies: db.open_tree(REPLIES)?,
             answers: db.open_tree(ANSWERS)?,
             open_jobs: db.open_tree(OPEN_JOBS)?,
+            files: crate::message_files::MessageFiles::new(dir),
             gate: Arc::default(),
         })
     }
@@ -106,7 +114,7 @@ impl Trees {
     pub fn all(&self) -> [&sled::Tree; 18] {
         [
             &self.meta,
-            &self.messages,
+            &self.collected,
             &self.mailboxes,
             &self.mailbox_names,
             &self.mail,
@@ -150,14 +158,14 @@ impl Trees {
         use sled::Transactional;
         let _writing = self.writing();
         let all = self.all();
-        Ok(all[..].transaction(|view| f(&Tx::new(view)))?)
+        Ok(all[..].transaction(|view| f(&Tx::new(view, &self.files)))?)
     }
 }
 
 /// The trees of one transaction, by name.
 pub(crate) struct Tx<'a> {
     pub meta: &'a TransactionalTree,
-    pub messages: &'a TransactionalTree,
+    pub collected: &'a TransactionalTree,
     pub mailboxes: &'a TransactionalTree,
     pub mailbox_names: &'a TransactionalTree,
     pub mail: &'a TransactionalTree,
@@ -176,13 +184,15 @@ pub(crate) struct Tx<'a> {
     pub replies: &'a TransactionalTree,
     pub answers: &'a TransactionalTree,
     pub open_jobs: &'a TransactionalTree,
+    /// Read only: a file is written before its transaction and removed after (`message_files.rs`).
+    pub files: &'a crate::message_files::MessageFiles,
 }
 
 impl<'a> Tx<'a> {
-    fn new(view: &'a [TransactionalTree]) -> Tx<'a> {
+    fn new(view: &'a [TransactionalTree], files: &'a crate::message_files::MessageFiles) -> Tx<'a> {
         Tx {
             meta: &view[0],
-            messages: &view[1],
+            collected: &view[1],
             mailboxes: &view[2],
             mailbox_names: &view[3],
             mail: &view[4],
@@ -199,6 +209,7 @@ impl<'a> Tx<'a> {
             replies: &view[15],
             answers: &view[16],
             open_jobs: &view[17],
+            files,
         }
     }
 }

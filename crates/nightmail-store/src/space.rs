@@ -34,12 +34,12 @@ fn available(dir: &Path) -> std::io::Result<u64> {
 
 impl Store {
     /// Whether a message of `bytes` may be accepted now: `Err(StoreError::Full)` while taking it
-    /// would leave less than [`MIN_FREE_BYTES`] free. It is counted twice: once in sled's log or a
-    /// blob file, once more when sled's cleaner moves it.
+    /// would leave less than [`MIN_FREE_BYTES`] free. It is counted once: its bytes go to a file
+    /// of their own (`message_files.rs`), which sled's cleaner never moves.
     pub fn ensure_room(&self, bytes: u64) -> Result<(), StoreError> {
         let free = available(self.path())
             .map_err(|e| StoreError::Io { path: self.path().to_path_buf(), message: format!("statvfs: {e}") })?;
-        let needed = MIN_FREE_BYTES.saturating_add(bytes.saturating_mul(2));
+        let needed = MIN_FREE_BYTES.saturating_add(bytes);
         if free < needed {
             return Err(StoreError::Full { path: self.path().to_path_buf(), free, needed });
         }

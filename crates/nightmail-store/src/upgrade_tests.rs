@@ -29,6 +29,9 @@ async fn a_store_written_by_the_schema_8_binary_opens_with_its_mail_and_jobs() {
     copy_fixture("schema8", &path);
     let store = Store::open(&path).unwrap();
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // Schema 13 moved the bytes out of sled: one file per message.
+    assert!(!store.db.tree_names().iter().any(|n| &n[..] == crate::schema::MESSAGES.as_bytes()));
+    assert_eq!(store.trees.files.list().unwrap().len(), 3);
 
     let inbox = store.mailbox("me", "INBOX").unwrap().expect("me's INBOX survives");
     let texts: Vec<String> = store
@@ -140,7 +143,7 @@ async fn a_schema_10_store_carries_only_subscribed_mailboxes_over() {
         store.db.flush().unwrap();
         // Step 11 runs, then the version goes back to 10 as if the process died before recording
         // it: the next open runs the step again over records it already rewrote.
-        crate::migrations::migrate(&store.db, 11).unwrap();
+        crate::migrations::migrate(&store.db, dir.path(), 11).unwrap();
         assert_eq!(store.trees.subscriptions.len(), 1);
         store.trees.meta.insert(crate::schema::KEY_SCHEMA_VERSION, &10u32.to_be_bytes()).unwrap();
         store.db.flush().unwrap();
@@ -208,7 +211,7 @@ async fn a_schema_11_store_gains_the_job_indexes() {
     assert_eq!(store.recent_answers(&kimi, 5).unwrap()[0].tokens, 12);
     assert_eq!(store.open_jobs().unwrap().len(), 1);
     store.trees.meta.insert(crate::schema::KEY_SCHEMA_VERSION, &11u32.to_be_bytes()).unwrap();
-    crate::migrations::migrate(&store.db, 12).unwrap();
+    crate::migrations::migrate(&store.db, store.path(), 12).unwrap();
     assert_eq!(trees(&store), written, "a second run writes the same entries");
     assert!(store.check().unwrap().is_whole(), "{:?}", store.check().unwrap().problems);
 }

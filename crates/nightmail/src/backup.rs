@@ -81,8 +81,9 @@ pub fn backup(config: &Config, dir: &Path) -> anyhow::Result<()> {
     let manifest: Manifest = serde_json::from_value(value).context("the daemon's answer about the backup")?;
     let entries: u64 = manifest.trees.iter().map(|t| t.entries).sum();
     let bytes: u64 = manifest.trees.iter().map(|t| t.bytes).sum();
+    let (messages, message_bytes) = manifest.messages.as_ref().map_or((0, 0), |m| (m.entries, m.bytes));
     println!(
-        "backed up {} trees ({entries} records, {bytes} bytes) and {} files at schema {} into {}",
+        "backed up {} trees ({entries} records, {bytes} bytes), {messages} messages ({message_bytes} bytes) and {} files at schema {} into {}",
         manifest.trees.len(),
         manifest.files.len(),
         manifest.schema_version,
