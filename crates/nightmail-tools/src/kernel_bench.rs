@@ -72,7 +72,8 @@ pub struct KernelBenchReport {
     pub by_type_to_q4_0_gbps: Vec<f64>,
 }
 
-/// The weight types whose kernels `by_type` times, Q4_0 first.
+/// The weight types whose kernels `by_type` times, Q4_0 first, then the i-quants with kernels and
+/// the float types (F32: candle's f32 product, which BF16 weights took before their own kernel).
 fn timed_types() -> Vec<WeightDType> {
     let mut types = vec![WeightDType::Ggml(GgmlDType::Q4_0)];
     types.extend(
@@ -81,6 +82,7 @@ fn timed_types() -> Vec<WeightDType> {
             .filter(|r| nightmail_tensor::kernel::lowbit::has_kernel(r.0, 256))
             .map(|r| WeightDType::LowBit(r.0)),
     );
+    types.extend([WeightDType::F16, WeightDType::BF16, WeightDType::F32]);
     types
 }
 
@@ -99,8 +101,20 @@ fn linear_figure(
     let set: Vec<Linear> = (0..matrices)
         .map(|m| {
             let mut b = vec![0u8; bytes];
-            fill_random(&mut b, 300 + m as u64);
-            b.chunks_exact_mut(dtype.type_size()).for_each(|blk| blk[..2].copy_from_slice(&scale));
+            match dtype {
+                // Float weights of one normal value: random bits would hold subnormals, which
+                // slow x86's float units.
+                WeightDType::F32 => {
+                    b.chunks_exact_mut(4).for_each(|w| w.copy_from_slice(&(1f32 / 128.0).to_le_bytes()))
+                }
+                WeightDType::BF16 => b
+                    .chunks_exact_mut(2)
+                    .for_each(|w| w.copy_from_slice(&half::bf16::from_f32(1.0 / 128.0).to_le_bytes())),
+                _ => {
+                    fill_random(&mut b, 300 + m as u64);
+                    b.chunks_exact_mut(dtype.type_size()).for_each(|blk| blk[..2].copy_from_slice(&scale));
+                }
+            }
             let view = TensorView { name: "bench".into(), dtype, shape: vec![rows, cols], bytes: &b };
             Ok(Linear::new(&view, None)?)
         })
@@ -284,7 +298,7 @@ mod tests {
         assert!(kernel_bench(&KernelBenchOptions { cols: 100, ..opts }).is_err());
         assert_eq!(
             r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(),
-            ["Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+            ["Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"]
         );
         assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);
     }
