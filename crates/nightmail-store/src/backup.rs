@@ -173,7 +173,7 @@ impl Store {
             }
             let held = self.trees.message_refs.iter().keys().collect::<Result<Vec<_>, _>>()?;
             // Taken under the gate, so no file the copied trees reference is removed until the
-            // copy below ends (`message_files::reap` checks under the gate).
+            // copy below ends (`staging::reap` checks under the gate).
             let holding = self.trees.files.hold_all();
             (self.db.generate_id()?, nightmail_types::Timestamp::now().0, held, holding)
         };

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
-use crate::message_files::Staged;
 use crate::outbound::{Outbound, OutboundId, OutboundState};
 use crate::queue::{Job, Origin, write_job};
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
+use crate::staging::Staged;
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};
 
 /// Where one accepted recipient's copy goes.

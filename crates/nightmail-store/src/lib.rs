@@ -34,6 +34,7 @@ mod refs;
 mod relay_quota;
 mod schema;
 mod space;
+mod staging;
 mod subscriptions;
 
 #[path = "../../../migrations/mod.rs"]
@@ -156,7 +157,7 @@ impl Store {
             // What sled recovered is made durable first: a file is removed only once no reference
             // to it can come back.
             durability.flush(&db).map_err(|e| StoreError::Io { path: dir.to_path_buf(), message: e.to_string() })?;
-            let removed = message_files::sweep(&trees)?;
+            let removed = staging::sweep(&trees)?;
             if removed > 0 {
                 tracing::info!(removed, "removed message files nothing referenced (left by a crash)");
             }
@@ -198,9 +199,9 @@ impl Store {
         let (db, durability, path) = (self.db.clone(), self.durability.clone(), self.path.clone());
         let trees = self.trees.clone();
         tokio::task::spawn_blocking(move || {
-            let collected = message_files::collected(&trees)?;
+            let collected = staging::collected(&trees)?;
             durability.flush(&db).map_err(|e| StoreError::Io { path, message: format!("flushing the store: {e}") })?;
-            message_files::reap(&trees, &collected)
+            staging::reap(&trees, &collected)
         })
         .await
         .map_err(|e| StoreError::Engine(format!("flush task failed: {e}")))?

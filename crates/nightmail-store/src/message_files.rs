@@ -6,10 +6,10 @@
 //!
 //! The order of writes keeps every reference pointing at a whole file, even across a power cut: a
 //! file is written under a temporary name, fsynced, renamed into place and its directory fsynced
-//! before the transaction that references it ([`Store::stage`]); releasing the last holder records
-//! the key in `collected` (`refs.rs`), and the file is removed only once that transaction is
-//! flushed ([`reap`]). A crash in between leaves a file nothing references, removed when the store
-//! is next opened ([`sweep`]).
+//! before the transaction that references it; releasing the last holder records the key in
+//! `collected` (`refs.rs`), and the file is removed only once that transaction is flushed. A crash
+//! in between leaves a file nothing references, removed when the store is next opened
+//! (`staging.rs` keeps that order).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -18,8 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::schema::Trees;
-use crate::{MessageKey, Store, StoreError};
+use crate::{MessageKey, StoreError};
 
 /// The directory under the store's that holds the files.
 pub(crate) const DIR: &str = "messages";
@@ -148,6 +147,16 @@ impl MessageFiles {
         Ok(found)
     }
 
+    /// Whether a backup is copying the files now (none may be removed).
+    pub fn copying(&self) -> bool {
+        self.copying.load(Ordering::SeqCst) > 0
+    }
+
+    /// Removes a file found under the directory that is no message's.
+    pub fn remove_stray(&self, path: &Path) -> Result<(), StoreError> {
+        std::fs::remove_file(path).map_err(io_error(path))
+    }
+
     /// Keeps every file in place until the returned guard is dropped (a backup copying them).
     pub fn hold_all(&self) -> Holding {
         self.copying.fetch_add(1, Ordering::SeqCst);
@@ -161,103 +170,5 @@ pub(crate) struct Holding(Arc<AtomicUsize>);
 impl Drop for Holding {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-fn key_of(bytes: &[u8]) -> Option<MessageKey> {
-    Some(MessageKey(u64::from_be_bytes(bytes.try_into().ok()?)))
-}
-
-/// The keys in `collected` now. Taken before a flush: that flush makes their release durable,
-/// and only then may [`reap`] remove their files.
-pub(crate) fn collected(trees: &Trees) -> Result<Vec<MessageKey>, StoreError> {
-    if trees.collected.is_empty() {
-        return Ok(Vec::new());
-    }
-    trees.collected.iter().keys().map(|k| Ok(key_of(&k?).unwrap_or(MessageKey(u64::MAX)))).collect()
-}
-
-/// Removes the files of `keys` (from [`collected`], before a flush that has since returned),
-/// unless a backup is copying files: then they wait for the next flush.
-pub(crate) fn reap(trees: &Trees, keys: &[MessageKey]) -> Result<(), StoreError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    // Under the gate: a backup takes it to start holding the files.
-    let _writing = trees.writing();
-    if trees.files.copying.load(Ordering::SeqCst) > 0 {
-        return Ok(());
-    }
-    for &key in keys {
-        // Nothing holds it again; but a count this build did not keep is never acted on.
-        if !trees.message_refs.contains_key(key.to_be_bytes())? {
-            trees.files.remove(key)?;
-        }
-        trees.collected.remove(key.to_be_bytes())?;
-    }
-    Ok(())
-}
-
-/// At open, once what sled recovered is flushed: removes every file nothing references (a
-/// crash between a file's write and its transaction, or between a release and its removal) and
-/// empties `collected`. Returns how many files went.
-pub(crate) fn sweep(trees: &Trees) -> Result<usize, StoreError> {
-    let mut removed = 0;
-    for listed in trees.files.list()? {
-        match listed {
-            Listed::Message(key) if trees.message_refs.contains_key(key.to_be_bytes())? => {}
-            Listed::Message(key) => {
-                trees.files.remove(key)?;
-                removed += 1;
-            }
-            Listed::Stray(path) if path.is_file() => {
-                std::fs::remove_file(&path).map_err(io_error(&path))?;
-                removed += 1;
-            }
-            Listed::Stray(_) => {}
-        }
-    }
-    trees.collected.clear()?;
-    Ok(removed)
-}
-
-/// Files written ahead of the transaction that may reference them. Dropped after that
-/// transaction, it removes those the transaction did not keep (it aborted, or every recipient
-/// had the message already): a file nothing references and nothing ever will.
-pub(crate) struct Staged {
-    files: MessageFiles,
-    refs: sled::Tree,
-    keys: Vec<MessageKey>,
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        for &key in &self.keys {
-            match self.refs.contains_key(key.to_be_bytes()) {
-                Ok(true) => {}
-                Ok(false) => {
-                    if let Err(e) = self.files.remove(key) {
-                        tracing::warn!(%key, error = %e, "could not remove an unused message file (it goes at the next start)");
-                    }
-                }
-                Err(e) => tracing::warn!(%key, error = %e, "message file left for the next start"),
-            }
-        }
-    }
-}
-
-impl Store {
-    /// Writes each message's file, durably, before the transaction that references it.
-    pub(crate) fn stage<'a>(
-        &self,
-        messages: impl IntoIterator<Item = (MessageKey, &'a [u8])>,
-    ) -> Result<Staged, StoreError> {
-        let files = self.trees.files.clone();
-        let mut staged = Staged { files: files.clone(), refs: self.trees.message_refs.clone(), keys: Vec::new() };
-        for (key, raw) in messages {
-            staged.keys.push(key);
-            files.write(key, raw)?;
-        }
-        Ok(staged)
     }
 }
