@@ -187,6 +187,10 @@ impl Model {
         if let Some(m) = &a.mla {
             shape.extend([m.kv_lora_rank, m.qk_rope_head_dim]);
         }
+        // A sparse layer's indexer key rides beside the rotary key.
+        if let Some(d) = &s.sparse_attention {
+            shape.extend([d.head_dim]);
+        }
         // KDA layers hold a state of their own shape, at their own places.
         if let Some(k) = &s.kda {
             shape.extend([k.heads, k.head_dim, k.conv_kernel, k.layers.len()]);

@@ -50,11 +50,8 @@ impl SelfAttention {
                 // Qwen3-Next's output gate rides along as a fourth row set.
                 [q, k, v].into_iter().chain(gate).collect()
             }
-            SelfAttention::Latent(m) => {
-                let (q, kv) = m.project(x)?;
-                // A gated layer's gate logits ride along as a third row set.
-                [q, kv].into_iter().chain(m.gate_logits(x)?).collect()
-            }
+            // A gated layer's gate logits and a sparse layer's indexer rows ride along.
+            SelfAttention::Latent(m) => m.project(x)?,
             SelfAttention::Kda(k) => k.project(x)?,
             SelfAttention::DeltaNet(d) => d.project(x)?,
             SelfAttention::Window(w) => w.project(x)?,
@@ -66,8 +63,8 @@ impl SelfAttention {
             (SelfAttention::Grouped(a), [q, k, v, gate @ ..], LayerState::Attention(cache)) => {
                 a.gated(a.attend(q, k, v, start, cache)?, gate.first())
             }
-            (SelfAttention::Latent(m), [q, kv, gate @ ..], LayerState::Attention(LayerCache::F32(cache))) => {
-                m.gated(m.attend(q, kv, start, cache)?, gate.first())
+            (SelfAttention::Latent(m), rows, LayerState::Attention(LayerCache::F32(cache))) => {
+                m.attend_rows(rows, start, cache)
             }
             (SelfAttention::Kda(k), rows, LayerState::Recurrent(state)) => k.attend(rows, state),
             (SelfAttention::DeltaNet(d), rows, LayerState::Recurrent(state)) => d.attend(rows, state),

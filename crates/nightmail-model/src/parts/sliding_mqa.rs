@@ -14,6 +14,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::parts::compressor::{Compressor, CompressorState, count, put, take};
+use crate::parts::dsa::best_keys;
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::{DeepseekV4Spec, ModelSpec, RopeStyle, V4AttentionKind};
@@ -29,7 +30,6 @@ pub struct Indexer {
     pub(crate) q_b: Linear,
     /// `weights_proj`: one weight per indexer head from the layer input.
     pub(crate) weights: Linear,
-    pub(crate) heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) top_k: usize,
 }
@@ -248,7 +248,7 @@ impl SlidingMqa {
 
 impl Indexer {
     /// Per query position, the entries it attends: of those closed by its position, the
-    /// `top_k` best by Σ_h w_h · ReLU(q_h · k) (`DeepseekV4IndexerScorer`).
+    /// `top_k` best by the lightning indexer's score (parts/dsa.rs).
     fn choose(
         &self,
         q: &Tensor,
@@ -258,7 +258,6 @@ impl Indexer {
         rate: usize,
     ) -> Result<Vec<Vec<usize>>> {
         let (hd, rd) = (self.head_dim, self.compressor.rope_dim);
-        let (softmax_scale, weight_scale) = ((hd as f32).powf(-0.5), (self.heads as f32).powf(-0.5));
         let mut out = Vec::new();
         for (i, (mut q, w)) in q.to_vec2::<f32>()?.into_iter().zip(w.to_vec2::<f32>()?).enumerate() {
             let p = start + i;
@@ -266,20 +265,7 @@ impl Indexer {
                 self.compressor.rope.rotate_pairs(&mut head[hd - rd..], p, false);
             }
             let closed = ((p + 1) / rate).min(entries.len());
-            let scores: Vec<f32> = entries[..closed]
-                .iter()
-                .map(|k| {
-                    q.chunks_exact(hd)
-                        .zip(&w)
-                        .map(|(qh, wh)| (dot(qh, k).max(0.0) * softmax_scale) * (wh * weight_scale))
-                        .sum()
-                })
-                .collect();
-            let mut order: Vec<usize> = (0..closed).collect();
-            order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
-            order.truncate(self.top_k);
-            order.sort_unstable();
-            out.push(order);
+            out.push(best_keys(&q, &w, entries[..closed].iter().map(|k| &k[..]), hd, self.top_k));
         }
         Ok(out)
     }
@@ -338,7 +324,6 @@ impl SlidingMqa {
                     compressor: compressor("indexer_compressor", rate, v4.index_head_dim, true)?,
                     q_b: w.weight("indexer.attn_q_b", v4.index_heads * v4.index_head_dim, v4.q_lora_rank)?,
                     weights: w.weight("indexer.proj", v4.index_heads, hidden)?,
-                    heads: v4.index_heads,
                     head_dim: v4.index_head_dim,
                     top_k: v4.index_topk,
                 };

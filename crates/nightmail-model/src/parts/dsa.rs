@@ -1,0 +1,189 @@
+//! DeepSeek Sparse Attention (DeepSeek-V3.2-Exp report §2.1; transformers 5.24
+//! `models/deepseek_v32/modeling_deepseek_v32.py` `DeepseekV32Indexer`, and GLM-5's
+//! `models/glm_moe_dsa/modeling_glm_moe_dsa.py` `GlmMoeDsaIndexer`): a lightning indexer scores
+//! each query against every visible key, Σ_h w_h · ReLU(q_h · k), and latent attention attends
+//! only the `top_k` best. One key of `head_dim` per token is cached beside MLA's latent.
+//!
+//! The reference's Hadamard rotation and FP8 scoring are left out as transformers leaves them:
+//! the rotation is orthogonal (q·k is unchanged) and FP8 is a precision choice.
+
+use candle_core::{D, Device, Tensor};
+
+use crate::error::Result;
+use crate::parts::rope::Rope;
+use crate::source::LayerTensors;
+use crate::spec::{DsaSpec, ModelSpec};
+use nightmail_tensor::Linear;
+
+/// transformers' `nn.LayerNorm(head_dim, eps=1e-6)` on the indexer's key.
+const KEY_NORM_EPS: f32 = 1e-6;
+
+pub struct Indexer {
+    /// `wq_b`: the query latent (`q_a_layernorm(q_a_proj(x))`) to `heads · head_dim`.
+    q_b: Linear,
+    /// `wk`: the layer input to the one key of `head_dim`.
+    k: Linear,
+    /// `k_norm`: a LayerNorm with weight and bias.
+    k_norm_weight: Tensor,
+    k_norm_bias: Tensor,
+    /// `weights_proj`: one weight per head from the layer input.
+    weights: Linear,
+    /// Rotates the first `qk_rope_head_dim` channels of each head; the rest pass.
+    rope: Rope,
+    heads: usize,
+    head_dim: usize,
+    top_k: usize,
+}
+
+/// One pass's indexer rows, before rotation: queries `[tokens, heads · head_dim]`, keys
+/// `[tokens, head_dim]` (normed) and head weights `[tokens, heads]`.
+pub struct IndexRows<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub w: &'a Tensor,
+}
+
+impl Indexer {
+    /// Layer `w`'s indexer under llama.cpp's names (gguf-py `tensor_mapping.py`: `indexer.attn_q_b`,
+    /// `indexer.attn_k`, `indexer.k_norm`, `indexer.proj`), rotated with MLA's frequencies.
+    pub fn load(
+        w: &LayerTensors<'_>,
+        spec: &ModelSpec,
+        dsa: &DsaSpec,
+        q_lora_rank: usize,
+        rope_dim: usize,
+    ) -> Result<Self> {
+        let (hidden, a) = (spec.hidden_size, &spec.attention);
+        let norm = |name: &str| -> Result<Tensor> {
+            let t = w.require(name)?;
+            t.expect_shape(&[dsa.head_dim])?;
+            Ok(t.to_f32()?)
+        };
+        Ok(Indexer {
+            q_b: w.weight("indexer.attn_q_b", dsa.heads * dsa.head_dim, q_lora_rank)?,
+            k: w.weight("indexer.attn_k", dsa.head_dim, hidden)?,
+            k_norm_weight: norm("indexer.k_norm.weight")?,
+            k_norm_bias: norm("indexer.k_norm.bias")?,
+            weights: w.weight("indexer.proj", dsa.heads, hidden)?,
+            rope: Rope::new(rope_dim, a.rope_theta, dsa.rope_style, a.rope_scaling.as_ref()),
+            heads: dsa.heads,
+            head_dim: dsa.head_dim,
+            top_k: dsa.top_k,
+        })
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The rows of `x` (the layer input) and `q_latent` (the normed query latent), in
+    /// [`IndexRows`]' order: queries, keys, head weights.
+    pub fn project(&self, x: &Tensor, q_latent: &Tensor) -> Result<[Tensor; 3]> {
+        let k = candle_nn::ops::layer_norm(&self.k.forward(x)?, &self.k_norm_weight, &self.k_norm_bias, KEY_NORM_EPS)?;
+        Ok([self.q_b.forward(q_latent)?, k, self.weights.forward(x)?])
+    }
+
+    /// This pass's keys rotated to positions `start..`, `[tokens, head_dim]`: what the cache keeps.
+    pub fn keys(&self, rows: &IndexRows<'_>, start: usize) -> Result<Tensor> {
+        let t = rows.k.dim(0)?;
+        let k = self.rope.apply(&rows.k.reshape((1, 1, t, self.head_dim))?, start)?;
+        Ok(k.reshape((t, self.head_dim))?)
+    }
+
+    /// Per query at positions `start..`, the keys it attends among `keys` (`[positions, head_dim]`,
+    /// every cached and new one): None where it sees no more than `top_k` (all of them, causally).
+    pub fn choose(&self, rows: &IndexRows<'_>, keys: &Tensor, start: usize) -> Result<Vec<Option<Vec<usize>>>> {
+        let t = rows.q.dim(0)?;
+        let q = rows.q.reshape((t, self.heads, self.head_dim))?.transpose(0, 1)?.unsqueeze(0)?;
+        let q = self.rope.apply(&q, start)?.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+        let (q, w) = (q.reshape((t, self.heads * self.head_dim))?.to_vec2::<f32>()?, rows.w.to_vec2::<f32>()?);
+        let keys = keys.to_vec2::<f32>()?;
+        let mut out = Vec::with_capacity(t);
+        for (i, (q, w)) in q.iter().zip(&w).enumerate() {
+            let visible = start + i + 1;
+            out.push((visible > self.top_k).then(|| {
+                let keys = keys[..visible].iter().map(|k| &k[..]);
+                best_keys(q, w, keys, self.head_dim, self.top_k)
+            }));
+        }
+        Ok(out)
+    }
+}
+
+/// The `top_k` of `keys` (in key order) scoring best by Σ_h w_h·h^-½ · ReLU(q_h · k)·d^-½, the
+/// lightning indexer's score (`DeepseekV32Indexer`, `DeepseekV4IndexerScorer`); ties to the
+/// earlier key.
+pub(crate) fn best_keys<'k>(
+    q: &[f32],
+    w: &[f32],
+    keys: impl Iterator<Item = &'k [f32]>,
+    head_dim: usize,
+    top_k: usize,
+) -> Vec<usize> {
+    let (softmax_scale, weight_scale) = ((head_dim as f32).powf(-0.5), (w.len() as f32).powf(-0.5));
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let scores: Vec<f32> = keys
+        .map(|k| {
+            q.chunks_exact(head_dim)
+                .zip(w)
+                .map(|(qh, wh)| (dot(qh, k).max(0.0) * softmax_scale) * (wh * weight_scale))
+                .sum()
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
+    order.truncate(top_k);
+    order.sort_unstable();
+    order
+}
+
+/// The additive mask `[tokens, keys]` of queries at positions `start..` over `keys` positions:
+/// causal, and where a query has a choice, only the keys chosen.
+pub(crate) fn mask(tokens: usize, keys: usize, start: usize, chosen: Option<&[Option<Vec<usize>>]>) -> Result<Tensor> {
+    let mut mask = vec![f32::NEG_INFINITY; tokens * keys];
+    for (i, row) in mask.chunks_exact_mut(keys).enumerate() {
+        match chosen.and_then(|c| c[i].as_ref()) {
+            Some(keep) => keep.iter().for_each(|&j| row[j] = 0.0),
+            None => row[..=start + i].iter_mut().for_each(|v| *v = 0.0),
+        }
+    }
+    Ok(Tensor::from_vec(mask, (tokens, keys), &Device::Cpu)?)
+}
+
+/// Joins the rotated shared key `[1, 1, t, rope]` and the indexer's keys `[t, d]` into the row the
+/// latent cache keeps beside each latent, and splits a cache's rows back: (`k_pe`, keys).
+pub(crate) fn join_keys(k_pe: &Tensor, keys: &Tensor) -> Result<Tensor> {
+    let t = keys.dim(0)?;
+    Ok(Tensor::cat(&[k_pe, &keys.reshape((1, 1, t, keys.dim(1)?))?], D::Minus1)?)
+}
+
+pub(crate) fn split_keys(rows: &Tensor, rope: usize) -> Result<(Tensor, Tensor)> {
+    let width = rows.dim(D::Minus1)?;
+    let keys = rows.narrow(D::Minus1, rope, width - rope)?;
+    let s = keys.dim(2)?;
+    Ok((rows.narrow(D::Minus1, 0, rope)?, keys.reshape((s, width - rope))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_best_keys_are_kept_in_key_order_and_ties_go_to_the_earlier() {
+        // Two heads of 2: head 0 weighs 1, head 1 weighs −1, so a key scoring on head 1 loses.
+        let q = [1.0, 0.0, 0.0, 1.0];
+        let w = [1.0, -1.0];
+        let keys: [&[f32]; 5] = [&[0.5, 0.0], &[2.0, 0.0], &[1.0, 3.0], &[-1.0, 0.0], &[2.0, 0.0]];
+        // Scores ∝ 0.5, 2, 1 − 3, 0 (ReLU), 2: the two 2s, then 0.5.
+        assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 3), vec![0, 1, 4]);
+        assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 1), vec![1]);
+    }
+
+    #[test]
+    fn the_mask_is_causal_and_keeps_only_the_chosen_keys_where_there_is_a_choice() {
+        let chosen = [None, Some(vec![0, 2])];
+        let m = mask(2, 4, 1, Some(&chosen)).unwrap().to_vec2::<f32>().unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, vec![vec![0.0, 0.0, inf, inf], vec![0.0, inf, 0.0, inf]]);
+    }
+}

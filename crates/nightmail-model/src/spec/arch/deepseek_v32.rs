@@ -1,0 +1,116 @@
+//! DeepSeek-V3.2 (transformers `DeepseekV32ForCausalLM`, model_type `deepseek_v32`; llama.cpp
+//! `deepseek32`): DeepSeek-V3's layers with DeepSeek Sparse Attention, a lightning indexer per
+//! layer that keeps the `index_topk` best keys for each query (parts/dsa.rs). The indexer keys
+//! read here serve GLM-5 too.
+
+use candle_core::quantized::gguf_file::Value;
+use serde::Serialize;
+
+use super::Row;
+use super::deepseek_v3::{read_latent_gguf, read_latent_hf};
+use super::moe::{Scoring, SigmoidDefaults};
+use super::source::{Gguf, Hf};
+use crate::error::Result;
+use crate::spec::{Architecture, ModelSpec, RopeStyle};
+use nightmail_formats::FormatError;
+
+pub(super) const ROW: Row = Row {
+    architecture: Architecture::DeepseekV32,
+    gguf: &["deepseek32"],
+    gguf_experts: None,
+    // conversion/deepseek.py DeepseekV32Model keeps the MTP block, counted in block_count.
+    gguf_mtp_in_blocks: true,
+    hf: &["deepseek_v32"],
+    hf_classes: &["DeepseekV32ForCausalLM"],
+    read_gguf,
+    read_hf,
+};
+
+/// `DeepseekV32Config`'s router (from `Glm4MoeLiteConfig`): renormalized, one shared expert.
+const ROUTER: SigmoidDefaults = SigmoidDefaults { normalize: true, scale: 2.5, shared_experts: 1 };
+
+/// DeepSeek Sparse Attention's lightning indexer (transformers `DeepseekV32Indexer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DsaSpec {
+    /// `index_n_heads`: query heads, each weighted per token by `weights_proj`.
+    pub heads: usize,
+    /// `index_head_dim`: the width of each query head and of the one key per token.
+    pub head_dim: usize,
+    /// `index_topk`: keys each query attends.
+    pub top_k: usize,
+    /// The rotation of the indexer's first `qk_rope_head_dim` channels: DeepSeek-V3.2 rotates
+    /// halves, GLM-5 adjacent pairs (`GlmMoeDsaIndexer`), whatever MLA itself does.
+    pub rope_style: RopeStyle,
+}
+
+fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
+    read_dsa_gguf(g, ROUTER, RopeStyle::HalfSplit)
+}
+
+fn read_hf(h: &Hf) -> Result<ModelSpec> {
+    read_dsa_hf(h, ROUTER, RopeStyle::HalfSplit)
+}
+
+/// A DSA model's spec from its GGUF: DeepSeek-V3's latent attention and sigmoid router, and the
+/// indexer's `attention.indexer.*` keys (conversion/deepseek.py `DeepseekV32Model`).
+pub(super) fn read_dsa_gguf(g: &Gguf, router: SigmoidDefaults, style: RopeStyle) -> Result<ModelSpec> {
+    let mut s = read_latent_gguf(g, router, Scoring::Sigmoid)?;
+    let need = |k: &str| g.uint(k).ok_or_else(|| super::missing(&g.key(k)));
+    // llama.cpp's GLM-5.2 layers that reuse the previous layer's choice (`indexer.types` false).
+    if let Some(Value::Array(types)) = g.g.value(&g.key("attention.indexer.types")) {
+        if types.iter().any(|t| matches!(t, Value::Bool(false))) {
+            return Err(shared_layers(&g.key("attention.indexer.types")));
+        }
+    }
+    let dsa = DsaSpec {
+        heads: need("attention.indexer.head_count")?,
+        head_dim: need("attention.indexer.key_length")?,
+        top_k: need("attention.indexer.top_k")?,
+        rope_style: style,
+    };
+    s.sparse_attention = Some(checked(dsa, &s, &g.key("attention.indexer.key_length"))?);
+    Ok(s)
+}
+
+/// A DSA model's spec from its config.json (`index_n_heads`, `index_head_dim`, `index_topk`).
+pub(super) fn read_dsa_hf(h: &Hf, router: SigmoidDefaults, style: RopeStyle) -> Result<ModelSpec> {
+    let mut s = read_latent_hf(h, router)?;
+    if let Some(types) = h.get("indexer_types").and_then(|t| t.as_array()) {
+        if types.iter().any(|t| t.as_str() != Some("full")) {
+            return Err(shared_layers("indexer_types"));
+        }
+    }
+    let dsa = DsaSpec {
+        heads: h.need("index_n_heads")?,
+        head_dim: h.need("index_head_dim")?,
+        top_k: h.need("index_topk")?,
+        rope_style: style,
+    };
+    s.sparse_attention = Some(checked(dsa, &s, "index_head_dim")?);
+    Ok(s)
+}
+
+/// The indexer rotates the first `qk_rope_head_dim` channels of each head, and needs the query
+/// latent it projects from.
+fn checked(dsa: DsaSpec, s: &ModelSpec, key: &str) -> Result<DsaSpec> {
+    let mla = s.attention.mla.as_ref().expect("a DSA model has latent attention");
+    let bad = |reason: String| FormatError::BadMetadata { key: key.into(), reason }.into();
+    if dsa.head_dim < mla.qk_rope_head_dim || dsa.heads == 0 || dsa.top_k == 0 {
+        return Err(bad(format!(
+            "as {} ({} heads keeping {}), narrower than the {} rotated channels or empty",
+            dsa.head_dim, dsa.heads, dsa.top_k, mla.qk_rope_head_dim
+        )));
+    }
+    if mla.q_lora_rank.is_none() {
+        return Err(bad("with no q_lora_rank: the indexer's queries come from the query latent".into()));
+    }
+    Ok(dsa)
+}
+
+fn shared_layers(key: &str) -> crate::error::ModelError {
+    FormatError::Unsupported {
+        what: format!("DSA layers that reuse the previous layer's top-k (`{key}`, GLM-5.2)"),
+        hint: "every layer must run its own indexer (GLM-5, GLM-5.1 and DeepSeek-V3.2 do)".into(),
+    }
+    .into()
+}
