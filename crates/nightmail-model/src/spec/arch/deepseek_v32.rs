@@ -57,10 +57,10 @@ pub(super) fn read_dsa_gguf(g: &Gguf, router: SigmoidDefaults, style: RopeStyle)
     let mut s = read_latent_gguf(g, router, Scoring::Sigmoid)?;
     let need = |k: &str| g.uint(k).ok_or_else(|| super::missing(&g.key(k)));
     // llama.cpp's GLM-5.2 layers that reuse the previous layer's choice (`indexer.types` false).
-    if let Some(Value::Array(types)) = g.g.value(&g.key("attention.indexer.types")) {
-        if types.iter().any(|t| matches!(t, Value::Bool(false))) {
-            return Err(shared_layers(&g.key("attention.indexer.types")));
-        }
+    if let Some(Value::Array(types)) = g.g.value(&g.key("attention.indexer.types"))
+        && types.iter().any(|t| matches!(t, Value::Bool(false)))
+    {
+        return Err(shared_layers(&g.key("attention.indexer.types")));
     }
     let dsa = DsaSpec {
         heads: need("attention.indexer.head_count")?,
@@ -75,10 +75,10 @@ pub(super) fn read_dsa_gguf(g: &Gguf, router: SigmoidDefaults, style: RopeStyle)
 /// A DSA model's spec from its config.json (`index_n_heads`, `index_head_dim`, `index_topk`).
 pub(super) fn read_dsa_hf(h: &Hf, router: SigmoidDefaults, style: RopeStyle) -> Result<ModelSpec> {
     let mut s = read_latent_hf(h, router)?;
-    if let Some(types) = h.get("indexer_types").and_then(|t| t.as_array()) {
-        if types.iter().any(|t| t.as_str() != Some("full")) {
-            return Err(shared_layers("indexer_types"));
-        }
+    if let Some(types) = h.get("indexer_types").and_then(|t| t.as_array())
+        && types.iter().any(|t| t.as_str() != Some("full"))
+    {
+        return Err(shared_layers("indexer_types"));
     }
     let dsa = DsaSpec {
         heads: h.need("index_n_heads")?,
@@ -113,4 +113,54 @@ fn shared_layers(key: &str) -> crate::error::ModelError {
         hint: "every layer must run its own indexer (GLM-5, GLM-5.1 and DeepSeek-V3.2 do)".into(),
     }
     .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::test_files::{fixture, load_error, renamed};
+    use nightmail_formats::ModelFile;
+
+    #[test]
+    fn the_indexer_reads_the_same_from_config_json_and_from_its_gguf_keys() {
+        for (name, architecture, rope_style) in [
+            ("deepseek_v32", Architecture::DeepseekV32, RopeStyle::HalfSplit),
+            ("glm_moe_dsa", Architecture::GlmMoeDsa, RopeStyle::Interleaved),
+        ] {
+            for path in [fixture(name), fixture(name).join("model.gguf")] {
+                let s = ModelSpec::read(&ModelFile::open(&path).unwrap()).unwrap();
+                let want = DsaSpec { heads: 8, head_dim: 16, top_k: 4, rope_style };
+                assert_eq!((s.architecture, s.sparse_attention), (architecture, Some(want)), "{}", path.display());
+                // MLA itself rotates adjacent pairs in both.
+                assert_eq!(s.attention.rope_style, RopeStyle::Interleaved, "{}", path.display());
+            }
+        }
+    }
+
+    #[test]
+    fn layers_that_share_the_previous_layers_choice_are_refused_naming_the_key() {
+        // GLM-5.2's `indexer_types`; one letter changed in place keeps every offset.
+        let dir = renamed("glm_moe_dsa", "model.safetensors", "indexer.wq_b", "indexer.wq_b");
+        let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        let shared = config.replacen("\"full\"", "\"shared\"", 1);
+        assert_ne!(config, shared, "the fixture's config.json lists its indexer types");
+        std::fs::write(dir.path().join("config.json"), shared).unwrap();
+        let err = load_error(dir.path()).expect("a shared layer is refused");
+        assert!(err.contains("indexer_types") && err.contains("GLM-5.2"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_indexer_tensor_is_named_in_either_format() {
+        let dir = renamed("deepseek_v32", "model.gguf", "blk.2.indexer.k_norm.bias", "blk.2.indexer.k_norm.bia_");
+        let err = load_error(dir.path().join("model.gguf")).expect("the bias is missing");
+        assert!(err.starts_with("tensor `blk.2.indexer.k_norm.bias` is missing"), "{err}");
+        let dir = renamed(
+            "deepseek_v32",
+            "model.safetensors",
+            "layers.1.self_attn.indexer.wk.",
+            "layers.1.self_attn.indexer.wx.",
+        );
+        let err = load_error(dir.path()).expect("wk is missing");
+        assert!(err.contains("model.layers.1.self_attn.indexer.wk.weight"), "{err}");
+    }
 }
