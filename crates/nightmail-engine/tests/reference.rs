@@ -109,8 +109,8 @@ reference_tests!(deepseek_v3_mtp, glm4_moe_mtp, qwen3_next_mtp);
 
 // deepseek_v32 and glm_moe_dsa: DeepSeek Sparse Attention, each layer's lightning indexer keeping
 // 4 keys over a 12-token prompt and 16 decoded tokens (halves rotated in DeepSeek-V3.2's indexer,
-// adjacent pairs in GLM-5's); their GGUFs as llama.cpp's deepseek32 and glm-dsa converters write
-// them.
+// adjacent pairs in GLM-5's, whose middle layer is GLM-5.2's "shared" kind); their GGUFs as
+// llama.cpp's deepseek32 and glm-dsa converters write them.
 reference_tests!(deepseek_v32, glm_moe_dsa);
 
 /// The DSA fixtures test the sparsity: attending every key (dense MLA) moves transformers' own

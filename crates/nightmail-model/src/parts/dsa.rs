@@ -110,6 +110,42 @@ impl Indexer {
     }
 }
 
+/// One sequence's indexer choices in the pass under way, by position: kept by a layer that runs
+/// its indexer, read by the "shared" layers after it (transformers `GlmMoeDsaAttention`'s
+/// `prev_topk_indices`). A verify pass attends one position at a time, so a layer's choices
+/// extend the run it continues and start a new one otherwise.
+#[derive(Debug, Default)]
+pub struct Choices {
+    first: usize,
+    rows: Vec<Option<Vec<usize>>>,
+}
+
+impl Choices {
+    /// Drops the choices of positions before `position`, where the pass under way starts.
+    pub(crate) fn forget_before(&mut self, position: usize) {
+        let gone = position.saturating_sub(self.first).min(self.rows.len());
+        self.rows.drain(..gone);
+        self.first += gone;
+    }
+
+    pub(crate) fn keep(&mut self, start: usize, chosen: &[Option<Vec<usize>>]) {
+        if start != self.first + self.rows.len() {
+            self.rows.clear();
+            self.first = start;
+        }
+        self.rows.extend_from_slice(chosen);
+    }
+
+    /// The choices for positions `start..start + tokens`.
+    pub(crate) fn at(&self, start: usize, tokens: usize) -> Result<Vec<Option<Vec<usize>>>> {
+        start
+            .checked_sub(self.first)
+            .and_then(|from| self.rows.get(from..from + tokens))
+            .map(<[_]>::to_vec)
+            .ok_or_else(|| candle_core::Error::Msg("a shared DSA layer before any full one".into()).into())
+    }
+}
+
 /// The `top_k` of `keys` (in key order) scoring best by Σ_h w_h·h^-½ · ReLU(q_h · k)·d^-½, the
 /// lightning indexer's score (`DeepseekV32Indexer`, `DeepseekV4IndexerScorer`); ties to the
 /// earlier key.
@@ -177,6 +213,24 @@ mod tests {
         // Scores ∝ 0.5, 2, 1 − 3, 0 (ReLU), 2: the two 2s, then 0.5.
         assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 3), vec![0, 1, 4]);
         assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 1), vec![1]);
+    }
+
+    #[test]
+    fn a_shared_layer_reads_the_choices_of_its_pass_one_position_at_a_time_or_all_at_once() {
+        let mut c = Choices::default();
+        // A prefill of 3 positions, then a verify pass at 3.. kept one position at a time.
+        c.keep(0, &[None, None, Some(vec![0])]);
+        assert_eq!(c.at(1, 2).unwrap(), vec![None, Some(vec![0])]);
+        c.forget_before(3);
+        c.keep(3, &[Some(vec![1])]);
+        c.keep(4, &[Some(vec![2])]);
+        assert_eq!(c.at(3, 2).unwrap(), vec![Some(vec![1]), Some(vec![2])]);
+        assert_eq!(c.at(4, 1).unwrap(), vec![Some(vec![2])]);
+        assert!(c.at(2, 1).is_err() && c.at(4, 2).is_err(), "only the pass's own positions");
+        // The next full layer starts the run again.
+        c.keep(3, &[Some(vec![0])]);
+        assert_eq!(c.at(3, 1).unwrap(), vec![Some(vec![0])]);
+        assert!(c.at(4, 1).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use candle_core::{D, Tensor};
 
 use crate::error::Result;
-use crate::parts::dsa::{self, IndexRows, Indexer};
+use crate::parts::dsa::{self, Choices, IndexRows, Indexer};
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::MlaSpec;
@@ -58,6 +58,8 @@ pub struct Mla {
     /// DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5): each query attends its
     /// `top_k` keys only.
     pub(crate) indexer: Option<Indexer>,
+    /// A GLM-5.2 "shared" layer: no indexer of its own, the last full layer's choice.
+    pub(crate) shares_choice: bool,
     pub(crate) rope: Rope,
     pub(crate) heads: usize,
     pub(crate) dims: MlaSpec,
@@ -92,6 +94,7 @@ impl Mla {
         rows: &[Tensor],
         start: usize,
         cache: &mut crate::parts::attention::F32Cache,
+        choices: &mut Choices,
     ) -> Result<Tensor> {
         let gate = self.gate.as_ref().map(|_| &rows[2]);
         let rest = &rows[2 + usize::from(gate.is_some())..];
@@ -100,7 +103,7 @@ impl Mla {
             [] if self.indexer.is_none() => None,
             _ => return Err(candle_core::Error::Msg("latent attention rows of another layer".into()).into()),
         };
-        let attended = self.attend(&rows[0], &rows[1], index, start, cache)?;
+        let attended = self.attend(&rows[0], &rows[1], index, start, cache, choices)?;
         Ok(match gate {
             Some(g) => (attended * candle_nn::ops::sigmoid(g)?)?,
             None => attended,
@@ -114,7 +117,7 @@ impl Mla {
     /// Attention of projected rows at positions `start..` over `cache`, to which their latents
     /// (`[1, 1, tokens, kv_lora_rank]`) and rotary keys (`[1, 1, tokens, rope]`, a sparse layer's
     /// indexer keys after them) are appended: `[tokens, heads · v_head_dim]`, before the output
-    /// projection.
+    /// projection. A sparse layer keeps its choice in `choices` for the shared layers after it.
     pub fn attend(
         &self,
         q: &Tensor,
@@ -122,6 +125,7 @@ impl Mla {
         index: Option<IndexRows<'_>>,
         start: usize,
         cache: &mut crate::parts::attention::F32Cache,
+        choices: &mut Choices,
     ) -> Result<Tensor> {
         let t = q.dim(0)?;
         let (p, c, k_pe) = self.prepare(q, kv, start)?;
@@ -130,11 +134,13 @@ impl Mla {
             (Some(indexer), Some(rows)) => {
                 let (c, keys) = cache.append(&c, &dsa::join_keys(&k_pe, &indexer.keys(&rows, start)?)?)?;
                 let (k_pe, keys) = dsa::split_keys(&keys, rope)?;
-                (c, k_pe, Some(indexer.choose(&rows, &keys, start)?))
+                let chosen = indexer.choose(&rows, &keys, start)?;
+                choices.keep(start, &chosen);
+                (c, k_pe, Some(chosen))
             }
             _ => {
                 let (c, k_pe) = cache.append(&c, &k_pe)?;
-                (c, k_pe, None)
+                (c, k_pe, self.shares_choice.then(|| choices.at(start, t)).transpose()?)
             }
         };
         let (c, k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?.contiguous()?);
@@ -274,9 +280,12 @@ impl Mla {
             o: w.weight("attn_output", hidden, heads * d.v_head_dim)?,
             gate: if d.output_gate { Some(w.weight("attn_gate", heads * d.v_head_dim, hidden)?) } else { None },
             indexer: match (&spec.sparse_attention, d.q_lora_rank) {
-                (Some(dsa), Some(rank)) => Some(Indexer::load(w, spec, dsa, rank, d.qk_rope_head_dim)?),
+                (Some(dsa), Some(rank)) if dsa.is_full(w.layer) => {
+                    Some(Indexer::load(w, spec, dsa, rank, d.qk_rope_head_dim)?)
+                }
                 _ => None,
             },
+            shares_choice: spec.sparse_attention.as_ref().is_some_and(|dsa| !dsa.is_full(w.layer)),
             rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
             heads,
             dims: *d,
@@ -328,6 +337,7 @@ mod tests {
             o: Linear::from_tensor(random(&[hidden, heads * 6], 5)),
             gate: None,
             indexer: None,
+            shares_choice: false,
             rope: Rope::new(4, 10000.0, RopeStyle::Interleaved, None),
             heads,
             dims,
@@ -340,7 +350,7 @@ mod tests {
     fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
         let mut cache = crate::parts::attention::F32Cache::new();
         let rows = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
-        m.attend_rows(&rows, 0, &mut cache).unwrap();
+        m.attend_rows(&rows, 0, &mut cache, &mut Choices::default()).unwrap();
         let rows = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
         let (p, c, k_pe) = m.prepare(&rows[0], &rows[1], cached).unwrap();
         let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
@@ -394,11 +404,11 @@ mod tests {
         assert!(m.plain_is_cheaper(14));
         let rows = m.project(&x).unwrap();
         let mut cache = crate::parts::attention::F32Cache::new();
-        let all = m.attend_rows(&rows, 0, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+        let all = m.attend_rows(&rows, 0, &mut cache, &mut Choices::default()).unwrap().to_vec2::<f32>().unwrap();
         let mut cache = crate::parts::attention::F32Cache::new();
         for (i, want) in all.iter().enumerate() {
             let one: Vec<Tensor> = rows.iter().map(|t| t.narrow(0, i, 1).unwrap()).collect();
-            let one = m.attend_rows(&one, i, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+            let one = m.attend_rows(&one, i, &mut cache, &mut Choices::default()).unwrap().to_vec2::<f32>().unwrap();
             let worst = worst(&one[0], want);
             assert!(worst < 1e-6, "token {i}: {worst:e}");
         }

@@ -30,7 +30,7 @@ pub(super) const ROW: Row = Row {
 const ROUTER: SigmoidDefaults = SigmoidDefaults { normalize: true, scale: 2.5, shared_experts: 1 };
 
 /// DeepSeek Sparse Attention's lightning indexer (transformers `DeepseekV32Indexer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DsaSpec {
     /// `index_n_heads`: query heads, each weighted per token by `weights_proj`.
     pub heads: usize,
@@ -41,6 +41,16 @@ pub struct DsaSpec {
     /// The rotation of the indexer's first `qk_rope_head_dim` channels: DeepSeek-V3.2 rotates
     /// halves, GLM-5 adjacent pairs (`GlmMoeDsaIndexer`), whatever MLA itself does.
     pub rope_style: RopeStyle,
+    /// Per layer: whether it runs its own indexer, or reuses the choice of the last layer that did
+    /// (GLM-5.2's `indexer_types` "shared", arXiv 2603.12201; llama.cpp `attention.indexer.types`).
+    pub full: Vec<bool>,
+}
+
+impl DsaSpec {
+    /// Whether layer `l` runs its own indexer (a layer past the list, the MTP layer, does).
+    pub fn is_full(&self, l: usize) -> bool {
+        self.full.get(l).copied().unwrap_or(true)
+    }
 }
 
 fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
@@ -56,17 +66,22 @@ fn read_hf(h: &Hf) -> Result<ModelSpec> {
 pub(super) fn read_dsa_gguf(g: &Gguf, router: SigmoidDefaults, style: RopeStyle) -> Result<ModelSpec> {
     let mut s = read_latent_gguf(g, router, Scoring::Sigmoid)?;
     let need = |k: &str| g.uint(k).ok_or_else(|| super::missing(&g.key(k)));
-    // llama.cpp's GLM-5.2 layers that reuse the previous layer's choice (`indexer.types` false).
-    if let Some(Value::Array(types)) = g.g.value(&g.key("attention.indexer.types"))
-        && types.iter().any(|t| matches!(t, Value::Bool(false)))
-    {
-        return Err(shared_layers(&g.key("attention.indexer.types")));
-    }
+    // conversion/glm.py writes `indexer_types` as one bool per layer, true for "full".
+    let key = g.key("attention.indexer.types");
+    let full = match g.g.value(&key) {
+        None => vec![true; s.layers],
+        Some(Value::Array(types)) => types
+            .iter()
+            .map(|t| if let Value::Bool(b) = t { Ok(*b) } else { Err(not_types(&key)) })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(not_types(&key)),
+    };
     let dsa = DsaSpec {
         heads: need("attention.indexer.head_count")?,
         head_dim: need("attention.indexer.key_length")?,
         top_k: need("attention.indexer.top_k")?,
         rope_style: style,
+        full,
     };
     s.sparse_attention = Some(checked(dsa, &s, &g.key("attention.indexer.key_length"))?);
     Ok(s)
@@ -75,16 +90,25 @@ pub(super) fn read_dsa_gguf(g: &Gguf, router: SigmoidDefaults, style: RopeStyle)
 /// A DSA model's spec from its config.json (`index_n_heads`, `index_head_dim`, `index_topk`).
 pub(super) fn read_dsa_hf(h: &Hf, router: SigmoidDefaults, style: RopeStyle) -> Result<ModelSpec> {
     let mut s = read_latent_hf(h, router)?;
-    if let Some(types) = h.get("indexer_types").and_then(|t| t.as_array())
-        && types.iter().any(|t| t.as_str() != Some("full"))
-    {
-        return Err(shared_layers("indexer_types"));
-    }
+    // `GlmMoeDsaConfig.indexer_types`, as saved (transformers derives it from the pattern keys).
+    let full = match h.get("indexer_types") {
+        None => vec![true; s.layers],
+        Some(types) => types
+            .as_array()
+            .and_then(|t| {
+                t.iter().map(|t| t.as_str().filter(|t| *t == "full" || *t == "shared")).collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| not_types("indexer_types"))?
+            .into_iter()
+            .map(|t| t == "full")
+            .collect(),
+    };
     let dsa = DsaSpec {
         heads: h.need("index_n_heads")?,
         head_dim: h.need("index_head_dim")?,
         top_k: h.need("index_topk")?,
         rope_style: style,
+        full,
     };
     s.sparse_attention = Some(checked(dsa, &s, "index_head_dim")?);
     Ok(s)
@@ -104,15 +128,15 @@ fn checked(dsa: DsaSpec, s: &ModelSpec, key: &str) -> Result<DsaSpec> {
     if mla.q_lora_rank.is_none() {
         return Err(bad("with no q_lora_rank: the indexer's queries come from the query latent".into()));
     }
+    if dsa.full.len() != s.layers || dsa.full.first() == Some(&false) {
+        return Err(not_types(if key == "index_head_dim" { "indexer_types" } else { "attention.indexer.types" }));
+    }
     Ok(dsa)
 }
 
-fn shared_layers(key: &str) -> crate::error::ModelError {
-    FormatError::Unsupported {
-        what: format!("DSA layers that reuse the previous layer's top-k (`{key}`, GLM-5.2)"),
-        hint: "every layer must run its own indexer (GLM-5, GLM-5.1 and DeepSeek-V3.2 do)".into(),
-    }
-    .into()
+fn not_types(key: &str) -> crate::error::ModelError {
+    let reason = "not one entry per layer (full or shared), the first full".to_string();
+    FormatError::BadMetadata { key: key.into(), reason }.into()
 }
 
 #[cfg(test)]
@@ -129,7 +153,9 @@ mod tests {
         ] {
             for path in [fixture(name), fixture(name).join("model.gguf")] {
                 let s = ModelSpec::read(&ModelFile::open(&path).unwrap()).unwrap();
-                let want = DsaSpec { heads: 8, head_dim: 16, top_k: 4, rope_style };
+                // GLM's fixture has a GLM-5.2 layer that reuses the one before's choice.
+                let full = if name == "glm_moe_dsa" { vec![true, false, true] } else { vec![true; 3] };
+                let want = DsaSpec { heads: 8, head_dim: 16, top_k: 4, rope_style, full };
                 assert_eq!((s.architecture, s.sparse_attention), (architecture, Some(want)), "{}", path.display());
                 // MLA itself rotates adjacent pairs in both.
                 assert_eq!(s.attention.rope_style, RopeStyle::Interleaved, "{}", path.display());
@@ -138,15 +164,14 @@ mod tests {
     }
 
     #[test]
-    fn layers_that_share_the_previous_layers_choice_are_refused_naming_the_key() {
-        // GLM-5.2's `indexer_types`; one letter changed in place keeps every offset.
+    fn a_first_layer_with_no_choice_to_share_is_refused_naming_the_key() {
         let dir = renamed("glm_moe_dsa", "model.safetensors", "indexer.wq_b", "indexer.wq_b");
         let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
         let shared = config.replacen("\"full\"", "\"shared\"", 1);
         assert_ne!(config, shared, "the fixture's config.json lists its indexer types");
         std::fs::write(dir.path().join("config.json"), shared).unwrap();
-        let err = load_error(dir.path()).expect("a shared layer is refused");
-        assert!(err.contains("indexer_types") && err.contains("GLM-5.2"), "{err}");
+        let err = load_error(dir.path()).expect("a shared first layer is refused");
+        assert!(err.contains("indexer_types") && err.contains("the first full"), "{err}");
     }
 
     #[test]

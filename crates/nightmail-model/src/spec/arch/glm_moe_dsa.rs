@@ -1,7 +1,7 @@
-//! Zhipu's GLM-5 and GLM-5.1 (transformers `GlmMoeDsaForCausalLM`, model_type `glm_moe_dsa`;
+//! Zhipu's GLM-5, 5.1 and 5.2 (transformers `GlmMoeDsaForCausalLM`, model_type `glm_moe_dsa`;
 //! llama.cpp `glm-dsa`): DeepSeek-V3.2's layers, with the indexer rotating adjacent pairs
 //! (`GlmMoeDsaIndexer` applies `apply_rotary_pos_emb_interleave`; llama.cpp src/models/glm-dsa.cpp
-//! ROPE_TYPE_NORM).
+//! ROPE_TYPE_NORM), and GLM-5.2's layers that reuse the last indexer's choice (`indexer_types`).
 
 use super::Row;
 use super::deepseek_v32::{read_dsa_gguf, read_dsa_hf};
