@@ -96,17 +96,13 @@ impl Indexer {
         let t = rows.q.dim(0)?;
         let q = rows.q.reshape((t, self.heads, self.head_dim))?.transpose(0, 1)?.unsqueeze(0)?;
         let q = self.rope.apply(&q, start)?.squeeze(0)?.transpose(0, 1)?.contiguous()?;
-        let (q, w) = (q.reshape((t, self.heads * self.head_dim))?.to_vec2::<f32>()?, rows.w.to_vec2::<f32>()?);
-        let keys = keys.to_vec2::<f32>()?;
-        let mut out = Vec::with_capacity(t);
-        for (i, (q, w)) in q.iter().zip(&w).enumerate() {
-            let visible = start + i + 1;
-            out.push((visible > self.top_k).then(|| {
-                let keys = keys[..visible].iter().map(|k| &k[..]);
-                best_keys(q, w, keys, self.head_dim, self.top_k)
-            }));
-        }
-        Ok(out)
+        let scores = index_scores(&q, rows.w, keys)?.to_vec2::<f32>()?;
+        let visible = |i: usize| start + i + 1;
+        Ok(scores
+            .iter()
+            .enumerate()
+            .map(|(i, row)| (visible(i) > self.top_k).then(|| top_keys(&row[..visible(i)], self.top_k)))
+            .collect())
     }
 }
 
@@ -146,29 +142,28 @@ impl Choices {
     }
 }
 
-/// The `top_k` of `keys` (in key order) scoring best by Σ_h w_h·h^-½ · ReLU(q_h · k)·d^-½, the
-/// lightning indexer's score (`DeepseekV32Indexer`, `DeepseekV4IndexerScorer`); ties to the
-/// earlier key.
-pub(crate) fn best_keys<'k>(
-    q: &[f32],
-    w: &[f32],
-    keys: impl Iterator<Item = &'k [f32]>,
-    head_dim: usize,
-    top_k: usize,
-) -> Vec<usize> {
-    let (softmax_scale, weight_scale) = ((head_dim as f32).powf(-0.5), (w.len() as f32).powf(-0.5));
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-    let scores: Vec<f32> = keys
-        .map(|k| {
-            q.chunks_exact(head_dim)
-                .zip(w)
-                .map(|(qh, wh)| (dot(qh, k).max(0.0) * softmax_scale) * (wh * weight_scale))
-                .sum()
-        })
-        .collect();
+/// The lightning indexer's score of each query against each key, Σ_h w_h·h^-½ · ReLU(q_h · k)·d^-½
+/// (`DeepseekV32Indexer`, `DeepseekV4IndexerScorer`): queries `[tokens, heads, d]`, head weights
+/// `[tokens, heads]`, keys `[keys, d]` → `[tokens, keys]`, as two matmuls.
+pub(crate) fn index_scores(q: &Tensor, w: &Tensor, keys: &Tensor) -> Result<Tensor> {
+    let (t, h, d) = q.dims3()?;
+    let s = keys.dim(0)?;
+    let scores = q.reshape((t * h, d))?.matmul(&keys.t()?)?.relu()?;
+    let scores = (scores * (d as f64).powf(-0.5))?.reshape((t, h, s))?;
+    let w = (w * (h as f64).powf(-0.5))?.unsqueeze(1)?;
+    Ok(w.matmul(&scores)?.squeeze(1)?)
+}
+
+/// The `top_k` best of `scores`, in key order; ties to the earlier key.
+pub(crate) fn top_keys(scores: &[f32], top_k: usize) -> Vec<usize> {
+    if top_k == 0 {
+        return Vec::new();
+    }
     let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
-    order.truncate(top_k);
+    if order.len() > top_k {
+        order.select_nth_unstable_by(top_k - 1, |a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
+        order.truncate(top_k);
+    }
     order.sort_unstable();
     order
 }
@@ -207,12 +202,19 @@ mod tests {
     #[test]
     fn the_best_keys_are_kept_in_key_order_and_ties_go_to_the_earlier() {
         // Two heads of 2: head 0 weighs 1, head 1 weighs −1, so a key scoring on head 1 loses.
-        let q = [1.0, 0.0, 0.0, 1.0];
-        let w = [1.0, -1.0];
-        let keys: [&[f32]; 5] = [&[0.5, 0.0], &[2.0, 0.0], &[1.0, 3.0], &[-1.0, 0.0], &[2.0, 0.0]];
-        // Scores ∝ 0.5, 2, 1 − 3, 0 (ReLU), 2: the two 2s, then 0.5.
-        assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 3), vec![0, 1, 4]);
-        assert_eq!(best_keys(&q, &w, keys.iter().copied(), 2, 1), vec![1]);
+        let cpu = &Device::Cpu;
+        let q = Tensor::from_vec(vec![1f32, 0.0, 0.0, 1.0], (1, 2, 2), cpu).unwrap();
+        let w = Tensor::from_vec(vec![1f32, -1.0], (1, 2), cpu).unwrap();
+        let keys = vec![0.5f32, 0.0, 2.0, 0.0, 1.0, 3.0, -1.0, 0.0, 2.0, 0.0];
+        let keys = Tensor::from_vec(keys, (5, 2), cpu).unwrap();
+        let scores = index_scores(&q, &w, &keys).unwrap().to_vec2::<f32>().unwrap().remove(0);
+        // ∝ 0.5, 2, 1 − 3, 0 (ReLU), 2, times 2^-½ · 2^-½.
+        let want = [0.25f32, 1.0, -1.0, 0.0, 1.0];
+        assert!(scores.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{scores:?}");
+        // The two 1s, then 0.25.
+        assert_eq!(top_keys(&scores, 3), vec![0, 1, 4]);
+        assert_eq!(top_keys(&scores, 1), vec![1]);
+        assert_eq!(top_keys(&scores, 9), vec![0, 1, 2, 3, 4]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::parts::compressor::{Compressor, CompressorState, count, put, take};
-use crate::parts::dsa::best_keys;
+use crate::parts::dsa::{index_scores, top_keys};
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::{DeepseekV4Spec, ModelSpec, RopeStyle, V4AttentionKind};
@@ -258,16 +258,22 @@ impl Indexer {
         rate: usize,
     ) -> Result<Vec<Vec<usize>>> {
         let (hd, rd) = (self.head_dim, self.compressor.rope_dim);
-        let mut out = Vec::new();
-        for (i, (mut q, w)) in q.to_vec2::<f32>()?.into_iter().zip(w.to_vec2::<f32>()?).enumerate() {
-            let p = start + i;
+        let (t, cpu) = (q.dim(0)?, &candle_core::Device::Cpu);
+        let mut q = q.to_vec2::<f32>()?;
+        for (i, q) in q.iter_mut().enumerate() {
             for head in q.chunks_exact_mut(hd) {
-                self.compressor.rope.rotate_pairs(&mut head[hd - rd..], p, false);
+                self.compressor.rope.rotate_pairs(&mut head[hd - rd..], start + i, false);
             }
-            let closed = ((p + 1) / rate).min(entries.len());
-            out.push(best_keys(&q, &w, entries[..closed].iter().map(|k| &k[..]), hd, self.top_k));
         }
-        Ok(out)
+        if entries.is_empty() {
+            return Ok(vec![Vec::new(); t]);
+        }
+        let q = Tensor::from_vec(q.concat(), (t, q[0].len() / hd, hd), cpu)?;
+        let keys = Tensor::from_vec(entries.concat(), (entries.len(), hd), cpu)?;
+        let scores = index_scores(&q, w, &keys)?.to_vec2::<f32>()?;
+        // Entry e is visible from position (e + 1) · rate − 1 on.
+        let closed = |i: usize| ((start + i + 1) / rate).min(entries.len());
+        Ok(scores.iter().enumerate().map(|(i, row)| top_keys(&row[..closed(i)], self.top_k)).collect())
     }
 }
 
