@@ -143,7 +143,15 @@ impl Mla {
                 (c, k_pe, self.shares_choice.then(|| choices.at(start, t)).transpose()?)
             }
         };
-        let (c, k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?.contiguous()?);
+        let (mut c, mut k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?.contiguous()?);
+        // A decode step reads only the latents its query chose, so its attention costs top_k
+        // keys however long the context; a chunk masks the rest instead.
+        let mut chosen = chosen;
+        if let Some([Some(keep)]) = chosen.as_deref() {
+            let keep = Tensor::from_vec(keep.iter().map(|&j| j as u32).collect(), keep.len(), c.device())?;
+            (c, k_pe) = (c.index_select(&keep, 0)?, k_pe.index_select(&keep, 0)?);
+            chosen = None;
+        }
         let chosen = chosen.as_deref();
         let out = if self.plain_is_cheaper(t) {
             self.plain(&p, &c, &k_pe, start, chosen)?
