@@ -240,6 +240,19 @@ fn model_inspect_describes_latent_attention_yarn_and_grouped_routing() {
 }
 
 #[test]
+fn model_inspect_names_deepseek_sparse_attention_from_either_format() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    for (name, architecture) in [("deepseek_v32", "DeepseekV32"), ("glm_moe_dsa", "GlmMoeDsa")] {
+        for path in [fixtures.join(name), fixtures.join(name).join("model.gguf")] {
+            let text = inspect(&path);
+            assert!(text.contains(&format!("architecture   {architecture}")), "{text}");
+            assert!(text.contains("latent (MLA): 4 heads"), "{text}");
+            assert!(text.contains("an indexer of 8 heads of 16 keeps each query's 4 best keys"), "{text}");
+        }
+    }
+}
+
+#[test]
 fn model_inspect_describes_gpt_oss_windows_sinks_routing_and_mxfp4_experts() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let dir = fixtures.join("gpt_oss");

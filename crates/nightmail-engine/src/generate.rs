@@ -187,6 +187,11 @@ impl Model {
         if let Some(m) = &a.mla {
             shape.extend([m.kv_lora_rank, m.qk_rope_head_dim]);
         }
+        // A sparse layer's indexer key rides beside the rotary key; a shared layer keeps none.
+        if let Some(d) = &s.sparse_attention {
+            shape.push(d.head_dim);
+            shape.extend(d.full.iter().map(|&f| usize::from(f)));
+        }
         // KDA layers hold a state of their own shape, at their own places.
         if let Some(k) = &s.kda {
             shape.extend([k.heads, k.head_dim, k.conv_kernel, k.layers.len()]);

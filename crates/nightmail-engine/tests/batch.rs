@@ -159,6 +159,13 @@ fn latent_attention_sequences_decoded_together_get_exactly_what_they_get_alone()
 }
 
 #[test]
+fn sparse_attention_sequences_decoded_together_get_what_they_get_alone() {
+    // DSA: each sequence's indexer keys and top-k choice stay its own (F32: 1e-5, as above).
+    same_tokens_together_as_alone("deepseek_v32");
+    same_tokens_together_as_alone("glm_moe_dsa");
+}
+
+#[test]
 fn sliding_window_and_sink_sequences_decoded_together_get_what_they_get_alone() {
     // gpt_oss: each sequence's window (5) and sinks apply to its own positions, prompts longer
     // and shorter than the window side by side. F32, so the same 1e-5 as deepseek_v3.

@@ -71,7 +71,20 @@ fn greedy_with_drafts_gives_the_plain_tokens_on_every_fixture_architecture() {
     // a verify pass's projections round as a batch does (tests/batch.rs), to within 1e-5.
     let mut rejected = 0;
     let mut accepted = 0;
-    for arch in ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_linear"] {
+    // deepseek_v32 and glm_moe_dsa: a verify pass's indexer chooses one position at a time, and
+    // GLM's shared layer reads each position's choice.
+    let archs = [
+        "llama",
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "deepseek_v3",
+        "gpt_oss",
+        "kimi_linear",
+        "deepseek_v32",
+        "glm_moe_dsa",
+    ];
+    for arch in archs {
         for file in [common::fixture(arch), common::fixture(arch).join("model.gguf")] {
             let c = same_greedy(&file, 1e-5);
             rejected += c.drafted - c.accepted;

@@ -15,6 +15,8 @@ struct Reference {
     prompt_tokens: Vec<u32>,
     greedy_tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
+    /// DSA fixtures: how far transformers' logits move when every key is attended.
+    dense_gap: Option<f32>,
 }
 
 fn fixture(arch: &str) -> PathBuf {
@@ -104,6 +106,22 @@ reference_tests!(deepseek_v4);
 // `mtp.safetensors`; the GGUF's blk.2 counted in block_count and `nextn_predict_layers`): the
 // model runs as if it were not there (tests/mtp.rs checks the layer itself).
 reference_tests!(deepseek_v3_mtp, glm4_moe_mtp, qwen3_next_mtp);
+
+// deepseek_v32 and glm_moe_dsa: DeepSeek Sparse Attention, each layer's lightning indexer keeping
+// 4 keys over a 12-token prompt and 16 decoded tokens (halves rotated in DeepSeek-V3.2's indexer,
+// adjacent pairs in GLM-5's, whose middle layer is GLM-5.2's "shared" kind); their GGUFs as
+// llama.cpp's deepseek32 and glm-dsa converters write them.
+reference_tests!(deepseek_v32, glm_moe_dsa);
+
+/// The DSA fixtures test the sparsity: attending every key (dense MLA) moves transformers' own
+/// logits by far more than the tolerance, so matching them needs the indexer's choice.
+#[test]
+fn dense_attention_would_not_match_the_sparse_fixtures() {
+    for arch in ["deepseek_v32", "glm_moe_dsa"] {
+        let gap = reference(arch).dense_gap.expect("a DSA fixture records its dense gap");
+        assert!(gap > 1000.0 * TOLERANCE, "{arch}: dense attention moves the logits by only {gap:e}");
+    }
+}
 
 /// kimi_k3 (tests/fixtures/kimi_k3.py, no transformers release runs it): KDA with the
 /// lower-bounded gate and full-rank output gate, gated NoPE MLA, Stable LatentMoE with SiTU and

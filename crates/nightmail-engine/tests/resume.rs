@@ -90,8 +90,9 @@ fn a_moe_model_from_gguf_resumes_identically() {
 
 #[test]
 fn a_latent_attention_cache_checkpoints_and_resumes_identically() {
-    // deepseek_v3's cache holds MLA latents and rotary keys, not per-head keys and values.
-    for path in ["deepseek_v3", "deepseek_v3/model.gguf"] {
+    // deepseek_v3's cache holds MLA latents and rotary keys, not per-head keys and values; the
+    // DSA models' the indexer's keys beside them.
+    for path in ["deepseek_v3", "deepseek_v3/model.gguf", "deepseek_v32", "glm_moe_dsa/model.gguf"] {
         check_resumes_identically(&Model::load(fixture(path)).unwrap(), Sampling::greedy());
     }
 }

@@ -118,7 +118,14 @@ fn check_follow_up_matches_full_prefill(path: &str) {
 
 #[test]
 fn a_follow_up_restores_the_exact_state_and_answers_as_a_full_prefill() {
-    for path in ["llama", "qwen3_moe/model.gguf", "deepseek_v3", "deepseek_v3/model.gguf"] {
+    for path in [
+        "llama",
+        "qwen3_moe/model.gguf",
+        "deepseek_v3",
+        "deepseek_v3/model.gguf",
+        "deepseek_v32",
+        "glm_moe_dsa/model.gguf",
+    ] {
         check_follow_up_matches_full_prefill(path);
     }
 }
@@ -138,7 +145,7 @@ fn a_follow_up_that_differs_inside_the_answer_restores_the_common_part_only() {
     // attention's latents) are cut back to the first difference.
     let dir = tempfile::tempdir().unwrap();
     let first = first_prompt();
-    for path in ["llama", "deepseek_v3"] {
+    for path in ["llama", "deepseek_v3", "glm_moe_dsa"] {
         let model = Model::load(fixture(path)).unwrap();
         let states = StateCache::open(&model, dir.path().join(path), 1 << 30).unwrap();
         let answer = answer_and_keep(&model, &states, &first);

@@ -85,7 +85,7 @@ macro_rules! streaming_tests {
 
 // kimi_linear's routed experts stream while its KDA layers keep their recurrent state; kimi_k3's
 // live in the latent width and stream as any others do (its GGUF in llama.cpp's kimi-k3 layout).
-streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, kimi_k3);
+streaming_tests!(mixtral, qwen2_moe, qwen3_moe, deepseek_v3, kimi_linear, kimi_k3, deepseek_v32, glm_moe_dsa);
 // qwen3_next's and qwen3_5_moe's too, beside their Gated DeltaNet states and shared experts' gates.
 streaming_tests!(qwen3_next, qwen3_5_moe);
 // GLM-4.5's and MiniMax-M2's rotate part of each head; MiniMax-M2 norms q and k across heads.
@@ -273,7 +273,17 @@ mod dense {
         )*};
     }
 
-    dense_streaming_tests!(llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, kimi_linear);
+    dense_streaming_tests!(
+        llama,
+        mixtral,
+        qwen2_moe,
+        qwen3_moe,
+        deepseek_v3,
+        gpt_oss,
+        kimi_linear,
+        deepseek_v32,
+        glm_moe_dsa
+    );
     // A streamed Gated DeltaNet layer is built from its read buffers as a resident one is.
     dense_streaming_tests!(qwen3_next);
     dense_streaming_tests!(glm4_moe, minimax_m2);

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::parts::attention::{Attention, F16Cache, F32Cache, LayerCache};
 use crate::parts::attn_res::{LayerResidual, ResidualScore};
 use crate::parts::delta_rule::{DeltaState, StateShape};
+use crate::parts::dsa::Choices;
 use crate::parts::expert::{Expert, ExpertStore};
 use crate::parts::gated_delta_net::GatedDeltaNet;
 use crate::parts::hyper::HyperMix;
@@ -50,24 +51,21 @@ impl SelfAttention {
                 // Qwen3-Next's output gate rides along as a fourth row set.
                 [q, k, v].into_iter().chain(gate).collect()
             }
-            SelfAttention::Latent(m) => {
-                let (q, kv) = m.project(x)?;
-                // A gated layer's gate logits ride along as a third row set.
-                [q, kv].into_iter().chain(m.gate_logits(x)?).collect()
-            }
+            // A gated layer's gate logits and a sparse layer's indexer rows ride along.
+            SelfAttention::Latent(m) => m.project(x)?,
             SelfAttention::Kda(k) => k.project(x)?,
             SelfAttention::DeltaNet(d) => d.project(x)?,
             SelfAttention::Window(w) => w.project(x)?,
         })
     }
 
-    fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState) -> Result<Tensor> {
+    fn attend(&self, rows: &[Tensor], start: usize, state: &mut LayerState, choices: &mut Choices) -> Result<Tensor> {
         match (self, rows, state) {
             (SelfAttention::Grouped(a), [q, k, v, gate @ ..], LayerState::Attention(cache)) => {
                 a.gated(a.attend(q, k, v, start, cache)?, gate.first())
             }
-            (SelfAttention::Latent(m), [q, kv, gate @ ..], LayerState::Attention(LayerCache::F32(cache))) => {
-                m.gated(m.attend(q, kv, start, cache)?, gate.first())
+            (SelfAttention::Latent(m), rows, LayerState::Attention(LayerCache::F32(cache))) => {
+                m.attend_rows(rows, start, cache, choices)
             }
             (SelfAttention::Kda(k), rows, LayerState::Recurrent(state)) => k.attend(rows, state),
             (SelfAttention::DeltaNet(d), rows, LayerState::Recurrent(state)) => d.attend(rows, state),
@@ -208,13 +206,14 @@ impl DecoderLayer {
 /// decode step, attends all its positions at once.
 pub fn attend_group(attention: &SelfAttention, rows: &[Tensor], cache: &mut SequenceState, l: usize) -> Result<Tensor> {
     let start = cache.position;
+    cache.choices.forget_before(start);
     let Some(trail) = cache.verify.as_mut().filter(|t| t.start == start) else {
-        return attention.attend(rows, start, &mut cache.layers[l]);
+        return attention.attend(rows, start, &mut cache.layers[l], &mut cache.choices);
     };
     let mut outs = Vec::with_capacity(rows[0].dim(0)?);
     for i in 0..rows[0].dim(0)? {
         let one = rows.iter().map(|m| m.narrow(0, i, 1)).collect::<Result<Vec<_>, _>>()?;
-        outs.push(attention.attend(&one, start + i, &mut cache.layers[l])?);
+        outs.push(attention.attend(&one, start + i, &mut cache.layers[l], &mut cache.choices)?);
         if let LayerState::Recurrent(state) = &cache.layers[l] {
             trail.states[l].push(state.clone());
         }

@@ -12,6 +12,7 @@ use nightmail_formats::ModelFile;
 mod arch;
 mod delta_net;
 pub use arch::deepseek_v4::{DeepseekV4Spec, V4AttentionKind};
+pub use arch::deepseek_v32::DsaSpec;
 pub use delta_net::DeltaNetSpec;
 
 /// The architectures this engine runs. Each picks its attention and routing parts.
@@ -52,6 +53,10 @@ pub enum Architecture {
     /// sliding-window MQA with heavily-compressed or compressed-sparse entries, the grouped
     /// output projection, sqrt-softplus and hash routing (spec/arch/deepseek_v4.rs).
     DeepseekV4,
+    /// DeepSeek-V3.2 (transformers `DeepseekV32ForCausalLM`, llama.cpp `deepseek32`) and GLM-5
+    /// (`GlmMoeDsaForCausalLM`, `glm-dsa`): DeepSeek-V3's layers with DeepSeek Sparse Attention.
+    DeepseekV32,
+    GlmMoeDsa,
 }
 
 impl Architecture {
@@ -292,6 +297,8 @@ pub struct ModelSpec {
     pub delta_net: Option<DeltaNetSpec>,
     /// DeepSeek-V4's hyper-connections, attention kinds and hash routing.
     pub deepseek_v4: Option<DeepseekV4Spec>,
+    /// DeepSeek Sparse Attention's indexer on every latent-attention layer (DeepSeek-V3.2, GLM-5).
+    pub sparse_attention: Option<DsaSpec>,
     /// The file stores RMSNorm weights as w where the norm multiplies by (1 + w) (transformers'
     /// `Qwen3NextRMSNorm`; llama.cpp's converter adds the 1, so its GGUFs do not).
     pub zero_centered_norms: bool,

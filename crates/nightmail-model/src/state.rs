@@ -10,6 +10,7 @@ use nightmail_tensor::TensorError;
 use crate::error::Result;
 use crate::parts::attention::LayerCache;
 use crate::parts::delta_rule::DeltaState;
+use crate::parts::dsa::Choices;
 use crate::parts::sliding_mqa::WindowState;
 
 /// One layer's part of a sequence's state.
@@ -41,6 +42,8 @@ pub struct SequenceState {
     /// the verify pass started and, per recurrent layer, its state after each of the pass's
     /// tokens (what [`SequenceState::roll_back`] returns to).
     pub(crate) verify: Option<VerifyTrail>,
+    /// DSA: the indexer's choices in the pass under way, for the layers that share them.
+    pub(crate) choices: Choices,
 }
 
 /// A verify pass's record of what rolling back needs. Keys and values are cut back by position;
@@ -58,7 +61,14 @@ pub(crate) struct VerifyTrail {
 impl SequenceState {
     pub fn new(layers: Vec<LayerState>) -> Self {
         let n = layers.len();
-        SequenceState { layers, position: 0, last_routes: vec![Vec::new(); n], guesses: vec![None; n], verify: None }
+        SequenceState {
+            layers,
+            position: 0,
+            last_routes: vec![Vec::new(); n],
+            guesses: vec![None; n],
+            verify: None,
+            choices: Choices::default(),
+        }
     }
 
     /// The next pass is a verify pass: each of its positions computes what a decode step of that

@@ -197,7 +197,10 @@ impl ModelSizes {
             _ => Numerics::Reference,
         };
         let kv_per_layer = match (&a.mla, numerics) {
-            (Some(m), _) => (m.kv_lora_rank + m.qk_rope_head_dim) * 4,
+            (Some(m), _) => {
+                let index = spec.sparse_attention.as_ref().map_or(0, |d| d.head_dim);
+                (m.kv_lora_rank + m.qk_rope_head_dim + index) * 4
+            }
             (None, Numerics::Ggml) => 2 * a.kv_heads * a.head_dim * 2,
             (None, Numerics::Reference) => 2 * a.kv_heads * a.head_dim * 4,
         };

@@ -11,9 +11,10 @@
 //! costs less (the plain form only for long chunks, see `Mla::plain_is_cheaper`). Follows
 //! transformers' `DeepseekV3Attention` for the arithmetic.
 
-use candle_core::{D, Device, Tensor};
+use candle_core::{D, Tensor};
 
 use crate::error::Result;
+use crate::parts::dsa::{self, Choices, IndexRows, Indexer};
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::MlaSpec;
@@ -29,10 +30,14 @@ pub enum MlaQuery {
 }
 
 impl MlaQuery {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The queries, and the normed latent where there is one (DSA's indexer reads it).
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         match self {
-            MlaQuery::Full(q) => Ok(q.forward(x)?),
-            MlaQuery::LowRank { a, norm, b } => Ok(b.forward(&norm.forward(&a.forward(x)?)?)?),
+            MlaQuery::Full(q) => Ok((q.forward(x)?, None)),
+            MlaQuery::LowRank { a, norm, b } => {
+                let latent = norm.forward(&a.forward(x)?)?;
+                Ok((b.forward(&latent)?, Some(latent)))
+            }
         }
     }
 }
@@ -50,6 +55,11 @@ pub struct Mla {
     /// the attention output is multiplied by its sigmoid before `o` (llama.cpp
     /// src/models/kimi-k3.cpp `build_mla_layer`; tests/fixtures/kimi_k3.py `attach_mla_gate`).
     pub(crate) gate: Option<Linear>,
+    /// DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5): each query attends its
+    /// `top_k` keys only.
+    pub(crate) indexer: Option<Indexer>,
+    /// A GLM-5.2 "shared" layer: no indexer of its own, the last full layer's choice.
+    pub(crate) shares_choice: bool,
     pub(crate) rope: Rope,
     pub(crate) heads: usize,
     pub(crate) dims: MlaSpec,
@@ -65,20 +75,36 @@ struct Prepared {
 }
 
 impl Mla {
-    /// The query rows `[tokens, heads · (nope + rope)]` and the latent rows
-    /// `[tokens, kv_lora_rank + rope]` of `x`.
-    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok((self.query.forward(x)?, self.kv_a.forward(x)?))
+    /// The rows of `x` that [`Mla::attend_rows`] takes: the queries `[tokens, heads · (nope +
+    /// rope)]`, the latents `[tokens, kv_lora_rank + rope]`, a gated layer's gate logits
+    /// `[tokens, heads · v_head_dim]`, then a sparse layer's indexer rows ([`IndexRows`]).
+    pub fn project(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        let (q, latent) = self.query.forward(x)?;
+        let mut rows = vec![q, self.kv_a.forward(x)?];
+        rows.extend(self.gate.as_ref().map(|g| g.forward(x)).transpose()?);
+        if let (Some(indexer), Some(latent)) = (&self.indexer, &latent) {
+            rows.extend(indexer.project(x, latent)?);
+        }
+        Ok(rows)
     }
 
-    /// The output gate's logits of `x` `[tokens, heads · v_head_dim]`, for a gated layer.
-    pub fn gate_logits(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        Ok(self.gate.as_ref().map(|g| g.forward(x)).transpose()?)
-    }
-
-    /// `attended` times σ(gate logits) where the layer is gated.
-    pub fn gated(&self, attended: Tensor, logits: Option<&Tensor>) -> Result<Tensor> {
-        Ok(match logits {
+    /// [`Mla::attend`] of [`Mla::project`]'s rows, times σ(gate logits) where the layer is gated.
+    pub fn attend_rows(
+        &self,
+        rows: &[Tensor],
+        start: usize,
+        cache: &mut crate::parts::attention::F32Cache,
+        choices: &mut Choices,
+    ) -> Result<Tensor> {
+        let gate = self.gate.as_ref().map(|_| &rows[2]);
+        let rest = &rows[2 + usize::from(gate.is_some())..];
+        let index = match rest {
+            [q, k, w] if self.indexer.is_some() => Some(IndexRows { q, k, w }),
+            [] if self.indexer.is_none() => None,
+            _ => return Err(candle_core::Error::Msg("latent attention rows of another layer".into()).into()),
+        };
+        let attended = self.attend(&rows[0], &rows[1], index, start, cache, choices)?;
+        Ok(match gate {
             Some(g) => (attended * candle_nn::ops::sigmoid(g)?)?,
             None => attended,
         })
@@ -89,23 +115,48 @@ impl Mla {
     }
 
     /// Attention of projected rows at positions `start..` over `cache`, to which their latents
-    /// (`[1, 1, tokens, kv_lora_rank]`) and rotary keys (`[1, 1, tokens, rope]`) are appended:
-    /// `[tokens, heads · v_head_dim]`, before the output projection.
+    /// (`[1, 1, tokens, kv_lora_rank]`) and rotary keys (`[1, 1, tokens, rope]`, a sparse layer's
+    /// indexer keys after them) are appended: `[tokens, heads · v_head_dim]`, before the output
+    /// projection. A sparse layer keeps its choice in `choices` for the shared layers after it.
     pub fn attend(
         &self,
         q: &Tensor,
         kv: &Tensor,
+        index: Option<IndexRows<'_>>,
         start: usize,
         cache: &mut crate::parts::attention::F32Cache,
+        choices: &mut Choices,
     ) -> Result<Tensor> {
         let t = q.dim(0)?;
         let (p, c, k_pe) = self.prepare(q, kv, start)?;
-        let (c, k_pe) = cache.append(&c, &k_pe)?;
-        let (c, k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?);
+        let rope = self.dims.qk_rope_head_dim;
+        let (c, k_pe, chosen) = match (&self.indexer, index) {
+            (Some(indexer), Some(rows)) => {
+                let (c, keys) = cache.append(&c, &dsa::join_keys(&k_pe, &indexer.keys(&rows, start)?)?)?;
+                let (k_pe, keys) = dsa::split_keys(&keys, rope)?;
+                let chosen = indexer.choose(&rows, &keys, start)?;
+                choices.keep(start, &chosen);
+                (c, k_pe, Some(chosen))
+            }
+            _ => {
+                let (c, k_pe) = cache.append(&c, &k_pe)?;
+                (c, k_pe, self.shares_choice.then(|| choices.at(start, t)).transpose()?)
+            }
+        };
+        let (mut c, mut k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?.contiguous()?);
+        // A decode step reads only the latents its query chose, so its attention costs top_k
+        // keys however long the context; a chunk masks the rest instead.
+        let mut chosen = chosen;
+        if let Some([Some(keep)]) = chosen.as_deref() {
+            let keep = Tensor::from_vec(keep.iter().map(|&j| j as u32).collect(), keep.len(), c.device())?;
+            (c, k_pe) = (c.index_select(&keep, 0)?, k_pe.index_select(&keep, 0)?);
+            chosen = None;
+        }
+        let chosen = chosen.as_deref();
         let out = if self.plain_is_cheaper(t) {
-            self.plain(&p, &c, &k_pe, start)?
+            self.plain(&p, &c, &k_pe, start, chosen)?
         } else {
-            self.absorbed(&p, &c, &k_pe, start)?
+            self.absorbed(&p, &c, &k_pe, start, chosen)?
         };
         // [heads, tokens, v] → [tokens, heads · v]
         Ok(out.transpose(0, 1)?.reshape((t, self.heads * self.dims.v_head_dim))?)
@@ -144,7 +195,7 @@ impl Mla {
 
     /// Up-project every cached latent to per-head keys and values, then attend as MHA.
     /// `c`: `[s, kv_lora_rank]`, `k_pe`: `[s, rope]` → `[heads, tokens, v]`.
-    fn plain(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize) -> Result<Tensor> {
+    fn plain(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize, chosen: Chosen<'_>) -> Result<Tensor> {
         let (h, s, d) = (self.heads, c.dim(0)?, self.dims);
         let up = |w: &Tensor, width: usize| -> Result<Tensor> {
             // [s, kv] · [kv, h·width] → [h, s, width]
@@ -157,12 +208,12 @@ impl Mla {
         let k = Tensor::cat(&[&k_nope, &k_pe.contiguous()?], D::Minus1)?;
         let q = Tensor::cat(&[&p.q_nope, &p.q_pe], D::Minus1)?;
         let scores = (q.matmul(&k.t()?)? * self.softmax_scale)?;
-        let probs = self.softmax(scores, start)?;
+        let probs = self.softmax(scores, start, chosen)?;
         Ok(probs.matmul(&v)?)
     }
 
     /// Attend over the latents themselves: `W_uk` folded into the query, `W_uv` applied after.
-    fn absorbed(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize) -> Result<Tensor> {
+    fn absorbed(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize, chosen: Chosen<'_>) -> Result<Tensor> {
         let (h, t) = (self.heads, p.q_nope.dim(1)?);
         // [h, t, nope] · [h, nope, kv] → [h, t, kv]: each head's query in latent space.
         let q_latent = p.q_nope.matmul(&self.k_up)?;
@@ -172,26 +223,24 @@ impl Mla {
         let scores_pe = p.q_pe.contiguous()?.reshape((h * t, rope))?.matmul(&k_pe.t()?)?;
         let s = c.dim(0)?;
         let scores = ((scores_nope + scores_pe)? * self.softmax_scale)?.reshape((h, t, s))?;
-        let probs = self.softmax(scores, start)?;
+        let probs = self.softmax(scores, start, chosen)?;
         // [h·t, s] · [s, kv] → [h, t, kv] · [h, kv, v] → [h, t, v]
         let latent = probs.reshape((h * t, s))?.matmul(c)?.reshape((h, t, kv))?;
         Ok(latent.matmul(&self.v_up.transpose(1, 2)?)?)
     }
 
-    /// Causal softmax of `[heads, tokens, keys]` for queries at positions `start..`.
-    fn softmax(&self, scores: Tensor, start: usize) -> Result<Tensor> {
+    /// Causal softmax of `[heads, tokens, keys]` for queries at positions `start..`, over the
+    /// keys the indexer chose where it did (transformers folds the choice into the mask the same way).
+    fn softmax(&self, scores: Tensor, start: usize, chosen: Chosen<'_>) -> Result<Tensor> {
         let (t, s) = (scores.dim(1)?, scores.dim(2)?);
-        let scores = if t > 1 {
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| (0..s).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
-                .collect();
-            scores.broadcast_add(&Tensor::from_vec(mask, (t, s), &Device::Cpu)?)?
-        } else {
-            scores
-        };
+        let sparse = chosen.is_some_and(|c| c.iter().any(Option::is_some));
+        let scores = if t > 1 || sparse { scores.broadcast_add(&dsa::mask(t, s, start, chosen)?)? } else { scores };
         Ok(candle_nn::ops::softmax_last_dim(&scores)?)
     }
 }
+
+/// Per query, the keys DSA's indexer chose (None: every visible one).
+type Chosen<'a> = Option<&'a [Option<Vec<usize>>]>;
 
 /// Transformers' DeepseekV3RMSNorm default: the latent norms (`q_a_layernorm`,
 /// `kv_a_layernorm`) use 1e-6 whatever `rms_norm_eps` says, as DeepSeek-V3's reference does.
@@ -238,6 +287,13 @@ impl Mla {
             v_up,
             o: w.weight("attn_output", hidden, heads * d.v_head_dim)?,
             gate: if d.output_gate { Some(w.weight("attn_gate", heads * d.v_head_dim, hidden)?) } else { None },
+            indexer: match (&spec.sparse_attention, d.q_lora_rank) {
+                (Some(dsa), Some(rank)) if dsa.is_full(w.layer) => {
+                    Some(Indexer::load(w, spec, dsa, rank, d.qk_rope_head_dim)?)
+                }
+                _ => None,
+            },
+            shares_choice: spec.sparse_attention.as_ref().is_some_and(|dsa| !dsa.is_full(w.layer)),
             rope: Rope::new(d.qk_rope_head_dim, a.rope_theta, a.rope_style, yarn),
             heads,
             dims: *d,
@@ -251,7 +307,7 @@ impl Mla {
 mod tests {
     use super::*;
     use crate::spec::RopeStyle;
-    use candle_core::DType;
+    use candle_core::{DType, Device};
 
     fn random(shape: &[usize], seed: u64) -> Tensor {
         // A fixed xorshift stream: the test needs no RNG crate state to reproduce.
@@ -288,6 +344,8 @@ mod tests {
             v_up: random(&[heads, 6, 16], 4),
             o: Linear::from_tensor(random(&[hidden, heads * 6], 5)),
             gate: None,
+            indexer: None,
+            shares_choice: false,
             rope: Rope::new(4, 10000.0, RopeStyle::Interleaved, None),
             heads,
             dims,
@@ -299,14 +357,14 @@ mod tests {
     /// (plain, absorbed), each `[heads · new tokens · v]`.
     fn both_forms(m: &Mla, x: &Tensor, cached: usize) -> (Vec<f32>, Vec<f32>) {
         let mut cache = crate::parts::attention::F32Cache::new();
-        let (q, kv) = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
-        m.attend(&q, &kv, 0, &mut cache).unwrap();
-        let (q, kv) = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
-        let (p, c, k_pe) = m.prepare(&q, &kv, cached).unwrap();
+        let rows = m.project(&x.narrow(0, 0, cached).unwrap()).unwrap();
+        m.attend_rows(&rows, 0, &mut cache, &mut Choices::default()).unwrap();
+        let rows = m.project(&x.narrow(0, cached, x.dim(0).unwrap() - cached).unwrap()).unwrap();
+        let (p, c, k_pe) = m.prepare(&rows[0], &rows[1], cached).unwrap();
         let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
         let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
         let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        (flat(m.plain(&p, &c, &k_pe, cached).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached).unwrap()))
+        (flat(m.plain(&p, &c, &k_pe, cached, None).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached, None).unwrap()))
     }
 
     fn worst(a: &[f32], b: &[f32]) -> f32 {
@@ -352,13 +410,13 @@ mod tests {
         // 14 tokens: a prefill the plain form takes, against decode steps the absorbed one takes.
         let x = random(&[14, 32], 7);
         assert!(m.plain_is_cheaper(14));
-        let (q, kv) = m.project(&x).unwrap();
+        let rows = m.project(&x).unwrap();
         let mut cache = crate::parts::attention::F32Cache::new();
-        let all = m.attend(&q, &kv, 0, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+        let all = m.attend_rows(&rows, 0, &mut cache, &mut Choices::default()).unwrap().to_vec2::<f32>().unwrap();
         let mut cache = crate::parts::attention::F32Cache::new();
         for (i, want) in all.iter().enumerate() {
-            let row = |t: &Tensor| t.narrow(0, i, 1).unwrap();
-            let one = m.attend(&row(&q), &row(&kv), i, &mut cache).unwrap().to_vec2::<f32>().unwrap();
+            let one: Vec<Tensor> = rows.iter().map(|t| t.narrow(0, i, 1).unwrap()).collect();
+            let one = m.attend_rows(&one, i, &mut cache, &mut Choices::default()).unwrap().to_vec2::<f32>().unwrap();
             let worst = worst(&one[0], want);
             assert!(worst < 1e-6, "token {i}: {worst:e}");
         }

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod attn_res;
 pub mod compressor;
 pub mod delta_rule;
+pub mod dsa;
 pub mod embedding;
 pub mod expert;
 pub mod gated_delta_net;

@@ -14,6 +14,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::parts::compressor::{Compressor, CompressorState, count, put, take};
+use crate::parts::dsa::{index_scores, top_keys};
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::{DeepseekV4Spec, ModelSpec, RopeStyle, V4AttentionKind};
@@ -29,7 +30,6 @@ pub struct Indexer {
     pub(crate) q_b: Linear,
     /// `weights_proj`: one weight per indexer head from the layer input.
     pub(crate) weights: Linear,
-    pub(crate) heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) top_k: usize,
 }
@@ -248,7 +248,7 @@ impl SlidingMqa {
 
 impl Indexer {
     /// Per query position, the entries it attends: of those closed by its position, the
-    /// `top_k` best by Σ_h w_h · ReLU(q_h · k) (`DeepseekV4IndexerScorer`).
+    /// `top_k` best by the lightning indexer's score (parts/dsa.rs).
     fn choose(
         &self,
         q: &Tensor,
@@ -258,30 +258,22 @@ impl Indexer {
         rate: usize,
     ) -> Result<Vec<Vec<usize>>> {
         let (hd, rd) = (self.head_dim, self.compressor.rope_dim);
-        let (softmax_scale, weight_scale) = ((hd as f32).powf(-0.5), (self.heads as f32).powf(-0.5));
-        let mut out = Vec::new();
-        for (i, (mut q, w)) in q.to_vec2::<f32>()?.into_iter().zip(w.to_vec2::<f32>()?).enumerate() {
-            let p = start + i;
+        let (t, cpu) = (q.dim(0)?, &candle_core::Device::Cpu);
+        let mut q = q.to_vec2::<f32>()?;
+        for (i, q) in q.iter_mut().enumerate() {
             for head in q.chunks_exact_mut(hd) {
-                self.compressor.rope.rotate_pairs(&mut head[hd - rd..], p, false);
+                self.compressor.rope.rotate_pairs(&mut head[hd - rd..], start + i, false);
             }
-            let closed = ((p + 1) / rate).min(entries.len());
-            let scores: Vec<f32> = entries[..closed]
-                .iter()
-                .map(|k| {
-                    q.chunks_exact(hd)
-                        .zip(&w)
-                        .map(|(qh, wh)| (dot(qh, k).max(0.0) * softmax_scale) * (wh * weight_scale))
-                        .sum()
-                })
-                .collect();
-            let mut order: Vec<usize> = (0..closed).collect();
-            order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
-            order.truncate(self.top_k);
-            order.sort_unstable();
-            out.push(order);
         }
-        Ok(out)
+        if entries.is_empty() {
+            return Ok(vec![Vec::new(); t]);
+        }
+        let q = Tensor::from_vec(q.concat(), (t, q[0].len() / hd, hd), cpu)?;
+        let keys = Tensor::from_vec(entries.concat(), (entries.len(), hd), cpu)?;
+        let scores = index_scores(&q, w, &keys)?.to_vec2::<f32>()?;
+        // Entry e is visible from position (e + 1) · rate − 1 on.
+        let closed = |i: usize| ((start + i + 1) / rate).min(entries.len());
+        Ok(scores.iter().enumerate().map(|(i, row)| top_keys(&row[..closed(i)], self.top_k)).collect())
     }
 }
 
@@ -338,7 +330,6 @@ impl SlidingMqa {
                     compressor: compressor("indexer_compressor", rate, v4.index_head_dim, true)?,
                     q_b: w.weight("indexer.attn_q_b", v4.index_heads * v4.index_head_dim, v4.q_lora_rank)?,
                     weights: w.weight("indexer.proj", v4.index_heads, hidden)?,
-                    heads: v4.index_heads,
                     head_dim: v4.index_head_dim,
                     top_k: v4.index_topk,
                 };

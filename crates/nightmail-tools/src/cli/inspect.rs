@@ -52,6 +52,12 @@ pub(super) fn inspect(path: PathBuf, json: bool, memory_mb: Option<usize>) -> Re
             if a.sinks { ", attention sinks" } else { "" }
         ),
     }
+    if let Some(d) = &s.sparse_attention {
+        println!(
+            "sparse attn    DeepSeek Sparse Attention: an indexer of {} heads of {} keeps each query's {} best keys; its key of {} cached per token beside the latent",
+            d.heads, d.head_dim, d.top_k, d.head_dim
+        );
+    }
     if let Some(y) = &a.rope_scaling {
         println!(
             "rope scaling   YaRN factor {} over original context {}, beta {}/{}{}, attention factor {:.4}, softmax factor {:.4}",

@@ -28,20 +28,32 @@ pub(super) const ROW: Row = Row {
 const ROUTER: SigmoidDefaults = SigmoidDefaults { normalize: false, scale: 1.0, shared_experts: 1 };
 
 fn read_gguf(g: &Gguf) -> Result<ModelSpec> {
-    let mut s = g.base()?;
-    set_latent_gguf(g, &mut s, MlaSpec { nope: false, output_gate: false, ..mla_from_gguf(g)? });
-    s.attention.rope_scaling = g.yarn()?;
     // A deepseek2 file without `expert_gating_func` is DeepSeek-V2's (llama.cpp's loader takes
     // softmax then), which is refused.
-    s.moe = g.moe_keys()?.map(|k| k.sigmoid_moe(ROUTER, Scoring::Softmax, Activation::SwiGlu)).transpose()?;
-    Ok(s)
+    read_latent_gguf(g, ROUTER, Scoring::Softmax)
 }
 
 fn read_hf(h: &Hf) -> Result<ModelSpec> {
+    read_latent_hf(h, ROUTER)
+}
+
+/// DeepSeek-V3's layers from a GGUF (DeepSeek-V3.2 and GLM-5 build on them): latent attention,
+/// YaRN, and the sigmoid router with `router` where the file is silent and `scoring` where it
+/// names no gating function.
+pub(super) fn read_latent_gguf(g: &Gguf, router: SigmoidDefaults, scoring: Scoring) -> Result<ModelSpec> {
+    let mut s = g.base()?;
+    set_latent_gguf(g, &mut s, MlaSpec { nope: false, output_gate: false, ..mla_from_gguf(g)? });
+    s.attention.rope_scaling = g.yarn()?;
+    s.moe = g.moe_keys()?.map(|k| k.sigmoid_moe(router, scoring, Activation::SwiGlu)).transpose()?;
+    Ok(s)
+}
+
+/// DeepSeek-V3's layers from config.json, as `read_latent_gguf`.
+pub(super) fn read_latent_hf(h: &Hf, router: SigmoidDefaults) -> Result<ModelSpec> {
     let mut s = h.base()?;
     set_latent_hf(h, &mut s, mla_from_hf(h, false, false)?);
     s.attention.rope_scaling = h.yarn()?;
-    s.moe = h.moe_keys()?.map(|k| k.sigmoid_moe(ROUTER, Scoring::Sigmoid, Activation::SwiGlu)).transpose()?;
+    s.moe = h.moe_keys()?.map(|k| k.sigmoid_moe(router, Scoring::Sigmoid, Activation::SwiGlu)).transpose()?;
     Ok(s)
 }
 

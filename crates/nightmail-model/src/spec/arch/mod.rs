@@ -13,8 +13,10 @@ use crate::error::Result;
 use nightmail_formats::{GgufFile, HfDir};
 
 pub(super) mod deepseek_v3;
+pub(super) mod deepseek_v32;
 pub(super) mod deepseek_v4;
 mod glm4_moe;
+mod glm_moe_dsa;
 mod gpt_oss;
 pub(super) mod kimi_k3;
 pub(super) mod kimi_linear;
@@ -49,7 +51,7 @@ struct Row {
     read_hf: fn(&Hf) -> Result<ModelSpec>,
 }
 
-const ROWS: [Row; 13] = [
+const ROWS: [Row; 15] = [
     llama::ROW,
     mixtral::ROW,
     qwen2_moe::ROW,
@@ -63,15 +65,24 @@ const ROWS: [Row; 13] = [
     glm4_moe::ROW,
     minimax_m2::ROW,
     deepseek_v4::ROW,
+    deepseek_v32::ROW,
+    glm_moe_dsa::ROW,
 ];
 
 fn row(architecture: Architecture) -> &'static Row {
     ROWS.iter().find(|r| r.architecture == architecture).expect("every architecture has a row")
 }
 
-/// Multi-head latent attention: DeepSeek-V3 and the Kimi models built on its attention.
+/// Multi-head latent attention: DeepSeek-V3 and the models built on its attention.
 fn is_latent(architecture: Architecture) -> bool {
-    matches!(architecture, Architecture::DeepseekV3 | Architecture::KimiLinear | Architecture::KimiK3)
+    matches!(
+        architecture,
+        Architecture::DeepseekV3
+            | Architecture::DeepseekV32
+            | Architecture::GlmMoeDsa
+            | Architecture::KimiLinear
+            | Architecture::KimiK3
+    )
 }
 
 pub(super) fn from_gguf(g: &GgufFile) -> Result<ModelSpec> {

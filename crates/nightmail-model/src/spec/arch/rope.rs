@@ -31,10 +31,11 @@ pub(crate) fn yarn_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<Yarn>> {
     }
     let factor = g.float(&key("factor")).ok_or_else(|| missing(&key("factor")))?;
     let given = g.float(&key("yarn_attn_factor"));
-    // deepseek2: the converter writes 0.1 · mscale_all_dim as the log multiplier, and llama.cpp
-    // (llama-model.cpp, TAG_DEEPSEEK2_YARN_LOG_MUL_FIX) divides it back out, folds mscale² into
-    // the softmax scale and cancels ggml's own YaRN factor on cos/sin.
-    let (attention_factor, mscale_all_dim) = if arch == "deepseek2" {
+    // deepseek2 (and deepseek32, glm-dsa, its converter's subclasses): the converter writes
+    // 0.1 · mscale_all_dim as the log multiplier, and llama.cpp (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX)
+    // divides it back out, folds mscale² into the softmax scale and cancels ggml's own YaRN factor
+    // on cos/sin.
+    let (attention_factor, mscale_all_dim) = if matches!(arch, "deepseek2" | "deepseek32" | "glm-dsa") {
         (given.unwrap_or(1.0), g.float(&key("yarn_log_multiplier")).map_or(0.0, |m| m / 0.1))
     } else {
         (given.unwrap_or_else(|| yarn_mscale(factor, 1.0)), 0.0)

@@ -281,6 +281,7 @@ fn plain(architecture: Architecture, attention: AttentionSpec) -> ModelSpec {
         attn_res_block: None,
         delta_net: None,
         deepseek_v4: None,
+        sparse_attention: None,
         zero_centered_norms: false,
         mtp_layers: 0,
         mtp_key: String::new(),
