@@ -3,7 +3,8 @@
 //! schema-1 store holds.
 
 use crate::StoreError;
-use crate::queue::{Job, JobState, queue_key};
+use crate::job::{Job, JobState};
+use crate::queue::queue_key;
 use crate::schema::{JOBS, QUEUE, decode};
 
 pub fn apply(db: &sled::Db) -> Result<(), StoreError> {

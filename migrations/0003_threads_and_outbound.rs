@@ -8,7 +8,7 @@
 
 use crate::StoreError;
 use crate::delivery::MessageRef;
-use crate::queue::Job;
+use crate::job::Job;
 use crate::schema::{JOBS, MESSAGE_IDS, OUTBOUND, decode, encode};
 
 pub fn apply(db: &sled::Db) -> Result<(), StoreError> {

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use crate::delivery::MessageRef;
+use crate::job::Job;
 use crate::mailbox::MailEntry;
 use crate::outbound::Outbound;
-use crate::queue::Job;
 use crate::refs::Holders;
 use crate::schema::{JOBS, MAIL, MESSAGE_IDS, MESSAGE_REFS, MESSAGES, OUTBOUND, decode, encode};
 use crate::{MessageKey, StoreError};

@@ -4,7 +4,8 @@
 //! safe to re-run.
 
 use crate::StoreError;
-use crate::queue::{Job, live_key, live_lists};
+use crate::job::Job;
+use crate::queue::{live_key, live_lists};
 use crate::schema::{JOBS, LIVE_JOBS, decode};
 
 pub fn apply(db: &sled::Db) -> Result<(), StoreError> {

@@ -4,8 +4,8 @@
 //! again is safe to re-run.
 
 use crate::StoreError;
+use crate::job::Job;
 use crate::job_index::{Index, entries};
-use crate::queue::Job;
 use crate::schema::{ANSWERS, JOBS, OPEN_JOBS, REPLIES, decode};
 
 pub fn apply(db: &sled::Db) -> Result<(), StoreError> {

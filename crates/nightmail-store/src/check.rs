@@ -12,10 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::delivery::MessageRef;
 use crate::ids::mail_key;
+use crate::job::{Job, JobState};
 use crate::job_index::{self, Index};
 use crate::modseq::parse_expunged_key;
 use crate::outbound::OutboundState;
-use crate::queue::{Job, JobState, Live, live_key, live_lists, queue_key};
+use crate::queue::{Live, live_key, live_lists, queue_key};
 use crate::refs::Holders;
 use crate::schema::{JOBS, MAIL, MAILBOXES, MESSAGE_IDS, MESSAGE_REFS, OUTBOUND, decode};
 use crate::{JobId, MailEntry, MailboxId, MailboxInfo, MessageKey, Outbound, Store, StoreError};

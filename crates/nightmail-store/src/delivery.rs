@@ -7,9 +7,10 @@ use nightmail_types::{Address, Timestamp};
 use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
+use crate::job::{Job, Origin};
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::outbound::{Outbound, OutboundId, OutboundState};
-use crate::queue::{Job, Origin, write_job};
+use crate::queue::write_job;
 use crate::schema::{DEDUPE, MESSAGE_IDS, Tx, decode, encode};
 use crate::staging::Staged;
 use crate::{JobId, MailboxId, MessageKey, Store, StoreError, Uid};

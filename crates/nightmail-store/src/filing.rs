@@ -12,7 +12,8 @@ use nightmail_types::{Address, Timestamp};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::delivery::{MessageRef, index_message_id};
-use crate::queue::{Job, Origin, write_job};
+use crate::job::{Job, Origin};
+use crate::queue::write_job;
 use crate::refs::{hold, read_holders};
 use crate::schema::{Tx, encode};
 use crate::{JobId, MessageKey, StoreError, Summary};

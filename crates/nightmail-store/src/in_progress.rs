@@ -12,9 +12,10 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 
 use crate::ids::mail_key;
+use crate::job::{Job, JobState, LeasedJob};
 use crate::mailbox::{MailEntry, append, ensure_mailbox};
 use crate::modseq::{next_modseq, record_expunge};
-use crate::queue::{Job, JobState, LeasedJob, read_job, write_job};
+use crate::queue::{read_job, write_job};
 use crate::refs::{RefTrees, hold_new};
 use crate::schema::{MAIL, MAILBOXES, Tx, decode, encode};
 use crate::{MailboxId, MailboxInfo, Store, StoreError, Uid};

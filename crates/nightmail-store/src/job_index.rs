@@ -8,7 +8,7 @@ use std::time::Duration;
 use nightmail_types::{Address, Timestamp};
 use sled::transaction::TransactionalTree;
 
-use crate::queue::{Job, JobState};
+use crate::job::{Job, JobState};
 use crate::schema::{ANSWERS, OPEN_JOBS};
 use crate::{JobId, Store, StoreError};
 

@@ -20,6 +20,7 @@ mod error;
 mod filing;
 mod ids;
 mod in_progress;
+mod job;
 mod job_index;
 mod lease_clock;
 mod mail_ops;
@@ -54,6 +55,9 @@ pub use error::StoreError;
 pub use filing::Filing;
 pub use ids::{JobId, MailboxId, MessageKey, Uid};
 pub use in_progress::{IN_PROGRESS, ProgressMail};
+pub use job::{
+    EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, PromptIn, ResearchProgress, Retry, RetryPolicy,
+};
 pub use job_index::Answered;
 pub use mail_ops::{Appended, AppendedAll, Copied, FlagChange, FlagUpdate, FlagsStored, NewMail};
 pub use mailbox::{MailEntry, MailboxInfo};
@@ -61,9 +65,6 @@ pub use mailbox_ops::{MailboxOpError, SpecialUse};
 pub use modseq::ModSeq;
 pub use outbound::{LeasedOutbound, Outbound, OutboundId, OutboundOpError, OutboundState, Settle};
 pub use private::{log_made_private, make_private};
-pub use queue::{
-    EngineFigures, Finish, Job, JobState, LeasedJob, Origin, Progress, PromptIn, ResearchProgress, Retry, RetryPolicy,
-};
 pub use relay_quota::{HoldError, RelayHold};
 pub use schema::SCHEMA_VERSION;
 pub use space::MIN_FREE_BYTES;

@@ -100,7 +100,8 @@ fn ask(store: &Store, job: &crate::Job, hour_ago: nightmail_types::Timestamp) ->
 /// trees (through `write_job`, so every index is kept), a thousand per transaction: finished
 /// over the last day, some failed with a notice, some done with no reply.
 fn history(store: &Store, count: u64, now: nightmail_types::Timestamp) {
-    use crate::queue::{Job, JobState, Origin, write_job};
+    use crate::job::{Job, JobState, Origin};
+    use crate::queue::write_job;
     use crate::{JobId, MessageKey, Progress};
     let summary = Summary { from: "me@nightmail.local".into(), subject: "old".into(), message_id: "<old@x>".into() };
     let me = Address::parse("me@nightmail.local").unwrap();
@@ -150,7 +151,7 @@ async fn question_beside(finished: u64) -> (u64, Answers, Store, nightmail_types
 
 #[tokio::test]
 async fn a_new_question_costs_no_more_beside_ten_thousand_finished_jobs() {
-    use crate::queue::JobState;
+    use crate::job::JobState;
     let (alone, empty, ..) = question_beside(0).await;
     let (beside, answers, store, hour_ago, _dir) = question_beside(10_000).await;
     // The running job and the new one, once for what is ahead and once for the open queue.
