@@ -71,7 +71,32 @@ impl GgufFile {
             }
             g.parts.push(GgufFile::open(&part)?);
         }
+        g.refuse_nvfp4_second_scales()?;
         Ok(g)
+    }
+
+    /// llama.cpp's converter writes a ModelOpt NVFP4 checkpoint's per-tensor second scale as a
+    /// tensor of its own (`<name>.scale`, conversion/base.py `_repack_nvfp4`) that its graph
+    /// multiplies in after the product; nightmail does not apply it yet, so such a file is refused
+    /// rather than computed without it. NVFP4 files from llama.cpp's quantizer have none.
+    fn refuse_nvfp4_second_scales(&self) -> Result<()> {
+        let nvfp4 = nightmail_tensor::WeightDType::LowBit(nightmail_tensor::LowBit::Nvfp4);
+        for f in self.files() {
+            for name in f.tensors.keys() {
+                let Some(weight) = name.strip_suffix(".scale").map(|base| format!("{base}.weight")) else { continue };
+                if self.holder(&weight).and_then(|h| h.tensors.get(&weight)).is_some_and(|t| t.dtype == nvfp4) {
+                    return Err(FormatError::Unsupported {
+                        what: format!(
+                            "`{weight}` is NVFP4 with a second scale, `{name}` (a converted ModelOpt checkpoint)"
+                        ),
+                        hint:
+                            "requantize the model from its BF16 weights, or use NVFP4 files from llama.cpp's quantizer"
+                                .into(),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// This file and its stripe parts.
@@ -414,5 +439,30 @@ mod tests {
         }
         // Every scale byte is there: subnormal scales, infinite products at 255.
         assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.is_subnormal()));
+    }
+
+    /// NVFP4 blocks alone are read; NVFP4 with the second scale a converted ModelOpt checkpoint
+    /// carries (`<name>.scale`) is refused, naming both tensors, not computed without it.
+    #[test]
+    fn nvfp4_with_a_second_scale_tensor_is_refused_and_without_one_read() {
+        use crate::gguf_write::{TensorHeader, write_gguf};
+        let dir = tempfile::tempdir().unwrap();
+        let nvfp4 = WeightDType::LowBit(nightmail_tensor::LowBit::Nvfp4);
+        let write = |name: &str, scale: bool| {
+            let path = dir.path().join(name);
+            let mut tensors = vec![TensorHeader::new("blk.0.ffn_down.weight", nvfp4, &[2, 64])];
+            if scale {
+                tensors.push(TensorHeader::new("blk.0.ffn_down.scale", WeightDType::F32, &[1]));
+            }
+            write_gguf(&path, &[], &tensors, 32, |i, w| w.write_all(&vec![0x11; tensors[i].byte_len()])).unwrap();
+            path
+        };
+        let plain = GgufFile::open(&write("plain.gguf", false)).unwrap();
+        assert_eq!(plain.tensor("blk.0.ffn_down.weight").unwrap().unwrap().dtype, nvfp4);
+        let refused = GgufFile::open(&write("scaled.gguf", true)).err().expect("refused").to_string();
+        assert!(
+            refused.contains("`blk.0.ffn_down.weight` is NVFP4") && refused.contains("blk.0.ffn_down.scale"),
+            "{refused}"
+        );
     }
 }

@@ -16,8 +16,9 @@ pub enum WeightDType {
     LowBit(LowBit),
 }
 
-/// llama.cpp's lattice ("i-quant") and ternary block types (`ggml-common.h` `block_iq*`,
-/// `block_tq*`), each read by its own file in `kernel/`.
+/// llama.cpp's lattice ("i-quant"), ternary, binary and NVFP4 block types (`ggml-common.h`
+/// `block_iq*`, `block_tq*`, `block_q1_0`, `block_q2_0`, `block_nvfp4`), each read by its own file
+/// in `kernel/`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum LowBit {
     Iq2Xxs,
@@ -31,11 +32,14 @@ pub enum LowBit {
     Iq1M,
     Tq1_0,
     Tq2_0,
+    Nvfp4,
+    Q1_0,
+    Q2_0,
 }
 
 impl LowBit {
     /// Every type, with ggml's name and its `enum ggml_type` id (`ggml.h`).
-    pub const ALL: [(LowBit, &'static str, u32); 11] = [
+    pub const ALL: [(LowBit, &'static str, u32); 14] = [
         (LowBit::Iq2Xxs, "IQ2_XXS", 16),
         (LowBit::Iq2Xs, "IQ2_XS", 17),
         (LowBit::Iq3Xxs, "IQ3_XXS", 18),
@@ -47,6 +51,9 @@ impl LowBit {
         (LowBit::Iq1M, "IQ1_M", 29),
         (LowBit::Tq1_0, "TQ1_0", 34),
         (LowBit::Tq2_0, "TQ2_0", 35),
+        (LowBit::Nvfp4, "NVFP4", 40),
+        (LowBit::Q1_0, "Q1_0", 41),
+        (LowBit::Q2_0, "Q2_0", 42),
     ];
 
     /// Elements and bytes per block (gguf-py `GGML_QUANT_SIZES`; each type's file lays its
@@ -63,6 +70,9 @@ impl LowBit {
             LowBit::Iq4Xs => (256, 136),
             LowBit::Iq1M => (256, 56),
             LowBit::Tq1_0 => (256, 54),
+            LowBit::Nvfp4 => (64, 36),
+            LowBit::Q1_0 => (128, 18),
+            LowBit::Q2_0 => (64, 18),
         }
     }
 
@@ -178,7 +188,7 @@ mod tests {
         assert_eq!(WeightDType::from_gguf_type_id(39), Some(WeightDType::Mxfp4));
         assert_eq!(WeightDType::Mxfp4.gguf_type_id(), 39);
         assert_eq!(WeightDType::Mxfp4.byte_len(64 * 32), 64 * 17);
-        assert_eq!(WeightDType::from_gguf_type_id(40), None);
+        assert_eq!(WeightDType::from_gguf_type_id(43), None);
         assert_eq!(format!("{:?}", WeightDType::Mxfp4), "MXFP4");
         assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4_0)), "Q4_0");
         for (t, name, id) in LowBit::ALL {
@@ -189,9 +199,14 @@ mod tests {
             );
         }
         // gguf-py's GGML_QUANT_SIZES.
-        let sizes = [66, 74, 98, 50, 18, 110, 82, 136, 56, 54, 66];
+        let sizes = [66, 74, 98, 50, 18, 110, 82, 136, 56, 54, 66, 36, 18, 18];
         for ((t, _, _), bytes) in LowBit::ALL.into_iter().zip(sizes) {
-            let elems = if t == LowBit::Iq4Nl { 32 } else { 256 };
+            let elems = match t {
+                LowBit::Iq4Nl => 32,
+                LowBit::Nvfp4 | LowBit::Q2_0 => 64,
+                LowBit::Q1_0 => 128,
+                _ => 256,
+            };
             assert_eq!(
                 (WeightDType::LowBit(t).block_size(), WeightDType::LowBit(t).type_size()),
                 (elems, bytes),

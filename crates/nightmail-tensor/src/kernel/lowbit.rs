@@ -1,4 +1,4 @@
-//! llama.cpp's i-quant and ternary block types, which candle does not know: each block decoded
+//! llama.cpp's i-quant, ternary, binary and NVFP4 block types, which candle does not know: each block decoded
 //! by its type's file, as ggml's `dequantize_row_*` (ggml-quants.c) and gguf-py's `quants.py`
 //! decode it, so that a weight read here is the weight llama.cpp reads.
 
@@ -23,6 +23,9 @@ fn codec(t: LowBit) -> (usize, usize, Decode) {
         LowBit::Iq4Xs => (QK_K, iq4_xs::BLOCK_BYTES, iq4_xs::dequantize_block),
         LowBit::Tq1_0 => (QK_K, tq1_0::BLOCK_BYTES, tq1_0::dequantize_block),
         LowBit::Tq2_0 => (QK_K, tq2_0::BLOCK_BYTES, tq2_0::dequantize_block),
+        LowBit::Nvfp4 => (nvfp4::QK, nvfp4::BLOCK_BYTES, nvfp4::dequantize_block),
+        LowBit::Q1_0 => (q1_0::QK, q1_0::BLOCK_BYTES, q1_0::dequantize_block),
+        LowBit::Q2_0 => (q2_0::QK, q2_0::BLOCK_BYTES, q2_0::dequantize_block),
     }
 }
 
@@ -70,8 +73,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_type_dequantizes_random_blocks_bit_for_bit_as_gguf_py_does() {
-        // tests/fixtures/lowbit/generate.py: random blocks, then gguf-py quants.py's values.
+    fn every_type_dequantizes_random_blocks_bit_for_bit_as_llama_cpp_does() {
+        // tests/fixtures/lowbit/generate.py: random blocks, then gguf-py quants.py's values (and
+        // ggml's own `to_float` where gguf-py has none).
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lowbit");
         for (t, name, _) in LowBit::ALL {
             let (elems, size, _) = codec(t);
@@ -85,7 +89,7 @@ mod tests {
             let mut got = vec![0f32; blocks * elems];
             dequantize(t, bytes, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g.to_bits(), *w, "{name} element {i}: {g} vs gguf-py's {}", f32::from_bits(*w));
+                assert_eq!(g.to_bits(), *w, "{name} element {i}: {g} vs the reference's {}", f32::from_bits(*w));
             }
         }
     }
