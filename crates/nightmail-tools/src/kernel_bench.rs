@@ -72,10 +72,14 @@ pub struct KernelBenchReport {
     pub by_type_to_q4_0_gbps: Vec<f64>,
 }
 
-/// The weight types whose kernels `by_type` times, Q4_0 first, then the i-quants with kernels and
-/// the float types (F32: candle's f32 product, which BF16 weights took before their own kernel).
+/// The weight types whose kernels `by_type` times, Q4_0 first, then the K-quants (Q2_K's own
+/// kernel, candle's for the others), the i-quants with kernels and the float types (F32: candle's
+/// f32 product, which BF16 weights took before their own kernel).
 fn timed_types() -> Vec<WeightDType> {
     let mut types = vec![WeightDType::Ggml(GgmlDType::Q4_0)];
+    types.extend(
+        [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K].map(WeightDType::Ggml),
+    );
     types.extend(
         LowBit::ALL
             .iter()
@@ -298,7 +302,10 @@ mod tests {
         assert!(kernel_bench(&KernelBenchOptions { cols: 100, ..opts }).is_err());
         assert_eq!(
             r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(),
-            ["Q4_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"]
+            [
+                "Q4_0", "Q2K", "Q3K", "Q4K", "Q5K", "Q6K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "F16",
+                "BF16", "F32"
+            ]
         );
         assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);
     }
