@@ -50,7 +50,7 @@ use nightmail_model::LayerSnapshot;
 const MAGIC: &[u8; 8] = b"NMRESUME";
 /// Bumped whenever the layout changes; an older file is then read by its own layout, or
 /// discarded, never misread.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Each layer's snapshot in a record is preceded by its kind.
 const ROWS: u8 = 0;
 const STATE: u8 = 1;
@@ -193,7 +193,12 @@ impl Journal {
         let mut reader = Bounded { inner: BufReader::new(&mut file), left: len };
         if let Some((header_end, version)) = read_header(&mut reader, identity) {
             let (saved, good_end, (superseded, last_state)) =
-                replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+                replay(&mut reader, layers, version, Some(identity.prompt.len())).map_err(|e| bad(path, e))?;
+            // A file with no state yet starts over in this build's layout (an older build must
+            // not find prompt records in a file of its version).
+            if saved.is_none() && version < VERSION {
+                return Ok((Journal::create(path, file, identity)?, None));
+            }
             let good_end = header_end + good_end;
             // Cut a torn tail so the next record follows the last good one.
             if good_end < len {
@@ -409,7 +414,7 @@ pub(crate) fn read_whole(path: &Path, layers: usize) -> Result<(Identity, Saved)
     let mut reader = Bounded { inner: BufReader::new(file), left: len };
     let (header_end, version, identity) =
         read_any_header(&mut reader).ok_or_else(|| bad(path, "no intact header of a version this build reads"))?;
-    let (saved, good_end, _) = replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+    let (saved, good_end, _) = replay(&mut reader, layers, version, None).map_err(|e| bad(path, e))?;
     let saved = saved.ok_or_else(|| bad(path, "no intact record"))?;
     if header_end + good_end != len {
         return Err(bad(path, format!("{} bytes after the last intact record", len - header_end - good_end)));
@@ -508,7 +513,12 @@ fn read_any_header(r: &mut Bounded<impl Read>) -> Option<(u64, u32, Identity)> {
 /// bytes of all records but the last and of the last.
 type Replayed = (Option<Saved>, u64, (u64, u64));
 
-fn replay(r: &mut Bounded<impl Read>, layers: usize, version: u32) -> std::result::Result<Replayed, String> {
+fn replay(
+    r: &mut Bounded<impl Read>,
+    layers: usize,
+    version: u32,
+    prompt: Option<usize>,
+) -> std::result::Result<Replayed, String> {
     let mut at = 0;
     let (mut superseded, mut last_state) = (0, 0);
     let mut tokens: Vec<u32> = Vec::new();
@@ -519,6 +529,12 @@ fn replay(r: &mut Bounded<impl Read>, layers: usize, version: u32) -> std::resul
         let mut r = Reader { bytes: &payload, at: 0 };
         let Some(parsed) = r.record(layers, version) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
+            break;
+        }
+        // In a checkpoint (`prompt`: its length), a record without logits is a prompt part:
+        // nothing drawn yet, short of the prompt's end. A thread state has no logits at all.
+        let part = |end: usize| tokens.is_empty() && parsed.tokens.is_empty() && parsed.to < end;
+        if parsed.logits.is_empty() && prompt.is_some_and(|end| !part(end)) {
             break;
         }
         tokens.extend(parsed.tokens);
