@@ -214,10 +214,11 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
                 }
                 // A long prompt is saved between its passes on the answer's clock, so a restart
                 // loses at most one interval of it, whatever the passes' width.
-                if let Some(r) = prefilling.map(|i| &mut batch[i]) {
-                    if r.stream.is_prefilling() && r.checkpoints.as_ref().is_some_and(CheckpointTimer::elapsed) {
-                        r.save_checkpoint();
-                    }
+                if let Some(r) = prefilling.map(|i| &mut batch[i])
+                    && r.stream.is_prefilling()
+                    && r.checkpoints.as_ref().is_some_and(CheckpointTimer::elapsed)
+                {
+                    r.save_checkpoint();
                 }
                 if let Some(figures) = gauge.sample(&model) {
                     for r in &batch {
