@@ -741,6 +741,39 @@ mod tests {
         .unwrap();
     }
 
+    /// A record without logits up to position `to`, after `tokens`.
+    fn part(j: &mut Journal, tokens: &[u32], to: usize) {
+        let from = j.saved().1;
+        let kv = rows(from, to).into_iter().map(|(k, v)| LayerSnapshot::Rows(k, v)).collect();
+        j.append(&Delta { tokens, sampler_position: 0, kv, end_position: to, logits: &[] }).unwrap();
+    }
+
+    #[test]
+    fn prompt_parts_replay_short_of_the_prompt_and_never_after_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let eight = Identity { prompt: (1..=8).collect(), ..identity() };
+        let (mut j, _) = Journal::open(&path, &eight, 2).unwrap();
+        part(&mut j, &[], 3);
+        part(&mut j, &[], 5);
+        let good = std::fs::metadata(&path).unwrap().len();
+        // Not a prompt part: it ends at the prompt's end, where logits are due.
+        part(&mut j, &[], 8);
+        drop(j);
+        let (mut j, saved) = Journal::open(&path, &eight, 2).unwrap();
+        let saved = saved.expect("two prompt parts");
+        assert_eq!((saved.position, saved.tokens.len(), saved.logits.len()), (5, 0, 0));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good);
+        append(&mut j, &[10], 9);
+        let good = std::fs::metadata(&path).unwrap().len();
+        part(&mut j, &[10], 10);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &eight, 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.position, saved.tokens, saved.logits), (9, vec![10], vec![1.0; 5]));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "no prompt part after a token");
+    }
+
     #[test]
     fn records_replay_into_the_state_saved_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().unwrap();
