@@ -8,6 +8,10 @@
 #
 #   benches/prefill_llama_cpp.sh [--tokens 512] [--mem-mib 320] [--budget-mb MEM-64]
 #                                [--rounds 2] [--threads 2] [--model PATH] [--repack]
+#                                [--read-mbps N]
+#
+# --read-mbps also throttles each run's reads of the model's disk to N MB/s (a cgroup v1 blkio
+# group): a disk slower than the compute, so that the comparison is disk-bound.
 #
 # The model (written if missing: `model synth` qwen3_moe, which llama.cpp reads as qwen3moe,
 # with the demo model's tokenizer) has 8 layers of 256 Q4_0 experts (top 8) beside 24 MiB of
@@ -25,6 +29,7 @@ BUDGET_MB=""
 ROUNDS=2
 THREADS=2
 REPACK=0
+READ_MBPS=""
 MODEL=$ROOT/target/bench/prefill-llama-cpp.gguf
 PYTHON=${PYTHON:-/work/cc4/target/test-venv/bin/python3}
 while (($#)); do
@@ -36,7 +41,8 @@ while (($#)); do
         --threads) THREADS=$2; shift 2 ;;
         --model) MODEL=$2; shift 2 ;;
         --repack) REPACK=1; shift ;;
-        *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+        --read-mbps) READ_MBPS=$2; shift 2 ;;
+        *) sed -n '2,25p' "$0" >&2; exit 2 ;;
     esac
 done
 BUDGET_MB=${BUDGET_MB:-$((MEM_MIB - 64))}
@@ -56,13 +62,19 @@ MODEL_MIB=$(($(stat -c %s "$MODEL") >> 20))
 ((MEM_MIB < MODEL_MIB)) || echo "prefill_llama_cpp.sh: $MEM_MIB MiB holds the $MODEL_MIB MiB model: nothing streams" >&2
 
 CG=$CG_ROOT/nightmail-prefill-$$
+BLK_ROOT=/sys/fs/cgroup/blkio
+BLK=$BLK_ROOT/nightmail-prefill-$$
 cleanup() {
     if [[ -d $CG ]]; then
         while read -r pid; do echo "$pid" > "$CG_ROOT/cgroup.procs" 2>/dev/null || true; done < "$CG/cgroup.procs"
         rmdir "$CG" 2>/dev/null || true
     fi
 }
-trap cleanup EXIT
+trap 'cleanup; [[ -d $BLK ]] && rmdir "$BLK"' EXIT
+if [[ -n $READ_MBPS ]]; then
+    mkdir "$BLK"
+    echo "$(findmnt -no MAJ:MIN -T "$MODEL" | tr -d ' ') $((READ_MBPS * 1000000))" > "$BLK/blkio.throttle.read_bps_device"
+fi
 # Runs "$@" in a fresh memory cgroup of MEM_MIB after dropping the page cache; prints its stdout.
 limited() {
     cleanup
@@ -71,7 +83,8 @@ limited() {
     [[ -f $CG/memory.memsw.limit_in_bytes ]] && echo $((MEM_MIB << 20)) > "$CG/memory.memsw.limit_in_bytes"
     sync
     echo 3 > /proc/sys/vm/drop_caches
-    bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$CG" "$@"
+    bash -c 'echo $$ > "$1/cgroup.procs"; [[ -d $2 ]] && echo $$ > "$2/cgroup.procs"; shift 2; exec "$@"' \
+        _ "$CG" "$BLK" "$@"
 }
 
 LLAMA=$(cat <<'PY'
@@ -109,7 +122,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     lines+="llama.cpp $lc $(($(cat "$CG/memory.max_usage_in_bytes") >> 20))"$'\n'
 done
 rm -f /tmp/prefill_llama_cpp.$$.err
-LINES="$lines" MEM_MIB=$MEM_MIB MODEL_MIB=$MODEL_MIB BUDGET_MB=$BUDGET_MB python3 - <<'PY'
+LINES="$lines" READ_MBPS=${READ_MBPS:+$READ_MBPS MB/s} MEM_MIB=$MEM_MIB MODEL_MIB=$MODEL_MIB BUDGET_MB=$BUDGET_MB python3 - <<'PY'
 import json, os
 nm, lc = [], []
 for line in os.environ["LINES"].splitlines():
@@ -119,7 +132,7 @@ for line in os.environ["LINES"].splitlines():
     run["peak_mib"] = int(peak)
     (nm if who == "nightmail" else lc).append(run)
 print(f"model {os.environ['MODEL_MIB']} MiB, memory limit {os.environ['MEM_MIB']} MiB "
-      f"(nightmail budget {os.environ['BUDGET_MB']} MiB)")
+      f"(nightmail budget {os.environ['BUDGET_MB']} MiB), reads {os.environ['READ_MBPS'] or 'unthrottled'}")
 for a, b in zip(nm, lc):
     print(f"nightmail {a['prefill_s']:.2f} s ({a['prefill_passes']} passes of {a['prefill_chunk']}, "
           f"expert bank read {a['expert_bank_reads']:.1f} times, I/O floor {a['prefill_io_floor_s']:.2f} s, "
