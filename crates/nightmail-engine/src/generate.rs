@@ -255,14 +255,21 @@ impl Model {
         let mut cache = self.new_cache();
         // Nothing to generate (e.g. only tokenizing): skip the prefill.
         let nothing = (request.max_new_tokens == 0).then_some(StopReason::MaxTokens);
-        let restored_prompt = if saved.is_some() { prompt_tokens.len() } else { 0 };
+        // A checkpoint without logits saved the prompt's first passes: the rest still runs.
+        let prompt_part = saved.as_ref().is_some_and(|s| s.logits.is_empty());
+        let restored_prompt = match &saved {
+            Some(s) if prompt_part => s.position,
+            Some(_) => prompt_tokens.len(),
+            None => 0,
+        };
         // The prompt runs once the stream exists (an MTP drafter takes its hidden states).
-        let prefill = prefill && nothing.is_none() && saved.is_none();
+        let prefill = prefill && nothing.is_none() && (saved.is_none() || prompt_part);
         let (logits, stop, restored, prompt_fed) = match saved {
             Some(saved) => {
                 sampler.set_position(saved.sampler_position);
                 cache.restore(&saved.kv, saved.position)?;
-                (Some(saved.logits), None, saved.tokens, prompt_tokens.len())
+                let logits = (!prompt_part).then_some(saved.logits);
+                (logits, None, saved.tokens, restored_prompt)
             }
             None => (None, nothing, Vec::new(), 0),
         };
@@ -383,11 +390,13 @@ impl TokenStream<'_> {
     }
 
     /// Saves what was generated since the last checkpoint (tokens, the sampler's position, the
-    /// new key/value rows and the pending logits) and makes it durable. Returns the tokens the
+    /// new key/value rows and the pending logits) and makes it durable; between two prefill
+    /// passes, the prompt's rows so far (a resume runs only the rest). Returns the tokens the
     /// checkpoint file now covers; `None` for a stream opened without one, or once it has stopped
     /// on its own (nothing is left to resume).
     pub fn checkpoint(&mut self) -> Result<Option<usize>> {
-        if self.journal.is_none() || self.next_logits.is_none() {
+        let prefilling = self.is_prefilling();
+        if self.journal.is_none() || (self.next_logits.is_none() && !prefilling) {
             return Ok(None);
         }
         if matches!(self.stop, Some(s) if s != StopReason::Cancelled) {
@@ -396,9 +405,8 @@ impl TokenStream<'_> {
         // Drafts still waiting for their verdict are not part of the generation yet: a
         // checkpoint holds only accepted tokens (the next token is drawn from `logits` again).
         self.verify.forget_drafts(&mut self.cache)?;
-        let (Some(journal), Some(logits)) = (self.journal.as_mut(), self.next_logits.as_deref()) else {
-            return Ok(None);
-        };
+        let logits: &[f32] = if prefilling { &[] } else { self.next_logits.as_deref().unwrap_or_default() };
+        let Some(journal) = self.journal.as_mut() else { return Ok(None) };
         let (tokens, from) = journal.saved();
         let to = self.cache.position();
         if from == to {
@@ -422,6 +430,11 @@ impl TokenStream<'_> {
     /// Bytes of the checkpoint file, if the stream has one.
     pub fn checkpoint_bytes(&self) -> Option<u64> {
         self.journal.as_ref().map(Journal::bytes)
+    }
+
+    /// Prompt tokens the checkpoint file covers (all of them once it holds a generated token).
+    pub fn checkpoint_prompt_tokens(&self) -> usize {
+        self.journal.as_ref().map_or(0, |j| j.saved().1.min(self.prompt_tokens.len()))
     }
 
     fn progress(&self) -> GenerationProgress {

@@ -50,7 +50,7 @@ use nightmail_model::LayerSnapshot;
 const MAGIC: &[u8; 8] = b"NMRESUME";
 /// Bumped whenever the layout changes; an older file is then read by its own layout, or
 /// discarded, never misread.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Each layer's snapshot in a record is preceded by its kind.
 const ROWS: u8 = 0;
 const STATE: u8 = 1;
@@ -193,7 +193,12 @@ impl Journal {
         let mut reader = Bounded { inner: BufReader::new(&mut file), left: len };
         if let Some((header_end, version)) = read_header(&mut reader, identity) {
             let (saved, good_end, (superseded, last_state)) =
-                replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+                replay(&mut reader, layers, version, Some(identity.prompt.len())).map_err(|e| bad(path, e))?;
+            // A file with no state yet starts over in this build's layout (an older build must
+            // not find prompt records in a file of its version).
+            if saved.is_none() && version < VERSION {
+                return Ok((Journal::create(path, file, identity)?, None));
+            }
             let good_end = header_end + good_end;
             // Cut a torn tail so the next record follows the last good one.
             if good_end < len {
@@ -409,7 +414,7 @@ pub(crate) fn read_whole(path: &Path, layers: usize) -> Result<(Identity, Saved)
     let mut reader = Bounded { inner: BufReader::new(file), left: len };
     let (header_end, version, identity) =
         read_any_header(&mut reader).ok_or_else(|| bad(path, "no intact header of a version this build reads"))?;
-    let (saved, good_end, _) = replay(&mut reader, layers, version).map_err(|e| bad(path, e))?;
+    let (saved, good_end, _) = replay(&mut reader, layers, version, None).map_err(|e| bad(path, e))?;
     let saved = saved.ok_or_else(|| bad(path, "no intact record"))?;
     if header_end + good_end != len {
         return Err(bad(path, format!("{} bytes after the last intact record", len - header_end - good_end)));
@@ -508,7 +513,12 @@ fn read_any_header(r: &mut Bounded<impl Read>) -> Option<(u64, u32, Identity)> {
 /// bytes of all records but the last and of the last.
 type Replayed = (Option<Saved>, u64, (u64, u64));
 
-fn replay(r: &mut Bounded<impl Read>, layers: usize, version: u32) -> std::result::Result<Replayed, String> {
+fn replay(
+    r: &mut Bounded<impl Read>,
+    layers: usize,
+    version: u32,
+    prompt: Option<usize>,
+) -> std::result::Result<Replayed, String> {
     let mut at = 0;
     let (mut superseded, mut last_state) = (0, 0);
     let mut tokens: Vec<u32> = Vec::new();
@@ -519,6 +529,12 @@ fn replay(r: &mut Bounded<impl Read>, layers: usize, version: u32) -> std::resul
         let mut r = Reader { bytes: &payload, at: 0 };
         let Some(parsed) = r.record(layers, version) else { break };
         if parsed.tokens_before != tokens.len() || parsed.from != position {
+            break;
+        }
+        // In a checkpoint (`prompt`: its length), a record without logits is a prompt part:
+        // nothing drawn yet, short of the prompt's end. A thread state has no logits at all.
+        let part = |end: usize| tokens.is_empty() && parsed.tokens.is_empty() && parsed.to < end;
+        if parsed.logits.is_empty() && prompt.is_some_and(|end| !part(end)) {
             break;
         }
         tokens.extend(parsed.tokens);
@@ -723,6 +739,39 @@ mod tests {
             logits: &logits,
         })
         .unwrap();
+    }
+
+    /// A record without logits up to position `to`, after `tokens`.
+    fn part(j: &mut Journal, tokens: &[u32], to: usize) {
+        let from = j.saved().1;
+        let kv = rows(from, to).into_iter().map(|(k, v)| LayerSnapshot::Rows(k, v)).collect();
+        j.append(&Delta { tokens, sampler_position: 0, kv, end_position: to, logits: &[] }).unwrap();
+    }
+
+    #[test]
+    fn prompt_parts_replay_short_of_the_prompt_and_never_after_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.ckpt");
+        let eight = Identity { prompt: (1..=8).collect(), ..identity() };
+        let (mut j, _) = Journal::open(&path, &eight, 2).unwrap();
+        part(&mut j, &[], 3);
+        part(&mut j, &[], 5);
+        let good = std::fs::metadata(&path).unwrap().len();
+        // Not a prompt part: it ends at the prompt's end, where logits are due.
+        part(&mut j, &[], 8);
+        drop(j);
+        let (mut j, saved) = Journal::open(&path, &eight, 2).unwrap();
+        let saved = saved.expect("two prompt parts");
+        assert_eq!((saved.position, saved.tokens.len(), saved.logits.len()), (5, 0, 0));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good);
+        append(&mut j, &[10], 9);
+        let good = std::fs::metadata(&path).unwrap().len();
+        part(&mut j, &[10], 10);
+        drop(j);
+        let (_, saved) = Journal::open(&path, &eight, 2).unwrap();
+        let saved = saved.unwrap();
+        assert_eq!((saved.position, saved.tokens, saved.logits), (9, vec![10], vec![1.0; 5]));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "no prompt part after a token");
     }
 
     #[test]

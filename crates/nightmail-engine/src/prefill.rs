@@ -12,10 +12,6 @@ use crate::error::Result;
 use crate::model::Model;
 use crate::stream::MemoryPlan;
 
-/// Of a memory budget, the share one pass's activations may take (the plan keeps the rest for
-/// weights, the cache and the key/value rows).
-const ACTIVATION_SHARE: usize = 8;
-
 /// Activations a pass may take when the model was loaded without a budget (whole in RAM).
 const UNBUDGETED_ACTIVATION_BYTES: usize = 1 << 30;
 
@@ -45,7 +41,7 @@ pub fn activation_bytes_per_token(spec: &ModelSpec, span: usize) -> usize {
 pub fn prefill_tokens_per_pass(spec: &ModelSpec, plan: Option<&MemoryPlan>, span: usize) -> usize {
     let span = span.clamp(1, spec.context_length.max(1));
     let per_token = activation_bytes_per_token(spec, span).max(1);
-    let allowance = plan.map_or(UNBUDGETED_ACTIVATION_BYTES, |p| p.budget_bytes / ACTIVATION_SHARE);
+    let allowance = plan.map_or(UNBUDGETED_ACTIVATION_BYTES, |p| p.activation_bytes);
     let mut tokens = allowance / per_token;
     // A layer's experts for the pass are alive together, and the next layer's are read while it
     // computes: two layers' unions must fit the cache, or the pass would evict its own experts.
@@ -115,6 +111,23 @@ mod tests {
         let tokens = prefill_tokens_per_pass(&spec, Some(&plan), 2048);
         let union = (tokens * sizes.top_k).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
         assert!(tokens == 1 || 2 * union <= plan.expert_cache_bytes, "{tokens} tokens, {union} bytes of experts");
+    }
+
+    #[test]
+    fn a_pass_s_activations_fit_the_room_the_plan_keeps_for_them() {
+        let (spec, sizes) = fixture("qwen3_moe");
+        let minimum = MemoryPlan::new(sizes.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
+        for bytes in [minimum + (1 << 20), 2 * minimum, 8 * minimum] {
+            let plan = MemoryPlan::new(sizes.clone(), MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
+            for span in [64, 1024, 4096] {
+                let tokens = prefill_tokens_per_pass(&spec, Some(&plan), span);
+                let span = span.min(spec.context_length);
+                let need = tokens * activation_bytes_per_token(&spec, span);
+                assert!(tokens == 1 || need <= plan.activation_bytes, "{tokens} tokens take {need} bytes");
+            }
+            let weights = plan.fixed_bytes + plan.kv_bytes + plan.resident_layer_bytes + plan.window_bytes;
+            assert!(weights + plan.expert_cache_bytes + plan.activation_bytes <= bytes, "{plan:?}");
+        }
     }
 
     #[test]

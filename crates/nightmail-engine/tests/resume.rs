@@ -193,3 +193,63 @@ fn a_checkpoint_of_another_prompt_is_not_used() {
     let fresh: Vec<u32> = model.stream(other).unwrap().map(|e| e.unwrap().id).collect();
     assert_eq!(resumed, fresh);
 }
+
+/// A 40-token prompt run 6 tokens a pass: saved after passes 2 and 4 of the first attempt, which
+/// is dropped during pass 5; the second attempt restores 24 prompt tokens and computes the other
+/// 16; then it crashes mid-answer, and the third resumes the answer. Every token and logit is the
+/// uninterrupted run's.
+fn check_prompt_resumes_between_passes(model: &Model) {
+    let request = || {
+        let mut r = GenerateRequest::new(Prompt::Tokens((1..=40).map(|t| t * 7 % 50 + 1).collect()));
+        r.max_new_tokens = 12;
+        r.record_logits = true;
+        r
+    };
+    // A pass's width may change the last bits (the matmul blocks the rows): the run to match
+    // prefills in the same passes.
+    let mut whole = model.stream_deferred(request(), None).unwrap();
+    while whole.is_prefilling() {
+        model.step(&mut [&mut whole], 6).unwrap();
+    }
+    let want: Steps = whole.map(|e| e.unwrap()).map(|e| (e.id, e.logits.unwrap())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.ckpt");
+    let attempt = |passes: usize, save_after: &[usize], tokens: usize| {
+        let mut stream = model.stream_deferred(request(), Some(&path)).unwrap();
+        let restored = (stream.prompt_tokens().len() - stream.prefilled_tokens(), stream.take_replay().len());
+        let mut ran = Vec::new();
+        for pass in 1..=passes {
+            assert!(stream.is_prefilling());
+            assert!(model.step(&mut [&mut stream], 6).unwrap()[0].is_none());
+            if save_after.contains(&pass) {
+                assert_eq!(stream.checkpoint().unwrap(), Some(0));
+            }
+        }
+        while ran.len() < tokens {
+            let Some(e) = stream.next_token().unwrap() else { break };
+            ran.push((e.id, e.logits.unwrap()));
+            if ran.len() == 5 {
+                stream.checkpoint().unwrap();
+            }
+        }
+        (restored, stream.checkpoint_prompt_tokens(), stream.prefilled_tokens(), ran)
+    };
+    let (restored, saved, _, ran) = attempt(5, &[2, 4], 0);
+    assert_eq!((restored, saved, ran.len()), ((0, 0), 24, 0));
+    // 24 restored, 16 left: passes of 6, 6 and 4.
+    let (restored, saved, prefilled, ran) = attempt(3, &[], 7);
+    assert_eq!((restored, saved, prefilled), ((24, 0), 40, 16));
+    assert_eq!(ran, want[..7], "the answer after a prompt resumed mid-way is the uninterrupted one");
+    let (restored, _, prefilled, ran) = attempt(0, &[], 100);
+    assert_eq!((restored, prefilled), ((40, 5), 0));
+    assert_eq!(ran, want[5..]);
+}
+
+#[test]
+fn a_prompt_stopped_between_prefill_passes_resumes_after_the_last_saved_pass() {
+    // Attention rows (llama), streamed-format experts (qwen3_moe), and KDA layers whose whole
+    // recurrent state each record replaces (kimi_linear).
+    for path in ["llama", "qwen3_moe/model.gguf", "kimi_linear"] {
+        check_prompt_resumes_between_passes(&Model::load(fixture(path)).unwrap());
+    }
+}

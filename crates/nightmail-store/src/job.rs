@@ -114,6 +114,9 @@ pub struct Progress {
     /// Generated tokens the job's last checkpoint covers: a restart resumes from there.
     #[serde(default)]
     pub checkpoint_tokens: u64,
+    /// Prompt tokens the job's last checkpoint covers: fewer than the prompt's while it prefills.
+    #[serde(default)]
+    pub checkpoint_prompt_tokens: u64,
     /// The answer's length limit, in tokens (0: written before the limit was recorded).
     #[serde(default)]
     pub max_tokens: u64,

@@ -617,9 +617,14 @@ pub struct PrefillReport {
 }
 
 /// Prefills `tokens` seeded pseudo-random prompt tokens with the model streamed, in passes of
-/// `chunk` tokens or of the width the memory budget allows, then the same passes with the model
-/// loaded whole.
-pub fn bench_prefill(opts: &BenchOptions, tokens: usize, chunk: Option<usize>) -> Result<PrefillReport> {
+/// `chunk` tokens or of the width the memory budget allows, then (with `resident`) the same passes
+/// with the model loaded whole.
+pub fn bench_prefill(
+    opts: &BenchOptions,
+    tokens: usize,
+    chunk: Option<usize>,
+    resident: bool,
+) -> Result<PrefillReport> {
     let ((file, start), _) = expert_region_and_dense_bytes(&opts.model)?;
     let before = probe_disk(opts, &file, start, "before")?;
     let model = load_streamed(opts)?;
@@ -644,12 +649,16 @@ pub fn bench_prefill(opts: &BenchOptions, tokens: usize, chunk: Option<usize>) -
     let disk = stats.disk_bytes + dense.map_or(0, |d| d.disk_bytes);
     let io_floor = disk as f64 / bw;
     // The model whole in RAM (its pages read once before timing), the same passes.
-    let resident = Model::load(&opts.model)?;
-    resident.prefill(&prompt[..prompt.len().min(chunk)], &mut resident.new_cache(), chunk)?;
-    let mut cache = resident.new_cache();
-    let t0 = Instant::now();
-    resident.prefill(&prompt, &mut cache, chunk)?;
-    let resident_s = t0.elapsed().as_secs_f64();
+    let resident_s = if resident {
+        let resident = Model::load(&opts.model)?;
+        resident.prefill(&prompt[..prompt.len().min(chunk)], &mut resident.new_cache(), chunk)?;
+        let mut cache = resident.new_cache();
+        let t0 = Instant::now();
+        resident.prefill(&prompt, &mut cache, chunk)?;
+        t0.elapsed().as_secs_f64()
+    } else {
+        0.0
+    };
     let bound = io_floor.max(resident_s);
     Ok(PrefillReport {
         prefill_tokens: prompt.len(),

@@ -257,6 +257,7 @@ impl<'a> Answer<'a> {
                     partial_text: String::new(),
                     updated_at: Timestamp::now(),
                     checkpoint_tokens: 0,
+                    checkpoint_prompt_tokens: 0,
                     max_tokens: u64::from(prompt.request.max_tokens),
                     engine: None,
                     research: prompt.findings.as_ref().map(|f| f.progress.clone()),

@@ -82,8 +82,9 @@ impl<'a> Generation<'a> {
                             progress.prompt_in = Some(prompt_in);
                             save_now = true;
                         }
-                        Event::Checkpoint { tokens, .. } => {
+                        Event::Checkpoint { tokens, prompt_tokens, .. } => {
                             progress.checkpoint_tokens = tokens;
+                            progress.checkpoint_prompt_tokens = prompt_tokens;
                             // Saved at once, so `status` shows what a restart would keep.
                             save_now = true;
                         }

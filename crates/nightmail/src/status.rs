@@ -101,6 +101,9 @@ pub struct JobView {
     /// Generated tokens the job's last checkpoint covers: what a restart keeps.
     #[serde(default)]
     pub checkpoint_tokens: u64,
+    /// Prompt tokens the job's last checkpoint covers (a restart prefills only the rest).
+    #[serde(default)]
+    pub checkpoint_prompt_tokens: u64,
     /// Disk used by the job's checkpoint.
     #[serde(default)]
     pub checkpoint_bytes: u64,
@@ -194,6 +197,7 @@ impl JobView {
             attempts: job.attempts,
             tokens_generated: job.progress.as_ref().map_or(0, |p| p.output_tokens + p.reasoning_tokens),
             checkpoint_tokens: job.progress.as_ref().map_or(0, |p| p.checkpoint_tokens),
+            checkpoint_prompt_tokens: job.progress.as_ref().map_or(0, |p| p.checkpoint_prompt_tokens),
             checkpoint_bytes: checkpoints::bytes(data_dir, job.id),
             max_tokens: job.progress.as_ref().map(|p| p.max_tokens).filter(|&m| m > 0),
             updated_at_ms: job.progress.as_ref().map(|p| p.updated_at.0),

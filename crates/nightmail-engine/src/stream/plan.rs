@@ -47,6 +47,9 @@ impl MemoryBudget {
 
 pub const DEFAULT_KV_TOKENS: usize = 4096;
 
+/// Of a memory budget, the share kept for one pass's activations at most.
+pub const ACTIVATION_SHARE: usize = 8;
+
 impl MemoryBudget {
     /// Routes a step runs at most: every row of every sequence.
     pub fn rows_per_step(&self) -> usize {
@@ -109,6 +112,10 @@ pub struct ModelSizes {
     pub context_length: usize,
     /// The MTP layer, where the checkpoint ships one; `expert_bytes` above excludes its experts.
     pub mtp: Option<MtpSize>,
+    /// One prompt token's activations in a pass, and what each position it attends to adds
+    /// ([`crate::prefill::activation_bytes_per_token`]): the room a pass needs beside the weights.
+    pub activation_bytes_per_token: usize,
+    pub activation_bytes_per_position: usize,
 }
 
 impl ModelSizes {
@@ -236,6 +243,9 @@ impl ModelSizes {
             state_bytes,
             context_length: spec.context_length,
             mtp,
+            activation_bytes_per_token: crate::prefill::activation_bytes_per_token(spec, 0),
+            activation_bytes_per_position: crate::prefill::activation_bytes_per_token(spec, 1)
+                - crate::prefill::activation_bytes_per_token(spec, 0),
         })
     }
 }
@@ -259,6 +269,9 @@ pub struct MemoryPlan {
     pub window_bytes: usize,
     /// The expert cache, or every expert (the MTP layer's too) when `experts_resident`.
     pub expert_cache_bytes: usize,
+    /// Kept for a pass's activations, routing and scores (a prefill sizes its passes to it):
+    /// out of the budget, so a pass does not take RAM beyond it.
+    pub activation_bytes: usize,
     pub experts_resident: bool,
     /// Dense bytes read from disk per step (the streamed layers).
     pub dense_disk_bytes_per_token: usize,
@@ -317,8 +330,15 @@ impl MemoryPlan {
         // cache is given, before any dense layer goes resident, room for the expected union of
         // the step's routes in two layers, as far as the budget has it beyond its minimum.
         let union = uniform_union(sizes.top_k, sizes.experts_per_layer, rows).ceil() as usize;
-        let look_ahead = (2 * union * sizes.expert_max_bytes).max(in_flight).min(budget.bytes - minimum + in_flight);
-        let mut left = budget.bytes - sizes.fixed_bytes - mtp - kv - look_ahead;
+        // A pass's activations come out of the budget too, before the cache and the dense layers:
+        // an eighth of it at most, no more than the widest pass at the reserved context needs.
+        let span = budget.kv_tokens.min(sizes.context_length.max(1));
+        let widest = crate::prefill::MAX_PREFILL_TOKENS.min(span)
+            * (sizes.activation_bytes_per_token + span * sizes.activation_bytes_per_position);
+        let activations = (budget.bytes / ACTIVATION_SHARE).min(widest).min(budget.bytes - minimum);
+        let look_ahead =
+            (2 * union * sizes.expert_max_bytes).max(in_flight).min(budget.bytes - minimum - activations + in_flight);
+        let mut left = budget.bytes - sizes.fixed_bytes - mtp - kv - look_ahead - activations;
         let (mut resident, mut streamed) = (Vec::new(), Vec::new());
         let window = if let (Some(set), Some((pinned, _))) = (&budget.stream_layers, forced) {
             left -= pinned;
@@ -384,6 +404,7 @@ impl MemoryPlan {
             window_bytes: window,
             expert_cache_bytes: if experts_resident { sizes.cached_expert_bytes() } else { expert_cache },
             experts_resident,
+            activation_bytes: activations,
             dense_disk_bytes_per_token: dense_disk,
             expert_bytes_per_token: expert_per_token,
             sizes,
@@ -467,7 +488,29 @@ mod tests {
             state_bytes: 0,
             context_length: 100,
             mtp: None,
+            // No room for activations unless a test asks: the figures below are the weights'.
+            activation_bytes_per_token: 0,
+            activation_bytes_per_position: 0,
         }
+    }
+
+    #[test]
+    fn a_pass_s_activations_come_out_of_the_budget_before_the_cache() {
+        let mut s = sizes(8, 10_000);
+        s.activation_bytes_per_token = 100;
+        let budget = |bytes| MemoryBudget { bytes, kv_tokens: 100, ..MemoryBudget::mb(0) };
+        let plan = MemoryPlan::new(s.clone(), budget(120_000)).unwrap();
+        // The widest pass (100 tokens × 100 bytes), less than an eighth of the budget.
+        assert_eq!(plan.activation_bytes, 10_000);
+        let held = plan.fixed_bytes + plan.kv_bytes + plan.resident_layer_bytes + plan.window_bytes;
+        assert!(held + plan.expert_cache_bytes + plan.activation_bytes <= plan.budget_bytes, "{plan:?}");
+        let without = MemoryPlan::new(sizes(8, 10_000), budget(120_000)).unwrap();
+        assert!(!plan.experts_resident && !without.experts_resident);
+        let without_held = without.fixed_bytes + without.kv_bytes + without.resident_layer_bytes + without.window_bytes;
+        assert_eq!(held + plan.expert_cache_bytes + 10_000, without_held + without.expert_cache_bytes);
+        // At the minimum nothing is left to keep.
+        let minimum = plan.minimum_bytes;
+        assert_eq!(MemoryPlan::new(s, budget(minimum)).unwrap().activation_bytes, 0);
     }
 
     #[test]

@@ -232,6 +232,10 @@ pub enum ModelCommand {
         /// With --prefill: this many prompt tokens per pass instead (e.g. 32, a fixed chunk).
         #[arg(long, requires = "prefill")]
         prefill_chunk: Option<usize>,
+        /// With --prefill: skip the prefill with the model in RAM (a memory limit below the
+        /// model's size, as when comparing with llama.cpp in a cgroup); resident reads 0.
+        #[arg(long, requires = "prefill")]
+        prefill_streamed_only: bool,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -463,6 +467,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             rounds,
             prefill,
             prefill_chunk,
+            prefill_streamed_only,
             json,
             timeline,
         } => {
@@ -489,7 +494,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 timeline,
             };
             if let Some(tokens) = prefill {
-                let r = crate::bench::bench_prefill(&opts, tokens, prefill_chunk)?;
+                let r = crate::bench::bench_prefill(&opts, tokens, prefill_chunk, !prefill_streamed_only)?;
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {

@@ -202,10 +202,8 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
             continue;
         }
         // The step prefills the first prompt still to run, as wide as memory allows for it.
-        let prefill_chunk = batch
-            .iter()
-            .find(|r| r.stream.stop_reason().is_none() && r.stream.is_prefilling())
-            .map_or(1, |r| model.prefill_chunk(r.stream.prompt_tokens().len()));
+        let prefilling = batch.iter().position(|r| r.stream.stop_reason().is_none() && r.stream.is_prefilling());
+        let prefill_chunk = prefilling.map_or(1, |i| model.prefill_chunk(batch[i].stream.prompt_tokens().len()));
         let mut streams: Vec<&mut TokenStream<'_>> = batch.iter_mut().map(|r| &mut r.stream).collect();
         match model.step(&mut streams, prefill_chunk) {
             Ok(events) => {
@@ -213,6 +211,14 @@ fn engine_thread(config: &LocalBackend, state_dir: &Path, jobs: std_mpsc::Receiv
                     if let Some(event) = event {
                         r.token(&event);
                     }
+                }
+                // A long prompt is saved between its passes on the answer's clock, so a restart
+                // loses at most one interval of it, whatever the passes' width.
+                if let Some(r) = prefilling.map(|i| &mut batch[i])
+                    && r.stream.is_prefilling()
+                    && r.checkpoints.as_ref().is_some_and(CheckpointTimer::elapsed)
+                {
+                    r.save_checkpoint();
                 }
                 if let Some(figures) = gauge.sample(&model) {
                     for r in &batch {
@@ -326,7 +332,8 @@ impl<'m> Running<'m> {
                 s.tokens = replay.len();
             }
             let bytes = r.stream.checkpoint_bytes().unwrap_or(0);
-            let _ = r.events.send(Event::Checkpoint { tokens: replay.len() as u64, bytes });
+            let prompt_tokens = r.stream.checkpoint_prompt_tokens() as u64;
+            let _ = r.events.send(Event::Checkpoint { tokens: replay.len() as u64, prompt_tokens, bytes });
             for token in &replay {
                 r.text(&token.text);
             }
@@ -380,7 +387,8 @@ impl<'m> Running<'m> {
         match self.stream.checkpoint() {
             Ok(Some(tokens)) => {
                 let bytes = self.stream.checkpoint_bytes().unwrap_or(0);
-                let _ = self.events.send(Event::Checkpoint { tokens: tokens as u64, bytes });
+                let prompt_tokens = self.stream.checkpoint_prompt_tokens() as u64;
+                let _ = self.events.send(Event::Checkpoint { tokens: tokens as u64, prompt_tokens, bytes });
                 schedule.tokens = tokens;
             }
             Ok(None) => {}
@@ -476,7 +484,11 @@ struct CheckpointTimer {
 
 impl CheckpointTimer {
     fn due(&self, generated: usize) -> bool {
-        generated >= self.tokens + self.every_tokens || self.at.elapsed() >= self.every
+        generated >= self.tokens + self.every_tokens || self.elapsed()
+    }
+
+    fn elapsed(&self) -> bool {
+        self.at.elapsed() >= self.every
     }
 }
 

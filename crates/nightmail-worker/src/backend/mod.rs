@@ -79,9 +79,11 @@ impl CallRequest {
 pub enum Event {
     Content(String),
     Reasoning(String),
-    /// The generation's state up to `tokens` generated tokens is saved (`bytes` on disk).
+    /// The generation's state up to `tokens` generated tokens is saved (`bytes` on disk), and
+    /// `prompt_tokens` of its prompt (all once a token is saved; fewer between prefill passes).
     Checkpoint {
         tokens: u64,
+        prompt_tokens: u64,
         bytes: u64,
     },
     /// How the engine that writes the answer is doing (the local engine, every second or so).
