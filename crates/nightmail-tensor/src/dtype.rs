@@ -168,7 +168,16 @@ impl From<GgmlDType> for WeightDType {
 impl std::fmt::Debug for WeightDType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WeightDType::Ggml(d) => write!(f, "{d:?}"),
+            // candle spells the K types without ggml's underscore (`Q4K`).
+            WeightDType::Ggml(d) => match d {
+                GgmlDType::Q2K => f.write_str("Q2_K"),
+                GgmlDType::Q3K => f.write_str("Q3_K"),
+                GgmlDType::Q4K => f.write_str("Q4_K"),
+                GgmlDType::Q5K => f.write_str("Q5_K"),
+                GgmlDType::Q6K => f.write_str("Q6_K"),
+                GgmlDType::Q8K => f.write_str("Q8_K"),
+                d => write!(f, "{d:?}"),
+            },
             WeightDType::Mxfp4 => f.write_str("MXFP4"),
             WeightDType::LowBit(t) => f.write_str(t.name()),
         }
@@ -191,6 +200,7 @@ mod tests {
         assert_eq!(WeightDType::from_gguf_type_id(43), None);
         assert_eq!(format!("{:?}", WeightDType::Mxfp4), "MXFP4");
         assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4_0)), "Q4_0");
+        assert_eq!(format!("{:?}", WeightDType::Ggml(GgmlDType::Q4K)), "Q4_K");
         for (t, name, id) in LowBit::ALL {
             assert_eq!(WeightDType::from_gguf_type_id(id), Some(WeightDType::LowBit(t)));
             assert_eq!(
