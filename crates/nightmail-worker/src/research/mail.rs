@@ -23,7 +23,8 @@ impl MailSearch {
         MailSearch { index, store, asker }
     }
 
-    pub async fn search(&self, query: &str, sources: &mut Sources, result_chars: usize) -> CallOutcome {
+    /// The hits for `query`, numbered as sources (the toolbox cuts the text to its result limit).
+    pub async fn search(&self, query: &str, sources: &mut Sources) -> CallOutcome {
         let (index, store, asker, query) =
             (self.index.clone(), self.store.clone(), self.asker.clone(), query.to_string());
         let found = tokio::task::spawn_blocking(move || {
@@ -54,7 +55,6 @@ impl MailSearch {
                 hit.snippet.trim()
             ));
         }
-        let text: String = text.chars().take(result_chars).collect();
         CallOutcome { sources: cited, ..CallOutcome::ran(text) }
     }
 }

@@ -153,7 +153,10 @@ impl Toolbox {
                 Err(e) => CallOutcome::failed(format!("error: {url} could not be read: {e}")),
             },
             Action::SearchMail(query) => match &self.mail {
-                Some(mail) => mail.search(query, sources, self.config.result_chars).await,
+                Some(mail) => {
+                    let found = mail.search(query, sources).await;
+                    CallOutcome { text: self.cut(found.text), ..found }
+                }
                 None => CallOutcome::failed("error: search_mail is not available for this question".into()),
             },
         };
@@ -211,5 +214,46 @@ mod tests {
             let grammar = ToolCallGrammar::from_openai_tools(syntax, &text).unwrap();
             assert_eq!(grammar.tools.len(), 3, "{syntax:?}");
         }
+    }
+
+    /// A mail search longer than the result limit is cut like a web result, and says so.
+    #[tokio::test]
+    async fn a_long_mail_search_result_is_cut_and_says_so() {
+        use nightmail_store::{Incoming, Recipient, Store, Summary};
+        use nightmail_types::Address;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let ann = Address::parse("ann@nightmail.local").unwrap();
+        let index = nightmail_mailindex::MailIndex::open(&dir.path().join("mail_index"))
+            .unwrap()
+            .with_users([(ann.clone(), "ann".to_string())]);
+        for day in 0..6 {
+            let id = format!("<lighthouse{day}@test>");
+            let raw = format!(
+                "From: Keeper <keeper@example.org>\r\nTo: {ann}\r\nSubject: lighthouse log {day}\r\nMessage-ID: {id}\r\n\r\nThe lighthouse lamp was lit at dusk on day {day}; the sea was calm.\r\n"
+            );
+            let incoming = Incoming {
+                key: store.new_message_key().unwrap(),
+                raw: raw.into_bytes(),
+                sender: Some(Address::parse("keeper@example.org").unwrap()),
+                recipients: vec![Recipient::User { user: "ann".into(), address: ann.clone() }],
+                summary: Summary {
+                    from: "keeper@example.org".into(),
+                    subject: format!("lighthouse log {day}"),
+                    message_id: id.clone(),
+                },
+                dedupe_id: id,
+            };
+            store.deliver(&incoming).await.unwrap();
+        }
+        let config = nightmail_config::ResearchConfig { result_chars: 120, ..Default::default() };
+        let mail = super::super::MailSearch::new(index, store, ann);
+        let toolbox = super::Toolbox::new(vec![nightmail_config::Tool::SearchMail], config, Some(mail));
+        let mut sources = super::Sources::default();
+        let outcome = toolbox.run(&super::Action::SearchMail("lighthouse".into()), &mut sources, u64::MAX).await;
+        assert!(outcome.ran && !outcome.sources.is_empty(), "{outcome:?}");
+        let (kept, note) = outcome.text.split_once("\n[... cut:").expect("the cut is said");
+        assert_eq!(kept.chars().count(), 120, "{}", outcome.text);
+        assert!(note.contains("result limit"), "{}", outcome.text);
     }
 }
