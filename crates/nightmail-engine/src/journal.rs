@@ -425,14 +425,28 @@ pub(crate) fn read_whole(path: &Path, layers: usize) -> Result<(Identity, Saved)
 /// Takes the checkpoint's advisory lock (flock(2) on Unix, LockFileEx on Windows): one writer
 /// per file, so a job whose lease expired while its holder slept cannot have two attempts
 /// appending to the same journal. The lock goes with the file descriptor, so a crashed writer
-/// holds none.
+/// holds none. A process this one forks holds a copy of the descriptor until it execs (the
+/// daemon runs search commands; the tests run themselves again): a lock still held is asked again
+/// for up to [`LOCK_PATIENCE`] before the file is called busy, far less than a second writer holds it.
 fn lock(file: &File, path: &Path) -> Result<()> {
-    match file.try_lock() {
-        Ok(()) => Ok(()),
-        Err(std::fs::TryLockError::WouldBlock) => Err(EngineError::CheckpointBusy { path: path.to_path_buf() }),
-        Err(std::fs::TryLockError::Error(e)) => Err(bad(path, e)),
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(EngineError::CheckpointBusy { path: path.to_path_buf() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(bad(path, e)),
+        }
     }
 }
+
+/// How long a held checkpoint lock is asked again: a forked child's copy of the descriptor goes
+/// at its exec, within milliseconds.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The bytes the recurrent states among `kv` take in a record.
 fn state_bytes(kv: &[LayerSnapshot]) -> u64 {
