@@ -4,7 +4,7 @@
 //! follow-up in a mail thread repeats the whole conversation as its prompt, so this saves all
 //! but the new turn's prefill.
 //!
-//! A saved state is a file in the generation journal's format (`journal.rs`): a header
+//! A saved state is a file in the generation journal's format (`journal/`): a header
 //! naming the model (its path, network shape, weights files, a SHA-256 of its chat template) and
 //! the exact tokens run, then one record holding every position. It is written beside its name
 //! and renamed over it after an fsync, so a crash leaves no half file under the name; a file that
