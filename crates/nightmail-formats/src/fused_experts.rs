@@ -30,7 +30,13 @@ impl OwnedTensor {
     }
 
     pub fn view(&self) -> TensorView<'_> {
-        TensorView { name: self.name.clone(), dtype: self.dtype, shape: self.shape.clone(), bytes: &self.bytes }
+        TensorView {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            bytes: &self.bytes,
+            scale: None,
+        }
     }
 }
 

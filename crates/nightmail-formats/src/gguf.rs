@@ -71,32 +71,7 @@ impl GgufFile {
             }
             g.parts.push(GgufFile::open(&part)?);
         }
-        g.refuse_nvfp4_second_scales()?;
         Ok(g)
-    }
-
-    /// llama.cpp's converter writes a ModelOpt NVFP4 checkpoint's per-tensor second scale as a
-    /// tensor of its own (`<name>.scale`, conversion/base.py `_repack_nvfp4`) that its graph
-    /// multiplies in after the product; nightmail does not apply it yet, so such a file is refused
-    /// rather than computed without it. NVFP4 files from llama.cpp's quantizer have none.
-    fn refuse_nvfp4_second_scales(&self) -> Result<()> {
-        let nvfp4 = nightmail_tensor::WeightDType::LowBit(nightmail_tensor::LowBit::Nvfp4);
-        for f in self.files() {
-            for name in f.tensors.keys() {
-                let Some(weight) = name.strip_suffix(".scale").map(|base| format!("{base}.weight")) else { continue };
-                if self.holder(&weight).and_then(|h| h.tensors.get(&weight)).is_some_and(|t| t.dtype == nvfp4) {
-                    return Err(FormatError::Unsupported {
-                        what: format!(
-                            "`{weight}` is NVFP4 with a second scale, `{name}` (a converted ModelOpt checkpoint)"
-                        ),
-                        hint:
-                            "requantize the model from its BF16 weights, or use NVFP4 files from llama.cpp's quantizer"
-                                .into(),
-                    });
-                }
-            }
-        }
-        Ok(())
     }
 
     /// This file and its stripe parts.
@@ -168,7 +143,39 @@ impl GgufFile {
                 len: self.map.len(),
             });
         }
-        Ok(Some(TensorView { name: name.to_string(), dtype: info.dtype, shape, bytes: &self.map[start..end] }))
+        let scale = self.second_scale(name, None)?;
+        Ok(Some(TensorView { name: name.to_string(), dtype: info.dtype, shape, bytes: &self.map[start..end], scale }))
+    }
+
+    /// The second scale of the matrix `weight` (`<base>.weight`): the tensor `<base>.scale`
+    /// where the file has one (llama.cpp conversion/base.py `_repack_nvfp4`: a converted
+    /// ModelOpt NVFP4 checkpoint's `weight_scale_2`), one f32 for a matrix or one per expert for
+    /// a stacked bank (`_flush_nvfp4_experts`), as llama-model.cpp loads them. `expert` picks an
+    /// expert's (the bank's own view has none: its slices carry theirs); a scale of another
+    /// shape is refused, not guessed at.
+    fn second_scale(&self, weight: &str, expert: Option<(usize, usize)>) -> Result<Option<f32>> {
+        let Some(base) = weight.strip_suffix(".weight") else { return Ok(None) };
+        let name = format!("{base}.scale");
+        let Some(v) = self.tensor(&name)? else { return Ok(None) };
+        let values: Vec<f32> = match v.dtype {
+            WeightDType::F32 => v.bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+            _ => Vec::new(),
+        };
+        let want = expert.map_or(1, |(_, experts)| experts);
+        // A stacked bank's own view: its experts' scales come with their slices.
+        let bank = self.tensors.get(weight).filter(|t| t.shape.len() == 3).map(|t| t.shape[0]);
+        match (values.len(), expert) {
+            (1, _) => Ok(Some(values[0])),
+            (n, Some((e, _))) if n == want => Ok(Some(values[e])),
+            (n, None) if Some(n) == bank => Ok(None),
+            _ => Err(FormatError::BadGguf {
+                path: self.path.clone(),
+                reason: format!(
+                    "`{name}` ({:?}, shape {:?}) is no second scale of `{weight}`: expected {want} f32 value(s)",
+                    v.dtype, v.shape
+                ),
+            }),
+        }
     }
 
     /// The names of the I32 tables, the stripe parts' too.
@@ -223,6 +230,7 @@ impl GgufFile {
             dtype: info.dtype,
             shape: inner.to_vec(),
             bytes: &self.map[start..end],
+            scale: self.second_scale(name, Some((id.expert, experts)))?,
         }))
     }
 
@@ -441,28 +449,54 @@ mod tests {
         assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.is_subnormal()));
     }
 
-    /// NVFP4 blocks alone are read; NVFP4 with the second scale a converted ModelOpt checkpoint
-    /// carries (`<name>.scale`) is refused, naming both tensors, not computed without it.
+    /// A matrix's second scale (`<base>.scale`: one value) and a stacked bank's (one per
+    /// expert) come with their views; a view without one has none, and a scale of another
+    /// length is refused naming both tensors.
     #[test]
-    fn nvfp4_with_a_second_scale_tensor_is_refused_and_without_one_read() {
+    fn second_scales_come_with_their_matrices_and_experts() {
         use crate::gguf_write::{TensorHeader, write_gguf};
         let dir = tempfile::tempdir().unwrap();
         let nvfp4 = WeightDType::LowBit(nightmail_tensor::LowBit::Nvfp4);
-        let write = |name: &str, scale: bool| {
+        let write = |name: &str, bank_scales: &[f32]| {
             let path = dir.path().join(name);
-            let mut tensors = vec![TensorHeader::new("blk.0.ffn_down.weight", nvfp4, &[2, 64])];
-            if scale {
-                tensors.push(TensorHeader::new("blk.0.ffn_down.scale", WeightDType::F32, &[1]));
-            }
-            write_gguf(&path, &[], &tensors, 32, |i, w| w.write_all(&vec![0x11; tensors[i].byte_len()])).unwrap();
-            path
+            let tensors = vec![
+                TensorHeader::new("blk.0.attn_q.weight", nvfp4, &[2, 64]),
+                TensorHeader::new("blk.0.attn_q.scale", WeightDType::F32, &[1]),
+                TensorHeader::new("blk.0.attn_k.weight", nvfp4, &[2, 64]),
+                TensorHeader::new("blk.0.ffn_up_exps.weight", nvfp4, &[3, 2, 64]),
+                TensorHeader::new("blk.0.ffn_up_exps.scale", WeightDType::F32, &[bank_scales.len()]),
+            ];
+            let data = |i: usize| -> Vec<u8> {
+                match i {
+                    1 => 0.75f32.to_le_bytes().to_vec(),
+                    4 => bank_scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+                    _ => vec![0x11; tensors[i].byte_len()],
+                }
+            };
+            write_gguf(&path, &[], &tensors, 32, |i, w| w.write_all(&data(i))).unwrap();
+            GgufFile::open(&path).unwrap()
         };
-        let plain = GgufFile::open(&write("plain.gguf", false)).unwrap();
-        assert_eq!(plain.tensor("blk.0.ffn_down.weight").unwrap().unwrap().dtype, nvfp4);
-        let refused = GgufFile::open(&write("scaled.gguf", true)).err().expect("refused").to_string();
-        assert!(
-            refused.contains("`blk.0.ffn_down.weight` is NVFP4") && refused.contains("blk.0.ffn_down.scale"),
-            "{refused}"
+        let g = write("scaled.gguf", &[0.5, 2.0, 4.0]);
+        assert_eq!(g.tensor("blk.0.attn_q.weight").unwrap().unwrap().scale, Some(0.75));
+        assert_eq!(g.tensor("blk.0.attn_k.weight").unwrap().unwrap().scale, None);
+        for (expert, want) in [0.5, 2.0, 4.0].into_iter().enumerate() {
+            let id = ExpertId { layer: 0, expert };
+            let slice = g.expert_slice("blk.0.ffn_up_exps.weight", id).unwrap().unwrap();
+            assert_eq!(slice.scale, Some(want), "expert {expert}");
+        }
+        // The scaled values are the blocks' times the scale.
+        let q = g.tensor("blk.0.attn_q.weight").unwrap().unwrap();
+        let (scaled, plain) = (q.to_f32().unwrap(), q.unscaled().to_f32().unwrap());
+        let (scaled, plain) = (
+            scaled.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            plain.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         );
+        assert!(plain.iter().any(|v| *v != 0.0));
+        assert!(scaled.iter().zip(&plain).all(|(s, p)| *s == p * 0.75));
+
+        let bad = write("two.gguf", &[0.5, 2.0]);
+        let err =
+            bad.expert_slice("blk.0.ffn_up_exps.weight", ExpertId { layer: 0, expert: 0 }).err().unwrap().to_string();
+        assert!(err.contains("blk.0.ffn_up_exps.scale") && err.contains("blk.0.ffn_up_exps.weight"), "{err}");
     }
 }

@@ -109,7 +109,13 @@ impl HfDir {
         let Some((name, e)) = self.entry(hf_name) else { return Ok(None) };
         let dtype = weight_dtype(&e.dtype)
             .ok_or_else(|| TensorError::UnsupportedDType { name: name.clone(), dtype: e.dtype.clone() })?;
-        Ok(Some(TensorView { name, dtype, shape: e.shape.clone(), bytes: &self.shards[e.shard].map[e.start..e.end] }))
+        Ok(Some(TensorView {
+            name,
+            dtype,
+            shape: e.shape.clone(),
+            bytes: &self.shards[e.shard].map[e.start..e.end],
+            scale: None,
+        }))
     }
 
     /// A float tensor by its transformers name.
@@ -284,7 +290,13 @@ impl HfDir {
                 && let Some(pair) = self.mxfp4_pair(base)?
             {
                 let bytes = self.u8_tensor(n)?.expect("listed tensor").0;
-                out.push(TensorView { name: base.to_string(), dtype: WeightDType::Mxfp4, shape: pair.shape, bytes });
+                out.push(TensorView {
+                    name: base.to_string(),
+                    dtype: WeightDType::Mxfp4,
+                    shape: pair.shape,
+                    bytes,
+                    scale: None,
+                });
                 continue;
             }
             if n.strip_suffix("_scales").is_some_and(|base| self.tensors.contains_key(&format!("{base}_blocks"))) {

@@ -183,5 +183,6 @@ fn half_rows(v: TensorView<'_>, half: usize) -> Result<TensorView<'_>> {
         dtype: v.dtype,
         shape: vec![rows / 2, cols],
         bytes: &v.bytes[half * per_half..(half + 1) * per_half],
+        scale: v.scale,
     })
 }

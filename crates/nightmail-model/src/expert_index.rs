@@ -24,6 +24,8 @@ pub struct MatrixExtent {
     /// MXFP4 experts are 17 bytes per 32 weights, like any block type sized by [`WeightDType`].
     pub dtype: WeightDType,
     pub shape: Vec<usize>,
+    /// Its second scale ([`TensorView::scale`]): a value of another tensor, kept here.
+    pub scale: Option<f32>,
 }
 
 /// A run of bytes read with one `pread`, covering one or more matrices of an expert.
@@ -151,6 +153,7 @@ impl ExpertIndex {
                 len: v.bytes.len(),
                 dtype: v.dtype,
                 shape: v.shape.clone(),
+                scale: v.scale,
             })
         };
         for layer in expert_layers(ck, spec)? {

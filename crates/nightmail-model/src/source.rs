@@ -61,6 +61,8 @@ pub struct Recorded {
     /// Where its bytes lie: `None` when they are not a range of a file (rebuilt at load).
     pub location: Option<(std::path::PathBuf, u64)>,
     pub len: usize,
+    /// Its second scale ([`TensorView::scale`]), which the file's other tensor holds.
+    pub scale: Option<f32>,
 }
 
 /// A checkpoint that notes every tensor a build asks for, so a layer built once at load can be
@@ -105,6 +107,7 @@ impl WeightSource for Recording<'_> {
                 shape: v.shape.clone(),
                 location: self.ck.locate(&v),
                 len: v.bytes.len(),
+                scale: v.scale,
             });
         }
         // Only a routed expert's stacked tensor is longer, and no layer build asks for one; if

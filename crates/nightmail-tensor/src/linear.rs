@@ -14,6 +14,9 @@ use crate::view::{TensorView, row_values};
 pub struct Linear {
     weight: Weight,
     bias: Option<Tensor>,
+    /// The weight's second scale ([`TensorView::scale`]), applied to the product before the
+    /// bias, as llama.cpp's `build_lora_mm` does.
+    scale: Option<f32>,
 }
 
 enum Weight {
@@ -42,14 +45,17 @@ impl Linear {
 
     fn with_bytes(weight: &TensorView<'_>, bytes: Option<WeightBytes>, bias: Option<&TensorView<'_>>) -> Result<Self> {
         let mut weight = weight.clone();
+        let scale = weight.scale.take();
         // A 1-D weight is a single output row (e.g. Qwen2-MoE's shared-expert gate in GGUF).
         if weight.shape.len() == 1 {
             weight.shape.insert(0, 1);
         }
         let bias = bias.map(|b| b.to_f32()).transpose()?;
         match matvec_path(weight.dtype) {
-            MatVecPath::Candle => return Ok(Linear { weight: candle_matmul(&weight)?, bias }),
-            MatVecPath::F32 => return Ok(Linear { weight: Weight::Candle(QMatMul::Tensor(weight.to_f32()?)), bias }),
+            MatVecPath::Candle => return Ok(Linear { weight: candle_matmul(&weight)?, bias, scale }),
+            MatVecPath::F32 => {
+                return Ok(Linear { weight: Weight::Candle(QMatMul::Tensor(weight.to_f32()?)), bias, scale });
+            }
             MatVecPath::Native => {}
         }
         let w = match (weight.dtype, &weight.shape[..]) {
@@ -95,12 +101,12 @@ impl Linear {
             }
             _ => Weight::Candle(weight.to_matmul()?),
         };
-        Ok(Linear { weight: w, bias })
+        Ok(Linear { weight: w, bias, scale })
     }
 
     /// A float weight `[out, in]` already in memory.
     pub fn from_tensor(weight: Tensor) -> Self {
-        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias: None }
+        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias: None, scale: None }
     }
 
     /// Row `i` of the weight as f32 (the caller checked it exists): the row of the file's
@@ -108,6 +114,14 @@ impl Linear {
     /// from the f32 or f16 values a conversion at load made of them, which hold it exactly. A
     /// tied embedding reads its rows here (`nightmail-model/src/parts/embedding.rs`).
     pub fn row(&self, i: usize) -> Result<Vec<f32>> {
+        let row = self.unscaled_row(i)?;
+        Ok(match self.scale {
+            Some(s) => row.into_iter().map(|v| v * s).collect(),
+            None => row,
+        })
+    }
+
+    fn unscaled_row(&self, i: usize) -> Result<Vec<f32>> {
         let values =
             |dtype: GgmlDType, cols: usize, bytes: &[u8]| row_values("output.weight", dtype.into(), cols, bytes);
         match &self.weight {
@@ -145,6 +159,10 @@ impl Linear {
             Weight::Mxfp4(w) => w.forward(x)?,
             Weight::LowBit(w) => w.forward(x)?,
             Weight::Iq4Nl(w) => w.forward(x)?,
+        };
+        let y = match self.scale {
+            Some(s) => y.affine(s as f64, 0.0)?,
+            None => y,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

@@ -17,6 +17,11 @@ pub struct TensorView<'a> {
     pub dtype: WeightDType,
     pub shape: Vec<usize>,
     pub bytes: &'a [u8],
+    /// llama.cpp's second scale, a tensor `<name>.scale` beside `<name>.weight` (a converted
+    /// ModelOpt NVFP4 checkpoint's `weight_scale_2`, llama.cpp conversion/base.py
+    /// `_repack_nvfp4`): the values are the blocks' times it. llama.cpp multiplies a product by
+    /// it (llama-graph.cpp `build_lora_mm`, `build_lora_mm_id`), and so does [`crate::Linear`].
+    pub scale: Option<f32>,
 }
 
 impl<'a> TensorView<'a> {
@@ -63,9 +68,17 @@ impl<'a> TensorView<'a> {
                 crate::kernel::lowbit::dequantize(t, self.bytes, &mut out);
                 Tensor::from_vec(out, self.shape.as_slice(), dev)?
             }
-            WeightDType::Ggml(_) => self.to_qtensor()?.dequantize(dev)?,
+            WeightDType::Ggml(_) => self.unscaled().to_qtensor()?.dequantize(dev)?,
         };
-        Ok(t)
+        Ok(match self.scale {
+            Some(s) => t.affine(s as f64, 0.0)?,
+            None => t,
+        })
+    }
+
+    /// The same blocks without a second scale (a product's factor to apply after it).
+    pub fn unscaled(&self) -> TensorView<'a> {
+        TensorView { scale: None, ..self.clone() }
     }
 
     /// A matrix ready for `x · Wᵀ`: float weights become an f32 tensor (exact arithmetic for the
@@ -82,6 +95,13 @@ impl<'a> TensorView<'a> {
     /// The ggml blocks, copied once out of the map into candle's storage.
     pub fn to_qtensor(&self) -> Result<QTensor> {
         check_supported(&self.name, self.dtype)?;
+        if self.scale.is_some() {
+            // candle's blocks cannot carry it: the caller multiplies by it (`Linear`).
+            return Err(TensorError::UnsupportedDType {
+                name: self.name.clone(),
+                dtype: format!("{:?} with a second scale, as candle blocks", self.dtype),
+            });
+        }
         let WeightDType::Ggml(dtype) = self.dtype else {
             return Err(TensorError::UnsupportedDType { name: self.name.clone(), dtype: format!("{:?}", self.dtype) });
         };
@@ -130,7 +150,11 @@ impl<'a> TensorView<'a> {
             return Err(TensorError::TokenOutOfRange { id: i as u32, vocab: rows });
         }
         let len = self.bytes.len() / rows;
-        row_values(&self.name, self.dtype, cols, &self.bytes[i * len..(i + 1) * len])
+        let row = row_values(&self.name, self.dtype, cols, &self.bytes[i * len..(i + 1) * len])?;
+        Ok(match self.scale {
+            Some(s) => row.into_iter().map(|v| v * s).collect(),
+            None => row,
+        })
     }
 }
 
@@ -138,7 +162,7 @@ impl<'a> TensorView<'a> {
 /// the mapped tensor, for the same bytes read from elsewhere (the file, a tied output head), so
 /// that the values are the same.
 pub fn row_values(name: &str, dtype: WeightDType, cols: usize, bytes: &[u8]) -> Result<Vec<f32>> {
-    let one = TensorView { name: name.to_string(), dtype, shape: vec![1, cols], bytes };
+    let one = TensorView { name: name.to_string(), dtype, shape: vec![1, cols], bytes, scale: None };
     Ok(one.to_f32()?.flatten_all()?.to_vec1::<f32>()?)
 }
 

@@ -119,7 +119,7 @@ fn linear_figure(
                     b.chunks_exact_mut(dtype.type_size()).for_each(|blk| blk[..2].copy_from_slice(&scale));
                 }
             }
-            let view = TensorView { name: "bench".into(), dtype, shape: vec![rows, cols], bytes: &b };
+            let view = TensorView { name: "bench".into(), dtype, shape: vec![rows, cols], bytes: &b, scale: None };
             Ok(Linear::new(&view, None)?)
         })
         .collect::<Result<_>>()?;

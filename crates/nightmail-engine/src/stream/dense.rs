@@ -60,7 +60,15 @@ impl LayerExtent {
                     files.len() - 1
                 }
             };
-            tensors.push(MatrixExtent { name: r.name, file, offset, len: r.len, dtype: r.dtype, shape: r.shape });
+            tensors.push(MatrixExtent {
+                name: r.name,
+                file,
+                offset,
+                len: r.len,
+                dtype: r.dtype,
+                shape: r.shape,
+                scale: r.scale,
+            });
         }
         let runs = runs(tensors.iter().enumerate());
         Ok(LayerExtent { layer, tensors, runs })
@@ -500,6 +508,7 @@ impl WeightSource for LayerBuffers<'_> {
             dtype: t.dtype,
             shape: t.shape.clone(),
             bytes: b.as_slice(),
+            scale: t.scale,
         }))
     }
 

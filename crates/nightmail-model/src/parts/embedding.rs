@@ -205,7 +205,13 @@ mod tests {
         .collect();
         cases.push((WeightDType::Mxfp4, nightmail_tensor::kernel::mxfp4::quantize(&values)));
         for (dtype, bytes) in cases {
-            let view = TensorView { name: "token_embd.weight".into(), dtype, shape: vec![rows, cols], bytes: &bytes };
+            let view = TensorView {
+                name: "token_embd.weight".into(),
+                dtype,
+                shape: vec![rows, cols],
+                bytes: &bytes,
+                scale: None,
+            };
             let table = Embedding::tied(Arc::new(Linear::new(&view, None).unwrap()), rows, cols);
             let got = table.rows(&[5, 0, 3]).unwrap().to_vec2::<f32>().unwrap();
             for (t, row) in [5, 0, 3].into_iter().zip(&got) {

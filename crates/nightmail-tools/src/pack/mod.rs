@@ -108,14 +108,24 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
     for (name, shape, bytes) in &tables {
         tensors.push(Packed {
             header: TensorHeader::new(name.clone(), WeightDType::F32, shape),
-            view: TensorView { name: name.clone(), dtype: WeightDType::F32, shape: shape.clone(), bytes },
+            view: TensorView { name: name.clone(), dtype: WeightDType::F32, shape: shape.clone(), bytes, scale: None },
             requantize: false,
             expert: None,
         });
     }
     let tied = ck.tensor("output.weight")?.is_none();
-    for t in ck.all_tensors()?.into_iter().filter(|t| !is_expert_tensor(&t.name)) {
-        let to = opts.dense.and_then(|q| requantize::target(&t, q, requantize::is_head(&t.name, tied)));
+    let dense: Vec<TensorView<'_>> = ck.all_tensors()?.into_iter().filter(|t| !is_expert_tensor(&t.name)).collect();
+    let target =
+        |t: &TensorView<'_>| opts.dense.and_then(|q| requantize::target(t, q, requantize::is_head(&t.name, tied)));
+    // A requantized matrix takes its second scale into its values (`TensorView::to_f32`), so
+    // the scale's own tensor is left out; kept, it would be applied twice.
+    let folded: Vec<String> = dense
+        .iter()
+        .filter(|t| t.scale.is_some() && target(t).is_some())
+        .filter_map(|t| t.name.strip_suffix(".weight").map(|base| format!("{base}.scale")))
+        .collect();
+    for t in dense.into_iter().filter(|t| !folded.contains(&t.name)) {
+        let to = target(&t);
         let header = TensorHeader::new(t.name.clone(), to.map_or(t.dtype, Into::into), &t.shape);
         if to.is_some() {
             report.requantized += 1;
@@ -124,6 +134,23 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
         }
         tensors.push(Packed { header, view: t, requantize: to.is_some(), expert: None });
     }
+    // Each packed expert matrix's second scale, as a one-value tensor beside it
+    // (`<packed name>.scale`, which `GgufFile::tensor` reads back with the matrix).
+    let mut expert_scales: Vec<(String, ExpertId, [u8; 4])> = Vec::new();
+    if let Some(moe) = &spec.moe {
+        for layer in expert_layers(&ck, &spec)? {
+            for expert in 0..moe.experts {
+                let id = ExpertId { layer, expert };
+                for (m, v) in ExpertMatrix::ALL.into_iter().zip(expert_views(&ck, &spec, id)?) {
+                    if let Some(s) = v.scale {
+                        let name = packed_expert_name(id, m).replace(".weight", ".scale");
+                        expert_scales.push((name, id, s.to_le_bytes()));
+                    }
+                }
+            }
+        }
+    }
+    let mut scales = expert_scales.iter().peekable();
     if let Some(moe) = &spec.moe {
         // The MTP layer's experts too (`nightmail-model/src/mtp.rs`): its dense tensors are among the rest.
         for layer in expert_layers(&ck, &spec)? {
@@ -133,6 +160,20 @@ pub fn pack_with(src: &Path, dst: &Path, opts: &PackOptions) -> Result<PackRepor
                     tensors.push(Packed {
                         header: TensorHeader::new(packed_expert_name(id, m), v.dtype, &v.shape),
                         view: v,
+                        requantize: false,
+                        expert: Some(id),
+                    });
+                }
+                while let Some((name, _, bytes)) = scales.next_if(|(_, e, _)| *e == id) {
+                    tensors.push(Packed {
+                        header: TensorHeader::new(name.clone(), WeightDType::F32, &[1]),
+                        view: TensorView {
+                            name: name.clone(),
+                            dtype: WeightDType::F32,
+                            shape: vec![1],
+                            bytes,
+                            scale: None,
+                        },
                         requantize: false,
                         expert: Some(id),
                     });

@@ -90,7 +90,7 @@ mod tests {
     use super::*;
 
     fn view<'a>(name: &str, dtype: WeightDType, shape: &[usize], bytes: &'a [u8]) -> TensorView<'a> {
-        TensorView { name: name.into(), dtype, shape: shape.to_vec(), bytes }
+        TensorView { name: name.into(), dtype, shape: shape.to_vec(), bytes, scale: None }
     }
 
     #[test]

@@ -281,7 +281,16 @@ impl Shared {
         let view = |m: usize| -> Option<(TensorView<'_>, &WeightBytes)> {
             let x = extent.part(m)?;
             let b = bytes[m].as_ref().expect("every part is in a run");
-            Some((TensorView { name: x.name.clone(), dtype: x.dtype, shape: x.shape.clone(), bytes: b.as_slice() }, b))
+            Some((
+                TensorView {
+                    name: x.name.clone(),
+                    dtype: x.dtype,
+                    shape: x.shape.clone(),
+                    bytes: b.as_slice(),
+                    scale: x.scale,
+                },
+                b,
+            ))
         };
         let linear = |m: usize| -> Result<Linear> {
             let (w, b) = view(m).expect("every expert has its three matrices");
