@@ -37,21 +37,15 @@ impl ArmKernel {
         [ArmKernel::I8mm, ArmKernel::Dotprod].into_iter().find(|k| k.runs_here()).unwrap_or(ArmKernel::Neon)
     }
 
-    /// The FEAT_ names of the path's instructions this CPU lacks.
-    fn missing(self) -> Vec<&'static str> {
-        let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-        let i8mm = std::arch::is_aarch64_feature_detected!("i8mm");
-        let needs: &[(&str, bool)] = match self {
-            ArmKernel::Neon => &[],
-            ArmKernel::Dotprod => &[("FEAT_DotProd", dotprod)],
-            ArmKernel::I8mm => &[("FEAT_I8MM", i8mm), ("FEAT_DotProd", dotprod)],
-        };
-        needs.iter().filter(|(_, has)| !has).map(|(name, _)| *name).collect()
-    }
-
-    /// Whether this CPU has the path's instructions.
+    /// Whether this CPU has the path's instructions (each detection a cached load: this runs
+    /// before every dispatched row).
     pub fn runs_here(self) -> bool {
-        self.missing().is_empty()
+        let dotprod = || std::arch::is_aarch64_feature_detected!("dotprod");
+        match self {
+            ArmKernel::Neon => true,
+            ArmKernel::Dotprod => dotprod(),
+            ArmKernel::I8mm => std::arch::is_aarch64_feature_detected!("i8mm") && dotprod(),
+        }
     }
 
     /// The paths this CPU can run, the portable one first.
@@ -62,8 +56,18 @@ impl ArmKernel {
     /// Panics unless this CPU has the path's instructions: an `sdot` or `smmla` on a CPU without
     /// them dies with SIGILL, a refusal says why.
     pub fn require(self) {
-        let missing = self.missing();
-        assert!(missing.is_empty(), "the {self:?} kernel needs {}, which this CPU lacks", missing.join(" and "));
+        if !self.runs_here() {
+            let needs: &[(&str, bool)] = match self {
+                ArmKernel::Neon => &[],
+                ArmKernel::Dotprod => &[("FEAT_DotProd", ArmKernel::Dotprod.runs_here())],
+                ArmKernel::I8mm => &[
+                    ("FEAT_I8MM", std::arch::is_aarch64_feature_detected!("i8mm")),
+                    ("FEAT_DotProd", ArmKernel::Dotprod.runs_here()),
+                ],
+            };
+            let missing: Vec<&str> = needs.iter().filter(|(_, has)| !has).map(|(name, _)| *name).collect();
+            panic!("the {self:?} kernel needs {}, which this CPU lacks", missing.join(" and "));
+        }
     }
 }
 

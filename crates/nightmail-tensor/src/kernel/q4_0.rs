@@ -95,7 +95,11 @@ impl Q4_0Matrix {
                 let rows = blocks[r * row_bytes..(r + 2) * row_bytes].split_at(row_bytes);
                 let (first, second) = out.split_at_mut(n);
                 let out = [first, second];
-                return super::arm::dispatch!(kernel, pair_dots_arm(rows, &xs, out), i8mm: pair_dots_i8mm(rows, &xs, out));
+                return super::arm::dispatch!(
+                    kernel,
+                    pair_dots_arm(rows, &xs, out),
+                    i8mm: pair_dots_i8mm(rows, &xs, out)
+                );
             }
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
             super::arm::dispatch!(kernel, dots_arm(row, &xs, out))

@@ -65,7 +65,11 @@ impl Q4_1Matrix {
         if let ChunkKernel::Arm(kernel) = xs.kernel {
             let nb = self.cols / QK;
             let rows = self.blocks[r * nb..(r + 2) * nb].split_at(nb);
-            return super::arm::dispatch!(kernel, pair_token_dots_arm(rows, xs, out), i8mm: pair_token_dots_i8mm(rows, xs, out));
+            return super::arm::dispatch!(
+                kernel,
+                pair_token_dots_arm(rows, xs, out),
+                i8mm: pair_token_dots_i8mm(rows, xs, out)
+            );
         }
         let [first, second] = out;
         self.token_dots(r, xs, first);
