@@ -41,8 +41,10 @@ fixtures=(llama:: qwen3_moe:: gpt_oss kimi_k3::)
 
 # Each CPU runs the best path it has, named for the tests that check the choice: max (without
 # SVE, which the kernels do not use and whose emulation is slow) has dotprod and i8mm like M2 and
-# later, neoverse-n1 dotprod without i8mm like M1, cortex-a72 neither (plain NEON).
-cpus=(max,sve=off:dotprod neoverse-n1:dotprod cortex-a72:neon)
+# later (the i8mm path: `smmla` for the multi-token kernels, dotprod elsewhere), neoverse-n1
+# dotprod without i8mm like M1 (where the i8mm path must be refused), cortex-a72 neither (plain
+# NEON).
+cpus=(max,sve=off:i8mm neoverse-n1:dotprod cortex-a72:neon)
 
 for entry in "${cpus[@]}"; do
   cpu=${entry%%:*}

@@ -1,6 +1,8 @@
 //! Mat-vec kernels, one file per weight type, each with its x86 paths (AVX2, AVX-512 VNNI) and
-//! aarch64 paths (NEON, dotprod; `arm.rs`) chosen at run time and a scalar path that sums in the
-//! order of the ggml function it cites.
+//! aarch64 paths chosen at run time and a scalar path that sums in the order of the ggml function
+//! it cites. On aarch64 (`arm.rs`) every integer kernel against Q8 activations has a NEON and a
+//! dotprod path; the multi-token kernels of Q4_0, Q4_1 and Q8_0 also an i8mm one (`smmla`, two
+//! rows by two tokens), which every other kernel, and every one-token mat-vec, runs as dotprod.
 
 #[cfg(target_arch = "aarch64")]
 pub mod arm;

@@ -5,9 +5,11 @@
 use candle_core::Tensor;
 use half::f16;
 
+use super::matvec::activations;
 #[cfg(not(target_arch = "aarch64"))]
 use super::matvec::has_avx2_f16c;
-use super::matvec::{activations, rows_by_tokens};
+#[cfg(not(target_arch = "aarch64"))]
+use super::matvec::rows_by_tokens;
 use super::q8::{Q8Block, quantize_q8_1};
 use crate::bytes::WeightBytes;
 use crate::error::Result;
@@ -79,13 +81,26 @@ impl Q4_0Matrix {
     }
 
     /// The activations' Q8 blocks `q8` (one vector per token) → `[tokens, rows]` on aarch64 path
-    /// `kernel`; each row's blocks are unpacked once for all tokens.
+    /// `kernel`; each row's blocks are unpacked once for all tokens, and on i8mm two rows go
+    /// together (the odd last row alone).
     #[cfg(target_arch = "aarch64")]
     fn forward_arm(&self, q8: &[Vec<Q8Block>], kernel: super::arm::ArmKernel) -> Result<Tensor> {
         let row_bytes = self.cols / QK * BLOCK_BYTES;
         let blocks = self.bytes.as_slice();
         let xs: Vec<&[Q8Block]> = q8.iter().map(|x| &x[..]).collect();
-        rows_by_tokens(self.rows, xs.len(), self.rows * self.cols * xs.len(), |r, out| {
+        let n = xs.len();
+        let group = if kernel == super::arm::ArmKernel::I8mm { 2 } else { 1 };
+        super::matvec::row_groups_by_tokens(self.rows, n, self.rows * self.cols * n, group, |r, out| {
+            if out.len() == 2 * n {
+                let rows = blocks[r * row_bytes..(r + 2) * row_bytes].split_at(row_bytes);
+                let (first, second) = out.split_at_mut(n);
+                let out = [first, second];
+                return super::arm::dispatch!(
+                    kernel,
+                    pair_dots_arm(rows, &xs, out),
+                    i8mm: pair_dots_i8mm(rows, &xs, out)
+                );
+            }
             let row = &blocks[r * row_bytes..(r + 1) * row_bytes];
             super::arm::dispatch!(kernel, dots_arm(row, &xs, out))
         })
@@ -165,6 +180,62 @@ unsafe fn dots_arm<const SDOT: bool>(row: &[u8], xs: &[&[Q8Block]], out: &mut [f
     }
 }
 
+/// [`dots_arm`] for two rows, one after the other.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn pair_dots_arm<const SDOT: bool>(rows: (&[u8], &[u8]), xs: &[&[Q8Block]], [first, second]: [&mut [f32]; 2]) {
+    // SAFETY: the caller's proof of dotprod is passed on.
+    unsafe {
+        dots_arm::<SDOT>(rows.0, xs, first);
+        dots_arm::<SDOT>(rows.1, xs, second);
+    }
+}
+
+/// [`dots_arm`] for two rows at once: each block of both rows unpacked once, each token pair's
+/// four block sums in four `smmla`s ([`super::arm::pair_dots`]' lanes), then lane by lane
+/// [`dot_scalar`]'s `sum + d_w·d_x·acc`, so each (row, token) gets the scalar bits; an odd last
+/// token against each row by `sdot`.
+///
+/// # Safety
+/// The CPU has FEAT_I8MM and FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn pair_dots_i8mm(rows: (&[u8], &[u8]), xs: &[&[Q8Block]], mut out: [&mut [f32]; 2]) {
+    use super::arm::{block_dot, bytes, interleave, load_pair, nibbles, pair_dots, row_lanes, store_pair};
+    use std::arch::aarch64::*;
+    let n = xs.len();
+    assert!(out.iter().all(|o| o.len() == n) && rows.0.len() == rows.1.len());
+    assert!(xs.iter().all(|x| x.len() * BLOCK_BYTES >= rows.0.len()));
+    out.iter_mut().for_each(|o| o.fill(0.0));
+    for (b, blocks) in rows.0.chunks_exact(BLOCK_BYTES).zip(rows.1.chunks_exact(BLOCK_BYTES)).enumerate() {
+        let (d0, d1) = (scale(blocks.0), scale(blocks.1));
+        // SAFETY: each block's 16 packed bytes.
+        let w = unsafe { [nibbles(&blocks.0[2..], 8), nibbles(&blocks.1[2..], 8)] };
+        let (wi, dw) = (interleave(w[0], w[1]), row_lanes(d0, d1));
+        for t in (0..n - n % 2).step_by(2) {
+            let (x0, x1) = (&xs[t][b], &xs[t + 1][b]);
+            // SAFETY: the caller's proof of i8mm; base NEON.
+            unsafe {
+                let acc = pair_dots(&wi, &interleave(bytes(&x0.qs), bytes(&x1.qs)));
+                let scale = vmulq_f32(dw, super::arm::token_lanes(&[x0.d, x1.d]));
+                let sum = vaddq_f32(load_pair(&out, t), vmulq_f32(scale, vcvtq_f32_s32(acc)));
+                store_pair(&mut out, t, sum);
+            }
+        }
+        if n % 2 == 1 {
+            let x = &xs[n - 1][b];
+            for (o, (w, d)) in out.iter_mut().zip([(w[0], d0), (w[1], d1)]) {
+                // SAFETY: the caller's proof of dotprod.
+                let acc = unsafe { block_dot::<true>(w, &x.qs) };
+                o[n - 1] += d * x.d * acc as f32;
+            }
+        }
+    }
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(dead_code)]
 unsafe fn dots_avx2<const N: usize>(row: &[u8], xs: [&[Q8Block]; N]) -> [f32; N] {
@@ -204,22 +275,20 @@ mod tests {
         }
     }
 
-    /// Each aarch64 path (NEON, dotprod) against the scalar reference, every token of a call.
+    /// Each aarch64 path (NEON, dotprod, i8mm with its row pairs) against the scalar reference,
+    /// every token of a call.
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn every_arm_path_gives_the_scalar_references_bits() {
-        use crate::kernel::arm::ArmKernel;
-        for (rows, blocks, bytes, q8) in crate::kernel::q8::arm_cases(GgmlDType::Q4_0) {
-            let (cols, tokens) = (blocks * QK, q8.len());
-            let m = Q4_0Matrix::new(WeightBytes::from(&bytes[..]), rows, cols);
-            let want: Vec<u32> = (0..tokens)
-                .flat_map(|t| (0..rows).map(move |r| (t, r)))
-                .map(|(t, r)| dot_scalar(m.row_bytes(r), &q8[t]).to_bits())
-                .collect();
-            for kernel in ArmKernel::available() {
-                let got = m.forward_arm(&q8, kernel).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                assert_eq!(got.iter().map(|y| y.to_bits()).collect::<Vec<_>>(), want, "{kernel:?} {rows}x{cols}");
-            }
+        use crate::kernel::q8::{arm_cases, each_arm_matmul_gives_the_scalar_bits};
+        for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q4_0) {
+            let m = Q4_0Matrix::new(WeightBytes::from(&bytes[..]), rows, blocks * QK);
+            each_arm_matmul_gives_the_scalar_bits(
+                &q8,
+                rows,
+                |r, x| dot_scalar(m.row_bytes(r), x),
+                |k| m.forward_arm(&q8, k).unwrap(),
+            );
         }
     }
 

@@ -7,7 +7,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{has_avx2, has_avx512_vnni};
-use super::matvec::{activations, fill_group, row_groups_by_tokens, rows_by_tokens};
+use super::matvec::{activations, fill_group, row_groups_by_tokens};
 use crate::error::Result;
 
 /// Elements in a block.
@@ -46,7 +46,8 @@ pub(crate) enum ChunkKernel {
     /// AVX2, FMA and F16C: a token to a 256-bit vector.
     Avx2,
     Scalar,
-    /// An aarch64 path: a token at a time, each block's weights loaded once for all of them.
+    /// An aarch64 path: a token at a time, each block's weights loaded once for all of them (two
+    /// rows against two tokens at a time on i8mm).
     #[cfg(target_arch = "aarch64")]
     Arm(super::arm::ArmKernel),
 }
@@ -77,6 +78,15 @@ impl ChunkKernel {
             #[cfg(target_arch = "aarch64")]
             ChunkKernel::Arm(_) => TOKENS,
         }
+    }
+
+    /// Whether the kernel computes rows two at a time (i8mm's `smmla`: two rows by two tokens).
+    fn pairs_rows(self) -> bool {
+        #[cfg(target_arch = "aarch64")]
+        if self == ChunkKernel::Arm(super::arm::ArmKernel::I8mm) {
+            return true;
+        }
+        false
     }
 }
 
@@ -134,9 +144,10 @@ pub(crate) use by_tokens;
 /// `x`: `[tokens, cols]` → `[tokens, rows]` for a matrix whose kernels take activations as Q8
 /// blocks. One token: `dots(r, x)` computes rows `r..r + N` (a whole group), `one(r, x)` row r
 /// alone. Several (a verify pass's or a batch's rows): `row_tokens(r, xs, out)` row r against
-/// a chunk of up to [`TOKENS`] tokens, each weight block decoded once for all of them. Each
-/// (row, token) sum is computed in the same order either way, so a token's result does not
-/// depend on the tokens beside it.
+/// a chunk of up to [`TOKENS`] tokens, each weight block decoded once for all of them, and
+/// `pair_tokens(r, xs, [out_r, out_r1])` rows r and r + 1 together where the kernel pairs rows
+/// ([`chunks_matmul`]). Each (row, token) sum is computed in the same order either way, so a
+/// token's result does not depend on the tokens or rows beside it.
 pub(crate) fn q8_matmul<const N: usize>(
     rows: usize,
     cols: usize,
@@ -144,6 +155,7 @@ pub(crate) fn q8_matmul<const N: usize>(
     dots: impl Fn(usize, &[Q8Block]) -> [f32; N] + Sync,
     one: impl Fn(usize, &[Q8Block]) -> f32 + Sync,
     row_tokens: impl Fn(usize, &TokenBlocks, &mut [f32]) + Sync,
+    pair_tokens: impl Fn(usize, &TokenBlocks, [&mut [f32]; 2]) + Sync,
 ) -> Result<Tensor> {
     let tokens = x.dim(0)?;
     let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
@@ -152,13 +164,35 @@ pub(crate) fn q8_matmul<const N: usize>(
             fill_group(out, tokens, |t| dots(r0, &q8[t]), |i, t| one(r0 + i, &q8[t]))
         });
     }
-    let kernel = ChunkKernel::detect();
+    chunks_matmul(rows, cols, &q8, ChunkKernel::detect(), row_tokens, pair_tokens)
+}
+
+/// [`q8_matmul`]'s several tokens (`q8`, one vector of blocks each) on chunk kernel `kernel`: the
+/// tokens in chunks of up to its [`ChunkKernel::tokens`], the rows one at a time, or in pairs by
+/// `pair_tokens` where the kernel pairs them (the odd last row alone by `row_tokens`).
+pub(crate) fn chunks_matmul(
+    rows: usize,
+    cols: usize,
+    q8: &[Vec<Q8Block>],
+    kernel: ChunkKernel,
+    row_tokens: impl Fn(usize, &TokenBlocks, &mut [f32]) + Sync,
+    pair_tokens: impl Fn(usize, &TokenBlocks, [&mut [f32]; 2]) + Sync,
+) -> Result<Tensor> {
+    let tokens = q8.len();
     let chunk = kernel.tokens();
     let chunks: Vec<TokenBlocks> =
         q8.chunks(chunk).map(|c| TokenBlocks::new(c.iter().map(|x| &x[..]).collect(), cols / QK, kernel)).collect();
-    rows_by_tokens(rows, tokens, rows * cols * tokens, |r, out| {
-        for (xs, out) in chunks.iter().zip(out.chunks_mut(chunk)) {
-            row_tokens(r, xs, out);
+    let group = if kernel.pairs_rows() { 2 } else { 1 };
+    row_groups_by_tokens(rows, tokens, rows * cols * tokens, group, |r, out| {
+        if out.len() == 2 * tokens {
+            let (first, second) = out.split_at_mut(tokens);
+            for (xs, (a, b)) in chunks.iter().zip(first.chunks_mut(chunk).zip(second.chunks_mut(chunk))) {
+                pair_tokens(r, xs, [a, b]);
+            }
+        } else {
+            for (xs, out) in chunks.iter().zip(out.chunks_mut(chunk)) {
+                row_tokens(r, xs, out);
+            }
         }
     })
 }
@@ -343,9 +377,11 @@ pub(crate) fn each_chunk_equals_each_token_alone(
 }
 
 /// Shapes for the aarch64 paths' tests: (rows, blocks a row, tokens), odd counts and chunk tails
-/// among them (one block; 7, 33 blocks; 11 tokens: a whole chunk and one more).
+/// among them (one block; 7, 33 blocks; odd and even rows, so i8mm's row pairs with and without
+/// a last row alone; 11 and 12 tokens: a whole chunk and an odd or even rest; odd chunks).
 #[cfg(all(test, target_arch = "aarch64"))]
-const ARM_SHAPES: [(usize, usize, usize); 5] = [(1, 1, 1), (3, 7, 11), (5, 33, 4), (9, 2, TOKENS), (2, 9, 3)];
+const ARM_SHAPES: [(usize, usize, usize); 7] =
+    [(1, 1, 1), (3, 7, 11), (5, 33, 4), (9, 2, TOKENS), (2, 9, 3), (4, 3, TOKENS + 2), (6, 5, 7)];
 
 /// One test case of the aarch64 paths: rows, blocks a row, a matrix's ggml blocks, tokens.
 #[cfg(all(test, target_arch = "aarch64"))]
@@ -397,6 +433,25 @@ pub(crate) fn each_arm_path_gives_the_scalar_bits(
             }
             assert_eq!(chunked, want, "{kernel:?} chunks, row {r} of {nb} blocks");
         }
+    }
+}
+
+/// For each aarch64 path this CPU runs: `matmul(kernel)` (`[tokens, rows]` of every token of
+/// `q8` against rows `0..rows`, i8mm's row pairs and odd last row included) gives `scalar(r, x)`'s
+/// bits for each row and token.
+#[cfg(all(test, target_arch = "aarch64"))]
+pub(crate) fn each_arm_matmul_gives_the_scalar_bits(
+    q8: &[Vec<Q8Block>],
+    rows: usize,
+    scalar: impl Fn(usize, &[Q8Block]) -> f32,
+    matmul: impl Fn(super::arm::ArmKernel) -> Tensor,
+) {
+    let want: Vec<u32> =
+        q8.iter().flat_map(|x| (0..rows).map(|r| scalar(r, x).to_bits()).collect::<Vec<_>>()).collect();
+    for kernel in super::arm::ArmKernel::available() {
+        let got = matmul(kernel).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let got: Vec<u32> = got.iter().map(|y| y.to_bits()).collect();
+        assert_eq!(got, want, "{kernel:?}, {rows} rows, {} tokens", q8.len());
     }
 }
 

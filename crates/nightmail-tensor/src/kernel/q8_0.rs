@@ -59,7 +59,27 @@ impl Q8_0Matrix {
             |r0, x| self.dots::<ROWS>(r0, x),
             |r, x| self.dots::<1>(r, x)[0],
             |r, xs, out| self.token_dots(r, xs, out),
+            |r, xs, out| self.pair_token_dots(r, xs, out),
         )
+    }
+
+    /// Rows `r` and `r + 1` against a chunk of tokens, into `out[0]` and `out[1]`: on i8mm two
+    /// rows by two tokens a `smmla`, elsewhere one row at a time.
+    fn pair_token_dots(&self, r: usize, xs: &TokenBlocks, out: [&mut [f32]; 2]) {
+        #[cfg(target_arch = "aarch64")]
+        if let ChunkKernel::Arm(kernel) = xs.kernel {
+            let nb = self.cols / QK;
+            let (d, qs) = (&self.d[r * nb..(r + 2) * nb], &self.qs[r * nb..(r + 2) * nb]);
+            let (d, qs) = (d.split_at(nb), qs.split_at(nb));
+            return super::arm::dispatch!(
+                kernel,
+                pair_token_dots_arm(d, qs, xs, out),
+                i8mm: pair_token_dots_i8mm(d, qs, xs, out)
+            );
+        }
+        let [first, second] = out;
+        self.token_dots(r, xs, first);
+        self.token_dots(r + 1, xs, second);
     }
 
     /// Row `r` against a chunk of up to [`super::q8::TOKENS`] tokens, into `out` (one per token).
@@ -155,6 +175,77 @@ unsafe fn token_dots_arm<const SDOT: bool>(d: &[f32], qs: &[[i8; QK]], xs: &Toke
             let acc = unsafe { super::arm::block_dot::<SDOT>(w, &xs.qs[b * n + t]) };
             *y += d * xs.d[b][t] * acc as f32;
         }
+    }
+}
+
+/// [`token_dots_arm`] for two rows (`d.0`, `qs.0` and `d.1`, `qs.1`), one after the other.
+///
+/// # Safety
+/// `SDOT` only where the CPU has FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn pair_token_dots_arm<const SDOT: bool>(
+    d: (&[f32], &[f32]),
+    qs: (&[[i8; QK]], &[[i8; QK]]),
+    xs: &TokenBlocks,
+    [first, second]: [&mut [f32]; 2],
+) {
+    // SAFETY: the caller's proof of dotprod is passed on.
+    unsafe {
+        token_dots_arm::<SDOT>(d.0, qs.0, xs, first);
+        token_dots_arm::<SDOT>(d.1, qs.1, xs, second);
+    }
+}
+
+/// [`token_dots_arm`] for two rows at once: each token pair's four block sums in four `smmla`s
+/// ([`super::arm::pair_dots`]' lanes), then lane by lane [`dot_scalar`]'s `sum + d_w·d_x·acc`,
+/// so each (row, token) gets the scalar bits; an odd last token against each row by `sdot`.
+///
+/// # Safety
+/// The CPU has FEAT_I8MM and FEAT_DotProd.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn pair_token_dots_i8mm(
+    d: (&[f32], &[f32]),
+    qs: (&[[i8; QK]], &[[i8; QK]]),
+    xs: &TokenBlocks,
+    mut out: [&mut [f32]; 2],
+) {
+    use super::arm::{block_dot, bytes, interleave, pair_dots, row_lanes, store_pair, token_lanes};
+    use std::arch::aarch64::*;
+    let (n, nb) = (xs.len(), qs.0.len());
+    assert!(n <= super::q8::TOKENS && out.iter().all(|o| o.len() == n));
+    assert!(d.0.len() == nb && d.1.len() == nb && qs.1.len() == nb && xs.qs.len() >= nb * n && xs.d.len() >= nb);
+    // SAFETY: register-only base NEON.
+    let mut pairs = [unsafe { vdupq_n_f32(0.0) }; super::q8::TOKENS / 2];
+    let mut last = [0f32; 2];
+    for b in 0..nb {
+        let w = [bytes(&qs.0[b]), bytes(&qs.1[b])];
+        let (wi, dw) = (interleave(w[0], w[1]), row_lanes(d.0[b], d.1[b]));
+        for (p, sum) in pairs.iter_mut().enumerate().take(n / 2) {
+            let t = b * n + 2 * p;
+            // SAFETY: the caller's proof of i8mm; base NEON.
+            unsafe {
+                let acc = pair_dots(&wi, &interleave(bytes(&xs.qs[t]), bytes(&xs.qs[t + 1])));
+                let scale = vmulq_f32(dw, token_lanes(&xs.d[b][2 * p..]));
+                *sum = vaddq_f32(*sum, vmulq_f32(scale, vcvtq_f32_s32(acc)));
+            }
+        }
+        if n % 2 == 1 {
+            let (x, xd) = (&xs.qs[b * n + n - 1], xs.d[b][n - 1]);
+            for (y, (w, d)) in last.iter_mut().zip([(w[0], d.0[b]), (w[1], d.1[b])]) {
+                // SAFETY: the caller's proof of dotprod.
+                let acc = unsafe { block_dot::<true>(w, x) };
+                *y += d * xd * acc as f32;
+            }
+        }
+    }
+    for (p, sum) in pairs.iter().enumerate().take(n / 2) {
+        store_pair(&mut out, 2 * p, *sum);
+    }
+    if n % 2 == 1 {
+        out[0][n - 1] = last[0];
+        out[1][n - 1] = last[1];
     }
 }
 
@@ -283,11 +374,14 @@ mod tests {
         each_chunk_equals_each_token_alone(&q8, rows, |r, x| m.dots::<1>(r, x)[0], |r, xs, o| m.token_dots(r, xs, o));
     }
 
-    /// Each aarch64 path (NEON, dotprod), one token and chunks, against the scalar reference.
+    /// Each aarch64 path (NEON, dotprod, i8mm), one token, one row's chunks and the whole
+    /// multi-token product (i8mm's row pairs), against the scalar reference.
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn every_arm_path_gives_the_scalar_references_bits() {
-        use crate::kernel::q8::{arm_cases, each_arm_path_gives_the_scalar_bits};
+        use crate::kernel::q8::{
+            arm_cases, chunks_matmul, each_arm_matmul_gives_the_scalar_bits, each_arm_path_gives_the_scalar_bits,
+        };
         for (rows, blocks, bytes, q8) in arm_cases(GgmlDType::Q8_0) {
             let m = Q8_0Matrix::from_ggml(&bytes, rows, blocks * QK);
             let row = |r: usize| (&m.d[r * blocks..(r + 1) * blocks], &m.qs[r * blocks..(r + 1) * blocks]);
@@ -297,6 +391,16 @@ mod tests {
                 |r, x| dot_scalar(row(r).0, row(r).1, x),
                 |k, r, x| crate::kernel::arm::dispatch!(k, dot_arm(row(r).0, row(r).1, x)),
                 |r, xs, out| m.token_dots(r, xs, out),
+            );
+            each_arm_matmul_gives_the_scalar_bits(
+                &q8,
+                rows,
+                |r, x| dot_scalar(row(r).0, row(r).1, x),
+                |k| {
+                    let (cols, kernel) = (blocks * QK, ChunkKernel::Arm(k));
+                    let pair = |r, xs: &TokenBlocks, o: [&mut [f32]; 2]| m.pair_token_dots(r, xs, o);
+                    chunks_matmul(rows, cols, &q8, kernel, |r, xs, o| m.token_dots(r, xs, o), pair).unwrap()
+                },
             );
         }
     }

@@ -105,9 +105,10 @@ fn dots_on<T: SuperBlock, const N: usize>(kernel: ArmKernel, row: &[u8], xs: [&[
     match kernel {
         // SAFETY: the NEON instance uses base NEON only, which every aarch64 CPU has.
         ArmKernel::Neon => unsafe { dots::<T, false, N>(row, xs) },
-        ArmKernel::Dotprod => {
+        // The K-quants have no i8mm path: I8mm runs the dotprod one.
+        ArmKernel::Dotprod | ArmKernel::I8mm => {
             kernel.require();
-            // SAFETY: dotprod was required just above.
+            // SAFETY: dotprod was required just above (I8mm requires it too).
             unsafe { with_dotprod(|| dots::<T, true, N>(row, xs)) }
         }
     }
