@@ -36,9 +36,10 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().zip(b).flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs())).fold(0.0, f32::max)
 }
 
-/// llama.cpp multiplies NVFP4's activations in 8 bits (its vec_dot type), nightmail in f32 from
-/// the dequantized weights: the logits agree within this, not bit for bit.
-const TOLERANCE: f32 = 5e-2;
+/// nightmail's NVFP4 kernel takes llama.cpp's order (`kernel/nvfp4.rs`: Q8_0 activations, exact
+/// group sums, the build's float steps), so the logits agree to f32 rounding of the rest of the
+/// graph (measured on x86: identical). Rounding the activations alone would move them by ~3e-2.
+const TOLERANCE: f32 = 1e-5;
 
 #[test]
 fn nvfp4_second_scales_give_llama_cpps_logits() {
@@ -65,7 +66,7 @@ fn nvfp4_second_scales_give_llama_cpps_logits() {
     std::fs::write(&unscaled, bytes).unwrap();
     let off = max_diff(&rows(&Model::load(&unscaled).unwrap()), &want);
     println!("without the scales: {off:.2e}");
-    assert!(off > 20.0 * TOLERANCE, "without the scales: max |dlogit| {off}, with them {diff}");
+    assert!(off > 1.0, "without the scales: max |dlogit| {off}, with them {diff}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! decode it, so that a weight read here is the weight llama.cpp reads.
 
 use super::lattice::QK_K;
+use super::nvfp4;
 use crate::dtype::LowBit;
 
 /// A block decoder: one block's bytes into its elements.
@@ -38,6 +39,9 @@ pub fn low_bit_matrix(
 ) -> Option<Box<dyn super::q8_k::LowBitMatrix>> {
     use super::q8_k::SuperBlockMatrix;
     use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
+    if t == LowBit::Nvfp4 && cols.is_multiple_of(nvfp4::QK) {
+        return Some(Box::new(nvfp4::Nvfp4Matrix::new(bytes, rows, cols)));
+    }
     if !cols.is_multiple_of(QK_K) {
         return None;
     }
@@ -63,6 +67,7 @@ pub fn dequantize(t: LowBit, bytes: &[u8], out: &mut [f32]) {
 pub fn has_kernel(t: LowBit, cols: usize) -> bool {
     match t {
         LowBit::Iq4Nl => cols.is_multiple_of(super::iq4_nl::QK),
+        LowBit::Nvfp4 => cols.is_multiple_of(nvfp4::QK),
         LowBit::Iq2Xxs | LowBit::Iq2Xs | LowBit::Iq3Xxs | LowBit::Iq4Xs => cols.is_multiple_of(QK_K),
         _ => false,
     }
