@@ -58,6 +58,39 @@ fn signed_point_scalar(point: u64, signs: u8) -> [i8; 8] {
     })
 }
 
+/// Per 7-bit sign group of IQ2_XXS, IQ2_XS and IQ3_XXS, its 8 signs as bytes, 1 or −1: the
+/// vector `_mm256_sign_epi8` signs the activations by, and `vmulq_s8` the NEON weights (ggml's
+/// AVX2 dots sign through such a table, `keven_signs_q2xs`). The eighth sign makes the count of
+/// negatives even, as `KSIGNS_IQ2XS` does.
+pub(crate) static SIGN_BYTES: [u64; 128] = {
+    let mut table = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let signs = i as u32 | (i as u32).count_ones() % 2 << 7;
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };
+            table[i] |= byte << (8 * j);
+            j += 1;
+        }
+        i += 1;
+    }
+    table
+};
+
+/// Two 8-byte grid points (or four IQ3 points) as 16 weights, signed by two [`SIGN_BYTES`] words.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn signed_pair(points: [u64; 2], signs: [u64; 2]) -> std::arch::aarch64::int8x16_t {
+    use std::arch::aarch64::*;
+    // SAFETY: register-only base NEON (every aarch64 CPU).
+    unsafe {
+        let g = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(points[0]), vcreate_u64(points[1])));
+        let s = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(signs[0]), vcreate_u64(signs[1])));
+        vmulq_s8(g, s)
+    }
+}
+
 /// ±1 for bit `j` of `signs` (ggml `kmask_iq2xs[j]`).
 pub(crate) fn sign(signs: u8, j: usize) -> f32 {
     if signs & (1 << j) != 0 { -1.0 } else { 1.0 }
@@ -78,6 +111,15 @@ pub(crate) mod tests {
             for signs in 0..=255u8 {
                 assert_eq!(signed_point_neon(point, signs), signed_point_scalar(point, signs), "{point:#x} {signs:#x}");
             }
+        }
+    }
+
+    #[test]
+    fn sign_bytes_are_the_ksigns_groups() {
+        use super::super::iq_grids::KSIGNS_IQ2XS;
+        for (i, (&word, &signs)) in SIGN_BYTES.iter().zip(&KSIGNS_IQ2XS).enumerate() {
+            let want: [i8; 8] = std::array::from_fn(|j| sign(signs, j) as i8);
+            assert_eq!(word.to_le_bytes().map(|b| b as i8), want, "group {i}");
         }
     }
 

@@ -86,7 +86,36 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     fn d(block: &[u8]) -> f32 {
         super::lattice::half(block, 0)
     }
+    /// The scalar decoding: the reference the SIMD parts below are tested against.
     fn decode(block: &[u8], out: &mut Decoded);
+    /// 32-weight part `s` of the block (`0..8`) straight into AVX2 registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `block` holds [`Self::BYTES`] bytes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn part_avx2(block: &[u8], s: usize) -> Part256;
+    /// 32-weight part `s` of the block (`0..8`) straight into NEON registers.
+    #[cfg(target_arch = "aarch64")]
+    fn part_neon(block: &[u8], s: usize) -> PartNeon;
+}
+
+/// 32 weights of a super-block in AVX2 registers, as ggml's AVX2 i-quant dots hold them: their
+/// magnitudes (for `_mm256_maddubs_epi16`), a vector with their signs (for `_mm256_sign_epi8` on
+/// the activations) and each 16's scale in i16 lanes (for `_mm256_madd_epi16`). No weight is 0, so
+/// signing the activations loses nothing.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Part256 {
+    pub(crate) abs: std::arch::x86_64::__m256i,
+    pub(crate) sign: std::arch::x86_64::__m256i,
+    pub(crate) scales: std::arch::x86_64::__m256i,
+}
+
+/// 32 signed weights of a super-block in two NEON registers (elements 0..15, 16..31) and the
+/// scale of each.
+#[cfg(target_arch = "aarch64")]
+pub(crate) struct PartNeon {
+    pub(crate) w: [std::arch::aarch64::int8x16_t; 2],
+    pub(crate) scales: [i32; 2],
 }
 
 /// The 8 integer lanes of one super-block against one token's Q8_K block.
@@ -137,34 +166,32 @@ pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     acc
 }
 
-/// `row` against `N` tokens, each block decoded once: each token's sum is the one
-/// [`dot_scalar`] computes, in AVX2 lanes.
+/// `row` against `N` tokens, each block decoded once, part by part into registers
+/// ([`SuperBlock::part_avx2`]) that every token's activations meet: each token's sum is the one
+/// [`dot_scalar`] computes, in AVX2 lanes (or [`dot_tiled`]'s chain).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
+    assert!(xs.iter().all(|x| x.len() * T::BYTES >= row.len()));
     let mut acc = [_mm256_setzero_ps(); N];
     let mut chain = [0f32; N];
-    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
     for (b, block) in row.chunks_exact(T::BYTES).enumerate() {
-        T::decode(block, &mut w);
-        let dw = T::d(block);
-        // SAFETY: 32-byte loads within the 256 decoded weights.
-        let ws: [__m256i; 8] = std::array::from_fn(|s| unsafe { _mm256_loadu_si256(w.w.as_ptr().add(32 * s).cast()) });
-        let abs: [__m256i; 8] = ws.map(|v| _mm256_sign_epi8(v, v));
-        let sc: [__m256i; 8] = std::array::from_fn(|s| {
-            _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * s + 1]), _mm_set1_epi16(w.scales[2 * s]))
-        });
-        for ((acc, chain), x) in acc.iter_mut().zip(&mut chain).zip(&xs) {
-            let xb = &x[b];
-            let mut sum = _mm256_setzero_si256();
-            for s in 0..8 {
+        let xb: [&Q8K; N] = std::array::from_fn(|t| &xs[t][b]);
+        let mut sums = [_mm256_setzero_si256(); N];
+        for s in 0..QK_K / 32 {
+            // SAFETY: AVX2 is this function's; `block` is one whole block.
+            let part = unsafe { T::part_avx2(block, s) };
+            for (sum, xb) in sums.iter_mut().zip(&xb) {
                 // SAFETY: a 32-byte load within the 256 activations.
                 let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().add(32 * s).cast()) };
                 // |w| · (x with w's sign) pairs to i16 (no saturation: |w| ≤ 127, |x| ≤ 127), then × scale to i32.
-                let p = _mm256_maddubs_epi16(abs[s], _mm256_sign_epi8(q8, ws[s]));
-                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc[s]));
+                let p = _mm256_maddubs_epi16(part.abs, _mm256_sign_epi8(q8, part.sign));
+                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(p, part.scales));
             }
+        }
+        let dw = T::d(block);
+        for (((acc, chain), sum), xb) in acc.iter_mut().zip(&mut chain).zip(sums).zip(xb) {
             if TILED {
                 // The lanes' sum is exact in any order: the super-block's integer sum.
                 let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
