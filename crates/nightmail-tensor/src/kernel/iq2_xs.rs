@@ -91,4 +91,10 @@ mod tests {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 22);
         super::super::q8_k::tests::check_kernel::<Iq2Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
+
+    #[test]
+    fn iq2_xs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 32);
+        super::super::q8_k::tests::check_parts::<Iq2Xs>(&bytes);
+    }
 }

@@ -89,4 +89,10 @@ mod tests {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 21);
         super::super::q8_k::tests::check_kernel::<Iq2Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
+
+    #[test]
+    fn iq2_xxs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 31);
+        super::super::q8_k::tests::check_parts::<Iq2Xxs>(&bytes);
+    }
 }

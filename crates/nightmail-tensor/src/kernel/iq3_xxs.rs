@@ -96,4 +96,10 @@ mod tests {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
         super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
+
+    #[test]
+    fn iq3_xxs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 33);
+        super::super::q8_k::tests::check_parts::<Iq3Xxs>(&bytes);
+    }
 }

@@ -99,6 +99,12 @@ mod tests {
         super::super::q8_k::tests::check_kernel::<Iq4Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
     }
 
+    #[test]
+    fn iq4_xs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 34);
+        super::super::q8_k::tests::check_parts::<Iq4Xs>(&bytes);
+    }
+
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn iq4_xs_decoding_gives_the_scalar_lookups_weights() {

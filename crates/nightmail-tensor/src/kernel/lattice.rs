@@ -14,12 +14,13 @@ pub(crate) fn half(b: &[u8], i: usize) -> f32 {
 
 /// The little-endian u16 at `b[i..i + 2]`.
 pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {
-    u16::from_le_bytes([b[i], b[i + 1]])
+    u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"))
 }
 
 /// The little-endian u32 at `b[i..i + 4]`.
 pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    // One bounds check and one load, where four byte reads would check each.
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
 }
 
 /// Byte `j` of a grid point (ggml reads the table's words as bytes, little-endian).

@@ -314,6 +314,54 @@ pub(crate) mod tests {
         assert_eq!([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 3.4999].map(nearest_int), [0, 2, 2, 0, -2, 126, 3]);
     }
 
+    /// For a type: each 32 weights its SIMD decoding puts in registers ([`SuperBlock::part_avx2`],
+    /// [`SuperBlock::part_neon`]) are the scalar decoding's signed weights and 16-weight scales,
+    /// on every part of `bytes`' blocks.
+    pub(crate) fn check_parts<T: SuperBlock>(bytes: &[u8]) {
+        for (n, block) in bytes.chunks_exact(T::BYTES).enumerate() {
+            let mut want = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+            T::decode(block, &mut want);
+            for s in 0..QK_K / 32 {
+                let (w, scales) = part_weights::<T>(block, s);
+                assert_eq!(w[..], want.w[32 * s..32 * (s + 1)], "block {n} part {s}");
+                assert_eq!(scales, [want.scales[2 * s], want.scales[2 * s + 1]].map(i32::from), "block {n} part {s}");
+            }
+        }
+    }
+
+    /// Part `s` of `block` from the AVX2 registers: magnitude times sign, and each half's scale
+    /// (which all 8 of its i16 lanes must carry).
+    #[cfg(target_arch = "x86_64")]
+    fn part_weights<T: SuperBlock>(block: &[u8], s: usize) -> ([i8; 32], [i32; 2]) {
+        use std::arch::x86_64::*;
+        assert!(super::super::cpu::has_avx2(), "testing the AVX2 decoding needs an AVX2 CPU");
+        let (mut abs, mut sign, mut scales) = ([0i8; 32], [0i8; 32], [0i16; 16]);
+        // SAFETY: AVX2 asserted just above; 32-byte stores into 32-byte arrays.
+        unsafe {
+            let part = T::part_avx2(block, s);
+            _mm256_storeu_si256(abs.as_mut_ptr().cast(), part.abs);
+            _mm256_storeu_si256(sign.as_mut_ptr().cast(), part.sign);
+            _mm256_storeu_si256(scales.as_mut_ptr().cast(), part.scales);
+        }
+        assert!(scales[..8].iter().all(|&x| x == scales[0]) && scales[8..].iter().all(|&x| x == scales[8]));
+        // `_mm256_maddubs_epi16` reads the magnitudes unsigned: they must be below 128.
+        assert!(abs.iter().all(|&a| a >= 0), "{abs:?}");
+        (std::array::from_fn(|i| abs[i] * sign[i].signum()), [scales[0], scales[8]].map(i32::from))
+    }
+
+    /// Part `s` of `block` from the NEON registers.
+    #[cfg(target_arch = "aarch64")]
+    fn part_weights<T: SuperBlock>(block: &[u8], s: usize) -> ([i8; 32], [i32; 2]) {
+        let part = T::part_neon(block, s);
+        let mut w = [0i8; 32];
+        // SAFETY: 16-byte stores within the 32 bytes; base NEON.
+        unsafe {
+            std::arch::aarch64::vst1q_s8(w.as_mut_ptr(), part.w[0]);
+            std::arch::aarch64::vst1q_s8(w.as_mut_ptr().add(16), part.w[1]);
+        }
+        (w, part.scales)
+    }
+
     /// For a type: the SIMD path equals the scalar path bit for bit, for one token and several
     /// together (below [`TILED_MIN_TOKENS`] in the vec_dot order, from it in the tiled order);
     /// and both orders are the dequantized weights times the dequantized activations, up to f32
