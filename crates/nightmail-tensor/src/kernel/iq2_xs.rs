@@ -63,7 +63,10 @@ impl super::q8_k::SuperBlock for Iq2Xs {
         super::q8_k::Part256 {
             abs: _mm256_set_epi64x(g(3), g(2), g(1), g(0)),
             sign: _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)),
-            scales: _mm256_set_m128i(_mm_set1_epi16(2 * (sc >> 4) as i16 + 1), _mm_set1_epi16(2 * (sc & 0xf) as i16 + 1)),
+            scales: _mm256_set_m128i(
+                _mm_set1_epi16(2 * (sc >> 4) as i16 + 1),
+                _mm_set1_epi16(2 * (sc & 0xf) as i16 + 1),
+            ),
         }
     }
 

@@ -61,9 +61,8 @@ impl super::q8_k::SuperBlock for Iq4Xs {
         use std::arch::x86_64::*;
         let packed = &b[8 + 16 * s..8 + 16 * (s + 1)];
         // SAFETY: 16-byte loads within the part's packed bytes and the table.
-        let (p, levels) = unsafe {
-            (_mm_loadu_si128(packed.as_ptr().cast()), _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()))
-        };
+        let (p, levels) =
+            unsafe { (_mm_loadu_si128(packed.as_ptr().cast()), _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast())) };
         let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(p), p), _mm256_set1_epi8(0x0f));
         let w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), nibbles);
         super::q8_k::Part256 { abs: _mm256_sign_epi8(w, w), sign: w, scales: _mm256_set1_epi16(scale(b, s) as i16) }

@@ -67,7 +67,7 @@ pub(crate) static SIGN_BYTES: [u64; 128] = {
     let mut table = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        let signs = i as u32 | (i as u32).count_ones() % 2 << 7;
+        let signs = i as u32 | ((i as u32).count_ones() % 2) << 7;
         let mut j = 0;
         while j < 8 {
             let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };

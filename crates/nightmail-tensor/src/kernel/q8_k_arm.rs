@@ -78,9 +78,10 @@ unsafe fn dots<T: SuperBlock, const SDOT: bool, const N: usize>(row: &[u8], xs: 
             for s in 0..QK_K / 32 {
                 let part = T::part_neon(block, s);
                 for (lanes, xb) in lanes.iter_mut().zip(&xb) {
-                    for h in 0..2 {
-                        let q = quad_sums::<SDOT>(part.w[h], vld1q_s8(xb.qs.as_ptr().add(32 * s + 16 * h)));
-                        lanes[h] = vmlaq_n_s32(lanes[h], q, part.scales[h]);
+                    for (h, (lanes, (&w, &scale))) in lanes.iter_mut().zip(part.w.iter().zip(&part.scales)).enumerate()
+                    {
+                        let q = quad_sums::<SDOT>(w, vld1q_s8(xb.qs.as_ptr().add(32 * s + 16 * h)));
+                        *lanes = vmlaq_n_s32(*lanes, q, scale);
                     }
                 }
             }
