@@ -86,6 +86,18 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     fn d(block: &[u8]) -> f32 {
         super::lattice::half(block, 0)
     }
+    /// [`Self::d`] by F16C's widening, which is exact as the scalar one is (a type that moves its
+    /// scale overrides both): inline, where the `half` crate's would be a call per block.
+    ///
+    /// # Safety
+    /// The CPU has F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    unsafe fn d_f16c(block: &[u8]) -> f32 {
+        use std::arch::x86_64::*;
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(super::lattice::u16_at(block, 0) as i32)))
+    }
     /// The scalar decoding: the reference the SIMD parts below are tested against.
     fn decode(block: &[u8], out: &mut Decoded);
     /// 32-weight part `s` of the block (`0..8`) straight into AVX2 registers.
@@ -170,7 +182,7 @@ pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
 /// ([`SuperBlock::part_avx2`]) that every token's activations meet: each token's sum is the one
 /// [`dot_scalar`] computes, in AVX2 lanes (or [`dot_tiled`]'s chain).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
     assert!(xs.iter().all(|x| x.len() * T::BYTES >= row.len()));
@@ -190,7 +202,8 @@ unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8]
                 *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(p, part.scales));
             }
         }
-        let dw = T::d(block);
+        // SAFETY: F16C is this function's.
+        let dw = unsafe { T::d_f16c(block) };
         for (((acc, chain), sum), xb) in acc.iter_mut().zip(&mut chain).zip(sums).zip(xb) {
             if TILED {
                 // The lanes' sum is exact in any order: the super-block's integer sum.
@@ -240,7 +253,7 @@ pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &
             for (c, out) in out.chunks_mut(TOKENS).enumerate() {
                 let x = |i: usize| &q8[c * TOKENS + i][..];
                 if tiled {
-                    // SAFETY: AVX2 and FMA were detected at run time.
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
                     match out.len() {
                         1 => out[0] = unsafe { dots_avx2::<T, 1, true>(row, [x(0)]) }[0],
                         2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, true>(row, [x(0), x(1)]) }),
@@ -249,7 +262,7 @@ pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &
                     }
                     continue;
                 }
-                // SAFETY: AVX2 and FMA were detected at run time.
+                // SAFETY: AVX2, FMA and F16C were detected at run time.
                 match out.len() {
                     1 => out[0] = unsafe { dots_avx2::<T, 1, false>(row, [x(0)]) }[0],
                     2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, false>(row, [x(0), x(1)]) }),
