@@ -100,6 +100,25 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     }
     /// The scalar decoding: the reference the SIMD parts below are tested against.
     fn decode(block: &[u8], out: &mut Decoded);
+    /// [`Self::d`] by base aarch64's `fcvt` (Arm ARM C7.2.69: half to single needs no FEAT_FP16),
+    /// exact as the scalar widening is: inline, where the `half` crate asks the CPU for FEAT_FP16
+    /// first.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    fn d_neon(block: &[u8]) -> f32 {
+        let bits = super::lattice::u16_at(block, 0);
+        let d: f32;
+        // SAFETY: a register-only instruction of every aarch64 CPU.
+        unsafe {
+            std::arch::asm!(
+                "fcvt {d:s}, {h:h}",
+                d = lateout(vreg) d,
+                h = in(vreg) bits as i16,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        d
+    }
     /// 32-weight part `s` of the block (`0..8`) straight into AVX2 registers.
     ///
     /// # Safety
@@ -325,6 +344,27 @@ pub(crate) mod tests {
     #[test]
     fn nearest_int_rounds_half_to_even_as_ggml_does() {
         assert_eq!([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 3.4999].map(nearest_int), [0, 2, 2, 0, -2, 126, 3]);
+    }
+
+    /// Every f16 scale widens in the SIMD paths' instruction to the scalar widening's bits (NaN
+    /// to NaN).
+    #[test]
+    fn simd_scale_widening_is_the_scalar_one() {
+        type T = super::super::iq2_xxs::Iq2Xxs;
+        #[cfg(target_arch = "x86_64")]
+        assert!(super::super::matvec::has_avx2_f16c(), "testing the F16C widening needs an F16C CPU");
+        for bits in 0..=u16::MAX {
+            let block = bits.to_le_bytes();
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: F16C asserted above.
+            let got = unsafe { T::d_f16c(&block) };
+            #[cfg(target_arch = "aarch64")]
+            let got = T::d_neon(&block);
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+            let got = T::d(&block);
+            let want = T::d(&block);
+            assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "{bits:#06x}: {got} vs {want}");
+        }
     }
 
     /// For a type: each 32 weights its SIMD decoding puts in registers ([`SuperBlock::part_avx2`],

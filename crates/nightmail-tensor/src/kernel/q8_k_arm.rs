@@ -85,7 +85,7 @@ unsafe fn dots<T: SuperBlock, const SDOT: bool, const N: usize>(row: &[u8], xs: 
                     }
                 }
             }
-            let dw = T::d(block);
+            let dw = T::d_neon(block);
             for ((acc, lanes), xb) in acc.iter_mut().zip(&lanes).zip(&xb) {
                 let d = vdupq_n_f32(dw * xb.d);
                 acc[0] = vfmaq_f32(acc[0], vcvtq_f32_s32(lanes[0]), d);
