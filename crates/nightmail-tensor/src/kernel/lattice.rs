@@ -67,17 +67,33 @@ pub(crate) static SIGN_BYTES: [u64; 128] = {
     let mut table = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        let signs = i as u32 | ((i as u32).count_ones() % 2) << 7;
-        let mut j = 0;
-        while j < 8 {
-            let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };
-            table[i] |= byte << (8 * j);
-            j += 1;
-        }
+        table[i] = sign_bytes(i as u32 | ((i as u32).count_ones() % 2) << 7);
         i += 1;
     }
     table
 };
+
+/// Per sign byte of IQ2_S and IQ3_S (all 8 signs explicit), the same bytes, 1 or −1.
+pub(crate) static EXPLICIT_SIGN_BYTES: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = sign_bytes(i as u32);
+        i += 1;
+    }
+    table
+};
+
+/// Byte j: −1 where bit j of `signs` is set, else 1.
+const fn sign_bytes(signs: u32) -> u64 {
+    let (mut word, mut j) = (0u64, 0);
+    while j < 8 {
+        let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };
+        word |= byte << (8 * j);
+        j += 1;
+    }
+    word
+}
 
 /// Two 8-byte grid points (or four IQ3 points) as 16 weights, signed by two [`SIGN_BYTES`] words.
 #[cfg(target_arch = "aarch64")]
@@ -116,11 +132,15 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn sign_bytes_are_the_ksigns_groups() {
+    fn sign_bytes_are_the_ksigns_groups_and_the_sign_bits() {
         use super::super::iq_grids::KSIGNS_IQ2XS;
         for (i, (&word, &signs)) in SIGN_BYTES.iter().zip(&KSIGNS_IQ2XS).enumerate() {
             let want: [i8; 8] = std::array::from_fn(|j| sign(signs, j) as i8);
             assert_eq!(word.to_le_bytes().map(|b| b as i8), want, "group {i}");
+        }
+        for (signs, &word) in (0..=255u8).zip(&EXPLICIT_SIGN_BYTES) {
+            let want: [i8; 8] = std::array::from_fn(|j| sign(signs, j) as i8);
+            assert_eq!(word.to_le_bytes().map(|b| b as i8), want, "signs {signs:#04x}");
         }
     }
 

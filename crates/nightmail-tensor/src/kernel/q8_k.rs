@@ -68,8 +68,9 @@ pub(crate) fn quantize_q8_k_ref(x: &[f32]) -> Vec<Q8K> {
         .collect()
 }
 
-/// A super-block of weights decoded for the integer dot: 256 signed weights and the multiplier
-/// of each 16 (the type's odd or signed sub-block scale).
+/// A super-block of weights decoded by the scalar path, the SIMD paths' reference: 256 signed
+/// weights and the multiplier of each 16 (the type's odd or signed sub-block scale). The SIMD
+/// paths decode 32 weights at a time into registers instead (`Part256`, `PartNeon`).
 pub(crate) struct Decoded {
     pub(crate) w: [i8; QK_K],
     pub(crate) scales: [i16; QK_K / 16],
@@ -100,7 +101,7 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     }
     /// The scalar decoding: the reference the SIMD parts below are tested against.
     fn decode(block: &[u8], out: &mut Decoded);
-    /// [`Self::d`] by base aarch64's `fcvt` (Arm ARM C7.2.69: half to single needs no FEAT_FP16),
+    /// [`Self::d`] by `fcvt` (half to single precision is base Armv8 floating point: no FEAT_FP16),
     /// exact as the scalar widening is: inline, where the `half` crate asks the CPU for FEAT_FP16
     /// first.
     #[cfg(target_arch = "aarch64")]
@@ -367,8 +368,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// For a type: each 32 weights its SIMD decoding puts in registers ([`SuperBlock::part_avx2`],
-    /// [`SuperBlock::part_neon`]) are the scalar decoding's signed weights and 16-weight scales,
+    /// For a type: each 32 weights its SIMD decoding puts in registers (`SuperBlock::part_avx2`,
+    /// `SuperBlock::part_neon`) are the scalar decoding's signed weights and 16-weight scales,
     /// on every part of `bytes`' blocks.
     pub(crate) fn check_parts<T: SuperBlock>(bytes: &[u8]) {
         for (n, block) in bytes.chunks_exact(T::BYTES).enumerate() {

@@ -216,6 +216,16 @@ mod tests {
     }
 
     #[test]
+    fn iq2_s_arm_paths_give_the_scalar_bits() {
+        every_arm_path_gives_the_scalar_bits::<crate::kernel::iq2_s::Iq2S>();
+    }
+
+    #[test]
+    fn iq3_s_arm_paths_give_the_scalar_bits() {
+        every_arm_path_gives_the_scalar_bits::<crate::kernel::iq3_s::Iq3S>();
+    }
+
+    #[test]
     fn iq2_xs_arm_paths_give_the_scalar_bits() {
         every_arm_path_gives_the_scalar_bits::<crate::kernel::iq2_xs::Iq2Xs>();
     }
