@@ -87,8 +87,8 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     fn d(block: &[u8]) -> f32 {
         super::lattice::half(block, 0)
     }
-    /// [`Self::d`] by F16C's widening, which is exact as the scalar one is (a type that moves its
-    /// scale overrides both): inline, where the `half` crate's would be a call per block.
+    /// [`Self::d`] by F16C's widening, which is exact as the scalar one is (a type whose scale
+    /// lies elsewhere overrides `d`, `d_f16c` and `d_neon` together): inline, where the `half` crate's would be a call per block.
     ///
     /// # Safety
     /// The CPU has F16C.
@@ -99,8 +99,6 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
         use std::arch::x86_64::*;
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(super::lattice::u16_at(block, 0) as i32)))
     }
-    /// The scalar decoding: the reference the SIMD parts below are tested against.
-    fn decode(block: &[u8], out: &mut Decoded);
     /// [`Self::d`] by `fcvt` (half to single precision is base Armv8 floating point: no FEAT_FP16),
     /// exact as the scalar widening is: inline, where the `half` crate asks the CPU for FEAT_FP16
     /// first.
@@ -120,6 +118,8 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
         }
         d
     }
+    /// The scalar decoding: the reference the SIMD parts below are tested against.
+    fn decode(block: &[u8], out: &mut Decoded);
     /// 32-weight part `s` of the block (`0..8`) straight into AVX2 registers.
     ///
     /// # Safety
@@ -133,8 +133,7 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
 
 /// 32 weights of a super-block in AVX2 registers, as ggml's AVX2 i-quant dots hold them: their
 /// magnitudes (for `_mm256_maddubs_epi16`), a vector with their signs (for `_mm256_sign_epi8` on
-/// the activations) and each 16's scale in i16 lanes (for `_mm256_madd_epi16`). No weight is 0, so
-/// signing the activations loses nothing.
+/// the activations) and each 16's scale in i16 lanes (for `_mm256_madd_epi16`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Part256 {
     pub(crate) abs: std::arch::x86_64::__m256i,
