@@ -303,8 +303,8 @@ mod tests {
         assert_eq!(
             r.by_type.iter().map(|f| f.kernel.as_str()).collect::<Vec<_>>(),
             [
-                "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
-                "F16", "BF16", "F32"
+                "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ3_S",
+                "IQ2_S", "IQ4_XS", "NVFP4", "F16", "BF16", "F32"
             ]
         );
         assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);

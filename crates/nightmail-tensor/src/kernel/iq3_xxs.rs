@@ -3,7 +3,9 @@
 //! (ggml-common.h `block_iq3_xxs`).
 
 use super::iq_grids::{IQ3XXS_GRID, KSIGNS_IQ2XS};
-use super::lattice::{QK_K, grid_byte, half, sign, signed_point, u32_at};
+#[cfg(target_arch = "aarch64")]
+use super::lattice::signed_pair;
+use super::lattice::{QK_K, SIGN_BYTES, grid_byte, half, sign, signed_point, u32_at};
 
 /// f16 d, 64 grid indices, 8 u32 of signs and scale.
 pub(crate) const BLOCK_BYTES: usize = 98;
@@ -50,6 +52,39 @@ impl super::q8_k::SuperBlock for Iq3Xxs {
             }
         }
     }
+
+    /// ggml's AVX2 `ggml_vec_dot_iq3_xxs_q8_K`: eight 4-byte points as i32 lanes, their sign
+    /// groups as a [`SIGN_BYTES`] vector.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn part_avx2(b: &[u8], s: usize) -> super::q8_k::Part256 {
+        use std::arch::x86_64::*;
+        let qs = &b[2 + 8 * s..2 + 8 * s + 8];
+        let aux = u32_at(b, 66 + 4 * s);
+        let g = |i: usize| IQ3XXS_GRID[qs[i] as usize] as i32;
+        let sg = |l: u32| SIGN_BYTES[((aux >> (7 * l)) & 127) as usize] as i64;
+        super::q8_k::Part256 {
+            abs: _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
+            sign: _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)),
+            scales: _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16),
+        }
+    }
+
+    /// ggml's NEON `ggml_vec_dot_iq3_xxs_q8_K`'s points, signed on the weights' side.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    fn part_neon(b: &[u8], s: usize) -> super::q8_k::PartNeon {
+        let qs = &b[2 + 8 * s..2 + 8 * s + 8];
+        let aux = u32_at(b, 66 + 4 * s);
+        let g = |l: usize| IQ3XXS_GRID[qs[2 * l] as usize] as u64 | (IQ3XXS_GRID[qs[2 * l + 1] as usize] as u64) << 32;
+        let sg = |l: u32| SIGN_BYTES[((aux >> (7 * l)) & 127) as usize];
+        let ls = (2 * (aux >> 28) + 1) as i32;
+        super::q8_k::PartNeon {
+            w: [signed_pair([g(0), g(1)], [sg(0), sg(1)]), signed_pair([g(2), g(3)], [sg(2), sg(3)])],
+            scales: [ls; 2],
+        }
+    }
 }
 
 #[cfg(test)]
@@ -60,5 +95,11 @@ mod tests {
     fn iq3_xxs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 23);
         super::super::q8_k::tests::check_kernel::<Iq3Xxs>(&bytes, 5, 3 * QK_K, dequantize_block);
+    }
+
+    #[test]
+    fn iq3_xxs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 33);
+        super::super::q8_k::tests::check_parts::<Iq3Xxs>(&bytes);
     }
 }

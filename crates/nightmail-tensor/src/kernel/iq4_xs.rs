@@ -51,6 +51,32 @@ impl super::q8_k::SuperBlock for Iq4Xs {
             weights_scalar(packed, &mut out.w[32 * ib..32 * (ib + 1)]);
         }
     }
+
+    /// ggml's AVX2 `ggml_vec_dot_iq4_xs_q8_K`'s lookup of the 16 levels by `_mm256_shuffle_epi8`
+    /// (low nibbles in the low half, high in the high); the levels carry their own signs.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn part_avx2(b: &[u8], s: usize) -> super::q8_k::Part256 {
+        use std::arch::x86_64::*;
+        let packed = &b[8 + 16 * s..8 + 16 * (s + 1)];
+        // SAFETY: 16-byte loads within the part's packed bytes and the table.
+        let (p, levels) =
+            unsafe { (_mm_loadu_si128(packed.as_ptr().cast()), _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast())) };
+        let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(p), p), _mm256_set1_epi8(0x0f));
+        let w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), nibbles);
+        super::q8_k::Part256 { abs: _mm256_sign_epi8(w, w), sign: w, scales: _mm256_set1_epi16(scale(b, s) as i16) }
+    }
+
+    /// ggml's NEON `ggml_vec_dot_iq4_xs_q8_K`'s `tbl` lookup of the 16 levels.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    fn part_neon(b: &[u8], s: usize) -> super::q8_k::PartNeon {
+        let packed = &b[8 + 16 * s..8 + 16 * (s + 1)];
+        // SAFETY: the part's 16 packed bytes.
+        let w = unsafe { super::arm::nibble_levels(packed, &KVALUES_IQ4NL) };
+        super::q8_k::PartNeon { w, scales: [scale(b, s); 2] }
+    }
 }
 
 /// A 32-block's 16 packed bytes as its weights, element j low nibble and j+16 high.
@@ -70,6 +96,12 @@ mod tests {
     fn iq4_xs_kernel_equals_its_scalar_path_and_the_dequantized_product() {
         let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 5 * 3, 24);
         super::super::q8_k::tests::check_kernel::<Iq4Xs>(&bytes, 5, 3 * QK_K, dequantize_block);
+    }
+
+    #[test]
+    fn iq4_xs_simd_parts_are_its_scalar_decoding() {
+        let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, 64, 34);
+        super::super::q8_k::tests::check_parts::<Iq4Xs>(&bytes);
     }
 
     #[cfg(target_arch = "aarch64")]

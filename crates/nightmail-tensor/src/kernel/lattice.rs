@@ -14,12 +14,13 @@ pub(crate) fn half(b: &[u8], i: usize) -> f32 {
 
 /// The little-endian u16 at `b[i..i + 2]`.
 pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {
-    u16::from_le_bytes([b[i], b[i + 1]])
+    u16::from_le_bytes(b[i..i + 2].try_into().expect("2 bytes"))
 }
 
 /// The little-endian u32 at `b[i..i + 4]`.
 pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    // One bounds check and one load, where four byte reads would check each.
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
 }
 
 /// Byte `j` of a grid point (ggml reads the table's words as bytes, little-endian).
@@ -58,6 +59,55 @@ fn signed_point_scalar(point: u64, signs: u8) -> [i8; 8] {
     })
 }
 
+/// Per 7-bit sign group of IQ2_XXS, IQ2_XS and IQ3_XXS, its 8 signs as bytes, 1 or −1: the
+/// vector `_mm256_sign_epi8` signs the activations by, and `vmulq_s8` the NEON weights (ggml's
+/// AVX2 dots sign through such a table, `keven_signs_q2xs`). The eighth sign makes the count of
+/// negatives even, as `KSIGNS_IQ2XS` does.
+pub(crate) static SIGN_BYTES: [u64; 128] = {
+    let mut table = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        table[i] = sign_bytes(i as u32 | ((i as u32).count_ones() % 2) << 7);
+        i += 1;
+    }
+    table
+};
+
+/// Per sign byte of IQ2_S and IQ3_S (all 8 signs explicit), the same bytes, 1 or −1.
+pub(crate) static EXPLICIT_SIGN_BYTES: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = sign_bytes(i as u32);
+        i += 1;
+    }
+    table
+};
+
+/// Byte j: −1 where bit j of `signs` is set, else 1.
+const fn sign_bytes(signs: u32) -> u64 {
+    let (mut word, mut j) = (0u64, 0);
+    while j < 8 {
+        let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };
+        word |= byte << (8 * j);
+        j += 1;
+    }
+    word
+}
+
+/// Two 8-byte grid points (or four IQ3 points) as 16 weights, signed by two [`SIGN_BYTES`] words.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn signed_pair(points: [u64; 2], signs: [u64; 2]) -> std::arch::aarch64::int8x16_t {
+    use std::arch::aarch64::*;
+    // SAFETY: register-only base NEON (every aarch64 CPU).
+    unsafe {
+        let g = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(points[0]), vcreate_u64(points[1])));
+        let s = vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(signs[0]), vcreate_u64(signs[1])));
+        vmulq_s8(g, s)
+    }
+}
+
 /// ±1 for bit `j` of `signs` (ggml `kmask_iq2xs[j]`).
 pub(crate) fn sign(signs: u8, j: usize) -> f32 {
     if signs & (1 << j) != 0 { -1.0 } else { 1.0 }
@@ -78,6 +128,19 @@ pub(crate) mod tests {
             for signs in 0..=255u8 {
                 assert_eq!(signed_point_neon(point, signs), signed_point_scalar(point, signs), "{point:#x} {signs:#x}");
             }
+        }
+    }
+
+    #[test]
+    fn sign_bytes_are_the_ksigns_groups_and_the_sign_bits() {
+        use super::super::iq_grids::KSIGNS_IQ2XS;
+        for (i, (&word, &signs)) in SIGN_BYTES.iter().zip(&KSIGNS_IQ2XS).enumerate() {
+            let want: [i8; 8] = std::array::from_fn(|j| sign(signs, j) as i8);
+            assert_eq!(word.to_le_bytes().map(|b| b as i8), want, "group {i}");
+        }
+        for (signs, &word) in (0..=255u8).zip(&EXPLICIT_SIGN_BYTES) {
+            let want: [i8; 8] = std::array::from_fn(|j| sign(signs, j) as i8);
+            assert_eq!(word.to_le_bytes().map(|b| b as i8), want, "signs {signs:#04x}");
         }
     }
 

@@ -38,7 +38,7 @@ pub fn low_bit_matrix(
     cols: usize,
 ) -> Option<Box<dyn super::q8_k::LowBitMatrix>> {
     use super::q8_k::SuperBlockMatrix;
-    use super::{iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
+    use super::{iq2_s::Iq2S, iq2_xs::Iq2Xs, iq2_xxs::Iq2Xxs, iq3_s::Iq3S, iq3_xxs::Iq3Xxs, iq4_xs::Iq4Xs};
     if t == LowBit::Nvfp4 && cols.is_multiple_of(nvfp4::QK) {
         return Some(Box::new(nvfp4::Nvfp4Matrix::new(bytes, rows, cols)));
     }
@@ -49,6 +49,8 @@ pub fn low_bit_matrix(
         LowBit::Iq2Xxs => Box::new(SuperBlockMatrix::<Iq2Xxs>::new(bytes, rows, cols)),
         LowBit::Iq2Xs => Box::new(SuperBlockMatrix::<Iq2Xs>::new(bytes, rows, cols)),
         LowBit::Iq3Xxs => Box::new(SuperBlockMatrix::<Iq3Xxs>::new(bytes, rows, cols)),
+        LowBit::Iq2S => Box::new(SuperBlockMatrix::<Iq2S>::new(bytes, rows, cols)),
+        LowBit::Iq3S => Box::new(SuperBlockMatrix::<Iq3S>::new(bytes, rows, cols)),
         LowBit::Iq4Xs => Box::new(SuperBlockMatrix::<Iq4Xs>::new(bytes, rows, cols)),
         _ => return None,
     })
@@ -68,7 +70,9 @@ pub fn has_kernel(t: LowBit, cols: usize) -> bool {
     match t {
         LowBit::Iq4Nl => cols.is_multiple_of(super::iq4_nl::QK),
         LowBit::Nvfp4 => cols.is_multiple_of(nvfp4::QK),
-        LowBit::Iq2Xxs | LowBit::Iq2Xs | LowBit::Iq3Xxs | LowBit::Iq4Xs => cols.is_multiple_of(QK_K),
+        LowBit::Iq2Xxs | LowBit::Iq2Xs | LowBit::Iq2S | LowBit::Iq3Xxs | LowBit::Iq3S | LowBit::Iq4Xs => {
+            cols.is_multiple_of(QK_K)
+        }
         _ => false,
     }
 }

@@ -68,8 +68,9 @@ pub(crate) fn quantize_q8_k_ref(x: &[f32]) -> Vec<Q8K> {
         .collect()
 }
 
-/// A super-block of weights decoded for the integer dot: 256 signed weights and the multiplier
-/// of each 16 (the type's odd or signed sub-block scale).
+/// A super-block of weights decoded by the scalar path, the SIMD paths' reference: 256 signed
+/// weights and the multiplier of each 16 (the type's odd or signed sub-block scale). The SIMD
+/// paths decode 32 weights at a time into registers instead (`Part256`, `PartNeon`).
 pub(crate) struct Decoded {
     pub(crate) w: [i8; QK_K],
     pub(crate) scales: [i16; QK_K / 16],
@@ -86,7 +87,66 @@ pub(crate) trait SuperBlock: Sync + Send + 'static {
     fn d(block: &[u8]) -> f32 {
         super::lattice::half(block, 0)
     }
+    /// [`Self::d`] by F16C's widening, which is exact as the scalar one is (a type whose scale
+    /// lies elsewhere overrides `d`, `d_f16c` and `d_neon` together): inline, where the `half` crate's would be a call per block.
+    ///
+    /// # Safety
+    /// The CPU has F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    unsafe fn d_f16c(block: &[u8]) -> f32 {
+        use std::arch::x86_64::*;
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(super::lattice::u16_at(block, 0) as i32)))
+    }
+    /// [`Self::d`] by `fcvt` (half to single precision is base Armv8 floating point: no FEAT_FP16),
+    /// exact as the scalar widening is: inline, where the `half` crate asks the CPU for FEAT_FP16
+    /// first.
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    fn d_neon(block: &[u8]) -> f32 {
+        let bits = super::lattice::u16_at(block, 0);
+        let d: f32;
+        // SAFETY: a register-only instruction of every aarch64 CPU.
+        unsafe {
+            std::arch::asm!(
+                "fcvt {d:s}, {h:h}",
+                d = lateout(vreg) d,
+                h = in(vreg) bits as i16,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        d
+    }
+    /// The scalar decoding: the reference the SIMD parts below are tested against.
     fn decode(block: &[u8], out: &mut Decoded);
+    /// 32-weight part `s` of the block (`0..8`) straight into AVX2 registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `block` holds [`Self::BYTES`] bytes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn part_avx2(block: &[u8], s: usize) -> Part256;
+    /// 32-weight part `s` of the block (`0..8`) straight into NEON registers.
+    #[cfg(target_arch = "aarch64")]
+    fn part_neon(block: &[u8], s: usize) -> PartNeon;
+}
+
+/// 32 weights of a super-block in AVX2 registers, as ggml's AVX2 i-quant dots hold them: their
+/// magnitudes (for `_mm256_maddubs_epi16`), a vector with their signs (for `_mm256_sign_epi8` on
+/// the activations) and each 16's scale in i16 lanes (for `_mm256_madd_epi16`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Part256 {
+    pub(crate) abs: std::arch::x86_64::__m256i,
+    pub(crate) sign: std::arch::x86_64::__m256i,
+    pub(crate) scales: std::arch::x86_64::__m256i,
+}
+
+/// 32 signed weights of a super-block in two NEON registers (elements 0..15, 16..31) and the
+/// scale of each.
+#[cfg(target_arch = "aarch64")]
+pub(crate) struct PartNeon {
+    pub(crate) w: [std::arch::aarch64::int8x16_t; 2],
+    pub(crate) scales: [i32; 2],
 }
 
 /// The 8 integer lanes of one super-block against one token's Q8_K block.
@@ -137,34 +197,33 @@ pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     acc
 }
 
-/// `row` against `N` tokens, each block decoded once: each token's sum is the one
-/// [`dot_scalar`] computes, in AVX2 lanes.
+/// `row` against `N` tokens, each block decoded once, part by part into registers
+/// ([`SuperBlock::part_avx2`]) that every token's activations meet: each token's sum is the one
+/// [`dot_scalar`] computes, in AVX2 lanes (or [`dot_tiled`]'s chain).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_avx2<T: SuperBlock, const N: usize, const TILED: bool>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     use std::arch::x86_64::*;
+    assert!(xs.iter().all(|x| x.len() * T::BYTES >= row.len()));
     let mut acc = [_mm256_setzero_ps(); N];
     let mut chain = [0f32; N];
-    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
     for (b, block) in row.chunks_exact(T::BYTES).enumerate() {
-        T::decode(block, &mut w);
-        let dw = T::d(block);
-        // SAFETY: 32-byte loads within the 256 decoded weights.
-        let ws: [__m256i; 8] = std::array::from_fn(|s| unsafe { _mm256_loadu_si256(w.w.as_ptr().add(32 * s).cast()) });
-        let abs: [__m256i; 8] = ws.map(|v| _mm256_sign_epi8(v, v));
-        let sc: [__m256i; 8] = std::array::from_fn(|s| {
-            _mm256_set_m128i(_mm_set1_epi16(w.scales[2 * s + 1]), _mm_set1_epi16(w.scales[2 * s]))
-        });
-        for ((acc, chain), x) in acc.iter_mut().zip(&mut chain).zip(&xs) {
-            let xb = &x[b];
-            let mut sum = _mm256_setzero_si256();
-            for s in 0..8 {
+        let xb: [&Q8K; N] = std::array::from_fn(|t| &xs[t][b]);
+        let mut sums = [_mm256_setzero_si256(); N];
+        for s in 0..QK_K / 32 {
+            // SAFETY: AVX2 is this function's; `block` is one whole block.
+            let part = unsafe { T::part_avx2(block, s) };
+            for (sum, xb) in sums.iter_mut().zip(&xb) {
                 // SAFETY: a 32-byte load within the 256 activations.
                 let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().add(32 * s).cast()) };
                 // |w| · (x with w's sign) pairs to i16 (no saturation: |w| ≤ 127, |x| ≤ 127), then × scale to i32.
-                let p = _mm256_maddubs_epi16(abs[s], _mm256_sign_epi8(q8, ws[s]));
-                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc[s]));
+                let p = _mm256_maddubs_epi16(part.abs, _mm256_sign_epi8(q8, part.sign));
+                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(p, part.scales));
             }
+        }
+        // SAFETY: F16C is this function's.
+        let dw = unsafe { T::d_f16c(block) };
+        for (((acc, chain), sum), xb) in acc.iter_mut().zip(&mut chain).zip(sums).zip(xb) {
             if TILED {
                 // The lanes' sum is exact in any order: the super-block's integer sum.
                 let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
@@ -213,7 +272,7 @@ pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &
             for (c, out) in out.chunks_mut(TOKENS).enumerate() {
                 let x = |i: usize| &q8[c * TOKENS + i][..];
                 if tiled {
-                    // SAFETY: AVX2 and FMA were detected at run time.
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
                     match out.len() {
                         1 => out[0] = unsafe { dots_avx2::<T, 1, true>(row, [x(0)]) }[0],
                         2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, true>(row, [x(0), x(1)]) }),
@@ -222,7 +281,7 @@ pub(crate) fn matmul<T: SuperBlock>(bytes: &[u8], rows: usize, cols: usize, x: &
                     }
                     continue;
                 }
-                // SAFETY: AVX2 and FMA were detected at run time.
+                // SAFETY: AVX2, FMA and F16C were detected at run time.
                 match out.len() {
                     1 => out[0] = unsafe { dots_avx2::<T, 1, false>(row, [x(0)]) }[0],
                     2 => out.copy_from_slice(&unsafe { dots_avx2::<T, 2, false>(row, [x(0), x(1)]) }),
@@ -285,6 +344,75 @@ pub(crate) mod tests {
     #[test]
     fn nearest_int_rounds_half_to_even_as_ggml_does() {
         assert_eq!([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 3.4999].map(nearest_int), [0, 2, 2, 0, -2, 126, 3]);
+    }
+
+    /// Every f16 scale widens in the SIMD paths' instruction to the scalar widening's bits (NaN
+    /// to NaN).
+    #[test]
+    fn simd_scale_widening_is_the_scalar_one() {
+        type T = super::super::iq2_xxs::Iq2Xxs;
+        #[cfg(target_arch = "x86_64")]
+        assert!(super::super::matvec::has_avx2_f16c(), "testing the F16C widening needs an F16C CPU");
+        for bits in 0..=u16::MAX {
+            let block = bits.to_le_bytes();
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: F16C asserted above.
+            let got = unsafe { T::d_f16c(&block) };
+            #[cfg(target_arch = "aarch64")]
+            let got = T::d_neon(&block);
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+            let got = T::d(&block);
+            let want = T::d(&block);
+            assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "{bits:#06x}: {got} vs {want}");
+        }
+    }
+
+    /// For a type: each 32 weights its SIMD decoding puts in registers (`SuperBlock::part_avx2`,
+    /// `SuperBlock::part_neon`) are the scalar decoding's signed weights and 16-weight scales,
+    /// on every part of `bytes`' blocks.
+    pub(crate) fn check_parts<T: SuperBlock>(bytes: &[u8]) {
+        for (n, block) in bytes.chunks_exact(T::BYTES).enumerate() {
+            let mut want = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
+            T::decode(block, &mut want);
+            for s in 0..QK_K / 32 {
+                let (w, scales) = part_weights::<T>(block, s);
+                assert_eq!(w[..], want.w[32 * s..32 * (s + 1)], "block {n} part {s}");
+                assert_eq!(scales, [want.scales[2 * s], want.scales[2 * s + 1]].map(i32::from), "block {n} part {s}");
+            }
+        }
+    }
+
+    /// Part `s` of `block` from the AVX2 registers: magnitude times sign, and each half's scale
+    /// (which all 8 of its i16 lanes must carry).
+    #[cfg(target_arch = "x86_64")]
+    fn part_weights<T: SuperBlock>(block: &[u8], s: usize) -> ([i8; 32], [i32; 2]) {
+        use std::arch::x86_64::*;
+        assert!(super::super::cpu::has_avx2(), "testing the AVX2 decoding needs an AVX2 CPU");
+        let (mut abs, mut sign, mut scales) = ([0i8; 32], [0i8; 32], [0i16; 16]);
+        // SAFETY: AVX2 asserted just above; 32-byte stores into 32-byte arrays.
+        unsafe {
+            let part = T::part_avx2(block, s);
+            _mm256_storeu_si256(abs.as_mut_ptr().cast(), part.abs);
+            _mm256_storeu_si256(sign.as_mut_ptr().cast(), part.sign);
+            _mm256_storeu_si256(scales.as_mut_ptr().cast(), part.scales);
+        }
+        assert!(scales[..8].iter().all(|&x| x == scales[0]) && scales[8..].iter().all(|&x| x == scales[8]));
+        // `_mm256_maddubs_epi16` reads the magnitudes unsigned: they must be below 128.
+        assert!(abs.iter().all(|&a| a >= 0), "{abs:?}");
+        (std::array::from_fn(|i| abs[i] * sign[i].signum()), [scales[0], scales[8]].map(i32::from))
+    }
+
+    /// Part `s` of `block` from the NEON registers.
+    #[cfg(target_arch = "aarch64")]
+    fn part_weights<T: SuperBlock>(block: &[u8], s: usize) -> ([i8; 32], [i32; 2]) {
+        let part = T::part_neon(block, s);
+        let mut w = [0i8; 32];
+        // SAFETY: 16-byte stores within the 32 bytes; base NEON.
+        unsafe {
+            std::arch::aarch64::vst1q_s8(w.as_mut_ptr(), part.w[0]);
+            std::arch::aarch64::vst1q_s8(w.as_mut_ptr().add(16), part.w[1]);
+        }
+        (w, part.scales)
     }
 
     /// For a type: the SIMD path equals the scalar path bit for bit, for one token and several

@@ -13,7 +13,7 @@ use candle_core::Tensor;
 
 use super::arm::{ArmKernel, quad_sums, with_dotprod};
 use super::lattice::QK_K;
-use super::q8_k::{Decoded, Q8K, SuperBlock, hsum8};
+use super::q8_k::{Q8K, SuperBlock, hsum8};
 use crate::error::Result;
 
 /// ggml-quants.c `quantize_row_q8_K_ref` (which ggml's NEON `quantize_row_q8_K` calls too) in
@@ -58,7 +58,8 @@ pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
         .collect()
 }
 
-/// `row` against `N` tokens, each super-block decoded once: each token's result is
+/// `row` against `N` tokens, each super-block decoded once, part by part into registers
+/// ([`SuperBlock::part_neon`]) that every token's activations meet: each token's result is
 /// [`super::q8_k::dot_scalar`]'s bits (integer lanes exact, the same float operations in order).
 ///
 /// # Safety
@@ -66,23 +67,26 @@ pub(crate) fn quantize_q8_k(x: &[f32]) -> Vec<Q8K> {
 #[inline(always)]
 unsafe fn dots<T: SuperBlock, const SDOT: bool, const N: usize>(row: &[u8], xs: [&[Q8K]; N]) -> [f32; N] {
     assert!(xs.iter().all(|x| x.len() * T::BYTES >= row.len()));
-    let mut w = Decoded { w: [0; QK_K], scales: [0; QK_K / 16] };
-    // SAFETY: base NEON; 16-byte loads within the 256 decoded weights and the 256 activations;
-    // `quad_sums` gets the caller's proof of dotprod.
+    // SAFETY: base NEON; 16-byte loads within the 256 activations; `quad_sums` gets the caller's
+    // proof of dotprod.
     unsafe {
         let mut acc = [[vdupq_n_f32(0.0); 2]; N];
         for (b, block) in row.chunks_exact(T::BYTES).enumerate() {
-            T::decode(block, &mut w);
-            let dw = T::d(block);
-            let ws: [int8x16_t; 16] = std::array::from_fn(|h| vld1q_s8(w.w.as_ptr().add(16 * h)));
-            for (acc, x) in acc.iter_mut().zip(&xs) {
-                let xb = &x[b];
-                // Half h of each 32 holds the AVX2 lanes 4(h % 2)..: sub-block h's scale on its sums.
-                let mut lanes = [vdupq_n_s32(0); 2];
-                for (h, (&wh, &scale)) in ws.iter().zip(&w.scales).enumerate() {
-                    let q = quad_sums::<SDOT>(wh, vld1q_s8(xb.qs.as_ptr().add(16 * h)));
-                    lanes[h % 2] = vmlaq_n_s32(lanes[h % 2], q, scale as i32);
+            let xb: [&Q8K; N] = std::array::from_fn(|t| &xs[t][b]);
+            // Half h of each 32 holds the AVX2 lanes 4h..4h+3: its 16 weights' scale on its sums.
+            let mut lanes = [[vdupq_n_s32(0); 2]; N];
+            for s in 0..QK_K / 32 {
+                let part = T::part_neon(block, s);
+                for (lanes, xb) in lanes.iter_mut().zip(&xb) {
+                    for (h, (lanes, (&w, &scale))) in lanes.iter_mut().zip(part.w.iter().zip(&part.scales)).enumerate()
+                    {
+                        let q = quad_sums::<SDOT>(w, vld1q_s8(xb.qs.as_ptr().add(32 * s + 16 * h)));
+                        *lanes = vmlaq_n_s32(*lanes, q, scale);
+                    }
                 }
+            }
+            let dw = T::d_neon(block);
+            for ((acc, lanes), xb) in acc.iter_mut().zip(&lanes).zip(&xb) {
                 let d = vdupq_n_f32(dw * xb.d);
                 acc[0] = vfmaq_f32(acc[0], vcvtq_f32_s32(lanes[0]), d);
                 acc[1] = vfmaq_f32(acc[1], vcvtq_f32_s32(lanes[1]), d);
@@ -210,6 +214,16 @@ mod tests {
     #[test]
     fn iq3_xxs_arm_paths_give_the_scalar_bits() {
         every_arm_path_gives_the_scalar_bits::<crate::kernel::iq3_xxs::Iq3Xxs>();
+    }
+
+    #[test]
+    fn iq2_s_arm_paths_give_the_scalar_bits() {
+        every_arm_path_gives_the_scalar_bits::<crate::kernel::iq2_s::Iq2S>();
+    }
+
+    #[test]
+    fn iq3_s_arm_paths_give_the_scalar_bits() {
+        every_arm_path_gives_the_scalar_bits::<crate::kernel::iq3_s::Iq3S>();
     }
 
     #[test]
