@@ -240,7 +240,7 @@ fn a_prompt_prefilled_in_one_chunk_matches_the_plain_stream() {
     assert_eq!(stepped, plain);
 }
 
-/// A fixture's 60-token prompt run token by token, in passes of 7, in one pass, and in the passes
+/// A fixture's 150-token prompt (three of grouped attention's query blocks) run token by token, in passes of 7, in one pass, and in the passes
 /// the model's memory sizing picks: the next-token logits agree within `tolerance`, and the
 /// answer drawn through [`Model::step`] at that width has the tokens of the token-by-token one.
 fn prefill_width_does_not_change_the_result(fixture: &str, least_budget: bool, tolerance: f32) {
@@ -252,7 +252,7 @@ fn prefill_width_does_not_change_the_result(fixture: &str, least_budget: bool, t
     });
     let model = Model::load_with(&path, &LoadOptions { stream: None, memory }).unwrap();
     assert_eq!(model.streaming().is_some(), least_budget, "{fixture}: experts streamed");
-    let prompt: Vec<u32> = (0..60).map(|i| (i * 37 + 11) % 256).collect();
+    let prompt: Vec<u32> = (0..150).map(|i| (i * 37 + 11) % 256).collect();
     let sized = model.prefill_chunk(prompt.len());
     let logits = |chunk: usize| model.prefill(&prompt, &mut model.new_cache(), chunk).unwrap();
     let one_by_one = logits(1);
@@ -280,7 +280,7 @@ fn a_moe_prompt_prefilled_in_budget_sized_passes_matches_token_by_token() {
 
 #[test]
 fn a_sliding_window_prompt_prefilled_in_wide_passes_matches_token_by_token() {
-    // gpt_oss: a pass of 60 rows masks each row to its own window of 5 and its sinks.
+    // gpt_oss: a pass of 150 rows masks each row to its own window of 5 and its sinks.
     prefill_width_does_not_change_the_result("gpt_oss", false, 1e-5);
 }
 
