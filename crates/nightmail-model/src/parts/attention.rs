@@ -100,13 +100,16 @@ impl Attention {
         let rep = self.heads / self.kv_heads;
         let q = q.squeeze(0)?.reshape((self.kv_heads, rep, t, d))?;
         let (k, v) = (k.squeeze(0)?, v.squeeze(0)?.contiguous()?);
-        let kt = k.t()?;
         // Queries in blocks of QUERY_BLOCK: the scores (and their masked and softmaxed copies)
         // are then `heads x block x keys`, not `heads x tokens x keys` (a wide prefill pass at a
-        // long context would hold gigabytes). Each query row's result is computed alone anyway.
+        // long context would hold gigabytes). Each query row's result is computed alone anyway,
+        // and a block scores only the keys its last row may see: the later ones' weights are
+        // exactly 0 after the causal mask's softmax.
         let mut blocks = Vec::with_capacity(t.div_ceil(QUERY_BLOCK));
         for from in (0..t).step_by(QUERY_BLOCK) {
             let b = QUERY_BLOCK.min(t - from);
+            let s = (start + from + b).min(s);
+            let (kt, v) = (k.narrow(1, 0, s)?.contiguous()?.t()?, v.narrow(1, 0, s)?.contiguous()?);
             let qb = q.narrow(2, from, b)?.contiguous()?.reshape((self.kv_heads, rep * b, d))?;
             let mut scores = (qb.matmul(&kt)? * (1.0 / (d as f64).sqrt()))?;
             if let Some(mask) = self.mask(start + from, b, s)? {
