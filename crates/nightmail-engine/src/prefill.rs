@@ -3,7 +3,8 @@
 //! a prompt in fewer, wider passes reads the expert bank fewer times: with 896 experts and 16 a
 //! token, a 32-token pass already needs about half of each layer's. The width is bounded by
 //! memory, not by a constant: the pass's activations and routing, and its experts alive at once
-//! beside the cache.
+//! beside the cache; a prompt of several passes over a bank the cache cannot hold borrows the
+//! cache's room for its activations ([`prefill_tokens_per_pass`]).
 
 use nightmail_model::{ModelSpec, SequenceState};
 
