@@ -64,7 +64,8 @@ runs = [json.loads(l) for l in os.environ["RUNS"].splitlines() if l.strip()]
 for r in runs:
     print(f"passes of {r['prefill_chunk']:>4}: {r['prefill_s']:.3f} s, I/O floor {r['prefill_io_floor_s']:.3f} s, "
           f"resident {r['prefill_resident_s']:.3f} s, / max = {r['ratio_to_bound']:.2f} (goal <= 1.3), "
-          f"expert bank read {r['expert_bank_reads']:.1f} times, disk {r['disk_gbps']:.2f} GB/s")
+          f"expert bank read {r['expert_bank_reads']:.1f} times, disk {r['disk_gbps']:.2f} GB/s, "
+          f"RSS peak {r['rss_peak_bytes'] >> 20} MiB")
 sized = [r for r in runs if r["prefill_chunk"] != 32]
 fixed = [r for r in runs if r["prefill_chunk"] == 32]
 for a, b in zip(sized, fixed):

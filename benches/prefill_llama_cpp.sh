@@ -19,7 +19,8 @@
 # (`use_extra_bufts = false`, llama-bench's --repack 0): repacked Q4_0 experts are copied into
 # anonymous memory, which a limit below the model's size cannot evict (--repack keeps it on).
 # nightmail's budget leaves 64 MiB of the limit to its binary and heap. Needs root (drop_caches,
-# cgroups) and PYTHON with llama_cpp (default /work/cc4/target/test-venv/bin/python3).
+# cgroups) and PYTHON with llama_cpp (default target/test-venv/bin/python3). NM names the nightmail
+# binary to run (default target/debug/nightmail, built if missing): a baseline's build, say.
 # Exits 0 whatever the figures are.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,7 +32,7 @@ THREADS=2
 REPACK=0
 READ_MBPS=""
 MODEL=$ROOT/target/bench/prefill-llama-cpp.gguf
-PYTHON=${PYTHON:-/work/cc4/target/test-venv/bin/python3}
+PYTHON=${PYTHON:-$ROOT/target/test-venv/bin/python3}
 while (($#)); do
     case $1 in
         --tokens) TOKENS=$2; shift 2 ;;
@@ -50,7 +51,7 @@ BUDGET_MB=${BUDGET_MB:-$((MEM_MIB - 64))}
 CG_ROOT=/sys/fs/cgroup/memory
 [[ -f $CG_ROOT/memory.limit_in_bytes ]] || { echo "prefill_llama_cpp.sh: no cgroup v1 memory controller" >&2; exit 1; }
 cd "$ROOT"
-NM=$ROOT/target/debug/nightmail
+NM=${NM:-$ROOT/target/debug/nightmail}
 [[ -x $NM ]] || cargo build --bin nightmail
 if [[ ! -f $MODEL ]]; then
     mkdir -p "$(dirname "$MODEL")"
@@ -136,7 +137,7 @@ print(f"model {os.environ['MODEL_MIB']} MiB, memory limit {os.environ['MEM_MIB']
 for a, b in zip(nm, lc):
     print(f"nightmail {a['prefill_s']:.2f} s ({a['prefill_passes']} passes of {a['prefill_chunk']}, "
           f"expert bank read {a['expert_bank_reads']:.1f} times, I/O floor {a['prefill_io_floor_s']:.2f} s, "
-          f"cgroup peak {a['peak_mib']} MiB); llama.cpp {b['prefill_s']:.2f} s (load {b['load_s']:.2f} s, "
+          f"RSS peak {a['rss_peak_bytes'] >> 20} MiB, cgroup peak {a['peak_mib']} MiB); llama.cpp {b['prefill_s']:.2f} s (load {b['load_s']:.2f} s, "
           f"cgroup peak {b['peak_mib']} MiB): llama.cpp / nightmail = "
           f"{b['prefill_s'] / a['prefill_s']:.2f}x")
 PY

@@ -108,6 +108,8 @@ impl Model {
             return Ok(events);
         }
         let rows: usize = groups.iter().map(|(_, t)| t.len()).sum();
+        let span = groups.iter().map(|(c, t)| c.position() + t.len()).max().unwrap_or(0);
+        self.size_expert_cache(rows, span);
         let t0 = Instant::now();
         let (logits, hidden) = rayon::scope(|_| self.net.forward_verify_groups_hidden(&mut groups, &want))?;
         if !prefilling {
@@ -127,6 +129,10 @@ impl Model {
             } else {
                 s.next_logits = s.verify.take_rows(fed, rows);
             }
+        }
+        // The prompt is in: the room its passes borrowed goes back to the expert cache.
+        if prefilling && !streams.iter().any(|s| s.stop.is_none() && s.is_prefilling()) {
+            self.size_expert_cache(1, 0);
         }
         Ok(events)
     }

@@ -44,7 +44,10 @@ pub use nightmail_model::{
 };
 pub use nightmail_tensor::TensorError;
 pub use pass_costs::{CostLine, PassCosts};
-pub use prefill::{MAX_PREFILL_TOKENS, activation_bytes_per_token, prefill_tokens_per_pass};
+pub use prefill::{
+    MAX_PREFILL_TOKENS, activation_bytes_per_token, cache_bytes_for_pass, pass_activation_bytes, pass_cache_floor,
+    prefill_tokens_per_pass,
+};
 pub use reasoning::{SplitReply, split_reasoning};
 pub use request::{Completion, Conversation, GenerateRequest, GenerationProgress, Prompt, StopReason, TokenEvent};
 pub use sampling::{Sampling, argmax};

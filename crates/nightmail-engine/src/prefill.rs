@@ -3,14 +3,16 @@
 //! a prompt in fewer, wider passes reads the expert bank fewer times: with 896 experts and 16 a
 //! token, a 32-token pass already needs about half of each layer's. The width is bounded by
 //! memory, not by a constant: the pass's activations and routing, and its experts alive at once
-//! beside the cache.
+//! beside the cache; a prompt of several passes over a bank the cache cannot hold borrows the
+//! cache's room for its activations ([`prefill_tokens_per_pass`]).
 
 use nightmail_model::{ModelSpec, SequenceState};
 
 use crate::error::Result;
 
 use crate::model::Model;
-use crate::stream::MemoryPlan;
+use crate::stream::{MemoryPlan, ModelSizes};
+use nightmail_model::parts::attention::QUERY_BLOCK;
 
 /// Activations a pass may take when the model was loaded without a budget (whole in RAM).
 const UNBUDGETED_ACTIVATION_BYTES: usize = 1 << 30;
@@ -18,41 +20,108 @@ const UNBUDGETED_ACTIVATION_BYTES: usize = 1 << 30;
 /// The widest pass: beyond it the attention scores (tokens × positions) outgrow the gain.
 pub const MAX_PREFILL_TOKENS: usize = 4096;
 
-/// Bytes one token takes in a pass, all f32: the residual stream and its projections, a dense
-/// FFN's intermediate where a layer has one, per routed expert its intermediate and weighted output
-/// kept until the token's sum (`MoeBlock::forward_routed` sums in route order after all experts
-/// ran), and the attention scores over `span` positions.
-pub fn activation_bytes_per_token(spec: &ModelSpec, span: usize) -> usize {
+/// Bytes one token takes in a pass beside its attention scores, all f32: the residual stream and
+/// its projections, a dense FFN's intermediate where a layer has one, and for the routed experts
+/// its weighted output per route kept until the token's sum (`MoeBlock::forward_routed` sums in
+/// route order after all experts ran), its router logits, and its row of the one expert computing
+/// at a time (input, gate, up and output: at worst every token routes to it).
+pub fn activation_bytes_per_token(spec: &ModelSpec) -> usize {
     let a = &spec.attention;
     let residual = 8 * spec.hidden_size + (2 * a.heads + 2 * a.kv_heads) * a.head_dim;
     let dense_ffn = if spec.moe_layers.iter().all(|&moe| moe) && spec.moe.is_some() { 0 } else { 3 * spec.ffn };
     let routed = spec.moe.as_ref().map_or(0, |m| {
         let width = m.latent.map_or(spec.hidden_size, |l| l.width);
-        m.routing.top_k() * (width + 3 * m.expert_ffn) + 3 * m.shared_expert_ffn.unwrap_or(0) + m.experts
+        m.routing.top_k() * width + 3 * width + 3 * m.expert_ffn + 3 * m.shared_expert_ffn.unwrap_or(0) + m.experts
     });
-    // Candle's temporaries (an op's output beside its input) about double what lives at once;
-    // the scores (heads x tokens x span) live as the product, the scaled and masked copy and
-    // the softmax (`parts/attention.rs`).
-    4 * (2 * (residual + dense_ffn + routed) + 3 * a.heads * span)
+    // Candle's temporaries (an op's output beside its input) about double what lives at once.
+    4 * 2 * (residual + dense_ffn + routed)
+}
+
+/// Bytes of attention scores per query row and key position: the product, the scaled and
+/// masked copy and the softmax, one per head (`parts/attention.rs`).
+pub fn score_bytes_per_position(spec: &ModelSpec) -> usize {
+    4 * 3 * spec.attention.heads
+}
+
+/// Query rows whose scores are alive at once: grouped attention takes its queries in blocks
+/// (`nightmail_model::parts::attention::QUERY_BLOCK`); latent (MLA) and DeepSeek-V4's windowed
+/// attention score every row of the pass together.
+pub fn score_rows(spec: &ModelSpec) -> usize {
+    if spec.attention.mla.is_none() && spec.deepseek_v4.is_none() { QUERY_BLOCK } else { usize::MAX }
+}
+
+/// Bytes a pass of `tokens` prompt tokens ending at position `span` takes for activations.
+pub fn pass_activation_bytes(sizes: &ModelSizes, tokens: usize, span: usize) -> usize {
+    tokens * sizes.activation_bytes_per_token
+        + tokens.min(sizes.attention_score_rows) * span * sizes.activation_bytes_per_position
+}
+
+/// The least expert cache a pass of `rows` routed rows runs in: the union of their routes in one
+/// layer, alive together (each expert is read once and run for all its rows as soon as it
+/// arrives, so the layer's reads overlap its own compute), and beside it what the plan keeps for
+/// a decode step's look-ahead, the room the next layer's guesses are read into meanwhile.
+pub fn pass_cache_floor(plan: &MemoryPlan, rows: usize) -> usize {
+    let union = plan.distinct_experts(rows).ceil() as usize;
+    union * plan.sizes.expert_max_bytes + plan.look_ahead_bytes
 }
 
 /// Prompt tokens per pass for `spec` under `plan` (`None`: loaded whole, no budget), for a
 /// prompt that ends at position `span`.
+///
+/// A prompt longer than one pass whose experts do not fit the cache borrows cache room for its
+/// activations ([`cache_bytes_for_pass`] gives it back after): each pass streams nearly every
+/// expert, and an LRU cache smaller than the bank keeps none of them from one pass to the next (a
+/// cyclic sweep over more than it holds evicts each before its reuse), so bytes read are about
+/// passes × bank. Cache room above [`pass_cache_floor`] saves no read; as activation room it
+/// saves whole bank reads. So passes are as wide as activations plus cache less that floor allow,
+/// when that makes fewer of them, and evened out (n / passes each) to keep the rest as cache.
 pub fn prefill_tokens_per_pass(spec: &ModelSpec, plan: Option<&MemoryPlan>, span: usize) -> usize {
     let span = span.clamp(1, spec.context_length.max(1));
-    let per_token = activation_bytes_per_token(spec, span).max(1);
-    let allowance = plan.map_or(UNBUDGETED_ACTIVATION_BYTES, |p| p.activation_bytes);
-    let mut tokens = allowance / per_token;
+    let cap = MAX_PREFILL_TOKENS.min(span);
+    let Some(p) = plan else {
+        let per_token = activation_bytes_per_token(spec) + span.min(score_rows(spec)) * score_bytes_per_position(spec);
+        return (UNBUDGETED_ACTIVATION_BYTES / per_token.max(1)).clamp(1, cap);
+    };
+    let fits = |tokens: usize, room: usize| pass_activation_bytes(&p.sizes, tokens, span) <= room;
+    let widest = |room: usize, most: usize| -> usize {
+        // The largest width in 1..=most whose activations fit `room` (they grow with the width).
+        let (mut lo, mut hi) = (1, most.max(1));
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid, room) { lo = mid } else { hi = mid - 1 }
+        }
+        lo
+    };
+    let mut tokens = widest(p.activation_bytes, cap);
     // A layer's experts for the pass are alive together, and the next layer's are read while it
     // computes: two layers' unions must fit the cache, or the pass would evict its own experts.
-    if let Some(p) = plan.filter(|p| !p.experts_resident && p.sizes.top_k > 0) {
+    if !p.experts_resident && p.sizes.top_k > 0 {
         let s = &p.sizes;
         let layer_bank = s.experts_per_layer * s.expert_max_bytes;
         if 2 * layer_bank > p.expert_cache_bytes {
             tokens = tokens.min(p.expert_cache_bytes / (2 * s.top_k * s.expert_max_bytes).max(1));
         }
+        tokens = tokens.max(1);
+        let floor = pass_cache_floor(p, cap);
+        if span > tokens && p.expert_cache_bytes > floor {
+            // Borrow the cache down to the floor of the widest pass (the floor only grows with
+            // the width, so a width that fits with the widest floor fits with its own).
+            let room = p.activation_bytes + p.expert_cache_bytes - floor;
+            let wide = widest(room, cap);
+            if span.div_ceil(wide) < span.div_ceil(tokens) {
+                tokens = span.div_ceil(span.div_ceil(wide));
+            }
+        }
     }
-    tokens.clamp(1, MAX_PREFILL_TOKENS.min(span))
+    tokens.clamp(1, cap)
+}
+
+/// The expert cache a pass of `rows` rows at position `span` runs with under `plan`: the plan's,
+/// less what its activations take beyond the plan's activation room, down to
+/// [`pass_cache_floor`] (never above the plan's). A decode step (or a pass within the activation room) gets the plan's.
+pub fn cache_bytes_for_pass(plan: &MemoryPlan, rows: usize, span: usize) -> usize {
+    let over = pass_activation_bytes(&plan.sizes, rows, span).saturating_sub(plan.activation_bytes);
+    plan.expert_cache_bytes.saturating_sub(over).max(pass_cache_floor(plan, rows).min(plan.expert_cache_bytes))
 }
 
 impl Model {
@@ -67,10 +136,25 @@ impl Model {
     /// a prompt, without a stream (for benches).
     pub fn prefill(&self, tokens: &[u32], cache: &mut SequenceState, chunk: usize) -> Result<Vec<f32>> {
         let mut logits = Vec::new();
-        for pass in tokens.chunks(chunk.max(1)) {
-            logits = self.logits(pass, cache)?;
+        let mut run = || {
+            for pass in tokens.chunks(chunk.max(1)) {
+                self.size_expert_cache(pass.len(), cache.position() + pass.len());
+                logits = self.logits(pass, cache)?;
+            }
+            Ok(())
+        };
+        let ran = run();
+        self.size_expert_cache(1, cache.position());
+        ran.map(|()| logits)
+    }
+
+    /// Sets the expert cache for a pass of `rows` rows ending at position `span`: the plan's
+    /// cache less what the pass's activations borrow of it ([`cache_bytes_for_pass`]); a decode
+    /// step gives the borrowed room back.
+    pub(crate) fn size_expert_cache(&self, rows: usize, span: usize) {
+        if let (Some(store), Some(plan)) = (&self.streaming, &self.plan) {
+            store.set_capacity(cache_bytes_for_pass(plan, rows, span));
         }
-        Ok(logits)
     }
 }
 
@@ -102,32 +186,78 @@ mod tests {
         assert!(large <= MAX_PREFILL_TOKENS.min(spec.context_length));
     }
 
+    /// The budget's weights: everything but the expert cache and the activations.
+    fn weights(plan: &MemoryPlan) -> usize {
+        plan.fixed_bytes + plan.mtp_bytes + plan.kv_bytes + plan.resident_layer_bytes + plan.window_bytes
+    }
+
+    /// The fixture's sizes with a bank of 8 layers x 64 experts of 4 KiB (top 2), and a budget
+    /// whose cache holds three quarters of it: a bank that streams, larger than two layers.
+    fn streamed_bank(sizes: &ModelSizes) -> (ModelSizes, usize) {
+        let mut s = sizes.clone();
+        (s.experts_per_layer, s.moe_layers, s.top_k, s.expert_max_bytes) = (64, 8, 2, 4096);
+        s.expert_bytes = 64 * 8 * 4096;
+        s.activation_bytes_per_position = 0;
+        let minimum = MemoryPlan::new(s.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
+        (s, minimum + (3 << 20))
+    }
+
     #[test]
     fn a_pass_never_holds_more_experts_than_the_cache_has_room_for() {
         let (spec, sizes) = fixture("qwen3_moe");
         let minimum = MemoryPlan::new(sizes.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
-        let plan = MemoryPlan::new(sizes.clone(), MemoryBudget { bytes: minimum, ..MemoryBudget::mb(0) }).unwrap();
-        assert!(!plan.experts_resident);
-        let tokens = prefill_tokens_per_pass(&spec, Some(&plan), 2048);
-        let union = (tokens * sizes.top_k).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
-        assert!(tokens == 1 || 2 * union <= plan.expert_cache_bytes, "{tokens} tokens, {union} bytes of experts");
+        let (bank, bytes) = streamed_bank(&sizes);
+        for (sizes, bytes) in [(sizes, minimum), (bank, bytes)] {
+            let plan = MemoryPlan::new(sizes.clone(), MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
+            assert!(!plan.experts_resident);
+            for span in [64, 2048] {
+                let tokens = prefill_tokens_per_pass(&spec, Some(&plan), span);
+                let cache = cache_bytes_for_pass(&plan, tokens, span.min(spec.context_length));
+                let union = (tokens * sizes.top_k).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
+                assert!(tokens == 1 || union <= cache, "{tokens} tokens, {union} bytes of experts, {cache}");
+            }
+        }
     }
 
     #[test]
-    fn a_pass_s_activations_fit_the_room_the_plan_keeps_for_them() {
+    fn a_pass_s_activations_and_the_cache_it_runs_with_fit_the_budget() {
         let (spec, sizes) = fixture("qwen3_moe");
         let minimum = MemoryPlan::new(sizes.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
         for bytes in [minimum + (1 << 20), 2 * minimum, 8 * minimum] {
             let plan = MemoryPlan::new(sizes.clone(), MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
+            assert!(weights(&plan) + plan.expert_cache_bytes + plan.activation_bytes <= bytes, "{plan:?}");
             for span in [64, 1024, 4096] {
                 let tokens = prefill_tokens_per_pass(&spec, Some(&plan), span);
                 let span = span.min(spec.context_length);
-                let need = tokens * activation_bytes_per_token(&spec, span);
-                assert!(tokens == 1 || need <= plan.activation_bytes, "{tokens} tokens take {need} bytes");
+                let need = pass_activation_bytes(&plan.sizes, tokens, span);
+                let cache = cache_bytes_for_pass(&plan, tokens, span);
+                assert!(
+                    tokens == 1 || weights(&plan) + cache + need <= bytes,
+                    "{tokens} tokens take {need} bytes beside a cache of {cache}: {plan:?}"
+                );
             }
-            let weights = plan.fixed_bytes + plan.kv_bytes + plan.resident_layer_bytes + plan.window_bytes;
-            assert!(weights + plan.expert_cache_bytes + plan.activation_bytes <= bytes, "{plan:?}");
         }
+    }
+
+    #[test]
+    fn a_long_prompt_over_a_streamed_bank_borrows_the_cache_and_a_decode_step_gives_it_back() {
+        let (spec, sizes) = fixture("qwen3_moe");
+        let (sizes, bytes) = streamed_bank(&sizes);
+        let plan = MemoryPlan::new(sizes, MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
+        assert!(!plan.experts_resident && plan.expert_cache_bytes > pass_cache_floor(&plan, 4096), "{plan:?}");
+        let span = 1024;
+        // Within the activation room alone.
+        let alone =
+            (1..=span).take_while(|&t| pass_activation_bytes(&plan.sizes, t, span) <= plan.activation_bytes).count();
+        let wide = prefill_tokens_per_pass(&spec, Some(&plan), span);
+        assert!(span.div_ceil(wide) < span.div_ceil(alone.max(1)), "{wide} vs {alone}");
+        let lent = cache_bytes_for_pass(&plan, wide, span);
+        assert!(lent < plan.expert_cache_bytes && lent >= pass_cache_floor(&plan, wide), "{lent} {plan:?}");
+        assert!(weights(&plan) + lent + pass_activation_bytes(&plan.sizes, wide, span) <= bytes);
+        assert_eq!(cache_bytes_for_pass(&plan, 1, span), plan.expert_cache_bytes);
+        // A prompt of one pass borrows nothing.
+        let short = prefill_tokens_per_pass(&spec, Some(&plan), alone);
+        assert_eq!(cache_bytes_for_pass(&plan, short, alone), plan.expert_cache_bytes);
     }
 
     #[test]

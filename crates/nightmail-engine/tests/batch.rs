@@ -240,7 +240,7 @@ fn a_prompt_prefilled_in_one_chunk_matches_the_plain_stream() {
     assert_eq!(stepped, plain);
 }
 
-/// A fixture's 60-token prompt run token by token, in passes of 7, in one pass, and in the passes
+/// A fixture's 150-token prompt (three of grouped attention's query blocks) run token by token, in passes of 7, in one pass, and in the passes
 /// the model's memory sizing picks: the next-token logits agree within `tolerance`, and the
 /// answer drawn through [`Model::step`] at that width has the tokens of the token-by-token one.
 fn prefill_width_does_not_change_the_result(fixture: &str, least_budget: bool, tolerance: f32) {
@@ -252,7 +252,7 @@ fn prefill_width_does_not_change_the_result(fixture: &str, least_budget: bool, t
     });
     let model = Model::load_with(&path, &LoadOptions { stream: None, memory }).unwrap();
     assert_eq!(model.streaming().is_some(), least_budget, "{fixture}: experts streamed");
-    let prompt: Vec<u32> = (0..60).map(|i| (i * 37 + 11) % 256).collect();
+    let prompt: Vec<u32> = (0..150).map(|i| (i * 37 + 11) % 256).collect();
     let sized = model.prefill_chunk(prompt.len());
     let logits = |chunk: usize| model.prefill(&prompt, &mut model.new_cache(), chunk).unwrap();
     let one_by_one = logits(1);
@@ -280,7 +280,7 @@ fn a_moe_prompt_prefilled_in_budget_sized_passes_matches_token_by_token() {
 
 #[test]
 fn a_sliding_window_prompt_prefilled_in_wide_passes_matches_token_by_token() {
-    // gpt_oss: a pass of 60 rows masks each row to its own window of 5 and its sinks.
+    // gpt_oss: a pass of 150 rows masks each row to its own window of 5 and its sinks.
     prefill_width_does_not_change_the_result("gpt_oss", false, 1e-5);
 }
 
@@ -291,4 +291,90 @@ fn recurrent_prompts_prefilled_in_wide_passes_match_token_by_token() {
     // their 1e-4 (as the batch tests).
     prefill_width_does_not_change_the_result("kimi_k3", false, 1e-4);
     prefill_width_does_not_change_the_result("qwen3_next", false, 1e-4);
+}
+
+/// A model whose expert bank (3 layers of 64 experts of 110 KiB) is several times the union of a
+/// wide pass, so that a budget below the bank leaves cache room to lend.
+fn synth_wide_bank(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("bank.gguf");
+    let (heads, kv_heads, head_dim) = SynthSpec::default_heads(256);
+    let spec = SynthSpec {
+        arch: SynthArch::Qwen3Moe,
+        layers: 3,
+        experts: 64,
+        top_k: 4,
+        hidden: 256,
+        expert_ffn: 256,
+        dtype: SynthDtype::Q4_0,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab: 512,
+        tokenizer_from: None,
+        context_length: 256,
+        seed: 7,
+        dense: None,
+    };
+    synth(&spec, &path).unwrap();
+    path
+}
+
+/// A long prompt joins a sequence that decodes, under a budget whose cache holds less than the
+/// bank: its passes borrow cache room (the cache shrinks while it prefills and is whole again once
+/// it decodes), and both sequences get the tokens they get alone, token by token.
+#[test]
+fn a_long_prompt_borrows_the_expert_cache_while_another_sequence_decodes_in_its_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth_wide_bank(dir.path());
+    let prompt: Vec<u32> = (0..200).map(|i| (i * 37 + 11) % 512).collect();
+    let short: Vec<u32> = (0..5).map(|i| (i * 13 + 3) % 512).collect();
+    // The least budget (in MiB steps) at which the prompt's passes borrow cache room.
+    let minimum = nightmail_engine::memory_plan(&path, MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
+    let budget = (0..64)
+        .map(|mb| MemoryBudget { bytes: minimum + (mb << 20), kv_tokens: 256, ..MemoryBudget::mb(0) })
+        .find(|b| {
+            let plan = nightmail_engine::memory_plan(&path, b.clone()).unwrap();
+            let ck = nightmail_formats::ModelFile::open(&path).unwrap();
+            let spec = nightmail_model::ModelSpec::read(&ck).unwrap();
+            let width = nightmail_engine::prefill_tokens_per_pass(&spec, Some(&plan), prompt.len());
+            !plan.experts_resident
+                && width < prompt.len()
+                && nightmail_engine::cache_bytes_for_pass(&plan, width, prompt.len()) < plan.expert_cache_bytes
+        })
+        .expect("a budget at which a long prompt borrows cache room");
+    let model = Model::load_with(&path, &LoadOptions { stream: None, memory: Some(budget) }).unwrap();
+    let store = model.streaming().expect("experts streamed");
+    let full = model.memory_plan().unwrap().expert_cache_bytes;
+    let chunk = model.prefill_chunk(prompt.len());
+    let alone = |tokens: &[u32]| -> Vec<u32> {
+        let mut s = model.stream_deferred(request(tokens.to_vec(), 6, Sampling::greedy()), None).unwrap();
+        let mut ids = Vec::new();
+        while s.stop_reason().is_none() {
+            ids.extend(model.step(&mut [&mut s], 1).unwrap().into_iter().flatten().map(|e| e.id));
+        }
+        ids
+    };
+    let (want_long, want_short) = (alone(&prompt), alone(&short));
+    assert_eq!(store.capacity(), full);
+    let mut b = model.stream_deferred(request(short.clone(), 6, Sampling::greedy()), None).unwrap();
+    model.step(&mut [&mut b], 8).unwrap();
+    let mut a = model.stream_deferred(request(prompt.clone(), 6, Sampling::greedy()), None).unwrap();
+    let (mut got_long, mut got_short) = (Vec::new(), Vec::new());
+    let mut lent = false;
+    while a.stop_reason().is_none() || b.stop_reason().is_none() {
+        let prefilling = a.stop_reason().is_none() && a.is_prefilling();
+        let events = model.step(&mut [&mut a, &mut b], chunk).unwrap();
+        if prefilling && a.is_prefilling() {
+            lent |= store.capacity() < full;
+        }
+        if !a.is_prefilling() {
+            assert_eq!(store.capacity(), full, "the cache is whole once the prompt is in");
+        }
+        let mut events = events.into_iter();
+        got_long.extend(events.next().flatten().map(|e| e.id));
+        got_short.extend(events.next().flatten().map(|e| e.id));
+    }
+    assert!(lent, "passes of {chunk} borrowed no cache room");
+    assert_eq!(got_long, want_long);
+    assert_eq!(got_short, want_short);
 }

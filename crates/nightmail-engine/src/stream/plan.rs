@@ -112,10 +112,13 @@ pub struct ModelSizes {
     pub context_length: usize,
     /// The MTP layer, where the checkpoint ships one; `expert_bytes` above excludes its experts.
     pub mtp: Option<MtpSize>,
-    /// One prompt token's activations in a pass, and what each position it attends to adds
-    /// ([`crate::prefill::activation_bytes_per_token`]): the room a pass needs beside the weights.
+    /// One prompt token's activations in a pass ([`crate::prefill::activation_bytes_per_token`]),
+    /// what each position adds to a query row's attention scores, and how many query rows' scores
+    /// are alive at once ([`crate::prefill::pass_activation_bytes`]): the room a pass needs beside
+    /// the weights.
     pub activation_bytes_per_token: usize,
     pub activation_bytes_per_position: usize,
+    pub attention_score_rows: usize,
 }
 
 impl ModelSizes {
@@ -243,9 +246,9 @@ impl ModelSizes {
             state_bytes,
             context_length: spec.context_length,
             mtp,
-            activation_bytes_per_token: crate::prefill::activation_bytes_per_token(spec, 0),
-            activation_bytes_per_position: crate::prefill::activation_bytes_per_token(spec, 1)
-                - crate::prefill::activation_bytes_per_token(spec, 0),
+            activation_bytes_per_token: crate::prefill::activation_bytes_per_token(spec),
+            activation_bytes_per_position: crate::prefill::score_bytes_per_position(spec),
+            attention_score_rows: crate::prefill::score_rows(spec),
         })
     }
 }
@@ -272,6 +275,10 @@ pub struct MemoryPlan {
     /// Kept for a pass's activations, routing and scores (a prefill sizes its passes to it):
     /// out of the budget, so a pass does not take RAM beyond it.
     pub activation_bytes: usize,
+    /// Of the expert cache, what a decode step keeps at least: its routes' union in two layers
+    /// (the one computing and the next, read ahead). A long prefill lends the rest to its passes
+    /// ([`crate::prefill::cache_bytes_for_pass`]).
+    pub look_ahead_bytes: usize,
     pub experts_resident: bool,
     /// Dense bytes read from disk per step (the streamed layers).
     pub dense_disk_bytes_per_token: usize,
@@ -333,8 +340,7 @@ impl MemoryPlan {
         // A pass's activations come out of the budget too, before the cache and the dense layers:
         // an eighth of it at most, no more than the widest pass at the reserved context needs.
         let span = budget.kv_tokens.min(sizes.context_length.max(1));
-        let widest = crate::prefill::MAX_PREFILL_TOKENS.min(span)
-            * (sizes.activation_bytes_per_token + span * sizes.activation_bytes_per_position);
+        let widest = crate::prefill::pass_activation_bytes(&sizes, crate::prefill::MAX_PREFILL_TOKENS.min(span), span);
         let activations = (budget.bytes / ACTIVATION_SHARE).min(widest).min(budget.bytes - minimum);
         let look_ahead =
             (2 * union * sizes.expert_max_bytes).max(in_flight).min(budget.bytes - minimum - activations + in_flight);
@@ -405,6 +411,7 @@ impl MemoryPlan {
             expert_cache_bytes: if experts_resident { sizes.cached_expert_bytes() } else { expert_cache },
             experts_resident,
             activation_bytes: activations,
+            look_ahead_bytes: look_ahead,
             dense_disk_bytes_per_token: dense_disk,
             expert_bytes_per_token: expert_per_token,
             sizes,
@@ -491,6 +498,7 @@ mod tests {
             // No room for activations unless a test asks: the figures below are the weights'.
             activation_bytes_per_token: 0,
             activation_bytes_per_position: 0,
+            attention_score_rows: 1,
         }
     }
 

@@ -19,6 +19,9 @@ use nightmail_tensor::ggml::{DotOrder, dot_f16, soft_max};
 use nightmail_tensor::{Linear, RmsNorm};
 use nightmail_tensor::{Numerics, TensorView};
 
+/// Query rows whose scores over every key one attention product holds at once (the f32 path).
+pub const QUERY_BLOCK: usize = 64;
+
 pub struct Attention {
     pub(crate) q: Linear,
     pub(crate) k: Linear,
@@ -95,28 +98,42 @@ impl Attention {
         // Each group of `rep` query heads shares one key/value head: fold the group into the
         // query axis instead of copying keys and values `rep` times.
         let rep = self.heads / self.kv_heads;
-        let q = q.squeeze(0)?.reshape((self.kv_heads, rep * t, d))?;
-        let (k, v) = (k.squeeze(0)?, v.squeeze(0)?);
-        let mut scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        if let Some(mask) = self.mask(start, t, s)? {
-            scores = scores.reshape((self.kv_heads, rep, t, s))?.broadcast_add(&mask)?.reshape((
-                self.kv_heads,
-                rep * t,
-                s,
-            ))?;
-        }
-        let p = match &self.sinks {
-            None => candle_nn::ops::softmax_last_dim(&scores)?,
-            // transformers `eager_attention_forward` (gpt_oss): cat the sink, softmax, drop it.
-            // Row (g, r·t + i) of the folded scores is head g·rep + r.
-            Some(sinks) => {
-                let col = sinks.reshape((self.kv_heads, rep, 1, 1))?.broadcast_as((self.kv_heads, rep, t, 1))?;
-                let col = col.contiguous()?.reshape((self.kv_heads, rep * t, 1))?;
-                let p = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[&scores, &col], 2)?)?;
-                p.narrow(2, 0, s)?.contiguous()?
+        let q = q.squeeze(0)?.reshape((self.kv_heads, rep, t, d))?;
+        let (k, v) = (k.squeeze(0)?, v.squeeze(0)?.contiguous()?);
+        // Queries in blocks of QUERY_BLOCK: the scores (and their masked and softmaxed copies)
+        // are then `heads x block x keys`, not `heads x tokens x keys` (a wide prefill pass at a
+        // long context would hold gigabytes). Each query row's result is computed alone anyway,
+        // and a block scores only the keys its last row may see: the later ones' weights are
+        // exactly 0 after the causal mask's softmax.
+        let mut blocks = Vec::with_capacity(t.div_ceil(QUERY_BLOCK));
+        for from in (0..t).step_by(QUERY_BLOCK) {
+            let b = QUERY_BLOCK.min(t - from);
+            let s = (start + from + b).min(s);
+            let (kt, v) = (k.narrow(1, 0, s)?.contiguous()?.t()?, v.narrow(1, 0, s)?.contiguous()?);
+            let qb = q.narrow(2, from, b)?.contiguous()?.reshape((self.kv_heads, rep * b, d))?;
+            let mut scores = (qb.matmul(&kt)? * (1.0 / (d as f64).sqrt()))?;
+            if let Some(mask) = self.mask(start + from, b, s)? {
+                scores = scores.reshape((self.kv_heads, rep, b, s))?.broadcast_add(&mask)?.reshape((
+                    self.kv_heads,
+                    rep * b,
+                    s,
+                ))?;
             }
-        };
-        Ok(p.matmul(&v.contiguous()?)?.reshape((self.heads, t, d))?.transpose(0, 1)?.reshape((t, self.heads * d))?)
+            let p = match &self.sinks {
+                None => candle_nn::ops::softmax_last_dim(&scores)?,
+                // transformers `eager_attention_forward` (gpt_oss): cat the sink, softmax, drop it.
+                // Row (g, r·b + i) of the folded scores is head g·rep + r.
+                Some(sinks) => {
+                    let col = sinks.reshape((self.kv_heads, rep, 1, 1))?.broadcast_as((self.kv_heads, rep, b, 1))?;
+                    let col = col.contiguous()?.reshape((self.kv_heads, rep * b, 1))?;
+                    let p = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[&scores, &col], 2)?)?;
+                    p.narrow(2, 0, s)?.contiguous()?
+                }
+            };
+            blocks.push(p.matmul(&v)?.reshape((self.heads, b, d))?);
+        }
+        let out = if blocks.len() == 1 { blocks.pop().expect("one block") } else { Tensor::cat(&blocks, 1)? };
+        Ok(out.transpose(0, 1)?.reshape((t, self.heads * d))?)
     }
 
     /// llama.cpp's attention without flash attention (llama-cpp-python's default), as

@@ -33,7 +33,7 @@ impl Shared {
     /// the union of its routes at once (the plan's experts in flight), so the cache would hold
     /// its budget besides them. Its bytes stay counted until it is released and evicted.
     pub(super) fn evict(&self, st: &mut State, keep: Option<ExpertId>) {
-        while st.used > self.config.cache_bytes {
+        while st.used > st.capacity {
             let victim = st
                 .entries
                 .iter()

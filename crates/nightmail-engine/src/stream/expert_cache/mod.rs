@@ -84,6 +84,7 @@ impl StreamingExperts {
             prefetch_allowed: config.max_prefetch_in_flight,
             routed_layer: None,
             used: 0,
+            capacity: config.cache_bytes,
             tick: 0,
             stats: StreamStats { cache_budget_bytes: config.cache_bytes as u64, ..StreamStats::default() },
             seen: HashMap::new(),
@@ -127,8 +128,7 @@ impl StreamingExperts {
     pub fn reset_stats(&self) {
         let mut st = self.shared.state.lock().expect("expert cache lock");
         let files = st.stats.files.iter().map(|f| FileStats { path: f.path.clone(), ..FileStats::default() }).collect();
-        st.stats =
-            StreamStats { cache_budget_bytes: self.shared.config.cache_bytes as u64, files, ..StreamStats::default() };
+        st.stats = StreamStats { cache_budget_bytes: st.capacity as u64, files, ..StreamStats::default() };
         st.seen.clear();
         if st.busy_since.is_some() {
             st.busy_since = Some(std::time::Instant::now());
@@ -136,6 +136,25 @@ impl StreamingExperts {
         for (_, since) in st.file_reading.iter_mut().filter(|(_, s)| s.is_some()) {
             *since = Some(std::time::Instant::now());
         }
+    }
+
+    /// Sets the cache's byte budget: smaller, it evicts down to it now (experts a step still
+    /// holds go once released), their buffers unmapped beyond the buffer pool's few; larger, it
+    /// fills as experts are read. A long prefill lends the cache's room to its activations and
+    /// gives it back after (`crate::prefill::cache_bytes_for_pass`).
+    pub fn set_capacity(&self, bytes: usize) {
+        let mut st = self.shared.state.lock().expect("expert cache lock");
+        if st.capacity == bytes {
+            return;
+        }
+        st.capacity = bytes;
+        st.stats.cache_budget_bytes = bytes as u64;
+        self.shared.evict(&mut st, None);
+    }
+
+    /// The cache's byte budget now.
+    pub fn capacity(&self) -> usize {
+        self.shared.state.lock().expect("expert cache lock").capacity
     }
 
     /// Whether every expert file is read with direct I/O.
@@ -422,6 +441,24 @@ mod tests {
         .unwrap();
         let st = s.stats();
         assert!(st.cache_used_bytes <= st.cache_budget_bytes, "{st:?}");
+    }
+
+    #[test]
+    fn a_smaller_capacity_evicts_down_to_it_and_a_larger_one_keeps_more() {
+        let s = store(4, CachePolicy::Lru);
+        let one = s.shared.extent(ExpertId { layer: 0, expert: 0 }).unwrap().buffer_bytes() as u64;
+        ask(&s, &[0, 1, 2, 3]);
+        s.set_capacity(2 * one as usize);
+        let st = s.stats();
+        assert_eq!((st.cache_used_bytes, st.cache_budget_bytes, st.evictions), (2 * one, 2 * one, 2), "{st:?}");
+        // The two most recent stayed.
+        s.reset_stats();
+        ask(&s, &[2, 3]);
+        assert_eq!(s.stats().hits, 2);
+        s.set_capacity(4 * one as usize);
+        ask(&s, &[0, 1, 2, 3]);
+        let st = s.stats();
+        assert_eq!((st.hits, st.misses, st.evictions, st.cache_used_bytes), (4, 2, 0, 4 * one), "{st:?}");
     }
 
     /// The fixture is an unpacked GGUF: each expert's gate, up and down lie in three stacked

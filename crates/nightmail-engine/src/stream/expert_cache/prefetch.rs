@@ -37,7 +37,7 @@ impl StreamingExperts {
                 }
                 let Ok(extent) = self.shared.extent(id) else { continue };
                 let bytes = extent.buffer_bytes();
-                if pinned + bytes > self.shared.config.cache_bytes {
+                if pinned + bytes > st.capacity {
                     break;
                 }
                 pinned += bytes;

@@ -84,6 +84,9 @@ pub(super) struct State {
     /// cache still counts them.
     pub(super) routed_layer: Option<usize>,
     pub(super) used: usize,
+    /// The byte budget now: `StreamConfig::cache_bytes`, or what
+    /// [`super::StreamingExperts::set_capacity`] set since.
+    pub(super) capacity: usize,
     pub(super) tick: u64,
     pub(super) stats: StreamStats,
     pub(super) seen: HashMap<usize, HashSet<usize>>,
