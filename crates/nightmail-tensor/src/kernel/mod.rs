@@ -15,6 +15,7 @@ pub mod iq3_s;
 pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod k_quant;
 #[rustfmt::skip]
 mod iq_grids;
 mod lattice;
@@ -28,6 +29,8 @@ mod q2_0;
 pub mod q2_k;
 pub mod q4_0;
 pub mod q4_1;
+pub mod q4_k;
+pub mod q6_k;
 pub mod q8;
 pub mod q8_0;
 pub mod q8_k;
