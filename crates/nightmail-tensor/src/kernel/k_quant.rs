@@ -65,6 +65,7 @@ impl Sums {
 }
 
 /// `row` · one token in the AVX2 `ggml_vec_dot_q*_K_q8_K` order, from `sums`' lanes.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: llama.cpp's aarch64 build never takes it
 pub(crate) fn dot_vec<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
     let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
@@ -90,6 +91,7 @@ pub(crate) fn dot_vec<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: 
 }
 
 /// `row` · one token in the tiled mat-mul's order (the module's comment).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: llama.cpp's aarch64 build has no tiled mat-mul
 pub(crate) fn dot_tiled<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
     let mut acc = 0f32;
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
@@ -283,6 +285,13 @@ pub(crate) mod tests {
                 for r in 0..rows {
                     let (s, y) = (scalar[t][r], simd[t][r]);
                     assert_eq!(y.to_bits(), s.to_bits(), "{tokens} tokens: token {t} row {r}: {y} vs {s}");
+                    #[cfg(target_arch = "aarch64")]
+                    for kernel in super::super::arm::ArmKernel::available() {
+                        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        let bs: Vec<[i32; 16]> = q8.iter().map(bsums).collect();
+                        let got = dot_neon_on::<T>(kernel, row, &q8, &bs);
+                        assert_eq!(got.to_bits(), s.to_bits(), "{kernel:?}: token {t} row {r}: {got} vs {s}");
+                    }
                     if tokens < TILED_MIN_TOKENS || cfg!(target_arch = "aarch64") {
                         assert_eq!(alone[0][r].to_bits(), y.to_bits(), "{tokens} tokens: token {t} row {r} alone");
                     }
