@@ -127,10 +127,13 @@ fn logit_gaps(ftype: &str) -> [f32; 2] {
     })
 }
 
+/// Every other part of these files already computes as llama.cpp does, so the K-quant kernels'
+/// orders (`k_quant.rs`: the vec_dot, the tiled mat-mul, Q4_K's repacked gemv and gemm) leave
+/// no gap at all; candle's kernels left up to 1.5.
 #[test]
-fn q4_k_and_q6_k_smollm2_logits_are_llama_cpps() {
+fn q4_k_and_q6_k_smollm2_logits_are_llama_cpps_exactly() {
     let gaps = ["Q4_K_S", "Q6_K"].map(|ftype| (ftype, logit_gaps(ftype)));
     for (ftype, gaps) in gaps {
-        assert!(gaps.iter().all(|g| *g <= 1.0), "{ftype}: {gaps:?}");
+        assert_eq!(gaps, [0.0; 2], "{ftype}: the largest |dlogit| after 5 tokens and after the whole prompt");
     }
 }

@@ -7,6 +7,16 @@
 //! - x86, from 8 tokens: ggml-cpu/tiled's mat-mul (`tiled_run_micro_vnni_8x16`, and the AVX2
 //!   micro-tile in the same order): per super-block `fma(−dmin_w, imin, isum·d_w)`, times d_x
 //!   fma'd into one chain.
+//! - x86, Q4_K of a height that is a multiple of 8, any batch: repack.cpp repacks the matrix at
+//!   load into `block_q4_Kx8` tiles (`ggml_repack_get_optimal_repack_type`, wherever AVX2 is)
+//!   and arch/x86/repack.cpp's `ggml_gemv_q4_K_8x8_q8_K` / `ggml_gemm_q4_K_8x8_q8_K` take
+//!   every batch (the tiled mat-mul leaves repacked weights alone): two chains per row and token,
+//!   `fma(isum, d_w·d_x, ·)` and `fma(imin, dmin_w·d_x, ·)`, subtracted at the end; the gemm
+//!   (each whole 4 tokens of a batch) adds to them per 64 elements, the gemv (the 1 to 3 tokens
+//!   left) per super-block (repack.cpp `forward_mul_mat_one_chunk`).
+//!   (`ggml_quantize_mat_q8_K_4x8`, which quantizes 4 tokens at a time for the gemm, gives
+//!   `quantize_row_q8_K`'s blocks but for the sign of a block whose largest magnitude comes at
+//!   both signs: it takes the positive one, ggml's reference the first.)
 //! - aarch64, any batch: arch/arm/quants.c's NEON `ggml_vec_dot_q*_K_q8_K`: per super-block
 //!   `sum −= d_x·dmin_w · imin`, `sum += d_x·d_w · isum`, each one fused multiply-add.
 
@@ -20,11 +30,13 @@ use crate::error::Result;
 
 /// One super-block's integer sums in ggml's AVX2 lanes: `lanes[k]` the weight products of
 /// elements 4k..4k+3 of each 32 (a bias already taken off, Q6_K's 32), `mins[i]` the minimums
-/// of sub-blocks 2i and 2i+1 times their activations' sums (zero for a type without them).
+/// of sub-blocks 2i and 2i+1 times their activations' sums (zero for a type without them), and
+/// `quarters[i]` the weight products of elements 64i..64i+63 (the repacked gemm's steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sums {
     pub(crate) lanes: [i32; 8],
     pub(crate) mins: [i32; 4],
+    pub(crate) quarters: [i32; 4],
 }
 
 /// A K-quant: its block, how it decodes, and its integer sums on each instruction set.
@@ -33,6 +45,9 @@ pub(crate) trait KQuant: Sync + Send + Default + 'static {
     const BYTES: usize;
     /// Whether blocks carry a minimum per sub-block (`dmin`): Q4_K and Q5_K.
     const HAS_MIN: bool;
+    /// Whether llama.cpp repacks a matrix of this type whose height is a multiple of 8 on an
+    /// AVX2 CPU (repack.cpp `ggml_repack_get_optimal_repack_type`): Q4_K.
+    const REPACKED_ON_AVX2: bool;
     /// The block's f16 d and dmin (0 without minimums), widened.
     fn d(block: &[u8]) -> (f32, f32);
     /// ggml-quants.c `dequantize_row_*` (gguf-py quants.py): 256 values.
@@ -59,7 +74,7 @@ pub(crate) fn bsums(x: &Q8K) -> [i32; 16] {
 }
 
 impl Sums {
-    fn totals(&self) -> (i32, i32) {
+    pub(crate) fn totals(&self) -> (i32, i32) {
         (self.lanes.iter().sum(), self.mins.iter().sum())
     }
 }
@@ -101,6 +116,33 @@ pub(crate) fn dot_tiled<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums
         acc = r.mul_add(xb.d, acc);
     }
     acc
+}
+
+/// `row` · one token in the order of the repacked gemv (`GEMM`: the gemm; the module's comment).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: not the order of its repacked tiles
+pub(crate) fn dot_repacked<T: KQuant, const GEMM: bool>(
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums,
+) -> f32 {
+    let (mut acc, mut acc_m) = (0f32, 0f32);
+    for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
+        let s = sums(b, xb, bs);
+        let (dw, dmin) = T::d(b);
+        let (d, m) = (dw * xb.d, dmin * xb.d);
+        if GEMM {
+            for (q, mins) in s.quarters.into_iter().zip(s.mins) {
+                acc = (q as f32).mul_add(d, acc);
+                acc_m = (mins as f32).mul_add(m, acc_m);
+            }
+        } else {
+            let (isum, imin) = s.totals();
+            acc = (isum as f32).mul_add(d, acc);
+            acc_m = (imin as f32).mul_add(m, acc_m);
+        }
+    }
+    acc - acc_m
 }
 
 /// `row` · one token in the NEON `ggml_vec_dot_q*_K_q8_K` order, from each block's totals.
@@ -163,28 +205,61 @@ impl<T: KQuant> KQuantMatrix<T> {
         rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
             let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
             for (t, y) in out.iter_mut().enumerate() {
-                *y = dot::<T>(row, &q8[t], &bs[t], tokens, path, #[cfg(target_arch = "aarch64")] kernel);
+                let order = Order::of::<T>(self.rows, tokens, t);
+                *y = dot::<T>(row, &q8[t], &bs[t], order, path, #[cfg(target_arch = "aarch64")] kernel);
             }
         })
     }
 }
 
-/// One row · one token of a product of `tokens` tokens, in the order this build of llama.cpp takes.
+/// The order llama.cpp's x86 build takes for a matrix of `T` and `rows` rows against `tokens` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    Vec,
+    Tiled,
+    RepackedGemv,
+    RepackedGemm,
+}
+
+impl Order {
+    /// The order of token `t` of `tokens`.
+    pub(crate) fn of<T: KQuant>(rows: usize, tokens: usize, t: usize) -> Self {
+        if T::REPACKED_ON_AVX2 && rows.is_multiple_of(8) {
+            if t < tokens - tokens % 4 { Order::RepackedGemm } else { Order::RepackedGemv }
+        } else if tokens >= TILED_MIN_TOKENS {
+            Order::Tiled
+        } else {
+            Order::Vec
+        }
+    }
+}
+
+/// One row · one token in `order`, from `sums`.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
+pub(crate) fn dot_in<T: KQuant>(order: Order, row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
+    match order {
+        Order::Vec => dot_vec::<T>(row, x, bs, sums),
+        Order::Tiled => dot_tiled::<T>(row, x, bs, sums),
+        Order::RepackedGemv => dot_repacked::<T, false>(row, x, bs, sums),
+        Order::RepackedGemm => dot_repacked::<T, true>(row, x, bs, sums),
+    }
+}
+
+/// One row · one token of a product, in the order this build of llama.cpp takes.
 #[cfg(not(target_arch = "aarch64"))]
-fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], tokens: usize, path: Path) -> f32 {
+fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], order: Order, path: Path) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if path == Path::Simd {
         // SAFETY: a Simd path exists only where `has_kernel` found AVX2.
-        let sums = |b: &[u8], x: &Q8K, bs: &[i32; 16]| unsafe { T::sums_avx2(b, x, bs) };
-        return if tokens >= TILED_MIN_TOKENS { dot_tiled::<T>(row, x, bs, sums) } else { dot_vec::<T>(row, x, bs, sums) };
+        return dot_in::<T>(order, row, x, bs, |b: &[u8], x: &Q8K, bs: &[i32; 16]| unsafe { T::sums_avx2(b, x, bs) });
     }
     let _ = path;
-    if tokens >= TILED_MIN_TOKENS { dot_tiled::<T>(row, x, bs, T::sums_scalar) } else { dot_vec::<T>(row, x, bs, T::sums_scalar) }
+    dot_in::<T>(order, row, x, bs, T::sums_scalar)
 }
 
 /// One row · one token in ggml's NEON order (llama.cpp's aarch64 build has no tiled mat-mul).
 #[cfg(target_arch = "aarch64")]
-fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], _tokens: usize, path: Path, kernel: super::arm::ArmKernel) -> f32 {
+fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], _order: Order, path: Path, kernel: super::arm::ArmKernel) -> f32 {
     match path {
         Path::Scalar => dot_arm::<T>(row, x, bs, totals_scalar::<T>),
         Path::Simd => dot_neon_on::<T>(kernel, row, x, bs),
@@ -264,12 +339,19 @@ pub(crate) mod tests {
         bytes
     }
 
-    /// For 1, 5 and 9 tokens (the last in the prompt order): the SIMD path equals the scalar
+    /// For 1, 5 and 9 tokens (the last in the prompt order), 8 rows and 5: the SIMD path equals the scalar
     /// path bit for bit, a token's result within a batch below [`TILED_MIN_TOKENS`] equals its
     /// lone result, and every result is the dequantized weights times the dequantized
     /// activations up to f32 rounding.
     pub(crate) fn check_kernel<T: KQuant>(fix: fn(&mut [u8])) {
-        let (rows, cols) = (8, 3 * QK_K);
+        // 8 rows: a height llama.cpp repacks (Q4_K); 5: one it does not.
+        for rows in [8, 5] {
+            check_rows::<T>(rows, fix);
+        }
+    }
+
+    fn check_rows<T: KQuant>(rows: usize, fix: fn(&mut [u8])) {
+        let cols = 3 * QK_K;
         let bytes = blocks::<T>(rows * cols / QK_K, 31, fix);
         let m = KQuantMatrix::<T>::new(crate::bytes::WeightBytes::from(&bytes[..]), rows, cols);
         let row_bytes = cols / QK_K * T::BYTES;
@@ -292,7 +374,7 @@ pub(crate) mod tests {
                         let got = dot_neon_on::<T>(kernel, row, &q8, &bs);
                         assert_eq!(got.to_bits(), s.to_bits(), "{kernel:?}: token {t} row {r}: {got} vs {s}");
                     }
-                    if tokens < TILED_MIN_TOKENS || cfg!(target_arch = "aarch64") {
+                    if Order::of::<T>(rows, tokens, t) == Order::of::<T>(rows, 1, 0) || cfg!(target_arch = "aarch64") {
                         assert_eq!(alone[0][r].to_bits(), y.to_bits(), "{tokens} tokens: token {t} row {r} alone");
                     }
                     let mut w = vec![0f32; cols];

@@ -44,6 +44,7 @@ fn min_lanes(b: &[u8], bs: &[i32; 16]) -> [i32; 4] {
 impl KQuant for Q4K {
     const DTYPE: candle_core::quantized::GgmlDType = candle_core::quantized::GgmlDType::Q4K;
     const BYTES: usize = BLOCK_BYTES;
+    const REPACKED_ON_AVX2: bool = true;
     const HAS_MIN: bool = true;
 
     fn d(block: &[u8]) -> (f32, f32) {
@@ -61,11 +62,13 @@ impl KQuant for Q4K {
     }
 
     fn sums_scalar(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> Sums {
-        let mut lanes = [0i32; 8];
+        let (mut lanes, mut quarters) = ([0i32; 8], [0i32; 4]);
         for e in 0..QK_K {
-            lanes[(e % 32) / 4] += scale_min(b, e / 32).0 * code(b, e) * x.qs[e] as i32;
+            let p = scale_min(b, e / 32).0 * code(b, e) * x.qs[e] as i32;
+            lanes[(e % 32) / 4] += p;
+            quarters[e / 64] += p;
         }
-        Sums { lanes, mins: min_lanes(b, bs) }
+        Sums { lanes, mins: min_lanes(b, bs), quarters }
     }
 
     /// `maddubs` of the nibbles and the activations (no i16 saturation: 2·15·127 < 2^15), `madd`
@@ -77,7 +80,8 @@ impl KQuant for Q4K {
         assert!(b.len() >= BLOCK_BYTES);
         let m4 = _mm256_set1_epi8(0xF);
         let mut sum = _mm256_setzero_si256();
-        for j in 0..4 {
+        let mut quarters = [0i32; 4];
+        for (j, quarter) in quarters.iter_mut().enumerate() {
             // SAFETY: 32 of the 128 nibble bytes at 16 (asserted) and 64 of the 256 activations.
             let (bits, xl, xh) = unsafe {
                 (
@@ -95,11 +99,12 @@ impl KQuant for Q4K {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), sh),
             );
             sum = _mm256_add_epi32(sum, p);
+            *quarter = super::q8_k::hsum_epi32(p);
         }
         let mut lanes = [0i32; 8];
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
-        Sums { lanes, mins: min_lanes(b, bs) }
+        Sums { lanes, mins: min_lanes(b, bs), quarters }
     }
 
     /// Each 16's nibbles against its activations (`sdot`, or `smull` and pairwise adds), times
@@ -142,6 +147,18 @@ mod tests {
     #[test]
     fn q4_k_simd_equals_scalar_and_both_orders_the_dequantized_product() {
         super::super::k_quant::tests::check_kernel::<Q4K>(fix);
+    }
+
+    #[test]
+    fn q4_k_takes_the_repacked_order_where_llama_cpp_repacks() {
+        use super::super::k_quant::Order;
+        // A batch's whole fours take the gemm, the 1 to 3 tokens left the gemv.
+        let q4 = |tokens: usize| (0..tokens).map(|t| Order::of::<Q4K>(576, tokens, t)).collect::<Vec<_>>();
+        assert_eq!(q4(1), [Order::RepackedGemv]);
+        assert_eq!(q4(6), [[Order::RepackedGemm; 4].as_slice(), &[Order::RepackedGemv; 2]].concat());
+        assert_eq!(q4(8), [Order::RepackedGemm; 8]);
+        assert_eq!([1, 9].map(|t| Order::of::<Q4K>(5, t, 0)), [Order::Vec, Order::Tiled]);
+        assert_eq!([1, 9].map(|t| Order::of::<super::super::q6_k::Q6K>(576, t, 0)), [Order::Vec, Order::Tiled]);
     }
 
     #[test]
