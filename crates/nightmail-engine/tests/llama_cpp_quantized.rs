@@ -95,10 +95,12 @@ greedy_tests! {
     q2_k_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K", "--pure", "--others", "Q8_0";
 }
 
-// Files whose `ffn_down`s are Q4_K or Q6_K (the two types of a Q4_K_M file) and whose other
-// matrices are Q8_0: `q4_k.rs` and `q6_k.rs` in llama.cpp's orders.
+// Files whose `ffn_down`s are Q3_K, Q4_K, Q5_K or Q6_K and whose other matrices are Q8_0:
+// `k_quant.rs` in llama.cpp's orders.
 greedy_tests! {
+    q3_k_smollm2_greedy_tokens_equal_llama_cpps: "Q3_K_S", "--pure", "--others", "Q8_0";
     q4_k_smollm2_greedy_tokens_equal_llama_cpps: "Q4_K_S", "--pure", "--others", "Q8_0";
+    q5_k_smollm2_greedy_tokens_equal_llama_cpps: "Q5_K_S", "--pure", "--others", "Q8_0";
     q6_k_smollm2_greedy_tokens_equal_llama_cpps: "Q6_K", "--pure", "--others", "Q8_0";
 }
 
@@ -131,8 +133,8 @@ fn logit_gaps(ftype: &str) -> [f32; 2] {
 /// orders (`k_quant.rs`: the vec_dot, the tiled mat-mul, Q4_K's repacked gemv and gemm) leave
 /// no gap at all; candle's kernels left up to 1.5.
 #[test]
-fn q4_k_and_q6_k_smollm2_logits_are_llama_cpps_exactly() {
-    let gaps = ["Q4_K_S", "Q6_K"].map(|ftype| (ftype, logit_gaps(ftype)));
+fn k_quant_smollm2_logits_are_llama_cpps_exactly() {
+    let gaps = ["Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K"].map(|ftype| (ftype, logit_gaps(ftype)));
     for (ftype, gaps) in gaps {
         assert_eq!(gaps, [0.0; 2], "{ftype}: the largest |dlogit| after 5 tokens and after the whole prompt");
     }

@@ -77,7 +77,7 @@ impl Linear {
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::LowBit(Box::new(crate::kernel::q2_k::Q2KMatrix::new(bytes, rows, cols)))
             }
-            (WeightDType::Ggml(t @ (GgmlDType::Q4K | GgmlDType::Q6K)), &[rows, cols])
+            (WeightDType::Ggml(t @ (GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)), &[rows, cols])
                 if crate::kernel::k_quant::has_kernel(cols) =>
             {
                 // The K-quants in llama.cpp's orders (`k_quant.rs`).
@@ -193,9 +193,11 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
         WeightDType::Ggml(GgmlDType::Q8_0) => neon || crate::kernel::cpu::has_avx2(),
         // Q2_K in llama.cpp's AVX2 orders (`q2_k.rs`); without AVX2, candle's kernel.
         WeightDType::Ggml(GgmlDType::Q2K) => crate::kernel::q2_k::has_kernel(QK_K_COLS),
-        // Q4_K and Q6_K in llama.cpp's orders (`k_quant.rs`): AVX2 on x86, every aarch64 CPU.
-        // The other K-quants (Q3_K, Q5_K) and Q5_0/Q5_1 stay with candle.
-        WeightDType::Ggml(GgmlDType::Q4K | GgmlDType::Q6K) => crate::kernel::k_quant::has_kernel(QK_K_COLS),
+        // Q3_K to Q6_K in llama.cpp's orders (`k_quant.rs`): AVX2 on x86, every aarch64 CPU.
+        // Q2_K on aarch64, Q5_0 and Q5_1 stay with candle.
+        WeightDType::Ggml(GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K) => {
+            crate::kernel::k_quant::has_kernel(QK_K_COLS)
+        }
         // Neither are llama.cpp's i-quants and ternary types: their own kernels where they have
         // one (scalar without AVX2 or on aarch64), else an f32 product of their dequantized weights.
         WeightDType::Mxfp4 | WeightDType::LowBit(_) => return MatVecPath::Native,

@@ -1,4 +1,4 @@
-//! The K-quants with a kernel of their own (`q4_k.rs`, `q6_k.rs`): one super-block of 256
+//! The K-quants with a kernel of their own (`q3_k.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`): one super-block of 256
 //! weights against one token's Q8_K block reduces to exact integer sums, so a product's bits
 //! depend only on the float operations that combine them, and those are llama.cpp's, per build:
 //! - x86, fewer than 8 tokens: quants.c's AVX2 `ggml_vec_dot_q*_K_q8_K`: 8 f32 lanes, each
@@ -45,6 +45,9 @@ pub(crate) trait KQuant: Sync + Send + Default + 'static {
     const BYTES: usize;
     /// Whether blocks carry a minimum per sub-block (`dmin`): Q4_K and Q5_K.
     const HAS_MIN: bool;
+    /// Whether ggml's AVX2 vec_dot keeps the minimums in one scalar chain rather than 4 lanes,
+    /// and its NEON one subtracts them from the block's term before adding it (Q5_K).
+    const MINS_APART: bool = false;
     /// Whether llama.cpp repacks a matrix of this type whose height is a multiple of 8 on an
     /// AVX2 CPU (repack.cpp `ggml_repack_get_optimal_repack_type`): Q4_K.
     const REPACKED_ON_AVX2: bool;
@@ -82,22 +85,28 @@ impl Sums {
 /// `row` · one token in the AVX2 `ggml_vec_dot_q*_K_q8_K` order, from `sums`' lanes.
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: llama.cpp's aarch64 build never takes it
 pub(crate) fn dot_vec<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
-    let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
+    let (mut acc, mut acc_m, mut summs) = ([0f32; 8], [0f32; 4], 0f32);
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
         let s = sums(b, xb, bs);
         let (dw, dmin) = T::d(b);
         let d = xb.d * dw;
+        if T::HAS_MIN && T::MINS_APART {
+            // Q5_K: `summs += dmin * imin`, before the weight lanes.
+            summs = (-xb.d * dmin).mul_add(s.mins.iter().sum::<i32>() as f32, summs);
+        }
         for (a, l) in acc.iter_mut().zip(s.lanes) {
             *a = d.mul_add(l as f32, *a);
         }
-        if T::HAS_MIN {
+        if T::HAS_MIN && !T::MINS_APART {
             let m = -xb.d * dmin;
             for (a, l) in acc_m.iter_mut().zip(s.mins) {
                 *a = m.mul_add(l as f32, *a);
             }
         }
     }
-    if T::HAS_MIN {
+    if T::HAS_MIN && T::MINS_APART {
+        hsum8(acc) + summs
+    } else if T::HAS_MIN {
         // `_mm_movehl_ps` then `_mm_movehdup_ps`: (m0 + m2) + (m1 + m3).
         hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
     } else {
@@ -152,6 +161,12 @@ pub(crate) fn dot_arm<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], totals
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
         let (isum, imin) = totals(b, xb, bs);
         let (dw, dmin) = T::d(b);
+        if T::HAS_MIN && T::MINS_APART {
+            // Q5_K's `sumf += d * sumi - dmin * sumi_mins`: the first product fused with the
+            // difference (GCC's and clang's contraction of the expression), then added.
+            sum += (xb.d * dw).mul_add(isum as f32, -(xb.d * dmin * imin as f32));
+            continue;
+        }
         if T::HAS_MIN {
             sum = (-(xb.d * dmin)).mul_add(imin as f32, sum);
         }
@@ -297,7 +312,9 @@ pub fn k_quant_matrix(
     cols: usize,
 ) -> Option<Box<dyn super::q8_k::LowBitMatrix>> {
     Some(match dtype {
+        GgmlDType::Q3K => Box::new(KQuantMatrix::<super::q3_k::Q3K>::new(bytes, rows, cols)),
         GgmlDType::Q4K => Box::new(KQuantMatrix::<super::q4_k::Q4K>::new(bytes, rows, cols)),
+        GgmlDType::Q5K => Box::new(KQuantMatrix::<super::q5_k::Q5K>::new(bytes, rows, cols)),
         GgmlDType::Q6K => Box::new(KQuantMatrix::<super::q6_k::Q6K>::new(bytes, rows, cols)),
         _ => return None,
     })
