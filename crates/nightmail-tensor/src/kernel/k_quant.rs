@@ -53,7 +53,9 @@ pub(crate) trait KQuant: Sync + Send + Default + 'static {
     const REPACKED_ON_AVX2: bool;
     /// The block's f16 d and dmin (0 without minimums), widened.
     fn d(block: &[u8]) -> (f32, f32);
-    /// ggml-quants.c `dequantize_row_*` (gguf-py quants.py): 256 values.
+    /// ggml-quants.c `dequantize_row_*` (gguf-py quants.py): 256 values. The tests' reference:
+    /// `view.rs` reads a row through candle's decoder, which gives the same bits.
+    #[cfg_attr(not(test), allow(dead_code))]
     fn dequantize(block: &[u8], out: &mut [f32]);
     /// The sums, element by element.
     fn sums_scalar(block: &[u8], x: &Q8K, bsums: &[i32; 16]) -> Sums;
@@ -190,6 +192,7 @@ pub fn has_kernel(cols: usize) -> bool {
 /// How a matrix computes: the SIMD paths this CPU has, or (tests) the scalar ones in the same orders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
+    #[cfg_attr(not(test), allow(dead_code))] // the tests' reference
     Scalar,
     Simd,
 }
@@ -402,6 +405,22 @@ pub(crate) mod tests {
                     assert!((y as f64 - want).abs() <= 1e-5 * scale + 1e-6, "{tokens} tokens: token {t} row {r}: {y} vs {want}");
                 }
             }
+        }
+    }
+
+    /// [`KQuant::dequantize`] gives gguf-py's values (quants.py, which ggml-quants.c's
+    /// `dequantize_row_*` follows) bit for bit on tests/fixtures/lowbit/generate.py's random blocks.
+    pub(crate) fn dequantizes_as_gguf_py<T: KQuant>(name: &str) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lowbit");
+        let file = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+        let blocks = file.len() / (T::BYTES + 4 * QK_K);
+        assert!(blocks > 0 && file.len() == blocks * (T::BYTES + 4 * QK_K), "{name}: {} bytes", file.len());
+        let (bytes, values) = file.split_at(blocks * T::BYTES);
+        let mut got = vec![0f32; blocks * QK_K];
+        bytes.chunks_exact(T::BYTES).zip(got.chunks_exact_mut(QK_K)).for_each(|(b, y)| T::dequantize(b, y));
+        for (i, (g, w)) in got.iter().zip(values.chunks_exact(4)).enumerate() {
+            let w = u32::from_le_bytes(w.try_into().unwrap());
+            assert_eq!(g.to_bits(), w, "{name} element {i}: {g} vs gguf-py's {}", f32::from_bits(w));
         }
     }
 

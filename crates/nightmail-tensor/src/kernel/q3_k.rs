@@ -141,6 +141,11 @@ mod tests {
     }
 
     #[test]
+    fn q3_k_dequantizes_as_gguf_py_does() {
+        super::super::k_quant::tests::dequantizes_as_gguf_py::<Q3K>("Q3_K");
+    }
+
+    #[test]
     fn q3_k_dequantizes_as_candle_does() {
         super::super::k_quant::tests::dequantizes_as_candle::<Q3K>(fix);
     }

@@ -162,6 +162,11 @@ mod tests {
     }
 
     #[test]
+    fn q4_k_dequantizes_as_gguf_py_does() {
+        super::super::k_quant::tests::dequantizes_as_gguf_py::<Q4K>("Q4_K");
+    }
+
+    #[test]
     fn q4_k_dequantizes_as_candle_does() {
         super::super::k_quant::tests::dequantizes_as_candle::<Q4K>(fix);
     }

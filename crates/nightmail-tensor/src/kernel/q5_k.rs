@@ -153,6 +153,11 @@ mod tests {
     }
 
     #[test]
+    fn q5_k_dequantizes_as_gguf_py_does() {
+        super::super::k_quant::tests::dequantizes_as_gguf_py::<Q5K>("Q5_K");
+    }
+
+    #[test]
     fn q5_k_dequantizes_as_candle_does() {
         super::super::k_quant::tests::dequantizes_as_candle::<Q5K>(fix);
     }

@@ -155,6 +155,11 @@ mod tests {
     }
 
     #[test]
+    fn q6_k_dequantizes_as_gguf_py_does() {
+        super::super::k_quant::tests::dequantizes_as_gguf_py::<Q6K>("Q6_K");
+    }
+
+    #[test]
     fn q6_k_dequantizes_as_candle_does() {
         super::super::k_quant::tests::dequantizes_as_candle::<Q6K>(fix);
     }
