@@ -77,9 +77,10 @@ impl Linear {
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::LowBit(crate::kernel::q2_k::q2_k_matrix(bytes, rows, cols))
             }
-            (WeightDType::Ggml(t @ (GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)), &[rows, cols])
-                if crate::kernel::k_quant::has_kernel(cols) =>
-            {
+            (
+                WeightDType::Ggml(t @ (GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)),
+                &[rows, cols],
+            ) if crate::kernel::k_quant::has_kernel(cols) => {
                 // The K-quants in llama.cpp's orders (`k_quant.rs`).
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
                 Weight::LowBit(crate::kernel::k_quant::k_quant_matrix(t, bytes, rows, cols).expect("a K-quant"))

@@ -86,7 +86,12 @@ impl Sums {
 
 /// `row` · one token in the AVX2 `ggml_vec_dot_q*_K_q8_K` order, from `sums`' lanes.
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: llama.cpp's aarch64 build never takes it
-pub(crate) fn dot_vec<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
+pub(crate) fn dot_vec<T: KQuant>(
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums,
+) -> f32 {
     let (mut acc, mut acc_m, mut summs) = ([0f32; 8], [0f32; 4], 0f32);
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
         let s = sums(b, xb, bs);
@@ -118,7 +123,12 @@ pub(crate) fn dot_vec<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: 
 
 /// `row` · one token in the tiled mat-mul's order (the module's comment).
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: llama.cpp's aarch64 build has no tiled mat-mul
-pub(crate) fn dot_tiled<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
+pub(crate) fn dot_tiled<T: KQuant>(
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums,
+) -> f32 {
     let mut acc = 0f32;
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
         let (isum, imin) = sums(b, xb, bs).totals();
@@ -158,7 +168,12 @@ pub(crate) fn dot_repacked<T: KQuant, const GEMM: bool>(
 
 /// `row` · one token in the NEON `ggml_vec_dot_q*_K_q8_K` order, from each block's totals.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // x86: llama.cpp's x86 build never takes it
-pub(crate) fn dot_arm<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], totals: impl Fn(&[u8], &Q8K, &[i32; 16]) -> (i32, i32)) -> f32 {
+pub(crate) fn dot_arm<T: KQuant>(
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    totals: impl Fn(&[u8], &Q8K, &[i32; 16]) -> (i32, i32),
+) -> f32 {
     let mut sum = 0f32;
     for ((b, xb), bs) in row.chunks_exact(T::BYTES).zip(x).zip(bs) {
         let (isum, imin) = totals(b, xb, bs);
@@ -224,7 +239,15 @@ impl<T: KQuant> KQuantMatrix<T> {
             let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
             for (t, y) in out.iter_mut().enumerate() {
                 let order = Order::of::<T>(self.rows, tokens, t);
-                *y = dot::<T>(row, &q8[t], &bs[t], order, path, #[cfg(target_arch = "aarch64")] kernel);
+                *y = dot::<T>(
+                    row,
+                    &q8[t],
+                    &bs[t],
+                    order,
+                    path,
+                    #[cfg(target_arch = "aarch64")]
+                    kernel,
+                );
             }
         })
     }
@@ -254,7 +277,13 @@ impl Order {
 
 /// One row · one token in `order`, from `sums`.
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))]
-pub(crate) fn dot_in<T: KQuant>(order: Order, row: &[u8], x: &[Q8K], bs: &[[i32; 16]], sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums) -> f32 {
+pub(crate) fn dot_in<T: KQuant>(
+    order: Order,
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    sums: impl Fn(&[u8], &Q8K, &[i32; 16]) -> Sums,
+) -> f32 {
     match order {
         Order::Vec => dot_vec::<T>(row, x, bs, sums),
         Order::Tiled => dot_tiled::<T>(row, x, bs, sums),
@@ -277,7 +306,14 @@ fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], order: Order, path: P
 
 /// One row · one token in ggml's NEON order (llama.cpp's aarch64 build has no tiled mat-mul).
 #[cfg(target_arch = "aarch64")]
-fn dot<T: KQuant>(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], _order: Order, path: Path, kernel: super::arm::ArmKernel) -> f32 {
+fn dot<T: KQuant>(
+    row: &[u8],
+    x: &[Q8K],
+    bs: &[[i32; 16]],
+    _order: Order,
+    path: Path,
+    kernel: super::arm::ArmKernel,
+) -> f32 {
     match path {
         Path::Scalar => dot_arm::<T>(row, x, bs, totals_scalar::<T>),
         Path::Simd => dot_neon_on::<T>(kernel, row, x, bs),
@@ -402,7 +438,10 @@ pub(crate) mod tests {
                     row.chunks_exact(T::BYTES).zip(w.chunks_exact_mut(QK_K)).for_each(|(b, y)| T::dequantize(b, y));
                     let want: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
                     let scale: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                    assert!((y as f64 - want).abs() <= 1e-5 * scale + 1e-6, "{tokens} tokens: token {t} row {r}: {y} vs {want}");
+                    assert!(
+                        (y as f64 - want).abs() <= 1e-5 * scale + 1e-6,
+                        "{tokens} tokens: token {t} row {r}: {y} vs {want}"
+                    );
                 }
             }
         }

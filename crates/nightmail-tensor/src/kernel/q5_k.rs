@@ -121,10 +121,10 @@ impl KQuant for Q5K {
             let qh = [vld1q_u8(b.as_ptr().add(QH)), vld1q_u8(b.as_ptr().add(QH + 16))];
             let mut acc = vdupq_n_s32(0);
             for j in 0..4 {
-                for h in 0..2 {
+                for (h, &qh) in qh.iter().enumerate() {
                     let bits = vld1q_u8(b.as_ptr().add(QS + 32 * j + 16 * h));
                     // Bit 2j (low nibbles) and 2j + 1 (high) of the qh bytes, moved to bit 4.
-                    let high = |bit: i8| vshlq_n_u8::<4>(vandq_u8(vshlq_u8(qh[h], vdupq_n_s8(-bit)), one));
+                    let high = |bit: i8| vshlq_n_u8::<4>(vandq_u8(vshlq_u8(qh, vdupq_n_s8(-bit)), one));
                     let lo = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(bits, m4), high(2 * j as i8)));
                     let hi = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(bits), high(2 * j as i8 + 1)));
                     let xl = vld1q_s8(x.qs.as_ptr().add(64 * j + 16 * h));
