@@ -31,7 +31,8 @@ use crate::error::Result;
 /// One super-block's integer sums in ggml's AVX2 lanes: `lanes[k]` the weight products of
 /// elements 4k..4k+3 of each 32 (a bias already taken off, Q6_K's 32), `mins[i]` the minimums
 /// of sub-blocks 2i and 2i+1 times their activations' sums (zero for a type without them), and
-/// `quarters[i]` the weight products of elements 64i..64i+63 (the repacked gemm's steps).
+/// `quarters[i]` the weight products of elements 64i..64i+63 (the repacked gemm's steps; zero
+/// for a type llama.cpp does not repack on x86, `KQuant::REPACKED_ON_AVX2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sums {
     pub(crate) lanes: [i32; 8],

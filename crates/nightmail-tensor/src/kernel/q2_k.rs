@@ -66,13 +66,7 @@ impl super::k_quant::KQuant for Q2K {
     /// The weight lanes; the 8 min lanes folded in pairs (only their total serves NEON's order).
     fn sums_scalar(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> super::k_quant::Sums {
         let (lanes, mins) = block_lanes_scalar(b, x, bs);
-        let mut quarters = [0i32; 4];
-        for e in 0..QK_K {
-            let (n, j, l) = (e / 128, (e % 128) / 32, e % 32);
-            let q = ((b[16 + 32 * n + l] >> (2 * j)) & 3) as i32;
-            quarters[e / 64] += (b[e / 16] & 0xf) as i32 * q * x.qs[e] as i32;
-        }
-        super::k_quant::Sums { lanes, mins: std::array::from_fn(|i| mins[2 * i] + mins[2 * i + 1]), quarters }
+        super::k_quant::Sums { lanes, mins: std::array::from_fn(|i| mins[2 * i] + mins[2 * i + 1]), quarters: [0; 4] }
     }
 
     /// Each 16's 2-bit weights against its activations (`sdot`, or `smull` and pairwise adds),

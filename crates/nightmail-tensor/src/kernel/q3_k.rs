@@ -54,13 +54,11 @@ impl KQuant for Q3K {
     }
 
     fn sums_scalar(b: &[u8], x: &Q8K, _bs: &[i32; 16]) -> Sums {
-        let (mut lanes, mut quarters) = ([0i32; 8], [0i32; 4]);
+        let mut lanes = [0i32; 8];
         for e in 0..QK_K {
-            let p = scale(b, e / 16) * weight(b, e) * x.qs[e] as i32;
-            lanes[(e % 32) / 4] += p;
-            quarters[e / 64] += p;
+            lanes[(e % 32) / 4] += scale(b, e / 16) * weight(b, e) * x.qs[e] as i32;
         }
-        Sums { lanes, mins: [0; 4], quarters }
+        Sums { lanes, mins: [0; 4], quarters: [0; 4] }
     }
 
     /// `maddubs` of the low bits and of 4 where the high bit is clear, subtracted, then `madd`
@@ -74,7 +72,6 @@ impl KQuant for Q3K {
         // SAFETY: the 32 hmask bytes at 0 (asserted).
         let hbits = unsafe { _mm256_loadu_si256(b.as_ptr().cast()) };
         let mut sum = _mm256_setzero_si256();
-        let mut quarter = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
             // SAFETY: 32 of the 64 weight bytes at 32 (asserted).
             let bits = unsafe { _mm256_loadu_si256(b.as_ptr().add(QS + 32 * n).cast()) };
@@ -87,15 +84,13 @@ impl KQuant for Q3K {
                 let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(low, x8), _mm256_maddubs_epi16(four, x8));
                 let s = 8 * n + 2 * j;
                 let sc = _mm256_set_m128i(_mm_set1_epi16(scale(b, s + 1) as i16), _mm_set1_epi16(scale(b, s) as i16));
-                let p = _mm256_madd_epi16(p16, sc);
-                sum = _mm256_add_epi32(sum, p);
-                quarter[2 * n + j / 2] = _mm256_add_epi32(quarter[2 * n + j / 2], p);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, sc));
             }
         }
         let mut lanes = [0i32; 8];
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
-        Sums { lanes, mins: [0; 4], quarters: quarter.map(|q| super::q8_k::hsum_epi32(q)) }
+        Sums { lanes, mins: [0; 4], quarters: [0; 4] }
     }
 
     /// Each 16's weights against its activations (`sdot`, or `smull` and pairwise adds), times

@@ -56,13 +56,11 @@ impl KQuant for Q5K {
     }
 
     fn sums_scalar(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> Sums {
-        let (mut lanes, mut quarters) = ([0i32; 8], [0i32; 4]);
+        let mut lanes = [0i32; 8];
         for e in 0..QK_K {
-            let p = scale_min(b, e / 32).0 * code(b, e) * x.qs[e] as i32;
-            lanes[(e % 32) / 4] += p;
-            quarters[e / 64] += p;
+            lanes[(e % 32) / 4] += scale_min(b, e / 32).0 * code(b, e) * x.qs[e] as i32;
         }
-        Sums { lanes, mins: min_lanes(b, bs), quarters }
+        Sums { lanes, mins: min_lanes(b, bs), quarters: [0; 4] }
     }
 
     /// `maddubs` of the 5-bit codes and the activations (2·31·127 < 2^15: no saturation), `madd`
@@ -76,8 +74,7 @@ impl KQuant for Q5K {
         // SAFETY: the 32 high-bit bytes at 16 (asserted).
         let hbits = unsafe { _mm256_loadu_si256(b.as_ptr().add(QH).cast()) };
         let mut sum = _mm256_setzero_si256();
-        let mut quarters = [0i32; 4];
-        for (j, quarter) in quarters.iter_mut().enumerate() {
+        for j in 0..4 {
             // SAFETY: 32 of the 128 nibble bytes at 48 (asserted) and 64 of the 256 activations.
             let (bits, xl, xh) = unsafe {
                 (
@@ -99,12 +96,11 @@ impl KQuant for Q5K {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), sh),
             );
             sum = _mm256_add_epi32(sum, p);
-            *quarter = super::q8_k::hsum_epi32(p);
         }
         let mut lanes = [0i32; 8];
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
-        Sums { lanes, mins: min_lanes(b, bs), quarters }
+        Sums { lanes, mins: min_lanes(b, bs), quarters: [0; 4] }
     }
 
     /// Each 16's codes against its activations (`sdot`, or `smull` and pairwise adds), times its

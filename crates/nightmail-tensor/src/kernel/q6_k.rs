@@ -56,15 +56,11 @@ impl KQuant for Q6K {
     }
 
     fn sums_scalar(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> Sums {
-        let bias = bias_lanes(b, bs);
-        let mut lanes = bias.map(|v| -v);
-        let mut quarters: [i32; 4] = std::array::from_fn(|i| -(bias[2 * i] + bias[2 * i + 1]));
+        let mut lanes = bias_lanes(b, bs).map(|v| -v);
         for e in 0..QK_K {
-            let p = scale(b, e / 16) * code(b, e) * x.qs[e] as i32;
-            lanes[(e % 32) / 4] += p;
-            quarters[e / 64] += p;
+            lanes[(e % 32) / 4] += scale(b, e / 16) * code(b, e) * x.qs[e] as i32;
         }
-        Sums { lanes, mins: [0; 4], quarters }
+        Sums { lanes, mins: [0; 4], quarters: [0; 4] }
     }
 
     /// `maddubs` of the codes (≤ 63) and the activations (|x| ≤ 127: no i16 saturation), `madd`
@@ -76,7 +72,6 @@ impl KQuant for Q6K {
         assert!(b.len() >= BLOCK_BYTES);
         let (m3, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(15));
         let mut sum = _mm256_setzero_si256();
-        let mut quarter = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
             // SAFETY: 32-byte loads within the block's ql (0..128) and qh (128..192), asserted above.
             let (l0, l1, h) = unsafe {
@@ -95,20 +90,16 @@ impl KQuant for Q6K {
                 let x8 = unsafe { _mm256_loadu_si256(x.qs.as_ptr().add(128 * n + 32 * j).cast()) };
                 let s = 8 * n + 2 * j;
                 let sc = _mm256_set_m128i(_mm_set1_epi16(scale(b, s + 1) as i16), _mm_set1_epi16(scale(b, s) as i16));
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x8), sc);
-                sum = _mm256_add_epi32(sum, p);
-                quarter[2 * n + j / 2] = _mm256_add_epi32(quarter[2 * n + j / 2], p);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x8), sc));
             }
         }
         let mut lanes = [0i32; 8];
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
-        let bias = bias_lanes(b, bs);
-        for (l, bias) in lanes.iter_mut().zip(bias) {
+        for (l, bias) in lanes.iter_mut().zip(bias_lanes(b, bs)) {
             *l -= bias;
         }
-        let quarters = std::array::from_fn(|i| super::q8_k::hsum_epi32(quarter[i]) - bias[2 * i] - bias[2 * i + 1]);
-        Sums { lanes, mins: [0; 4], quarters }
+        Sums { lanes, mins: [0; 4], quarters: [0; 4] }
     }
 
     /// Each 16's codes against its activations (`sdot`, or `smull` and pairwise adds), times its
