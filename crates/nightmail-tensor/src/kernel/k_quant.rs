@@ -1,9 +1,10 @@
-//! The K-quants with a kernel of their own (`q3_k.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`): one super-block of 256
-//! weights against one token's Q8_K block reduces to exact integer sums, so a product's bits
+//! The K-quants' kernels (`q3_k.rs` .. `q6_k.rs`; Q2_K's NEON path, `q2_k.rs`): one super-block
+//! of 256 weights against one token's Q8_K block reduces to exact integer sums, so a product's bits
 //! depend only on the float operations that combine them, and those are llama.cpp's, per build:
 //! - x86, fewer than 8 tokens: quants.c's AVX2 `ggml_vec_dot_q*_K_q8_K`: 8 f32 lanes, each
 //!   super-block's i32 lane k (elements 4k..4k+3 of every 32) fma'd by d_x·d_w, a minimum's 4
-//!   lanes fma'd by −d_x·dmin_w beside them; `hsum_float_8`, plus the minimums' sum.
+//!   lanes fma'd by −d_x·dmin_w beside them (Q5_K: one scalar chain); `hsum_float_8`, plus the
+//!   minimums' sum.
 //! - x86, from 8 tokens: ggml-cpu/tiled's mat-mul (`tiled_run_micro_vnni_8x16`, and the AVX2
 //!   micro-tile in the same order): per super-block `fma(−dmin_w, imin, isum·d_w)`, times d_x
 //!   fma'd into one chain.
@@ -18,7 +19,10 @@
 //!   `quantize_row_q8_K`'s blocks but for the sign of a block whose largest magnitude comes at
 //!   both signs: it takes the positive one, ggml's reference the first.)
 //! - aarch64, any batch: arch/arm/quants.c's NEON `ggml_vec_dot_q*_K_q8_K`: per super-block
-//!   `sum −= d_x·dmin_w · imin`, `sum += d_x·d_w · isum`, each one fused multiply-add.
+//!   `sum −= d_x·dmin_w · imin`, `sum += d_x·d_w · isum`, each one fused multiply-add (Q5_K:
+//!   `sum += fma(d, isum, −dmin·imin)`). On a dotprod or i8mm CPU llama.cpp repacks Q4_K, Q5_K
+//!   and Q6_K matrices whose height is a multiple of 8 (`q4_K_8x4_q8_K`, ...): that order is
+//!   not followed here.
 
 use candle_core::Tensor;
 use candle_core::quantized::GgmlDType;
