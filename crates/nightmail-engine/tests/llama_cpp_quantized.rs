@@ -94,3 +94,48 @@ greedy_tests! {
     iq2_xs_smollm2_greedy_tokens_equal_llama_cpps: "IQ2_XS", "--pure", "--others", "Q8_0", "--imatrix";
     q2_k_smollm2_greedy_tokens_equal_llama_cpps: "Q2_K", "--pure", "--others", "Q8_0";
 }
+
+// Files whose `ffn_down`s are Q3_K, Q4_K, Q5_K or Q6_K and whose other matrices are Q8_0:
+// `k_quant.rs` in llama.cpp's orders.
+greedy_tests! {
+    q3_k_smollm2_greedy_tokens_equal_llama_cpps: "Q3_K_S", "--pure", "--others", "Q8_0";
+    q4_k_smollm2_greedy_tokens_equal_llama_cpps: "Q4_K_S", "--pure", "--others", "Q8_0";
+    q5_k_smollm2_greedy_tokens_equal_llama_cpps: "Q5_K_S", "--pure", "--others", "Q8_0";
+    q6_k_smollm2_greedy_tokens_equal_llama_cpps: "Q6_K", "--pure", "--others", "Q8_0";
+}
+
+/// llama.cpp's logits after `tokens` (tests/fixtures/llama_cpp_logits.py, one batch): the last row.
+fn llama_cpp_last_logits(model: &Path, tokens: &[u32]) -> Vec<f32> {
+    let request = serde_json::json!({ "model": model, "tokens": tokens });
+    let v = common::python_json(&script("llama_cpp_logits.py"), &request, &format!("llama.cpp on {}", model.display()));
+    let rows: Vec<Vec<f32>> = serde_json::from_value(v["logits"].clone()).unwrap();
+    rows.last().unwrap().clone()
+}
+
+/// The largest |Δlogit| between nightmail and llama.cpp on a question's prompt, computed as one
+/// batch of 5 tokens (llama.cpp's vec_dot order) and of the whole prompt (its tiled mat-mul).
+fn logit_gaps(ftype: &str) -> [f32; 2] {
+    let dir = tempfile::tempdir().unwrap();
+    let path = quantize(dir.path(), ftype, &["--pure", "--others", "Q8_0"]);
+    let model = Model::load(&path).unwrap();
+    let prompt = model.prompt_tokens(&Prompt::Chat(vec![ChatMessage::new("user", QUESTIONS[1])].into())).unwrap();
+    assert!(prompt.len() >= 8, "{} tokens", prompt.len());
+    [&prompt[..5], &prompt[..]].map(|tokens| {
+        let want = llama_cpp_last_logits(&path, tokens);
+        let got = model.logits(tokens, &mut model.new_cache()).unwrap();
+        let gap = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        println!("{ftype}: {} tokens, max |dlogit| vs llama.cpp {gap:.3e}", tokens.len());
+        gap
+    })
+}
+
+/// Every other part of these files already computes as llama.cpp does, so the K-quant kernels'
+/// orders (`k_quant.rs`: the vec_dot, the tiled mat-mul, Q4_K's repacked gemv and gemm) leave
+/// no gap at all; candle's kernels left up to 1.5.
+#[test]
+fn k_quant_smollm2_logits_are_llama_cpps_exactly() {
+    let gaps = ["Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K"].map(|ftype| (ftype, logit_gaps(ftype)));
+    for (ftype, gaps) in gaps {
+        assert_eq!(gaps, [0.0; 2], "{ftype}: the largest |dlogit| after 5 tokens and after the whole prompt");
+    }
+}

@@ -81,7 +81,15 @@ impl Linear {
             (WeightDType::Ggml(GgmlDType::Q2K), &[rows, cols]) if crate::kernel::q2_k::has_kernel(cols) => {
                 // Q2_K in llama.cpp's orders (`q2_k.rs`).
                 let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
-                Weight::LowBit(Box::new(crate::kernel::q2_k::Q2KMatrix::new(bytes, rows, cols)))
+                Weight::LowBit(crate::kernel::q2_k::q2_k_matrix(bytes, rows, cols))
+            }
+            (
+                WeightDType::Ggml(t @ (GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)),
+                &[rows, cols],
+            ) if crate::kernel::k_quant::has_kernel(cols) => {
+                // The K-quants in llama.cpp's orders (`k_quant.rs`).
+                let bytes = bytes.unwrap_or_else(|| WeightBytes::from(weight.bytes));
+                Weight::LowBit(crate::kernel::k_quant::k_quant_matrix(t, bytes, rows, cols).expect("a K-quant"))
             }
             (WeightDType::Ggml(GgmlDType::Q4_1), &[rows, cols]) if cols % 32 == 0 => {
                 Weight::Q4_1(Box::new(crate::kernel::q4_1::Q4_1Matrix::from_ggml(weight.bytes, rows, cols)))
@@ -202,8 +210,13 @@ pub fn matvec_path(dtype: WeightDType) -> MatVecPath {
             neon || crate::kernel::matvec::has_avx2_f16c()
         }
         WeightDType::Ggml(GgmlDType::Q8_0) => neon || crate::kernel::cpu::has_avx2(),
-        // Q2_K in llama.cpp's AVX2 orders (`q2_k.rs`); without AVX2, candle's kernel.
+        // Q2_K in llama.cpp's AVX2 orders or its NEON one (`q2_k.rs`); on x86 without AVX2, candle's kernel.
         WeightDType::Ggml(GgmlDType::Q2K) => crate::kernel::q2_k::has_kernel(QK_K_COLS),
+        // Q3_K to Q6_K in llama.cpp's orders (`k_quant.rs`): AVX2 on x86, every aarch64 CPU.
+        // Q5_0 and Q5_1 stay with candle.
+        WeightDType::Ggml(GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K) => {
+            crate::kernel::k_quant::has_kernel(QK_K_COLS)
+        }
         // Neither are llama.cpp's i-quants and ternary types: their own kernels where they have
         // one (scalar without AVX2 or on aarch64), else an f32 product of their dequantized weights.
         WeightDType::Mxfp4 | WeightDType::LowBit(_) => return MatVecPath::Native,

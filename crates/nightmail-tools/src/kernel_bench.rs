@@ -72,8 +72,8 @@ pub struct KernelBenchReport {
     pub by_type_to_q4_0_gbps: Vec<f64>,
 }
 
-/// The weight types whose kernels `by_type` times, Q4_0 first, then the K-quants (Q2_K's own
-/// kernel, candle's for the others), the i-quants with kernels and the float types (F32: candle's
+/// The weight types whose kernels `by_type` times, Q4_0 first, then the K-quants (our own
+/// kernels, `q2_k.rs` and `k_quant.rs`), the i-quants with kernels and the float types (F32: candle's
 /// f32 product, which BF16 weights took before their own kernel).
 fn timed_types() -> Vec<WeightDType> {
     let mut types = vec![WeightDType::Ggml(GgmlDType::Q4_0)];

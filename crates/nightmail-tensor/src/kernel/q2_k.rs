@@ -4,7 +4,8 @@
 //! `−d_x·dmin_w ·` its min lanes, then `d_x·d_w ·` its weight lanes, by fma; `hsum_float_8`);
 //! from 8 tokens ggml-cpu/tiled's mat-mul (`tiled_run_micro_vnni_8x16`: per super-block
 //! `fma(−dmin_w, imin, isum·d_w)`, times d_x, fma'd into one chain). The integer sums are
-//! exact, so only these float orders matter.
+//! exact, so only these float orders matter. On aarch64 [`Q2K`] takes ggml's NEON order through
+//! `k_quant.rs`, as the other K-quants do.
 
 use candle_core::Tensor;
 
@@ -17,11 +18,80 @@ use crate::error::Result;
 /// 2-bit weights, f16 d, f16 dmin.
 pub(crate) const BLOCK_BYTES: usize = 84;
 
-/// Whether [`Q2KMatrix`] is llama.cpp's order on this CPU: its AVX2 `ggml_vec_dot_q2_K_q8_K`.
-/// (On an AVX-512 CPU repack.cpp may repack a Q2_K matrix into `block_q2_Kx8` tiles; the
-/// llama-cpp-python build the tests use did not: its decode equals the vec_dot bit for bit.)
+/// Whether Q2_K has our kernel here: [`Q2KMatrix`] in llama.cpp's AVX2 orders on x86 (on an
+/// AVX-512 CPU repack.cpp may repack a Q2_K matrix into `block_q2_Kx8` tiles; the
+/// llama-cpp-python build the tests use did not: its decode equals the vec_dot bit for bit), and
+/// on every aarch64 CPU [`Q2K`] in ggml's NEON `ggml_vec_dot_q2_K_q8_K` order (`k_quant.rs`).
 pub fn has_kernel(cols: usize) -> bool {
-    cols.is_multiple_of(QK_K) && super::cpu::has_avx2()
+    cols.is_multiple_of(QK_K) && (cfg!(target_arch = "aarch64") || super::cpu::has_avx2())
+}
+
+/// The Q2_K matrix of this CPU's kernel (the caller checked [`has_kernel`]).
+pub fn q2_k_matrix(bytes: crate::bytes::WeightBytes, rows: usize, cols: usize) -> Box<dyn super::q8_k::LowBitMatrix> {
+    #[cfg(target_arch = "aarch64")]
+    return Box::new(super::k_quant::KQuantMatrix::<Q2K>::new(bytes, rows, cols));
+    #[cfg(not(target_arch = "aarch64"))]
+    Box::new(Q2KMatrix::new(bytes, rows, cols))
+}
+
+/// Q2_K as a [`super::k_quant::KQuant`], for the NEON order only: its x86 orders keep the
+/// minimums in the weights' lanes, which [`Q2KMatrix`] computes, so the type exists on aarch64 alone.
+#[cfg(target_arch = "aarch64")]
+#[derive(Default, Clone, Copy)]
+pub struct Q2K;
+
+#[cfg(target_arch = "aarch64")]
+impl super::k_quant::KQuant for Q2K {
+    const DTYPE: candle_core::quantized::GgmlDType = candle_core::quantized::GgmlDType::Q2K;
+    const BYTES: usize = BLOCK_BYTES;
+    const REPACKED_ON_AVX2: bool = false;
+    const HAS_MIN: bool = true;
+
+    fn d(block: &[u8]) -> (f32, f32) {
+        (half(block, 80), half(block, 82))
+    }
+
+    fn dequantize(b: &[u8], out: &mut [f32]) {
+        // d·scale and dmin·min first, then dl·q − ml unfused (ggml-quants.c `dequantize_row_q2_K`).
+        let (d, dmin) = Self::d(b);
+        for (e, y) in out[..QK_K].iter_mut().enumerate() {
+            let (n, j, l) = (e / 128, (e % 128) / 32, e % 32);
+            let q = (b[16 + 32 * n + l] >> (2 * j)) & 3;
+            let s = b[e / 16];
+            let (dl, ml) = (d * (s & 0xF) as f32, dmin * (s >> 4) as f32);
+            *y = dl * q as f32 - ml;
+        }
+    }
+
+    /// The weight lanes; the 8 min lanes folded in pairs (only their total serves NEON's order).
+    fn sums_scalar(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> super::k_quant::Sums {
+        let (lanes, mins) = block_lanes_scalar(b, x, bs);
+        super::k_quant::Sums { lanes, mins: std::array::from_fn(|i| mins[2 * i] + mins[2 * i + 1]), quarters: [0; 4] }
+    }
+
+    /// Each 16's 2-bit weights against its activations (`sdot`, or `smull` and pairwise adds),
+    /// times its scale, in 4 i32 lanes; the minimums against the bsums.
+    #[inline(always)]
+    unsafe fn totals_neon<const SDOT: bool>(b: &[u8], x: &Q8K, bs: &[i32; 16]) -> (i32, i32) {
+        use std::arch::aarch64::*;
+        assert!(b.len() >= BLOCK_BYTES);
+        // SAFETY: 16-byte loads within the block (asserted) and the 256 activations; base NEON;
+        // `quad_sums` gets the caller's promise about dotprod.
+        unsafe {
+            let m3 = vdupq_n_u8(3);
+            let mut acc = vdupq_n_s32(0);
+            for g in 0..16 {
+                // 16s g: 128-group n, 32-group j (the bit pair), half h of the 32.
+                let (n, j, h) = (g / 8, (g % 8) / 2, g % 2);
+                let bits = vld1q_u8(b.as_ptr().add(16 + 32 * n + 16 * h));
+                let w = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(bits, vdupq_n_s8(-2 * j as i8)), m3));
+                let p = super::arm::quad_sums::<SDOT>(w, vld1q_s8(x.qs.as_ptr().add(16 * g)));
+                acc = vmlaq_n_s32(acc, p, (b[g] & 0xF) as i32);
+            }
+            let imin: i32 = (0..16).map(|g| (b[g] >> 4) as i32 * bs[g]).sum();
+            (vaddvq_s32(acc), imin)
+        }
+    }
 }
 
 /// A Q8_K block's sums of 16 (ggml `block_q8_K.bsums`), which meet the weights' minimums.
@@ -114,7 +184,8 @@ fn dot_tiled(row: &[u8], x: &[Q8K], bs: &[[i32; 16]], avx2: bool) -> f32 {
     acc
 }
 
-/// A Q2_K matrix over its file's bytes.
+/// A Q2_K matrix over its file's bytes, in the x86 orders.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64: its tests' reference
 pub struct Q2KMatrix {
     rows: usize,
     cols: usize,
@@ -167,6 +238,30 @@ impl super::q8_k::LowBitMatrix for Q2KMatrix {
 mod tests {
     use super::*;
     use crate::kernel::q8_k::LowBitMatrix;
+
+    #[cfg(target_arch = "aarch64")]
+    fn fix(b: &mut [u8]) {
+        super::super::k_quant::tests::finite_half(b, 80, 0.002);
+        super::super::k_quant::tests::finite_half(b, 82, 0.001);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn q2_k_neon_paths_equal_scalar_and_the_dequantized_product() {
+        super::super::k_quant::tests::check_kernel::<Q2K>(fix);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn q2_k_dequantizes_as_gguf_py_does() {
+        super::super::k_quant::tests::dequantizes_as_gguf_py::<Q2K>("Q2_K");
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn q2_k_dequantizes_as_candle_does() {
+        super::super::k_quant::tests::dequantizes_as_candle::<Q2K>(fix);
+    }
 
     #[test]
     fn q2_k_avx2_equals_scalar_and_both_orders_the_dequantized_product() {

@@ -197,6 +197,16 @@ pub(crate) fn dot_tiled<T: SuperBlock>(row: &[u8], x: &[Q8K]) -> f32 {
     acc
 }
 
+/// The sum of an AVX2 vector's 8 i32 lanes (exact: any order).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum_epi32(v: std::arch::x86_64::__m256i) -> i32 {
+    use std::arch::x86_64::*;
+    let s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)))
+}
+
 /// `row` against `N` tokens, each block decoded once, part by part into registers
 /// ([`SuperBlock::part_avx2`]) that every token's activations meet: each token's sum is the one
 /// [`dot_scalar`] computes, in AVX2 lanes (or [`dot_tiled`]'s chain).
