@@ -157,16 +157,15 @@ impl GgufFile {
         let Some(base) = weight.strip_suffix(".weight") else { return Ok(None) };
         let name = format!("{base}.scale");
         let Some(v) = self.tensor(&name)? else { return Ok(None) };
-        let values: Vec<f32> = match v.dtype {
-            WeightDType::F32 => v.bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
-            _ => Vec::new(),
-        };
+        // Only the value asked for is decoded: a bank's slices each ask for one.
+        let count = if v.dtype == WeightDType::F32 { v.bytes.len() / 4 } else { 0 };
+        let value = |i: usize| f32::from_le_bytes(v.bytes[4 * i..4 * i + 4].try_into().unwrap());
         let want = expert.map_or(1, |(_, experts)| experts);
         // A stacked bank's own view: its experts' scales come with their slices.
         let bank = self.tensors.get(weight).filter(|t| t.shape.len() == 3).map(|t| t.shape[0]);
-        match (values.len(), expert) {
-            (1, _) => Ok(Some(values[0])),
-            (n, Some((e, _))) if n == want => Ok(Some(values[e])),
+        match (count, expert) {
+            (1, _) => Ok(Some(value(0))),
+            (n, Some((e, _))) if n == want => Ok(Some(value(e))),
             (n, None) if Some(n) == bank => Ok(None),
             _ => Err(FormatError::BadGguf {
                 path: self.path.clone(),

@@ -223,6 +223,18 @@ pub(crate) fn store_pair(out: &mut [&mut [f32]; 2], t: usize, lanes: float32x4_t
     }
 }
 
+/// Writes a chunk of `n` tokens' results for two rows: each pair of tokens' [`pair_dots`]
+/// lanes, then, for an odd `n`, the last token's two values.
+pub(crate) fn store_pairs(out: &mut [&mut [f32]; 2], pairs: &[float32x4_t], last: [f32; 2], n: usize) {
+    for (p, sum) in pairs.iter().enumerate().take(n / 2) {
+        store_pair(out, 2 * p, *sum);
+    }
+    if n % 2 == 1 {
+        out[0][n - 1] = last[0];
+        out[1][n - 1] = last[1];
+    }
+}
+
 /// [`store_pair`]'s inverse: `out[0][t..t + 2]` and `out[1][t..t + 2]` as [`pair_dots`]' lanes.
 #[inline(always)]
 pub(crate) fn load_pair(out: &[&mut [f32]; 2], t: usize) -> float32x4_t {

@@ -204,7 +204,7 @@ unsafe fn pair_token_dots_i8mm(
     xs: &TokenBlocks,
     mut out: [&mut [f32]; 2],
 ) {
-    use super::arm::{block_dot, bytes, interleave, nibbles, pair_dots, row_lanes, store_pair, token_lanes};
+    use super::arm::{block_dot, bytes, interleave, nibbles, pair_dots, row_lanes, store_pairs, token_lanes};
     use std::arch::aarch64::*;
     let (n, nb) = (xs.len(), rows.0.len());
     assert!(n <= super::q8::TOKENS && out.iter().all(|o| o.len() == n));
@@ -236,13 +236,7 @@ unsafe fn pair_token_dots_i8mm(
             }
         }
     }
-    for (p, sum) in pairs.iter().enumerate().take(n / 2) {
-        store_pair(&mut out, 2 * p, *sum);
-    }
-    if n % 2 == 1 {
-        out[0][n - 1] = last[0];
-        out[1][n - 1] = last[1];
-    }
+    store_pairs(&mut out, &pairs, last, n);
 }
 
 /// Rows `r0..r0 + N` against one token's blocks, each row in `ggml_vec_dot_q4_1_q8_1`'s AVX2
