@@ -29,7 +29,7 @@ pub use nightmail_formats::ExpertId;
 pub use parts::attention::Attention;
 pub use parts::attn_res::{LayerResidual, ResidualBank, ResidualScore};
 pub use parts::delta_rule::DeltaState;
-pub use parts::expert::{Expert, ExpertStore, ResidentExperts};
+pub use parts::expert::{Expert, ExpertStore, ExpertWork, ResidentExperts, UseExpert};
 pub use parts::gated_delta_net::GatedDeltaNet;
 pub use parts::hyper::{HyperHead, HyperMix};
 pub use parts::kda::Kda;

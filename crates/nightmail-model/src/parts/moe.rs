@@ -4,12 +4,13 @@
 //! weights live is the store's business.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::parts::expert::{Expert, ExpertStore};
+use crate::parts::expert::{Expert, ExpertStore, ExpertWork};
 use crate::parts::latent_moe::LatentProjection;
 use crate::parts::router::{ExpertRoute, Router};
 use crate::source::LayerTensors;
@@ -96,38 +97,47 @@ impl MoeBlock {
                 users[i].push((t, k));
             }
         }
-        // terms[t][k]: token t's k-th expert output times its router weight.
-        let mut terms: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
-        self.experts.with_experts(&ids, &mut |i, expert| {
+        // outputs[i]: expert i's rows, in `users[i]`'s order. The experts run several at once,
+        // with no more rows in flight than the pass has tokens: the pass's activation room
+        // counts one expert's row for each of its tokens (`nightmail_engine::prefill`).
+        let outputs: Vec<OnceLock<Vec<f32>>> = ids.iter().map(|_| OnceLock::new()).collect();
+        let rows = users.iter().map(Vec::len).collect();
+        let work = ExpertWork { ids: &ids, rows, limit: tokens.max(rayon::current_num_threads()) };
+        self.experts.with_experts(&work, &|i, expert| {
             let rows: Vec<u32> = users[i].iter().map(|&(t, _)| t as u32).collect();
             let y = if rows.len() == tokens && rows.iter().enumerate().all(|(j, &t)| j == t as usize) {
                 expert.forward(x, self.numerics)?
             } else {
-                expert.forward(
-                    &x.index_select(&Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?, 0)?,
-                    self.numerics,
-                )?
+                let picked = x.index_select(&Tensor::from_vec(rows, users[i].len(), &Device::Cpu)?, 0)?;
+                expert.forward(&picked, self.numerics)?
             };
-            for (&(t, k), row) in users[i].iter().zip(y.to_vec2::<f32>()?) {
-                let w = routes[t].experts[k].1;
-                terms[t][k] = Some(row.into_iter().map(|v| v * w).collect());
-            }
+            outputs[i].set(y.flatten_all()?.to_vec1::<f32>()?).expect("each expert is delivered once");
             Ok(())
         })?;
-        // Each token's terms are summed in its route order, whatever order the store delivered
-        // the experts in and whatever else is in the batch: streaming gives bit-identical results
-        // to the resident path, and a sequence decoded in a batch the results it gets alone.
-        let mut out = vec![0f32; tokens * hidden];
-        for (t, token_terms) in terms.into_iter().enumerate() {
-            let acc = &mut out[t * hidden..(t + 1) * hidden];
-            for (k, term) in token_terms.into_iter().flatten().enumerate() {
-                if k == 0 {
-                    acc.copy_from_slice(&term);
-                } else {
-                    acc.iter_mut().zip(&term).for_each(|(a, v)| *a += v);
-                }
+        // Where token t's k-th expert output lies: (expert, row of its output).
+        let mut at: Vec<Vec<(usize, usize)>> = routes.iter().map(|r| vec![(0, 0); r.experts.len()]).collect();
+        for (i, users) in users.iter().enumerate() {
+            for (j, &(t, k)) in users.iter().enumerate() {
+                at[t][k] = (i, j);
             }
         }
+        let outputs: Vec<Vec<f32>> = outputs.into_iter().map(|o| o.into_inner().expect("every expert ran")).collect();
+        // Each token's terms (output times router weight) are summed in its route order,
+        // whatever order the store delivered the experts in and whatever else is in the batch:
+        // streaming gives bit-identical results to the resident path, and a sequence decoded in
+        // a batch the results it gets alone.
+        let mut out = vec![0f32; tokens * hidden];
+        out.par_chunks_mut(hidden).enumerate().for_each(|(t, acc)| {
+            for (k, &(i, j)) in at[t].iter().enumerate() {
+                let w = routes[t].experts[k].1;
+                let row = &outputs[i][j * hidden..(j + 1) * hidden];
+                if k == 0 {
+                    acc.iter_mut().zip(row).for_each(|(a, v)| *a = v * w);
+                } else {
+                    acc.iter_mut().zip(row).for_each(|(a, v)| *a += v * w);
+                }
+            }
+        });
         let mut out = Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?;
         if let Some(latent) = &self.latent {
             out = latent.up(&out)?;

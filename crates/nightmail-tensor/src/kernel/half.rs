@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 use half::{bf16, f16};
 
-use super::matvec::{activations, has_avx2_f16c, rows_by_tokens};
+use super::matvec::{activations, has_avx2_f16c, row_groups_by_tokens};
 use crate::bytes::WeightBytes;
 use crate::error::Result;
 
@@ -98,28 +98,42 @@ impl<H: HalfFloat> HalfMatrix<H> {
         // aarch64's widenings (`fcvtl`, `shll`) are base ARMv8: every aarch64 CPU takes the vector path.
         let fast = has_avx2_f16c() || cfg!(target_arch = "aarch64");
         let w = self.halves();
-        rows_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, |r, out| {
-            let row = &w[r * self.cols..(r + 1) * self.cols];
+        // A panel of rows at a time, each few tokens against the whole panel: the panel stays
+        // in the core's cache while the tokens' activations stream past it once, where a row at
+        // a time against every token of a wide pass read all the activations again per row.
+        let panel = (PANEL_BYTES / (2 * self.cols).max(1)).clamp(1, 64);
+        row_groups_by_tokens(self.rows, tokens, self.rows * self.cols * tokens, panel, |r0, out| {
+            let rows = out.len() / tokens;
+            let row = |i: usize| &w[(r0 + i) * self.cols..(r0 + i + 1) * self.cols];
             let x = |t: usize| &xs[t * self.cols..(t + 1) * self.cols];
             if !fast {
-                out.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(row, x(t)));
+                for (i, ys) in out.chunks_exact_mut(tokens).enumerate() {
+                    ys.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(row(i), x(t)));
+                }
                 return;
             }
-            // The row is widened once for up to TOKENS tokens (a verify pass's or a batch's rows).
+            // Each row is widened once for up to TOKENS tokens.
             let mut t = 0;
-            while t < out.len() {
-                let n = (out.len() - t).min(TOKENS);
-                // SAFETY: AVX2, FMA and F16C were detected at run time.
-                match n {
-                    1 => out[t] = unsafe { dots::<H, 1>(row, [x(t)]) }[0],
-                    2 => out[t..t + 2].copy_from_slice(&unsafe { dots::<H, 2>(row, [x(t), x(t + 1)]) }),
-                    _ => out[t..t + 3].copy_from_slice(&unsafe { dots::<H, 3>(row, [x(t), x(t + 1), x(t + 2)]) }),
+            while t < tokens {
+                let n = (tokens - t).min(TOKENS);
+                for i in 0..rows {
+                    let ys = &mut out[i * tokens + t..i * tokens + t + n];
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    match n {
+                        1 => ys[0] = unsafe { dots::<H, 1>(row(i), [x(t)]) }[0],
+                        2 => ys.copy_from_slice(&unsafe { dots::<H, 2>(row(i), [x(t), x(t + 1)]) }),
+                        _ => ys.copy_from_slice(&unsafe { dots::<H, 3>(row(i), [x(t), x(t + 1), x(t + 2)]) }),
+                    }
                 }
                 t += n;
             }
         })
     }
 }
+
+/// Bytes of weights in one panel of rows: well inside a core's L2 (1 MiB on Zen 4, 4 MiB or more
+/// per cluster on Apple's cores) beside the few tokens' activations.
+const PANEL_BYTES: usize = 128 << 10;
 
 /// Tokens one widening of a row serves: four accumulators each, twelve of the sixteen registers
 /// (four tokens spill, and measured no faster).

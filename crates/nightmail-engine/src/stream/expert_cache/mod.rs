@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 
 use nightmail_formats::FormatError;
 use nightmail_model::expert_index::ExpertIndex;
-use nightmail_model::{Expert, ExpertId, ExpertStore, ModelError, Result, timeline};
+use nightmail_model::{Expert, ExpertId, ExpertStore, ExpertWork, ModelError, Result, UseExpert, timeline};
 use nightmail_tensor::{reserve_pool, unreserve_pool};
 
 use super::io::ExpertFile;
@@ -192,7 +192,8 @@ impl ExpertStore for StreamingExperts {
         self.settle_guesses(layer, chosen);
     }
 
-    fn with_experts(&self, ids: &[ExpertId], use_expert: &mut dyn FnMut(usize, &Expert) -> Result<()>) -> Result<()> {
+    fn with_experts(&self, work: &ExpertWork<'_>, use_expert: &UseExpert<'_>) -> Result<()> {
+        let ids = work.ids;
         let (tx, rx) = mpsc::channel();
         let mut ready = Vec::new();
         let mut pending = 0;
@@ -265,20 +266,18 @@ impl ExpertStore for StreamingExperts {
         }
         self.shared.work.notify_all();
         let layer = ids.first().map_or(0, |id| id.layer);
-        let mut run = |i: usize, e: &Expert| {
+        let timed = |i: usize, e: &Expert| {
             let t = timeline::now();
             use_expert(i, e)?;
             timeline::record("expert_compute", layer, Some(ids[i].expert), 0, t);
             Ok::<(), ModelError>(())
         };
-        for (i, e) in ready {
-            run(i, &e)?;
-        }
-        for _ in 0..pending {
+        // The ready ones first, then each as its read completes.
+        let arriving = (0..pending).map(|_| {
             let (i, e) = rx.recv().expect("the I/O threads answer every waiter");
-            let e = e?;
-            run(i, &e)?;
-        }
+            Ok((i, e?))
+        });
+        work.run(ready.into_iter().map(Ok).chain(arriving), &timed)?;
         // The experts this step held may be evicted now.
         let mut st = self.shared.state.lock().expect("expert cache lock");
         self.shared.evict(&mut st, None);
@@ -318,7 +317,7 @@ mod tests {
 
     fn ask(s: &StreamingExperts, experts: &[usize]) {
         for &expert in experts {
-            s.with_experts(&[ExpertId { layer: 0, expert }], &mut |_, _| Ok(())).unwrap();
+            s.with_experts(&ExpertWork::one_row_each(&[ExpertId { layer: 0, expert }]), &|_, _| Ok(())).unwrap();
         }
     }
 
@@ -355,8 +354,8 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the prefetch never completed");
             std::thread::yield_now();
         }
-        s.with_experts(&[id], &mut |_, _| Ok(())).unwrap();
-        s.with_experts(&[id], &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&[id]), &|_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&[id]), &|_, _| Ok(())).unwrap();
         let st = s.stats();
         assert_eq!((st.prefetch_hits, st.hits, st.misses, st.disk_reads), (1, 1, 0, 1), "{st:?}");
         assert_eq!(st.prefetch_reads, 1);
@@ -380,9 +379,9 @@ mod tests {
         wait_for_prefetch_reads(&s, 2);
         let this: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 0, expert }).collect();
         s.routed(0, &this);
-        s.with_experts(&this, &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&this), &|_, _| Ok(())).unwrap();
         s.routed(1, &next);
-        s.with_experts(&next, &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&next), &|_, _| Ok(())).unwrap();
         let st = s.stats();
         assert_eq!((st.prefetch_hits, st.disk_reads, st.prefetch_wasted), (2, 6, 0), "{st:?}");
     }
@@ -397,7 +396,7 @@ mod tests {
         wait_for_prefetch_reads(&s, 2);
         // Settled wrong, the guesses are cached experts like any other: a new one evicts them.
         s.routed(1, &[]);
-        s.with_experts(&[ExpertId { layer: 2, expert: 0 }], &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&[ExpertId { layer: 2, expert: 0 }]), &|_, _| Ok(())).unwrap();
         let st = s.stats();
         assert_eq!((st.prefetch_reads, st.evictions, st.prefetch_wasted), (2, 1, 1), "{st:?}");
     }
@@ -406,13 +405,13 @@ mod tests {
     fn experts_arrive_each_exactly_once_even_when_the_cache_holds_one() {
         let s = store(1, CachePolicy::Lru);
         let ids: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 2, expert }).collect();
-        let mut seen = vec![0; ids.len()];
-        s.with_experts(&ids, &mut |i, _| {
-            seen[i] += 1;
+        let seen = Mutex::new(vec![0; ids.len()]);
+        s.with_experts(&ExpertWork::one_row_each(&ids), &|i, _| {
+            seen.lock().unwrap()[i] += 1;
             Ok(())
         })
         .unwrap();
-        assert_eq!(seen, vec![1; 4]);
+        assert_eq!(seen.into_inner().unwrap(), vec![1; 4]);
         assert!(s.stats().cache_used_bytes <= s.stats().cache_budget_bytes);
     }
 
@@ -424,15 +423,16 @@ mod tests {
         let s = store(1, CachePolicy::Lru);
         let ids: Vec<ExpertId> = (0..4).map(|expert| ExpertId { layer: 1, expert }).collect();
         let one = s.shared.extent(ids[0]).unwrap().buffer_bytes() as u64;
-        let mut first = true;
-        s.with_experts(&ids, &mut |_, _| {
-            if std::mem::take(&mut first) {
-                // Hold the first until the other three are read (a deadline, not a sleep).
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                while s.stats().disk_reads < 4 {
-                    assert!(std::time::Instant::now() < deadline, "the reads never completed");
-                    std::thread::yield_now();
-                }
+        let checked = std::sync::atomic::AtomicBool::new(false);
+        s.with_experts(&ExpertWork::one_row_each(&ids), &|_, _| {
+            // Each expert is held until all four are read (a deadline, not a sleep): the ones
+            // not computing yet wait in the step's hands.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while s.stats().disk_reads < 4 {
+                assert!(std::time::Instant::now() < deadline, "the reads never completed");
+                std::thread::yield_now();
+            }
+            if !checked.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 let st = s.stats();
                 assert_eq!(st.cache_used_bytes, 4 * one, "four experts alive, {st:?}");
             }
@@ -479,20 +479,20 @@ mod tests {
             let y = e.forward(&x, Numerics::Reference).unwrap();
             y.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
         };
-        let mut streamed = vec![Vec::new(); ids.len()];
-        s.with_experts(&ids, &mut |i, e| {
-            streamed[i] = out(e);
+        let streamed = Mutex::new(vec![Vec::new(); ids.len()]);
+        s.with_experts(&ExpertWork::one_row_each(&ids), &|i, e| {
+            streamed.lock().unwrap()[i] = out(e);
             Ok(())
         })
         .unwrap();
-        let mut want = vec![Vec::new(); ids.len()];
+        let want = Mutex::new(vec![Vec::new(); ids.len()]);
         resident
-            .with_experts(&ids, &mut |i, e| {
-                want[i] = out(e);
+            .with_experts(&ExpertWork::one_row_each(&ids), &|i, e| {
+                want.lock().unwrap()[i] = out(e);
                 Ok(())
             })
             .unwrap();
-        assert_eq!(streamed, want);
+        assert_eq!(streamed.into_inner().unwrap(), want.into_inner().unwrap());
         let st = s.stats();
         assert_eq!((st.disk_reads, st.misses), (8, 8), "{st:?}");
     }
@@ -511,7 +511,9 @@ mod tests {
         // Cut the file inside the expert's last run (a disk that fails past a point).
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(last + 1).unwrap();
         for _ in 0..2 {
-            let err = s.with_experts(&[id], &mut |_, _| Ok(())).expect_err("a cut run fails its expert");
+            let err = s
+                .with_experts(&ExpertWork::one_row_each(&[id]), &|_, _| Ok(()))
+                .expect_err("a cut run fails its expert");
             match err {
                 ModelError::Format(FormatError::ExpertRead { path: p, layer, expert, reason }) => {
                     assert_eq!((p, layer, expert), (path.clone(), 1, 7), "{reason}");
@@ -521,6 +523,6 @@ mod tests {
             }
             assert_eq!(s.stats().cache_used_bytes, 0, "the failed expert is not counted");
         }
-        s.with_experts(&[ExpertId { layer: 0, expert: 0 }], &mut |_, _| Ok(())).unwrap();
+        s.with_experts(&ExpertWork::one_row_each(&[ExpertId { layer: 0, expert: 0 }]), &|_, _| Ok(())).unwrap();
     }
 }
