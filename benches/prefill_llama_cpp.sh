@@ -8,14 +8,17 @@
 #
 #   benches/prefill_llama_cpp.sh [--tokens 512] [--mem-mib 320] [--budget-mb MEM-64]
 #                                [--rounds 2] [--threads 2] [--model PATH] [--repack]
-#                                [--read-mbps N]
+#                                [--read-mbps N] [--experts 256]
 #
 # --read-mbps also throttles each run's reads of the model's disk to N MB/s (a cgroup v1 blkio
-# group): a disk slower than the compute, so that the comparison is disk-bound.
+# group): a disk slower than the compute, so that the comparison is disk-bound. --tokens above
+# 2,048 is a prompt longer than llama.cpp's batch: it runs ceil(N / 2048) batches, each reading
+# the model again, where nightmail's passes are as wide as its memory allows. --experts sets the
+# written model's experts per layer (a larger bank for a larger memory limit).
 #
 # The model (written if missing: `model synth` qwen3_moe, which llama.cpp reads as qwen3moe,
-# with the demo model's tokenizer) has 8 layers of 256 Q4_0 experts (top 8) beside 24 MiB of
-# dense weights: about 550 MiB. llama.cpp runs with its weight repacking off
+# with the demo model's tokenizer) has 8 layers of 256 Q4_0 experts (top 8) beside 112 MiB of
+# dense weights: about 550 MiB (1,024 experts: about 1.8 GiB). llama.cpp runs with its weight repacking off
 # (`use_extra_bufts = false`, llama-bench's --repack 0): repacked Q4_0 experts are copied into
 # anonymous memory, which a limit below the model's size cannot evict (--repack keeps it on).
 # nightmail's budget leaves 64 MiB of the limit to its binary and heap. Needs root (drop_caches,
@@ -31,7 +34,8 @@ ROUNDS=2
 THREADS=2
 REPACK=0
 READ_MBPS=""
-MODEL=$ROOT/target/bench/prefill-llama-cpp.gguf
+EXPERTS=256
+MODEL=""
 PYTHON=${PYTHON:-$ROOT/target/test-venv/bin/python3}
 while (($#)); do
     case $1 in
@@ -43,10 +47,15 @@ while (($#)); do
         --model) MODEL=$2; shift 2 ;;
         --repack) REPACK=1; shift ;;
         --read-mbps) READ_MBPS=$2; shift 2 ;;
-        *) sed -n '2,25p' "$0" >&2; exit 2 ;;
+        --experts) EXPERTS=$2; shift 2 ;;
+        *) sed -n '2,27p' "$0" >&2; exit 2 ;;
     esac
 done
 BUDGET_MB=${BUDGET_MB:-$((MEM_MIB - 64))}
+if [[ -z $MODEL ]]; then
+    MODEL=$ROOT/target/bench/prefill-llama-cpp.gguf
+    ((EXPERTS == 256)) || MODEL=$ROOT/target/bench/prefill-llama-cpp-$EXPERTS.gguf
+fi
 [[ $(id -u) == 0 ]] || { echo "prefill_llama_cpp.sh: needs root (drop_caches, cgroups)" >&2; exit 1; }
 CG_ROOT=/sys/fs/cgroup/memory
 [[ -f $CG_ROOT/memory.limit_in_bytes ]] || { echo "prefill_llama_cpp.sh: no cgroup v1 memory controller" >&2; exit 1; }
@@ -56,7 +65,7 @@ NM=${NM:-$ROOT/target/debug/nightmail}
 if [[ ! -f $MODEL ]]; then
     mkdir -p "$(dirname "$MODEL")"
     DEMO=$(bash scripts/fetch-model.sh | tail -1)
-    "$NM" model synth --layers 8 --experts 256 --top-k 8 --hidden 512 --expert-ffn 256 --heads 4 \
+    "$NM" model synth --layers 8 --experts "$EXPERTS" --top-k 8 --hidden 512 --expert-ffn 256 --heads 4 \
         --kv-heads 2 --tokenizer-from "$DEMO" --out "$MODEL" >&2
 fi
 MODEL_MIB=$(($(stat -c %s "$MODEL") >> 20))

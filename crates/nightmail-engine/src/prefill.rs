@@ -17,8 +17,11 @@ use nightmail_model::parts::attention::QUERY_BLOCK;
 /// Activations a pass may take when the model was loaded without a budget (whole in RAM).
 const UNBUDGETED_ACTIVATION_BYTES: usize = 1 << 30;
 
-/// The widest pass: beyond it the attention scores (tokens × positions) outgrow the gain.
-pub const MAX_PREFILL_TOKENS: usize = 4096;
+/// The widest pass. Memory bounds a pass first (grouped attention scores its queries in
+/// blocks, so width costs activations, not scores); this bounds the work a killed job redoes,
+/// since a job checkpoints between passes. It is well past llama.cpp's largest useful batch
+/// (2,048), the point of the width: a prompt longer than a batch rereads a streamed model.
+pub const MAX_PREFILL_TOKENS: usize = 16384;
 
 /// Bytes one token takes in a pass beside its attention scores, all f32: the residual stream and
 /// its projections, a dense FFN's intermediate where a layer has one, and for the routed experts

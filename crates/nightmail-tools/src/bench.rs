@@ -634,9 +634,17 @@ pub fn bench_prefill(
     let chunk = chunk.unwrap_or_else(|| model.prefill_chunk(prompt.len())).max(1);
     model.reset_stats();
     let mut cache = model.new_cache();
+    if opts.timeline.is_some() {
+        timeline::start();
+    }
     let t0 = Instant::now();
+    let pass = timeline::now();
     model.prefill(&prompt, &mut cache, chunk)?;
+    timeline::record_step(chunk, pass);
     let prefill_s = t0.elapsed().as_secs_f64();
+    if let Some(path) = &opts.timeline {
+        write_timeline(path, &timeline::stop())?;
+    }
     let (stats, dense) = stream_stats(&model);
     let rss = rss();
     let expert_bank: u64 = {

@@ -22,6 +22,9 @@ use nightmail_tensor::{Numerics, TensorView};
 /// Query rows whose scores over every key one attention product holds at once (the f32 path).
 pub const QUERY_BLOCK: usize = 64;
 
+/// Query rows of one part of a block, the parts computed side by side.
+const QUERY_PART: usize = 16;
+
 pub struct Attention {
     pub(crate) q: Linear,
     pub(crate) k: Linear,
@@ -100,14 +103,15 @@ impl Attention {
         let rep = self.heads / self.kv_heads;
         let q = q.squeeze(0)?.reshape((self.kv_heads, rep, t, d))?;
         let (k, v) = (k.squeeze(0)?, v.squeeze(0)?.contiguous()?);
-        // Queries in blocks of QUERY_BLOCK: the scores (and their masked and softmaxed copies)
-        // are then `heads x block x keys`, not `heads x tokens x keys` (a wide prefill pass at a
-        // long context would hold gigabytes). Each query row's result is computed alone anyway,
-        // and a block scores only the keys its last row may see: the later ones' weights are
+        // Queries in blocks of QUERY_BLOCK rows: the scores (and their masked and softmaxed
+        // copies) are then `heads x rows x keys`, not `heads x tokens x keys` (a wide prefill
+        // pass at a long context would hold gigabytes). A block is cut in parts of QUERY_PART
+        // rows computed side by side (the block's rows, no more, are alive at once), the same
+        // parts whatever the thread count. Each query row's result is computed alone anyway,
+        // and a part scores only the keys its last row may see: the later ones' weights are
         // exactly 0 after the causal mask's softmax.
-        let mut blocks = Vec::with_capacity(t.div_ceil(QUERY_BLOCK));
-        for from in (0..t).step_by(QUERY_BLOCK) {
-            let b = QUERY_BLOCK.min(t - from);
+        let part = |from: usize| -> Result<Tensor> {
+            let b = QUERY_PART.min(t - from);
             let s = (start + from + b).min(s);
             let (kt, v) = (k.narrow(1, 0, s)?.contiguous()?.t()?, v.narrow(1, 0, s)?.contiguous()?);
             let qb = q.narrow(2, from, b)?.contiguous()?.reshape((self.kv_heads, rep * b, d))?;
@@ -130,7 +134,15 @@ impl Attention {
                     p.narrow(2, 0, s)?.contiguous()?
                 }
             };
-            blocks.push(p.matmul(&v)?.reshape((self.heads, b, d))?);
+            Ok(p.matmul(&v)?.reshape((self.heads, b, d))?)
+        };
+        let starts: Vec<usize> = (0..t).step_by(QUERY_PART).collect();
+        let mut blocks = Vec::with_capacity(starts.len());
+        for block in starts.chunks(QUERY_BLOCK / QUERY_PART) {
+            match block {
+                [one] => blocks.push(part(*one)?),
+                _ => blocks.extend(block.par_iter().map(|&from| part(from)).collect::<Result<Vec<_>>>()?),
+            }
         }
         let out = if blocks.len() == 1 { blocks.pop().expect("one block") } else { Tensor::cat(&blocks, 1)? };
         Ok(out.transpose(0, 1)?.reshape((t, self.heads * d))?)

@@ -1,6 +1,7 @@
 //! The router: which experts each token goes to, and with what weight.
 
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::spec::ModelSpec;
@@ -26,7 +27,8 @@ impl Router {
     /// `x`: `[tokens, hidden]` → one route per token.
     pub fn route(&self, x: &Tensor) -> Result<Vec<ExpertRoute>> {
         let logits = self.gate.forward(x)?.to_vec2::<f32>()?;
-        Ok(logits.iter().map(|row| self.choose(row)).collect())
+        // Each token is chosen alone: a prefill pass's thousand tokens over the threads.
+        Ok(logits.par_iter().map(|row| self.choose(row)).collect())
     }
 
     /// DeepSeek-V4's hash-routed layers (transformers `DeepseekV4HashRouter`): the experts are
@@ -39,7 +41,7 @@ impl Router {
             _ => 1.0,
         };
         Ok(logits
-            .iter()
+            .par_iter()
             .zip(experts)
             .map(|(row, chosen)| {
                 let scores = sqrt_softplus(row);

@@ -46,10 +46,16 @@ pub(crate) fn row_groups_by_tokens(
     if tokens == 1 {
         return Ok(Tensor::from_vec(out_t, (1, rows), &Device::Cpu)?);
     }
+    // In 16 x 16 tiles: a wide prefill pass's column writes, one per row, missed the cache.
+    const TILE: usize = 16;
     let mut out = vec![0f32; rows * tokens];
-    for (r, ys) in out_t.chunks_exact(tokens).enumerate() {
-        for (t, &y) in ys.iter().enumerate() {
-            out[t * rows + r] = y;
+    for r0 in (0..rows).step_by(TILE) {
+        for t0 in (0..tokens).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for t in t0..(t0 + TILE).min(tokens) {
+                    out[t * rows + r] = out_t[r * tokens + t];
+                }
+            }
         }
     }
     Ok(Tensor::from_vec(out, (tokens, rows), &Device::Cpu)?)

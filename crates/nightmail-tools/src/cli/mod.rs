@@ -242,7 +242,8 @@ pub enum ModelCommand {
         /// Write the decode's timeline to this file (one JSON span per line: reads in flight,
         /// and what the step was doing; `benches/timeline.py FILE` finds where the disk idles).
         /// With --verify: every timed pass, each step span giving its rows (`timeline.py FILE
-        /// --rows K` reads the passes of K rows).
+        /// --rows K` reads the passes of K rows). With --prefill: the streamed prefill, one step
+        /// span over all its passes (`timeline.py FILE --skip 0`).
         #[arg(long)]
         timeline: Option<PathBuf>,
     },
