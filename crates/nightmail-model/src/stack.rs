@@ -268,13 +268,23 @@ impl Transformer {
         }
         let Some(layer) = self.peek(l + 1) else { return Ok(()) };
         let FeedForward::Moe(moe) = &layer.ffn else { return Ok(()) };
-        let mut ids: Vec<ExpertId> = Vec::new();
+        let experts = moe.routed_experts;
+        // Rows that choose `depth` experts each, uniformly, leave a given expert out with
+        // probability (1 - depth/E)^rows: below 1e-3 (a prefill pass's hundreds of rows), every
+        // expert is guessed without running the next layer's router.
+        let depth = self.prefetch.depth.min(moe.router.routing.top_k());
+        let all_rows: usize = rows.iter().map(|r| r.1).sum();
+        if experts > 0 && (1.0 - depth as f64 / experts as f64).powi(all_rows.min(1 << 20) as i32) < 1e-3 {
+            let ids: Vec<ExpertId> = (0..experts).map(|expert| ExpertId { layer: l + 1, expert }).collect();
+            self.experts.prefetch(&ids);
+            return Ok(());
+        }
+        let (mut ids, mut guessed) = (Vec::new(), vec![false; experts]);
         for &(first, n) in rows {
             for route in moe.router.route(&layer.ffn_norm.forward(&h.narrow(0, first, n)?)?)? {
                 for &(expert, _) in route.experts.iter().take(self.prefetch.depth) {
-                    let id = ExpertId { layer: l + 1, expert };
-                    if !ids.contains(&id) {
-                        ids.push(id);
+                    if !std::mem::replace(&mut guessed[expert], true) {
+                        ids.push(ExpertId { layer: l + 1, expert });
                     }
                 }
             }

@@ -40,6 +40,8 @@ impl SharedExpert {
 pub struct MoeBlock {
     pub(crate) layer: usize,
     pub(crate) router: Router,
+    /// Routed experts in the layer.
+    pub(crate) routed_experts: usize,
     pub(crate) experts: Arc<dyn ExpertStore>,
     pub(crate) shared: Option<SharedExpert>,
     /// Kimi K3's Stable LatentMoE: the routed experts run in this latent width.
@@ -199,6 +201,14 @@ impl MoeBlock {
             })),
             None => None,
         };
-        Ok(MoeBlock { layer: w.layer, router, experts: experts.clone(), shared, latent, numerics })
+        Ok(MoeBlock {
+            layer: w.layer,
+            router,
+            routed_experts: moe.experts,
+            experts: experts.clone(),
+            shared,
+            latent,
+            numerics,
+        })
     }
 }
