@@ -223,6 +223,17 @@ impl Model {
         Ok(rayon::scope(|_| self.net.forward_verify_groups(&mut group))?)
     }
 
+    /// One step of several sequences, each running its own tokens after what its cache holds (a
+    /// decoding sequence's one token, a prefilling one's pass), the expert cache sized for the
+    /// step as [`Model::step`] sizes it. Returns each sequence's last-token logits. For benches.
+    pub fn logits_groups(&self, groups: &mut [(&mut SequenceState, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        let rows = groups.iter().map(|(_, t)| t.len()).sum();
+        let span = groups.iter().map(|(c, t)| c.position() + t.len()).max().unwrap_or(0);
+        self.size_expert_cache(rows, span);
+        let logits = rayon::scope(|_| self.net.forward_groups(groups))?;
+        Ok(logits.to_vec2::<f32>()?)
+    }
+
     /// One decode step of several sequences: `tokens[i]` runs after what `caches[i]` holds.
     /// Returns each sequence's next-token logits (those it would get alone).
     pub fn logits_batch(&self, tokens: &[u32], caches: &mut [&mut SequenceState]) -> Result<Vec<Vec<f32>>> {

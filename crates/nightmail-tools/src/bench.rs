@@ -589,6 +589,81 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport> {
     })
 }
 
+/// [`bench_join`]'s figures: a batch decoding alone, then while a long prompt joins it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JoinReport {
+    pub batch: usize,
+    pub join_prompt_tokens: usize,
+    /// The joining prompt's passes (`Model::prefill_chunk`), each carrying the batch's decode rows.
+    pub join_passes: usize,
+    pub join_chunk: usize,
+    /// Seconds per decode step of the batch alone, before the prompt joins.
+    pub decode_s_per_step: f64,
+    /// Seconds per step while the prompt prefills: each such step is one of its passes, and the
+    /// batch decodes one token in it.
+    pub joined_s_per_step: f64,
+    /// The batch's decode tokens/s alone and while the prompt joins.
+    pub decode_tokens_per_s: f64,
+    pub joined_tokens_per_s: f64,
+    /// The joining prompt's prefill time (its passes), and the same prompt prefilled alone.
+    pub join_prefill_s: f64,
+    pub alone_prefill_s: f64,
+}
+
+/// `batch` sequences decode `opts.tokens` steps alone; then a prompt of `prompt` seeded tokens
+/// joins, prefilled in passes as wide as the budget allows, the batch's decode rows riding in
+/// each pass; then the same prompt is prefilled alone (a fresh cache) for comparison.
+pub fn bench_join(opts: &BenchOptions, batch: usize, prompt: usize) -> Result<JoinReport> {
+    let model = load_streamed(opts)?;
+    let vocab = model.spec().vocab_size as u32;
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
+    for (i, cache) in caches.iter_mut().enumerate() {
+        let p: Vec<u32> = opts.prompt_tokens.iter().map(|t| (t + 7 * i as u32) % vocab).collect();
+        model.logits(&p, cache)?;
+    }
+    let long: Vec<u32> = (0..prompt.max(1)).map(|_| rng.next() % vocab).collect();
+    let chunk = model.prefill_chunk(long.len());
+    let mut decode = |caches: &mut [nightmail_engine::SequenceState], pass: Option<(&mut _, &[u32])>| {
+        let tokens: Vec<u32> = (0..caches.len()).map(|_| rng.next() % vocab).collect();
+        let mut groups: Vec<(&mut nightmail_engine::SequenceState, &[u32])> =
+            caches.iter_mut().zip(tokens.chunks(1)).collect();
+        groups.extend(pass);
+        model.logits_groups(&mut groups).map(|_| ())
+    };
+    let steps = opts.tokens.max(1);
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        decode(&mut caches, None)?;
+    }
+    let decode_s = t0.elapsed().as_secs_f64() / steps as f64;
+    let mut joining = model.new_cache();
+    let t0 = Instant::now();
+    for pass in long.chunks(chunk) {
+        decode(&mut caches, Some((&mut joining, pass)))?;
+    }
+    let join_s = t0.elapsed().as_secs_f64();
+    let passes = long.len().div_ceil(chunk);
+    drop(caches);
+    let mut alone = model.new_cache();
+    let t0 = Instant::now();
+    model.prefill(&long, &mut alone, chunk)?;
+    let alone_s = t0.elapsed().as_secs_f64();
+    let joined_s = join_s / passes as f64;
+    Ok(JoinReport {
+        batch,
+        join_prompt_tokens: long.len(),
+        join_passes: passes,
+        join_chunk: chunk,
+        decode_s_per_step: decode_s,
+        joined_s_per_step: joined_s,
+        decode_tokens_per_s: batch as f64 / decode_s,
+        joined_tokens_per_s: batch as f64 / joined_s,
+        join_prefill_s: join_s,
+        alone_prefill_s: alone_s,
+    })
+}
+
 /// [`bench_prefill`]'s figures: one prompt prefilled with the model streamed, the bytes that
 /// took over the disk's rate, and the same prefill with the model in RAM.
 #[derive(Debug, Clone, Serialize)]

@@ -17,7 +17,8 @@ pub use error::{CommandError, Result};
 use generate::generate;
 use inspect::inspect;
 use print::{
-    bytes, print_batch_bench, print_bench, print_kernel_bench, print_plan, print_prefill_bench, print_verify_bench,
+    bytes, print_batch_bench, print_bench, print_join_bench, print_kernel_bench, print_plan, print_prefill_bench,
+    print_verify_bench,
 };
 use tokenize::tokenize;
 
@@ -236,6 +237,12 @@ pub enum ModelCommand {
         /// model's size, as when comparing with llama.cpp in a cgroup); resident reads 0.
         #[arg(long, requires = "prefill")]
         prefill_streamed_only: bool,
+        /// With one --batch size: after `--tokens` decode steps of the batch alone, a prompt of
+        /// this many seeded tokens joins it (its passes carry the batch's decode rows); reports
+        /// the batch's decode speed alone and while the prompt prefills, and the prompt's
+        /// prefill time beside the same prefill alone.
+        #[arg(long, requires = "batch")]
+        join_prompt: Option<usize>,
         /// One JSON object.
         #[arg(long)]
         json: bool,
@@ -469,6 +476,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             prefill,
             prefill_chunk,
             prefill_streamed_only,
+            join_prompt,
             json,
             timeline,
         } => {
@@ -509,6 +517,18 @@ pub fn run(command: ModelCommand) -> Result<()> {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
                     print_verify_bench(&r);
+                }
+                return Ok(());
+            }
+            if let Some(prompt) = join_prompt {
+                let [batch] = batch[..] else {
+                    return Err(CommandError::Usage("--join-prompt takes one --batch size".into()));
+                };
+                let r = crate::bench::bench_join(&opts, batch, prompt)?;
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    print_join_bench(&r);
                 }
                 return Ok(());
             }

@@ -42,6 +42,18 @@ pub(super) fn print_prefill_bench(r: &crate::bench::PrefillReport) {
     println!("ratio      prefill / max(floor, resident) = {:.2}", r.ratio_to_bound);
 }
 
+pub(super) fn print_join_bench(r: &crate::bench::JoinReport) {
+    println!(
+        "decode     batch {}: {:.3} s/step alone ({:.2} tokens/s)",
+        r.batch, r.decode_s_per_step, r.decode_tokens_per_s
+    );
+    println!(
+        "joined     a {}-token prompt in {} passes of {}: {:.3} s/step ({:.2} tokens/s of the batch)",
+        r.join_prompt_tokens, r.join_passes, r.join_chunk, r.joined_s_per_step, r.joined_tokens_per_s
+    );
+    println!("prefill    {:.3} s joined, {:.3} s alone", r.join_prefill_s, r.alone_prefill_s);
+}
+
 pub(super) fn print_verify_bench(r: &crate::bench::VerifyReport) {
     println!(
         "{} passes per width in {} rounds; disk {:.2} GB/s; {} experts, top {}",
