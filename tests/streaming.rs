@@ -309,3 +309,43 @@ fn bench_batch_and_verify_read_the_dense_stream_once_per_step() {
     assert_eq!((f(one, "bound_ratio"), f(one, "cost_ratio")), (1.0, 1.0), "{verify}");
     assert!(f(four, "experts_per_layer_pass") > 4.0 && f(four, "bound_ratio") > 1.0, "{verify}");
 }
+
+/// `model bench --batch B --join-prompt N`: the batch decodes alone, then a prompt joins it in
+/// the passes the budget allows (the batch's rows riding in each), then prefills alone; the
+/// report counts those passes. Two batch sizes with a joining prompt are refused by name.
+#[test]
+fn bench_join_reports_the_batch_alone_and_while_a_prompt_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    run(Command::new(BIN).args(["model", "synth", "--layers", "2", "--experts", "16", "--top-k", "4"]).args([
+        "--hidden",
+        "256",
+        "--expert-ffn",
+        "128",
+        "--vocab",
+        "2000",
+        "--out",
+        model.to_str().unwrap(),
+    ]));
+    let bench = |batch: &str| {
+        Command::new(BIN)
+            .args(["model", "bench", "--model", model.to_str().unwrap(), "--kv-tokens", "128", "--tokens", "3"])
+            .args(["--probe-mb", "1", "--json", "--cache-mb", "1", "--batch", batch, "--join-prompt", "70"])
+            .output()
+            .unwrap()
+    };
+    let out = bench("2");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = |key: &str| r[key].as_f64().unwrap_or_else(|| panic!("{key}: {r}"));
+    assert_eq!((n("batch"), n("join_prompt_tokens")), (2.0, 70.0), "{r}");
+    assert_eq!(n("join_passes"), (70.0 / n("join_chunk")).ceil(), "{r}");
+    for key in ["decode_s_per_step", "joined_s_per_step", "join_prefill_s", "alone_prefill_s"] {
+        assert!(n(key) > 0.0, "{key}: {r}");
+    }
+    assert_eq!(n("decode_tokens_per_s"), 2.0 / n("decode_s_per_step"), "{r}");
+
+    let out = bench("1,2");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--join-prompt takes one --batch size"), "{out:?}");
+}
