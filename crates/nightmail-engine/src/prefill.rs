@@ -46,17 +46,29 @@ pub fn score_bytes_per_position(spec: &ModelSpec) -> usize {
     4 * 3 * spec.attention.heads
 }
 
-/// Query rows whose scores are alive at once: grouped attention takes its queries in blocks
-/// (`nightmail_model::parts::attention::QUERY_BLOCK`); latent (MLA) and DeepSeek-V4's windowed
-/// attention score every row of the pass together.
+/// Query rows whose scores are alive at once: grouped and latent (MLA) attention take their
+/// queries in blocks (`nightmail_model::parts::attention::QUERY_BLOCK`); DeepSeek-V4's windowed
+/// attention scores every row of the pass together.
 pub fn score_rows(spec: &ModelSpec) -> usize {
-    if spec.attention.mla.is_none() && spec.deepseek_v4.is_none() { QUERY_BLOCK } else { usize::MAX }
+    if spec.deepseek_v4.is_none() { QUERY_BLOCK } else { usize::MAX }
+}
+
+/// Bytes per cached position a pass of several rows holds whatever its width: latent attention's
+/// plain form up-projects every cached latent to per-head keys (nope + rope) and values once
+/// for the pass (`nightmail_model::parts::mla`), f32.
+pub fn pass_bytes_per_position(spec: &ModelSpec) -> usize {
+    spec.attention
+        .mla
+        .as_ref()
+        .map_or(0, |m| 4 * spec.attention.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim))
 }
 
 /// Bytes a pass of `tokens` prompt tokens ending at position `span` takes for activations.
 pub fn pass_activation_bytes(sizes: &ModelSizes, tokens: usize, span: usize) -> usize {
+    let keys = if tokens > 1 { span * sizes.pass_bytes_per_position } else { 0 };
     tokens * sizes.activation_bytes_per_token
         + tokens.min(sizes.attention_score_rows) * span * sizes.activation_bytes_per_position
+        + keys
 }
 
 /// The least expert cache a pass of `rows` routed rows runs in: the union of their routes in one
@@ -83,7 +95,8 @@ pub fn prefill_tokens_per_pass(spec: &ModelSpec, plan: Option<&MemoryPlan>, span
     let cap = MAX_PREFILL_TOKENS.min(span);
     let Some(p) = plan else {
         let per_token = activation_bytes_per_token(spec) + span.min(score_rows(spec)) * score_bytes_per_position(spec);
-        return (UNBUDGETED_ACTIVATION_BYTES / per_token.max(1)).clamp(1, cap);
+        let room = UNBUDGETED_ACTIVATION_BYTES.saturating_sub(span * pass_bytes_per_position(spec));
+        return (room / per_token.max(1)).clamp(1, cap);
     };
     let fits = |tokens: usize, room: usize| pass_activation_bytes(&p.sizes, tokens, span) <= room;
     let widest = |room: usize, most: usize| -> usize {
@@ -174,6 +187,21 @@ mod tests {
         let spec = ModelSpec::read(&ck).unwrap();
         let sizes = ModelSizes::read(&ck, &spec).unwrap();
         (spec, sizes)
+    }
+
+    /// Latent attention takes its queries in blocks as grouped attention does: past a block, a
+    /// row more costs its own activations only; the keys a pass up-projects are held once, by
+    /// any pass of more than one row.
+    #[test]
+    fn a_latent_attention_pass_holds_one_block_of_scores_and_its_keys_once() {
+        let (spec, sizes) = fixture("deepseek_v3");
+        let span = 4096;
+        let at = |tokens: usize| pass_activation_bytes(&sizes, tokens, span);
+        assert!(spec.attention.mla.is_some() && sizes.pass_bytes_per_position > 0);
+        assert_eq!(at(2 * QUERY_BLOCK + 1) - at(2 * QUERY_BLOCK), sizes.activation_bytes_per_token);
+        let row = sizes.activation_bytes_per_token + span * sizes.activation_bytes_per_position;
+        assert_eq!(at(2) - at(1), row + span * sizes.pass_bytes_per_position);
+        assert_eq!(at(3) - at(2), row);
     }
 
     #[test]

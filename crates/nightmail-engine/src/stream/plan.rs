@@ -115,10 +115,12 @@ pub struct ModelSizes {
     /// One prompt token's activations in a pass ([`crate::prefill::activation_bytes_per_token`]),
     /// what each position adds to a query row's attention scores, and how many query rows' scores
     /// are alive at once ([`crate::prefill::pass_activation_bytes`]): the room a pass needs beside
-    /// the weights.
+    /// the weights; and what each position costs a pass of several rows whatever its width
+    /// (latent attention's keys and values up-projected for the pass).
     pub activation_bytes_per_token: usize,
     pub activation_bytes_per_position: usize,
     pub attention_score_rows: usize,
+    pub pass_bytes_per_position: usize,
 }
 
 impl ModelSizes {
@@ -249,6 +251,7 @@ impl ModelSizes {
             activation_bytes_per_token: crate::prefill::activation_bytes_per_token(spec),
             activation_bytes_per_position: crate::prefill::score_bytes_per_position(spec),
             attention_score_rows: crate::prefill::score_rows(spec),
+            pass_bytes_per_position: crate::prefill::pass_bytes_per_position(spec),
         })
     }
 }
@@ -499,6 +502,7 @@ mod tests {
             activation_bytes_per_token: 0,
             activation_bytes_per_position: 0,
             attention_score_rows: 1,
+            pass_bytes_per_position: 0,
         }
     }
 

@@ -14,6 +14,7 @@
 use candle_core::{D, Tensor};
 
 use crate::error::Result;
+use crate::parts::attention::QUERY_BLOCK;
 use crate::parts::dsa::{self, Choices, IndexRows, Indexer};
 use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
@@ -146,18 +147,39 @@ impl Mla {
         let (mut c, mut k_pe) = (c.squeeze(0)?.squeeze(0)?, k_pe.squeeze(0)?.squeeze(0)?.contiguous()?);
         // A decode step reads only the latents its query chose, so its attention costs top_k
         // keys however long the context; a chunk masks the rest instead.
-        let mut chosen = chosen;
+        let (mut chosen, mut picked) = (chosen, false);
         if let Some([Some(keep)]) = chosen.as_deref() {
             let keep = Tensor::from_vec(keep.iter().map(|&j| j as u32).collect(), keep.len(), c.device())?;
             (c, k_pe) = (c.index_select(&keep, 0)?, k_pe.index_select(&keep, 0)?);
-            chosen = None;
+            (chosen, picked) = (None, true);
         }
         let chosen = chosen.as_deref();
-        let out = if self.plain_is_cheaper(t) {
-            self.plain(&p, &c, &k_pe, start, chosen)?
-        } else {
-            self.absorbed(&p, &c, &k_pe, start, chosen)?
+        // The plain form up-projects every key once for the whole pass.
+        let keys = match self.plain_is_cheaper(t) {
+            true => Some(self.up_project(&c, &k_pe)?),
+            false => None,
         };
+        // Queries in blocks of QUERY_BLOCK rows, as grouped attention takes them: the scores are
+        // `heads x rows x keys`, not `heads x tokens x keys`, and a block scores only the keys
+        // its last row may see (the later ones weigh exactly 0 after the causal mask).
+        let mut blocks = Vec::with_capacity(t.div_ceil(QUERY_BLOCK));
+        for from in (0..t).step_by(QUERY_BLOCK) {
+            let b = QUERY_BLOCK.min(t - from);
+            let s = if picked { c.dim(0)? } else { (start + from + b).min(c.dim(0)?) };
+            let p = Prepared {
+                q_nope: p.q_nope.narrow(1, from, b)?.contiguous()?,
+                q_pe: p.q_pe.narrow(1, from, b)?.contiguous()?,
+            };
+            let chosen = chosen.map(|c| &c[from..from + b]);
+            blocks.push(match &keys {
+                Some((k, v)) => {
+                    let (k, v) = (k.narrow(1, 0, s)?.contiguous()?, v.narrow(1, 0, s)?.contiguous()?);
+                    self.plain(&p, &k, &v, start + from, chosen)?
+                }
+                None => self.absorbed(&p, &c.narrow(0, 0, s)?, &k_pe.narrow(0, 0, s)?, start + from, chosen)?,
+            });
+        }
+        let out = if blocks.len() == 1 { blocks.pop().expect("one block") } else { Tensor::cat(&blocks, 1)? };
         // [heads, tokens, v] → [tokens, heads · v]
         Ok(out.transpose(0, 1)?.reshape((t, self.heads * self.dims.v_head_dim))?)
     }
@@ -193,9 +215,9 @@ impl Mla {
         Ok((Prepared { q_nope, q_pe }, c.reshape((1, 1, t, d.kv_lora_rank))?, k_pe))
     }
 
-    /// Up-project every cached latent to per-head keys and values, then attend as MHA.
-    /// `c`: `[s, kv_lora_rank]`, `k_pe`: `[s, rope]` → `[heads, tokens, v]`.
-    fn plain(&self, p: &Prepared, c: &Tensor, k_pe: &Tensor, start: usize, chosen: Chosen<'_>) -> Result<Tensor> {
+    /// Every cached latent up-projected to per-head keys and values, for the plain form.
+    /// `c`: `[s, kv_lora_rank]`, `k_pe`: `[s, rope]` → `[heads, s, nope + rope]`, `[heads, s, v]`.
+    fn up_project(&self, c: &Tensor, k_pe: &Tensor) -> Result<(Tensor, Tensor)> {
         let (h, s, d) = (self.heads, c.dim(0)?, self.dims);
         let up = |w: &Tensor, width: usize| -> Result<Tensor> {
             // [s, kv] · [kv, h·width] → [h, s, width]
@@ -205,11 +227,15 @@ impl Mla {
         let k_nope = up(&self.k_up, d.qk_nope_head_dim)?;
         let v = up(&self.v_up, d.v_head_dim)?;
         let k_pe = k_pe.unsqueeze(0)?.broadcast_as((h, s, d.qk_rope_head_dim))?;
-        let k = Tensor::cat(&[&k_nope, &k_pe.contiguous()?], D::Minus1)?;
+        Ok((Tensor::cat(&[&k_nope, &k_pe.contiguous()?], D::Minus1)?, v))
+    }
+
+    /// Attend as MHA over up-projected keys and values: `[heads, tokens, v]`.
+    fn plain(&self, p: &Prepared, k: &Tensor, v: &Tensor, start: usize, chosen: Chosen<'_>) -> Result<Tensor> {
         let q = Tensor::cat(&[&p.q_nope, &p.q_pe], D::Minus1)?;
         let scores = (q.matmul(&k.t()?)? * self.softmax_scale)?;
         let probs = self.softmax(scores, start, chosen)?;
-        Ok(probs.matmul(&v)?)
+        Ok(probs.matmul(v)?)
     }
 
     /// Attend over the latents themselves: `W_uk` folded into the query, `W_uv` applied after.
@@ -364,7 +390,8 @@ mod tests {
         let (c, k_pe) = cache.append(&c, &k_pe).unwrap();
         let (c, k_pe) = (c.squeeze(0).unwrap().squeeze(0).unwrap(), k_pe.squeeze(0).unwrap().squeeze(0).unwrap());
         let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        (flat(m.plain(&p, &c, &k_pe, cached, None).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached, None).unwrap()))
+        let (k, v) = m.up_project(&c, &k_pe).unwrap();
+        (flat(m.plain(&p, &k, &v, cached, None).unwrap()), flat(m.absorbed(&p, &c, &k_pe, cached, None).unwrap()))
     }
 
     fn worst(a: &[f32], b: &[f32]) -> f32 {
@@ -407,9 +434,10 @@ mod tests {
     #[test]
     fn a_prefill_and_token_by_token_decoding_agree() {
         let m = mla();
-        // 14 tokens: a prefill the plain form takes, against decode steps the absorbed one takes.
-        let x = random(&[14, 32], 7);
-        assert!(m.plain_is_cheaper(14));
+        // 150 tokens: a prefill the plain form takes in three query blocks (the last partial),
+        // against decode steps the absorbed one takes.
+        let x = random(&[150, 32], 7);
+        assert!(m.plain_is_cheaper(150) && 150 > 2 * QUERY_BLOCK);
         let rows = m.project(&x).unwrap();
         let mut cache = crate::parts::attention::F32Cache::new();
         let all = m.attend_rows(&rows, 0, &mut cache, &mut Choices::default()).unwrap().to_vec2::<f32>().unwrap();
