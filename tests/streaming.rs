@@ -343,7 +343,8 @@ fn bench_join_reports_the_batch_alone_and_while_a_prompt_joins() {
     for key in ["decode_s_per_step", "joined_s_per_step", "join_prefill_s", "alone_prefill_s"] {
         assert!(n(key) > 0.0, "{key}: {r}");
     }
-    assert_eq!(n("decode_tokens_per_s"), 2.0 / n("decode_s_per_step"), "{r}");
+    // JSON's decimal round trip may move the last bit.
+    assert!((n("decode_tokens_per_s") * n("decode_s_per_step") / 2.0 - 1.0).abs() < 1e-9, "{r}");
 
     let out = bench("1,2");
     assert!(!out.status.success());

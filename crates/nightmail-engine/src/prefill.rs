@@ -71,13 +71,18 @@ pub fn pass_activation_bytes(sizes: &ModelSizes, tokens: usize, span: usize) -> 
         + keys
 }
 
-/// The least expert cache a pass of `rows` routed rows runs in: the union of their routes in one
-/// layer, alive together (each expert is read once and run for all its rows as soon as it
-/// arrives, so the layer's reads overlap its own compute), and beside it what the plan keeps for
-/// a decode step's look-ahead, the room the next layer's guesses are read into meanwhile.
+/// Experts a pass keeps in memory while a layer whose union outgrows the cache streams through
+/// it (`stream/expert_cache`: a read begins as room frees): reads in flight (16 by default)
+/// beside the experts computing, a thread each. Fewer would leave the disk or the cores waiting.
+const STREAMING_EXPERTS: usize = 32;
+
+/// The least expert cache a pass of `rows` routed rows runs in: their union in one layer, or the
+/// experts it streams at once where the union is larger ([`STREAMING_EXPERTS`]), and beside
+/// them what the plan keeps for a decode step's look-ahead, the room the next layer's guesses
+/// are read into meanwhile.
 pub fn pass_cache_floor(plan: &MemoryPlan, rows: usize) -> usize {
     let union = plan.distinct_experts(rows).ceil() as usize;
-    union * plan.sizes.expert_max_bytes + plan.look_ahead_bytes
+    union.min(STREAMING_EXPERTS) * plan.sizes.expert_max_bytes + plan.look_ahead_bytes
 }
 
 /// Prompt tokens per pass for `spec` under `plan` (`None`: loaded whole, no budget), for a
@@ -109,15 +114,9 @@ pub fn prefill_tokens_per_pass(spec: &ModelSpec, plan: Option<&MemoryPlan>, span
         lo
     };
     let mut tokens = widest(p.activation_bytes, cap);
-    // A layer's experts for the pass are alive together, and the next layer's are read while it
-    // computes: two layers' unions must fit the cache, or the pass would evict its own experts.
+    // A layer's union larger than the cache streams through it (a read begins as room frees),
+    // so the width costs activations, not cache.
     if !p.experts_resident && p.sizes.top_k > 0 {
-        let s = &p.sizes;
-        let layer_bank = s.experts_per_layer * s.expert_max_bytes;
-        if 2 * layer_bank > p.expert_cache_bytes {
-            tokens = tokens.min(p.expert_cache_bytes / (2 * s.top_k * s.expert_max_bytes).max(1));
-        }
-        tokens = tokens.max(1);
         let floor = pass_cache_floor(p, cap);
         if span > tokens && p.expert_cache_bytes > floor {
             // Borrow the cache down to the floor of the widest pass (the floor only grows with
@@ -233,21 +232,26 @@ mod tests {
         (s, minimum + (3 << 20))
     }
 
+    /// A cache smaller than a pass's union does not narrow the pass: the store streams the union
+    /// through it. The width is what the activations (with the cache's room lent above what a
+    /// pass streams at once) allow, and the pass's cache still holds that much.
     #[test]
-    fn a_pass_never_holds_more_experts_than_the_cache_has_room_for() {
+    fn a_cache_smaller_than_the_union_does_not_narrow_a_pass() {
         let (spec, sizes) = fixture("qwen3_moe");
-        let minimum = MemoryPlan::new(sizes.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes;
-        let (bank, bytes) = streamed_bank(&sizes);
-        for (sizes, bytes) in [(sizes, minimum), (bank, bytes)] {
-            let plan = MemoryPlan::new(sizes.clone(), MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
-            assert!(!plan.experts_resident);
-            for span in [64, 2048] {
-                let tokens = prefill_tokens_per_pass(&spec, Some(&plan), span);
-                let cache = cache_bytes_for_pass(&plan, tokens, span.min(spec.context_length));
-                let union = (tokens * sizes.top_k).min(sizes.experts_per_layer) * sizes.expert_max_bytes;
-                assert!(tokens == 1 || union <= cache, "{tokens} tokens, {union} bytes of experts, {cache}");
-            }
-        }
+        // The streamed bank's experts at 64 KiB: a layer's 4 MiB, two of them beyond the cache.
+        let (mut bank, _) = streamed_bank(&sizes);
+        (bank.expert_max_bytes, bank.expert_bytes) = (64 << 10, 64 * 8 * (64 << 10));
+        let bytes = MemoryPlan::new(bank.clone(), MemoryBudget::mb(1 << 20)).unwrap().minimum_bytes + (6 << 20);
+        let plan = MemoryPlan::new(bank.clone(), MemoryBudget { bytes, ..MemoryBudget::mb(0) }).unwrap();
+        let layer = bank.experts_per_layer * bank.expert_max_bytes;
+        assert!(!plan.experts_resident && plan.expert_cache_bytes < 2 * layer, "{plan:?}");
+        let span = 2048.min(spec.context_length);
+        let tokens = prefill_tokens_per_pass(&spec, Some(&plan), span);
+        // The width two layers' unions in the cache would have allowed.
+        let cached = plan.expert_cache_bytes / (2 * bank.top_k * bank.expert_max_bytes);
+        assert!(tokens > cached, "{tokens} tokens, no wider than {cached}");
+        let cache = cache_bytes_for_pass(&plan, tokens, span);
+        assert!(cache >= pass_cache_floor(&plan, tokens).min(plan.expert_cache_bytes), "{cache} {plan:?}");
     }
 
     #[test]

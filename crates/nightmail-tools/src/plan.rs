@@ -79,6 +79,10 @@ pub struct PredictedPrefill {
     pub disk_bytes: f64,
     pub disk_s: f64,
     pub compute_s: f64,
+    /// Whether `compute_s` comes from kernels timed here; with another machine's memory
+    /// bandwidth (`--mem-gbps`) it counts reading each weight once per pass and not the
+    /// arithmetic of the pass's rows, so it is a floor, and so is the prediction.
+    pub compute_measured: bool,
     pub predicted_prefill_s: f64,
 }
 
@@ -177,6 +181,7 @@ pub fn plan(opts: &PlanOptions) -> Result<PlanReport> {
             disk_bytes,
             disk_s,
             compute_s,
+            compute_measured: opts.mem_gbps.is_none(),
             predicted_prefill_s: widths.iter().map(|&w| (disk(w) / bw).max(step(w).compute_s_per_step)).sum(),
         }
     });

@@ -238,7 +238,7 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
     }
     if let Some(p) = &r.prefill {
         println!(
-            "prefill         {} prompt tokens in {} passes of {}: predicted {:.3} s (disk {:.3} s for {}, compute {:.3} s)",
+            "prefill         {} prompt tokens in {} passes of {}: predicted {:.3} s (a prediction: disk {:.3} s for {}, compute {:.3} s)",
             p.prompt_tokens,
             p.passes,
             p.tokens_per_pass,
@@ -247,6 +247,13 @@ pub(super) fn print_plan(r: &crate::plan::PlanReport) {
             bytes(p.disk_bytes as u64),
             p.compute_s
         );
+        if !p.compute_measured {
+            println!(
+                "                a floor: with --mem-gbps the compute is each weight read once per pass, not the \
+                 arithmetic of its {} rows (not timed for that machine here)",
+                p.tokens_per_pass
+            );
+        }
     }
 }
 

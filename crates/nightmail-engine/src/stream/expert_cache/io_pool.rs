@@ -83,12 +83,21 @@ impl Shared {
             let mine = queue.iter().position(|id| ok(id) && self.file_of(*id) == home);
             mine.or_else(|| queue.iter().position(ok))
         };
-        let (demand, at) = match pick(&st.demand, &|_| true) {
+        // An expert begun may always go on; a new one only where memory has room for it, after
+        // the cached experts no step holds made what room they can.
+        self.evict(st, None);
+        let (room, forced) = (st.room(), std::cell::OnceCell::new());
+        let begun = |id: &ExpertId| st.entries.get(id).is_some_and(|e| e.reads.taken > 0);
+        let fits = |id: &ExpertId, demand: bool| {
+            begun(id)
+                || st.entries.get(id).is_none_or(|e| e.bytes <= room)
+                || (demand && *forced.get_or_init(|| st.waits_on_nothing()))
+        };
+        let (demand, at) = match pick(&st.demand, &|id| fits(id, true)) {
             Some(at) => (true, at),
             None => {
-                let room = st.prefetch_in_flight < st.prefetch_allowed;
-                let begun = |id: &ExpertId| st.entries.get(id).is_some_and(|e| e.reads.taken > 0);
-                (false, pick(&st.prefetch, &|id| room || begun(id))?)
+                let allowed = st.prefetch_in_flight < st.prefetch_allowed;
+                (false, pick(&st.prefetch, &|id| begun(id) || (allowed && fits(id, false)))?)
             }
         };
         let queue = if demand { &mut st.demand } else { &mut st.prefetch };
@@ -105,6 +114,7 @@ impl Shared {
             queue.remove(at);
         }
         if run == 0 {
+            st.queued -= entry.bytes;
             let prefetch = matches!(entry.slot, Slot::Queued { prefetch: true });
             entry.slot = Slot::Reading { prefetch };
             entry.reads.prefetch = prefetch;

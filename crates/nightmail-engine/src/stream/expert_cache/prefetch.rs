@@ -43,6 +43,7 @@ impl StreamingExperts {
                 pinned += bytes;
                 reserve_pool(&run_lens(extent, 0));
                 st.used += bytes;
+                st.queued += bytes;
                 let tick = st.tick;
                 st.entries.insert(id, Entry::queued(bytes, tick, None));
                 st.prefetch.push_back(id);
@@ -59,7 +60,7 @@ impl StreamingExperts {
         let mut unreserve = Vec::new();
         let mut st = self.shared.state.lock().expect("expert cache lock");
         st.routed_layer = Some(layer);
-        let State { entries, prefetch, used, .. } = &mut *st;
+        let State { entries, prefetch, used, queued, .. } = &mut *st;
         // The layer's guesses are settled: the right ones are about to be used, the wrong ones
         // are cached experts like any other.
         entries.iter_mut().filter(|(id, _)| id.layer == layer).for_each(|(_, e)| e.ahead = false);
@@ -69,6 +70,9 @@ impl StreamingExperts {
             let keep = id.layer != layer || chosen.contains(id) || started;
             if !keep && let Some(e) = entries.remove(id) {
                 *used -= e.bytes;
+                if matches!(e.slot, Slot::Queued { .. }) {
+                    *queued -= e.bytes;
+                }
                 unreserve.extend(self.shared.extent(*id).map(|x| run_lens(x, 0)).unwrap_or_default());
             }
             keep

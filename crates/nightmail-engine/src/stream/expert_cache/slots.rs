@@ -54,6 +54,23 @@ pub(super) struct RunReads {
     pub(super) since: Option<std::time::Instant>,
 }
 
+impl State {
+    /// Bytes a new read may take now: a budget's worth of experts in memory (being read, or
+    /// ready and held or cached), the rest of the budget. A layer whose experts outgrow the
+    /// cache then streams through it, each read as room frees, instead of reading its whole
+    /// union into memory.
+    pub(super) fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.used - self.queued)
+    }
+
+    /// Whether nothing in memory is an expert a step waits for (only guesses for the next
+    /// layer, which wait for this one): a step's own read then begins whatever its size, so an
+    /// expert larger than the budget still runs, alone.
+    pub(super) fn waits_on_nothing(&self) -> bool {
+        !self.entries.values().any(|e| !e.ahead && !matches!(e.slot, Slot::Queued { .. }))
+    }
+}
+
 impl Entry {
     /// A read not started yet: asked for by `waiter`, or a prefetch when there is none.
     pub(super) fn queued(bytes: usize, tick: u64, waiter: Option<Waiter>) -> Self {
@@ -84,6 +101,8 @@ pub(super) struct State {
     /// cache still counts them.
     pub(super) routed_layer: Option<usize>,
     pub(super) used: usize,
+    /// Of `used`, the entries queued and not begun: counted against the budget, not in memory.
+    pub(super) queued: usize,
     /// The byte budget now: `StreamConfig::cache_bytes`, or what
     /// [`super::StreamingExperts::set_capacity`] set since.
     pub(super) capacity: usize,
