@@ -112,11 +112,14 @@ impl Attention {
         // exactly 0 after the causal mask's softmax.
         let part = |from: usize| -> Result<Tensor> {
             let b = QUERY_PART.min(t - from);
-            let s = (start + from + b).min(s);
-            let (kt, v) = (k.narrow(1, 0, s)?.contiguous()?.t()?, v.narrow(1, 0, s)?.contiguous()?);
+            // Keys lo..end: a sliding window's first row sees none before lo.
+            let end = (start + from + b).min(s);
+            let lo = self.window.map_or(0, |w| (start + from + 1).saturating_sub(w)).min(end);
+            let s = end - lo;
+            let (kt, v) = (k.narrow(1, lo, s)?.contiguous()?.t()?, v.narrow(1, lo, s)?.contiguous()?);
             let qb = q.narrow(2, from, b)?.contiguous()?.reshape((self.kv_heads, rep * b, d))?;
             let mut scores = (qb.matmul(&kt)? * (1.0 / (d as f64).sqrt()))?;
-            if let Some(mask) = self.mask(start + from, b, s)? {
+            if let Some(mask) = self.mask(start + from, b, lo, end)? {
                 scores = scores.reshape((self.kv_heads, rep, b, s))?.broadcast_add(&mask)?.reshape((
                     self.kv_heads,
                     rep * b,
@@ -214,22 +217,21 @@ impl Attention {
         Ok((rows(qn, q)?, rows(kn, k)?))
     }
 
-    /// Additive mask `[tokens, keys]`: query i (at position start+i) sees key j when j ≤ start+i
-    /// and, with a window w, start+i − j < w. None when every key is visible.
-    fn mask(&self, start: usize, t: usize, s: usize) -> Result<Option<Tensor>> {
-        let windowed = self.window.is_some_and(|w| s > w);
-        if t == 1 && !windowed {
+    /// Additive mask `[tokens, end - lo]` over keys `lo..end`: query i (at position start+i)
+    /// sees key j when j ≤ start+i and, with a window w, start+i − j < w. None when every key is
+    /// visible.
+    fn mask(&self, start: usize, t: usize, lo: usize, end: usize) -> Result<Option<Tensor>> {
+        let visible = |pos: usize, j: usize| j <= pos && self.window.is_none_or(|w| pos - j < w);
+        if t == 1 && (lo..end).all(|j| visible(start, j)) {
             return Ok(None);
         }
-        let mut m = Vec::with_capacity(t * s);
+        let mut m = Vec::with_capacity(t * (end - lo));
         for i in 0..t {
-            let pos = start + i;
-            for j in 0..s {
-                let visible = j <= pos && self.window.is_none_or(|w| pos - j < w);
-                m.push(if visible { 0.0 } else { f32::NEG_INFINITY });
+            for j in lo..end {
+                m.push(if visible(start + i, j) { 0.0 } else { f32::NEG_INFINITY });
             }
         }
-        Ok(Some(Tensor::from_vec(m, (t, s), &Device::Cpu)?))
+        Ok(Some(Tensor::from_vec(m, (t, end - lo), &Device::Cpu)?))
     }
 }
 

@@ -277,7 +277,7 @@ impl ExpertStore for StreamingExperts {
         // The ready ones first, then each as its read completes.
         let held = |(i, e): (usize, Arc<Expert>)| (i, Held { expert: Some(e), shared: &self.shared });
         let arriving = (0..pending).map(|_| {
-            let (i, e) = rx.recv().expect("the I/O threads answer every waiter");
+            let (i, e) = arrival(&rx);
             Ok(held((i, e?)))
         });
         work.run(ready.into_iter().map(|x| Ok(held(x))).chain(arriving), &timed)?;
@@ -285,6 +285,28 @@ impl ExpertStore for StreamingExperts {
         let mut st = self.shared.state.lock().expect("expert cache lock");
         self.shared.evict(&mut st, None);
         Ok(())
+    }
+}
+
+/// The next expert read for a step. A step on the thread pool runs pool work while it waits:
+/// its experts computing hold the room the reads wait for (`State::room`), so a step that only
+/// slept here, with every pool thread a step waiting alike, would never get it back.
+fn arrival<T>(rx: &mpsc::Receiver<T>) -> T {
+    loop {
+        match rx.try_recv() {
+            Ok(x) => return x,
+            Err(mpsc::TryRecvError::Disconnected) => panic!("the I/O threads answer every waiter"),
+            Err(mpsc::TryRecvError::Empty) => match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => {}
+                // Nothing to run: wait for the read a short while, then look for work again.
+                Some(rayon::Yield::Idle) => {
+                    if let Ok(x) = rx.recv_timeout(std::time::Duration::from_micros(200)) {
+                        return x;
+                    }
+                }
+                None => return rx.recv().expect("the I/O threads answer every waiter"),
+            },
+        }
     }
 }
 
@@ -472,6 +494,33 @@ mod tests {
         let st = s.stats();
         assert_eq!(st.disk_reads, 6, "{st:?}");
         assert!(st.cache_used_bytes <= st.cache_budget_bytes, "{st:?}");
+    }
+
+    /// Two steps at once on a pool of two threads, each streaming more experts than its cache
+    /// holds: each step's thread runs pool work while it waits for a read, so the experts it
+    /// handed out get computed and give back the room the reads wait for. (Steps that only slept
+    /// waiting would hold both threads, their experts never computed: a deadlock.)
+    #[test]
+    fn two_steps_streaming_through_small_caches_share_a_pool_of_two() {
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            let stores = [store(2, CachePolicy::Lru), store(2, CachePolicy::Lru)];
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            let step = |s: &StreamingExperts| {
+                let ids: Vec<ExpertId> = (0..8).map(|expert| ExpertId { layer: 1, expert }).collect();
+                let ran = std::sync::atomic::AtomicUsize::new(0);
+                s.with_experts(&ExpertWork::one_row_each(&ids), &|_, _| {
+                    ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                })
+                .unwrap();
+                ran.into_inner()
+            };
+            let ran = pool.install(|| rayon::join(|| step(&stores[0]), || step(&stores[1])));
+            done.send(ran).unwrap();
+        });
+        let ran = finished.recv_timeout(std::time::Duration::from_secs(60)).expect("the two steps finish");
+        assert_eq!(ran, (8, 8));
     }
 
     /// An expert larger than the whole budget still runs: alone, when nothing else is in memory.
