@@ -121,9 +121,115 @@ unsafe fn tile_dots_avx2<const N: usize>(
     xs.map(|x| std::array::from_fn(|i| dot_scalar(levels, &tile[i * row_bytes..(i + 1) * row_bytes], x)))
 }
 
-/// Tokens one unpacking of a tile's nibbles serves.
+/// One tile against `N` tokens as [`tile_dots_avx2`], each block's integer dots by VNNI's
+/// `vpdpbusd` on a transposed tile: lane i of a vector holds 4 packed bytes of row i, so each
+/// token's 4 bytes are broadcast and the 8 rows' dots build up in their own lanes, with no
+/// reduction across lanes (the layout of llama.cpp's `block_q4_0x8`, `repack.cpp`). `vpdpbusd`
+/// multiplies unsigned by signed bytes: the weights are the levels lifted by `lift` (`lut`, all
+/// in 0..=255), and each token's block `b` starts from `corr[t][b]` = −lift · Σx. Integer sums:
+/// exact in any order (at most 32 · 255 · 127 a block), so the same dots and the same chains.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F, VL and VNNI; `corr[t]` as long as `xs[t]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn tile_dots_vnni<const N: usize>(
+    lut: &[u8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(tile.len() >= TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks));
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
+        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
+            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
+        });
+        // A 4 x 4 transpose of 32-bit groups in each half: v[g] lane i = row i's bytes 4g..4g+4,
+        // elements 4g.. in the low nibbles, 16 + 4g.. in the high.
+        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm256_unpacklo_epi64(t0, t1),
+            _mm256_unpackhi_epi64(t0, t1),
+            _mm256_unpacklo_epi64(t2, t3),
+            _mm256_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
+        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+        let h = |i: usize| u16::from_le_bytes([tile[at(i)], tile[at(i) + 1]]) as i16;
+        // f16 to f32 is exact, as `scale` is.
+        let dw = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm256_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let (mut s_lo, mut s_hi) = (_mm256_set1_epi32(c), _mm256_setzero_si256());
+            for g in 0..4 {
+                s_lo = _mm256_dpbusd_epi32(s_lo, lo[g], x(g));
+                s_hi = _mm256_dpbusd_epi32(s_hi, hi[g], x(4 + g));
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s_lo, s_hi)), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; TILE_ROWS];
+        // SAFETY: an 8-float store into an 8-float array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
+/// The kernels that compute a tile on x86 (and elsewhere, without SIMD).
 #[cfg(not(target_arch = "aarch64"))]
-const TOKENS: usize = 4;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TileKernel {
+    Scalar,
+    /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm.
+    Avx2,
+    /// [`tile_dots_vnni`].
+    Vnni,
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+impl TileKernel {
+    fn detect() -> Self {
+        match (has_avx2_f16c(), super::cpu::has_avx512_vnni()) {
+            (false, _) => TileKernel::Scalar,
+            (true, false) => TileKernel::Avx2,
+            (true, true) => TileKernel::Vnni,
+        }
+    }
+
+    /// Tokens one unpacking of a tile's nibbles serves: VNNI's 32 vector registers hold 8
+    /// tokens' sums beside the tile's 8 unpacked vectors.
+    fn tokens(self) -> usize {
+        match self {
+            TileKernel::Vnni => 8,
+            _ => 4,
+        }
+    }
+
+    /// Every kernel this CPU runs.
+    #[cfg(test)]
+    fn available() -> Vec<Self> {
+        [TileKernel::Scalar, TileKernel::Avx2, TileKernel::Vnni]
+            .into_iter()
+            .filter(|&k| k == TileKernel::Scalar || k == TileKernel::Avx2 && has_avx2_f16c() || k == Self::detect())
+            .collect()
+    }
+}
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks,
 /// `rows` a multiple of [`TILE_ROWS`]), activations quantized as ggml's x86 `quantize_row_q8_0`
@@ -135,28 +241,88 @@ pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, 
     #[cfg(target_arch = "aarch64")]
     return matmul_arm(levels, bytes, rows, row_bytes, &q8, super::arm::ArmKernel::detect());
     #[cfg(not(target_arch = "aarch64"))]
-    let (tokens, avx2) = (q8.len(), has_avx2_f16c());
-    #[cfg(not(target_arch = "aarch64"))]
-    row_groups_by_tokens(rows, tokens, rows * cols * tokens, TILE_ROWS, |r, out| {
+    matmul_x86(levels, bytes, rows, row_bytes, &q8, TileKernel::detect())
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn matmul_x86(
+    levels: &[i8; 16],
+    bytes: &[u8],
+    rows: usize,
+    row_bytes: usize,
+    q8: &[Vec<Q8Block>],
+    kernel: TileKernel,
+) -> Result<Tensor> {
+    let tokens = q8.len();
+    let chunk = kernel.tokens();
+    // VNNI's lifted levels and each token's blocks' −lift · Σx.
+    let lift = -(*levels.iter().min().unwrap() as i32);
+    let lut: [u8; 16] = levels.map(|l| (l as i32 + lift) as u8);
+    let corr: Vec<Vec<i32>> = match kernel {
+        TileKernel::Vnni => {
+            q8.iter().map(|x| x.iter().map(|b| -lift * b.qs.iter().map(|&q| q as i32).sum::<i32>()).collect()).collect()
+        }
+        _ => Vec::new(),
+    };
+    let work = rows * row_bytes / BLOCK_BYTES * QK * tokens;
+    row_groups_by_tokens(rows, tokens, work, TILE_ROWS, |r, out| {
         // `out` is `[row][token]` for the tile's rows.
         let tile = &bytes[r * row_bytes..(r + TILE_ROWS) * row_bytes];
-        if !avx2 {
+        if kernel == TileKernel::Scalar {
             for (i, ys) in out.chunks_exact_mut(tokens).enumerate() {
                 let row = &tile[i * row_bytes..(i + 1) * row_bytes];
                 ys.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(levels, row, &q8[t]));
             }
             return;
         }
-        for c in (0..tokens).step_by(TOKENS) {
+        for c in (0..tokens).step_by(chunk) {
+            let n = (tokens - c).min(chunk);
             let x = |i: usize| &q8[c + i][..];
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            match (tokens - c).min(TOKENS) {
-                1 => put(out, tokens, c, &unsafe { tile_dots_avx2::<1>(levels, tile, row_bytes, [x(0)]) }),
-                2 => put(out, tokens, c, &unsafe { tile_dots_avx2::<2>(levels, tile, row_bytes, [x(0), x(1)]) }),
-                3 => put(out, tokens, c, &unsafe { tile_dots_avx2::<3>(levels, tile, row_bytes, [x(0), x(1), x(2)]) }),
-                _ => put(out, tokens, c, &unsafe {
-                    tile_dots_avx2::<4>(levels, tile, row_bytes, [x(0), x(1), x(2), x(3)])
-                }),
+            macro_rules! avx2 {
+                ($n:literal) => {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_avx2::<$n>(levels, tile, row_bytes, std::array::from_fn(x))
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! vnni {
+                ($n:literal) => {
+                    // SAFETY: AVX-512 VNNI (and AVX2, FMA, F16C) were detected at run time;
+                    // `corr` holds each token's blocks.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_vnni::<$n>(
+                            &lut,
+                            tile,
+                            row_bytes,
+                            std::array::from_fn(x),
+                            std::array::from_fn(|i| &corr[c + i][..]),
+                        )
+                    })
+                };
+            }
+            match (kernel, n) {
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 1) => vnni!(1),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 2) => vnni!(2),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 3) => vnni!(3),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 4) => vnni!(4),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 5) => vnni!(5),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 6) => vnni!(6),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, 7) => vnni!(7),
+                #[cfg(target_arch = "x86_64")]
+                (TileKernel::Vnni, _) => vnni!(8),
+                (_, 1) => avx2!(1),
+                (_, 2) => avx2!(2),
+                (_, 3) => avx2!(3),
+                _ => avx2!(4),
             }
         }
     })
@@ -237,6 +403,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Each x86 kernel this CPU runs, on both tables, gives every token the scalar chain's bits:
+    /// one block a row or many, one tile or several, token counts that fill a chunk of either
+    /// kernel, leave a part one, or both.
+    #[cfg(not(target_arch = "aarch64"))]
+    #[test]
+    fn every_x86_kernel_gives_the_scalar_chains_bits() {
+        for (seed, (rows, blocks, tokens)) in
+            (1u64..).zip([(8, 1, 1), (16, 9, 5), (24, 2, 8), (8, 33, 17), (16, 64, 12)])
+        {
+            let row_bytes = blocks * BLOCK_BYTES;
+            let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * blocks, seed);
+            let q8: Vec<Vec<Q8Block>> = (0..tokens as u64)
+                .map(|t| quantize_q8_1(&super::super::q8::tests::random(blocks * QK, 100 * seed + t)))
+                .collect();
+            for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {
+                let want: Vec<u32> = q8
+                    .iter()
+                    .flat_map(|x| {
+                        (0..rows).map(|r| dot_scalar(levels, &bytes[r * row_bytes..(r + 1) * row_bytes], x).to_bits())
+                    })
+                    .collect();
+                for kernel in TileKernel::available() {
+                    let got = matmul_x86(levels, &bytes, rows, row_bytes, &q8, kernel).unwrap().flatten_all().unwrap();
+                    let got: Vec<u32> = got.to_vec1::<f32>().unwrap().iter().map(|y| y.to_bits()).collect();
+                    assert_eq!(got, want, "{kernel:?}: {rows} rows of {blocks} blocks, {tokens} tokens");
+                }
+            }
+        }
+    }
+
+    /// The kernels the test above runs are those this CPU has: AVX2 (with FMA and F16C) where
+    /// detected, VNNI where AVX-512 VNNI is too, and `matmul` takes the best of them.
+    #[cfg(not(target_arch = "aarch64"))]
+    #[test]
+    fn the_x86_kernels_tested_are_those_the_cpu_has() {
+        let avx2 = has_avx2_f16c();
+        let vnni = avx2 && super::super::cpu::has_avx512_vnni();
+        let mut want = vec![TileKernel::Scalar];
+        want.extend(avx2.then_some(TileKernel::Avx2));
+        want.extend(vnni.then_some(TileKernel::Vnni));
+        assert_eq!(TileKernel::available(), want);
+        assert_eq!(TileKernel::detect(), *want.last().unwrap());
     }
 
     /// Each aarch64 path (NEON, dotprod) on IQ4_NL's levels, the heights llama.cpp repacks:
