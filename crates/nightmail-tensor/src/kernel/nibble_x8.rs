@@ -165,9 +165,11 @@ unsafe fn tile_dots_vnni<const N: usize>(
         ];
         let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
         let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
-        let h = |i: usize| u16::from_le_bytes([tile[at(i)], tile[at(i) + 1]]) as i16;
-        // f16 to f32 is exact, as `scale` is.
-        let dw = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
+        let h: [u16; TILE_ROWS] =
+            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 16-byte load of 8 f16 scales (f16 to f32 is exact, as `scale` is).
+        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
         for t in 0..N {
             // SAFETY: block b of token t (asserted above).
             let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
@@ -187,6 +189,75 @@ unsafe fn tile_dots_vnni<const N: usize>(
         let mut out = [0f32; TILE_ROWS];
         // SAFETY: an 8-float store into an 8-float array.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
+/// [`tile_dots_vnni`] on two tiles at once (16 rows, `tiles` holding them consecutively), in
+/// 512-bit vectors: each token's broadcast bytes serve 16 rows' lanes.
+///
+/// # Safety
+/// As [`tile_dots_vnni`], and AVX-512 BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_pair_dots_vnni<const N: usize>(
+    lut: &[u8; 16],
+    tiles: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; 2 * TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(
+        tiles.len() >= 2 * TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks)
+    );
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); N];
+    let p = tiles.as_ptr();
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i, i + 4, i + 8 and i + 12's 16 packed bytes, inside the tiles (asserted).
+        let y: [__m512i; 4] = std::array::from_fn(|i| unsafe {
+            let lo = _mm256_loadu2_m128i(p.add(at(i + 4) + 2).cast(), p.add(at(i) + 2).cast());
+            let hi = _mm256_loadu2_m128i(p.add(at(i + 12) + 2).cast(), p.add(at(i + 8) + 2).cast());
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        });
+        let (t0, t1) = (_mm512_unpacklo_epi32(y[0], y[1]), _mm512_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm512_unpackhi_epi32(y[0], y[1]), _mm512_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm512_unpacklo_epi64(t0, t1),
+            _mm512_unpackhi_epi64(t0, t1),
+            _mm512_unpacklo_epi64(t2, t3),
+            _mm512_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4)));
+        let hi = v.map(|v| _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)));
+        // SAFETY: each row's 2-byte scale, inside the tiles (asserted).
+        let h: [u16; 16] = std::array::from_fn(|i| unsafe { p.add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 32-byte load of 16 f16 scales (exact in f32).
+        let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(h.as_ptr().cast()) });
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm512_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let (mut s_lo, mut s_hi) = (_mm512_set1_epi32(c), _mm512_setzero_si512());
+            for g in 0..4 {
+                s_lo = _mm512_dpbusd_epi32(s_lo, lo[g], x(g));
+                s_hi = _mm512_dpbusd_epi32(s_hi, hi[g], x(4 + g));
+            }
+            let d = _mm512_mul_ps(dw, _mm512_set1_ps(xb.d));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s_lo, s_hi)), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; 2 * TILE_ROWS];
+        // SAFETY: a 16-float store into a 16-float array.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), a) };
         out
     })
 }
@@ -212,12 +283,20 @@ impl TileKernel {
         }
     }
 
-    /// Tokens one unpacking of a tile's nibbles serves: VNNI's 32 vector registers hold 8
-    /// tokens' sums beside the tile's 8 unpacked vectors.
+    /// Tokens one unpacking of a tile's nibbles serves: AVX-512's 32 vector registers hold 16
+    /// tokens' sums beside the tiles' 8 unpacked vectors.
     fn tokens(self) -> usize {
         match self {
-            TileKernel::Vnni => 8,
+            TileKernel::Vnni => 16,
             _ => 4,
+        }
+    }
+
+    /// Rows one call computes: VNNI takes two tiles where it can ([`tile_pair_dots_vnni`]).
+    fn rows(self) -> usize {
+        match self {
+            TileKernel::Vnni => 2 * TILE_ROWS,
+            _ => TILE_ROWS,
         }
     }
 
@@ -265,9 +344,11 @@ fn matmul_x86(
         _ => Vec::new(),
     };
     let work = rows * row_bytes / BLOCK_BYTES * QK * tokens;
-    row_groups_by_tokens(rows, tokens, work, TILE_ROWS, |r, out| {
-        // `out` is `[row][token]` for the tile's rows.
-        let tile = &bytes[r * row_bytes..(r + TILE_ROWS) * row_bytes];
+    row_groups_by_tokens(rows, tokens, work, kernel.rows(), |r, out| {
+        // `out` is `[row][token]` for the group's rows: one tile, or two for VNNI where the
+        // height allows.
+        let group = out.len() / tokens;
+        let tile = &bytes[r * row_bytes..(r + group) * row_bytes];
         if kernel == TileKernel::Scalar {
             for (i, ys) in out.chunks_exact_mut(tokens).enumerate() {
                 let row = &tile[i * row_bytes..(i + 1) * row_bytes];
@@ -276,8 +357,9 @@ fn matmul_x86(
             return;
         }
         for c in (0..tokens).step_by(chunk) {
-            let n = (tokens - c).min(chunk);
             let x = |i: usize| &q8[c + i][..];
+            #[cfg(target_arch = "x86_64")]
+            let cr = |i: usize| &corr[c + i][..];
             macro_rules! avx2 {
                 ($n:literal) => {
                     // SAFETY: AVX2, FMA and F16C were detected at run time.
@@ -286,43 +368,64 @@ fn matmul_x86(
                     })
                 };
             }
+            // SAFETY (both): AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected at run
+            // time; `corr` holds each token's blocks.
             #[cfg(target_arch = "x86_64")]
             macro_rules! vnni {
                 ($n:literal) => {
-                    // SAFETY: AVX-512 VNNI (and AVX2, FMA, F16C) were detected at run time;
-                    // `corr` holds each token's blocks.
                     put(out, tokens, c, &unsafe {
-                        tile_dots_vnni::<$n>(
+                        tile_dots_vnni::<$n>(&lut, tile, row_bytes, std::array::from_fn(x), std::array::from_fn(cr))
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! vnni_pair {
+                ($n:literal) => {
+                    put(out, tokens, c, &unsafe {
+                        tile_pair_dots_vnni::<$n>(
                             &lut,
                             tile,
                             row_bytes,
                             std::array::from_fn(x),
-                            std::array::from_fn(|i| &corr[c + i][..]),
+                            std::array::from_fn(cr),
                         )
                     })
                 };
             }
-            match (kernel, n) {
+            macro_rules! by_tokens {
+                ($k:ident, $n:expr) => {
+                    match $n {
+                        1 => $k!(1),
+                        2 => $k!(2),
+                        3 => $k!(3),
+                        4 => $k!(4),
+                        5 => $k!(5),
+                        6 => $k!(6),
+                        7 => $k!(7),
+                        8 => $k!(8),
+                        9 => $k!(9),
+                        10 => $k!(10),
+                        11 => $k!(11),
+                        12 => $k!(12),
+                        13 => $k!(13),
+                        14 => $k!(14),
+                        15 => $k!(15),
+                        _ => $k!(16),
+                    }
+                };
+            }
+            let n = (tokens - c).min(chunk);
+            match kernel {
                 #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 1) => vnni!(1),
+                TileKernel::Vnni if group == 2 * TILE_ROWS => by_tokens!(vnni_pair, n),
                 #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 2) => vnni!(2),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 3) => vnni!(3),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 4) => vnni!(4),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 5) => vnni!(5),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 6) => vnni!(6),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, 7) => vnni!(7),
-                #[cfg(target_arch = "x86_64")]
-                (TileKernel::Vnni, _) => vnni!(8),
-                (_, 1) => avx2!(1),
-                (_, 2) => avx2!(2),
-                (_, 3) => avx2!(3),
-                _ => avx2!(4),
+                TileKernel::Vnni => by_tokens!(vnni, n),
+                _ => match n {
+                    1 => avx2!(1),
+                    2 => avx2!(2),
+                    3 => avx2!(3),
+                    _ => avx2!(4),
+                },
             }
         }
     })
@@ -369,9 +472,9 @@ unsafe fn dots_arm<const SDOT: bool>(levels: &[i8; 16], row: &[u8], xs: &[&[Q8Bl
     }
 }
 
-/// Tokens `c..` of a tile's results (`[token][row]`) into `out` (`[row][token]`).
+/// Tokens `c..` of a group's results (`[token][row]`) into `out` (`[row][token]`).
 #[cfg(not(target_arch = "aarch64"))]
-fn put(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; TILE_ROWS]]) {
+fn put<const R: usize>(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; R]]) {
     for (t, ys) in got.iter().enumerate() {
         for (i, &y) in ys.iter().enumerate() {
             out[i * tokens + c + t] = y;
@@ -406,14 +509,14 @@ mod tests {
     }
 
     /// Each x86 kernel this CPU runs, on both tables, gives every token the scalar chain's bits:
-    /// one block a row or many, one tile or several, token counts that fill a chunk of either
-    /// kernel, leave a part one, or both.
+    /// one block a row or many; one tile, pairs of tiles, and pairs with a lone tile (VNNI's two
+    /// paths), across threads' shares too; token counts that fill a chunk of either kernel, leave
+    /// a part one, or both.
     #[cfg(not(target_arch = "aarch64"))]
     #[test]
     fn every_x86_kernel_gives_the_scalar_chains_bits() {
-        for (seed, (rows, blocks, tokens)) in
-            (1u64..).zip([(8, 1, 1), (16, 9, 5), (24, 2, 8), (8, 33, 17), (16, 64, 12)])
-        {
+        let shapes = [(8, 1, 1), (16, 9, 5), (24, 2, 8), (8, 33, 17), (16, 64, 12), (32, 5, 16), (40, 3, 33)];
+        for (seed, (rows, blocks, tokens)) in (1u64..).zip(shapes) {
             let row_bytes = blocks * BLOCK_BYTES;
             let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * blocks, seed);
             let q8: Vec<Vec<Q8Block>> = (0..tokens as u64)
