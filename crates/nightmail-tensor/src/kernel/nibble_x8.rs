@@ -269,7 +269,7 @@ enum TileKernel {
     Scalar,
     /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm.
     Avx2,
-    /// [`tile_dots_vnni`].
+    /// [`tile_pair_dots_vnni`] on pairs of tiles, [`tile_dots_vnni`] on a last odd one.
     Vnni,
 }
 
@@ -368,11 +368,11 @@ fn matmul_x86(
                     })
                 };
             }
-            // SAFETY (both): AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected at run
-            // time; `corr` holds each token's blocks.
             #[cfg(target_arch = "x86_64")]
             macro_rules! vnni {
                 ($n:literal) => {
+                    // SAFETY: AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected at run
+                    // time; `corr` holds each token's blocks.
                     put(out, tokens, c, &unsafe {
                         tile_dots_vnni::<$n>(&lut, tile, row_bytes, std::array::from_fn(x), std::array::from_fn(cr))
                     })
@@ -381,6 +381,7 @@ fn matmul_x86(
             #[cfg(target_arch = "x86_64")]
             macro_rules! vnni_pair {
                 ($n:literal) => {
+                    // SAFETY: as `vnni!`'s; `tile` holds two tiles.
                     put(out, tokens, c, &unsafe {
                         tile_pair_dots_vnni::<$n>(
                             &lut,
