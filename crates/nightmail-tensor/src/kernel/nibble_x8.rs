@@ -265,7 +265,7 @@ unsafe fn tile_pair_dots_vnni<const N: usize>(
 /// The kernels that compute a tile on x86 (and elsewhere, without SIMD).
 #[cfg(not(target_arch = "aarch64"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TileKernel {
+pub enum TileKernel {
     Scalar,
     /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm.
     Avx2,
@@ -275,7 +275,7 @@ enum TileKernel {
 
 #[cfg(not(target_arch = "aarch64"))]
 impl TileKernel {
-    fn detect() -> Self {
+    pub fn detect() -> Self {
         match (has_avx2_f16c(), super::cpu::has_avx512_vnni()) {
             (false, _) => TileKernel::Scalar,
             (true, false) => TileKernel::Avx2,
@@ -301,8 +301,7 @@ impl TileKernel {
     }
 
     /// Every kernel this CPU runs.
-    #[cfg(test)]
-    fn available() -> Vec<Self> {
+    pub fn available() -> Vec<Self> {
         [TileKernel::Scalar, TileKernel::Avx2, TileKernel::Vnni]
             .into_iter()
             .filter(|&k| k == TileKernel::Scalar || k == TileKernel::Avx2 && has_avx2_f16c() || k == Self::detect())
@@ -321,6 +320,16 @@ pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, 
     return matmul_arm(levels, bytes, rows, row_bytes, &q8, super::arm::ArmKernel::detect());
     #[cfg(not(target_arch = "aarch64"))]
     matmul_x86(levels, bytes, rows, row_bytes, &q8, TileKernel::detect())
+}
+
+/// Q4_0's `[tokens, cols]` → `[tokens, rows]` by `kernel` (one of [`TileKernel::available`]),
+/// for `model kernel-bench` to time each against the others.
+#[cfg(not(target_arch = "aarch64"))]
+pub fn q4_0_matmul_with(kernel: TileKernel, bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
+    assert!(rows.is_multiple_of(TILE_ROWS) && cols.is_multiple_of(QK) && bytes.len() >= rows * cols / QK * BLOCK_BYTES);
+    assert!(TileKernel::available().contains(&kernel), "{kernel:?} does not run on this CPU");
+    let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
+    matmul_x86(&Q4_0_LEVELS, bytes, rows, cols / QK * BLOCK_BYTES, &q8, kernel)
 }
 
 #[cfg(not(target_arch = "aarch64"))]
