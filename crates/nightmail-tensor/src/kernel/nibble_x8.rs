@@ -193,6 +193,76 @@ unsafe fn tile_dots_vnni<const N: usize>(
     })
 }
 
+/// [`tile_dots_vnni`] in AVX2, for levels lifted to at most 15 (Q4_0's nibbles themselves):
+/// `maddubs` of the transposed tile and each token's broadcast bytes, the 8 groups' i16 pairs
+/// summed before one `madd` to i32. Exact: a lane holds at most 8 · 2 · 15 · 128 < 2^15.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `lut` at most 15; `corr[t]` as long as `xs[t]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_dots_avx2_small<const N: usize>(
+    lut: &[u8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(lut.iter().all(|&u| u <= 15));
+    assert!(tile.len() >= TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks));
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
+        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
+            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
+        });
+        // As in `tile_dots_vnni`: v[g] lane i = row i's bytes 4g..4g+4.
+        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm256_unpacklo_epi64(t0, t1),
+            _mm256_unpackhi_epi64(t0, t1),
+            _mm256_unpacklo_epi64(t2, t3),
+            _mm256_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
+        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
+        let h: [u16; TILE_ROWS] =
+            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 16-byte load of 8 f16 scales (exact in f32).
+        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm256_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let mut s = _mm256_setzero_si256();
+            for g in 0..4 {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[g], x(g)));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[g], x(4 + g)));
+            }
+            let s = _mm256_add_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(c));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; TILE_ROWS];
+        // SAFETY: an 8-float store into an 8-float array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
 /// [`tile_dots_vnni`] on two tiles at once (16 rows, `tiles` holding them consecutively), in
 /// 512-bit vectors: each token's broadcast bytes serve 16 rows' lanes.
 ///
@@ -267,7 +337,8 @@ unsafe fn tile_pair_dots_vnni<const N: usize>(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileKernel {
     Scalar,
-    /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm.
+    /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm; [`tile_dots_avx2_small`] for
+    /// Q4_0.
     Avx2,
     /// [`tile_pair_dots_vnni`] on pairs of tiles, [`tile_dots_vnni`] on a last odd one.
     Vnni,
@@ -346,7 +417,12 @@ fn matmul_x86(
     // VNNI's lifted levels and each token's blocks' −lift · Σx.
     let lift = -(*levels.iter().min().unwrap() as i32);
     let lut: [u8; 16] = levels.map(|l| (l as i32 + lift) as u8);
+    // AVX2 sums lifted levels of at most 15 in i16 (`tile_dots_avx2_small`).
+    let small = cfg!(target_arch = "x86_64") && kernel == TileKernel::Avx2 && lut.iter().all(|&u| u <= 15);
     let corr: Vec<Vec<i32>> = match kernel {
+        _ if small => {
+            q8.iter().map(|x| x.iter().map(|b| -lift * b.qs.iter().map(|&q| q as i32).sum::<i32>()).collect()).collect()
+        }
         TileKernel::Vnni => {
             q8.iter().map(|x| x.iter().map(|b| -lift * b.qs.iter().map(|&q| q as i32).sum::<i32>()).collect()).collect()
         }
@@ -374,6 +450,22 @@ fn matmul_x86(
                     // SAFETY: AVX2, FMA and F16C were detected at run time.
                     put(out, tokens, c, &unsafe {
                         tile_dots_avx2::<$n>(levels, tile, row_bytes, std::array::from_fn(x))
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! avx2_small {
+                ($n:literal) => {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time; `lut` is at most 15
+                    // (`small`) and `corr` holds each token's blocks.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_avx2_small::<$n>(
+                            &lut,
+                            tile,
+                            row_bytes,
+                            std::array::from_fn(x),
+                            std::array::from_fn(cr),
+                        )
                     })
                 };
             }
@@ -430,6 +522,13 @@ fn matmul_x86(
                 TileKernel::Vnni if group == 2 * TILE_ROWS => by_tokens!(vnni_pair, n),
                 #[cfg(target_arch = "x86_64")]
                 TileKernel::Vnni => by_tokens!(vnni, n),
+                #[cfg(target_arch = "x86_64")]
+                _ if small => match n {
+                    1 => avx2_small!(1),
+                    2 => avx2_small!(2),
+                    3 => avx2_small!(3),
+                    _ => avx2_small!(4),
+                },
                 _ => match n {
                     1 => avx2!(1),
                     2 => avx2!(2),
@@ -521,7 +620,8 @@ mod tests {
     /// Each x86 kernel this CPU runs, on both tables, gives every token the scalar chain's bits:
     /// one block a row or many; one tile, pairs of tiles, and pairs with a lone tile (VNNI's two
     /// paths), across threads' shares too; token counts that fill a chunk of either kernel, leave
-    /// a part one, or both.
+    /// a part one, or both. (AVX2 takes `tile_dots_avx2_small` on Q4_0, `tile_dots_avx2` on
+    /// IQ4_NL.)
     #[cfg(not(target_arch = "aarch64"))]
     #[test]
     fn every_x86_kernel_gives_the_scalar_chains_bits() {
