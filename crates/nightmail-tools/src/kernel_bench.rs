@@ -1,7 +1,8 @@
 //! `model kernel-bench`: the MXFP4 mat-vec's throughput in GB/s of weights read, against this
 //! machine's memory bandwidth (a parallel read sweep, measured in the same run before and after)
 //! and against candle's Q4_0 mat-vec (`candle_core::quantized`, ggml's `vec_dot_q4_0_q8_0`) on
-//! the same shape; and each weight type's kernel, as a model's `Linear` picks it, against Q4_0's.
+//! the same shape; Q4_0's 8-row tile kernels (x86) against each other; and each weight type's
+//! kernel, as a model's `Linear` picks it, against Q4_0's.
 //! Each kernel cycles through a set of matrices several times the size of the
 //! last-level cache, so every pass reads its weights from DRAM, as a streamed expert's are.
 
@@ -59,6 +60,9 @@ pub struct KernelBenchReport {
     /// MXFP4 with the kernel this CPU runs (detected), then the other kernels it can run.
     pub mxfp4: Vec<KernelFigure>,
     pub candle_q4_0: KernelFigure,
+    /// x86, rows a multiple of 8: Q4_0 in llama.cpp's 8-row tile order (`Linear`'s Q4_0 here)
+    /// with each SIMD kernel this CPU runs, the detected one first, on candle's matrices' bytes.
+    pub q4_0_tiles: Vec<KernelFigure>,
     /// The detected MXFP4 kernel's GB/s over the memory bandwidth.
     pub mxfp4_to_memory: f64,
     /// The detected MXFP4 kernel's GB/s over candle's Q4_0.
@@ -251,6 +255,35 @@ pub fn kernel_bench(opts: &KernelBenchOptions) -> Result<KernelBenchReport> {
         figure("candle Q4_0".into(), s, q4_bytes * matrices, weights * matrices, matrices)
     };
 
+    #[cfg(not(target_arch = "aarch64"))]
+    let q4_0_tiles = {
+        use nightmail_tensor::kernel::nibble_x8::{TileKernel, q4_0_matmul_with};
+        let set: Vec<Vec<u8>> = (0..matrices)
+            .map(|m| {
+                let mut b = vec![0u8; q4_bytes];
+                fill_random(&mut b, 200 + m as u64);
+                b.chunks_exact_mut(18)
+                    .for_each(|blk| blk[..2].copy_from_slice(&f16::from_f32(1.0 / 128.0).to_le_bytes()));
+                b
+            })
+            .collect();
+        let mut kernels: Vec<TileKernel> = TileKernel::available().into_iter().rev().collect();
+        kernels.retain(|k| *k != TileKernel::Scalar);
+        let mut figures = Vec::new();
+        for kernel in kernels.into_iter().filter(|_| rows.is_multiple_of(8)) {
+            let s = time_passes(passes, || {
+                for b in &set {
+                    std::hint::black_box(q4_0_matmul_with(kernel, b, rows, cols, &x)?);
+                }
+                Ok(())
+            })?;
+            figures.push(figure(format!("{kernel:?}"), s, q4_bytes * matrices, weights * matrices, matrices));
+        }
+        figures
+    };
+    #[cfg(target_arch = "aarch64")]
+    let q4_0_tiles = Vec::new();
+
     let mut by_type = Vec::new();
     if cols.is_multiple_of(256) {
         for dtype in timed_types() {
@@ -279,6 +312,7 @@ pub fn kernel_bench(opts: &KernelBenchOptions) -> Result<KernelBenchReport> {
         mxfp4_to_candle_q4_0_speed: best.gweights_per_s / candle_q4_0.gweights_per_s,
         mxfp4: mxfp4.clone(),
         candle_q4_0,
+        q4_0_tiles,
         by_type,
         by_type_to_q4_0_gbps,
     })
@@ -308,5 +342,13 @@ mod tests {
             ]
         );
         assert!(r.by_type.iter().all(|f| f.gbps > 0.0) && r.by_type_to_q4_0_gbps[0] == 1.0);
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            use nightmail_tensor::kernel::nibble_x8::TileKernel;
+            let tiles: Vec<String> = r.q4_0_tiles.iter().map(|f| f.kernel.clone()).collect();
+            assert_eq!(tiles.first(), Some(&format!("{:?}", TileKernel::detect())));
+            assert_eq!(tiles.len(), TileKernel::available().len() - 1);
+            assert!(r.q4_0_tiles.iter().all(|f| f.gbps > 0.0));
+        }
     }
 }

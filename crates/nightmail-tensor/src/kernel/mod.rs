@@ -24,7 +24,7 @@ mod lattice;
 pub mod lowbit;
 pub mod matvec;
 pub mod mxfp4;
-mod nibble_x8;
+pub mod nibble_x8;
 mod nvfp4;
 mod q1_0;
 mod q2_0;

@@ -121,9 +121,264 @@ unsafe fn tile_dots_avx2<const N: usize>(
     xs.map(|x| std::array::from_fn(|i| dot_scalar(levels, &tile[i * row_bytes..(i + 1) * row_bytes], x)))
 }
 
-/// Tokens one unpacking of a tile's nibbles serves.
+/// One tile against `N` tokens as [`tile_dots_avx2`], each block's integer dots by VNNI's
+/// `vpdpbusd` on a transposed tile: lane i of a vector holds 4 packed bytes of row i, so each
+/// token's 4 bytes are broadcast and the 8 rows' dots build up in their own lanes, with no
+/// reduction across lanes (the layout of llama.cpp's `block_q4_0x8`, `repack.cpp`). `vpdpbusd`
+/// multiplies unsigned by signed bytes: the weights are the levels lifted by `lift` (`lut`, all
+/// in 0..=255), and each token's block `b` starts from `corr[t][b]` = −lift · Σx. Integer sums:
+/// exact in any order (at most 32 · 255 · 127 a block), so the same dots and the same chains.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F, VL and VNNI; `corr[t]` as long as `xs[t]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn tile_dots_vnni<const N: usize>(
+    lut: &[u8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(tile.len() >= TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks));
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
+        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
+            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
+        });
+        // A 4 x 4 transpose of 32-bit groups in each half: v[g] lane i = row i's bytes 4g..4g+4,
+        // elements 4g.. in the low nibbles, 16 + 4g.. in the high.
+        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm256_unpacklo_epi64(t0, t1),
+            _mm256_unpackhi_epi64(t0, t1),
+            _mm256_unpacklo_epi64(t2, t3),
+            _mm256_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
+        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
+        let h: [u16; TILE_ROWS] =
+            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 16-byte load of 8 f16 scales (f16 to f32 is exact, as `scale` is).
+        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm256_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let (mut s_lo, mut s_hi) = (_mm256_set1_epi32(c), _mm256_setzero_si256());
+            for g in 0..4 {
+                s_lo = _mm256_dpbusd_epi32(s_lo, lo[g], x(g));
+                s_hi = _mm256_dpbusd_epi32(s_hi, hi[g], x(4 + g));
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s_lo, s_hi)), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; TILE_ROWS];
+        // SAFETY: an 8-float store into an 8-float array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
+/// [`tile_dots_vnni`] in AVX2, for levels lifted to at most 15 (Q4_0's nibbles themselves):
+/// `maddubs` of the transposed tile and each token's broadcast bytes, the 8 groups' i16 pairs
+/// summed before one `madd` to i32. Exact: a lane holds at most 8 · 2 · 15 · 128 < 2^15.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `lut` at most 15; `corr[t]` as long as `xs[t]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_dots_avx2_small<const N: usize>(
+    lut: &[u8; 16],
+    tile: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(lut.iter().all(|&u| u <= 15));
+    assert!(tile.len() >= TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks));
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
+        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
+            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
+        });
+        // As in `tile_dots_vnni`: v[g] lane i = row i's bytes 4g..4g+4.
+        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm256_unpacklo_epi64(t0, t1),
+            _mm256_unpackhi_epi64(t0, t1),
+            _mm256_unpacklo_epi64(t2, t3),
+            _mm256_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
+        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
+        let h: [u16; TILE_ROWS] =
+            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 16-byte load of 8 f16 scales (exact in f32).
+        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm256_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let mut s = _mm256_setzero_si256();
+            for g in 0..4 {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[g], x(g)));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[g], x(4 + g)));
+            }
+            let s = _mm256_add_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(c));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; TILE_ROWS];
+        // SAFETY: an 8-float store into an 8-float array.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
+/// [`tile_dots_vnni`] on two tiles at once (16 rows, `tiles` holding them consecutively), in
+/// 512-bit vectors: each token's broadcast bytes serve 16 rows' lanes.
+///
+/// # Safety
+/// As [`tile_dots_vnni`], and AVX-512 BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_pair_dots_vnni<const N: usize>(
+    lut: &[u8; 16],
+    tiles: &[u8],
+    row_bytes: usize,
+    xs: [&[Q8Block]; N],
+    corr: [&[i32]; N],
+) -> [[f32; 2 * TILE_ROWS]; N] {
+    use std::arch::x86_64::*;
+    let blocks = row_bytes / BLOCK_BYTES;
+    assert!(
+        tiles.len() >= 2 * TILE_ROWS * row_bytes && (0..N).all(|t| xs[t].len() >= blocks && corr[t].len() >= blocks)
+    );
+    // SAFETY: a 16-byte load of the 16 lifted levels.
+    let lut = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(lut.as_ptr().cast()) });
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); N];
+    let p = tiles.as_ptr();
+    for b in 0..blocks {
+        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+        // SAFETY: rows i, i + 4, i + 8 and i + 12's 16 packed bytes, inside the tiles (asserted).
+        let y: [__m512i; 4] = std::array::from_fn(|i| unsafe {
+            let lo = _mm256_loadu2_m128i(p.add(at(i + 4) + 2).cast(), p.add(at(i) + 2).cast());
+            let hi = _mm256_loadu2_m128i(p.add(at(i + 12) + 2).cast(), p.add(at(i + 8) + 2).cast());
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        });
+        let (t0, t1) = (_mm512_unpacklo_epi32(y[0], y[1]), _mm512_unpacklo_epi32(y[2], y[3]));
+        let (t2, t3) = (_mm512_unpackhi_epi32(y[0], y[1]), _mm512_unpackhi_epi32(y[2], y[3]));
+        let v = [
+            _mm512_unpacklo_epi64(t0, t1),
+            _mm512_unpackhi_epi64(t0, t1),
+            _mm512_unpacklo_epi64(t2, t3),
+            _mm512_unpackhi_epi64(t2, t3),
+        ];
+        let lo = v.map(|v| _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4)));
+        let hi = v.map(|v| _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)));
+        // SAFETY: each row's 2-byte scale, inside the tiles (asserted).
+        let h: [u16; 16] = std::array::from_fn(|i| unsafe { p.add(at(i)).cast::<u16>().read_unaligned() });
+        // SAFETY: a 32-byte load of 16 f16 scales (exact in f32).
+        let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(h.as_ptr().cast()) });
+        for t in 0..N {
+            // SAFETY: block b of token t (asserted above).
+            let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
+            let q = xb.qs.as_ptr().cast::<i32>();
+            // SAFETY: 4-byte groups inside the block's 32 bytes.
+            let x = |g: usize| _mm512_set1_epi32(unsafe { q.add(g).read_unaligned() });
+            let (mut s_lo, mut s_hi) = (_mm512_set1_epi32(c), _mm512_setzero_si512());
+            for g in 0..4 {
+                s_lo = _mm512_dpbusd_epi32(s_lo, lo[g], x(g));
+                s_hi = _mm512_dpbusd_epi32(s_hi, hi[g], x(4 + g));
+            }
+            let d = _mm512_mul_ps(dw, _mm512_set1_ps(xb.d));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s_lo, s_hi)), d, acc[t]);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; 2 * TILE_ROWS];
+        // SAFETY: a 16-float store into a 16-float array.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), a) };
+        out
+    })
+}
+
+/// The kernels that compute a tile on x86 (and elsewhere, without SIMD).
 #[cfg(not(target_arch = "aarch64"))]
-const TOKENS: usize = 4;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileKernel {
+    Scalar,
+    /// `maddubs` + `madd` per row, as llama.cpp's AVX2 gemm; [`tile_dots_avx2_small`] for
+    /// Q4_0.
+    Avx2,
+    /// [`tile_pair_dots_vnni`] on pairs of tiles, [`tile_dots_vnni`] on a last odd one.
+    Vnni,
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+impl TileKernel {
+    pub fn detect() -> Self {
+        match (has_avx2_f16c(), super::cpu::has_avx512_vnni()) {
+            (false, _) => TileKernel::Scalar,
+            (true, false) => TileKernel::Avx2,
+            (true, true) => TileKernel::Vnni,
+        }
+    }
+
+    /// Tokens one unpacking of a tile's nibbles serves: AVX-512's 32 vector registers hold 16
+    /// tokens' sums beside the tiles' 8 unpacked vectors.
+    fn tokens(self) -> usize {
+        match self {
+            TileKernel::Vnni => 16,
+            _ => 4,
+        }
+    }
+
+    /// Rows one call computes: VNNI takes two tiles where it can ([`tile_pair_dots_vnni`]).
+    fn rows(self) -> usize {
+        match self {
+            TileKernel::Vnni => 2 * TILE_ROWS,
+            _ => TILE_ROWS,
+        }
+    }
+
+    /// Every kernel this CPU runs.
+    pub fn available() -> Vec<Self> {
+        [TileKernel::Scalar, TileKernel::Avx2, TileKernel::Vnni]
+            .into_iter()
+            .filter(|&k| k == TileKernel::Scalar || k == TileKernel::Avx2 && has_avx2_f16c() || k == Self::detect())
+            .collect()
+    }
+}
 
 /// `x`: `[tokens, cols]` → `[tokens, rows]` over `bytes` (`rows` rows of `cols / 32` blocks,
 /// `rows` a multiple of [`TILE_ROWS`]), activations quantized as ggml's x86 `quantize_row_q8_0`
@@ -135,28 +390,151 @@ pub(crate) fn matmul(levels: &[i8; 16], bytes: &[u8], rows: usize, cols: usize, 
     #[cfg(target_arch = "aarch64")]
     return matmul_arm(levels, bytes, rows, row_bytes, &q8, super::arm::ArmKernel::detect());
     #[cfg(not(target_arch = "aarch64"))]
-    let (tokens, avx2) = (q8.len(), has_avx2_f16c());
-    #[cfg(not(target_arch = "aarch64"))]
-    row_groups_by_tokens(rows, tokens, rows * cols * tokens, TILE_ROWS, |r, out| {
-        // `out` is `[row][token]` for the tile's rows.
-        let tile = &bytes[r * row_bytes..(r + TILE_ROWS) * row_bytes];
-        if !avx2 {
+    matmul_x86(levels, bytes, rows, row_bytes, &q8, TileKernel::detect())
+}
+
+/// Q4_0's `[tokens, cols]` → `[tokens, rows]` by `kernel` (one of [`TileKernel::available`]),
+/// for `model kernel-bench` to time each against the others.
+#[cfg(not(target_arch = "aarch64"))]
+pub fn q4_0_matmul_with(kernel: TileKernel, bytes: &[u8], rows: usize, cols: usize, x: &Tensor) -> Result<Tensor> {
+    assert!(rows.is_multiple_of(TILE_ROWS) && cols.is_multiple_of(QK) && bytes.len() >= rows * cols / QK * BLOCK_BYTES);
+    assert!(TileKernel::available().contains(&kernel), "{kernel:?} does not run on this CPU");
+    let q8: Vec<Vec<Q8Block>> = activations(x)?.chunks_exact(cols).map(quantize_q8_1).collect();
+    matmul_x86(&Q4_0_LEVELS, bytes, rows, cols / QK * BLOCK_BYTES, &q8, kernel)
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn matmul_x86(
+    levels: &[i8; 16],
+    bytes: &[u8],
+    rows: usize,
+    row_bytes: usize,
+    q8: &[Vec<Q8Block>],
+    kernel: TileKernel,
+) -> Result<Tensor> {
+    let tokens = q8.len();
+    let chunk = kernel.tokens();
+    // VNNI's lifted levels and each token's blocks' −lift · Σx.
+    let lift = -(*levels.iter().min().unwrap() as i32);
+    let lut: [u8; 16] = levels.map(|l| (l as i32 + lift) as u8);
+    // AVX2 sums lifted levels of at most 15 in i16 (`tile_dots_avx2_small`).
+    let small = cfg!(target_arch = "x86_64") && kernel == TileKernel::Avx2 && lut.iter().all(|&u| u <= 15);
+    let corr: Vec<Vec<i32>> = match kernel {
+        _ if small => {
+            q8.iter().map(|x| x.iter().map(|b| -lift * b.qs.iter().map(|&q| q as i32).sum::<i32>()).collect()).collect()
+        }
+        TileKernel::Vnni => {
+            q8.iter().map(|x| x.iter().map(|b| -lift * b.qs.iter().map(|&q| q as i32).sum::<i32>()).collect()).collect()
+        }
+        _ => Vec::new(),
+    };
+    let work = rows * row_bytes / BLOCK_BYTES * QK * tokens;
+    row_groups_by_tokens(rows, tokens, work, kernel.rows(), |r, out| {
+        // `out` is `[row][token]` for the group's rows: one tile, or two for VNNI where the
+        // height allows.
+        let group = out.len() / tokens;
+        let tile = &bytes[r * row_bytes..(r + group) * row_bytes];
+        if kernel == TileKernel::Scalar {
             for (i, ys) in out.chunks_exact_mut(tokens).enumerate() {
                 let row = &tile[i * row_bytes..(i + 1) * row_bytes];
                 ys.iter_mut().enumerate().for_each(|(t, y)| *y = dot_scalar(levels, row, &q8[t]));
             }
             return;
         }
-        for c in (0..tokens).step_by(TOKENS) {
+        for c in (0..tokens).step_by(chunk) {
             let x = |i: usize| &q8[c + i][..];
-            // SAFETY: AVX2, FMA and F16C were detected at run time.
-            match (tokens - c).min(TOKENS) {
-                1 => put(out, tokens, c, &unsafe { tile_dots_avx2::<1>(levels, tile, row_bytes, [x(0)]) }),
-                2 => put(out, tokens, c, &unsafe { tile_dots_avx2::<2>(levels, tile, row_bytes, [x(0), x(1)]) }),
-                3 => put(out, tokens, c, &unsafe { tile_dots_avx2::<3>(levels, tile, row_bytes, [x(0), x(1), x(2)]) }),
-                _ => put(out, tokens, c, &unsafe {
-                    tile_dots_avx2::<4>(levels, tile, row_bytes, [x(0), x(1), x(2), x(3)])
-                }),
+            #[cfg(target_arch = "x86_64")]
+            let cr = |i: usize| &corr[c + i][..];
+            macro_rules! avx2 {
+                ($n:literal) => {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_avx2::<$n>(levels, tile, row_bytes, std::array::from_fn(x))
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! avx2_small {
+                ($n:literal) => {
+                    // SAFETY: AVX2, FMA and F16C were detected at run time; `lut` is at most 15
+                    // (`small`) and `corr` holds each token's blocks.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_avx2_small::<$n>(
+                            &lut,
+                            tile,
+                            row_bytes,
+                            std::array::from_fn(x),
+                            std::array::from_fn(cr),
+                        )
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! vnni {
+                ($n:literal) => {
+                    // SAFETY: AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected at run
+                    // time; `corr` holds each token's blocks.
+                    put(out, tokens, c, &unsafe {
+                        tile_dots_vnni::<$n>(&lut, tile, row_bytes, std::array::from_fn(x), std::array::from_fn(cr))
+                    })
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! vnni_pair {
+                ($n:literal) => {
+                    // SAFETY: as `vnni!`'s; `tile` holds two tiles.
+                    put(out, tokens, c, &unsafe {
+                        tile_pair_dots_vnni::<$n>(
+                            &lut,
+                            tile,
+                            row_bytes,
+                            std::array::from_fn(x),
+                            std::array::from_fn(cr),
+                        )
+                    })
+                };
+            }
+            macro_rules! by_tokens {
+                ($k:ident, $n:expr) => {
+                    match $n {
+                        1 => $k!(1),
+                        2 => $k!(2),
+                        3 => $k!(3),
+                        4 => $k!(4),
+                        5 => $k!(5),
+                        6 => $k!(6),
+                        7 => $k!(7),
+                        8 => $k!(8),
+                        9 => $k!(9),
+                        10 => $k!(10),
+                        11 => $k!(11),
+                        12 => $k!(12),
+                        13 => $k!(13),
+                        14 => $k!(14),
+                        15 => $k!(15),
+                        _ => $k!(16),
+                    }
+                };
+            }
+            let n = (tokens - c).min(chunk);
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                TileKernel::Vnni if group == 2 * TILE_ROWS => by_tokens!(vnni_pair, n),
+                #[cfg(target_arch = "x86_64")]
+                TileKernel::Vnni => by_tokens!(vnni, n),
+                #[cfg(target_arch = "x86_64")]
+                _ if small => match n {
+                    1 => avx2_small!(1),
+                    2 => avx2_small!(2),
+                    3 => avx2_small!(3),
+                    _ => avx2_small!(4),
+                },
+                _ => match n {
+                    1 => avx2!(1),
+                    2 => avx2!(2),
+                    3 => avx2!(3),
+                    _ => avx2!(4),
+                },
             }
         }
     })
@@ -203,9 +581,9 @@ unsafe fn dots_arm<const SDOT: bool>(levels: &[i8; 16], row: &[u8], xs: &[&[Q8Bl
     }
 }
 
-/// Tokens `c..` of a tile's results (`[token][row]`) into `out` (`[row][token]`).
+/// Tokens `c..` of a group's results (`[token][row]`) into `out` (`[row][token]`).
 #[cfg(not(target_arch = "aarch64"))]
-fn put(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; TILE_ROWS]]) {
+fn put<const R: usize>(out: &mut [f32], tokens: usize, c: usize, got: &[[f32; R]]) {
     for (t, ys) in got.iter().enumerate() {
         for (i, &y) in ys.iter().enumerate() {
             out[i * tokens + c + t] = y;
@@ -237,6 +615,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Each x86 kernel this CPU runs, on both tables, gives every token the scalar chain's bits:
+    /// one block a row or many; one tile, pairs of tiles, and pairs with a lone tile (VNNI's two
+    /// paths), across threads' shares too; token counts that fill a chunk of either kernel, leave
+    /// a part one, or both. (AVX2 takes `tile_dots_avx2_small` on Q4_0, `tile_dots_avx2` on
+    /// IQ4_NL.)
+    #[cfg(not(target_arch = "aarch64"))]
+    #[test]
+    fn every_x86_kernel_gives_the_scalar_chains_bits() {
+        let shapes = [(8, 1, 1), (16, 9, 5), (24, 2, 8), (8, 33, 17), (16, 64, 12), (32, 5, 16), (40, 3, 33)];
+        for (seed, (rows, blocks, tokens)) in (1u64..).zip(shapes) {
+            let row_bytes = blocks * BLOCK_BYTES;
+            let bytes = super::super::lattice::tests::random_blocks(BLOCK_BYTES, rows * blocks, seed);
+            let q8: Vec<Vec<Q8Block>> = (0..tokens as u64)
+                .map(|t| quantize_q8_1(&super::super::q8::tests::random(blocks * QK, 100 * seed + t)))
+                .collect();
+            for levels in [&Q4_0_LEVELS, &super::super::iq_grids::KVALUES_IQ4NL] {
+                let want: Vec<u32> = q8
+                    .iter()
+                    .flat_map(|x| {
+                        (0..rows).map(|r| dot_scalar(levels, &bytes[r * row_bytes..(r + 1) * row_bytes], x).to_bits())
+                    })
+                    .collect();
+                for kernel in TileKernel::available() {
+                    let got = matmul_x86(levels, &bytes, rows, row_bytes, &q8, kernel).unwrap().flatten_all().unwrap();
+                    let got: Vec<u32> = got.to_vec1::<f32>().unwrap().iter().map(|y| y.to_bits()).collect();
+                    assert_eq!(got, want, "{kernel:?}: {rows} rows of {blocks} blocks, {tokens} tokens");
+                }
+            }
+        }
+    }
+
+    /// The kernels the test above runs are those this CPU has: AVX2 (with FMA and F16C) where
+    /// detected, VNNI where AVX-512 VNNI is too, and `matmul` takes the best of them.
+    #[cfg(not(target_arch = "aarch64"))]
+    #[test]
+    fn the_x86_kernels_tested_are_those_the_cpu_has() {
+        let avx2 = has_avx2_f16c();
+        let vnni = avx2 && super::super::cpu::has_avx512_vnni();
+        let mut want = vec![TileKernel::Scalar];
+        want.extend(avx2.then_some(TileKernel::Avx2));
+        want.extend(vnni.then_some(TileKernel::Vnni));
+        assert_eq!(TileKernel::available(), want);
+        assert_eq!(TileKernel::detect(), *want.last().unwrap());
     }
 
     /// Each aarch64 path (NEON, dotprod) on IQ4_NL's levels, the heights llama.cpp repacks:

@@ -278,6 +278,16 @@ pub(super) fn print_kernel_bench(r: &crate::kernel_bench::KernelBenchReport) {
             f.gbps, f.gweights_per_s, f.us_per_call
         );
     }
+    for f in &r.q4_0_tiles {
+        println!(
+            "Q4_0 tiles {:<4} {:.2} GB/s of weights, {:.2} G weights/s, {:.1} µs per call, {:.2}x candle Q4_0",
+            f.kernel,
+            f.gbps,
+            f.gweights_per_s,
+            f.us_per_call,
+            f.gbps / r.candle_q4_0.gbps
+        );
+    }
     println!("MXFP4 / memory bandwidth      {:.2}", r.mxfp4_to_memory);
     println!("MXFP4 / candle Q4_0 (GB/s)    {:.2}", r.mxfp4_to_candle_q4_0_gbps);
     println!("MXFP4 / candle Q4_0 (speed)   {:.2}", r.mxfp4_to_candle_q4_0_speed);
