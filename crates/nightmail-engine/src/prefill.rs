@@ -71,18 +71,13 @@ pub fn pass_activation_bytes(sizes: &ModelSizes, tokens: usize, span: usize) -> 
         + keys
 }
 
-/// Experts a pass keeps in memory while a layer whose union outgrows the cache streams through
-/// it (`stream/expert_cache`: a read begins as room frees): reads in flight (16 by default)
-/// beside the experts computing, a thread each. Fewer would leave the disk or the cores waiting.
-const STREAMING_EXPERTS: usize = 32;
-
-/// The least expert cache a pass of `rows` routed rows runs in: their union in one layer, or the
-/// experts it streams at once where the union is larger ([`STREAMING_EXPERTS`]), and beside
-/// them what the plan keeps for a decode step's look-ahead, the room the next layer's guesses
-/// are read into meanwhile.
+/// The least expert cache a pass of `rows` routed rows runs in: their union in one layer (the
+/// layer computing holds its experts while the next layer's guesses are read beside them), and
+/// what the plan keeps for a decode step's look-ahead. A cache smaller than that still runs the
+/// pass: the layer streams through it (`stream/expert_cache`: a read begins as room frees).
 pub fn pass_cache_floor(plan: &MemoryPlan, rows: usize) -> usize {
     let union = plan.distinct_experts(rows).ceil() as usize;
-    union.min(STREAMING_EXPERTS) * plan.sizes.expert_max_bytes + plan.look_ahead_bytes
+    union * plan.sizes.expert_max_bytes + plan.look_ahead_bytes
 }
 
 /// Prompt tokens per pass for `spec` under `plan` (`None`: loaded whole, no budget), for a

@@ -60,10 +60,18 @@ impl StreamingExperts {
         let mut unreserve = Vec::new();
         let mut st = self.shared.state.lock().expect("expert cache lock");
         st.routed_layer = Some(layer);
+        st.tick += 1;
+        // The layer's guesses are settled: the wrong ones are cached experts like any other, the
+        // right ones the most recently used (the layer asks for them next, and an eviction
+        // meanwhile, making room for a read, takes older experts first).
+        let tick = st.tick;
         let State { entries, prefetch, used, queued, .. } = &mut *st;
-        // The layer's guesses are settled: the right ones are about to be used, the wrong ones
-        // are cached experts like any other.
-        entries.iter_mut().filter(|(id, _)| id.layer == layer).for_each(|(_, e)| e.ahead = false);
+        for (id, e) in entries.iter_mut().filter(|(id, _)| id.layer == layer) {
+            e.ahead = false;
+            if chosen.contains(id) {
+                e.last_use = tick;
+            }
+        }
         prefetch.retain(|id| {
             // A guess whose first runs are being read is let finish (its buffers are in use).
             let started = entries.get(id).is_some_and(|e| matches!(e.slot, Slot::Reading { .. }));
