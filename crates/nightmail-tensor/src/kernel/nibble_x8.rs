@@ -148,28 +148,8 @@ unsafe fn tile_dots_vnni<const N: usize>(
     let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); N];
     for b in 0..blocks {
-        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
-        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
-        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
-            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
-        });
-        // A 4 x 4 transpose of 32-bit groups in each half: v[g] lane i = row i's bytes 4g..4g+4,
-        // elements 4g.. in the low nibbles, 16 + 4g.. in the high.
-        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
-        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
-        let v = [
-            _mm256_unpacklo_epi64(t0, t1),
-            _mm256_unpackhi_epi64(t0, t1),
-            _mm256_unpacklo_epi64(t2, t3),
-            _mm256_unpackhi_epi64(t2, t3),
-        ];
-        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
-        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
-        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
-        let h: [u16; TILE_ROWS] =
-            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
-        // SAFETY: a 16-byte load of 8 f16 scales (f16 to f32 is exact, as `scale` is).
-        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        // SAFETY: block b of the tile's rows (asserted above).
+        let (lo, hi, dw) = unsafe { transposed_block(lut, m4, tile, row_bytes, b) };
         for t in 0..N {
             // SAFETY: block b of token t (asserted above).
             let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
@@ -191,6 +171,45 @@ unsafe fn tile_dots_vnni<const N: usize>(
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), a) };
         out
     })
+}
+
+/// Block `b` of a tile's 8 rows, transposed: `lo[g]`/`hi[g]` lane i = row i's bytes 4g..4g+4
+/// looked up in `lut` (elements 4g.. from the low nibbles, 16 + 4g.. from the high; a 4 x 4
+/// transpose of 32-bit groups in each half), and the rows' scales in f32 (exact from f16).
+///
+/// # Safety
+/// AVX2 and F16C; the tile holds `TILE_ROWS` rows of `row_bytes`, block `b` among them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn transposed_block(
+    lut: std::arch::x86_64::__m256i,
+    m4: std::arch::x86_64::__m256i,
+    tile: &[u8],
+    row_bytes: usize,
+    b: usize,
+) -> ([std::arch::x86_64::__m256i; 4], [std::arch::x86_64::__m256i; 4], std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
+    // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (the caller's promise).
+    let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
+        _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
+    });
+    let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
+    let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
+    let v = [
+        _mm256_unpacklo_epi64(t0, t1),
+        _mm256_unpackhi_epi64(t0, t1),
+        _mm256_unpacklo_epi64(t2, t3),
+        _mm256_unpackhi_epi64(t2, t3),
+    ];
+    let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
+    let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+    // SAFETY: each row's 2-byte scale, inside the tile.
+    let h: [u16; TILE_ROWS] =
+        std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
+    // SAFETY: a 16-byte load of 8 f16 scales.
+    (lo, hi, _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) }))
 }
 
 /// [`tile_dots_vnni`] in AVX2, for levels lifted to at most 15 (Q4_0's nibbles themselves):
@@ -218,27 +237,8 @@ unsafe fn tile_dots_avx2_small<const N: usize>(
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); N];
     for b in 0..blocks {
-        let at = |i: usize| i * row_bytes + b * BLOCK_BYTES;
-        // SAFETY: rows i and i + 4's 16 packed bytes, inside the tile (asserted above).
-        let y: [__m256i; 4] = std::array::from_fn(|i| unsafe {
-            _mm256_loadu2_m128i(tile.as_ptr().add(at(i + 4) + 2).cast(), tile.as_ptr().add(at(i) + 2).cast())
-        });
-        // As in `tile_dots_vnni`: v[g] lane i = row i's bytes 4g..4g+4.
-        let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpacklo_epi32(y[2], y[3]));
-        let (t2, t3) = (_mm256_unpackhi_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[2], y[3]));
-        let v = [
-            _mm256_unpacklo_epi64(t0, t1),
-            _mm256_unpackhi_epi64(t0, t1),
-            _mm256_unpacklo_epi64(t2, t3),
-            _mm256_unpackhi_epi64(t2, t3),
-        ];
-        let lo = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4)));
-        let hi = v.map(|v| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
-        // SAFETY: each row's 2-byte scale, inside the tile (asserted above).
-        let h: [u16; TILE_ROWS] =
-            std::array::from_fn(|i| unsafe { tile.as_ptr().add(at(i)).cast::<u16>().read_unaligned() });
-        // SAFETY: a 16-byte load of 8 f16 scales (exact in f32).
-        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+        // SAFETY: block b of the tile's rows (asserted above).
+        let (lo, hi, dw) = unsafe { transposed_block(lut, m4, tile, row_bytes, b) };
         for t in 0..N {
             // SAFETY: block b of token t (asserted above).
             let (xb, c) = unsafe { (xs[t].get_unchecked(b), *corr[t].get_unchecked(b)) };
