@@ -16,13 +16,16 @@ use crate::parts::rope::Rope;
 use crate::source::LayerTensors;
 use crate::spec::{Architecture, ModelSpec};
 use nightmail_tensor::ggml::{DotOrder, dot_f16, soft_max};
+use nightmail_tensor::kernel::attention::{CausalAttention, with_head_rows};
 use nightmail_tensor::{Linear, RmsNorm};
 use nightmail_tensor::{Numerics, TensorView};
 
-/// Query rows whose scores over every key one attention product holds at once (the f32 path).
+/// Query rows whose scores over every key latent attention holds at once; the memory plan's bound
+/// for grouped attention too, whose threads each hold one part's (QUERY_PART rows of a group's
+/// heads, one copy: within the bound up to 12 threads per key/value head).
 pub const QUERY_BLOCK: usize = 64;
 
-/// Query rows of one part of a block, the parts computed side by side.
+/// Query rows of one part, the parts computed side by side.
 const QUERY_PART: usize = 16;
 
 pub struct Attention {
@@ -97,58 +100,22 @@ impl Attention {
         let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, start)?;
         let v = v.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
         let (k, v) = cache.append(&k, &v)?;
-        let s = k.dim(2)?;
-        // Each group of `rep` query heads shares one key/value head: fold the group into the
-        // query axis instead of copying keys and values `rep` times.
-        let rep = self.heads / self.kv_heads;
-        let q = q.squeeze(0)?.reshape((self.kv_heads, rep, t, d))?;
-        let (k, v) = (k.squeeze(0)?, v.squeeze(0)?.contiguous()?);
-        // Queries in blocks of QUERY_BLOCK rows: the scores (and their masked and softmaxed
-        // copies) are then `heads x rows x keys`, not `heads x tokens x keys` (a wide prefill
-        // pass at a long context would hold gigabytes). A block is cut in parts of QUERY_PART
-        // rows computed side by side (the block's rows, no more, are alive at once), the same
-        // parts whatever the thread count. Each query row's result is computed alone anyway,
-        // and a part scores only the keys its last row may see: the later ones' weights are
-        // exactly 0 after the causal mask's softmax.
-        let part = |from: usize| -> Result<Tensor> {
-            let b = QUERY_PART.min(t - from);
-            // Keys lo..end: a sliding window's first row sees none before lo.
-            let end = (start + from + b).min(s);
-            let lo = self.window.map_or(0, |w| (start + from + 1).saturating_sub(w)).min(end);
-            let s = end - lo;
-            let (kt, v) = (k.narrow(1, lo, s)?.contiguous()?.t()?, v.narrow(1, lo, s)?.contiguous()?);
-            let qb = q.narrow(2, from, b)?.contiguous()?.reshape((self.kv_heads, rep * b, d))?;
-            let mut scores = (qb.matmul(&kt)? * (1.0 / (d as f64).sqrt()))?;
-            if let Some(mask) = self.mask(start + from, b, lo, end)? {
-                scores = scores.reshape((self.kv_heads, rep, b, s))?.broadcast_add(&mask)?.reshape((
-                    self.kv_heads,
-                    rep * b,
-                    s,
-                ))?;
-            }
-            let p = match &self.sinks {
-                None => candle_nn::ops::softmax_last_dim(&scores)?,
-                // transformers `eager_attention_forward` (gpt_oss): cat the sink, softmax, drop it.
-                // Row (g, r·b + i) of the folded scores is head g·rep + r.
-                Some(sinks) => {
-                    let col = sinks.reshape((self.kv_heads, rep, 1, 1))?.broadcast_as((self.kv_heads, rep, b, 1))?;
-                    let col = col.contiguous()?.reshape((self.kv_heads, rep * b, 1))?;
-                    let p = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[&scores, &col], 2)?)?;
-                    p.narrow(2, 0, s)?.contiguous()?
-                }
-            };
-            Ok(p.matmul(&v)?.reshape((self.heads, b, d))?)
+        let queries = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let sinks = self.sinks.as_ref().map(|s| s.to_vec1::<f32>()).transpose()?;
+        // Each query row's result is computed alone, in parts of QUERY_PART rows computed side
+        // by side (the same parts whatever the thread count); a part scores only the keys its
+        // rows may see, read in place from the cache.
+        let attention = CausalAttention {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            start,
+            window: self.window,
+            sinks: sinks.as_deref(),
+            scale: (1.0 / (d as f64).sqrt()) as f32,
+            part: QUERY_PART,
         };
-        let starts: Vec<usize> = (0..t).step_by(QUERY_PART).collect();
-        let mut blocks = Vec::with_capacity(starts.len());
-        for block in starts.chunks(QUERY_BLOCK / QUERY_PART) {
-            match block {
-                [one] => blocks.push(part(*one)?),
-                _ => blocks.extend(block.par_iter().map(|&from| part(from)).collect::<Result<Vec<_>>>()?),
-            }
-        }
-        let out = if blocks.len() == 1 { blocks.pop().expect("one block") } else { Tensor::cat(&blocks, 1)? };
-        Ok(out.transpose(0, 1)?.reshape((t, self.heads * d))?)
+        let out = with_head_rows(&k, |keys| with_head_rows(&v, |values| attention.run(&queries, t, keys, values)))??;
+        Ok(Tensor::from_vec(out, (t, self.heads * d), &Device::Cpu)?)
     }
 
     /// llama.cpp's attention without flash attention (llama-cpp-python's default), as
@@ -215,23 +182,6 @@ impl Attention {
             Ok(norm.forward(&x.reshape((t * width / norm.width(), norm.width()))?)?.reshape((t, width))?)
         };
         Ok((rows(qn, q)?, rows(kn, k)?))
-    }
-
-    /// Additive mask `[tokens, end - lo]` over keys `lo..end`: query i (at position start+i)
-    /// sees key j when j ≤ start+i and, with a window w, start+i − j < w. None when every key is
-    /// visible.
-    fn mask(&self, start: usize, t: usize, lo: usize, end: usize) -> Result<Option<Tensor>> {
-        let visible = |pos: usize, j: usize| j <= pos && self.window.is_none_or(|w| pos - j < w);
-        if t == 1 && (lo..end).all(|j| visible(start, j)) {
-            return Ok(None);
-        }
-        let mut m = Vec::with_capacity(t * (end - lo));
-        for i in 0..t {
-            for j in lo..end {
-                m.push(if visible(start + i, j) { 0.0 } else { f32::NEG_INFINITY });
-            }
-        }
-        Ok(Some(Tensor::from_vec(m, (t, end - lo), &Device::Cpu)?))
     }
 }
 

@@ -6,6 +6,7 @@
 
 #[cfg(target_arch = "aarch64")]
 pub mod arm;
+pub mod attention;
 pub mod cpu;
 pub mod half;
 pub mod iq1_m;

@@ -158,6 +158,10 @@ pub enum ModelCommand {
         /// Vocabulary size when no tokenizer is copied.
         #[arg(long, default_value_t = 32000)]
         vocab: usize,
+        /// Positions the model declares it was trained on (`context_length`): the longest prompt
+        /// nightmail will take in one pass.
+        #[arg(long, default_value_t = 4096)]
+        context_length: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Headers only, the data a hole (a sparse file): for `model plan`/`inspect` on a shape
@@ -420,6 +424,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
             head_dim,
             tokenizer_from,
             vocab,
+            context_length,
             seed,
             sparse,
             out,
@@ -439,7 +444,7 @@ pub fn run(command: ModelCommand) -> Result<()> {
                 head_dim: head_dim.unwrap_or(d),
                 vocab,
                 tokenizer_from,
-                context_length: 4096,
+                context_length,
                 seed,
                 dense,
             };
