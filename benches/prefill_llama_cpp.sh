@@ -8,14 +8,16 @@
 #
 #   benches/prefill_llama_cpp.sh [--tokens 512] [--mem-mib 320] [--budget-mb MEM-64]
 #                                [--rounds 2] [--threads 2] [--model PATH] [--repack]
-#                                [--read-mbps N] [--experts 256] [--context 4096]
+#                                [--read-mbps N] [--experts 256] [--expert-ffn 256]
+#                                [--context 4096]
 #
 # --read-mbps also throttles each run's reads of the model's disk to N MB/s (a cgroup v1 blkio
 # group): a disk slower than the compute, so that the comparison is disk-bound. --tokens above
 # 2,048 is a prompt longer than llama.cpp's batch: it runs ceil(N / 2048) batches, each reading
 # the model again, where nightmail's passes are as wide as its memory allows (up to the model's
 # trained context: --context sets the written model's, which caps a pass). --experts sets the
-# written model's experts per layer (a larger bank for a larger memory limit).
+# written model's experts per layer and --expert-ffn their width (a larger bank for a larger
+# memory limit; llama.cpp takes at most 1,024 experts).
 #
 # The model (written if missing: `model synth` qwen3_moe, which llama.cpp reads as qwen3moe,
 # with the demo model's tokenizer) has 8 layers of 256 Q4_0 experts (top 8) beside 112 MiB of
@@ -37,6 +39,7 @@ REPACK=0
 READ_MBPS=""
 EXPERTS=256
 CONTEXT=4096
+FFN=256
 MODEL=""
 PYTHON=${PYTHON:-$ROOT/target/test-venv/bin/python3}
 while (($#)); do
@@ -51,13 +54,15 @@ while (($#)); do
         --read-mbps) READ_MBPS=$2; shift 2 ;;
         --experts) EXPERTS=$2; shift 2 ;;
         --context) CONTEXT=$2; shift 2 ;;
-        *) sed -n '2,28p' "$0" >&2; exit 2 ;;
+        --expert-ffn) FFN=$2; shift 2 ;;
+        *) sed -n '2,30p' "$0" >&2; exit 2 ;;
     esac
 done
 BUDGET_MB=${BUDGET_MB:-$((MEM_MIB - 64))}
 if [[ -z $MODEL ]]; then
     MODEL=$ROOT/target/bench/prefill-llama-cpp.gguf
     ((EXPERTS == 256)) || MODEL=$ROOT/target/bench/prefill-llama-cpp-$EXPERTS.gguf
+    ((FFN == 256)) || MODEL=${MODEL%.gguf}-ffn$FFN.gguf
     ((CONTEXT == 4096)) || MODEL=${MODEL%.gguf}-ctx$CONTEXT.gguf
 fi
 [[ $(id -u) == 0 ]] || { echo "prefill_llama_cpp.sh: needs root (drop_caches, cgroups)" >&2; exit 1; }
@@ -69,7 +74,7 @@ NM=${NM:-$ROOT/target/debug/nightmail}
 if [[ ! -f $MODEL ]]; then
     mkdir -p "$(dirname "$MODEL")"
     DEMO=$(bash scripts/fetch-model.sh | tail -1)
-    "$NM" model synth --layers 8 --experts "$EXPERTS" --top-k 8 --hidden 512 --expert-ffn 256 --heads 4 \
+    "$NM" model synth --layers 8 --experts "$EXPERTS" --top-k 8 --hidden 512 --expert-ffn "$FFN" --heads 4 \
         --kv-heads 2 --context-length "$CONTEXT" --tokenizer-from "$DEMO" --out "$MODEL" >&2
 fi
 MODEL_MIB=$(($(stat -c %s "$MODEL") >> 20))

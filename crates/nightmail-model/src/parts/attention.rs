@@ -20,13 +20,9 @@ use nightmail_tensor::kernel::attention::{CausalAttention, with_head_rows};
 use nightmail_tensor::{Linear, RmsNorm};
 use nightmail_tensor::{Numerics, TensorView};
 
-/// Query rows whose scores over every key latent attention holds at once; the memory plan's bound
-/// for grouped attention too, whose threads each hold one part's (QUERY_PART rows of a group's
-/// heads, one copy: within the bound up to 12 threads per key/value head).
+/// Query rows whose scores over every key latent attention holds at once (grouped attention's
+/// are one block of keys' at a time, `nightmail_tensor::kernel::attention`).
 pub const QUERY_BLOCK: usize = 64;
-
-/// Query rows of one part, the parts computed side by side.
-const QUERY_PART: usize = 16;
 
 pub struct Attention {
     pub(crate) q: Linear,
@@ -102,9 +98,8 @@ impl Attention {
         let (k, v) = cache.append(&k, &v)?;
         let queries = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let sinks = self.sinks.as_ref().map(|s| s.to_vec1::<f32>()).transpose()?;
-        // Each query row's result is computed alone, in parts of QUERY_PART rows computed side
-        // by side (the same parts whatever the thread count); a part scores only the keys its
-        // rows may see, read in place from the cache.
+        // Parts of a few rows computed side by side (the same parts whatever the thread count);
+        // a part scores only the keys its rows may see, read in place from the cache.
         let attention = CausalAttention {
             heads: self.heads,
             kv_heads: self.kv_heads,
@@ -112,7 +107,6 @@ impl Attention {
             window: self.window,
             sinks: sinks.as_deref(),
             scale: (1.0 / (d as f64).sqrt()) as f32,
-            part: QUERY_PART,
         };
         let out = with_head_rows(&k, |keys| with_head_rows(&v, |values| attention.run(&queries, t, keys, values)))??;
         Ok(Tensor::from_vec(out, (t, self.heads * d), &Device::Cpu)?)

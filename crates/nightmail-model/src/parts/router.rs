@@ -58,9 +58,8 @@ impl Router {
                 let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
                 let sum: f32 = exp.iter().sum();
-                let mut order: Vec<usize> = (0..logits.len()).collect();
-                order.sort_by(|a, b| exp[*b].total_cmp(&exp[*a]).then(a.cmp(b)));
-                let mut experts: Vec<(usize, f32)> = order[..top_k].iter().map(|&e| (e, exp[e] / sum)).collect();
+                let mut experts: Vec<(usize, f32)> =
+                    best_first(&exp, (0..exp.len()).collect(), top_k).into_iter().map(|e| (e, exp[e] / sum)).collect();
                 if normalize {
                     let chosen: f32 = experts.iter().map(|(_, w)| w).sum();
                     experts.iter_mut().for_each(|(_, w)| *w /= chosen);
@@ -70,9 +69,7 @@ impl Router {
             // transformers `GptOssTopKRouter`: `torch.topk` of the logits, then a softmax over the
             // k values alone.
             Routing::TopKSoftmax { top_k } => {
-                let mut order: Vec<usize> = (0..logits.len()).collect();
-                order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
-                let chosen = &order[..top_k];
+                let chosen = &best_first(logits, (0..logits.len()).collect(), top_k);
                 let max = logits[chosen[0]];
                 let exp: Vec<f32> = chosen.iter().map(|&e| (logits[e] - max).exp()).collect();
                 let sum: f32 = exp.iter().sum();
@@ -102,9 +99,8 @@ impl Router {
                     Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
                     None => scores.clone(),
                 };
-                let mut order: Vec<usize> = (0..logits.len()).collect();
-                order.sort_by(|a, b| choice[*b].total_cmp(&choice[*a]).then(a.cmp(b)));
-                weighed(order[..top_k].iter().map(|&e| (e, scores[e])).collect(), scale)
+                let chosen = best_first(&choice, (0..choice.len()).collect(), top_k);
+                weighed(chosen.into_iter().map(|e| (e, scores[e])).collect(), scale)
             }
         }
     }
@@ -130,24 +126,29 @@ fn weighed(mut experts: Vec<(usize, f32)>, scale: f32) -> ExpertRoute {
 /// the `top_k` best eligible experts are chosen, best first (ties to the lower index).
 fn grouped_top_k(choice: &[f32], groups: usize, top_groups: usize, top_k: usize) -> Vec<usize> {
     let per = choice.len() / groups;
-    let best_first = |values: &[f32], idx: &mut Vec<usize>| {
-        idx.sort_by(|a, b| values[*b].total_cmp(&values[*a]).then(a.cmp(b)));
-    };
     let group_score: Vec<f32> = (0..groups)
         .map(|g| {
             let members = &choice[g * per..(g + 1) * per];
-            let mut idx: Vec<usize> = (0..per).collect();
-            best_first(members, &mut idx);
-            idx.iter().take(2).map(|&i| members[i]).sum()
+            best_first(members, (0..per).collect(), 2).iter().map(|&i| members[i]).sum()
         })
         .collect();
-    let mut order: Vec<usize> = (0..groups).collect();
-    best_first(&group_score, &mut order);
-    let mut eligible: Vec<usize> =
-        order[..top_groups.min(groups)].iter().flat_map(|g| g * per..(g + 1) * per).collect();
-    best_first(choice, &mut eligible);
-    eligible.truncate(top_k);
-    eligible
+    let order = best_first(&group_score, (0..groups).collect(), top_groups);
+    let eligible: Vec<usize> = order.iter().flat_map(|g| g * per..(g + 1) * per).collect();
+    best_first(choice, eligible, top_k)
+}
+
+/// The `k` of `candidates` with the largest `values`, best first, ties to the lower index: a full
+/// sort's first k (the order is total), found by selection (a prefill routes every token of a
+/// pass over hundreds of experts).
+fn best_first(values: &[f32], mut candidates: Vec<usize>, k: usize) -> Vec<usize> {
+    let better = |a: &usize, b: &usize| values[*b].total_cmp(&values[*a]).then(a.cmp(b));
+    let k = k.min(candidates.len());
+    if k < candidates.len() && k > 0 {
+        candidates.select_nth_unstable_by(k - 1, better);
+    }
+    candidates.truncate(k);
+    candidates.sort_by(better);
+    candidates
 }
 
 /// A hash-routed layer's `tid2eid` rows, flat, and the experts per token.

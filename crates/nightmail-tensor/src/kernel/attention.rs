@@ -66,15 +66,12 @@ pub struct CausalAttention<'a> {
     /// gpt-oss: one logit per query head that each row's softmax includes and then drops.
     pub sinks: Option<&'a [f32]>,
     pub scale: f32,
-    /// Query rows a part takes: each part's scores are `heads / kv_heads × part × keys`.
-    pub part: usize,
 }
 
-thread_local! {
-    /// One part's scores, kept between parts: a fresh buffer of a few MiB per part is a page
-    /// fault every 4 KiB.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
+/// Query rows of one product at most (a group's heads × a part's rows): up to twice gemm's f32
+/// register tile (MR, 16 on AVX2) it reads the keys in place, where more rows pack them into a
+/// fresh buffer on every call.
+const GROUP_ROWS: usize = 32;
 
 impl CausalAttention<'_> {
     /// Attended rows `[tokens, heads, values.width]` of `queries` (`[heads, tokens, keys.width]`,
@@ -88,24 +85,24 @@ impl CausalAttention<'_> {
         assert!(keys.heads == self.kv_heads && values.heads == self.kv_heads, "one key and value head per group");
         assert!(keys.len >= seen && values.len >= seen && keys.fits() && values.fits(), "rows out of their slice");
         assert!(self.sinks.is_none_or(|s| s.len() == self.heads), "one sink per head");
-        assert!(self.part > 0);
+        let part = (GROUP_ROWS / rep).max(1);
         let mut out = vec![0f32; tokens * self.heads * vw];
         if tokens == 0 {
             return out;
         }
         // Parts as [kv head][part][rep][row][width]: each job writes one contiguous run.
         let parts: Vec<(usize, usize)> =
-            (0..self.kv_heads).flat_map(|g| (0..tokens).step_by(self.part).map(move |from| (g, from))).collect();
+            (0..self.kv_heads).flat_map(|g| (0..tokens).step_by(part).map(move |from| (g, from))).collect();
         let mut staged = vec![0f32; tokens * self.heads * vw];
         let mut runs = Vec::with_capacity(parts.len());
         let mut rest = staged.as_mut_slice();
         for &(_, from) in &parts {
-            let (run, tail) = rest.split_at_mut(rep * self.part.min(tokens - from) * vw);
+            let (run, tail) = rest.split_at_mut(rep * part.min(tokens - from) * vw);
             runs.push(run);
             rest = tail;
         }
         let job = |(&(g, from), run): (&(usize, usize), &mut &mut [f32])| {
-            self.part_rows(queries, tokens, keys, values, g, from, run);
+            self.part_rows(queries, tokens, keys, values, g, from..from + part.min(tokens - from), run);
         };
         // Below ~2^16 multiply-adds a hand-off to another thread costs more than it saves.
         if self.heads * tokens * seen * (d + vw) < 1 << 16 {
@@ -114,7 +111,7 @@ impl CausalAttention<'_> {
             parts.par_iter().zip(runs.par_iter_mut()).for_each(job);
         }
         for (&(g, from), run) in parts.iter().zip(&runs) {
-            let b = self.part.min(tokens - from);
+            let b = part.min(tokens - from);
             for (r, head) in run.chunks_exact(b * vw).enumerate() {
                 let h = g * rep + r;
                 for (i, row) in head.chunks_exact(vw).enumerate() {
@@ -126,8 +123,13 @@ impl CausalAttention<'_> {
         out
     }
 
-    /// Rows `from..from + b` of every query head of group `g`, into `out` `[rep][b][width]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Query rows `rows` of every head of group `g`, into `out` `[rep][rows][width]`.
+    ///
+    /// The group's rep·b query rows meet the keys KEY_BLOCK at a time, the softmax kept online
+    /// (Milakov & Gimelshein, arXiv 1805.02867; FlashAttention, arXiv 2205.14135): per row the
+    /// running max, the running sum and the weighted values, rescaled when the max grows. A
+    /// block of keys and values is read once for all the rows and stays in cache while they use
+    /// it, and the scores alive are one block's whatever the context.
     fn part_rows(
         &self,
         queries: &[f32],
@@ -135,42 +137,60 @@ impl CausalAttention<'_> {
         keys: HeadRows<'_>,
         values: HeadRows<'_>,
         g: usize,
-        from: usize,
+        rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
         let (d, vw, rep) = (keys.width, values.width, self.heads / self.kv_heads);
-        let b = self.part.min(tokens - from);
+        let (from, b) = (rows.start, rows.len());
+        let m = rep * b;
         // Keys lo..end: the part's last row sees none after end, a window's first row none before lo.
         let end = self.start + from + b;
         let lo = self.window.map_or(0, |w| (self.start + from + 1).saturating_sub(w)).min(end);
-        let n = end - lo;
-        // One product over the group's rep·b rows where they are evenly spaced (the part is
-        // every query row), else one per head: (first head, rows).
-        let spans: Vec<(usize, usize)> =
-            if b == tokens { vec![(0, rep * b)] } else { (0..rep).map(|r| (r, b)).collect() };
-        SCORES.with_borrow_mut(|scores| {
-            for (r, m) in spans {
+        // Row k = r·b + i is head g·rep + r's query row from + i; it sees keys visible(k).
+        let visible = |k: usize| {
+            let pos = self.start + from + k % b;
+            self.window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+        };
+        SCRATCH.with_borrow_mut(|Scratch { q, scores, max, sum }| {
+            q.clear();
+            for r in 0..rep {
+                q.extend_from_slice(&queries[((g * rep + r) * tokens + from) * d..][..b * d]);
+            }
+            // A sink is a key every row sees whose value is zero: it starts the max and the sum.
+            max.clear();
+            sum.clear();
+            match self.sinks {
+                Some(sinks) => {
+                    max.extend((0..m).map(|k| sinks[g * rep + k / b]));
+                    sum.resize(m, 1.0);
+                }
+                None => {
+                    max.resize(m, f32::NEG_INFINITY);
+                    sum.resize(m, 0.0);
+                }
+            }
+            out.fill(0.0);
+            for kb in (lo..end).step_by(KEY_BLOCK) {
+                let nb = KEY_BLOCK.min(end - kb);
                 scores.clear();
-                scores.resize(m * n, 0.0);
-                // Scores key by key (row i of key j at j·m + i): the keys are read in place as
+                scores.resize(m * nb, 0.0);
+                // Scores key by key (row k of key j at j·m + k): the keys are read in place as
                 // the product's columns, and the softmax runs across the rows, a lane each.
-                let s = scores.as_mut_ptr();
-                let q = queries[((g * rep + r) * tokens + from) * d..].as_ptr();
                 // SAFETY: `run` checked that every key row lo..end of head g lies in its slice;
-                // q's m rows of d and the m × n scores lie in theirs by construction.
+                // the m rows of d and the m × nb scores lie in theirs by construction.
                 unsafe {
                     gemm(
                         m,
-                        n,
+                        nb,
                         d,
-                        s,
+                        scores.as_mut_ptr(),
                         m as isize,
                         1,
                         false,
-                        q,
+                        q.as_ptr(),
                         1,
                         d as isize,
-                        keys.at(g, lo),
+                        keys.at(g, kb),
                         keys.row_stride as isize,
                         1,
                         0.0,
@@ -181,35 +201,28 @@ impl CausalAttention<'_> {
                         Parallelism::None,
                     )
                 };
-                // Span row i is head r + i / b's query row from + i % b.
-                let visible = |i: usize| {
-                    let pos = self.start + from + i % b;
-                    let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w)).max(lo) - lo;
-                    first..pos + 1 - lo
-                };
-                let sinks: Vec<f32> = match self.sinks {
-                    Some(sinks) => (0..m).map(|i| sinks[g * rep + r + i / b]).collect(),
-                    None => Vec::new(),
-                };
-                softmax_by_key(scores, m, visible, self.scale, &sinks);
-                let o = out[r * b * vw..].as_mut_ptr();
-                // SAFETY: as above, for the value rows lo..end and the m × width outputs.
+                if let Some(rescale) = block_softmax(scores, m, kb, visible, self.scale, max, sum) {
+                    for (row, c) in out.chunks_exact_mut(vw).zip(&rescale) {
+                        row.iter_mut().for_each(|y| *y *= c);
+                    }
+                }
+                // SAFETY: as above, for the value rows kb..kb + nb and the m × width outputs.
                 unsafe {
                     gemm(
                         m,
                         vw,
-                        n,
-                        o,
+                        nb,
+                        out.as_mut_ptr(),
                         1,
                         vw as isize,
-                        false,
+                        true,
                         scores.as_ptr(),
                         m as isize,
                         1,
-                        values.at(g, lo),
+                        values.at(g, kb),
                         1,
                         values.row_stride as isize,
-                        0.0,
+                        1.0,
                         1.0,
                         false,
                         false,
@@ -218,49 +231,72 @@ impl CausalAttention<'_> {
                     )
                 };
             }
+            for (row, total) in out.chunks_exact_mut(vw).zip(sum.iter()) {
+                row.iter_mut().for_each(|y| *y /= total);
+            }
         });
     }
 }
 
-/// Softmax in place of each row i of `scores` (`m` rows stored key by key: row i of key j at
-/// `j·m + i`) over its `visible(i)` keys, scaled, with the sink logit `sinks[i]` where there are
-/// sinks (it joins the sum and is dropped after); every other key's weight is 0, exactly, as
-/// `exp(-inf)` gives it. As candle's `softmax_last_dim`: max, exp of the differences, each
-/// divided by their sum.
-fn softmax_by_key(
+/// Keys one step of the online softmax takes.
+const KEY_BLOCK: usize = 256;
+
+/// One job's buffers, kept between jobs: fresh ones of a few hundred KiB per job are a page
+/// fault every 4 KiB.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// One block of keys `kb..` of the online softmax: `scores` (`m` rows stored key by key, row k
+/// of key j at `j·m + k`) become each row's weights `exp(scale · s − max)` over its `visible(k)`
+/// keys (the rest 0, exactly, as `exp(-inf)` gives it), with `max` and `sum` carried to the new
+/// running max. Returns each row's factor for what it summed before, unless all are 1.
+fn block_softmax(
     scores: &mut [f32],
     m: usize,
+    kb: usize,
     visible: impl Fn(usize) -> std::ops::Range<usize>,
     scale: f32,
-    sinks: &[f32],
-) {
-    let n = scores.len() / m;
-    for i in 0..m {
-        let seen = visible(i);
-        for j in (0..seen.start).chain(seen.end..n) {
-            scores[j * m + i] = f32::NEG_INFINITY;
+    max: &mut [f32],
+    sum: &mut [f32],
+) -> Option<Vec<f32>> {
+    let nb = scores.len() / m;
+    for k in 0..m {
+        let seen = visible(k);
+        let (a, e) = (seen.start.clamp(kb, kb + nb) - kb, seen.end.clamp(kb, kb + nb) - kb);
+        for j in (0..a).chain(e..nb) {
+            scores[j * m + k] = f32::NEG_INFINITY;
         }
     }
-    let mut max = if sinks.is_empty() { vec![f32::NEG_INFINITY; m] } else { sinks.to_vec() };
+    let mut top = max.to_vec();
     for key in scores.chunks_exact_mut(m) {
-        for (x, top) in key.iter_mut().zip(max.iter_mut()) {
+        for (x, t) in key.iter_mut().zip(top.iter_mut()) {
             *x *= scale;
-            *top = top.max(*x);
+            *t = t.max(*x);
         }
     }
-    let mut sum: Vec<f32> =
-        if sinks.is_empty() { vec![0.0; m] } else { sinks.iter().zip(&max).map(|(s, top)| (s - top).exp()).collect() };
+    // A row that has seen no key yet keeps max -inf: its weights are 0 and nothing rescales.
+    let rescale: Vec<f32> =
+        max.iter().zip(&top).map(|(&old, &new)| if old == new { 1.0 } else { (old - new).exp() }).collect();
+    for ((s, c), (old, new)) in sum.iter_mut().zip(&rescale).zip(max.iter_mut().zip(&top)) {
+        *s *= c;
+        *old = *new;
+    }
     for key in scores.chunks_exact_mut(m) {
-        for ((x, top), total) in key.iter_mut().zip(&max).zip(sum.iter_mut()) {
-            *x = (*x - top).exp();
-            *total += *x;
+        for ((x, t), s) in key.iter_mut().zip(&top).zip(sum.iter_mut()) {
+            *x = if *t == f32::NEG_INFINITY { 0.0 } else { (*x - t).exp() };
+            *s += *x;
         }
     }
-    for key in scores.chunks_exact_mut(m) {
-        for (x, total) in key.iter_mut().zip(&sum) {
-            *x /= total;
-        }
-    }
+    rescale.iter().any(|&c| c != 1.0).then_some(rescale)
 }
 
 #[cfg(test)]
@@ -325,14 +361,19 @@ mod tests {
     #[test]
     fn attention_in_parts_matches_the_definition() {
         let sinks = values(8, 99);
-        for (heads, kv_heads, start, tokens, window, with_sinks, part) in [
-            (2, 1, 0, 1, None, false, 16),
-            (4, 2, 0, 37, None, false, 16),
-            (4, 2, 5, 37, None, false, 8),
-            (8, 2, 3, 20, Some(6), false, 16),
-            (8, 2, 3, 33, Some(6), true, 4),
-            (4, 4, 11, 1, Some(4), true, 16),
-            (4, 1, 0, 16, None, true, 16),
+        for (heads, kv_heads, start, tokens, window, with_sinks) in [
+            (2, 1, 0, 1, None, false),
+            (4, 2, 0, 37, None, false),
+            (4, 2, 5, 37, None, false),
+            (8, 2, 3, 20, Some(6), false),
+            (8, 2, 3, 33, Some(6), true),
+            (4, 4, 11, 1, Some(4), true),
+            (4, 1, 0, 16, None, true),
+            // Several blocks of keys: the running max and sum carried across them.
+            (2, 1, 500, 20, None, true),
+            (4, 2, 0, 300, Some(270), false),
+            (4, 2, 700, 1, None, false),
+            (8, 2, 0, 600, Some(40), true),
         ] {
             let (d, vw) = (8, 12);
             let seen = start + tokens;
@@ -346,7 +387,6 @@ mod tests {
                 window,
                 sinks: with_sinks.then(|| &sinks[..heads]),
                 scale: 1.0 / (d as f32).sqrt(),
-                part,
             };
             let keys =
                 HeadRows { data: &k, heads: kv_heads, head_stride: seen * d, row_stride: d, width: d, len: seen };
@@ -374,7 +414,7 @@ mod tests {
             wide_k[g * cap * d..][..tokens * d].copy_from_slice(&packed_k[g * tokens * d..][..tokens * d]);
             wide_v[g * cap * d..][..tokens * d].copy_from_slice(&packed_v[g * tokens * d..][..tokens * d]);
         }
-        let a = CausalAttention { heads, kv_heads, start: 0, window: None, sinks: None, scale: 0.3, part: 4 };
+        let a = CausalAttention { heads, kv_heads, start: 0, window: None, sinks: None, scale: 0.3 };
         fn rows(data: &[f32], stride: usize, kv_heads: usize, d: usize, tokens: usize) -> HeadRows<'_> {
             HeadRows { data, heads: kv_heads, head_stride: stride * d, row_stride: d, width: d, len: tokens }
         }
