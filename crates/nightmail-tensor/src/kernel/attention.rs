@@ -102,7 +102,7 @@ impl CausalAttention<'_> {
             rest = tail;
         }
         let job = |(&(g, from), run): (&(usize, usize), &mut &mut [f32])| {
-            self.part_rows(queries, tokens, keys, values, g, from..from + part.min(tokens - from), run);
+            self.part_rows(queries, tokens, keys, values, (g, from..from + part.min(tokens - from)), run);
         };
         // Below ~2^16 multiply-adds a hand-off to another thread costs more than it saves.
         if self.heads * tokens * seen * (d + vw) < 1 << 16 {
@@ -136,8 +136,7 @@ impl CausalAttention<'_> {
         tokens: usize,
         keys: HeadRows<'_>,
         values: HeadRows<'_>,
-        g: usize,
-        rows: std::ops::Range<usize>,
+        (g, rows): (usize, std::ops::Range<usize>),
         out: &mut [f32],
     ) {
         let (d, vw, rep) = (keys.width, values.width, self.heads / self.kv_heads);
