@@ -176,8 +176,11 @@ impl CausalAttention<'_> {
                 }
             }
             out.fill(0.0);
-            for kb in (lo..end).step_by(KEY_BLOCK) {
-                let nb = KEY_BLOCK.min(end - kb);
+            // Blocks start at multiples of KEY_BLOCK whatever the part: a row meets the same
+            // blocks beside any rows (keys before its window add exact zeros).
+            for aligned in (lo / KEY_BLOCK * KEY_BLOCK..end).step_by(KEY_BLOCK) {
+                let kb = aligned.max(lo);
+                let nb = (aligned + KEY_BLOCK).min(end) - kb;
                 scores.clear();
                 scores.resize(m * nb, 0.0);
                 // Scores key by key (row k of key j at j·m + k): the keys are read in place as
@@ -475,6 +478,41 @@ mod tests {
             let want = by_definition(&a, &q, tokens, &k, &v, d, vw);
             for (x, y) in got.iter().zip(&want) {
                 assert!((x - y).abs() < 1e-5, "{heads}/{kv_heads} heads, {tokens} rows at {start}: {x} against {y}");
+            }
+        }
+    }
+
+    /// A row attended within a prompt's parts is the row attended alone, as a decode step takes
+    /// it, to rounding (gemm's order of summation follows the product's shape), with and without
+    /// a window, sinks and grouped heads, across several blocks of keys.
+    #[test]
+    fn a_row_beside_others_is_the_row_alone_to_rounding() {
+        let sinks = values(8, 7);
+        for (heads, kv_heads, window, with_sinks) in
+            [(8, 2, None, false), (4, 1, Some(300), true), (4, 4, Some(37), false)]
+        {
+            let (d, tokens) = (16, 700);
+            let q = values(heads * tokens * d, 8);
+            let k = values(kv_heads * tokens * d, 9);
+            let v = values(kv_heads * tokens * d, 10);
+            let at = |start: usize| CausalAttention {
+                heads,
+                kv_heads,
+                start,
+                window,
+                sinks: with_sinks.then(|| &sinks[..heads]),
+                scale: 0.25,
+            };
+            let all =
+                HeadRows { data: &k, heads: kv_heads, head_stride: tokens * d, row_stride: d, width: d, len: tokens };
+            let vals = HeadRows { data: &v, ..all };
+            let together = at(0).run(&q, tokens, all, vals);
+            for pos in [0, 1, 255, 256, 299, 300, 301, 513, 699] {
+                let alone_q: Vec<f32> = (0..heads).flat_map(|h| q[(h * tokens + pos) * d..][..d].to_vec()).collect();
+                let alone = at(pos).run(&alone_q, 1, all, vals);
+                for (x, y) in alone.iter().zip(&together[pos * heads * d..][..heads * d]) {
+                    assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0), "row {pos}, window {window:?}: {x} against {y}");
+                }
             }
         }
     }
