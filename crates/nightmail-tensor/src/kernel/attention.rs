@@ -213,7 +213,7 @@ impl CausalAttention<'_> {
                 probs.clear();
                 probs.resize(m * nb, 0.0);
                 mask_block(scores, m, kb, visible);
-                if let Some(rescale) = block_weights(scores, probs, m, self.scale, max, sum) {
+                if let Some(rescale) = block_weights(Weights { scores, probs, m, scale: self.scale, max, sum }) {
                     for (row, c) in out.chunks_exact_mut(vw).zip(&rescale) {
                         row.iter_mut().for_each(|y| *y *= c);
                     }
@@ -281,52 +281,42 @@ fn mask_block(scores: &mut [f32], m: usize, kb: usize, visible: impl Fn(usize) -
     }
 }
 
+/// One block's softmax step: its `m` rows' masked scores, their weights' buffer, and the running
+/// max and sum.
+struct Weights<'a> {
+    scores: &'a mut [f32],
+    probs: &'a mut [f32],
+    m: usize,
+    scale: f32,
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+}
+
 /// One block of the online softmax: from masked `scores` (`m` rows stored key by key, row k of
 /// key j at `j·m + k`), `probs` (row by row, `k·nb + j`) gets each row's weights
 /// `exp(scale · s − max)` (a masked key's 0, exactly, as `exp(-inf)` gives it), with `max` and
 /// `sum` carried to the new running max. Returns each row's factor for what it summed before,
 /// unless all are 1.
-fn block_weights(
-    scores: &mut [f32],
-    probs: &mut [f32],
-    m: usize,
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-) -> Option<Vec<f32>> {
+fn block_weights(w: Weights<'_>) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     if super::cpu::has_avx2() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { weights_avx2(scores, probs, m, scale, max, sum) };
+        return unsafe { weights_avx2(w) };
     }
-    weights(scores, probs, m, scale, max, sum)
+    weights(w)
 }
 
 /// [`weights`] compiled for AVX2 and FMA: eight rows a lane each where baseline x86-64 takes four.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn weights_avx2(
-    scores: &mut [f32],
-    probs: &mut [f32],
-    m: usize,
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-) -> Option<Vec<f32>> {
-    weights(scores, probs, m, scale, max, sum)
+unsafe fn weights_avx2(w: Weights<'_>) -> Option<Vec<f32>> {
+    weights(w)
 }
 
 /// The masked scores' weights and the running max and sum (see [`block_weights`]), across the
 /// rows so that each loop runs a row per lane.
 #[inline(always)]
-fn weights(
-    scores: &mut [f32],
-    probs: &mut [f32],
-    m: usize,
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-) -> Option<Vec<f32>> {
+fn weights(Weights { scores, probs, m, scale, max, sum }: Weights<'_>) -> Option<Vec<f32>> {
     let nb = scores.len() / m;
     let mut top = max.to_vec();
     for key in scores.chunks_exact_mut(m) {
