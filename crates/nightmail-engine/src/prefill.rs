@@ -41,14 +41,17 @@ pub fn activation_bytes_per_token(spec: &ModelSpec) -> usize {
 }
 
 /// Bytes of attention scores per query row and key position: the product, the scaled and
-/// masked copy and the softmax, one per head (`parts/attention.rs`).
+/// masked copy and the softmax, one per head, as latent attention holds them (`parts/mla.rs`).
+/// Grouped attention holds one block of keys per thread (`nightmail_tensor::kernel::attention`)
+/// and is counted the same, a bound above it.
 pub fn score_bytes_per_position(spec: &ModelSpec) -> usize {
     4 * 3 * spec.attention.heads
 }
 
-/// Query rows whose scores are alive at once: grouped and latent (MLA) attention take their
-/// queries in blocks (`nightmail_model::parts::attention::QUERY_BLOCK`); DeepSeek-V4's windowed
-/// attention scores every row of the pass together.
+/// Query rows whose scores are alive at once: latent (MLA) attention takes its queries in blocks
+/// (`nightmail_model::parts::attention::QUERY_BLOCK`), grouped attention is counted the same (see
+/// [`score_bytes_per_position`]); DeepSeek-V4's windowed attention scores every row of the pass
+/// together.
 pub fn score_rows(spec: &ModelSpec) -> usize {
     if spec.deepseek_v4.is_none() { QUERY_BLOCK } else { usize::MAX }
 }

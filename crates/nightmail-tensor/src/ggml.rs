@@ -50,7 +50,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 /// One lane of `ggml_v_expf` (AVX2 + FMA; after ARM's optimized-routines expf, max error 1.45
 /// ulp): the same operations and roundings, so results are bit-identical to the vector code.
 #[inline(always)]
-fn expf(x: f32) -> f32 {
+pub(crate) fn expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
     let n = z - r;

@@ -336,7 +336,7 @@ fn weights(Weights { scores, probs, m, scale, max, sum }: Weights<'_>) -> Option
     let shift: Vec<f32> = top.iter().map(|&t| if t == f32::NEG_INFINITY { f32::INFINITY } else { t }).collect();
     for (j, key) in scores.chunks_exact_mut(m).enumerate() {
         for ((x, t), s) in key.iter_mut().zip(&shift).zip(sum.iter_mut()) {
-            *x = exp_nonpositive(*x - t);
+            *x = crate::ggml::expf(*x - t);
             *s += *x;
         }
         for (k, &x) in key.iter().enumerate() {
@@ -344,31 +344,6 @@ fn weights(Weights { scores, probs, m, scale, max, sum }: Weights<'_>) -> Option
         }
     }
     rescale.iter().any(|&c| c != 1.0).then_some(rescale)
-}
-
-/// `e^x` for `x ≤ 0` (or NaN-free -inf), in straight-line f32 arithmetic that compilers
-/// vectorize, where a call to libm's `expf` goes element by element: `x = n·ln 2 + r` with `|r| ≤
-/// ln 2 / 2` (ln 2 in two parts, Cody & Waite), `e^r` by Cephes' `expf` polynomial (relative
-/// error about 1e-7), times `2^n` built in the exponent bits. Below -87.3 the result would leave
-/// the normal range: 0, as it is within 1e-38.
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.max(-87.3);
-    // Round to nearest by adding 1.5·2^23 (exact for |n| < 2^22): `f32::round` is a libm call
-    // on baseline x86-64, which has no SSE4.1 `roundps`.
-    const ROUND: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let e = (p * r * r + r + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32);
-    if x <= -87.3 { 0.0 } else { e }
 }
 
 #[cfg(test)]
@@ -505,19 +480,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The vectorizable exp against f64's over its whole range, and 0 at and below its floor.
-    #[test]
-    fn exp_of_nonpositive_values_is_within_two_ulp() {
-        for i in 0..=200_000 {
-            let x = -87.0 * i as f32 / 200_000.0;
-            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
-            assert!(((got - want) / want).abs() < 2.4e-7, "exp({x}) = {got}, not {want}");
-        }
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-90.0), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
     /// Keys read in place from a larger buffer (a cache's capacity beyond its rows, heads apart)
